@@ -1,0 +1,47 @@
+# One-command set-up: `make run` starts the app, `make test` runs every test.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP_RUN := $(VENV)/.installed-runtime
+STAMP_DEV := $(VENV)/.installed-dev
+
+.PHONY: install install-dev run test bench chromium sample-data clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+
+$(STAMP_RUN): requirements.txt | $(PY)
+	$(PY) -m pip install --quiet -r requirements.txt
+	touch $@
+
+$(STAMP_DEV): requirements.txt requirements-dev.txt | $(PY)
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $(STAMP_RUN) $@
+
+install: $(STAMP_RUN)
+
+install-dev: $(STAMP_DEV)
+
+# Debian's Chromium drives the browser tests; Playwright never downloads a browser.
+chromium:
+	@if [ ! -x /usr/bin/chromium ]; then \
+		echo "Installing Debian's chromium for the browser tests"; \
+		SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; \
+	fi
+
+run: $(STAMP_RUN)
+	$(PY) -m streamlit run app.py --server.address localhost --server.port 8501
+
+test: $(STAMP_DEV) chromium
+	$(PY) -m pytest -ra tests
+
+bench: $(STAMP_DEV)
+	$(PY) bench/run_all.py
+
+sample-data: $(STAMP_RUN)
+	$(PY) -m gating_core.synthetic --out sample_data
+
+clean:
+	rm -rf $(VENV) .pytest_cache test-artifacts

@@ -1,0 +1,53 @@
+"""Command line entry point: ``python -m gating_core COMMAND ...``.
+
+Each command lives in its own module under ``gating_core.commands`` and exposes
+``register(subparsers)``, which adds its sub-parser and sets ``func`` to a callable taking the
+parsed arguments and returning an exit code. Modules are imported lazily so that ``info`` does
+not pay for scikit-learn or dask.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# command name -> module under gating_core.commands
+COMMANDS = {
+    "info": "info",
+    "train": "model_commands",
+    "gate": "model_commands",
+    "evaluate": "model_commands",
+    "library": "library_commands",
+}
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m gating_core",
+        description="Automatic gating of flow cytometry data by marginal transfer learning.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers.required = True
+    registered = set()
+    for name, module_name in COMMANDS.items():
+        if only is not None and name != only:
+            continue
+        if module_name in registered:
+            continue
+        module = importlib.import_module(f"gating_core.commands.{module_name}")
+        module.register(subparsers)
+        registered.add(module_name)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    first = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(only=first if first in COMMANDS else None)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130

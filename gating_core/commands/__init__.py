@@ -1,0 +1,1 @@
+"""Sub-commands of ``python -m gating_core``; one module per group."""
