@@ -1,0 +1,328 @@
+"""What the app does with files and patients, without any user-interface code.
+
+:func:`ingest_files` takes uploaded files as ``(name, bytes)`` pairs, writes them under generated
+names into a private work folder (an uploaded name is never used as a path), reads them with the
+project's readers and returns the patients it could build plus one clear error per file it could
+not use. The caller (the Streamlit app, or a test) decides where the patients go.
+"""
+
+from __future__ import annotations
+
+import io
+import uuid
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gating_core.gates import GateImportError, apply_gatingml, apply_workspace, safe_stem
+
+FCS_SUFFIXES = (".fcs", ".lmd")
+LABEL_SUFFIX = ".labels.csv"
+WORKSPACE_SUFFIX = ".wsp"
+GATINGML_SUFFIX = ".xml"
+
+
+@dataclass
+class LoadedPatient:
+    """One patient built from uploaded files.
+
+    ``labels`` is None for a new (unlabeled) patient; ``label_source`` says where labels came
+    from ("labels CSV", "gated CSV", "FlowJo workspace", "GatingML").
+    """
+
+    name: str
+    sample: object
+    labels: np.ndarray | None = None
+    label_source: str = ""
+    file_name: str = ""
+
+
+@dataclass
+class IngestReport:
+    patients: list[LoadedPatient] = field(default_factory=list)
+    errors: list[tuple[str, str]] = field(default_factory=list)  # (uploaded file name, message)
+    notes: list[tuple[str, str]] = field(default_factory=list)   # (uploaded file name, message)
+
+
+def classify(file_name: str) -> str:
+    """``"fcs"``, ``"labels"``, ``"gated"``, ``"workspace"``, ``"gatingml"`` or ``"unknown"``."""
+    lowered = str(file_name).lower()
+    if lowered.endswith(FCS_SUFFIXES):
+        return "fcs"
+    if lowered.endswith(LABEL_SUFFIX):
+        return "labels"
+    if lowered.endswith(".csv"):
+        return "gated"
+    if lowered.endswith(WORKSPACE_SUFFIX):
+        return "workspace"
+    if lowered.endswith(GATINGML_SUFFIX):
+        return "gatingml"
+    return "unknown"
+
+
+def _unique(name: str, taken: set) -> str:
+    if name.casefold() not in {t.casefold() for t in taken}:
+        return name
+    k = 2
+    while f"{name}_{k}".casefold() in {t.casefold() for t in taken}:
+        k += 1
+    return f"{name}_{k}"
+
+
+def ingest_files(files, work_dir, existing=None, compensate: bool = True) -> IngestReport:
+    """Read a batch of uploaded files into patients.
+
+    Parameters
+    ----------
+    files : iterable of (file_name, bytes)
+        As uploaded; names are used only to classify and to match ``<stem>.labels.csv`` to
+        ``<stem>.fcs``.
+    work_dir : path
+        A private folder; each file is written there as ``upload-<uuid><fixed suffix>``.
+    existing : dict of str -> Sample, optional
+        Already loaded patients by name: label files and workspaces may refer to them.
+    compensate : bool
+        Apply each FCS file's spillover matrix (FlowJo/GatingML gates get raw events, since
+        they carry their own compensation).
+
+    Returns
+    -------
+    IngestReport
+    """
+    from gating_core.fcs import FCSError, read_fcs_all
+
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    existing = dict(existing or {})
+    report = IngestReport()
+    taken = set(existing)
+    stored: list[tuple[str, str, Path]] = []
+    for file_name, data in files:
+        kind = classify(file_name)
+        if kind == "unknown":
+            report.errors.append((file_name, "unsupported file type: expected .fcs, .csv (labels or gated), "
+                                             ".wsp (FlowJo) or .xml (GatingML 2.0)"))
+            continue
+        suffix = {"fcs": ".fcs", "labels": ".labels.csv", "gated": ".csv", "workspace": ".wsp",
+                  "gatingml": ".xml"}[kind]
+        path = work_dir / f"upload-{uuid.uuid4().hex}{suffix}"
+        path.write_bytes(bytes(data))
+        stored.append((file_name, kind, path))
+
+    # FCS first: label files and gates refer to them.
+    fcs_by_stem: dict[str, LoadedPatient] = {}
+    raw_by_file: dict[str, object] = {}
+    for file_name, kind, path in stored:
+        if kind != "fcs":
+            continue
+        try:
+            raw_samples = read_fcs_all(path, compensate=False)
+        except FCSError as exc:
+            report.errors.append((file_name, f"{file_name}: {exc.problem}"))
+            continue
+        except Exception as exc:  # a reader bug must not take the session down
+            report.errors.append((file_name, f"{file_name}: could not be read ({exc})"))
+            continue
+        stem = safe_stem(file_name, "patient")
+        for k, raw in enumerate(raw_samples):
+            base = stem if len(raw_samples) == 1 else f"{stem}#{k + 1}"
+            name = _unique(base, taken)
+            taken.add(name)
+            sample = raw.compensate() if compensate else raw
+            sample.name = name
+            sample.path = None  # the temp path is ours, not the user's
+            patient = LoadedPatient(name, sample, file_name=file_name)
+            report.patients.append(patient)
+            if k == 0:
+                fcs_by_stem[stem.casefold()] = patient
+                raw_by_file[Path(str(file_name).replace("\\", "/")).name] = raw
+        if len(raw_samples) > 1:
+            report.notes.append((file_name, f"{file_name}: holds {len(raw_samples)} data sets, loaded as "
+                                            f"separate patients"))
+
+    for file_name, kind, path in stored:
+        if kind == "labels":
+            _attach_labels(file_name, path, fcs_by_stem, existing, report)
+        elif kind == "gated":
+            _load_gated(file_name, path, taken, report)
+        elif kind == "workspace":
+            _apply_workspace(file_name, path, raw_by_file, fcs_by_stem, report)
+        elif kind == "gatingml":
+            _apply_gatingml(file_name, path, raw_by_file, fcs_by_stem, report)
+    return report
+
+
+def _attach_labels(file_name, path, fcs_by_stem, existing, report):
+    from gating_core.labels import LabelError, read_labels_csv
+
+    stem = safe_stem(file_name, "labels")
+    patient = fcs_by_stem.get(stem.casefold())
+    if patient is None:
+        match = next((n for n in existing if n.casefold() == stem.casefold()), None)
+        if match is None:
+            report.errors.append((file_name, f"{file_name}: no FCS file {stem}.fcs was loaded with it or "
+                                             f"before it, so these labels belong to no patient"))
+            return
+        report.notes.append((file_name, f"{file_name}: labels for the already loaded patient {match}"))
+        try:
+            labels = read_labels_csv(path, existing[match].n_events)
+        except LabelError as exc:
+            report.errors.append((file_name, _rename_in_message(str(exc), path, file_name)))
+            return
+        report.patients.append(LoadedPatient(match, existing[match], labels, "labels CSV", file_name))
+        return
+    try:
+        labels = read_labels_csv(path, patient.sample.n_events)
+    except LabelError as exc:
+        report.errors.append((file_name, _rename_in_message(str(exc), path, file_name)))
+        return
+    patient.labels, patient.label_source = labels, "labels CSV"
+
+
+def _load_gated(file_name, path, taken, report):
+    from gating_core.export import read_gated_csv
+    from gating_core.labels import LabelError
+
+    try:
+        sample, populations, _ = read_gated_csv(path)
+    except LabelError as exc:
+        report.errors.append((file_name, _rename_in_message(str(exc), path, file_name)))
+        return
+    except Exception as exc:
+        report.errors.append((file_name, f"{file_name}: not a readable gated CSV ({exc})"))
+        return
+    name = _unique(safe_stem(file_name, "patient"), taken)
+    taken.add(name)
+    sample.name, sample.path = name, None
+    report.patients.append(LoadedPatient(name, sample, np.asarray(populations).astype(object), "gated CSV",
+                                         file_name))
+
+
+def _apply_workspace(file_name, path, raw_by_file, fcs_by_stem, report):
+    if not raw_by_file:
+        report.errors.append((file_name, f"{file_name}: upload the workspace together with its FCS files"))
+        return
+    try:
+        labels_by_file = apply_workspace(path, raw_by_file)
+    except GateImportError as exc:
+        report.errors.append((file_name, f"{file_name}: {exc.problem}"))
+        return
+    for fcs_name, labels in labels_by_file.items():
+        patient = fcs_by_stem.get(safe_stem(fcs_name).casefold())
+        if patient is not None:
+            patient.labels, patient.label_source = labels, "FlowJo workspace"
+    missing = sorted(set(raw_by_file) - set(labels_by_file))
+    if missing:
+        report.notes.append((file_name, f"{file_name}: no gates for {', '.join(missing)}"))
+
+
+def _apply_gatingml(file_name, path, raw_by_file, fcs_by_stem, report):
+    if not raw_by_file:
+        report.errors.append((file_name, f"{file_name}: upload the GatingML file together with its FCS files"))
+        return
+    for fcs_name, raw in raw_by_file.items():
+        patient = fcs_by_stem.get(safe_stem(fcs_name).casefold())
+        if patient is None or patient.labels is not None:
+            continue
+        try:
+            labels = apply_gatingml(path, raw)
+        except GateImportError as exc:
+            report.errors.append((file_name, f"{file_name}: {exc.problem}"))
+            return
+        patient.labels, patient.label_source = labels, "GatingML"
+
+
+def _rename_in_message(message: str, path: Path, file_name: str) -> str:
+    """Readers name our generated temp file; show the user's file name instead."""
+    return message.replace(path.name, file_name).replace(str(path), file_name)
+
+
+# --------------------------------------------------------------------------------------------
+# Channels across patients
+
+
+def channel_presence(samples: dict):
+    """DataFrame: one row per channel name ($PnN, with marker), one column per patient, bool."""
+    import pandas as pd
+
+    names: list[str] = []
+    for sample in samples.values():
+        for ch in sample.pnn:
+            if ch not in names:
+                names.append(ch)
+    table = {patient: [ch in set(s.pnn) for ch in names] for patient, s in samples.items()}
+    frame = pd.DataFrame(table, index=names)
+    frame.index.name = "channel"
+    return frame
+
+
+def common_channels(samples) -> list[str]:
+    """Channel names ($PnN) present in every sample, in the first sample's order."""
+    samples = list(samples)
+    if not samples:
+        return []
+    shared = set(samples[0].pnn)
+    for s in samples[1:]:
+        shared &= set(s.pnn)
+    return [c for c in samples[0].pnn if c in shared]
+
+
+def rename_channels(sample, mapping: dict):
+    """Copy of ``sample`` with channels renamed ($PnN old -> new); events are shared, not copied.
+
+    Raises ValueError when a renamed channel would clash with an existing one.
+    """
+    from gating_core.fcs import Channel, Sample
+
+    new_names = [mapping.get(c.pnn, c.pnn) for c in sample.channels]
+    if len(set(new_names)) != len(new_names):
+        dupes = sorted({n for n in new_names if new_names.count(n) > 1})
+        raise ValueError(f"{sample.name}: renaming would give two channels named {', '.join(dupes)}")
+    channels = [Channel(mapping.get(c.pnn, c.pnn), c.pns, c.range) for c in sample.channels]
+    spill = [mapping.get(c, c) for c in sample.spillover_channels]
+    return Sample(sample.name, sample.events, channels, dict(sample.keywords), sample.spillover, spill,
+                  sample.version, sample.path, sample.compensated)
+
+
+def zip_files(files: dict) -> bytes:
+    """A zip archive (bytes) of ``{archive name: bytes}``."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def load_folder(folder, labeled_pattern: str = "*.fcs", new_subfolder: str = "new") -> IngestReport:
+    """Patients from a folder like ``sample_data/``: ``<stem>.fcs`` (+ ``<stem>.labels.csv``) are
+    historical when labels are beside them, and ``new/*.fcs`` are new patients."""
+    from gating_core.fcs import FCSError, read_fcs
+    from gating_core.labels import LabelError, load_labeled_input
+
+    folder = Path(folder)
+    report = IngestReport()
+    for path in sorted(folder.glob(labeled_pattern)):
+        try:
+            if path.with_name(path.stem + LABEL_SUFFIX).exists():
+                sample, labels = load_labeled_input(path)
+                report.patients.append(LoadedPatient(path.stem, sample, np.asarray(labels).astype(object),
+                                                     "labels CSV", path.name))
+            else:
+                sample = read_fcs(path, compensate=True)
+                report.patients.append(LoadedPatient(path.stem, sample, None, "", path.name))
+        except (FCSError, LabelError) as exc:
+            report.errors.append((path.name, str(exc)))
+    new_dir = folder / new_subfolder
+    if new_dir.is_dir():
+        for path in sorted(new_dir.glob("*.fcs")):
+            try:
+                sample = read_fcs(path, compensate=True)
+            except FCSError as exc:
+                report.errors.append((path.name, str(exc)))
+                continue
+            report.patients.append(LoadedPatient(path.stem, sample, None, "", f"new/{path.name}"))
+    if not report.patients and not report.errors:
+        report.errors.append((str(folder), f"{folder.name}: no FCS files found"))
+    return report

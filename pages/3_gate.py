@@ -1,0 +1,216 @@
+"""Gate: draw nested polygon / rectangle gates to label historical patients."""
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from gating_core.gates import AxisScale, GateError, GateTree, polygon_gate, rectangle_gate
+from ui import cache, charts
+from ui.common import SCALE_HELP, SCALE_KINDS, channel_label, default_xy, get_store, require_patients
+
+ALL = "(all events)"
+store = get_store()
+st.title("✏️ Gate")
+st.caption("Label a patient by hand: choose the parent population and two channels, draw a **lasso** or "
+           "**box** on the plot (toolbar, top right of the chart), name the gate and add it. Gates nest: a "
+           "gate drawn on a parent population only keeps the parent's cells. The leaf gates, plus `other` "
+           "for every cell outside them, become the patient's training labels.")
+if not require_patients(store):
+    st.stop()
+
+state = st.session_state
+state.setdefault("gate_chart_version", 0)
+
+names = list(store.patients)
+top = st.columns([2, 2, 2])
+patient = top[0].selectbox("Patient", names, key="gate_patient")
+record = store.patients[patient]
+sample = record.sample
+tree: GateTree = record.gate_tree
+tree_json = tree.to_json()
+masks = cache.memberships(record.token, tree_json, sample) if len(tree) else {}
+parent = top[1].selectbox("Parent population", [ALL] + tree.names, key="gate_parent",
+                          help="New gates are drawn inside this population.")
+parent_mask = masks.get(parent) if parent != ALL else None
+parent_count = int(parent_mask.sum()) if parent_mask is not None else sample.n_events
+top[2].metric("Events in parent", f"{parent_count:,}",
+              help=f"{100 * parent_count / max(sample.n_events, 1):.1f}% of {sample.n_events:,} events")
+
+channels = sample.pnn
+xi, yi = default_xy(channels)
+axes = st.columns(4)
+x_ch = axes[0].selectbox("X channel", channels, index=xi, format_func=lambda c: channel_label(sample, c), key="g_x")
+y_ch = axes[1].selectbox("Y channel", channels, index=yi, format_func=lambda c: channel_label(sample, c), key="g_y")
+x_kind = axes[2].selectbox("X transform", SCALE_KINDS, key="g_xs", help=SCALE_HELP)
+y_kind = axes[3].selectbox("Y transform", SCALE_KINDS, key="g_ys", help=SCALE_HELP)
+
+tokens = (record.token,)
+x_scale_d = cache.scale_for(tokens, x_ch, x_kind, [sample])
+y_scale_d = cache.scale_for(tokens, y_ch, y_kind, [sample])
+x_scale, y_scale = AxisScale.from_dict(x_scale_d), AxisScale.from_dict(y_scale_d)
+x_range = cache.shared_range(tokens, x_ch, x_scale_d, [sample])
+y_range = cache.shared_range(tokens, y_ch, y_scale_d, [sample])
+mask_key = f"{tree_json}|{parent}" if parent_mask is not None else ""
+grid = cache.density(record.token, mask_key, x_ch, y_ch, x_scale_d, y_scale_d, x_range, y_range, 200, sample,
+                     _mask=parent_mask)
+idx = cache.dots(record.token, sample.n_events)
+if parent_mask is not None:
+    idx = idx[parent_mask[idx]]
+xs = cache.display_values(record.token, x_ch, x_scale_d, sample)[idx]
+ys = cache.display_values(record.token, y_ch, y_scale_d, sample)[idx]
+fig = charts.scatter_panels([{"title": f"{patient} · {parent}", "grid": grid, "x": xs, "y": ys}], x_scale, y_scale,
+                            x_range, y_range, channel_label(sample, x_ch), channel_label(sample, y_ch),
+                            mode="density", height=560, selectable=True)
+same_axes = [g for g in tree.gates if g.x_channel == x_ch and g.y_channel == y_ch
+             and g.x_scale == x_scale and g.y_scale == y_scale and g.parent == (None if parent == ALL else parent)]
+charts.add_gate_shapes(fig, same_axes)
+chart_key = f"gate_chart_{state.gate_chart_version}_{patient}_{x_ch}_{y_ch}_{x_kind}_{y_kind}_{parent}"
+event = st.plotly_chart(fig, width="stretch", key=chart_key, on_select="rerun",
+                        selection_mode=("box", "lasso"),
+                        config={"modeBarButtonsToAdd": ["lasso2d", "select2d"], "displaylogo": False})
+
+# The latest box or lasso becomes the pending shape (display coordinates of these axes).
+selection = getattr(event, "selection", None) if event is not None else None
+if selection:
+    lasso, box = selection.get("lasso") or [], selection.get("box") or []
+    shape = None
+    if lasso:
+        shape = {"kind": "polygon", "vertices": list(zip(lasso[-1]["x"], lasso[-1]["y"]))}
+    elif box:
+        bx, by = box[-1]["x"], box[-1]["y"]
+        shape = {"kind": "rectangle", "vertices": [(min(bx), min(by)), (max(bx), max(by))]}
+    if shape is not None:
+        shape.update(patient=patient, x=x_ch, y=y_ch, x_scale=x_scale_d, y_scale=y_scale_d,
+                     parent=None if parent == ALL else parent)
+        state["pending_shape"] = shape
+
+pending = state.get("pending_shape")
+if pending and (pending["patient"], pending["x"], pending["y"], pending["x_scale"], pending["y_scale"]) != \
+        (patient, x_ch, y_ch, x_scale_d, y_scale_d):
+    pending = None
+
+
+def _gate_from(shape, name):
+    maker = polygon_gate if shape["kind"] == "polygon" else None
+    xsc, ysc = AxisScale.from_dict(shape["x_scale"]), AxisScale.from_dict(shape["y_scale"])
+    if maker is None:
+        (x0, y0), (x1, y1) = shape["vertices"]
+        return rectangle_gate(name, shape["x"], shape["y"], (x0, x1), (y0, y1), xsc, ysc, shape["parent"])
+    return polygon_gate(name, shape["x"], shape["y"], shape["vertices"], xsc, ysc, shape["parent"])
+
+
+def _commit(new_tree: GateTree, message: str):
+    record.history.push(tree)
+    record.gate_tree = new_tree
+    state.pop("pending_shape", None)
+    state.gate_chart_version += 1
+    state["gate_message"] = message
+
+
+left, right = st.columns([1, 1])
+with left:
+    st.markdown("#### New gate")
+    if pending:
+        preview = _gate_from(pending, "selection")
+        inside = preview.contains(sample)
+        if parent_mask is not None:
+            inside &= parent_mask
+        st.markdown(f"Selection: **{pending['kind']}** → **{int(inside.sum()):,}** events "
+                    f"({100 * inside.sum() / max(parent_count, 1):.1f}% of parent)")
+    else:
+        st.caption("Draw a lasso or box on the plot, or enter a rectangle below.")
+    gate_name = st.text_input("Gate name", key="gate_name", placeholder="e.g. Lymphocytes, CD4 T cells")
+    if st.button("Add gate", type="primary", disabled=not pending, key="add_gate"):
+        try:
+            new_tree = tree.copy()
+            new_tree.add(_gate_from(pending, gate_name))
+            _commit(new_tree, f"Added gate {gate_name!r}.")
+            st.rerun()
+        except GateError as exc:
+            st.error(str(exc))
+    with st.expander("Enter a rectangle in raw units"):
+        raw_x = x_scale.inverse(np.array(x_range))
+        raw_y = y_scale.inverse(np.array(y_range))
+        r1, r2 = st.columns(2)
+        x_lo = r1.number_input(f"{x_ch} from", value=float(raw_x[0]), key="rect_x0", format="%.4g")
+        x_hi = r2.number_input(f"{x_ch} to", value=float(raw_x[1]), key="rect_x1", format="%.4g")
+        y_lo = r1.number_input(f"{y_ch} from", value=float(raw_y[0]), key="rect_y0", format="%.4g")
+        y_hi = r2.number_input(f"{y_ch} to", value=float(raw_y[1]), key="rect_y1", format="%.4g")
+        if st.button("Add rectangle gate", key="add_rect"):
+            try:
+                gate = rectangle_gate(gate_name, x_ch, y_ch, tuple(x_scale.forward(np.array([x_lo, x_hi]))),
+                                      tuple(y_scale.forward(np.array([y_lo, y_hi]))), x_scale, y_scale,
+                                      None if parent == ALL else parent)
+                new_tree = tree.copy()
+                new_tree.add(gate)
+                _commit(new_tree, f"Added gate {gate_name!r}.")
+                st.rerun()
+            except GateError as exc:
+                st.error(str(exc))
+
+with right:
+    st.markdown("#### Gate tree")
+    if state.get("gate_message"):
+        st.success(state.pop("gate_message"))
+    if not len(tree):
+        st.caption("No gates yet for this patient.")
+    else:
+        stats = tree.statistics(sample, masks)
+        stats["gate"] = ["\u2003" * d + ("└ " if d else "") + g for g, d in zip(stats["gate"], stats["depth"])]
+        st.dataframe(stats.drop(columns=["depth"]), hide_index=True, width="stretch",
+                     column_config={"% of parent": st.column_config.NumberColumn(format="%.1f"),
+                                    "% of total": st.column_config.NumberColumn(format="%.2f"),
+                                    "count": st.column_config.NumberColumn(format="%d")})
+    b1, b2 = st.columns(2)
+    if b1.button("↶ Undo", disabled=not record.history.can_undo(), key="undo_gate"):
+        record.gate_tree = record.history.undo()
+        state.gate_chart_version += 1
+        st.rerun()
+    if len(tree):
+        with b2.popover("Delete gate"):
+            doomed = st.selectbox("Gate", tree.names, key="delete_which")
+            if st.button("Delete it and its sub-gates", key="delete_gate"):
+                new_tree = tree.copy()
+                gone = new_tree.remove(doomed)
+                _commit(new_tree, f"Deleted {', '.join(sorted(gone))}.")
+                st.rerun()
+        same = [g.name for g in same_axes]
+        if pending and same:
+            adjust = st.selectbox("Adjust a gate on these axes to the current selection", same, key="adjust_which")
+            if st.button("Replace its shape", key="adjust_gate"):
+                new_tree = tree.copy()
+                new_tree.replace_geometry(adjust, pending["vertices"], pending["kind"])
+                _commit(new_tree, f"Adjusted {adjust!r} for {patient}.")
+                st.rerun()
+
+if len(tree):
+    st.markdown("#### Use the gates")
+    u1, u2 = st.columns(2)
+    with u1:
+        leaves = [g.name for g in tree.leaves()]
+        st.caption(f"Training labels: {', '.join(leaves)} and `other`.")
+        if st.button("Use these gates as this patient's labels", type="primary", key="gates_to_labels"):
+            record.set_labels(tree.labels(sample, masks), "gates drawn")
+            state["gate_message"] = f"{patient} is now a labeled (historical) patient."
+            st.rerun()
+        if record.label_source == "gates drawn":
+            st.caption(f"{patient}'s labels come from these gates.")
+    with u2:
+        others = [n for n in names if n != patient]
+        targets = st.multiselect("Copy this gate tree to", others, key="copy_targets",
+                                 help="The copy replaces the target's gates; adjust them there per patient.")
+        if st.button("Copy gate tree", disabled=not targets, key="copy_tree"):
+            problems = []
+            for target in targets:
+                other = store.patients[target]
+                missing = tree.check_channels(other.sample)
+                if missing:
+                    problems.append(f"{target} lacks {', '.join(missing)}")
+                    continue
+                other.history.push(other.gate_tree)
+                other.gate_tree = tree.copy()
+            if problems:
+                st.error("Not copied: " + "; ".join(problems))
+            else:
+                state["gate_message"] = f"Copied {len(tree)} gates to {', '.join(targets)}."
+                st.rerun()

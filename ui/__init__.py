@@ -1,0 +1,1 @@
+"""Streamlit-side helpers shared by the app's pages (session store, cached computations, charts)."""

@@ -1,0 +1,115 @@
+"""Plotly figures for scatter projections, histograms and gate overlays."""
+
+from __future__ import annotations
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from gating_core import plotting
+from gating_core.gates import AxisScale
+
+DENSITY_COLORS = "Turbo"  # the familiar blue-to-red pseudocolor of flow software
+
+
+def _axes(fig, x_scale: AxisScale, y_scale: AxisScale, x_range, y_range, x_title, y_title, n_cols=1):
+    xv, xt = plotting.raw_ticks(x_scale, *x_range)
+    yv, yt = plotting.raw_ticks(y_scale, *y_range)
+    for col in range(1, n_cols + 1):
+        fig.update_xaxes(range=list(x_range), tickvals=xv, ticktext=xt, title_text=x_title, row=1, col=col,
+                         showgrid=True, gridcolor="#eeeeee", zeroline=False)
+        fig.update_yaxes(range=list(y_range), tickvals=yv, ticktext=yt, row=1, col=col,
+                         title_text=y_title if col == 1 else None, showgrid=True, gridcolor="#eeeeee",
+                         zeroline=False)
+
+
+def scatter_panels(panels, x_scale, y_scale, x_range, y_range, x_title, y_title, mode="density",
+                   colors=None, height=460, selectable=False):
+    """Side-by-side scatter projections sharing both axes.
+
+    panels : list of dicts with ``title`` and either ``grid`` = (counts, xc, yc) for density
+        mode or ``x``, ``y``, ``populations`` (display subsample) for population mode; in
+        density mode an optional ``x``/``y`` subsample is drawn invisibly so box/lasso
+        selection works on the heatmap.
+    """
+    n = len(panels)
+    fig = make_subplots(rows=1, cols=max(n, 1), shared_xaxes=True, shared_yaxes=True,
+                        subplot_titles=[p["title"] for p in panels], horizontal_spacing=0.03)
+    shown_legend = set()
+    for col, panel in enumerate(panels, start=1):
+        if mode == "density":
+            counts, xc, yc = panel["grid"]
+            fig.add_trace(go.Heatmap(z=plotting.log_density(counts), x=xc, y=yc, colorscale=DENSITY_COLORS,
+                                     showscale=col == n, hoverinfo="skip",
+                                     colorbar=dict(title="events", tickvals=[0, 1, 2, 3, 4, 5],
+                                                   ticktext=["1", "10", "100", "1K", "10K", "100K"])),
+                          row=1, col=col)
+            if selectable and "x" in panel:
+                fig.add_trace(go.Scattergl(x=panel["x"], y=panel["y"], mode="markers", showlegend=False,
+                                           marker=dict(size=2, opacity=0.0), hoverinfo="skip",
+                                           selected=dict(marker=dict(opacity=0.0)),
+                                           unselected=dict(marker=dict(opacity=0.0))),
+                              row=1, col=col)
+        else:
+            pops = np.asarray(panel["populations"]).astype(str)
+            for name in colors:
+                mask = pops == name
+                if not mask.any():
+                    continue
+                fig.add_trace(go.Scattergl(x=panel["x"][mask], y=panel["y"][mask], mode="markers", name=name,
+                                           legendgroup=name, showlegend=name not in shown_legend,
+                                           marker=dict(size=3, color=colors[name], opacity=0.6),
+                                           hovertemplate=f"{name}<extra></extra>"),
+                              row=1, col=col)
+                shown_legend.add(name)
+    _axes(fig, x_scale, y_scale, x_range, y_range, x_title, y_title, n_cols=max(n, 1))
+    fig.update_layout(height=height, margin=dict(l=60, r=20, t=40, b=50), plot_bgcolor="white",
+                      legend=dict(itemsizing="constant", title="population"),
+                      dragmode="lasso" if selectable else "zoom")
+    return fig
+
+
+def add_gate_shapes(fig, gates, color="#222222"):
+    """Outline gates (display coordinates) on a single-panel figure, labelled by name."""
+    for gate in gates:
+        verts = np.asarray(gate.vertices)
+        if gate.kind == "rectangle":
+            (x0, y0), (x1, y1) = verts
+            fig.add_shape(type="rect", x0=x0, y0=y0, x1=x1, y1=y1, line=dict(color=color, width=2))
+            lx, ly = x0, y1
+        else:
+            path = "M " + " L ".join(f"{x},{y}" for x, y in verts) + " Z"
+            fig.add_shape(type="path", path=path, line=dict(color=color, width=2))
+            lx, ly = verts[np.argmax(verts[:, 1])]
+        fig.add_annotation(x=lx, y=ly, text=f"<b>{gate.name}</b>", showarrow=False, yshift=10,
+                           font=dict(color=color, size=12), bgcolor="rgba(255,255,255,0.7)")
+    return fig
+
+
+def histogram_panels(panels, scale, value_range, title, height=320):
+    """Overlaid per-patient histograms (all events) of one channel, as a fraction of events."""
+    fig = go.Figure()
+    for panel in panels:
+        counts, centers = panel["hist"]
+        total = max(int(counts.sum()), 1)
+        fig.add_trace(go.Scatter(x=centers, y=counts / total, mode="lines", name=panel["title"],
+                                 line=dict(width=2, shape="hvh")))
+    xv, xt = plotting.raw_ticks(scale, *value_range)
+    fig.update_xaxes(range=list(value_range), tickvals=xv, ticktext=xt, title_text=title)
+    fig.update_yaxes(title_text="fraction of events", rangemode="tozero")
+    fig.update_layout(height=height, margin=dict(l=60, r=20, t=20, b=50), plot_bgcolor="white")
+    return fig
+
+
+def confidence_histogram(confidence, threshold, height=280):
+    """Histogram of per-cell confidence; bars below ``threshold`` in red."""
+    counts, edges = np.histogram(np.asarray(confidence, dtype=float), bins=40, range=(0, 1))
+    centers = (edges[:-1] + edges[1:]) / 2
+    colors = ["#D55E00" if c < threshold else "#0072B2" for c in centers]
+    fig = go.Figure(go.Bar(x=centers, y=counts, marker_color=colors, width=1 / 40,
+                           hovertemplate="confidence %{x:.3f}: %{y} cells<extra></extra>"))
+    fig.add_vline(x=threshold, line=dict(color="#D55E00", dash="dash"))
+    fig.update_xaxes(title_text="confidence", range=[0, 1])
+    fig.update_yaxes(title_text="cells")
+    fig.update_layout(height=height, margin=dict(l=60, r=20, t=20, b=50), plot_bgcolor="white", bargap=0)
+    return fig
