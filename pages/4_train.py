@@ -1,0 +1,155 @@
+"""Train: fit a gating model on historical patients and check it patient by patient."""
+
+import inspect
+import time
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+import streamlit as st
+
+from gating_core.app_state import common_channels
+from ui.common import get_store, require_patients
+from ui.models import load_model_bytes, model_bytes
+
+store = get_store()
+st.title("🧠 Train")
+st.caption("Train a model on labeled (historical) patients. **Marginal transfer** looks at each patient's "
+           "whole cell distribution as well as each cell, so it adapts to patient-to-patient shift; "
+           "**pooling** treats all cells alike (the classic approach, shown for comparison).")
+
+with st.expander("Load a saved model (.npz, as written by this app or `python -m gating_core train`)"):
+    model_file = st.file_uploader("Model file", type=["npz"], key="model_upload")
+    if model_file is not None and st.session_state.get("loaded_model_id") != model_file.file_id:
+        try:
+            model = load_model_bytes(model_file.getvalue(), store.work_dir)
+            store.add_model(f"loaded: {model_file.name[:60]}", model)
+            st.session_state["loaded_model_id"] = model_file.file_id
+            st.success(f"Loaded a model for {', '.join(map(str, model.populations_))}.")
+        except Exception as exc:  # ModelFileError and anything else: shown, never raised
+            st.error(f"{model_file.name}: {exc}")
+
+if not require_patients(store, labeled=True):
+    st.stop()
+
+from gating_core.model import GatingModel  # noqa: E402  (after the page shows something)
+
+labeled = store.labeled()
+chosen = st.multiselect("Historical patients to learn from", labeled, default=labeled, key="train_patients")
+if len(chosen) < 2:
+    st.info("Pick at least two labeled patients.")
+    st.stop()
+records = [store.patients[n] for n in chosen]
+all_pops = sorted({str(p) for r in records for p in pd.unique(r.labels)})
+default_pops = [p for p in all_pops if p.casefold() not in ("other", "ungated")]
+c1, c2 = st.columns([3, 2])
+pops = c1.multiselect("Populations to learn", all_pops, default=default_pops, key="train_pops",
+                      help="Cells of populations left out are learned as `other`.")
+method = c2.radio("Method", ["marginal", "pooling"], key="train_method", horizontal=True,
+                  format_func=lambda m: {"marginal": "Marginal transfer (recommended)", "pooling": "Pooling"}[m])
+channels_all = common_channels([r.sample for r in records])
+with st.expander("Channels and hyperparameters (automatic unless you change them)"):
+    channels = st.multiselect("Channels", channels_all,
+                              default=[c for c in channels_all if c.lower() != "time"], key="train_channels")
+    hand = st.checkbox("Set hyperparameters by hand", key="train_hand")
+    params = {}
+    if hand:
+        sig = inspect.signature(GatingModel.__init__)
+        cols = st.columns(3)
+        k = 0
+        for name, p in sig.parameters.items():
+            if name in ("self", "method", "channels", "transform", "random_state") or p.kind != p.POSITIONAL_OR_KEYWORD:
+                continue
+            if isinstance(p.default, bool) or not isinstance(p.default, (int, float)):
+                continue
+            params[name] = cols[k % 3].number_input(name, value=p.default, key=f"hp_{name}")
+            k += 1
+        if not params:
+            st.caption("This model has no numeric hyperparameters to set.")
+
+
+def _training_labels(record):
+    labels = np.asarray(record.labels).astype(object)
+    keep = np.isin(labels.astype(str), pops)
+    return np.where(keep, labels, "other").astype(object)
+
+
+if st.button("Train model", type="primary", key="train_button", disabled=not pops):
+    bar = st.progress(0.0, text="Starting…")
+
+    def progress(stage, fraction):
+        bar.progress(min(max(float(fraction), 0.0), 1.0), text=f"{stage} ({100 * float(fraction):.0f}%)")
+
+    try:
+        model = GatingModel(method=method, channels=channels or None, **params)
+        model.fit([r.sample for r in records], [_training_labels(r) for r in records], progress=progress)
+    except Exception as exc:
+        bar.empty()
+        st.error(f"Training failed: {exc}")
+    else:
+        bar.progress(1.0, text="Done")
+        name = f"{method} · {len(records)} patients · {time.strftime('%H:%M:%S')}"
+        store.add_model(name, model)
+        st.success(f"Trained **{name}** on {sum(r.sample.n_events for r in records):,} cells.")
+
+if store.models:
+    st.subheader("Models")
+    current = st.selectbox("Current model", list(store.models), key="current_model_pick",
+                           index=list(store.models).index(store.current_model))
+    store.current_model = current
+    model = store.models[current]
+    st.markdown(f"Populations: {', '.join(map(str, model.populations_))}  \n"
+                f"Channels: {', '.join(map(str, model.channels_))}")
+    st.download_button("Save model (.npz)", data=lambda: model_bytes(model, store.work_dir),
+                       file_name="gating_model.npz", mime="application/octet-stream", key="save_model",
+                       help="Same format as the command line: `python -m gating_core gate --model …`.")
+
+st.subheader("Leave-one-patient-out check")
+st.caption("Each patient in turn is gated by a model trained on the others: the honest estimate of how "
+           "well a new patient will be gated. Marginal transfer and pooling run on the same split.")
+if st.button("Run the check", key="lopo_button"):
+    from gating_core.evaluation import leave_one_patient_out
+
+    bar = st.progress(0.0, text="Starting…")
+
+    def progress(stage, fraction):
+        bar.progress(min(max(float(fraction), 0.0), 1.0), text=f"{stage} ({100 * float(fraction):.0f}%)")
+
+    try:
+        store.evaluation = leave_one_patient_out([r.sample for r in records], [_training_labels(r) for r in records],
+                                                 methods=("marginal", "pooling"), progress=progress)
+        bar.progress(1.0, text="Done")
+    except Exception as exc:
+        bar.empty()
+        st.error(f"The check failed: {exc}")
+
+table = store.evaluation
+if table is not None and len(table):
+    show = table.copy()
+    wide = show.pivot_table(index="patient", columns="method", values=["accuracy", "macro_f1"])
+    wide.columns = [f"{metric} ({method})" for metric, method in wide.columns]
+    key = "macro_f1 (marginal)" if "macro_f1 (marginal)" in wide.columns else wide.columns[-1]
+    worst = wide[key].idxmin()
+    means = show.groupby("method")[["accuracy", "macro_f1"]].mean()
+    cols = st.columns(len(means))
+    for col, (m, row) in zip(cols, means.iterrows()):
+        col.metric(f"{m}: mean accuracy", f"{100 * row['accuracy']:.1f}%",
+                   help=f"mean macro-F1 {row['macro_f1']:.3f}")
+    st.warning(f"Worst patient: **{worst}** ({key} = {wide.loc[worst, key]:.3f}). Review its gates first.")
+    st.dataframe(wide.style.format("{:.3f}").apply(
+        lambda r: ["background-color: #fde2d4" if r.name == worst else "" for _ in r], axis=1),
+        width="stretch")
+    fig = go.Figure()
+    for m, color in (("marginal", "#0072B2"), ("pooling", "#E69F00")):
+        part = show[show["method"] == m]
+        if len(part):
+            fig.add_trace(go.Bar(x=part["patient"], y=part["macro_f1"], name=m, marker_color=color))
+    fig.update_layout(barmode="group", height=320, yaxis_title="macro F1", yaxis_range=[0, 1],
+                      margin=dict(l=60, r=20, t=20, b=50), plot_bgcolor="white")
+    fig.add_annotation(x=worst, y=float(wide.loc[worst, key]), text="worst", showarrow=True, arrowhead=2)
+    st.plotly_chart(fig, width="stretch", key="lopo_chart")
+    f1_cols = [c for c in show.columns if c.startswith("f1:")]
+    if f1_cols:
+        with st.expander("F1 per population"):
+            st.dataframe(show[["patient", "method", *f1_cols]].style.format({c: "{:.3f}" for c in f1_cols}),
+                         hide_index=True, width="stretch")

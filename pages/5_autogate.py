@@ -1,0 +1,168 @@
+"""Auto-gate: gate new patients with the model, review, correct, accept and export."""
+
+import numpy as np
+import streamlit as st
+
+from gating_core.gates import AxisScale, polygon_gate, rectangle_gate
+from gating_core.plotting import population_colors
+from ui import cache, charts, exports
+from ui.common import SCALE_HELP, SCALE_KINDS, channel_label, default_xy, get_store, require_patients
+
+LOW = "low confidence"
+store = get_store()
+state = st.session_state
+state.setdefault("ag_chart_version", 0)
+st.title("🎯 Auto-gate")
+st.caption("Gate new patients with the current model, then review: colors show the predicted populations, "
+           "the confidence histogram shows where the model hesitates, and a warning appears when a patient "
+           "is unlike every training patient. Correct cells with the lasso, accept the patient (it joins "
+           "the historical patients), and export.")
+if not require_patients(store):
+    st.stop()
+if store.model() is None:
+    st.info("No model yet: train one on the **Train** page or load a saved model there.")
+    st.stop()
+
+m1, m2 = st.columns([2, 3])
+model_name = m1.selectbox("Model", list(store.models), index=list(store.models).index(store.current_model),
+                          key="ag_model")
+model = store.models[model_name]
+unlabeled = store.unlabeled()
+targets = m2.multiselect("Patients to gate", list(store.patients), default=unlabeled, key="ag_targets")
+if st.button("Run auto-gating", type="primary", disabled=not targets, key="ag_run"):
+    bar = st.progress(0.0, text="Starting…")
+    missing = {n: [c for c in model.channels_ if c not in store.patients[n].sample.pnn] for n in targets}
+    for i, name in enumerate(targets):
+        if missing[name]:
+            st.error(f"{name}: lacks channels {', '.join(missing[name])} the model needs; match them on the "
+                     "Data page.")
+            continue
+        bar.progress(i / len(targets), text=f"Gating {name} ({i + 1}/{len(targets)})")
+        try:
+            store.patients[name].set_result(model.gate(store.patients[name].sample), model_name)
+        except Exception as exc:
+            st.error(f"{name}: auto-gating failed ({exc})")
+    bar.progress(1.0, text="Done")
+    state.ag_chart_version += 1
+
+gated = [n for n, r in store.patients.items() if r.result is not None]
+if not gated:
+    st.stop()
+
+st.divider()
+patient = st.selectbox("Review patient", gated, key="ag_patient")
+record = store.patients[patient]
+result = record.result
+sample = record.sample
+novelty = getattr(result, "novelty", None)
+if novelty is not None and bool(getattr(novelty, "is_novel", False)):
+    st.warning(f"**{patient} is unlike the training patients.** {novelty.message} Review it by hand before "
+               "trusting the gates.", icon="⚠️")
+elif novelty is not None:
+    st.success(f"{patient} resembles the training patients (novelty score {novelty.score:.3g}, "
+               f"threshold {novelty.threshold:.3g}).")
+if record.label_source.startswith("auto-gate"):
+    st.info(f"{patient} was accepted: it is a historical patient for the next training.")
+
+populations = np.asarray(record.populations).astype(str)
+confidence = exports._confidence(record)
+pop_names = [str(p) for p in model.populations_]
+colors = population_colors(sorted(set(pop_names) | set(np.unique(populations)),
+                                  key=lambda p: (p.casefold() in ("other", "ungated"), p)))
+
+channels = sample.pnn
+xi, yi = default_xy(channels)
+left, right = st.columns([3, 2])
+with left:
+    a = st.columns(4)
+    x_ch = a[0].selectbox("X channel", channels, index=xi, format_func=lambda c: channel_label(sample, c), key="ag_x")
+    y_ch = a[1].selectbox("Y channel", channels, index=yi, format_func=lambda c: channel_label(sample, c), key="ag_y")
+    x_kind = a[2].selectbox("X transform", SCALE_KINDS, key="ag_xs", help=SCALE_HELP)
+    y_kind = a[3].selectbox("Y transform", SCALE_KINDS, key="ag_ys", help=SCALE_HELP)
+with right:
+    threshold = st.slider("Low-confidence threshold", 0.0, 1.0, 0.6, 0.05, key="ag_threshold",
+                          help="Cells below this confidence are highlighted for review.")
+    highlight = st.checkbox("Highlight low-confidence cells on the plot", key="ag_highlight")
+
+tokens = (record.token,)
+x_scale_d = cache.scale_for(tokens, x_ch, x_kind, [sample])
+y_scale_d = cache.scale_for(tokens, y_ch, y_kind, [sample])
+x_range = cache.shared_range(tokens, x_ch, x_scale_d, [sample])
+y_range = cache.shared_range(tokens, y_ch, y_scale_d, [sample])
+idx = cache.dots(record.token, sample.n_events)
+shown = populations[idx].astype(object)
+plot_colors = dict(colors)
+if highlight:
+    shown = np.where(confidence[idx] < threshold, LOW, shown)
+    plot_colors = {**{k: "#D9D9D9" for k in colors}, LOW: "#D55E00"}
+panel = {"title": f"{patient}: predicted populations", "x": cache.display_values(record.token, x_ch, x_scale_d, sample)[idx],
+         "y": cache.display_values(record.token, y_ch, y_scale_d, sample)[idx], "populations": shown}
+fig = charts.scatter_panels([panel], AxisScale.from_dict(x_scale_d), AxisScale.from_dict(y_scale_d), x_range, y_range,
+                            channel_label(sample, x_ch), channel_label(sample, y_ch), mode="population",
+                            colors=plot_colors, height=520, selectable=True)
+chart_col, side_col = st.columns([3, 2])
+with chart_col:
+    event = st.plotly_chart(fig, width="stretch", on_select="rerun", selection_mode=("box", "lasso"),
+                            key=f"ag_chart_{state.ag_chart_version}_{patient}_{x_ch}_{y_ch}_{x_kind}_{y_kind}")
+with side_col:
+    low = int((confidence < threshold).sum())
+    st.markdown(f"**Confidence** · {low:,} cells ({100 * low / max(sample.n_events, 1):.1f}%) below {threshold:.2f}")
+    st.plotly_chart(charts.confidence_histogram(confidence, threshold), width="stretch", key="ag_conf")
+
+    # Correction: the latest lasso/box selects cells (all events inside the shape, not just dots).
+    selection = getattr(event, "selection", None) if event is not None else None
+    shape = None
+    if selection:
+        lasso, box = selection.get("lasso") or [], selection.get("box") or []
+        xs_, ys_ = AxisScale.from_dict(x_scale_d), AxisScale.from_dict(y_scale_d)
+        if lasso:
+            shape = polygon_gate("selection", x_ch, y_ch, list(zip(lasso[-1]["x"], lasso[-1]["y"])), xs_, ys_)
+        elif box:
+            shape = rectangle_gate("selection", x_ch, y_ch, sorted(box[-1]["x"]), sorted(box[-1]["y"]), xs_, ys_)
+    st.markdown("**Correct cells**")
+    if shape is None:
+        st.caption("Draw a lasso or box around cells on the plot to reassign them.")
+    else:
+        inside = shape.contains(sample)
+        from_pops = st.multiselect("Only cells now in", sorted(set(populations[inside])), key="ag_from",
+                                   help="Leave empty to take every cell inside the shape.")
+        if from_pops:
+            inside &= np.isin(populations, from_pops)
+        to_pop = st.selectbox("Reassign to", pop_names, key="ag_to")
+        if st.button(f"Reassign {int(inside.sum()):,} cells to {to_pop}", key="ag_reassign"):
+            corrected = populations.astype(object).copy()
+            corrected[inside] = to_pop
+            record.set_corrected(corrected)
+            state.ag_chart_version += 1
+            st.rerun()
+
+st.subheader("Populations")
+stats = exports.statistics(record.populations_token, record)
+st.dataframe(stats.drop(columns=["patient"]), hide_index=True, width="stretch",
+             column_config={c: st.column_config.NumberColumn(format="%.1f") for c in stats.columns
+                            if c.startswith(("%", "median"))} | {
+                 "count": st.column_config.NumberColumn(format="%d"),
+                 "mean confidence": st.column_config.NumberColumn(format="%.3f")})
+
+b1, b2 = st.columns([1, 3])
+if b1.button("Accept this patient", type="primary", key="ag_accept",
+             help="Its (corrected) populations become labels: it joins the historical patients."):
+    record.set_labels(populations.astype(object), "auto-gate (reviewed)")
+    st.rerun()
+if record.corrected is not None:
+    n_changed = int((np.asarray(record.corrected).astype(str) != np.asarray(result.populations).astype(str)).sum())
+    b2.caption(f"{n_changed:,} cells corrected by hand.")
+
+st.subheader("Export")
+e = st.columns(4)
+e[0].download_button("Gated CSV", data=lambda: exports.gated_csv(record.populations_token, record, store.work_dir),
+                     file_name=f"{patient}.gated.csv", mime="text/csv", key="dl_csv",
+                     help="One row per event in file order: every channel, then population and confidence.")
+e[1].download_button("FCS with population channel",
+                     data=lambda: exports.gated_fcs(record.populations_token, record, store.work_dir),
+                     file_name=f"{patient}.gated.fcs", mime="application/octet-stream", key="dl_fcs")
+gated_records = [store.patients[n] for n in gated]
+e[2].download_button("Statistics (CSV, all gated patients)", data=lambda: exports.statistics_csv(gated_records),
+                     file_name="population_statistics.csv", mime="text/csv", key="dl_stats")
+e[3].download_button(f"All {len(gated)} patients (zip)", data=lambda: exports.all_as_zip(gated_records, store.work_dir),
+                     file_name="gated_patients.zip", mime="application/zip", key="dl_zip")

@@ -1,0 +1,68 @@
+"""Export files of auto-gated patients, built on demand and cached per result version."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import numpy as np
+import streamlit as st
+
+from gating_core.app_state import zip_files
+from gating_core.plotting import population_table
+
+
+def _confidence(record) -> np.ndarray:
+    """Model confidence, with 1.0 for cells a person reassigned (a human decision)."""
+    if record.result is None:
+        return np.ones(record.sample.n_events)
+    confidence = np.asarray(record.result.confidence, dtype=np.float64).copy()
+    if record.corrected is not None:
+        changed = np.asarray(record.corrected).astype(str) != np.asarray(record.result.populations).astype(str)
+        confidence[changed] = 1.0
+    return confidence
+
+
+def _through_file(work_dir, suffix, writer) -> bytes:
+    path = Path(work_dir) / f"export-{uuid.uuid4().hex}{suffix}"
+    try:
+        writer(path)
+        return path.read_bytes()
+    finally:
+        path.unlink(missing_ok=True)
+
+
+@st.cache_data(max_entries=16, show_spinner="Writing the gated CSV…")
+def gated_csv(token: str, _record, _work_dir) -> bytes:
+    from gating_core.export import write_gated_csv
+
+    return _through_file(_work_dir, ".csv", lambda p: write_gated_csv(p, _record.sample, _record.populations,
+                                                                        _confidence(_record)))
+
+
+@st.cache_data(max_entries=16, show_spinner="Writing the FCS file…")
+def gated_fcs(token: str, _record, _work_dir) -> bytes:
+    from gating_core.export import write_fcs_with_populations
+
+    return _through_file(_work_dir, ".fcs", lambda p: write_fcs_with_populations(p, _record.sample,
+                                                                                   _record.populations))
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
+def statistics(token: str, _record):
+    frame = population_table(_record.sample.events, _record.sample.pnn, _record.populations,
+                             confidence=_confidence(_record))
+    frame.insert(0, "patient", _record.name)
+    return frame
+
+
+def statistics_csv(records) -> bytes:
+    import pandas as pd
+
+    return pd.concat([statistics(r.populations_token, r) for r in records]).to_csv(index=False).encode()
+
+
+def all_as_zip(records, work_dir) -> bytes:
+    files = {f"{r.name}.gated.csv": gated_csv(r.populations_token, r, work_dir) for r in records}
+    files["statistics.csv"] = statistics_csv(records)
+    return zip_files(files)

@@ -1,0 +1,28 @@
+"""Model files in and out of the app (npz + JSON, never pickle)."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+
+def model_bytes(model, work_dir) -> bytes:
+    """The model as the bytes of its .npz file (same format as the command line writes)."""
+    path = Path(work_dir) / f"model-{uuid.uuid4().hex}.npz"
+    try:
+        model.save(path)
+        return path.read_bytes()
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def load_model_bytes(data: bytes, work_dir):
+    """A GatingModel from uploaded bytes, written under a generated name first."""
+    from gating_core.model import GatingModel
+
+    path = Path(work_dir) / f"upload-{uuid.uuid4().hex}.npz"
+    path.write_bytes(data)
+    try:
+        return GatingModel.load(path)
+    finally:
+        path.unlink(missing_ok=True)
