@@ -724,9 +724,10 @@ def _events_from_raw(layout: _Layout, raw: np.ndarray) -> np.ndarray:
 
 
 def _check_finite(layout: _Layout, events: np.ndarray) -> None:
-    # A pairwise sum is ~10x cheaper than isfinite() over the array; only when it is not
-    # finite (NaN/inf present, or an overflow of huge values) look closer.
-    if events.size == 0 or np.isfinite(np.add.reduce(events, axis=None, dtype=np.float64)):
+    # A dot product (BLAS) propagates NaN/inf and is cheaper than isfinite() over the whole
+    # array; only when it is not finite (NaN/inf present, or squares that overflow) look closer.
+    flat = events.reshape(-1)
+    if flat.size == 0 or np.isfinite(np.dot(flat, flat)):
         return
     bad = ~np.isfinite(events)
     count = int(bad.sum())
@@ -920,6 +921,10 @@ def _fcs_text_value(key: str, value: str, path) -> str:
     value = str(value)
     if value == "":
         raise FCSError(path, f"keyword {key!r} has an empty value, which FCS does not allow")
+    # FlowIO (our writer's delimiter is '/') mis-splits values that start or end with it.
+    if value.startswith("/") or value.endswith("/") or "/" in str(key):
+        raise FCSError(path, f"keyword {key!r}: names and values must not start or end with '/' "
+                             f"(found {value[:40]!r})")
     return value
 
 
@@ -943,6 +948,8 @@ def write_fcs(path: str | os.PathLike, events: np.ndarray, pnn: list[str], pns: 
     if len(set(names)) != len(names) or any(n.strip() == "" for n in names):
         raise FCSError(path, "channel names ($PnN) must be unique and non-empty")
     metadata = {k: _fcs_text_value(k, v, path) for k, v in (keywords or {}).items()}
+    for i, name in enumerate(names + [str(s) for s in (pns or []) if str(s)], start=1):
+        _fcs_text_value(f"channel name {i}", name, path)
     flat = array("f")
     flat.frombytes(events.tobytes())
     tmp = path.with_name(f".{path.name}.{os.getpid()}.part")

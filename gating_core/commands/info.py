@@ -1,0 +1,65 @@
+"""``python -m gating_core info FILE...``: what each FCS file holds, without reading its events.
+
+Per file: FCS version, data sets, events, channels ($PnN / $PnS), spillover. ``--json`` prints
+one JSON document (a list, one entry per file; unreadable files carry ``"error"``). A file that
+cannot be read gets its message on stderr and the exit status becomes 1; the other files are
+still reported.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from ..fcs import FCSError, fcs_info
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "info", help="describe FCS files (version, data sets, events, channels, spillover)",
+        description=__doc__.split("\n\n")[0].split(": ", 1)[1])
+    parser.add_argument("files", nargs="+", metavar="FILE", help="FCS files")
+    parser.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    parser.set_defaults(func=run)
+
+
+def _describe(info: dict) -> str:
+    lines = [info["file"], f"  FCS version: {info['version']}", f"  data sets: {info['n_datasets']}"]
+    for ds in info["datasets"]:
+        indent = "  "
+        if info["n_datasets"] > 1:
+            lines.append(f"  [{ds['name']}]")
+            indent = "    "
+        lines.append(f"{indent}events: {ds['events']}")
+        lines.append(f"{indent}channels: {ds['n_channels']}")
+        width = max(len(c["pnn"]) for c in ds["channels"])
+        for i, c in enumerate(ds["channels"], start=1):
+            marker = f"  {c['pns']}" if c["pns"] and c["pns"] != c["pnn"] else ""
+            lines.append(f"{indent}  {i:>3}  {c['pnn']:<{width}}{marker}".rstrip())
+        if ds["spillover"]:
+            lines.append(f"{indent}spillover: yes ({len(ds['spillover_channels'])} channels: "
+                         f"{', '.join(ds['spillover_channels'])})")
+        else:
+            lines.append(f"{indent}spillover: no")
+        for note in ds["notes"]:
+            lines.append(f"{indent}note: {note}")
+    return "\n".join(lines)
+
+
+def run(args) -> int:
+    status = 0
+    results = []
+    for path in args.files:
+        try:
+            info = fcs_info(path)
+        except FCSError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            results.append({"file": path, "error": exc.problem})
+            status = 1
+            continue
+        results.append(info)
+        if not args.json:
+            print(_describe(info))
+    if args.json:
+        print(json.dumps(results, indent=2, ensure_ascii=False))
+    return status

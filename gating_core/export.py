@@ -1,0 +1,221 @@
+"""Writing gating results: gated CSV and FCS 3.1 with a population channel.
+
+Gated CSV (design.md section 4): one row per event in the original order, one column per
+channel named by its $PnN, then ``population`` (text) and ``confidence`` (0..1). Floats are
+written as the shortest text that reads back to the same float32 (or float64) value, so a
+gated CSV is a lossless training input.
+
+FCS with populations: the events plus a ``population`` channel of integer codes; the keywords
+``GATING_POPULATION_CHANNEL`` (the channel's name), ``GATING_POPULATION_COUNT`` (k) and
+``GATING_POPULATION_<code>`` (the name of each code 0..k-1) map codes back to names.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from urllib.parse import unquote
+
+import numpy as np
+
+from .fcs import Channel, FCSError, Sample, read_fcs, write_fcs
+from .labels import POPULATION_COLUMN, LabelError, _read_csv_table, population_array, read_header
+
+__all__ = ["write_gated_csv", "read_gated_csv", "write_fcs_with_populations",
+           "populations_from_sample", "read_fcs_with_populations", "POPULATION_KEYWORD"]
+
+CONFIDENCE_COLUMN = "confidence"
+POPULATION_KEYWORD = "GATING_POPULATION_CHANNEL"
+POPULATION_COUNT_KEYWORD = "GATING_POPULATION_COUNT"
+POPULATION_NAME_KEYWORD = "GATING_POPULATION_{}"
+# Keywords worth carrying from the source file into a written FCS. Not $TIMESTEP, $PnG, $PnE:
+# the events are already scaled, a reader would scale them twice.
+_CARRIED_KEYWORDS = ("$CYT", "$CYTSN", "$DATE", "$BTIM", "$ETIM", "$SRC", "$FIL", "$INST", "$OP")
+
+
+def _encode_name(name: str) -> str:
+    # FCS TEXT readers (FlowIO) drop '$' and trip over a leading/trailing delimiter '/':
+    # percent-encode those (and '%' itself) so every name survives exactly.
+    return name.replace("%", "%25").replace("/", "%2F").replace("$", "%24")
+
+
+def _check_lengths(sample: Sample, populations, confidence, path: Path):
+    populations = np.asarray(populations)
+    if populations.shape != (sample.n_events,):
+        raise ValueError(f"{path.name}: {populations.shape[0] if populations.ndim else 0} "
+                         f"populations for {sample.n_events} events")
+    if confidence is not None:
+        confidence = np.asarray(confidence, dtype=np.float64)
+        if confidence.shape != (sample.n_events,):
+            raise ValueError(f"{path.name}: confidence of shape {confidence.shape} for "
+                             f"{sample.n_events} events")
+        if not np.all((confidence >= 0) & (confidence <= 1)):
+            raise ValueError(f"{path.name}: confidence values must lie in [0, 1]")
+    return populations.astype(str), confidence
+
+
+def _atomic_target(path: Path) -> Path:
+    return path.with_name(f".{path.name}.{os.getpid()}.part")
+
+
+def write_gated_csv(path: str | os.PathLike, sample: Sample, populations, confidence=None) -> None:
+    """Write one row per event: channels by $PnN, ``population``, ``confidence`` (if given).
+
+    Parameters
+    ----------
+    sample : Sample with ``events`` of shape (n_events, n_channels).
+    populations : array-like of str, shape (n_events,).
+    confidence : array-like of float in [0, 1], shape (n_events,), or None (column omitted).
+    """
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    path = Path(path)
+    populations, confidence = _check_lengths(sample, populations, confidence, path)
+    reserved = {POPULATION_COLUMN, CONFIDENCE_COLUMN} & set(sample.pnn)
+    if reserved:
+        raise ValueError(f"{path.name}: channel name(s) {sorted(reserved)} clash with the gated "
+                         "CSV's own columns")
+    # float32 stays float32 (shortest round-trip text); everything else as float64.
+    dtype = np.float32 if sample.events.dtype == np.float32 else np.float64
+    events = np.asarray(sample.events, dtype=dtype)
+    columns = {name: events[:, i] for i, name in enumerate(sample.pnn)}
+    columns[POPULATION_COLUMN] = pa.array(populations, type=pa.string())
+    if confidence is not None:
+        columns[CONFIDENCE_COLUMN] = confidence.astype(np.float32)
+    table = pa.table(columns)
+    tmp = _atomic_target(path)
+    try:
+        pacsv.write_csv(table, tmp, write_options=pacsv.WriteOptions(quoting_style="needed"))
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def read_gated_csv(path: str | os.PathLike, dtype=np.float32):
+    """Read a gated CSV back.
+
+    Returns
+    -------
+    sample : Sample named after the file (``<stem>`` without ``.gated``), events of shape
+        (n_events, n_channels) in ``dtype`` (float32 reads back float32-written values exactly).
+    populations : ndarray of str, shape (n_events,).
+    confidence : ndarray of float64, shape (n_events,), or None when the column is absent.
+
+    Raises LabelError naming the file on a wrong header, non-numeric or missing values,
+    confidence outside [0, 1], or no rows.
+    """
+    import pyarrow as pa
+
+    path = Path(path)
+    header = read_header(path)
+    if len(set(header)) != len(header):
+        raise LabelError(path, "header repeats a column name")
+    if POPULATION_COLUMN not in header:
+        raise LabelError(path, "is not a gated CSV: no 'population' column in the header "
+                               f"(found {header[:6]})")
+    channel_names = [c for c in header if c not in (POPULATION_COLUMN, CONFIDENCE_COLUMN)]
+    if not channel_names:
+        raise LabelError(path, "is not a gated CSV: no channel columns before 'population'")
+    if any(name.strip() == "" for name in channel_names):
+        raise LabelError(path, "header has an empty channel name")
+    types = {name: pa.float64() for name in channel_names}
+    types[POPULATION_COLUMN] = pa.string()
+    has_confidence = CONFIDENCE_COLUMN in header
+    if has_confidence:
+        types[CONFIDENCE_COLUMN] = pa.float64()
+    table = _read_csv_table(path, types)
+    if table.num_rows == 0:
+        raise LabelError(path, "has a header but no event rows")
+    events = np.empty((table.num_rows, len(channel_names)), dtype=dtype)
+    for i, name in enumerate(channel_names):
+        column = table.column(name)
+        if column.null_count:
+            raise LabelError(path, f"column {name!r} has {column.null_count} empty cells")
+        values = column.to_numpy()
+        if not np.all(np.isfinite(values)):
+            raise LabelError(path, f"column {name!r} holds NaN or infinite values")
+        events[:, i] = values
+    populations = population_array(path, table.column(POPULATION_COLUMN), table.num_rows)
+    confidence = None
+    if has_confidence:
+        column = table.column(CONFIDENCE_COLUMN)
+        if column.null_count:
+            raise LabelError(path, f"column 'confidence' has {column.null_count} empty cells")
+        confidence = column.to_numpy()
+        if not np.all((confidence >= 0) & (confidence <= 1)):
+            raise LabelError(path, "column 'confidence' has values outside [0, 1]")
+    name = path.name[: -len(".gated.csv")] if path.name.endswith(".gated.csv") else path.stem
+    sample = Sample(name, events, [Channel(c) for c in channel_names], {}, version="",
+                    path=str(path))
+    return sample, populations, confidence
+
+
+def write_fcs_with_populations(path: str | os.PathLike, sample: Sample, populations) -> None:
+    """Write the sample as FCS 3.1 (float32) with an extra channel of population codes.
+
+    Codes are 0..k-1 in sorted order of the population names; keywords
+    ``GATING_POPULATION_<code>`` hold the names. Readable by FlowIO and FlowKit.
+    """
+    path = Path(path)
+    populations, _ = _check_lengths(sample, populations, None, path)
+    names, codes = np.unique(populations, return_inverse=True)
+    if any(n.strip() == "" for n in names):
+        raise ValueError(f"{path.name}: population names must not be empty")
+    channel = POPULATION_COLUMN
+    k = 2
+    while channel in sample.pnn:
+        channel = f"{POPULATION_COLUMN}_{k}"
+        k += 1
+    events = np.empty((sample.n_events, len(sample.channels) + 1), dtype=np.float32)
+    events[:, :-1] = sample.events
+    events[:, -1] = codes
+    keywords = {key: value for key, value in sample.keywords.items()
+                if key in _CARRIED_KEYWORDS and str(value).strip()}
+    for i, c in enumerate(sample.channels, start=1):
+        if c.range:
+            keywords[f"P{i}R"] = f"{c.range:g}"
+    keywords[f"P{len(sample.channels) + 1}R"] = str(max(len(names), 1))
+    if sample.spillover is not None and not sample.compensated:
+        values = ",".join(repr(float(v)) for v in np.asarray(sample.spillover).ravel())
+        keywords["SPILLOVER"] = f"{len(sample.spillover_channels)}," + ",".join(
+            sample.spillover_channels) + "," + values
+    keywords[POPULATION_KEYWORD] = channel
+    keywords[POPULATION_COUNT_KEYWORD] = str(len(names))
+    for code, name in enumerate(names):
+        keywords[POPULATION_NAME_KEYWORD.format(code)] = _encode_name(str(name))
+    write_fcs(path, events, sample.pnn + [channel], sample.pns + ["population code"], keywords)
+
+
+def populations_from_sample(sample: Sample):
+    """Split a sample read from :func:`write_fcs_with_populations` output.
+
+    Returns (sample without the population channel, populations ndarray[str]).
+    Raises FCSError when the keywords or codes are inconsistent.
+    """
+    where = sample.path or sample.name
+    channel = sample.keywords.get(POPULATION_KEYWORD)
+    if channel is None:
+        raise FCSError(where, f"has no {POPULATION_KEYWORD} keyword: no population channel")
+    try:
+        index = sample.pnn.index(channel)
+        count = int(sample.keywords[POPULATION_COUNT_KEYWORD])
+        names = np.array([unquote(sample.keywords[POPULATION_NAME_KEYWORD.format(c)])
+                          for c in range(count)], dtype=str)
+    except (ValueError, KeyError) as exc:
+        raise FCSError(where, f"population keywords are incomplete ({exc})") from None
+    codes = sample.events[:, index]
+    if codes.size and (codes.min() < 0 or codes.max() >= count or np.any(codes != np.round(codes))):
+        raise FCSError(where, f"population channel {channel!r} holds codes outside 0..{count - 1}")
+    keep = [i for i in range(len(sample.channels)) if i != index]
+    rest = Sample(sample.name, np.ascontiguousarray(sample.events[:, keep]),
+                  [sample.channels[i] for i in keep], dict(sample.keywords), sample.spillover,
+                  list(sample.spillover_channels), sample.version, sample.path,
+                  sample.compensated, list(sample.notes))
+    return rest, names[codes.astype(np.intp)]
+
+
+def read_fcs_with_populations(path: str | os.PathLike, compensate: bool = False):
+    """(Sample without the population channel, populations) from such an FCS file."""
+    return populations_from_sample(read_fcs(path, compensate=compensate))
