@@ -1,0 +1,371 @@
+"""Gates, gate trees, FlowJo/GatingML import, upload ingestion and plot data preparation."""
+
+from __future__ import annotations
+
+import json
+
+import flowkit
+import numpy as np
+import pytest
+
+from gating_core import plotting
+from gating_core.app_state import channel_presence, classify, common_channels, ingest_files, rename_channels
+from gating_core.fcs import Channel, Sample, write_fcs
+from gating_core.gates import (
+    OTHER, AxisScale, GateError, GateHistory, GateImportError, GateTree, apply_gatingml, apply_workspace,
+    polygon_gate, rectangle_gate, safe_stem, suggest_scale,
+)
+
+
+def grid_sample(name="grid"):
+    """Events on the integer grid 0..9 x 0..9 (100 events) plus a third channel = x + y."""
+    xs, ys = np.meshgrid(np.arange(10.0), np.arange(10.0))
+    events = np.column_stack([xs.ravel(), ys.ravel(), xs.ravel() + ys.ravel()])
+    return Sample(name, events, [Channel("A", "CD3"), Channel("B", "CD4"), Channel("C")])
+
+
+def random_sample(n=5000, seed=0, name="rand"):
+    rng = np.random.default_rng(seed)
+    events = rng.uniform(0, 100, size=(n, 3))
+    return Sample(name, events, [Channel("A"), Channel("B"), Channel("C")])
+
+
+# ------------------------------------------------------------------------------------ geometry
+
+def test_rectangle_counts_grid_points_inclusively():
+    gate = rectangle_gate("R", "A", "B", (2, 4), (0, 1))
+    inside = gate.contains(grid_sample())
+    # x in {2,3,4} and y in {0,1}: 6 points
+    assert inside.sum() == 6
+    assert gate.vertices == [(2.0, 0.0), (4.0, 1.0)]
+
+
+def test_polygon_matches_half_plane_and_accepts_marker_names():
+    # Triangle below the line y = x (strictly), drawn wide enough to cover the grid's lower half.
+    gate = polygon_gate("T", "CD3", "CD4", [(-0.5, -1.0), (20.0, -1.0), (20.0, 19.5)])
+    sample = grid_sample()
+    inside = gate.contains(sample)
+    expected = (sample.events[:, 1] < sample.events[:, 0] - 0.0)  # 45 points with y < x
+    # The hypotenuse runs from (-0.5,-1) to (20,19.5): y = x - 0.5, so y < x - 0.5 <=> y < x on the grid.
+    assert inside.sum() == 45
+    np.testing.assert_array_equal(inside, expected)
+
+
+def test_gate_in_arcsinh_coordinates_tests_transformed_values():
+    scale = AxisScale("arcsinh", cofactor=5.0)
+    sample = random_sample()
+    lo, hi = np.arcsinh(np.array([10.0, 50.0]) / 5.0)
+    gate = rectangle_gate("R", "A", "B", (lo, hi), (lo, hi), scale, scale)
+    a, b = sample.events[:, 0], sample.events[:, 1]
+    expected = (a >= 10) & (a <= 50) & (b >= 10) & (b <= 50)
+    np.testing.assert_array_equal(gate.contains(sample), expected)
+
+
+def test_logicle_scale_round_trips():
+    scale = AxisScale("logicle", top=262144, width=0.5, decades=4.5)
+    raw = np.array([-200.0, 0.0, 10.0, 1e3, 1e5, 262144.0])
+    shown = scale.forward(raw)
+    assert np.all(np.diff(shown) > 0)
+    assert shown[-1] == pytest.approx(1.0, abs=1e-6)  # T maps to the top of the display
+    np.testing.assert_allclose(scale.inverse(shown), raw, rtol=1e-6, atol=1e-3)
+
+
+def test_nan_events_are_outside_every_gate():
+    sample = grid_sample()
+    sample.events[0, 0] = np.nan
+    gate = polygon_gate("P", "A", "B", [(-1, -1), (20, -1), (20, 20), (-1, 20)])
+    inside = gate.contains(sample)
+    assert not inside[0] and inside[1:].all()
+
+
+@pytest.mark.parametrize("vertices,kind", [([(0, 0), (1, 1)], "polygon"), ([(0, 0), (1, 1), (2, 2)], "polygon"),
+                                           ([(0, 0), (0, 5)], "rectangle"), ([(0, 0), (1, np.nan), (2, 0)], "polygon")])
+def test_degenerate_shapes_are_rejected(vertices, kind):
+    with pytest.raises(GateError):
+        if kind == "polygon":
+            polygon_gate("bad", "A", "B", vertices)
+        else:
+            rectangle_gate("bad", "A", "B", (vertices[0][0], vertices[1][0]), (vertices[0][1], vertices[1][1]))
+
+
+def test_lasso_path_repeating_first_point_is_closed_once():
+    gate = polygon_gate("L", "A", "B", [(0, 0), (5, 0), (5, 5), (0, 0)])
+    assert len(gate.vertices) == 3
+
+
+@pytest.mark.parametrize("name", ["", "other", "OTHER", "a/b", "x" * 81])
+def test_bad_gate_names_are_rejected(name):
+    with pytest.raises(GateError):
+        rectangle_gate(name, "A", "B", (0, 1), (0, 1))
+
+
+def test_gate_on_missing_channel_names_the_sample_and_channel():
+    gate = rectangle_gate("R", "FSC-A", "B", (0, 1), (0, 1))
+    with pytest.raises(GateError, match="grid.*FSC-A"):
+        gate.contains(grid_sample())
+
+
+# ------------------------------------------------------------------------------------ trees
+
+def lymph_tree():
+    tree = GateTree()
+    tree.add(rectangle_gate("Lymphocytes", "A", "B", (0, 50), (0, 50)))
+    tree.add(polygon_gate("T cells", "A", "C", [(0, 0), (50, 0), (0, 50)], parent="Lymphocytes"))
+    tree.add(rectangle_gate("B cells", "B", "C", (30, 50), (60, 100), parent="Lymphocytes"))
+    tree.add(rectangle_gate("Monocytes", "A", "B", (60, 100), (60, 100)))
+    return tree
+
+
+def test_nested_memberships_labels_and_statistics():
+    sample = random_sample()
+    tree = lymph_tree()
+    a, b, c = sample.events.T
+    lymph = (a <= 50) & (b <= 50)
+    t_cells = lymph & (a + c < 50)
+    b_cells = lymph & (b >= 30) & (c >= 60)
+    mono = (a >= 60) & (b >= 60)
+    masks = tree.memberships(sample)
+    np.testing.assert_array_equal(masks["Lymphocytes"], lymph)
+    np.testing.assert_array_equal(masks["T cells"], t_cells)
+    np.testing.assert_array_equal(masks["B cells"], b_cells)
+    assert [g.name for g in tree.leaves()] == ["T cells", "B cells", "Monocytes"]
+    labels = tree.labels(sample)
+    assert (labels == "T cells").sum() == t_cells.sum()
+    assert (labels == "B cells").sum() == (b_cells & ~t_cells).sum()
+    assert (labels == "Monocytes").sum() == mono.sum()
+    assert (labels == OTHER).sum() == sample.n_events - (t_cells | b_cells | mono).sum()
+    stats = tree.statistics(sample).set_index("gate")
+    assert stats.loc["T cells", "count"] == t_cells.sum()
+    assert stats.loc["T cells", "% of parent"] == pytest.approx(100 * t_cells.sum() / lymph.sum())
+    assert stats.loc["T cells", "% of total"] == pytest.approx(100 * t_cells.sum() / sample.n_events)
+    assert stats.loc["T cells", "depth"] == 1 and stats.loc["Monocytes", "parent"] == "(all events)"
+
+
+def test_tree_json_round_trip_keeps_labels():
+    sample = random_sample(seed=3)
+    tree = lymph_tree()
+    tree.add(polygon_gate("CD4", "B", "C", [(0, 0), (40, 0), (40, 40), (0, 40)],
+                          AxisScale("arcsinh", cofactor=5), AxisScale("logicle", top=1000, width=0.3), "T cells"))
+    text = tree.to_json()
+    json.loads(text)  # plain JSON
+    again = GateTree.from_json(text)
+    assert again == tree
+    np.testing.assert_array_equal(again.labels(sample), tree.labels(sample))
+
+
+def test_tree_structure_errors_and_removal_with_undo():
+    tree = lymph_tree()
+    with pytest.raises(GateError, match="already exists"):
+        tree.add(rectangle_gate("Monocytes", "A", "B", (0, 1), (0, 1)))
+    with pytest.raises(GateError, match="parent gate 'nope'"):
+        tree.add(rectangle_gate("X", "A", "B", (0, 1), (0, 1), parent="nope"))
+    history = GateHistory()
+    history.push(tree)
+    removed = tree.remove("Lymphocytes")
+    assert sorted(removed) == ["B cells", "Lymphocytes", "T cells"]
+    assert tree.names == ["Monocytes"]
+    restored = history.undo()
+    assert restored.names == ["Lymphocytes", "T cells", "B cells", "Monocytes"]
+    assert not history.can_undo()
+    with pytest.raises(GateError):
+        history.undo()
+
+
+def test_copy_is_independent_and_geometry_adjusts_per_patient():
+    tree = lymph_tree()
+    other = tree.copy()
+    other.replace_geometry("Monocytes", [(70, 70), (100, 100)])
+    assert tree["Monocytes"].vertices == [(60.0, 60.0), (100.0, 100.0)]
+    assert other["Monocytes"].vertices == [(70.0, 70.0), (100.0, 100.0)]
+    other.rename("Lymphocytes", "Lymphs")
+    assert other["T cells"].parent == "Lymphs" and tree["T cells"].parent == "Lymphocytes"
+
+
+def test_check_channels_reports_missing():
+    tree = lymph_tree()
+    tree.add(rectangle_gate("Z", "FSC-A", "A", (0, 1), (0, 1)))
+    assert tree.check_channels(random_sample()) == ["FSC-A"]
+
+
+# ------------------------------------------------------------------------------------ FlowKit import
+
+def flowkit_strategy():
+    # GatingML gate ids are XML IDs: no spaces.
+    strategy = flowkit.GatingStrategy()
+    dims = [flowkit.Dimension("A", range_min=0, range_max=50), flowkit.Dimension("B", range_min=0, range_max=50)]
+    strategy.add_gate(flowkit.gates.RectangleGate("Lymphocytes", dims), ("root",))
+    strategy.add_gate(flowkit.gates.PolygonGate("T_cells", [flowkit.Dimension("A"), flowkit.Dimension("C")],
+                                                [(0, 0), (50, 0), (0, 50)]), ("root", "Lymphocytes"))
+    dims = [flowkit.Dimension("A", range_min=60, range_max=100), flowkit.Dimension("B", range_min=60, range_max=100)]
+    strategy.add_gate(flowkit.gates.RectangleGate("Monocytes", dims), ("root",))
+    return strategy
+
+
+def our_equivalent_tree():
+    tree = GateTree()
+    tree.add(rectangle_gate("Lymphocytes", "A", "B", (0, 50), (0, 50)))
+    tree.add(polygon_gate("T_cells", "A", "C", [(0, 0), (50, 0), (0, 50)], parent="Lymphocytes"))
+    tree.add(rectangle_gate("Monocytes", "A", "B", (60, 100), (60, 100)))
+    return tree
+
+
+def test_gatingml_file_written_by_flowkit_gives_leaf_labels(tmp_path):
+    path = tmp_path / "expert.xml"
+    with open(path, "wb") as handle:
+        flowkit.export_gatingml(flowkit_strategy(), handle)
+    sample = random_sample(seed=5)
+    labels = apply_gatingml(path, sample)
+    np.testing.assert_array_equal(labels, our_equivalent_tree().labels(sample))
+    assert set(labels) == {"T_cells", "Monocytes", OTHER}
+
+
+def test_flowjo_workspace_written_by_flowkit_gives_leaf_labels(tmp_path):
+    s1, s2 = random_sample(seed=6, name="p1"), random_sample(seed=7, name="p2")
+    session = flowkit.Session(gating_strategy=flowkit_strategy(), fcs_samples=[
+        flowkit.Sample(s.events, sample_id=f"{s.name}.fcs", channel_labels=["A", "B", "C"]) for s in (s1, s2)])
+    path = tmp_path / "expert.wsp"
+    with open(path, "wb") as handle:
+        session.export_wsp(handle, "All Samples")
+    result = apply_workspace(path, {"p1.fcs": s1, "p2.fcs": s2})
+    assert sorted(result) == ["p1.fcs", "p2.fcs"]
+    np.testing.assert_array_equal(result["p2.fcs"], our_equivalent_tree().labels(s2))
+
+
+def test_bad_gatingml_and_unmatched_workspace_name_the_file(tmp_path):
+    bad = tmp_path / "broken.xml"
+    bad.write_text("<gating:Gating-ML><unclosed>")
+    with pytest.raises(GateImportError, match="broken.xml"):
+        apply_gatingml(bad, random_sample())
+    session = flowkit.Session(gating_strategy=flowkit_strategy(), fcs_samples=[
+        flowkit.Sample(random_sample().events, sample_id="p1.fcs", channel_labels=["A", "B", "C"])])
+    wsp = tmp_path / "w.wsp"
+    with open(wsp, "wb") as handle:
+        session.export_wsp(handle, "All Samples")
+    with pytest.raises(GateImportError, match="w.wsp.*none of the loaded files"):
+        apply_workspace(wsp, {"other.fcs": random_sample()})
+
+
+# ------------------------------------------------------------------------------------ uploads
+
+def fcs_bytes(tmp_path, sample, name="x.fcs"):
+    path = tmp_path / name
+    write_fcs(path, sample.events, sample.pnn)
+    return path.read_bytes()
+
+
+def test_ingest_fcs_with_labels_bad_file_and_hostile_names(tmp_path):
+    pytest.importorskip("gating_core.labels")
+    sample = random_sample(n=300, seed=1)
+    tree = lymph_tree()
+    labels = tree.labels(sample)
+    label_csv = ("population\n" + "\n".join(labels) + "\n").encode()
+    work = tmp_path / "work"
+    files = [
+        ("../../etc/patient A.fcs", fcs_bytes(tmp_path, sample)),
+        ("patient A.labels.csv", label_csv),
+        ("broken.fcs", b"FCS3.1 not really an fcs file"),
+        ("orphan.labels.csv", label_csv),
+        ("notes.docx", b"hello"),
+        ("new one.fcs", fcs_bytes(tmp_path, random_sample(n=200, seed=2), "y.fcs")),
+    ]
+    report = ingest_files(files, work)
+    by_name = {p.name: p for p in report.patients}
+    assert sorted(by_name) == ["new_one", "patient_A"]
+    assert by_name["patient_A"].sample.n_events == 300
+    np.testing.assert_array_equal(by_name["patient_A"].labels, labels)
+    assert by_name["patient_A"].label_source == "labels CSV"
+    assert by_name["new_one"].labels is None
+    errors = dict(report.errors)
+    assert sorted(errors) == ["broken.fcs", "notes.docx", "orphan.labels.csv"]
+    assert errors["broken.fcs"].startswith("broken.fcs: ")
+    assert "no FCS file orphan.fcs" in errors["orphan.labels.csv"]
+    # every written file lives in the work folder under a generated name
+    written = sorted(p.name for p in work.iterdir())
+    assert all(n.startswith("upload-") for n in written) and len(written) == 5
+    assert not (tmp_path.parent / "etc").exists()
+
+
+def test_ingest_workspace_with_its_fcs_files(tmp_path):
+    s1 = random_sample(n=400, seed=8, name="p1")
+    session = flowkit.Session(gating_strategy=flowkit_strategy(), fcs_samples=[
+        flowkit.Sample(s1.events, sample_id="p1.fcs", channel_labels=["A", "B", "C"])])
+    wsp = tmp_path / "w.wsp"
+    with open(wsp, "wb") as handle:
+        session.export_wsp(handle, "All Samples")
+    report = ingest_files([("p1.fcs", fcs_bytes(tmp_path, s1)), ("w.wsp", wsp.read_bytes())], tmp_path / "work")
+    assert report.errors == []
+    (patient,) = report.patients
+    assert patient.label_source == "FlowJo workspace"
+    expected = our_equivalent_tree().labels(Sample("p1", patient.sample.events, s1.channels))
+    np.testing.assert_array_equal(patient.labels, expected)
+
+
+def test_classify_and_safe_stem():
+    assert classify("a.FCS") == "fcs" and classify("a.labels.csv") == "labels" and classify("a.gated.csv") == "gated"
+    assert classify("x.wsp") == "workspace" and classify("x.xml") == "gatingml" and classify("x.exe") == "unknown"
+    assert safe_stem("..\\..\\Windows\\evil name.fcs") == "evil_name"
+    assert safe_stem("p.labels.csv") == "p" and safe_stem("...") == "file"
+
+
+def test_channel_presence_and_rename():
+    s1 = random_sample(n=10, name="a")
+    s2 = Sample("b", s1.events, [Channel("A"), Channel("B"), Channel("Cx")])
+    presence = channel_presence({"a": s1, "b": s2})
+    assert list(presence.index) == ["A", "B", "C", "Cx"]
+    assert presence.loc["C"].tolist() == [True, False] and presence.loc["Cx"].tolist() == [False, True]
+    fixed = rename_channels(s2, {"Cx": "C"})
+    assert fixed.pnn == ["A", "B", "C"] and fixed.events is s2.events
+    assert common_channels([s1, fixed]) == ["A", "B", "C"]
+    with pytest.raises(ValueError, match="two channels named A"):
+        rename_channels(s2, {"B": "A"})
+
+
+# ------------------------------------------------------------------------------------ plotting
+
+def test_density_grid_counts_every_event_in_range():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=20000), rng.normal(size=20000)
+    counts, xc, yc = plotting.density_grid(x, y, (-10, 10), (-10, 10), bins=50)
+    assert counts.shape == (50, 50) and counts.sum() == 20000
+    assert xc[0] == pytest.approx(-9.8) and yc[-1] == pytest.approx(9.8)
+    # orientation: rows are y bins
+    counts, _, _ = plotting.density_grid(np.array([9.0]), np.array([-9.0]), (-10, 10), (-10, 10), bins=10)
+    assert counts[0, 9] == 1
+
+
+def test_subsample_is_reproducible_and_bounded():
+    a = plotting.subsample_indices(1_000_000, 20_000)
+    b = plotting.subsample_indices(1_000_000, 20_000)
+    np.testing.assert_array_equal(a, b)
+    assert a.size == 20_000 and np.all(np.diff(a) > 0)
+    assert plotting.subsample_indices(50, 100).tolist() == list(range(50))
+
+
+def test_ticks_are_in_raw_units():
+    scale = AxisScale("arcsinh", cofactor=5)
+    lo, hi = scale.forward(np.array([-20.0, 20000.0]))
+    vals, text = plotting.raw_ticks(scale, lo, hi)
+    assert text == ["-10", "0", "10", "100", "1000", "10K"]
+    np.testing.assert_allclose(scale.inverse(np.array(vals)), [-10, 0, 10, 100, 1000, 10000], rtol=1e-9)
+    vals, text = plotting.raw_ticks(AxisScale("linear"), 0, 262144)
+    assert text == ["0", "50K", "100K", "150K", "200K", "250K"]
+
+
+def test_suggest_scale_picks_cofactor_by_range():
+    rng = np.random.default_rng(0)
+    assert suggest_scale("arcsinh", rng.uniform(0, 500, 1000)).cofactor == 5
+    assert suggest_scale("arcsinh", rng.uniform(0, 200000, 1000)).cofactor == 150
+    logicle = suggest_scale("logicle", rng.uniform(-50, 200000, 1000))
+    assert logicle.top == 1e6 or logicle.top == 1e5 * 10  # 99.99th pct ~2e5 rounds up to 10^6
+    assert 0 <= logicle.width <= 1
+
+
+def test_population_table_counts_percentages_and_medians():
+    events = np.array([[1.0, 10], [3, 30], [5, 50], [7, 70]])
+    pops = np.array(["T", "T", "T", "B"])
+    table = plotting.population_table(events, ["A", "B"], pops, parents={"T": "B"},
+                                      confidence=np.array([1.0, 0.5, 0.0, 1.0])).set_index("population")
+    assert table.loc["T", "count"] == 3 and table.loc["T", "% of total"] == 75.0
+    assert table.loc["T", "% of parent"] == 300.0  # parent B has one cell: the API takes the mapping as given
+    assert table.loc["T", "median A"] == 3.0 and table.loc["B", "median B"] == 70.0
+    assert table.loc["T", "mean confidence"] == 0.5
