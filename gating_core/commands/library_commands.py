@@ -1,0 +1,193 @@
+"""``python -m gating_core library [--path DIR] ACTION ...``: the patient library from the shell.
+
+Actions: ``import FILE...``, ``list [--json]``, ``show PATIENT [--json]``,
+``export PATIENT --out F [--include-identifying]``, ``remove PATIENT``, ``models [--json]``,
+``audit [--patient P] [--json]``, ``check``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def register(subparsers) -> None:
+    parser = subparsers.add_parser(
+        "library", help="the patient library: import, list, export and remove patients",
+        description="Manage the patient library (default ./workspace, or $GATING_LIBRARY).")
+    parser.add_argument("--path", metavar="DIR", default=None,
+                        help="library folder (default: $GATING_LIBRARY, else ./workspace)")
+    actions = parser.add_subparsers(dest="action", metavar="ACTION")
+    actions.required = True
+
+    p = actions.add_parser("import", help="add patients: FCS (+ <stem>.labels.csv beside it), gated CSV, "
+                                          "or FCS alone for a new unlabeled patient")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("--name", help="patient name (one file only; default: the file stem)")
+    p.set_defaults(func=_import)
+
+    p = actions.add_parser("list", help="list the patients")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=_list)
+
+    p = actions.add_parser("show", help="one patient's details and label history")
+    p.add_argument("patient")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_show)
+
+    p = actions.add_parser("export", help="write a patient as gated CSV, or FCS when --out ends in .fcs")
+    p.add_argument("patient")
+    p.add_argument("--out", required=True, metavar="FILE")
+    p.add_argument("--include-identifying", action="store_true",
+                   help="keep keywords that may identify a person ($SRC, $FIL, patient ids, ...) in an FCS export")
+    p.set_defaults(func=_export)
+
+    p = actions.add_parser("remove", help="remove a patient (its audit entries stay)")
+    p.add_argument("patient")
+    p.set_defaults(func=_remove)
+
+    p = actions.add_parser("models", help="list the stored models")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_models)
+
+    p = actions.add_parser("audit", help="print the audit log")
+    p.add_argument("--patient")
+    p.add_argument("--limit", type=int)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_audit)
+
+    p = actions.add_parser("check", help="verify catalog and files against each other")
+    p.set_defaults(func=_check)
+
+
+def _open(args):
+    from gating_core.library import PatientLibrary
+
+    return PatientLibrary(args.path)
+
+
+def _guard(action):
+    """Run an action, turning LibraryError into a one-line message and exit code 1."""
+    from gating_core.library import LibraryError
+
+    def run(args) -> int:
+        try:
+            return action(args)
+        except LibraryError as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 1
+
+    return run
+
+
+@_guard
+def _import(args) -> int:
+    library = _open(args)
+    names = library.import_files(args.files, name=args.name)
+    for name in names:
+        info = library.patient(name)
+        labels = f"{len(info.populations)} populations ({info.label_provenance})" if info.labeled else "unlabeled"
+        print(f"imported {name}: {info.n_events} events x {info.n_channels} channels, {labels}")
+    print(f"{len(names)} patient(s) added to {library.path}")
+    return 0
+
+
+@_guard
+def _list(args) -> int:
+    library = _open(args)
+    patients = library.patients()
+    if args.json:
+        print(json.dumps([p.to_dict() for p in patients], indent=2))
+        return 0
+    if not patients:
+        print(f"no patients in {library.path}")
+        return 0
+    rows = [("patient", "events", "channels", "labels", "populations", "added")]
+    for p in patients:
+        rows.append((p.name, str(p.n_events), str(p.n_channels), p.label_provenance or "unlabeled",
+                     str(len(p.populations)) if p.labeled else "-", p.created_at[:19].replace("T", " ")))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+    return 0
+
+
+@_guard
+def _show(args) -> int:
+    library = _open(args)
+    info = library.patient(args.patient).to_dict()
+    info["label_history"] = library.label_history(args.patient)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    for key in ("name", "n_events", "n_channels", "dtype", "compensated", "has_spillover", "created_at"):
+        print(f"{key}: {info[key]}")
+    print("channels: " + ", ".join(f"{n} ({m})" if m else n for n, m in zip(info["channels"], info["markers"])))
+    for source in info["sources"]:
+        print(f"source ({source['role']}): {source['path']}")
+    if info["populations"]:
+        print("populations: " + ", ".join(f"{k} {v}" for k, v in info["populations"].items()))
+    for lab in info["label_history"]:
+        mark = "*" if lab["current"] else " "
+        model = f", model {lab['model_id']}" if lab["model_id"] else ""
+        print(f"{mark} labels {lab['id']}: {lab['provenance']}{model} ({lab['created_at'][:19]})")
+    return 0
+
+
+@_guard
+def _export(args) -> int:
+    library = _open(args)
+    out = library.export_patient(args.patient, args.out, include_identifying=args.include_identifying)
+    print(f"wrote {out}")
+    return 0
+
+
+@_guard
+def _remove(args) -> int:
+    library = _open(args)
+    library.remove_patient(args.patient)
+    print(f"removed {args.patient}")
+    return 0
+
+
+@_guard
+def _models(args) -> int:
+    library = _open(args)
+    models = library.models()
+    if args.json:
+        print(json.dumps([m.to_dict() for m in models], indent=2))
+        return 0
+    if not models:
+        print(f"no models in {library.path}")
+    for m in models:
+        print(f"{m.id}  {m.name} v{m.version}  {m.method or ''}  trained on {len(m.training_patients)} patient(s)"
+              f"  {m.created_at[:19].replace('T', ' ')}")
+    return 0
+
+
+@_guard
+def _audit(args) -> int:
+    library = _open(args)
+    entries = library.audit_log(args.patient, limit=args.limit)
+    if args.json:
+        print(json.dumps(entries, indent=2))
+        return 0
+    for e in entries:
+        who = f" {e['patient']}" if e["patient"] else ""
+        model = f" model={e['model_id']}" if e["model_id"] else ""
+        print(f"{e['at'][:19].replace('T', ' ')}  {e['action']}{who}{model}  {json.dumps(e['details'])}")
+    return 0
+
+
+@_guard
+def _check(args) -> int:
+    library = _open(args)
+    problems = library.check()
+    for problem in problems:
+        print(problem)
+    if problems:
+        print(f"{len(problems)} problem(s) in {library.path}", file=sys.stderr)
+        return 1
+    print(f"{library.path}: {len(library)} patient(s), catalog and files consistent")
+    return 0
+
