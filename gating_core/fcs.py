@@ -389,6 +389,7 @@ def _parse_layout(fh, path: Path, base: int, file_size: int) -> _Layout:
     order = _byte_significance(text["byteord"], path)
 
     widths, ranges, pnn, pns, decades, log_zero, gains = [], [], [], [], [], [], []
+    text_gain_ignored: set[int] = set()
     for i in range(1, n_channels + 1):
         raw_bits = text.get(f"p{i}b", "").strip()
         if datatype == "F":
@@ -429,8 +430,14 @@ def _parse_layout(fh, path: Path, base: int, file_size: int) -> _Layout:
         if f1 > 0 and datatype != "I":
             # FCS 3.1: floating-point data are linear; $PnE must be 0,0. Guava writes log10
             # values with $PnE 4,1 -- decoding them with the integer formula would be garbage.
-            notes.append(f"$P{i}E = {raw_e} ignored: floating-point data are stored linear")
+            notes.append(f"$P{i}E = {raw_e}: floating-point values kept as stored (FCS 3.1: "
+                         "float data are not log-amplified)")
             f1 = 0.0
+            raw_g = text.get(f"p{i}g", "").strip()
+            if raw_g and _float_value(raw_g, f"$P{i}G", path) not in (0.0, 1.0):
+                notes.append(f"$P{i}G = {raw_g} not applied to channel {i}: its $PnE marks it "
+                             "logarithmic")
+            text_gain_ignored.add(i)
         if f1 > 0:
             if ranges[-1] is None or ranges[-1] <= 0:
                 raise FCSError(path, f"channel {i} is log-amplified ($P{i}E {raw_e}) but has no "
@@ -441,7 +448,9 @@ def _parse_layout(fh, path: Path, base: int, file_size: int) -> _Layout:
         log_zero.append(f2)
 
         raw_g = text.get(f"p{i}g", "").strip()
-        gains.append(_float_value(raw_g, f"$P{i}G", path) if raw_g else 1.0)
+        gain = _float_value(raw_g, f"$P{i}G", path) if raw_g else 1.0
+        # FCS 3.1: $PnG applies to linear channels only.
+        gains.append(1.0 if f1 > 0 or i in text_gain_ignored else gain)
 
     # Time channel: scaled by $TIMESTEP, its $PnG ignored (FlowIO / FlowKit convention).
     time_index = next((i for i, n in enumerate(pnn) if n.lower() == "time"), None)
@@ -716,7 +725,6 @@ def _events_from_raw(layout: _Layout, raw: np.ndarray) -> np.ndarray:
         if layout.decades[c] > 0:
             column[:] = np.power(10.0, layout.decades[c] * column / layout.ranges[c]) * layout.log_zero[c]
         elif layout.gains[c] not in (0.0, 1.0):
-            # FCS 3.1: $PnG applies to linear channels; a log channel's gain is not defined.
             column /= layout.gains[c]
         if c == layout.time_index and layout.timestep not in (None, 1.0):
             column *= layout.timestep
