@@ -81,8 +81,9 @@ def ingest_files(files, work_dir, existing=None, compensate: bool = True) -> Ing
         ``<stem>.fcs``.
     work_dir : path
         A private folder; each file is written there as ``upload-<uuid><fixed suffix>``.
-    existing : dict of str -> Sample, optional
-        Already loaded patients by name: label files and workspaces may refer to them.
+    existing : dict of str -> Sample (or any object with ``n_events`` and ``sample``), optional
+        Already loaded patients by name: label files may refer to them. Only ``n_events`` is
+        read unless labels for that patient arrive.
     compensate : bool
         Apply each FCS file's spillover matrix (FlowJo/GatingML gates get raw events, since
         they carry their own compensation).
@@ -171,7 +172,8 @@ def _attach_labels(file_name, path, fcs_by_stem, existing, report):
         except LabelError as exc:
             report.errors.append((file_name, _rename_in_message(str(exc), path, file_name)))
             return
-        report.patients.append(LoadedPatient(match, existing[match], labels, "labels CSV", file_name))
+        target = getattr(existing[match], "sample", existing[match])
+        report.patients.append(LoadedPatient(match, target, labels, "labels CSV", file_name))
         return
     try:
         labels = read_labels_csv(path, patient.sample.n_events)

@@ -1,5 +1,7 @@
 """Data: load FCS files (with labels, gated CSVs, FlowJo/GatingML gates) or the sample data."""
 
+from types import SimpleNamespace
+
 import pandas as pd
 import streamlit as st
 
@@ -15,10 +17,14 @@ st.caption("Drop the FCS files of your patients here. A patient is **historical*
 
 
 def _take_report(report):
+    notes = list(report.notes)
     for patient in report.patients:
-        store.add_patient(patient.name, patient.sample, patient.labels, patient.label_source, patient.file_name)
+        try:
+            store.add_patient(patient.name, patient.sample, patient.labels, patient.label_source, patient.file_name)
+        except ValueError as exc:
+            notes.append((patient.file_name, f"{patient.file_name}: not added, {exc}"))
     store.load_errors = list(report.errors)
-    store.load_notes = list(report.notes)
+    store.load_notes = notes
 
 
 upload_col, sample_col = st.columns([3, 1])
@@ -39,7 +45,7 @@ fresh = [f for f in (uploads or []) if f.file_id not in store.seen_uploads]
 if fresh:
     with st.spinner(f"Reading {len(fresh)} file(s)…"):
         report = ingest_files([(f.name, f.getvalue()) for f in fresh], store.work_dir,
-                              existing=store.samples())
+                              existing=store.patients)
     store.seen_uploads.update(f.file_id for f in fresh)
     _take_report(report)
 
@@ -57,7 +63,7 @@ for name, p in store.patients.items():
         vc = pd.Series(p.labels).value_counts()
         pops = " · ".join(f"{k} {v:,}" for k, v in vc.items())
     rows.append({"patient": name, "status": "historical (labeled)" if p.is_labeled else "new",
-                 "events": p.sample.n_events, "channels": len(p.sample.channels),
+                 "events": p.n_events, "channels": len(p.channel_names),
                  "labels from": p.label_source or "—", "populations (count)": pops or "—",
                  "file": p.file_name})
 table = pd.DataFrame(rows)
@@ -71,7 +77,7 @@ with st.expander("Remove a patient"):
         st.rerun()
 
 st.subheader("Channels")
-presence = channel_presence(store.samples())
+presence = channel_presence({n: SimpleNamespace(pnn=p.channel_names) for n, p in store.patients.items()})
 mismatched = presence[~presence.all(axis=1)]
 if mismatched.empty:
     st.success(f"All patients share the same {len(presence)} channels.")
@@ -86,7 +92,7 @@ else:
     with st.form("rename_channel"):
         cols = st.columns(3)
         patient = cols[0].selectbox("In patient", list(store.patients))
-        channel = cols[1].selectbox("rename channel", store.patients[patient].sample.pnn)
+        channel = cols[1].selectbox("rename channel", store.patients[patient].channel_names)
         target = cols[2].selectbox("to", list(presence.index), help="A name the other patients use.")
         if st.form_submit_button("Rename channel"):
             try:

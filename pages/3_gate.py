@@ -100,8 +100,7 @@ def _gate_from(shape, name):
 
 
 def _commit(new_tree: GateTree, message: str):
-    record.history.push(tree)
-    record.gate_tree = new_tree
+    store.save_gates(patient, new_tree)
     state.pop("pending_shape", None)
     state.gate_chart_version += 1
     state["gate_message"] = message
@@ -163,7 +162,7 @@ with right:
                                     "count": st.column_config.NumberColumn(format="%d")})
     b1, b2 = st.columns(2)
     if b1.button("↶ Undo", disabled=not record.history.can_undo(), key="undo_gate"):
-        record.gate_tree = record.history.undo()
+        store.undo_gates(patient)
         state.gate_chart_version += 1
         st.rerun()
     if len(tree):
@@ -190,7 +189,7 @@ if len(tree):
         leaves = [g.name for g in tree.leaves()]
         st.caption(f"Training labels: {', '.join(leaves)} and `other`.")
         if st.button("Use these gates as this patient's labels", type="primary", key="gates_to_labels"):
-            record.set_labels(tree.labels(sample, masks), "gates drawn")
+            store.set_labels(patient, tree.labels(sample, masks), "gates drawn")
             state["gate_message"] = f"{patient} is now a labeled (historical) patient."
             st.rerun()
         if record.label_source == "gates drawn":
@@ -207,8 +206,7 @@ if len(tree):
                 if missing:
                     problems.append(f"{target} lacks {', '.join(missing)}")
                     continue
-                other.history.push(other.gate_tree)
-                other.gate_tree = tree.copy()
+                store.save_gates(target, tree.copy())
             if problems:
                 st.error("Not copied: " + "; ".join(problems))
             else:

@@ -88,8 +88,7 @@ if st.button("Train model", type="primary", key="train_button", disabled=not pop
         st.error(f"Training failed: {exc}")
     else:
         bar.progress(1.0, text="Done")
-        name = f"{method} · {len(records)} patients · {time.strftime('%H:%M:%S')}"
-        store.add_model(name, model)
+        name = store.add_model(f"{method}, {len(records)} patients", model, training_patients=chosen)
         st.success(f"Trained **{name}** on {sum(r.sample.n_events for r in records):,} cells.")
 
 if store.models:

@@ -31,7 +31,7 @@ unlabeled = store.unlabeled()
 targets = m2.multiselect("Patients to gate", list(store.patients), default=unlabeled, key="ag_targets")
 if st.button("Run auto-gating", type="primary", disabled=not targets, key="ag_run"):
     bar = st.progress(0.0, text="Starting…")
-    missing = {n: [c for c in model.channels_ if c not in store.patients[n].sample.pnn] for n in targets}
+    missing = {n: [c for c in model.channels_ if c not in store.patients[n].channel_names] for n in targets}
     for i, name in enumerate(targets):
         if missing[name]:
             st.error(f"{name}: lacks channels {', '.join(missing[name])} the model needs; match them on the "
@@ -39,20 +39,20 @@ if st.button("Run auto-gating", type="primary", disabled=not targets, key="ag_ru
             continue
         bar.progress(i / len(targets), text=f"Gating {name} ({i + 1}/{len(targets)})")
         try:
-            store.patients[name].set_result(model.gate(store.patients[name].sample), model_name)
+            store.set_result(name, model.gate(store.patients[name].sample), model_name)
         except Exception as exc:
             st.error(f"{name}: auto-gating failed ({exc})")
     bar.progress(1.0, text="Done")
     state.ag_chart_version += 1
 
-gated = [n for n, r in store.patients.items() if r.result is not None]
+gated = [n for n, r in store.patients.items() if r.result is not None or r.result_loader is not None]
 if not gated:
     st.stop()
 
 st.divider()
 patient = st.selectbox("Review patient", gated, key="ag_patient")
 record = store.patients[patient]
-result = record.result
+result = record.load_result()
 sample = record.sample
 novelty = getattr(result, "novelty", None)
 if novelty is not None and bool(getattr(novelty, "is_novel", False)):
@@ -132,7 +132,9 @@ with side_col:
         if st.button(f"Reassign {int(inside.sum()):,} cells to {to_pop}", key="ag_reassign"):
             corrected = populations.astype(object).copy()
             corrected[inside] = to_pop
-            record.set_corrected(corrected)
+            new_confidence = confidence.copy()
+            new_confidence[inside] = 1.0
+            store.correct(patient, corrected, new_confidence)
             state.ag_chart_version += 1
             st.rerun()
 
@@ -147,7 +149,7 @@ st.dataframe(stats.drop(columns=["patient"]), hide_index=True, width="stretch",
 b1, b2 = st.columns([1, 3])
 if b1.button("Accept this patient", type="primary", key="ag_accept",
              help="Its (corrected) populations become labels: it joins the historical patients."):
-    record.set_labels(populations.astype(object), "auto-gate (reviewed)")
+    store.accept(patient)
     st.rerun()
 if record.corrected is not None:
     n_changed = int((np.asarray(record.corrected).astype(str) != np.asarray(result.populations).astype(str)).sum())

@@ -32,9 +32,23 @@ def sidebar_status(store: Store) -> None:
             st.markdown(f"Model: **{store.current_model}**")
         else:
             st.caption("No model trained or loaded yet.")
-        evaluated = sum(p.result is not None for p in store.patients.values())
+        evaluated = sum(p.result is not None or p.result_loader is not None for p in store.patients.values())
         if evaluated:
             st.markdown(f"Auto-gated: **{evaluated}** patients")
+        st.divider()
+        st.markdown("### Patient library")
+        if store.library is None:
+            st.warning(f"Library unavailable: {store.library_error}. Work is kept for this session only.")
+        else:
+            st.caption(f"Saved in `{store.library_path}`: patients, gates, models and results survive a reload.")
+        with st.popover("Change library folder"):
+            path = st.text_input("Folder", value=store.library_path, key="library_path_input",
+                                 help="Default `./workspace`, or the GATING_LIBRARY environment variable.")
+            if st.button("Open library", key="open_library"):
+                store.open_library(path.strip() or "workspace")
+                st.rerun()
+        for message in store.warnings[-3:]:
+            st.warning(message)
 
 
 def channel_label(sample, pnn: str) -> str:

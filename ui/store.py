@@ -1,120 +1,294 @@
 """The session's patients, gate trees, models and auto-gate results.
 
-Pages talk only to :class:`Store`; the store keeps everything in memory for the session and,
-when the patient library (``gating_core.library``) is available, writes through to it so a page
-reload or a restart of the app finds the work again.
+Pages talk only to :class:`Store`. The store writes every change through to the persistent
+patient library (``gating_core.library.PatientLibrary``: SQLite catalog + Parquet files), so a
+page reload or a restart of the app finds the work again, and the command line sees the same
+patients and models. Events are read from the library lazily, when a page first needs them.
+If the library cannot be opened, the store keeps working in memory and says so.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
-from gating_core.gates import GateHistory, GateTree
+from gating_core.gates import GateError, GateHistory, GateTree
 
 DEFAULT_LIBRARY = "workspace"
 
+# Label sources as the app shows them -> the library's provenance names.
+_PROVENANCE = {
+    "labels CSV": "imported labels",
+    "gated CSV": "imported gated CSV",
+    "FlowJo workspace": "FlowJo workspace gates",
+    "GatingML": "GatingML gates",
+    "gates drawn": "gates drawn in the app",
+    "auto-gate (reviewed)": "auto-gate accepted after review",
+}
+_SOURCE = {v: k for k, v in _PROVENANCE.items()}
+
+
+def _new_token() -> str:
+    return uuid.uuid4().hex
+
 
 @dataclass
+class StoredResult:
+    """An auto-gate result read back from the library (same attributes the pages use)."""
+
+    populations: np.ndarray
+    confidence: np.ndarray
+    novelty: object = None
+    counts: dict = field(default_factory=dict)
+
+
+def _novelty_details(result) -> dict:
+    novelty = getattr(result, "novelty", None)
+    if novelty is None:
+        return {}
+    return {"novelty": {"score": float(novelty.score), "threshold": float(novelty.threshold),
+                        "is_novel": bool(novelty.is_novel), "message": str(novelty.message)}}
+
+
 class PatientRecord:
     """One patient in the session.
 
     ``labels`` (n_events,) str, or None for a new patient; ``result`` is the latest auto-gate
-    result (GateResult) and ``corrected`` its populations after the user's corrections.
-    ``token`` changes whenever the events change, so caches keyed by it stay correct.
+    result and ``corrected`` its populations after the user's corrections. ``token`` changes
+    whenever the events change, so caches keyed by it stay correct. ``sample`` and ``labels``
+    may be read lazily from the library.
     """
 
-    name: str
-    sample: object
-    labels: np.ndarray | None = None
-    label_source: str = ""
-    file_name: str = ""
-    gate_tree: GateTree = field(default_factory=GateTree)
-    history: GateHistory = field(default_factory=GateHistory)
-    result: object | None = None
-    result_model: str = ""
-    corrected: np.ndarray | None = None
-    token: str = field(default_factory=lambda: uuid.uuid4().hex)
-    labels_token: str = field(default_factory=lambda: uuid.uuid4().hex)
-    result_token: str = field(default_factory=lambda: uuid.uuid4().hex)
+    def __init__(self, name, sample=None, *, sample_loader=None, n_events=None, labels=None, labels_loader=None,
+                 labeled=None, label_source="", file_name="", channel_names=None):
+        self.name = name
+        self.channel_names = list(channel_names) if channel_names is not None else list(sample.pnn)
+        self._sample, self._sample_loader = sample, sample_loader
+        self._n_events = n_events if n_events is not None else (sample.n_events if sample is not None else 0)
+        self._labels, self._labels_loader = labels, labels_loader
+        self._labeled = labeled if labeled is not None else labels is not None
+        self.label_source = label_source
+        self.file_name = file_name
+        self.gate_tree = GateTree()
+        self.history = GateHistory()
+        self.result = None
+        self.result_model = ""
+        self.result_loader = None
+        self.corrected = None
+        self.token = _new_token()
+        self.labels_token = _new_token()
+        self.result_token = _new_token()
+
+    # lazily loaded data --------------------------------------------------------------------
+    @property
+    def sample(self):
+        if self._sample is None and self._sample_loader is not None:
+            self._sample = self._sample_loader()
+        return self._sample
+
+    @property
+    def n_events(self) -> int:
+        return self._n_events
+
+    @property
+    def labels(self):
+        if self._labels is None and self._labeled and self._labels_loader is not None:
+            self._labels = np.asarray(self._labels_loader()).astype(object)
+        return self._labels
+
+    @property
+    def is_labeled(self) -> bool:
+        return self._labeled
+
+    @property
+    def role(self) -> str:
+        return "historical (labeled)" if self.is_labeled else "new"
+
+    def load_result(self):
+        if self.result is None and self.result_loader is not None:
+            loader, self.result_loader = self.result_loader, None
+            self.result = loader()
+        return self.result
+
+    @property
+    def populations(self):
+        """The populations to show: corrected auto-gate, else auto-gate, else labels."""
+        if self.corrected is not None:
+            return self.corrected
+        if self.load_result() is not None:
+            return self.result.populations
+        return self.labels
 
     @property
     def populations_token(self) -> str:
         """Changes whenever :attr:`populations` may change (cache key)."""
         return f"{self.token}:{self.labels_token}:{self.result_token}"
 
+    # changes (the Store persists them) -----------------------------------------------------
+    def set_labels(self, labels, source: str) -> None:
+        labels = np.asarray(labels).astype(object)
+        if labels.shape != (self.n_events,):
+            raise ValueError(f"{self.name}: {labels.shape[0]} labels for {self.n_events} events")
+        self._labels, self._labeled, self.label_source = labels, True, source
+        self.labels_token = _new_token()
+
     def set_result(self, result, model_name: str) -> None:
-        self.result, self.result_model, self.corrected = result, model_name, None
-        self.result_token = uuid.uuid4().hex
+        self.result, self.result_model, self.corrected, self.result_loader = result, model_name, None, None
+        self.result_token = _new_token()
 
     def set_corrected(self, populations) -> None:
         self.corrected = np.asarray(populations).astype(object)
-        self.result_token = uuid.uuid4().hex
-
-    @property
-    def is_labeled(self) -> bool:
-        return self.labels is not None
-
-    @property
-    def role(self) -> str:
-        return "historical (labeled)" if self.is_labeled else "new"
-
-    @property
-    def populations(self) -> np.ndarray | None:
-        """The populations to show: corrected auto-gate, else auto-gate, else labels."""
-        if self.corrected is not None:
-            return self.corrected
-        if self.result is not None:
-            return self.result.populations
-        return self.labels
-
-    def set_labels(self, labels, source: str) -> None:
-        labels = np.asarray(labels).astype(object)
-        if labels.shape != (self.sample.n_events,):
-            raise ValueError(f"{self.name}: {labels.shape[0]} labels for {self.sample.n_events} events")
-        self.labels, self.label_source = labels, source
-        self.labels_token = uuid.uuid4().hex
+        self.result_token = _new_token()
 
 
 class Store:
-    """All state of one browser session (see module docstring)."""
+    """All state of one browser session, written through to the patient library."""
 
-    def __init__(self, library_path: str | None = None):
+    def __init__(self, library_path: str | os.PathLike | None = None):
         self.patients: dict[str, PatientRecord] = {}
         self.models: dict[str, object] = {}
+        self.model_ids: dict[str, str] = {}
         self.current_model: str | None = None
         self.evaluation = None  # DataFrame from leave_one_patient_out
         self.load_errors: list[tuple[str, str]] = []
         self.load_notes: list[tuple[str, str]] = []
+        self.warnings: list[str] = []
         self.seen_uploads: set[str] = set()
         self.work_dir = Path(tempfile.mkdtemp(prefix="gating-app-"))
-        self.library_path = library_path or os.environ.get("GATING_LIBRARY", DEFAULT_LIBRARY)
+        self.library = None
+        self.library_error: str | None = None
+        self.library_path = str(library_path or os.environ.get("GATING_LIBRARY") or DEFAULT_LIBRARY)
+        self.open_library(self.library_path)
 
-    # patients ---------------------------------------------------------------------------
+    # library ------------------------------------------------------------------------------
+    def open_library(self, path) -> None:
+        """(Re)open the library at ``path`` and read its catalog; events stay on disk until used."""
+        from gating_core.library import LibraryError, PatientLibrary
+
+        self.library_path = str(path)
+        self.patients, self.models, self.model_ids, self.current_model = {}, {}, {}, None
+        try:
+            library = PatientLibrary(path)
+            infos = library.patients()
+        except LibraryError as exc:
+            self.library, self.library_error = None, str(exc)
+            return
+        self.library, self.library_error = library, None
+        for info in infos:
+            name = info.name
+            record = PatientRecord(
+                name, sample_loader=lambda n=name: library.load_sample(n, compensate=True), n_events=info.n_events,
+                labels_loader=lambda n=name: library.load_labels(n), labeled=info.labeled, channel_names=info.channels,
+                label_source=_SOURCE.get(info.label_provenance or "", info.label_provenance or ""))
+            record.file_name = next((s.get("path", "") for s in info.sources if s.get("role") == "fcs"), "")
+            if info.has_gates:
+                try:
+                    record.gate_tree = GateTree.from_dict(library.load_gates(name))
+                except (GateError, LibraryError) as exc:
+                    self.warnings.append(f"{name}: stored gates could not be read ({exc})")
+            if info.gate_result:
+                record.result_loader = lambda n=name: self._stored_result(n)
+                record.result_model = str(info.gate_result.get("model_id", ""))
+            self.patients[name] = record
+        for minfo in library.models():
+            self._register_stored_model(minfo)
+
+    def _stored_result(self, name):
+        record = self.library.load_gate_result(name)
+        if record is None:
+            return None
+        novelty = record.details.get("novelty")
+        return StoredResult(np.asarray(record.populations).astype(object), np.asarray(record.confidence, dtype=float),
+                            SimpleNamespace(**novelty) if novelty else None, dict(record.counts))
+
+    def _register_stored_model(self, minfo) -> None:
+        from gating_core.model import GatingModel
+
+        label = f"{minfo.name} (v{minfo.version})"
+        try:
+            model = GatingModel.load(self.library.model_path(minfo.id))
+        except Exception as exc:  # a model file from another version: shown, not fatal
+            self.warnings.append(f"model {label} could not be loaded ({exc})")
+            return
+        self.models[label] = model
+        self.model_ids[label] = minfo.id
+        self.current_model = label
+
+    def _persist(self, action: str, fn, *args, **kwargs):
+        """Run a library write; on failure keep the session going and report it."""
+        if self.library is None:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            self.warnings.append(f"Not saved to the library ({action}): {exc}")
+            return None
+
+    # patients -----------------------------------------------------------------------------
     def add_patient(self, name, sample, labels=None, label_source="", file_name="") -> PatientRecord:
+        """Add a patient (or, when ``sample`` is the one already held, give it labels)."""
         record = self.patients.get(name)
-        if record is not None and record.sample is sample:
+        if record is not None and record._sample is sample:
             if labels is not None:
-                record.set_labels(labels, label_source)
+                self.set_labels(name, labels, label_source)
             return record
-        record = PatientRecord(name, sample, file_name=file_name)
+        if record is not None:
+            raise ValueError(f"a patient named {name!r} is already loaded")
+        record = PatientRecord(name, sample, labels=None, file_name=file_name)
         if labels is not None:
             record.set_labels(labels, label_source)
         self.patients[name] = record
+        self._persist("add patient", self.library.add_patient if self.library is not None else None, sample,
+                      None if labels is None else record.labels, name=name,
+                      provenance=_PROVENANCE.get(label_source, "imported labels"), label_source=file_name or None)
         return record
+
+    def set_labels(self, name: str, labels, source: str) -> None:
+        record = self.patients[name]
+        record.set_labels(labels, source)
+        if self.library is not None:
+            self._persist("labels", self.library.set_labels, name, record.labels,
+                          _PROVENANCE.get(source, "gates drawn in the app"), source=source)
+
+    def save_gates(self, name: str, tree: GateTree, push_history: bool = True) -> None:
+        record = self.patients[name]
+        if push_history:
+            record.history.push(record.gate_tree)
+        record.gate_tree = tree
+        if self.library is not None:
+            self._persist("gates", self.library.save_gates, name, tree.to_dict())
+
+    def undo_gates(self, name: str) -> None:
+        record = self.patients[name]
+        record.gate_tree = record.history.undo()
+        if self.library is not None:
+            self._persist("gates", self.library.save_gates, name, record.gate_tree.to_dict())
 
     def remove_patient(self, name: str) -> None:
         self.patients.pop(name, None)
+        if self.library is not None and name in self.library:
+            self._persist("remove patient", self.library.remove_patient, name)
 
     def replace_sample(self, name: str, sample) -> None:
+        """Swap a patient's events (channel renaming); the library keeps labels and gates."""
         record = self.patients[name]
-        record.sample = sample
-        record.token = uuid.uuid4().hex
+        labels = record.labels if record.is_labeled else None
+        record._sample, record._sample_loader = sample, None
+        record.channel_names = list(sample.pnn)
+        record.token = _new_token()
+        if self.library is not None and name in self.library:
+            self._persist("rename channels", self.library.remove_patient, name)
+            self._persist("rename channels", self.library.add_patient, sample, labels, name=name,
+                          provenance=_PROVENANCE.get(record.label_source, "imported labels"))
+            if len(record.gate_tree):
+                self._persist("gates", self.library.save_gates, name, record.gate_tree.to_dict())
 
     def labeled(self) -> list[str]:
         return [n for n, p in self.patients.items() if p.is_labeled]
@@ -126,10 +300,70 @@ class Store:
         names = list(self.patients) if names is None else names
         return {n: self.patients[n].sample for n in names}
 
-    # models -----------------------------------------------------------------------------
-    def add_model(self, name: str, model) -> None:
-        self.models[name] = model
-        self.current_model = name
+    # models -------------------------------------------------------------------------------
+    def add_model(self, name: str, model, training_patients=(), evaluation=None) -> str:
+        """Keep a model for the session and store its file in the library; returns its label."""
+        label = name
+        if self.library is not None:
+            path = self.work_dir / f"model-{uuid.uuid4().hex}.npz"
+            try:
+                model.save(path)
+                model_id = self._persist("model", self.library.add_model, path, name, list(training_patients),
+                                         evaluation, getattr(model, "method", None))
+            finally:
+                path.unlink(missing_ok=True)
+            if model_id:
+                info = self.library.model(model_id)
+                label = f"{info.name} (v{info.version})"
+                self.model_ids[label] = model_id
+        self.models[label] = model
+        self.current_model = label
+        return label
 
     def model(self):
         return self.models.get(self.current_model) if self.current_model else None
+
+    # auto-gate results --------------------------------------------------------------------
+    def set_result(self, name: str, result, model_label: str) -> None:
+        record = self.patients[name]
+        record.set_result(result, model_label)
+        self._save_result(name, result.populations, result.confidence, model_label, _novelty_details(result))
+
+    def correct(self, name: str, populations, confidence) -> None:
+        record = self.patients[name]
+        record.set_corrected(populations)
+        details = _novelty_details(record.result)
+        details["corrected in review"] = True
+        self._save_result(name, record.corrected, confidence, record.result_model, details)
+
+    def _save_result(self, name, populations, confidence, model_label, details) -> None:
+        model_id = self.model_ids.get(model_label)
+        if self.library is None or model_id is None:
+            return
+        self._persist("auto-gate result", self.library.save_gate_result, name, model_id,
+                      np.asarray(populations).astype(str), np.clip(np.asarray(confidence, dtype=float), 0, 1),
+                      details)
+
+    def accept(self, name: str) -> None:
+        """The reviewed populations become the patient's labels (it joins the historical ones)."""
+        record = self.patients[name]
+        populations = np.asarray(record.populations).astype(object)
+        record.set_labels(populations, "auto-gate (reviewed)")
+        if self.library is None:
+            return
+        stored = self._persist("read result", self.library.load_gate_result, name)
+        if stored is not None:
+            self._persist("accept", self.library.accept_gate_result, name, populations.astype(str))
+        else:
+            self._persist("labels", self.library.set_labels, name, populations.astype(str),
+                          "auto-gate accepted after review", source="app review")
+
+
+def describe_library(store: Store) -> str:
+    if store.library is None:
+        return f"Library unavailable ({store.library_error}); work is kept for this session only."
+    return f"Library: `{store.library_path}`"
+
+
+def dumps(obj) -> str:  # pragma: no cover - convenience for debugging sessions
+    return json.dumps(obj, default=str)
