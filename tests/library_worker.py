@@ -5,8 +5,10 @@
 
 ``--pause-at STAGE`` replaces the library's ``_checkpoint`` hook: when the named stage is
 reached the worker creates ``--marker`` and sleeps, so the test can SIGKILL it at exactly that
-point. ``--one-by-one`` imports each file in its own transaction (more interleaving between
-concurrent workers). Prints one line per added patient; exit code 3 on LibraryError.
+point. ``--start-after FILE`` waits for FILE once the library is open, so that several
+workers start acting together. ``--one-by-one`` imports each file in its own transaction (more interleaving between
+concurrent workers). Prints ``opened`` once the library is open, then one line per added
+patient; exit code 3 on LibraryError.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main() -> int:
     parser.add_argument("--one-by-one", action="store_true")
     parser.add_argument("--pause-at")
     parser.add_argument("--marker")
+    parser.add_argument("--start-after", metavar="FILE", help="wait until FILE exists before acting")
     args = parser.parse_args()
 
     if args.pause_at:
@@ -42,6 +45,10 @@ def main() -> int:
 
     try:
         library = PatientLibrary(args.library)
+        print("opened", flush=True)  # lets a test time its kill from here
+        if args.start_after:  # a start line for concurrent workers
+            while not Path(args.start_after).exists():
+                time.sleep(0.005)
         if args.action == "remove":
             for name in args.items:
                 library.remove_patient(name)

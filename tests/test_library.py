@@ -447,6 +447,34 @@ def test_gate_results_are_checked_before_storing(tmp_path):
     assert state(library) == before
 
 
+def test_a_damaged_or_missing_catalog_is_reported_and_nothing_is_deleted(tmp_path, capsys):
+    lib_dir = tmp_path / "lib"
+    path, _, _ = write_patient(tmp_path, "p", labels=False)
+    PatientLibrary(lib_dir).import_files([path])
+    stored = sorted((lib_dir / "data").iterdir())
+    catalog = lib_dir / "catalog.sqlite"
+
+    catalog.rename(tmp_path / "catalog.bak")
+    with pytest.raises(LibraryError, match="lib: catalog.sqlite is missing but data/ holds stored files"):
+        PatientLibrary(lib_dir)
+    assert sorted((lib_dir / "data").iterdir()) == stored
+
+    catalog.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(LibraryError, match="catalog.sqlite: catalog cannot be opened"):
+        PatientLibrary(lib_dir)
+    assert sorted((lib_dir / "data").iterdir()) == stored
+
+    (tmp_path / "catalog.bak").replace(catalog)
+    assert PatientLibrary(lib_dir).patient_names() == ["p"]
+
+    # the CLI only creates a library on import; --path may also follow the action
+    assert cli_main(["library", "list", "--path", str(tmp_path / "typo")]) == 1
+    assert "typo: no patient library here" in capsys.readouterr().err
+    assert not (tmp_path / "typo").exists()
+    assert cli_main(["library", "list", "--path", str(lib_dir), "--json"]) == 0
+    assert [p["name"] for p in json.loads(capsys.readouterr().out)] == ["p"]
+
+
 # ---------------------------------------------------------------------------- privacy
 
 def test_identifying_keywords_are_recognised():
@@ -564,32 +592,38 @@ def test_a_removal_killed_after_its_commit_finishes_cleanly_at_the_next_start(tm
 def test_imports_killed_at_random_moments_never_leave_a_half_patient(tmp_path):
     lib_dir = tmp_path / "lib"
     PatientLibrary(lib_dir)
-    path, events, labels = write_patient(tmp_path, "big", n=150_000, seed=3)
-    started = time.monotonic()
+    path, events, labels = write_patient(tmp_path, "big", n=200_000, seed=3)
     probe = run_worker(tmp_path / "probe_lib", "import", str(path))
+    assert probe.stdout.readline() == "opened\n"
+    started = time.monotonic()
     assert probe.wait(timeout=120) == 0
-    duration = time.monotonic() - started
+    import_time = time.monotonic() - started  # from library open to the end of the import
 
     rng = np.random.default_rng(0)
     outcomes = []
-    for delay in rng.uniform(0.2 * duration, 1.1 * duration, size=5):
+    for delay in rng.uniform(0.0, 1.2 * import_time, size=6):
         worker = run_worker(lib_dir, "import", str(path))
+        assert worker.stdout.readline() == "opened\n"
         time.sleep(delay)
-        if worker.poll() is None:
+        killed = worker.poll() is None
+        if killed:
             kill(worker)
         worker.wait()
+        leftovers = len(list((lib_dir / "tmp").iterdir())) + len(
+            {p.name for p in (lib_dir / "data").iterdir()} - {Path(r).name for r in _relpaths(lib_dir)})
         library = PatientLibrary(lib_dir)
         assert library.check() == []
         assert list(library.tmp_dir.iterdir()) == []
         if "big" in library:  # the import committed before the kill: it must be whole
-            outcomes.append("complete")
+            outcomes.append(("complete", killed, leftovers))
             np.testing.assert_array_equal(library.load_sample("big").events, events)
             np.testing.assert_array_equal(library.load_labels("big"), labels)
             library.remove_patient("big")
         else:
-            outcomes.append("absent")
-            assert list(library.data_dir.iterdir()) == []
-    assert "absent" in outcomes  # at least one kill landed inside an import
+            outcomes.append(("absent", killed, leftovers))
+            assert killed and list(library.data_dir.iterdir()) == []
+    # at least one kill landed inside an import (and not after it had finished)
+    assert any(outcome == "absent" for outcome, _, _ in outcomes), outcomes
 
 
 # ---------------------------------------------------------------------------- concurrency
@@ -598,8 +632,11 @@ def test_two_processes_importing_at_once_both_succeed(tmp_path):
     lib_dir = tmp_path / "fresh_lib"  # both processes also create the catalog at the same time
     files_a = [write_patient(tmp_path, f"a{i}", n=3000, seed=i)[0] for i in range(5)]
     files_b = [write_patient(tmp_path, f"b{i}", n=3000, seed=10 + i, labels=i % 2 == 0)[0] for i in range(5)]
-    worker_a = run_worker(lib_dir, "import", *map(str, files_a), "--one-by-one")
-    worker_b = run_worker(lib_dir, "import", *map(str, files_b), "--one-by-one")
+    go = tmp_path / "go"
+    worker_a = run_worker(lib_dir, "import", *map(str, files_a), "--one-by-one", "--start-after", str(go))
+    worker_b = run_worker(lib_dir, "import", *map(str, files_b), "--one-by-one", "--start-after", str(go))
+    assert worker_a.stdout.readline() == worker_b.stdout.readline() == "opened\n"
+    go.touch()
     out_a, err_a = worker_a.communicate(timeout=300)
     out_b, err_b = worker_b.communicate(timeout=300)
     assert worker_a.returncode == 0, err_a
@@ -620,7 +657,10 @@ def test_two_processes_adding_the_same_name_one_wins(tmp_path):
     lib_dir = tmp_path / "lib"
     PatientLibrary(lib_dir)
     path, events, _ = write_patient(tmp_path, "contested", n=20_000)
-    workers = [run_worker(lib_dir, "import", str(path)) for _ in range(2)]
+    go = tmp_path / "go"
+    workers = [run_worker(lib_dir, "import", str(path), "--start-after", str(go)) for _ in range(2)]
+    assert [w.stdout.readline() for w in workers] == ["opened\n"] * 2
+    go.touch()
     results = [w.communicate(timeout=300) for w in workers]
     codes = sorted(w.returncode for w in workers)
     assert codes == [0, 3], results
@@ -629,4 +669,28 @@ def test_two_processes_adding_the_same_name_one_wins(tmp_path):
     library = PatientLibrary(lib_dir)
     assert library.patient_names() == ["contested"]
     np.testing.assert_array_equal(library.load_sample("contested").events, events)
+    assert library.check() == []
+
+
+def test_one_library_object_shared_by_threads(tmp_path):
+    """Streamlit sessions are threads sharing one cached PatientLibrary."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    library = PatientLibrary(tmp_path / "lib")
+
+    def session(k: int) -> list[str]:
+        for i in range(3):
+            events, labels = synthetic_events(500, seed=100 * k + i)
+            library.add_patient(Sample("s", events, [Channel(n) for n in PNN]), labels, name=f"t{k}-{i}",
+                                provenance=Provenance.DRAWN)
+            library.save_gates(f"t{k}-{i}", {"session": k, "i": i})
+        return library.patient_names()
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        list(pool.map(session, range(4)))
+    assert sorted(library.patient_names()) == sorted(f"t{k}-{i}" for k in range(4) for i in range(3))
+    for k in range(4):
+        for i in range(3):
+            assert library.load_gates(f"t{k}-{i}") == {"session": k, "i": i}
+            np.testing.assert_array_equal(library.load_labels(f"t{k}-{i}"), synthetic_events(500, 100 * k + i)[1])
     assert library.check() == []

@@ -7,6 +7,7 @@ Actions: ``import FILE...``, ``list [--json]``, ``show PATIENT [--json]``,
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -19,51 +20,56 @@ def register(subparsers) -> None:
                         help="library folder (default: $GATING_LIBRARY, else ./workspace)")
     actions = parser.add_subparsers(dest="action", metavar="ACTION")
     actions.required = True
+    # --path is also accepted after the action ("library import --path DIR F"); SUPPRESS keeps
+    # the value given before the action when it is not repeated.
+    path_after = argparse.ArgumentParser(add_help=False)
+    path_after.add_argument("--path", metavar="DIR", default=argparse.SUPPRESS, help="library folder")
 
-    p = actions.add_parser("import", help="add patients: FCS (+ <stem>.labels.csv beside it), gated CSV, "
+    p = actions.add_parser("import", parents=[path_after], help="add patients: FCS (+ <stem>.labels.csv beside it), gated CSV, "
                                           "or FCS alone for a new unlabeled patient")
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("--name", help="patient name (one file only; default: the file stem)")
     p.set_defaults(func=_import)
 
-    p = actions.add_parser("list", help="list the patients")
+    p = actions.add_parser("list", parents=[path_after], help="list the patients")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=_list)
 
-    p = actions.add_parser("show", help="one patient's details and label history")
+    p = actions.add_parser("show", parents=[path_after], help="one patient's details and label history")
     p.add_argument("patient")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_show)
 
-    p = actions.add_parser("export", help="write a patient as gated CSV, or FCS when --out ends in .fcs")
+    p = actions.add_parser("export", parents=[path_after], help="write a patient as gated CSV, or FCS when --out ends in .fcs")
     p.add_argument("patient")
     p.add_argument("--out", required=True, metavar="FILE")
     p.add_argument("--include-identifying", action="store_true",
                    help="keep keywords that may identify a person ($SRC, $FIL, patient ids, ...) in an FCS export")
     p.set_defaults(func=_export)
 
-    p = actions.add_parser("remove", help="remove a patient (its audit entries stay)")
+    p = actions.add_parser("remove", parents=[path_after], help="remove a patient (its audit entries stay)")
     p.add_argument("patient")
     p.set_defaults(func=_remove)
 
-    p = actions.add_parser("models", help="list the stored models")
+    p = actions.add_parser("models", parents=[path_after], help="list the stored models")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_models)
 
-    p = actions.add_parser("audit", help="print the audit log")
+    p = actions.add_parser("audit", parents=[path_after], help="print the audit log")
     p.add_argument("--patient")
     p.add_argument("--limit", type=int)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_audit)
 
-    p = actions.add_parser("check", help="verify catalog and files against each other")
+    p = actions.add_parser("check", parents=[path_after], help="verify catalog and files against each other")
     p.set_defaults(func=_check)
 
 
-def _open(args):
+def _open(args, create: bool = False):
+    """Open the library; only ``import`` may create a new one (a typo in --path should not)."""
     from gating_core.library import PatientLibrary
 
-    return PatientLibrary(args.path)
+    return PatientLibrary(args.path, create=create)
 
 
 def _guard(action):
@@ -82,7 +88,7 @@ def _guard(action):
 
 @_guard
 def _import(args) -> int:
-    library = _open(args)
+    library = _open(args, create=True)
     names = library.import_files(args.files, name=args.name)
     for name in names:
         info = library.patient(name)

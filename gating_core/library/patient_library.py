@@ -277,8 +277,14 @@ class PatientLibrary:
         self.tmp_dir = self.path / "tmp"
         if self.path.exists() and not self.path.is_dir():
             raise LibraryError("is not a folder", path=self.path)
-        if not create and not self.catalog_path.exists():
-            raise LibraryError("no patient library here (catalog.sqlite missing)", path=self.path)
+        if not self.catalog_path.exists():
+            if not create:
+                raise LibraryError("no patient library here (catalog.sqlite missing); "
+                                   "importing files creates one", path=self.path)
+            if self.data_dir.is_dir() and any(self.data_dir.iterdir()):
+                # Opening would create an empty catalog and take every stored file for an orphan.
+                raise LibraryError("catalog.sqlite is missing but data/ holds stored files; restore the "
+                                   "catalog (or move data/ away) before using this folder", path=self.path)
         try:
             self.data_dir.mkdir(parents=True, exist_ok=True)
             self.tmp_dir.mkdir(exist_ok=True)
