@@ -342,6 +342,28 @@ def test_training_set_from_the_library(tmp_path):
         library.load_training_set(["t0", "t2"])
 
 
+def test_channels_are_renamed_in_place_keeping_labels_and_history(tmp_path):
+    library = PatientLibrary(tmp_path / "lib")
+    events, labels = synthetic_events(100, 0)
+    sample = Sample("r", events, [Channel(n, s) for n, s in zip(PNN, PNS)], {}, np.eye(2), ["FL1-A", "FL2-A"])
+    library.add_patient(sample, labels)
+    library.save_gates("r", {"x": "FL1-A"})
+    before = state(library)
+    with pytest.raises(LibraryError, match="renaming would give two channels named FL2-A"):
+        library.rename_channels("r", {"FL1-A": "FL2-A"})
+    with pytest.raises(LibraryError, match="has no channel named 'CD4'"):
+        library.rename_channels("r", {"CD4": "x"})
+    assert state(library) == before
+    assert library.rename_channels("r", {"FL1-A": "CD4-FITC"}) == ["FSC-A", "SSC-A", "CD4-FITC", "FL2-A"]
+    reopened = PatientLibrary(tmp_path / "lib").load_sample("r")
+    assert reopened.pnn == ["FSC-A", "SSC-A", "CD4-FITC", "FL2-A"] and reopened.pns == PNS
+    assert reopened.spillover_channels == ["CD4-FITC", "FL2-A"]
+    np.testing.assert_array_equal(reopened.events, events)
+    np.testing.assert_array_equal(library.load_labels("r"), labels)
+    assert library.load_gates("r") == {"x": "FL1-A"}
+    assert library.audit_log("r")[-1]["details"] == {"renamed": {"FL1-A": "CD4-FITC"}}
+
+
 # ---------------------------------------------------------------------------- bad input
 
 def test_duplicate_patient_names_are_refused_and_change_nothing(tmp_path):

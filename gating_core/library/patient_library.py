@@ -767,6 +767,30 @@ class PatientLibrary:
             raise
         return labeling_id
 
+    def rename_channels(self, name: str, mapping: dict[str, str]) -> list[str]:
+        """Rename channels ($PnN old -> new) in one transaction; events, labels, gates and
+        results are untouched (events are stored by position). Returns the new $PnN list."""
+        with self._connect() as conn, catalog.write_transaction(conn):
+            row = self._patient_row(conn, name)
+            old = [r[0] for r in conn.execute("SELECT pnn FROM channels WHERE patient_id = ? ORDER BY position",
+                                              (row["id"],))]
+            unknown = sorted(set(mapping) - set(old))
+            if unknown:
+                raise LibraryError(f"has no channel named {', '.join(map(repr, unknown))}", patient=row["name"])
+            new = [mapping.get(c, c) for c in old]
+            if any(not isinstance(c, str) or not c.strip() for c in new):
+                raise LibraryError("channel names must be non-empty text", patient=row["name"])
+            if len(set(new)) != len(new):
+                dupes = sorted({c for c in new if new.count(c) > 1})
+                raise LibraryError(f"renaming would give two channels named {', '.join(dupes)}", patient=row["name"])
+            conn.executemany("UPDATE channels SET pnn = ? WHERE patient_id = ? AND position = ?",
+                             [(c, row["id"], i) for i, c in enumerate(new)])
+            spill = [mapping.get(c, c) for c in json.loads(row["spillover_channels_json"])]
+            conn.execute("UPDATE patients SET spillover_channels_json = ? WHERE id = ?", (json.dumps(spill), row["id"]))
+            changed = {k: v for k, v in mapping.items() if k != v}
+            self._audit(conn, "rename channels", row["id"], row["name"], None, {"renamed": changed}, _now())
+            return new
+
     # ------------------------------------------------------------------ gates drawn in the app
 
     def save_gates(self, name: str, gates_json) -> int:
