@@ -89,14 +89,15 @@ else:
     st.warning(f"{len(mismatched)} channel names differ between patients. Match them below so the same "
                "marker has the same name everywhere (training and auto-gating use the shared channels).")
     st.dataframe(mismatched.replace({True: "✓", False: "—"}), width="stretch")
-    with st.form("rename_channel"):
-        cols = st.columns(3)
-        patient = cols[0].selectbox("In patient", list(store.patients))
-        channel = cols[1].selectbox("rename channel", store.patients[patient].channel_names)
-        target = cols[2].selectbox("to", list(presence.index), help="A name the other patients use.")
-        if st.form_submit_button("Rename channel"):
-            try:
-                store.replace_sample(patient, rename_channels(store.patients[patient].sample, {channel: target}))
-                st.rerun()
-            except ValueError as exc:
-                st.error(str(exc))
+    cols = st.columns(4)
+    patient = cols[0].selectbox("In patient", list(store.patients), key="rename_patient")
+    channel = cols[1].selectbox("rename channel", store.patients[patient].channel_names, key="rename_from")
+    target = cols[2].selectbox("to", list(presence.index), key="rename_to",
+                               help="A name the other patients use.")
+    cols[3].write("")
+    if cols[3].button("Rename channel", key="rename_button"):
+        try:
+            store.replace_sample(patient, rename_channels(store.patients[patient].sample, {channel: target}))
+            st.rerun()
+        except ValueError as exc:
+            st.error(str(exc))
