@@ -535,14 +535,12 @@ def test_fcs_export_leaves_identifying_keywords_out_unless_asked(tmp_path, capsy
 
 
 def test_labeled_fcs_export_carries_populations_but_not_identity(tmp_path):
-    from gating_core.fcs import read_fcs as read
-
     path, events, labels = write_patient(tmp_path, "lab", seed=8)
     library = PatientLibrary(tmp_path / "lib")
     library.import_files([path])
     out = tmp_path / "lab_out.fcs"
     library.export_patient("lab", out)
-    exported = read(out)
+    exported = read_fcs(out)
     assert not set(IDENTIFYING) & set(exported.keywords)
     assert "Jane Roe" not in out.read_bytes().decode("latin-1")
     np.testing.assert_array_equal(exported.events[:, :4], events)

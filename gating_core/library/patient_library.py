@@ -23,6 +23,7 @@ import getpass
 import json
 import math
 import os
+import re
 import sqlite3
 import unicodedata
 import dataclasses
@@ -1133,8 +1134,6 @@ def _fcs_export_keywords(sample: Sample) -> dict[str, str]:
     """Keywords to carry into an exported FCS: the writer sets layout and channel keywords
     itself, and the spillover matrix is dropped when the events are already compensated (a
     reader would otherwise compensate twice)."""
-    import re
-
     keep = {}
     for key, value in sample.keywords.items():
         upper = key.upper()
