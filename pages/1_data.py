@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pandas as pd
 import streamlit as st
 
-from gating_core.app_state import channel_presence, ingest_files, load_folder, rename_channels
+from gating_core.app_state import channel_presence, ingest_files, load_folder
 from ui.common import SAMPLE_DATA, get_store, show_messages
 
 store = get_store()
@@ -25,6 +25,9 @@ def _take_report(report):
             notes.append((patient.file_name, f"{patient.file_name}: not added, {exc}"))
     store.load_errors = list(report.errors)
     store.load_notes = notes
+    store.load_summary = [f"**{p.name}**: {p.sample.n_events:,} events, {len(p.sample.channels)} channels"
+                          + (f", labeled ({p.label_source})" if p.labels is not None else ", new")
+                          for p in report.patients]
 
 
 upload_col, sample_col = st.columns([3, 1])
@@ -49,6 +52,10 @@ if fresh:
     store.seen_uploads.update(f.file_id for f in fresh)
     _take_report(report)
 
+summary = getattr(store, "load_summary", [])
+if summary:
+    st.success("Loaded " + ("  \n".join(summary) if len(summary) <= 6 else
+                            f"{len(summary)} patients ({sum(1 for s in summary if 'labeled' in s)} labeled)"))
 show_messages(store.load_errors, store.load_notes)
 
 st.subheader("Loaded patients")
@@ -97,7 +104,7 @@ else:
     cols[3].write("")
     if cols[3].button("Rename channel", key="rename_button"):
         try:
-            store.replace_sample(patient, rename_channels(store.patients[patient].sample, {channel: target}))
+            store.rename_channels(patient, {channel: target})
             st.rerun()
         except ValueError as exc:
             st.error(str(exc))

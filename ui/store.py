@@ -276,19 +276,22 @@ class Store:
         if self.library is not None and name in self.library:
             self._persist("remove patient", self.library.remove_patient, name)
 
-    def replace_sample(self, name: str, sample) -> None:
-        """Swap a patient's events (channel renaming); the library keeps labels and gates."""
+    def rename_channels(self, name: str, mapping: dict) -> None:
+        """Rename a patient's channels ($PnN old -> new); labels, gates and results stay."""
+        from gating_core.app_state import rename_channels
+
         record = self.patients[name]
-        labels = record.labels if record.is_labeled else None
+        sample = rename_channels(record.sample, mapping)  # ValueError on a clash, before any change
+        if self.library is not None and name in self.library:
+            from gating_core.library import LibraryError
+
+            try:
+                self.library.rename_channels(name, mapping)
+            except LibraryError as exc:
+                raise ValueError(str(exc)) from None
         record._sample, record._sample_loader = sample, None
         record.channel_names = list(sample.pnn)
         record.token = _new_token()
-        if self.library is not None and name in self.library:
-            self._persist("rename channels", self.library.remove_patient, name)
-            self._persist("rename channels", self.library.add_patient, sample, labels, name=name,
-                          provenance=_PROVENANCE.get(record.label_source, "imported labels"))
-            if len(record.gate_tree):
-                self._persist("gates", self.library.save_gates, name, record.gate_tree.to_dict())
 
     def labeled(self) -> list[str]:
         return [n for n, p in self.patients.items() if p.is_labeled]
