@@ -101,7 +101,7 @@ def read_gated_csv(path: str | os.PathLike, dtype=np.float32):
     sample : Sample named after the file (``<stem>`` without ``.gated``), events of shape
         (n_events, n_channels) in ``dtype`` (float32 reads back float32-written values exactly).
     populations : ndarray of str, shape (n_events,).
-    confidence : ndarray of float64, shape (n_events,), or None when the column is absent.
+    confidence : ndarray of float32, shape (n_events,), or None when the column is absent.
 
     Raises LabelError naming the file on a wrong header, non-numeric or missing values,
     confidence outside [0, 1], or no rows.
@@ -132,7 +132,7 @@ def read_gated_csv(path: str | os.PathLike, dtype=np.float32):
     for i, name in enumerate(channel_names):
         column = table.column(name)
         if column.null_count:
-            raise LabelError(path, f"column {name!r} has {column.null_count} empty cells")
+            raise LabelError(path, f"column {name!r} has {column.null_count} empty or NaN cells")
         values = column.to_numpy()
         if not np.all(np.isfinite(values)):
             raise LabelError(path, f"column {name!r} holds NaN or infinite values")
@@ -143,7 +143,7 @@ def read_gated_csv(path: str | os.PathLike, dtype=np.float32):
         column = table.column(CONFIDENCE_COLUMN)
         if column.null_count:
             raise LabelError(path, f"column 'confidence' has {column.null_count} empty cells")
-        confidence = column.to_numpy()
+        confidence = column.to_numpy().astype(np.float32)  # written as float32
         if not np.all((confidence >= 0) & (confidence <= 1)):
             raise LabelError(path, "column 'confidence' has values outside [0, 1]")
     name = path.name[: -len(".gated.csv")] if path.name.endswith(".gated.csv") else path.stem

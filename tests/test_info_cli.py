@@ -1,0 +1,73 @@
+"""``python -m gating_core info``: human and JSON output, bad files reported, others still shown."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _info(*args):
+    return subprocess.run([sys.executable, "-m", "gating_core", "info", *map(str, args)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+
+
+def test_info_human_output(fcs_corpus):
+    diva = fcs_corpus / "FACS_Diva/facs_diva_test.fcs"
+    result = _info(diva)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "FCS version: 3.0" in out
+    assert "data sets: 1" in out
+    assert "events: 83411" in out
+    assert "channels: 12" in out
+    assert re.search(r"^\s+5\s+FITC-A\s+CD20$", out, re.M)
+    assert re.search(r"^\s+1\s+Time$", out, re.M)
+    assert "spillover: yes (8 channels: FITC-A, PE-A" in out
+    assert result.stderr == ""
+
+
+def test_info_json_and_bad_files_keep_going(fcs_corpus):
+    files = [fcs_corpus / "corrupted/corrupted.fcs",
+             fcs_corpus / "GuavaMuse/Guava Muse.fcs",
+             fcs_corpus / "cytek-nl-2000/sample_header.fcs",
+             fcs_corpus / "MiltenyiBiotec/FCS3.1/SG_2014-09-26_Duplicate_Names.fcs"]
+    result = _info("--json", *files)
+    assert result.returncode == 1
+    report = json.loads(result.stdout)
+    assert [Path(r["file"]).name for r in report] == [f.name for f in files]
+    assert "too short" in report[0]["error"]
+    assert report[1]["n_datasets"] == 4
+    assert [d["events"] for d in report[1]["datasets"]] == [108, 50081, 111496, 50037]
+    assert report[1]["datasets"][0]["name"] == "Guava Muse#1"
+    assert "DATA segment" in report[2]["error"]
+    sg = report[3]["datasets"][0]
+    assert sg["events"] == 8129 and sg["n_channels"] == 9
+    assert {"pnn": "FL7-A", "pns": "GFP/FITC-A"} in sg["channels"]
+    assert sg["spillover"] is False
+    # the messages name the files, one line each, no traceback
+    lines = result.stderr.strip().splitlines()
+    assert lines[0].startswith("error: corrupted.fcs: ")
+    assert lines[1].startswith("error: sample_header.fcs: ")
+    assert "Traceback" not in result.stderr
+
+
+def test_info_human_output_bad_file_nonzero(fcs_corpus, tmp_path):
+    missing = tmp_path / "absent.fcs"
+    result = _info(missing, fcs_corpus / "cyflow_cube_8/cyflow_cube_8.fcs")
+    assert result.returncode == 1
+    assert "error: absent.fcs: file not found" in result.stderr
+    assert "events: 725" in result.stdout
+    assert "spillover: no" in result.stdout
+
+
+def test_info_multicenter(multicenter_dir):
+    result = _info("--json", multicenter_dir / "multicenter_01.fcs")
+    assert result.returncode == 0
+    ds = json.loads(result.stdout)[0]["datasets"][0]
+    assert ds["events"] == 55621
+    assert [c["pnn"] for c in ds["channels"]] == ["CCR6", "CD20", "CD45", "CD14", "CD16", "CD8", "CD3", "CD4"]
