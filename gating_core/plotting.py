@@ -70,9 +70,10 @@ def density_grid(x: np.ndarray, y: np.ndarray, x_range, y_range, bins: int = 200
 
 
 def log_density(counts: np.ndarray) -> np.ndarray:
-    """log10(1 + counts) with empty bins as NaN, so they show as background in a heatmap."""
-    out = np.log10(1.0 + counts.astype(np.float64))
-    out[counts == 0] = np.nan
+    """log10(counts) with empty bins as NaN, so they show as background in a heatmap (1 event -> 0)."""
+    out = np.full(counts.shape, np.nan)
+    filled = counts > 0
+    out[filled] = np.log10(counts[filled])
     return out
 
 

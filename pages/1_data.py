@@ -9,7 +9,7 @@ from gating_core.app_state import channel_presence, ingest_files, load_folder
 from ui.common import SAMPLE_DATA, get_store, show_messages
 
 store = get_store()
-st.title("📂 Data")
+st.title("Data: load patients")
 st.caption("Drop the FCS files of your patients here. A patient is **historical** when it comes with "
            "expert labels (a `<name>.labels.csv` beside `<name>.fcs`, a gated CSV exported by this tool, "
            "or a FlowJo `.wsp` / GatingML `.xml` file uploaded together with its FCS files), and **new** "

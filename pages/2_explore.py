@@ -7,10 +7,10 @@ from gating_core.app_state import common_channels
 from gating_core.gates import AxisScale
 from gating_core.plotting import histogram_1d, population_colors
 from ui import cache, charts
-from ui.common import SCALE_HELP, SCALE_KINDS, channel_label, default_xy, get_store, require_patients
+from ui.common import channel_label, default_xy, scale_select, get_store, require_patients
 
 store = get_store()
-st.title("🔍 Explore")
+st.title("Explore the cells")
 st.caption("Look at any two channels. Pseudocolor density bins every event; population view draws a "
            f"random subsample of up to {cache.MAX_DOTS:,} dots per patient (counts always use all events). "
            "Patients shown side by side share their axes, so shifts between patients are visible.")
@@ -34,8 +34,8 @@ xi, yi = default_xy(channels)
 c1, c2, c3, c4, c5 = st.columns([2, 2, 1.3, 1.3, 1.6])
 x_ch = c1.selectbox("X channel", channels, index=xi, format_func=lambda c: channel_label(first, c), key="ex_x")
 y_ch = c2.selectbox("Y channel", channels, index=yi, format_func=lambda c: channel_label(first, c), key="ex_y")
-x_kind = c3.selectbox("X transform", SCALE_KINDS, key="ex_xs", help=SCALE_HELP)
-y_kind = c4.selectbox("Y transform", SCALE_KINDS, key="ex_ys", help=SCALE_HELP)
+x_kind = scale_select(c3, "X transform", x_ch, "ex_xs")
+y_kind = scale_select(c4, "Y transform", y_ch, "ex_ys")
 has_pops = any(r.populations is not None for r in records)
 mode = c5.radio("Color", ["density", "population"] if has_pops else ["density"], key="ex_mode",
                 help="Population colors need labels, drawn gates or an auto-gate result.")
@@ -76,7 +76,7 @@ if mode == "population":
 st.subheader("Histogram")
 h1, h2 = st.columns([2, 1])
 h_ch = h1.selectbox("Channel", channels, index=xi, format_func=lambda c: channel_label(first, c), key="ex_h")
-h_kind = h2.selectbox("Transform", SCALE_KINDS, key="ex_hs", help=SCALE_HELP)
+h_kind = scale_select(h2, "Transform", h_ch, "ex_hs")
 h_scale = cache.scale_for(tokens, h_ch, h_kind, samples)
 h_range = cache.shared_range(tokens, h_ch, h_scale, samples)
 hist_panels = [{"title": r.name, "hist": histogram_1d(cache.display_values(r.token, h_ch, h_scale, r.sample), h_range)}

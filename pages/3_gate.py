@@ -6,11 +6,11 @@ import streamlit as st
 
 from gating_core.gates import AxisScale, GateError, GateTree, polygon_gate, rectangle_gate
 from ui import cache, charts
-from ui.common import SCALE_HELP, SCALE_KINDS, channel_label, default_xy, get_store, require_patients
+from ui.common import channel_label, default_xy, scale_select, get_store, require_patients
 
 ALL = "(all events)"
 store = get_store()
-st.title("✏️ Gate")
+st.title("Gate: label patients by hand")
 st.caption("Label a patient by hand: choose the parent population and two channels, draw a **lasso** or "
            "**box** on the plot (toolbar, top right of the chart), name the gate and add it. Gates nest: a "
            "gate drawn on a parent population only keeps the parent's cells. The leaf gates, plus `other` "
@@ -41,8 +41,8 @@ xi, yi = default_xy(channels)
 axes = st.columns(4)
 x_ch = axes[0].selectbox("X channel", channels, index=xi, format_func=lambda c: channel_label(sample, c), key="g_x")
 y_ch = axes[1].selectbox("Y channel", channels, index=yi, format_func=lambda c: channel_label(sample, c), key="g_y")
-x_kind = axes[2].selectbox("X transform", SCALE_KINDS, key="g_xs", help=SCALE_HELP)
-y_kind = axes[3].selectbox("Y transform", SCALE_KINDS, key="g_ys", help=SCALE_HELP)
+x_kind = scale_select(axes[2], "X transform", x_ch, "g_xs")
+y_kind = scale_select(axes[3], "Y transform", y_ch, "g_ys")
 
 tokens = (record.token,)
 x_scale_d = cache.scale_for(tokens, x_ch, x_kind, [sample])
@@ -66,7 +66,7 @@ same_axes = [g for g in tree.gates if g.x_channel == x_ch and g.y_channel == y_c
 charts.add_gate_shapes(fig, same_axes)
 chart_key = f"gate_chart_{state.gate_chart_version}_{patient}_{x_ch}_{y_ch}_{x_kind}_{y_kind}_{parent}"
 event = st.plotly_chart(fig, width="stretch", key=chart_key, on_select="rerun",
-                        selection_mode=("box", "lasso"),
+                        selection_mode=("lasso", "box"),
                         config={"modeBarButtonsToAdd": ["lasso2d", "select2d"], "displaylogo": False})
 
 # The latest box or lasso becomes the pending shape (display coordinates of these axes).

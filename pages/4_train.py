@@ -13,7 +13,7 @@ from ui.common import get_store, require_patients
 from ui.models import load_model_bytes, model_bytes
 
 store = get_store()
-st.title("🧠 Train")
+st.title("Train a gating model")
 st.caption("Train a model on labeled (historical) patients. **Marginal transfer** looks at each patient's "
            "whole cell distribution as well as each cell, so it adapts to patient-to-patient shift; "
            "**pooling** treats all cells alike (the classic approach, shown for comparison).")

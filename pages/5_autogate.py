@@ -6,13 +6,13 @@ import streamlit as st
 from gating_core.gates import AxisScale, polygon_gate, rectangle_gate
 from gating_core.plotting import population_colors
 from ui import cache, charts, exports
-from ui.common import SCALE_HELP, SCALE_KINDS, channel_label, default_xy, get_store, require_patients
+from ui.common import channel_label, default_xy, scale_select, get_store, require_patients
 
 LOW = "low confidence"
 store = get_store()
 state = st.session_state
 state.setdefault("ag_chart_version", 0)
-st.title("🎯 Auto-gate")
+st.title("Auto-gate new patients")
 st.caption("Gate new patients with the current model, then review: colors show the predicted populations, "
            "the confidence histogram shows where the model hesitates, and a warning appears when a patient "
            "is unlike every training patient. Correct cells with the lasso, accept the patient (it joins "
@@ -77,8 +77,8 @@ with left:
     a = st.columns(4)
     x_ch = a[0].selectbox("X channel", channels, index=xi, format_func=lambda c: channel_label(sample, c), key="ag_x")
     y_ch = a[1].selectbox("Y channel", channels, index=yi, format_func=lambda c: channel_label(sample, c), key="ag_y")
-    x_kind = a[2].selectbox("X transform", SCALE_KINDS, key="ag_xs", help=SCALE_HELP)
-    y_kind = a[3].selectbox("Y transform", SCALE_KINDS, key="ag_ys", help=SCALE_HELP)
+    x_kind = scale_select(a[2], "X transform", x_ch, "ag_xs")
+    y_kind = scale_select(a[3], "Y transform", y_ch, "ag_ys")
 with right:
     threshold = st.slider("Low-confidence threshold", 0.0, 1.0, 0.6, 0.05, key="ag_threshold",
                           help="Cells below this confidence are highlighted for review.")
@@ -102,7 +102,7 @@ fig = charts.scatter_panels([panel], AxisScale.from_dict(x_scale_d), AxisScale.f
                             colors=plot_colors, height=520, selectable=True)
 chart_col, side_col = st.columns([3, 2])
 with chart_col:
-    event = st.plotly_chart(fig, width="stretch", on_select="rerun", selection_mode=("box", "lasso"),
+    event = st.plotly_chart(fig, width="stretch", on_select="rerun", selection_mode=("lasso", "box"),
                             key=f"ag_chart_{state.ag_chart_version}_{patient}_{x_ch}_{y_ch}_{x_kind}_{y_kind}")
 with side_col:
     low = int((confidence < threshold).sum())

@@ -145,8 +145,8 @@ def test_explore_density_counts_all_events_and_population_view(library):
     heatmaps = [t for t in spec["data"] if t["type"] == "heatmap"]
     assert len(heatmaps) == 3
     # the colorbar ticks read in events; axes ticks are raw units
-    assert spec["layout"]["xaxis"]["ticktext"][0] in ("0", "-10", "-100", "-1000")
-    at.selectbox(key="ex_xs").set_value("linear")
+    assert spec["layout"]["xaxis"]["ticktext"][:2] == ["0", "50K"]  # FSC-A linear, ticks in raw units
+    at.selectbox(key="ex_xs_FSC-A").set_value("arcsinh")
     at.radio(key="ex_mode").set_value("population")
     at.run()
     assert not at.exception
@@ -168,9 +168,8 @@ def test_gate_nested_rectangles_stats_undo_copy_labels_and_persist(library):
     at.run()
     sample = store_of(at).patients["new_patient_01"].sample
     # Gate 1 on FSC-A / SSC-A, linear axes, raw units
-    at.selectbox(key="g_xs").set_value("linear")
-    at.selectbox(key="g_ys").set_value("linear")
-    at.run()
+    assert at.selectbox(key="g_xs_FSC-A").value == "linear"  # scatter channels start linear
+    assert at.selectbox(key="g_ys_SSC-A").value == "linear"
     at.text_input(key="gate_name").input("Cells")
     at.number_input(key="rect_x0").set_value(40000.0)
     at.number_input(key="rect_x1").set_value(250000.0)
@@ -187,9 +186,9 @@ def test_gate_nested_rectangles_stats_undo_copy_labels_and_persist(library):
     at.selectbox(key="gate_parent").set_value("Cells")
     at.selectbox(key="g_x").set_value("FL1-A")
     at.selectbox(key="g_y").set_value("FL3-A")
-    at.selectbox(key="g_xs").set_value("arcsinh")
-    at.selectbox(key="g_ys").set_value("arcsinh")
     at.run()
+    assert at.selectbox(key="g_xs_FL1-A").value == "arcsinh"  # fluorescence starts arcsinh
+    assert at.selectbox(key="g_ys_FL3-A").value == "arcsinh"
     at.text_input(key="gate_name").input("CD3+")
     at.number_input(key="rect_x0").set_value(1000.0)
     at.number_input(key="rect_x1").set_value(1e6)
@@ -265,7 +264,7 @@ def store_scale(at, channel):
     values = record.sample.events[:, record.sample.channel_index(channel)]
     from gating_core.plotting import subsample_indices
 
-    return suggest_scale("arcsinh", values[subsample_indices(values.size, 100_000)]).to_dict()
+    return suggest_scale("linear", values[subsample_indices(values.size, 100_000)]).to_dict()
 
 
 # ------------------------------------------------------------------------------------ Train + Auto-gate + Export

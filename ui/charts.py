@@ -39,10 +39,12 @@ def scatter_panels(panels, x_scale, y_scale, x_range, y_range, x_title, y_title,
     for col, panel in enumerate(panels, start=1):
         if mode == "density":
             counts, xc, yc = panel["grid"]
+            top = max(float(np.log10(max(int(p["grid"][0].max()), 10))) for p in panels)
+            ticks = [v for v in (0, 0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5) if v <= top]
             fig.add_trace(go.Heatmap(z=plotting.log_density(counts), x=xc, y=yc, colorscale=DENSITY_COLORS,
-                                     showscale=col == n, hoverinfo="skip",
-                                     colorbar=dict(title="events", tickvals=[0, 1, 2, 3, 4, 5],
-                                                   ticktext=["1", "10", "100", "1K", "10K", "100K"])),
+                                     zmin=0, zmax=top, showscale=col == n, hoverinfo="skip",
+                                     colorbar=dict(title="events / bin", tickvals=ticks,
+                                                   ticktext=[f"{10 ** v:,.0f}" for v in ticks])),
                           row=1, col=col)
             if selectable and "x" in panel:
                 fig.add_trace(go.Scattergl(x=panel["x"], y=panel["y"], mode="markers", showlegend=False,

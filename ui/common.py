@@ -58,9 +58,19 @@ def channel_label(sample, pnn: str) -> str:
         return pnn
 
 
+def scale_select(container, label: str, channel: str, key: str) -> str:
+    """Axis transform picker remembered per channel; scatter channels start linear, others arcsinh."""
+    from gating_core.transforms import is_scatter
+
+    default = SCALE_KINDS.index("linear") if is_scatter(channel) else 0
+    return container.selectbox(label, SCALE_KINDS, index=default, key=f"{key}_{channel}", help=SCALE_HELP)
+
+
 def default_xy(channels: list[str]) -> tuple[int, int]:
     """Indices of a sensible first projection: skip time-like channels; two different ones."""
-    usable = [i for i, c in enumerate(channels) if c.lower() not in ("time", "event_length", "event length")]
+    from gating_core.transforms import is_time_like
+
+    usable = [i for i, c in enumerate(channels) if not is_time_like(c)]
     if len(usable) < 2:
         usable = list(range(len(channels)))
     return usable[0], usable[1] if len(usable) > 1 else usable[0]

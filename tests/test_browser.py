@@ -1,0 +1,186 @@
+"""The app in a real browser: `streamlit run app.py` driven through Debian's Chromium.
+
+Upload an FCS file through the file input and see its event count, draw a gate with the mouse,
+train, auto-gate and download the gated CSV; screenshots of every page go to test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gating_core.fcs import read_fcs
+
+pytestmark = pytest.mark.browser
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-dev-shm-usage"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def library_with_patients(tmp_path, sample_data_dir):
+    """A patient library holding three labeled patients, as a lab would have after importing."""
+    from gating_core.labels import load_labeled_input
+    from gating_core.library import PatientLibrary
+
+    path = tmp_path / "library"
+    library = PatientLibrary(path)
+    for stem in ("patient_01", "patient_02", "patient_04"):
+        sample, labels = load_labeled_input(sample_data_dir / f"{stem}.fcs")
+        library.add_patient(sample, labels, name=stem)
+    return path
+
+
+@pytest.fixture
+def app_url(library_with_patients, tmp_path):
+    port = free_port()
+    env = dict(os.environ, GATING_LIBRARY=str(library_with_patients), PYTHONPATH=str(REPO))
+    log = open(tmp_path / "streamlit.log", "w")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
+         "--server.address", "localhost", "--browser.gatherUsageStats", "false"],
+        cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://localhost:{port}"
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as reply:
+                    if reply.status == 200:
+                        break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("streamlit did not start: " + (tmp_path / "streamlit.log").read_text()[-2000:])
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+
+
+@pytest.fixture
+def browser():
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"{CHROMIUM} not installed (make chromium)")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def wait_idle(page, timeout=120_000):
+    """Wait until Streamlit has finished the current run (no 'running' status widget)."""
+    page.wait_for_timeout(400)
+    page.wait_for_function(
+        "() => !document.querySelector('[data-testid=\"stStatusWidget\"]')", timeout=timeout)
+    page.wait_for_timeout(300)
+
+
+HEADINGS = {"Explore": "Explore the cells", "Gate": "Gate: label patients by hand", "Train": "Train a gating model",
+            "Auto-gate": "Auto-gate new patients"}
+
+
+def open_page(page, title):
+    page.get_by_test_id("stSidebarNav").get_by_text(title, exact=True).click()
+    page.get_by_role("heading", name=HEADINGS[title]).first.wait_for(timeout=60_000)
+    wait_idle(page)
+
+
+def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sample_data_dir, tmp_path):
+    page = browser.new_page(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+    page.set_default_timeout(120_000)
+    page.goto(app_url)
+    page.get_by_role("heading", name="Data: load patients").first.wait_for()
+    wait_idle(page)
+
+    # Data: the library's patients are listed; upload a new patient through the file input.
+    upload = sample_data_dir / "new" / "new_patient_01.fcs"
+    n_events = read_fcs(upload).n_events
+    page.locator("input[type=file]").first.set_input_files(str(upload))
+    page.get_by_text(f"new_patient_01: {n_events:,} events").wait_for()
+    wait_idle(page)
+    page.screenshot(path=str(artifacts_dir / "1_data.png"), full_page=True)
+
+    # Explore: pseudocolor density of the patients side by side.
+    open_page(page, "Explore")
+    page.locator(".js-plotly-plot").first.wait_for()
+    page.screenshot(path=str(artifacts_dir / "2_explore.png"), full_page=True)
+
+    # Gate: draw a lasso with the mouse on the density plot, name it, add it.
+    open_page(page, "Gate")
+    plot = page.locator(".js-plotly-plot").first
+    plot.wait_for()
+    drag = plot.locator(".nsewdrag").first
+    box = drag.bounding_box()
+    x0, y0, w, h = box["x"], box["y"], box["width"], box["height"]
+    points = [(0.15, 0.2), (0.85, 0.2), (0.85, 0.9), (0.15, 0.9), (0.15, 0.21)]
+    page.mouse.move(x0 + w * points[0][0], y0 + h * points[0][1])
+    page.mouse.down()
+    for fx, fy in points[1:]:
+        page.mouse.move(x0 + w * fx, y0 + h * fy, steps=8)
+    page.mouse.up()
+    page.get_by_text("Selection:").wait_for()
+    wait_idle(page)
+    page.get_by_label("Gate name").fill("Main population")
+    page.get_by_label("Gate name").press("Enter")
+    wait_idle(page)
+    page.get_by_role("button", name="Add gate").click()
+    page.get_by_text("Added gate 'Main population'").wait_for()
+    wait_idle(page)
+    page.screenshot(path=str(artifacts_dir / "3_gate.png"), full_page=True)
+
+    # Train on the three library patients.
+    open_page(page, "Train")
+    page.get_by_role("button", name="Train model").click()
+    page.get_by_text("Trained").first.wait_for(timeout=600_000)
+    wait_idle(page)
+    page.screenshot(path=str(artifacts_dir / "4_train.png"), full_page=True)
+
+    # Auto-gate the uploaded patient and download its gated CSV.
+    open_page(page, "Auto-gate")
+    page.get_by_role("button", name="Run auto-gating").click()
+    page.get_by_text("Populations", exact=True).wait_for(timeout=600_000)
+    wait_idle(page)
+    page.screenshot(path=str(artifacts_dir / "5_autogate.png"), full_page=True)
+    with page.expect_download() as info:
+        page.get_by_role("button", name="Gated CSV").click()
+    target = tmp_path / "downloaded.gated.csv"
+    info.value.save_as(target)
+    assert info.value.suggested_filename == "new_patient_01.gated.csv"
+
+    from gating_core.export import read_gated_csv
+
+    exported, populations, confidence = read_gated_csv(target)
+    original = read_fcs(upload, compensate=True)
+    assert exported.n_events == n_events
+    assert exported.pnn == original.pnn
+    np.testing.assert_allclose(exported.events, original.events, rtol=1e-4, atol=1e-2)
+    truth = np.loadtxt(sample_data_dir / "truth" / "new_patient_01.labels.csv", dtype=str, delimiter="\n",
+                       skiprows=1)
+    assert set(populations) <= set(truth) | {"other"}
+    assert np.mean(populations.astype(str) == truth) > 0.7
+    assert confidence.min() >= 0 and confidence.max() <= 1
