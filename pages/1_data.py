@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from gating_core.app_state import channel_presence, ingest_files, load_folder
+from ui import cache
 from ui.common import SAMPLE_DATA, get_store, show_messages
 
 store = get_store()
@@ -67,8 +68,8 @@ rows = []
 for name, p in store.patients.items():
     pops = ""
     if p.labels is not None:
-        vc = pd.Series(p.labels).value_counts()
-        pops = " · ".join(f"{k} {v:,}" for k, v in vc.items())
+        counts = cache.population_counts(p.populations_token, p.labels)
+        pops = " · ".join(f"{k} {v:,}" for k, v in counts.items())
     rows.append({"patient": name, "status": "historical (labeled)" if p.is_labeled else "new",
                  "events": p.n_events, "channels": len(p.channel_names),
                  "labels from": p.label_source or "—", "populations (count)": pops or "—",
