@@ -58,14 +58,21 @@ with st.expander("Channels and hyperparameters (automatic unless you change them
         cols = st.columns(3)
         k = 0
         for name, p in sig.parameters.items():
-            if name in ("self", "method", "channels", "transform", "random_state") or p.kind != p.POSITIONAL_OR_KEYWORD:
+            if name in ("self", "method", "channels", "transform", "random_state", "compensate"):
                 continue
-            if isinstance(p.default, bool) or not isinstance(p.default, (int, float)):
+            col = cols[k % 3]
+            if isinstance(p.default, bool):
+                params[name] = col.checkbox(name, value=p.default, key=f"hp_{name}")
+            elif isinstance(p.default, (int, float)):
+                params[name] = col.number_input(name, value=p.default, key=f"hp_{name}")
+            elif p.default is None:
+                value = col.number_input(f"{name} (empty = automatic)", value=None, min_value=0.0, format="%.4g",
+                                         key=f"hp_{name}")
+                if value is not None:
+                    params[name] = float(value)
+            else:
                 continue
-            params[name] = cols[k % 3].number_input(name, value=p.default, key=f"hp_{name}")
             k += 1
-        if not params:
-            st.caption("This model has no numeric hyperparameters to set.")
 
 
 def _training_labels(record):

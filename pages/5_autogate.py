@@ -31,17 +31,13 @@ unlabeled = store.unlabeled()
 targets = m2.multiselect("Patients to gate", list(store.patients), default=unlabeled, key="ag_targets")
 if st.button("Run auto-gating", type="primary", disabled=not targets, key="ag_run"):
     bar = st.progress(0.0, text="Starting…")
-    missing = {n: [c for c in model.channels_ if c not in store.patients[n].channel_names] for n in targets}
     for i, name in enumerate(targets):
-        if missing[name]:
-            st.error(f"{name}: lacks channels {', '.join(missing[name])} the model needs; match them on the "
-                     "Data page.")
-            continue
         bar.progress(i / len(targets), text=f"Gating {name} ({i + 1}/{len(targets)})")
         try:
             store.set_result(name, model.gate(store.patients[name].sample), model_name)
         except Exception as exc:
-            st.error(f"{name}: auto-gating failed ({exc})")
+            st.error(f"Auto-gating failed for {exc}" if str(exc).startswith(name) else
+                     f"{name}: auto-gating failed ({exc})")
     bar.progress(1.0, text="Done")
     state.ag_chart_version += 1
 
@@ -56,11 +52,10 @@ result = record.load_result()
 sample = record.sample
 novelty = getattr(result, "novelty", None)
 if novelty is not None and bool(getattr(novelty, "is_novel", False)):
-    st.warning(f"**{patient} is unlike the training patients.** {novelty.message} Review it by hand before "
-               "trusting the gates.", icon="⚠️")
+    st.warning(f"**{patient} is unlike the training patients.** {novelty.message}", icon=":material/warning:")
 elif novelty is not None:
-    st.success(f"{patient} resembles the training patients (novelty score {novelty.score:.3g}, "
-               f"threshold {novelty.threshold:.3g}).")
+    st.success(f"{patient} resembles the training patients (novelty score {novelty.score:.2f}, "
+               f"threshold {novelty.threshold:.2f}).", icon=":material/check_circle:")
 if record.label_source.startswith("auto-gate"):
     st.info(f"{patient} was accepted: it is a historical patient for the next training.")
 
