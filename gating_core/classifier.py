@@ -1,0 +1,393 @@
+"""The marginal-transfer classifier on arrays: f(P, x) learned from labeled samples.
+
+``MarginalTransferClassifier`` is the array-level estimator (scikit-learn conventions). It
+knows nothing of FCS files, channels or transforms; :class:`gating_core.model.GatingModel`
+wraps it with those. Inputs are already on the gating scale (transformed, standardised).
+
+Objective (Blanchard et al., JMLR 2021, eq. 5) with every patient weighing the same:
+
+    min_f (1/N) sum_i (1/n_i) sum_j loss(f(P_i, X_ij), Y_ij) + lambda ||f||^2
+
+The solver is regularised least squares on one-hot targets (kernel ridge classification) in the
+random-feature space. Its sufficient statistics are per-patient D x D Gram matrices, accumulated
+in chunks (O(D^2) memory whatever the number of cells), so that leaving patients out for
+cross-validation is a subtraction and a whole path of lambda values costs one eigendecomposition.
+That is what makes model selection over patients affordable by default. Probabilities come from
+a softmax of the ridge scores whose temperature is fitted on out-of-patient predictions (the same
+idea as a calibrated linear SVM): a cell's confidence reflects how often scores like its own were
+right on patients the model had not seen, and the calibration never changes the predicted label.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.linalg import eigh
+from sklearn.base import BaseEstimator, ClassifierMixin
+
+from gating_core.features import ExactKernel, MeanEmbedding, ProductRFF, median_pairwise_distance
+
+SOLVERS = ("rff", "nystroem", "exact")
+
+
+def content_subsample(x: np.ndarray, max_cells: int) -> np.ndarray:
+    """Indices of at most ``max_cells`` rows of ``x`` chosen by a hash of each row's values.
+
+    Unlike a random draw, the choice depends only on the cells themselves, not on their order,
+    so a patient's embedding (and thus every prediction) is invariant to permuting its cells.
+    """
+    n = len(x)
+    if n <= max_cells:
+        return np.arange(n)
+    rows = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    h = np.full(n, golden, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(rows.shape[1]):
+            h ^= rows[:, j] + golden + (h << np.uint64(6)) + (h >> np.uint64(2))
+            h *= np.uint64(0xBF58476D1CE4E5B9)
+            h ^= h >> np.uint64(31)
+    return np.sort(np.argpartition(h, max_cells - 1)[:max_cells])
+
+
+class RidgeStatistics:
+    """Per-patient sufficient statistics of the weighted ridge problem on features F_i.
+
+    For patient i with features F_i (n_i, D) and one-hot targets Y_i (n_i, k), holds
+    G_i = F_i^T F_i / n_i, s_i = mean(F_i), B_i = F_i^T Y_i / n_i, t_i = mean(Y_i), so that the
+    solution for any subset of patients and any lambda follows without touching cells again.
+    """
+
+    def __init__(self, n_features: int, n_classes: int):
+        self.gram, self.feature_mean, self.cross, self.target_mean = [], [], [], []
+        self.n_features, self.n_classes = n_features, n_classes
+
+    def add_patient(self, feature_chunks, target_chunks) -> int:
+        """Accumulate one patient from iterables of (m, D) features and (m, k) targets."""
+        g = np.zeros((self.n_features, self.n_features))
+        b = np.zeros((self.n_features, self.n_classes))
+        s = np.zeros(self.n_features)
+        t = np.zeros(self.n_classes)
+        n = 0
+        for f, y in zip(feature_chunks, target_chunks):
+            g += (f.T @ f).astype(np.float64)
+            b += (f.T @ y).astype(np.float64)
+            s += f.sum(axis=0, dtype=np.float64)
+            t += y.sum(axis=0, dtype=np.float64)
+            n += len(f)
+        self.gram.append(g / n)
+        self.cross.append(b / n)
+        self.feature_mean.append(s / n)
+        self.target_mean.append(t / n)
+        return len(self.gram) - 1
+
+    def eigen(self, patients):
+        """Eigendecomposition of the centred Gram matrix of ``patients`` (equal weights)."""
+        patients = list(patients)
+        g = sum(self.gram[i] for i in patients) / len(patients)
+        mu = sum(self.feature_mean[i] for i in patients) / len(patients)
+        b = sum(self.cross[i] for i in patients) / len(patients)
+        t = sum(self.target_mean[i] for i in patients) / len(patients)
+        g_c = g - np.outer(mu, mu)
+        b_c = b - np.outer(mu, t)
+        values, vectors = eigh(g_c, driver="evd")
+        return np.maximum(values, 0.0), vectors, vectors.T @ b_c, mu, t
+
+    @staticmethod
+    def solve(eigen, alpha: float):
+        """Coefficients (D, k) and intercept (k,) for ridge penalty ``alpha`` from ``eigen``."""
+        values, vectors, projected, mu, t = eigen
+        coef = vectors @ (projected / (values + alpha)[:, None])
+        return coef, t - mu @ coef
+
+
+class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
+    """Classifier f(P, x) over cells x of a patient whose cell distribution is P.
+
+    Parameters
+    ----------
+    use_embedding : bool, default=True
+        False sets k_P = 1: one classifier on all cells (the pooling baseline).
+    solver : {"rff", "nystroem", "exact"}, default="rff"
+        Two-stage random Fourier features, Nystroem landmarks, or the exact kernel machine
+        (all training cells as landmarks; only for small problems).
+    n_features : int, default=512
+        D, random features (rff) or landmarks (nystroem).
+    n_embedding_features : int, default=128
+        L, frequencies of the mean embedding (the embedding has 2L entries).
+    bandwidth_x : float or None
+        sigma_X of the cell kernel; None: the median distance between training cells.
+    bandwidth_p : float or None
+        sigma_P of the kernel on embeddings; None: the median distance between training
+        embeddings.
+    bandwidth_embedding : float or None
+        sigma' of the embedding kernel k'_X; None: the median distance between training cells.
+    alpha : float, default=1e-4
+        lambda, the ridge penalty.
+    cells_per_patient : int, default=4000
+        Cells drawn (seeded, uniformly) from each training patient for the solver.
+    embedding_cells : int, default=20000
+        At most this many cells (chosen by content hash) make up a patient's embedding.
+    calibrate : bool, default=True
+        Fit the probability calibration on out-of-patient scores (needs two or more patients).
+    random_state : int, default=0
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+    bandwidth_x_, bandwidth_p_, bandwidth_embedding_ : float (bandwidth_p_ None for pooling)
+    embedder_ : MeanEmbedding
+    train_embeddings_ : ndarray of shape (n_patients, 2L)
+    coef_ : ndarray of shape (D, n_classes);  intercept_ : ndarray of shape (n_classes,)
+        Ridge scores s = features @ coef_ + intercept_.
+    temperature_ : float
+        Probabilities softmax(temperature_ * s).
+    n_features_in_ : int
+    """
+
+    def __init__(self, use_embedding=True, solver="rff", n_features=512, n_embedding_features=128,
+                 bandwidth_x=None, bandwidth_p=None, bandwidth_embedding=None, alpha=1e-4,
+                 cells_per_patient=4000, embedding_cells=20000, calibrate=True, random_state=0):
+        self.use_embedding = use_embedding
+        self.solver = solver
+        self.n_features = n_features
+        self.n_embedding_features = n_embedding_features
+        self.bandwidth_x = bandwidth_x
+        self.bandwidth_p = bandwidth_p
+        self.bandwidth_embedding = bandwidth_embedding
+        self.alpha = alpha
+        self.cells_per_patient = cells_per_patient
+        self.embedding_cells = embedding_cells
+        self.calibrate = calibrate
+        self.random_state = random_state
+
+    # -- fitting -----------------------------------------------------------------------------
+
+    def fit(self, samples, labels, embedding_samples=None):
+        """Learn from labeled patients.
+
+        Parameters
+        ----------
+        samples : list of ndarray of shape (n_i, d)
+        labels : list of ndarray of shape (n_i,)
+        embedding_samples : list of ndarray of shape (m_i, d) or None
+            The cells each patient's embedding is computed from, when the caller chose them
+            (as :class:`~gating_core.model.GatingModel` does); default: ``samples``.
+        """
+        samples, labels = check_training_set(samples, labels)
+        if self.solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {SOLVERS}, got {self.solver!r}")
+        train_x, train_y = self.prepare(samples, labels, embedding_samples)
+        self._init_feature_map(train_x)
+        stats, features, targets = self._statistics(train_x, train_y)
+        patients = range(len(train_x))
+        self.coef_, self.intercept_ = RidgeStatistics.solve(stats.eigen(patients), self.alpha)
+        self.coef_ = self.coef_.astype(np.float32)
+        self.intercept_ = self.intercept_.astype(np.float32)
+        self._fit_calibration(stats, features, targets)
+        return self
+
+    def prepare(self, samples, labels=None, embedding_samples=None):
+        """Set classes, bandwidth heuristics, the embedder and the training embeddings.
+
+        Returns the seeded per-patient draws of cells (and labels) the solver will use.
+        """
+        d = samples[0].shape[1]
+        self.n_features_in_ = d
+        rng = np.random.default_rng(self.random_state)
+        picks = [_draw(len(x), self.cells_per_patient, rng) for x in samples]
+        train_x = [np.asarray(x[idx], dtype=np.float32) for x, idx in zip(samples, picks)]
+        train_y = None
+        if labels is not None:
+            train_y = [np.asarray(y)[idx] for y, idx in zip(labels, picks)]
+            self.classes_ = np.unique(np.concatenate(train_y))
+            if len(self.classes_) < 2:
+                raise ValueError(f"training labels hold a single population ({self.classes_[0]!r}); need two or more")
+        pooled = np.vstack([x[:500] for x in train_x])
+        median_x = median_pairwise_distance(pooled, random_state=self.random_state)
+        self.median_distance_x_ = median_x
+        self.bandwidth_x_ = float(self.bandwidth_x or median_x)
+        self.bandwidth_embedding_ = float(self.bandwidth_embedding or median_x)
+        self.embedder_ = MeanEmbedding(self.n_embedding_features, self.bandwidth_embedding_, d,
+                                       random_state=_seed(self.random_state, 1))
+        sources = samples if embedding_samples is None else embedding_samples
+        self.train_embeddings_ = np.vstack([self.embed(x) for x in sources])
+        self.median_distance_p_ = median_embedding_distance(self.train_embeddings_)
+        self.bandwidth_p_ = None
+        if self.use_embedding:
+            self.bandwidth_p_ = float(self.bandwidth_p or self.median_distance_p_)
+        return train_x, train_y
+
+    def _init_feature_map(self, train_x):
+        d = self.n_features_in_
+        if self.solver == "rff":
+            embedding_dim = self.train_embeddings_.shape[1] if self.use_embedding else 0
+            self.feature_map_ = ProductRFF(self.n_features, d, embedding_dim, self.bandwidth_x_,
+                                           self.bandwidth_p_, random_state=_seed(self.random_state, 2))
+            return
+        rng = np.random.default_rng(_seed(self.random_state, 3))
+        owners = np.concatenate([np.full(len(x), i) for i, x in enumerate(train_x)])
+        cells = np.vstack(train_x)
+        if self.solver == "nystroem" and len(cells) > self.n_features:
+            keep = np.sort(rng.choice(len(cells), self.n_features, replace=False))
+            cells, owners = cells[keep], owners[keep]
+        self.landmark_cells_ = cells.astype(np.float64)
+        self.landmark_embeddings_ = self.train_embeddings_[owners]
+        kernel = ExactKernel(self.bandwidth_x_, self.bandwidth_p_)
+        gram = kernel(self.landmark_embeddings_, self.landmark_cells_, self.landmark_embeddings_, self.landmark_cells_)
+        values, vectors = eigh(gram, driver="evd")
+        keep = values > values.max() * 1e-12
+        # Features K(., Z) K_ZZ^{-1/2} reproduce the kernel on the landmarks' span; with every
+        # training cell a landmark, the linear solver on them is the exact kernel machine.
+        self.landmark_projection_ = vectors[:, keep] / np.sqrt(values[keep])
+
+    def _statistics(self, train_x, train_y):
+        n_out = self.n_features if self.solver == "rff" else self.landmark_projection_.shape[1]
+        stats = RidgeStatistics(n_out, len(self.classes_))
+        features, targets = [], []
+        for x, y, psi in zip(train_x, train_y, self.train_embeddings_):
+            f = self._features(x, psi)
+            onehot = (y[:, None] == self.classes_[None, :]).astype(np.float32)
+            stats.add_patient([f], [onehot])
+            features.append(f)
+            targets.append(y)
+        return stats, features, targets
+
+    def _fit_calibration(self, stats, features, targets):
+        """Softmax temperature fitted on out-of-patient ridge scores.
+
+        One scalar keeps the ridge decision (the argmax) unchanged and turns scores into
+        probabilities that are honest on patients the model has not seen.
+        """
+        n_patients = len(features)
+        if not self.calibrate or n_patients < 2:
+            self.temperature_ = 10.0  # no patient to hold out: a fixed, moderate sharpness
+            return
+        folds = np.array_split(np.random.default_rng(_seed(self.random_state, 4)).permutation(n_patients),
+                               min(n_patients, 5))
+        scores = [None] * n_patients
+        for held_out in folds:
+            held = set(int(i) for i in held_out)
+            coef, intercept = RidgeStatistics.solve(stats.eigen([i for i in range(n_patients) if i not in held]),
+                                                    self.alpha)
+            for i in held:
+                scores[i] = features[i] @ coef + intercept
+        self.temperature_ = fit_temperature(scores, [np.searchsorted(self.classes_, t) for t in targets])
+
+    # -- features and prediction ------------------------------------------------------------
+
+    def embed(self, x) -> np.ndarray:
+        """Psi of one patient's cells ``x`` (n, d): ndarray of shape (2L,)."""
+        x = np.asarray(x)
+        return self.embedder_.transform(x[content_subsample(x, self.embedding_cells)])
+
+    def _features(self, x, embedding, out=None):
+        if self.solver == "rff":
+            phase = self.feature_map_.patient_phase(embedding if self.use_embedding else None)
+            return self.feature_map_.transform(x, phase, out=out)
+        kernel = ExactKernel(self.bandwidth_x_, self.bandwidth_p_)
+        psi = np.broadcast_to(embedding, (len(x), len(embedding)))
+        gram = kernel(psi, x, self.landmark_embeddings_, self.landmark_cells_)
+        return (gram @ self.landmark_projection_).astype(np.float32)
+
+    def ridge_scores(self, x, embedding=None, chunk_size=50_000):
+        """Uncalibrated ridge scores of the cells ``x`` (n, d) of ONE patient: (n, n_classes)."""
+        x = self._check_cells(x)
+        if embedding is None:
+            embedding = self.embed(x)
+        scores = np.empty((len(x), len(self.classes_)), dtype=np.float32)
+        buffer = None
+        for start in range(0, len(x), chunk_size):
+            chunk = x[start:start + chunk_size]
+            if self.solver == "rff":
+                if buffer is None or len(buffer) != len(chunk):
+                    buffer = np.empty((len(chunk), self.n_features), dtype=np.float32)
+                features = self._features(chunk, embedding, out=buffer)
+            else:
+                features = self._features(chunk, embedding)
+            np.matmul(features, self.coef_, out=scores[start:start + len(chunk)])
+        scores += self.intercept_
+        return scores
+
+    def decision_function(self, x, embedding=None, chunk_size=50_000):
+        """Calibrated class scores (log-probabilities up to a constant): (n, n_classes)."""
+        scores = self.ridge_scores(x, embedding, chunk_size)
+        scores *= np.float32(self.temperature_)
+        return scores
+
+    def predict_proba(self, x, embedding=None, chunk_size=50_000):
+        """Probabilities of each class for the cells of one patient: (n, n_classes)."""
+        scores = self.decision_function(x, embedding, chunk_size)
+        scores -= scores.max(axis=1, keepdims=True)
+        np.exp(scores, out=scores)
+        scores /= scores.sum(axis=1, keepdims=True)
+        return scores
+
+    def predict(self, x, embedding=None, chunk_size=50_000):
+        """Class of each cell of one patient ``x`` (n, d): (n,)."""
+        return self.classes_[np.argmax(self.decision_function(x, embedding, chunk_size), axis=1)]
+
+    def _check_cells(self, x):
+        x = np.asarray(x)
+        if x.ndim != 2 or x.shape[1] != self.n_features_in_:
+            raise ValueError(f"expected cells with {self.n_features_in_} channels, got shape {x.shape}")
+        return x
+
+
+def fit_temperature(scores, targets) -> float:
+    """The t > 0 minimising the patient-weighted log-loss of softmax(t * scores).
+
+    ``scores``: list of (n_i, k) arrays, ``targets``: list of (n_i,) class indices.
+    """
+    from scipy.optimize import minimize_scalar
+
+    def loss(log_t):
+        total = 0.0
+        for s, y in zip(scores, targets):
+            z = np.exp(log_t) * s.astype(np.float64)
+            z -= z.max(axis=1, keepdims=True)
+            log_p = z[np.arange(len(y)), y] - np.log(np.exp(z).sum(axis=1))
+            total -= log_p.mean()
+        return total / len(scores)
+
+    result = minimize_scalar(loss, bounds=(np.log(0.1), np.log(1000.0)), method="bounded")
+    return float(np.exp(result.x))
+
+
+def check_training_set(samples, labels):
+    """Validate a list of per-patient cell arrays and label arrays; returns them as arrays."""
+    if len(samples) != len(labels):
+        raise ValueError(f"{len(samples)} samples but {len(labels)} label arrays")
+    if len(samples) == 0:
+        raise ValueError("no training samples")
+    samples = [np.asarray(x, dtype=np.float32) for x in samples]
+    labels = [np.asarray(y).astype(str) for y in labels]
+    d = samples[0].shape[1]
+    for i, (x, y) in enumerate(zip(samples, labels)):
+        if x.ndim != 2 or x.shape[1] != d:
+            raise ValueError(f"sample {i} has shape {x.shape}; expected (n, {d})")
+        if len(y) != len(x):
+            raise ValueError(f"sample {i}: {len(x)} cells but {len(y)} labels")
+        if len(x) == 0:
+            raise ValueError(f"sample {i} has no cells")
+        if not np.all(np.isfinite(x)):
+            raise ValueError(f"sample {i} holds NaN or infinite values")
+    return samples, labels
+
+
+def median_embedding_distance(embeddings) -> float:
+    """Median distance between distinct patients' embeddings (rows of ``embeddings``)."""
+    embeddings = np.asarray(embeddings, dtype=np.float64)
+    if len(embeddings) < 2:
+        return 1.0
+    diff = embeddings[:, None, :] - embeddings[None, :, :]
+    distances = np.sqrt((diff ** 2).sum(-1))[np.triu_indices(len(embeddings), 1)]
+    positive = distances[distances > 0]
+    return float(np.median(positive)) if len(positive) else 1.0
+
+
+def _draw(n, m, rng):
+    return np.arange(n) if n <= m else np.sort(rng.choice(n, m, replace=False))
+
+
+def _seed(random_state, stream):
+    return np.random.SeedSequence([int(random_state or 0), stream])

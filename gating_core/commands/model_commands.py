@@ -1,0 +1,220 @@
+"""``train``, ``gate`` and ``evaluate``: the command-line contract of design.md section 5."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    train = subparsers.add_parser(
+        "train", help="learn gates from expert-gated patients",
+        description="Train a gating model on labeled patients. INPUT is an FCS file with "
+                    "<stem>.labels.csv beside it, or a gated CSV.")
+    train.add_argument("--out", required=True, help="model file to write (.npz)")
+    train.add_argument("--method", choices=("marginal", "pooling"), default="marginal",
+                       help="marginal transfer (default) or the pooling baseline")
+    train.add_argument("--library", metavar="DIR", help="also train on the labeled patients of this patient library")
+    _model_options(train)
+    train.add_argument("inputs", nargs="*", metavar="INPUT")
+    train.set_defaults(func=run_train)
+
+    gate = subparsers.add_parser(
+        "gate", help="gate new patients with a trained model",
+        description="Gate FCS files; writes DIR/<stem>.gated.csv per patient (all channels by "
+                    "$PnN, then population and confidence, one row per event in file order).")
+    gate.add_argument("--model", required=True, help="model file written by train")
+    gate.add_argument("--out-dir", required=True, help="folder for the gated CSV files")
+    gate.add_argument("--chunk-size", type=int, default=50_000, help="events gated at a time (bounds memory)")
+    where = gate.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, metavar="K", help="gate files in parallel on a local Dask cluster of K workers")
+    where.add_argument("--scheduler", metavar="ADDRESS", help="gate files on an existing Dask cluster (tcp://host:8786)")
+    gate.add_argument("--json", action="store_true", help="print one JSON record per patient instead of text")
+    gate.add_argument("fcs", nargs="+", metavar="FCS")
+    gate.set_defaults(func=run_gate)
+
+    evaluate = subparsers.add_parser(
+        "evaluate", help="leave-one-patient-out evaluation beside the baselines",
+        description="Leave-one-patient-out over the INPUT patients: per patient and method, accuracy, "
+                    "F1 per population and macro-F1; then the mean and the worst patient.")
+    evaluate.add_argument("--method", nargs="+", choices=("marginal", "pooling", "lda"),
+                          default=["marginal", "pooling", "lda"], help="methods to compare (default: all three)")
+    evaluate.add_argument("--csv", metavar="FILE", help="also write the per-patient table as CSV")
+    evaluate.add_argument("--json", action="store_true", help="print the tables as JSON")
+    _model_options(evaluate)
+    evaluate.add_argument("inputs", nargs="+", metavar="INPUT")
+    evaluate.set_defaults(func=run_evaluate)
+
+
+def _model_options(parser) -> None:
+    group = parser.add_argument_group("model options (defaults suit flow and mass cytometry)")
+    group.add_argument("--channels", nargs="+", metavar="NAME", help="channels to use ($PnN or marker); default: all shared")
+    group.add_argument("--no-compensation", action="store_true", help="ignore spillover matrices in the files")
+    group.add_argument("--no-selection", action="store_true", help="skip cross-validated model selection (heuristic bandwidths)")
+    group.add_argument("--features", type=int, default=512, help="random features D (default 512)")
+    group.add_argument("--cells-per-patient", type=int, default=4000, help="training cells drawn per patient")
+    group.add_argument("--seed", type=int, default=0, help="random seed (results are reproducible)")
+
+
+def _model_params(args) -> dict:
+    params = {"compensate": not args.no_compensation, "select": not args.no_selection,
+              "n_features": args.features, "cells_per_patient": args.cells_per_patient, "random_state": args.seed}
+    if args.channels:
+        params["channels"] = args.channels
+    return params
+
+
+def _load_inputs(paths, compensate: bool):
+    """Labeled patients from INPUT paths; returns (samples, labels, errors)."""
+    from gating_core.fcs import FCSError
+    from gating_core.labels import LabelError, load_labeled_input
+
+    samples, labels, errors = [], [], []
+    for path in paths:
+        try:
+            sample, populations = load_labeled_input(path, compensate=compensate)
+        except (FCSError, LabelError, OSError) as exc:
+            errors.append(str(exc))
+            continue
+        samples.append(sample)
+        labels.append(populations)
+    names = [s.name for s in samples]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        errors.append(f"the same patient name appears twice: {', '.join(duplicates)}")
+    return samples, labels, errors
+
+
+def _fail(message: str) -> int:
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
+def run_train(args) -> int:
+    from gating_core.model import ChannelMismatchError, GatingModel
+    from gating_core.progress import StageProgress
+
+    samples, labels, errors = _load_inputs(args.inputs, not args.no_compensation)
+    if args.library:
+        from gating_core.library import LibraryError, PatientLibrary
+
+        try:
+            library_samples, library_labels = PatientLibrary(args.library, create=False).load_training_set(
+                compensate=not args.no_compensation)
+        except LibraryError as exc:
+            errors.append(str(exc))
+        else:
+            samples += library_samples
+            labels += library_labels
+    for message in errors:
+        print(f"error: {message}", file=sys.stderr)
+    if errors:
+        return 2
+    if not samples:
+        return _fail("no labeled patients given (INPUT files or --library)")
+    print(f"Training ({args.method}) on {len(samples)} patients, {sum(s.n_events for s in samples):,} events")
+    model = GatingModel(method=args.method, **_model_params(args))
+    try:
+        with StageProgress("train") as progress:
+            model.fit(samples, labels, progress=progress)
+    except (ChannelMismatchError, ValueError) as exc:
+        return _fail(str(exc))
+    out = Path(args.out)
+    if out.parent and not out.parent.exists():
+        return _fail(f"folder {out.parent} does not exist")
+    model.save(out)
+    info = model.describe()
+    print(f"Channels: {', '.join(info['channels'])}")
+    print(f"Populations: {', '.join(info['populations'])}")
+    bandwidth_p = "-" if info["bandwidth_p"] is None else f"{info['bandwidth_p']:.4g}"
+    print(f"sigma_X = {info['bandwidth_x']:.4g}, sigma_P = {bandwidth_p}, lambda = {info['alpha']:.1e}")
+    if info["cv_accuracy"] is not None:
+        print(f"Cross-validated accuracy over patients: {info['cv_accuracy']:.4f}")
+    print(f"Model written to {out}")
+    return 0
+
+
+def run_gate(args) -> int:
+    from gating_core.model import GatingModel, ModelFileError
+
+    try:
+        model = GatingModel.load(args.model)
+    except ModelFileError as exc:
+        return _fail(str(exc))
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.workers or args.scheduler:
+        from gating_core.distributed import gate_files_distributed
+
+        records = gate_files_distributed(args.model, args.fcs, out_dir, workers=args.workers,
+                                         scheduler=args.scheduler, chunk_size=args.chunk_size)
+    else:
+        from gating_core.gating import gate_file
+
+        records = []
+        iterator = args.fcs
+        if sys.stderr.isatty() and len(args.fcs) > 1:
+            from tqdm import tqdm
+
+            iterator = tqdm(args.fcs, desc="gate", unit="file", file=sys.stderr, leave=False)
+        for path in iterator:
+            records.extend(gate_file(model, path, out_dir, chunk_size=args.chunk_size))
+    failed = 0
+    for record in records:
+        if args.json:
+            print(json.dumps(record))
+            failed += "error" in record
+            continue
+        if "error" in record:
+            failed += 1
+            print(f"error: {record['error']}", file=sys.stderr)
+            continue
+        counts = ", ".join(f"{name} {count:,}" for name, count in record["counts"].items())
+        print(f"{record['patient']}: {record['events']:,} events -> {record['output']}")
+        print(f"  {counts}")
+        novelty = record["novelty"]
+        prefix = "  WARNING: " if novelty["is_novel"] else "  "
+        print(prefix + novelty["message"])
+    return 1 if failed else 0
+
+
+def run_evaluate(args) -> int:
+    import pandas as pd
+
+    from gating_core.evaluation import leave_one_patient_out, summarize
+    from gating_core.model import ChannelMismatchError
+    from gating_core.progress import StageProgress
+
+    samples, labels, errors = _load_inputs(args.inputs, not args.no_compensation)
+    for message in errors:
+        print(f"error: {message}", file=sys.stderr)
+    if errors:
+        return 2
+    if len(samples) < 3:
+        return _fail("leave-one-patient-out needs at least three labeled patients")
+    params = _model_params(args)
+    params.pop("compensate", None)
+    try:
+        with StageProgress("evaluate") as progress:
+            table = leave_one_patient_out(samples, labels, methods=args.method, model_params=params, progress=progress)
+    except (ChannelMismatchError, ValueError) as exc:
+        return _fail(str(exc))
+    summary = summarize(table)
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+    if args.json:
+        print(json.dumps({"patients": table.to_dict(orient="records"), "summary": summary.to_dict(orient="records")},
+                         default=float))
+        return 0
+    f1_columns = [c for c in table.columns if c.startswith("f1:")]
+    with pd.option_context("display.width", 200, "display.max_columns", 50, "display.float_format", "{:.4f}".format):
+        print("Leave-one-patient-out, per patient")
+        shown = table[["patient", "method", "accuracy", "macro_f1"] + f1_columns].rename(
+            columns={c: c[3:] for c in f1_columns})
+        print(shown.to_string(index=False))
+        print()
+        print("Summary (mean and worst patient)")
+        print(summary.to_string(index=False))
+    return 0

@@ -1,0 +1,48 @@
+"""Gating files with a trained model: the serial path that batch and cluster runs share."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from gating_core.export import write_gated_csv
+from gating_core.fcs import FCSError, read_fcs_all
+from gating_core.model import ChannelMismatchError, GatingModel
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
+
+
+def output_stem(sample_name: str) -> str:
+    """File-system-safe stem for a patient: ``"Guava Muse#2"`` -> ``"Guava_Muse_2"``."""
+    return _UNSAFE.sub("_", sample_name).strip("._") or "patient"
+
+
+def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000) -> list[dict]:
+    """Gate every data set of one FCS file; write ``<out_dir>/<stem>.gated.csv`` for each.
+
+    Returns one record per data set: ``file``, ``patient``, ``events``, ``counts``,
+    ``novelty`` (dict), ``output`` (path) or, when the file cannot be gated, ``error`` (the
+    message naming the file and the problem). Never raises for a bad input file.
+    """
+    fcs_path = Path(fcs_path)
+    out_dir = Path(out_dir)
+    try:
+        samples = read_fcs_all(fcs_path, compensate=model.compensate)
+    except FCSError as exc:
+        return [{"file": str(fcs_path), "patient": fcs_path.stem, "error": str(exc)}]
+    records = []
+    for sample in samples:
+        record = {"file": str(fcs_path), "patient": sample.name}
+        try:
+            result = model.gate(sample, chunk_size=chunk_size)
+            output = out_dir / f"{output_stem(sample.name)}.gated.csv"
+            write_gated_csv(output, sample, result.populations, result.confidence)
+            record.update(events=sample.n_events, counts=result.counts, novelty=result.novelty.to_dict(),
+                          output=str(output), mean_confidence=float(result.confidence.mean()) if sample.n_events else 0.0)
+        except (ChannelMismatchError, FCSError, ValueError, OSError) as exc:
+            message = str(exc)
+            if fcs_path.name not in message:
+                message = f"{fcs_path.name}: {message}"
+            record["error"] = message
+        records.append(record)
+    return records

@@ -1,0 +1,510 @@
+"""``GatingModel``: learn gates from expert-gated patients, gate new patients from FCS samples.
+
+It wraps :class:`~gating_core.classifier.MarginalTransferClassifier` with what files need:
+channel matching by $PnN / $PnS, compensation, the per-channel transform, standardisation,
+model selection over patients, a per-patient novelty score and a safe file format.
+
+Model file: one ``.npz`` (``numpy.savez``) holding plain numeric arrays and one JSON document
+(``meta``, a unicode array) with channels, transform, populations, hyperparameters and
+versions. Loading never unpickles (``allow_pickle=False``), so a model sent by someone else
+cannot run code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from gating_core import __version__
+from gating_core.classifier import MarginalTransferClassifier, content_subsample
+from gating_core.features import MeanEmbedding, ProductRFF
+from gating_core.transforms import ChannelTransform, default_transform, is_time_like
+
+MODEL_FORMAT = "gating_core.model"
+MODEL_FORMAT_VERSION = 1
+METHODS = ("marginal", "pooling")
+
+
+class ModelFileError(Exception):
+    """A model file could not be read: ``str(err)`` names the file and the problem."""
+
+    def __init__(self, path, problem: str):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{Path(self.path).name}: {problem}")
+
+
+class ChannelMismatchError(ValueError):
+    """A sample lacks a channel the model needs (named in the message)."""
+
+
+@dataclass
+class Novelty:
+    """How far a patient's cell distribution lies from the training patients'.
+
+    ``score``: distance of its embedding to the nearest training embedding, divided by the
+    median nearest-neighbour distance among training patients (1 = as close as a typical
+    training patient is to its nearest peer). ``is_novel`` when ``score > threshold``.
+    """
+
+    score: float
+    threshold: float
+    is_novel: bool
+    nearest_patient: str = ""
+    message: str = ""
+
+    def to_dict(self) -> dict:
+        return {"score": self.score, "threshold": self.threshold, "is_novel": self.is_novel,
+                "nearest_patient": self.nearest_patient, "message": self.message}
+
+
+@dataclass
+class GateResult:
+    """Gating of one patient: per-cell population and confidence, per-patient novelty."""
+
+    populations: np.ndarray
+    confidence: np.ndarray
+    novelty: Novelty
+    population_names: list = field(default_factory=list)
+
+    @property
+    def counts(self) -> dict:
+        names, counts = np.unique(self.populations, return_counts=True)
+        found = dict(zip(names.tolist(), counts.tolist()))
+        return {name: int(found.get(name, 0)) for name in self.population_names} | found
+
+
+class GatingModel:
+    """Automatic gating learned from expert-gated patients.
+
+    Parameters
+    ----------
+    method : {"marginal", "pooling"}, default="marginal"
+        Marginal transfer (the patient's cell distribution is an input) or the pooling baseline.
+    channels : list of str or None
+        Channels to use ($PnN or $PnS); None: every channel all training patients share, except
+        time / event-count channels and constant ones.
+    transform : "auto" or ChannelTransform
+    compensate : bool, default=True
+        Apply a file's spillover matrix before gating.
+    select : bool, default=True
+        Choose bandwidths and penalty by cross-validation over patients.
+    n_features, n_embedding_features, cells_per_patient, embedding_cells, solver,
+    bandwidth_x, bandwidth_p, alpha :
+        Passed to :class:`MarginalTransferClassifier` (bandwidths in standardised units; set
+        ones are kept out of the selection).
+    cv_folds, cv_repeats, selection_cells_per_patient : model-selection settings.
+    random_state : int
+
+    Attributes
+    ----------
+    channels_ : list of str ($PnN of the first training patient)
+    channel_markers_ : list of str ($PnS)
+    transform_ : ChannelTransform
+    center_, scale_ : ndarray (d,)  standardisation after the transform
+    classifier_ : MarginalTransferClassifier
+    populations_ : list of str
+    training_patients_ : list of str
+    selection_ : dict  the chosen parameters and the CV table
+    novelty_reference_, novelty_threshold_ : float
+    """
+
+    def __init__(self, method="marginal", channels=None, transform="auto", compensate=True, select=True,
+                 n_features=512, n_embedding_features=128, cells_per_patient=4000, embedding_cells=20000,
+                 solver="rff", bandwidth_x=None, bandwidth_p=None, alpha=None, cv_folds=5, cv_repeats=2,
+                 selection_cells_per_patient=1500, random_state=0):
+        self.method = method
+        self.channels = channels
+        self.transform = transform
+        self.compensate = compensate
+        self.select = select
+        self.n_features = n_features
+        self.n_embedding_features = n_embedding_features
+        self.cells_per_patient = cells_per_patient
+        self.embedding_cells = embedding_cells
+        self.solver = solver
+        self.bandwidth_x = bandwidth_x
+        self.bandwidth_p = bandwidth_p
+        self.alpha = alpha
+        self.cv_folds = cv_folds
+        self.cv_repeats = cv_repeats
+        self.selection_cells_per_patient = selection_cells_per_patient
+        self.random_state = random_state
+
+    # -- training ------------------------------------------------------------------------------
+
+    def fit(self, samples, labels, progress=None):
+        """Learn from expert-gated patients.
+
+        Parameters
+        ----------
+        samples : list of Sample
+        labels : list of ndarray of shape (n_events_i,), population names
+        progress : callable(stage: str, fraction: float) or None
+        """
+        report = progress or (lambda stage, fraction: None)
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if len(samples) == 0:
+            raise ValueError("no training patients")
+        if len(samples) != len(labels):
+            raise ValueError(f"{len(samples)} patients but {len(labels)} label arrays")
+        if self.method == "marginal" and len(samples) < 2:
+            raise ValueError("marginal transfer learns across patients: give at least two labeled patients")
+        report("Preparing channels", 0.0)
+        samples = [self._compensated(s) for s in samples]
+        for s, y in zip(samples, labels):
+            if len(y) != s.n_events:
+                raise ValueError(f"{s.name}: {s.n_events} events but {len(y)} labels")
+        report("Transforming events", 0.05)
+        cells, embedding_cells = self.fit_preprocessing(samples)
+        labels = [np.asarray(y).astype(str) for y in labels]
+
+        params = self._classifier_params()
+        self.selection_ = {}
+        wants_search = self.bandwidth_x is None or self.alpha is None or (self.method == "marginal" and self.bandwidth_p is None)
+        if self.select and len(samples) >= 2 and wants_search:
+            from gating_core.selection import select_hyperparameters
+
+            report("Model selection (cross-validation over patients)", 0.15)
+            result = select_hyperparameters(
+                cells, labels, MarginalTransferClassifier(**params), embedding_samples=embedding_cells,
+                cv_folds=self.cv_folds, cv_repeats=self.cv_repeats, cells_per_patient=self.selection_cells_per_patient,
+                progress=lambda f: report("Model selection (cross-validation over patients)", 0.15 + 0.65 * f))
+            for key in ("bandwidth_x", "bandwidth_p", "alpha"):
+                if params[key] is None:
+                    params[key] = result.params[key]
+            self.selection_ = {"params": {k: params[k] for k in ("bandwidth_x", "bandwidth_p", "alpha")},
+                               "cv_accuracy": result.score, "median_x": result.median_x,
+                               "median_p": result.median_p, "table": result.table}
+        if params["alpha"] is None:
+            params["alpha"] = 1e-4
+        report("Fitting the final model", 0.8)
+        self.classifier_ = MarginalTransferClassifier(**params).fit(cells, labels, embedding_samples=embedding_cells)
+        self.populations_ = [str(c) for c in self.classifier_.classes_]
+        self.training_patients_ = [s.name for s in samples]
+        self._fit_novelty()
+        report("Done", 1.0)
+        return self
+
+    def fit_preprocessing(self, samples):
+        """Choose channels, transform and standardisation from training ``samples``.
+
+        Returns the standardised cells of each sample (n_i, d) and the cells each patient's
+        embedding is computed from (chosen by content, so independent of event order).
+        """
+        self._choose_channels(samples)
+        raw = [s.events[:, self._channel_indices(s)] for s in samples]
+        if isinstance(self.transform, ChannelTransform):
+            self.transform_ = self.transform
+        else:
+            first = samples[0]
+            pooled = np.vstack([r[: 20000] for r in raw])
+            ranges = [first.channels[i].range for i in self._channel_indices(first)]
+            self.transform_ = default_transform(self.channels_, pooled, first.keywords, ranges)
+        pooled = np.vstack([self.transform_.apply(r[content_subsample(r, 5000)]) for r in raw])
+        self.center_ = pooled.mean(axis=0).astype(np.float32)
+        scale = pooled.std(axis=0)
+        self.scale_ = np.where(scale > 0, scale, 1.0).astype(np.float32)
+        cells = [self._standardise(r) for r in raw]
+        embedding_cells = [c[content_subsample(r, self.embedding_cells)] for c, r in zip(cells, raw)]
+        return cells, embedding_cells
+
+    def standardised_cells(self, sample) -> np.ndarray:
+        """A sample's events on the model's channels, transformed and standardised: (n, d)."""
+        sample = self._compensated(sample)
+        return self._standardise(sample.events[:, self._channel_indices(sample)])
+
+    def _classifier_params(self) -> dict:
+        return dict(use_embedding=self.method == "marginal", solver=self.solver, n_features=self.n_features,
+                    n_embedding_features=self.n_embedding_features, bandwidth_x=self.bandwidth_x,
+                    bandwidth_p=self.bandwidth_p if self.method == "marginal" else None, alpha=self.alpha,
+                    cells_per_patient=self.cells_per_patient, embedding_cells=self.embedding_cells,
+                    random_state=self.random_state)
+
+    def _compensated(self, sample):
+        if self.compensate and sample.has_spillover and not sample.compensated:
+            return sample.compensate()
+        return sample
+
+    def _choose_channels(self, samples):
+        first = samples[0]
+        if self.channels is not None:
+            wanted = list(self.channels)
+        else:
+            wanted = [c.pnn for c in first.channels if not is_time_like(c.pnn)]
+        kept, markers = [], []
+        for name in wanted:
+            index = _find_channel(first, name)
+            if index is None:
+                raise ChannelMismatchError(f"{first.name}: no channel {name!r} (channels: {', '.join(first.pnn)})")
+            channel = first.channels[index]
+            if self.channels is None:
+                if any(_find_channel(s, channel.pnn, channel.pns) is None for s in samples[1:]):
+                    continue  # not shared by every training patient
+                column = first.events[: 100000, index]
+                if len(column) and float(np.nanmax(column)) == float(np.nanmin(column)):
+                    continue  # constant: carries nothing
+            kept.append(channel.pnn)
+            markers.append(channel.pns)
+        if not kept:
+            raise ChannelMismatchError("the training patients share no usable channel")
+        self.channels_, self.channel_markers_ = kept, markers
+        for s in samples[1:]:
+            self._channel_indices(s)
+
+    def _channel_indices(self, sample) -> list[int]:
+        indices, missing = [], []
+        for pnn, pns in zip(self.channels_, self.channel_markers_):
+            index = _find_channel(sample, pnn, pns)
+            if index is None:
+                missing.append(f"{pnn} ({pns})" if pns and pns != pnn else pnn)
+            indices.append(index)
+        if missing:
+            raise ChannelMismatchError(
+                f"{sample.name}: missing channel{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                f"needed by the model (file has: {', '.join(sample.pnn)})")
+        return indices
+
+    def _standardise(self, raw: np.ndarray) -> np.ndarray:
+        out = self.transform_.apply(raw)
+        out -= self.center_
+        out /= self.scale_
+        return out
+
+    def _fit_novelty(self):
+        embeddings = self.classifier_.train_embeddings_
+        if len(embeddings) < 2:
+            self.novelty_nn_ = np.zeros(len(embeddings))
+            self.novelty_reference_ = 1.0
+            self.novelty_threshold_ = np.inf
+            return
+        d = np.sqrt(((embeddings[:, None] - embeddings[None]) ** 2).sum(-1))
+        np.fill_diagonal(d, np.inf)
+        nn = d.min(axis=1)
+        self.novelty_nn_ = nn
+        self.novelty_reference_ = float(np.median(nn)) or 1e-12
+        # A training patient's own distance to its nearest peer, in reference units, is what
+        # "seen before" looks like; beyond the farthest of those (with a margin) is new.
+        self.novelty_threshold_ = float(max(2.0, 1.5 * nn.max() / self.novelty_reference_))
+
+    # -- gating --------------------------------------------------------------------------------
+
+    def _check_fitted(self):
+        if not hasattr(self, "classifier_"):
+            raise RuntimeError("this GatingModel is not fitted yet: call fit() or GatingModel.load()")
+
+    def patient_embedding(self, sample) -> np.ndarray:
+        """Psi of a patient (after compensation): ndarray (2L,)."""
+        self._check_fitted()
+        sample = self._compensated(sample)
+        raw = sample.events[:, self._channel_indices(sample)]
+        return self.classifier_.embed(self._standardise(raw[content_subsample(raw, self.embedding_cells)]))
+
+    def novelty(self, sample=None, embedding=None) -> Novelty:
+        """Novelty of a patient relative to the training patients (see :class:`Novelty`)."""
+        self._check_fitted()
+        if embedding is None:
+            embedding = self.patient_embedding(sample)
+        distances = np.sqrt(((self.classifier_.train_embeddings_ - embedding) ** 2).sum(axis=1))
+        nearest = int(np.argmin(distances))
+        score = float(distances[nearest] / self.novelty_reference_)
+        is_novel = bool(score > self.novelty_threshold_)
+        name = getattr(sample, "name", "this patient")
+        if is_novel:
+            message = (f"{name} is unlike every training patient (novelty {score:.1f}, threshold "
+                       f"{self.novelty_threshold_:.1f}; nearest: {self.training_patients_[nearest]}). "
+                       "Review its gates by hand.")
+        else:
+            message = (f"{name} resembles the training patients (novelty {score:.1f} <= "
+                       f"{self.novelty_threshold_:.1f}; nearest: {self.training_patients_[nearest]}).")
+        return Novelty(score, self.novelty_threshold_, is_novel, self.training_patients_[nearest], message)
+
+    def gate(self, sample, chunk_size=50_000) -> GateResult:
+        """Gate one patient: population and confidence of every event, in file order."""
+        self._check_fitted()
+        sample = self._compensated(sample)
+        indices = self._channel_indices(sample)
+        events = sample.events
+        subset = events[content_subsample(events[:, indices], self.embedding_cells)][:, indices]
+        embedding = self.classifier_.embed(self._standardise(subset))
+        n = sample.n_events
+        codes = np.empty(n, dtype=np.int16)
+        confidence = np.empty(n, dtype=np.float32)
+        for start in range(0, n, chunk_size):
+            cells = self._standardise(events[start:start + chunk_size][:, indices])
+            proba = self.classifier_.predict_proba(cells, embedding, chunk_size=chunk_size)
+            best = np.argmax(proba, axis=1)
+            codes[start:start + len(cells)] = best
+            confidence[start:start + len(cells)] = proba[np.arange(len(best)), best]
+        populations = np.asarray(self.populations_, dtype=object)[codes] if n else np.array([], dtype=object)
+        return GateResult(populations.astype(str), confidence, self.novelty(sample, embedding), list(self.populations_))
+
+    def predict(self, sample) -> np.ndarray:
+        """Population of every event of ``sample``: (n_events,) str."""
+        return self.gate(sample).populations
+
+    def predict_proba(self, sample) -> np.ndarray:
+        """Probability of each population (columns in ``populations_`` order): (n_events, k)."""
+        self._check_fitted()
+        sample = self._compensated(sample)
+        raw = sample.events[:, self._channel_indices(sample)]
+        cells = self._standardise(raw)
+        embedding = self.classifier_.embed(cells[content_subsample(raw, self.embedding_cells)])
+        return self.classifier_.predict_proba(cells, embedding)
+
+    # -- persistence -----------------------------------------------------------------------------
+
+    def save(self, path) -> None:
+        """Write the model as .npz (arrays + JSON; no pickle), atomically."""
+        self._check_fitted()
+        clf = self.classifier_
+        meta = {
+            "format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION,
+            "gating_core_version": __version__, "numpy_version": np.__version__,
+            "python_version": platform.python_version(),
+            "params": {k: (v if not isinstance(v, ChannelTransform) else "custom") for k, v in self.get_params().items()},
+            "channels": self.channels_, "channel_markers": self.channel_markers_,
+            "transform": self.transform_.to_dict(), "populations": self.populations_,
+            "training_patients": self.training_patients_,
+            "classifier": {k: v for k, v in clf.get_params().items()},
+            "fitted": {"bandwidth_x": clf.bandwidth_x_, "bandwidth_p": clf.bandwidth_p_,
+                       "bandwidth_embedding": clf.bandwidth_embedding_, "temperature": clf.temperature_,
+                       "n_features_in": clf.n_features_in_},
+            "novelty": {"reference": self.novelty_reference_, "threshold": self.novelty_threshold_},
+            "selection": {k: v for k, v in self.selection_.items() if k != "table"},
+        }
+        arrays = {
+            "meta": np.array(json.dumps(meta)),
+            "center": self.center_, "scale": self.scale_,
+            "coef": clf.coef_, "intercept": clf.intercept_,
+            "train_embeddings": clf.train_embeddings_, "embedding_frequencies": clf.embedder_.frequencies_,
+            "novelty_nn": self.novelty_nn_,
+        }
+        if clf.solver == "rff":
+            fm = clf.feature_map_
+            arrays.update(cell_weights=fm.cell_weights_, offsets=fm.offsets_)
+            if fm.embedding_weights_ is not None:
+                arrays["embedding_weights"] = fm.embedding_weights_
+        else:
+            arrays.update(landmark_cells=clf.landmark_cells_, landmark_embeddings=clf.landmark_embeddings_,
+                          landmark_projection=clf.landmark_projection_)
+        path = Path(path)
+        tmp = path.with_name(path.name + ".part")
+        with open(tmp, "wb") as handle:
+            np.savez_compressed(handle, **arrays)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path) -> "GatingModel":
+        """Read a model written by :meth:`save`; raises ModelFileError for anything else."""
+        path = Path(path)
+        try:
+            with np.load(path, allow_pickle=False) as data:
+                arrays = {k: data[k] for k in data.files}
+        except FileNotFoundError:
+            raise ModelFileError(path, "file not found") from None
+        except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as exc:
+            raise ModelFileError(path, f"not a gating model file (damaged or another format: {exc})") from None
+        try:
+            meta = json.loads(str(arrays["meta"]))
+        except (KeyError, ValueError):
+            raise ModelFileError(path, "not a gating model file (no model description inside)") from None
+        if not isinstance(meta, dict) or meta.get("format") != MODEL_FORMAT:
+            raise ModelFileError(path, "not a gating model file (unknown format tag)")
+        if meta.get("format_version", 0) > MODEL_FORMAT_VERSION:
+            raise ModelFileError(path, f"written by a newer gating_core (format {meta.get('format_version')}); upgrade to read it")
+        try:
+            return cls._from_parts(meta, arrays)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ModelFileError(path, f"model file is incomplete or inconsistent ({exc})") from None
+
+    @classmethod
+    def _from_parts(cls, meta, arrays) -> "GatingModel":
+        params = dict(meta["params"])
+        if params.get("transform") == "custom":
+            params["transform"] = "auto"
+        model = cls(**params)
+        model.channels_ = list(meta["channels"])
+        model.channel_markers_ = list(meta["channel_markers"])
+        model.transform_ = ChannelTransform.from_dict(meta["transform"])
+        model.populations_ = list(meta["populations"])
+        model.training_patients_ = list(meta["training_patients"])
+        model.center_ = np.asarray(arrays["center"], dtype=np.float32)
+        model.scale_ = np.asarray(arrays["scale"], dtype=np.float32)
+        model.selection_ = dict(meta.get("selection", {}))
+        model.novelty_reference_ = float(meta["novelty"]["reference"])
+        model.novelty_threshold_ = float(meta["novelty"]["threshold"])
+        model.novelty_nn_ = np.asarray(arrays["novelty_nn"])
+        clf = MarginalTransferClassifier(**meta["classifier"])
+        fitted = meta["fitted"]
+        clf.classes_ = np.asarray(model.populations_)
+        clf.n_features_in_ = int(fitted["n_features_in"])
+        clf.bandwidth_x_ = float(fitted["bandwidth_x"])
+        clf.bandwidth_p_ = None if fitted["bandwidth_p"] is None else float(fitted["bandwidth_p"])
+        clf.bandwidth_embedding_ = float(fitted["bandwidth_embedding"])
+        clf.temperature_ = float(fitted["temperature"])
+        clf.coef_ = np.asarray(arrays["coef"], dtype=np.float32)
+        clf.intercept_ = np.asarray(arrays["intercept"], dtype=np.float32)
+        clf.train_embeddings_ = np.asarray(arrays["train_embeddings"], dtype=np.float64)
+        embedder = MeanEmbedding.__new__(MeanEmbedding)
+        embedder.frequencies_ = np.asarray(arrays["embedding_frequencies"], dtype=np.float64)
+        embedder.n_features = embedder.frequencies_.shape[1]
+        embedder.bandwidth = clf.bandwidth_embedding_
+        clf.embedder_ = embedder
+        if clf.solver == "rff":
+            fm = ProductRFF.__new__(ProductRFF)
+            fm.cell_weights_ = np.asarray(arrays["cell_weights"], dtype=np.float32)
+            fm.offsets_ = np.asarray(arrays["offsets"], dtype=np.float64)
+            fm.embedding_weights_ = arrays.get("embedding_weights")
+            fm.n_features = fm.cell_weights_.shape[1]
+            fm.bandwidth_x, fm.bandwidth_p = clf.bandwidth_x_, clf.bandwidth_p_
+            fm.scale_ = np.float32(np.sqrt(2.0 / fm.n_features))
+            clf.feature_map_ = fm
+        else:
+            clf.landmark_cells_ = arrays["landmark_cells"]
+            clf.landmark_embeddings_ = arrays["landmark_embeddings"]
+            clf.landmark_projection_ = arrays["landmark_projection"]
+        d = len(model.channels_)
+        if clf.n_features_in_ != d or model.center_.shape != (d,) or clf.coef_.shape[1] != len(model.populations_):
+            raise ValueError("array shapes do not match the model description")
+        model.classifier_ = clf
+        return model
+
+    def get_params(self) -> dict:
+        return {k: getattr(self, k) for k in (
+            "method", "channels", "transform", "compensate", "select", "n_features", "n_embedding_features",
+            "cells_per_patient", "embedding_cells", "solver", "bandwidth_x", "bandwidth_p", "alpha",
+            "cv_folds", "cv_repeats", "selection_cells_per_patient", "random_state")}
+
+    def describe(self) -> dict:
+        """A JSON-friendly summary: method, channels, populations, chosen hyperparameters."""
+        self._check_fitted()
+        clf = self.classifier_
+        return {"method": self.method, "channels": self.channels_, "markers": self.channel_markers_,
+                "populations": self.populations_, "training_patients": self.training_patients_,
+                "bandwidth_x": clf.bandwidth_x_, "bandwidth_p": clf.bandwidth_p_, "alpha": clf.alpha,
+                "n_features": clf.n_features, "cv_accuracy": self.selection_.get("cv_accuracy"),
+                "transform": self.transform_.to_dict()}
+
+
+def _find_channel(sample, pnn: str, pns: str = "") -> int | None:
+    """Index of a channel in ``sample``: same $PnN, else same marker ($PnS), case-insensitively."""
+    names = sample.pnn
+    if pnn in names:
+        return names.index(pnn)
+    folded = pnn.casefold()
+    for i, c in enumerate(sample.channels):
+        if c.pnn.casefold() == folded:
+            return i
+    targets = {t.casefold() for t in (pns, pnn) if t}
+    for i, c in enumerate(sample.channels):
+        if c.pns and c.pns.casefold() in targets:
+            return i
+    return None

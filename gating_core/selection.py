@@ -1,0 +1,153 @@
+"""Model selection by cross-validation over patients (JMLR 2021, section 8.1).
+
+Folds are made of whole patients, never of cells of one patient: the question is how well the
+model gates a patient it has not seen. Bandwidths are searched on a log grid of multiples of the
+data-driven starting points (the median distance between cells for sigma_X, between patients'
+embeddings for sigma_P), and the ridge penalty lambda on a log grid; the grid is extended when
+the best value sits on its edge, within the paper's range 1e-2..1e4 of the starting point. For
+every bandwidth pair, the whole lambda path costs one eigendecomposition per fold
+(:class:`~gating_core.classifier.RidgeStatistics`), which keeps the default search practical.
+
+The search is coordinate-wise: sigma_X (with lambda), then sigma_P (with lambda), then
+sigma_X again at the chosen sigma_P. The score is the mean over held-out patients of their
+accuracy, averaged over repeated random fold splits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gating_core.classifier import MarginalTransferClassifier, RidgeStatistics, check_training_set
+
+DEFAULT_X_FACTORS = (0.25, 0.5, 1.0, 2.0)
+DEFAULT_P_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
+DEFAULT_ALPHAS = (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+FACTOR_LIMITS = (1e-2, 1e4)
+
+
+@dataclass
+class SelectionResult:
+    """Outcome of :func:`select_hyperparameters`.
+
+    ``params``: the chosen ``bandwidth_x``, ``bandwidth_p`` (None for pooling) and ``alpha``;
+    ``table``: one dict per evaluated (x factor, p factor, alpha) with its CV score.
+    """
+
+    params: dict
+    score: float
+    table: list = field(default_factory=list)
+    median_x: float = 1.0
+    median_p: float = 1.0
+
+
+def patient_folds(n_patients: int, n_folds: int, n_repeats: int, random_state=0) -> list[list[int]]:
+    """Held-out patient groups: ``n_repeats`` random partitions into ``n_folds`` groups."""
+    n_folds = max(2, min(n_folds, n_patients))
+    rng = np.random.default_rng(random_state)
+    folds = []
+    for _ in range(n_repeats):
+        order = rng.permutation(n_patients)
+        folds.extend(sorted(int(i) for i in part) for part in np.array_split(order, n_folds))
+    return folds
+
+
+def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, embedding_samples=None,
+                           cv_folds=5, cv_repeats=2, cells_per_patient=1500, x_factors=DEFAULT_X_FACTORS, p_factors=DEFAULT_P_FACTORS,
+                           alphas=DEFAULT_ALPHAS, progress=None) -> SelectionResult:
+    """Choose sigma_X, sigma_P and lambda for ``base`` by cross-validation over patients.
+
+    Parameters
+    ----------
+    samples : list of ndarray (n_i, d), labels : list of ndarray (n_i,)
+        At least two patients.
+    base : MarginalTransferClassifier
+        Supplies everything but the selected parameters (features, embedding, seed).
+    embedding_samples : list of ndarray (m_i, d) or None
+        As in :meth:`MarginalTransferClassifier.fit`.
+    cells_per_patient : int
+        Cells per patient used for the search (seeded draw); the final fit uses base's own.
+    progress : callable(fraction) or None
+    """
+    samples, labels = check_training_set(samples, labels)
+    if len(samples) < 2:
+        raise ValueError("model selection over patients needs at least two labeled patients")
+    probe = MarginalTransferClassifier(**{**base.get_params(), "cells_per_patient": cells_per_patient})
+    # The embeddings come from all cells (or the caller's choice), as at gating time.
+    train_x, train_y = probe.prepare(samples, labels, embedding_samples)
+    embeddings = probe.train_embeddings_
+    classes = probe.classes_
+    targets = [np.searchsorted(classes, y) for y in train_y]
+    onehots = [(t[:, None] == np.arange(len(classes))[None, :]).astype(np.float32) for t in targets]
+    folds = patient_folds(len(samples), cv_folds, cv_repeats, probe.random_state)
+    median_x, median_p = probe.median_distance_x_, probe.median_distance_p_
+    use_embedding = bool(base.use_embedding)
+    cache: dict = {}
+    evaluated = 0
+    planned = len(x_factors) + (len(p_factors) + len(x_factors) if use_embedding else 0)
+
+    def score(fx, fp):
+        nonlocal evaluated
+        key = (fx, fp)
+        if key in cache:
+            return cache[key]
+        clf = MarginalTransferClassifier(**{**probe.get_params(), "bandwidth_x": fx * median_x,
+                                            "bandwidth_p": None if fp is None else fp * median_p,
+                                            "bandwidth_embedding": probe.bandwidth_embedding_})
+        clf.classes_ = classes
+        clf.n_features_in_ = probe.n_features_in_
+        clf.embedder_, clf.train_embeddings_ = probe.embedder_, embeddings
+        clf.bandwidth_x_, clf.bandwidth_embedding_ = fx * median_x, probe.bandwidth_embedding_
+        clf.bandwidth_p_ = None if fp is None else fp * median_p
+        clf._init_feature_map(train_x)
+        features = [clf._features(x, psi) for x, psi in zip(train_x, embeddings)]
+        stats = RidgeStatistics(features[0].shape[1], len(classes))
+        for f, y in zip(features, onehots):
+            stats.add_patient([f], [y])
+        per_alpha = np.zeros(len(alphas))
+        for held_out in folds:
+            values, vectors, projected, mu, t = stats.eigen([i for i in range(len(samples)) if i not in held_out])
+            # Scores for every lambda from one rotation of the held-out features into the
+            # eigenbasis: s(lambda) = (F - mu) V diag(1 / (values + lambda)) V^T B + t.
+            rotated = [((features[i] - mu.astype(np.float32)) @ vectors.astype(np.float32)) for i in held_out]
+            for a, alpha in enumerate(alphas):
+                weights = (projected / (values + alpha)[:, None]).astype(np.float32)
+                per_alpha[a] += sum(np.mean(np.argmax(r @ weights, axis=1) == targets[i])
+                                    for r, i in zip(rotated, held_out))
+        per_alpha /= sum(len(f) for f in folds)
+        cache[key] = per_alpha
+        evaluated += 1
+        if progress is not None:
+            progress(min(evaluated / max(planned, 1), 0.99))
+        return per_alpha
+
+    def search(axis, factors, fixed):
+        factors = sorted(factors)
+        while True:
+            results = {f: score(f, fixed) if axis == "x" else score(fixed, f) for f in factors}
+            best = max(results, key=lambda f: results[f].max())
+            if best == factors[0] and best / 2 >= FACTOR_LIMITS[0]:
+                factors = [best / 2] + factors
+            elif best == factors[-1] and best * 2 <= FACTOR_LIMITS[1]:
+                factors = factors + [best * 2]
+            else:
+                return best
+
+    p_start = 1.0 if use_embedding else None
+    best_x = search("x", x_factors, p_start)
+    best_p = p_start
+    if use_embedding:
+        best_p = search("p", p_factors, best_x)
+        best_x = search("x", x_factors, best_p)
+    scores = cache[(best_x, best_p)]
+    best_alpha = float(alphas[int(np.argmax(scores))])
+    table = [{"x_factor": fx, "p_factor": fp, "alpha": float(a), "cv_accuracy": float(s)}
+             for (fx, fp), values in cache.items() for a, s in zip(alphas, values)]
+    if progress is not None:
+        progress(1.0)
+    return SelectionResult(
+        params={"bandwidth_x": best_x * median_x, "bandwidth_p": None if best_p is None else best_p * median_p,
+                "alpha": best_alpha, "bandwidth_embedding": probe.bandwidth_embedding_},
+        score=float(scores.max()), table=table, median_x=median_x, median_p=median_p,
+    )
