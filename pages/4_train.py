@@ -112,7 +112,8 @@ if store.models:
 
 st.subheader("Leave-one-patient-out check")
 st.caption("Each patient in turn is gated by a model trained on the others: the honest estimate of how "
-           "well a new patient will be gated. Marginal transfer and pooling run on the same split.")
+           "well a new patient will be gated. Marginal transfer, pooling and linear discriminant analysis "
+           "(LDA, a strong simple baseline) run on the same split, with the settings chosen above.")
 if st.button("Run the check", key="lopo_button"):
     from gating_core.evaluation import leave_one_patient_out
 
@@ -122,8 +123,12 @@ if st.button("Run the check", key="lopo_button"):
         bar.progress(min(max(float(fraction), 0.0), 1.0), text=f"{stage} ({100 * float(fraction):.0f}%)")
 
     try:
+        model_params = dict(params)
+        if channels:
+            model_params["channels"] = channels
         store.evaluation = leave_one_patient_out([r.sample for r in records], [_training_labels(r) for r in records],
-                                                 methods=("marginal", "pooling"), progress=progress)
+                                                 methods=("marginal", "pooling", "lda"), model_params=model_params,
+                                                 progress=progress)
         bar.progress(1.0, text="Done")
     except Exception as exc:
         bar.empty()
@@ -146,7 +151,7 @@ if table is not None and len(table):
         lambda r: ["background-color: #fde2d4" if r.name == worst else "" for _ in r], axis=1),
         width="stretch")
     fig = go.Figure()
-    for m, color in (("marginal", "#0072B2"), ("pooling", "#E69F00")):
+    for m, color in (("marginal", "#0072B2"), ("pooling", "#E69F00"), ("lda", "#999999")):
         part = show[show["method"] == m]
         if len(part):
             fig.add_trace(go.Bar(x=part["patient"], y=part["macro_f1"], name=m, marker_color=color))

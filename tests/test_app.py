@@ -280,6 +280,7 @@ def trained(library):
     at.checkbox(key="train_hand").check()
     at.run()
     at.checkbox(key="hp_select").uncheck()
+    at.number_input(key="hp_cells_per_patient").set_value(1500)
     at.run()
     at.button(key="train_button").click()
     at.run()
@@ -370,11 +371,12 @@ def test_leave_one_patient_out_table_marks_the_worst_patient(trained):
     assert not at.exception and not at.error, [e.value for e in at.error]
     table = store.evaluation
     assert sorted(table["patient"].unique()) == ["patient_01", "patient_02", "patient_03"]
-    assert set(table["method"]) == {"marginal", "pooling"}
+    assert set(table["method"]) == {"marginal", "pooling", "lda"}
+    assert table["accuracy"].between(0, 1).all() and table["macro_f1"].between(0, 1).all()
     worst = table[table["method"] == "marginal"].set_index("patient")["macro_f1"].idxmin()
     assert f"Worst patient: **{worst}**" in at.warning[0].value
     spec = plotly_spec(at)
-    assert [t["name"] for t in spec["data"]] == ["marginal", "pooling"]
+    assert [t["name"] for t in spec["data"]] == ["marginal", "pooling", "lda"]
     assert sorted(spec["data"][0]["x"]) == ["patient_01", "patient_02", "patient_03"]
 
 

@@ -56,7 +56,8 @@ def app_url(library_with_patients, tmp_path):
     log = open(tmp_path / "streamlit.log", "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
-         "--server.address", "localhost", "--browser.gatherUsageStats", "false"],
+         "--server.address", "localhost", "--browser.gatherUsageStats", "false",
+         "--server.fileWatcherType", "none"],
         cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://localhost:{port}"
     try:
@@ -112,7 +113,7 @@ def open_page(page, title):
 
 
 def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sample_data_dir, tmp_path):
-    page = browser.new_page(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+    page = browser.new_page(viewport={"width": 1500, "height": 2200}, accept_downloads=True)
     page.set_default_timeout(120_000)
     page.goto(app_url)
     page.get_by_role("heading", name="Data: load patients").first.wait_for()
@@ -158,6 +159,9 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     open_page(page, "Train")
     page.get_by_role("button", name="Train model").click()
     page.get_by_text(re.compile(r"^Trained .* on [0-9,]+ cells")).wait_for(timeout=900_000)
+    wait_idle(page)
+    page.get_by_role("button", name="Run the check").click()
+    page.get_by_text("Worst patient:").wait_for(timeout=900_000)
     wait_idle(page)
     page.screenshot(path=str(artifacts_dir / "4_train.png"), full_page=True)
 
