@@ -35,6 +35,10 @@ _MODEL_CACHE: dict[str, object] = {}
 _MODEL_LOCK = threading.Lock()
 
 
+class ClusterError(RuntimeError):
+    """The Dask cluster could not be started or reached (the message says which and why)."""
+
+
 def local_cluster(workers: int, threads_per_worker: int = 1, memory_limit="auto"):
     """A Dask ``LocalCluster`` of ``workers`` processes bound to the loopback interface.
 
@@ -96,7 +100,7 @@ def _failure_record(path: str, exc: BaseException) -> dict:
 
 
 def gate_files_distributed(model_path, fcs_paths, out_dir, workers=None, scheduler=None, chunk_size=50_000,
-                           client=None) -> list[dict]:
+                           client=None, connect_timeout="30s") -> list[dict]:
     """Gate ``fcs_paths`` in parallel on Dask; write ``<out_dir>/<stem>.gated.csv`` per patient.
 
     Parameters
@@ -112,6 +116,8 @@ def gate_files_distributed(model_path, fcs_paths, out_dir, workers=None, schedul
         Events gated at a time (bounds each worker's memory), as in the serial path.
     client : dask.distributed.Client or None
         Use this client (and its cluster) instead of creating one.
+    connect_timeout : str or float
+        How long to keep trying to reach ``scheduler``.
 
     Returns
     -------
@@ -119,6 +125,11 @@ def gate_files_distributed(model_path, fcs_paths, out_dir, workers=None, schedul
     :func:`gating_core.gating.gate_file` returns (``file`` and ``output`` as the caller wrote
     them). A file that fails, even by crashing its worker, gets a record with ``error``; the
     other files are gated regardless.
+
+    Raises
+    ------
+    ClusterError
+        When the scheduler cannot be reached or ``workers`` is below 1.
     """
     from dask.distributed import Client
 
@@ -132,8 +143,13 @@ def gate_files_distributed(model_path, fcs_paths, out_dir, workers=None, schedul
     try:
         if client is None:
             if scheduler:
-                client = own_client = Client(scheduler)
+                try:
+                    client = own_client = Client(scheduler, timeout=connect_timeout)
+                except (OSError, TimeoutError, ValueError) as exc:
+                    raise ClusterError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
             else:
+                if workers is not None and workers < 1:
+                    raise ClusterError(f"--workers must be at least 1, got {workers}")
                 own_cluster = local_cluster(workers or os.cpu_count() or 1)
                 client = own_client = Client(own_cluster)
         batch = uuid.uuid4().hex

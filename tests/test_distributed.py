@@ -191,3 +191,12 @@ def test_gate_result_independent_of_chunk_size_on_cluster(batch, client, tmp_pat
     _, pop_b, conf_b = read_gated_csv(tmp_path / "b" / "new_0.gated.csv")
     assert np.array_equal(pop_a, pop_b)
     np.testing.assert_allclose(conf_a, conf_b, atol=1e-6)
+
+
+def test_unreachable_scheduler_is_a_clear_error(batch, tmp_path):
+    from gating_core.distributed import ClusterError
+
+    with pytest.raises(ClusterError, match=r"cannot reach the Dask scheduler at tcp://127\.0\.0\.1:9: "):
+        gate_files_distributed(batch["model_path"], batch["good"][:1], tmp_path, scheduler="tcp://127.0.0.1:9",
+                               connect_timeout="1s")
+    assert list(tmp_path.iterdir()) == []

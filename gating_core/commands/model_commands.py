@@ -146,10 +146,13 @@ def run_gate(args) -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.workers or args.scheduler:
-        from gating_core.distributed import gate_files_distributed
+        from gating_core.distributed import ClusterError, gate_files_distributed
 
-        records = gate_files_distributed(args.model, args.fcs, out_dir, workers=args.workers,
-                                         scheduler=args.scheduler, chunk_size=args.chunk_size)
+        try:
+            records = gate_files_distributed(args.model, args.fcs, out_dir, workers=args.workers,
+                                             scheduler=args.scheduler, chunk_size=args.chunk_size)
+        except ClusterError as exc:
+            return _fail(str(exc))
     else:
         from gating_core.gating import gate_file
 
