@@ -137,11 +137,13 @@ if st.button("Run the check", key="lopo_button"):
 table = store.evaluation
 if table is not None and len(table):
     show = table.copy()
+    order = [m for m in ("marginal", "pooling", "lda") if m in set(show["method"])]
     wide = show.pivot_table(index="patient", columns="method", values=["accuracy", "macro_f1"])
+    wide = wide[[(metric, m) for metric in ("accuracy", "macro_f1") for m in order]]
     wide.columns = [f"{metric} ({method})" for metric, method in wide.columns]
     key = "macro_f1 (marginal)" if "macro_f1 (marginal)" in wide.columns else wide.columns[-1]
     worst = wide[key].idxmin()
-    means = show.groupby("method")[["accuracy", "macro_f1"]].mean()
+    means = show.groupby("method")[["accuracy", "macro_f1"]].mean().loc[order]
     cols = st.columns(len(means))
     for col, (m, row) in zip(cols, means.iterrows()):
         col.metric(f"{m}: mean accuracy", f"{100 * row['accuracy']:.1f}%",
@@ -155,7 +157,9 @@ if table is not None and len(table):
         part = show[show["method"] == m]
         if len(part):
             fig.add_trace(go.Bar(x=part["patient"], y=part["macro_f1"], name=m, marker_color=color))
-    fig.update_layout(barmode="group", height=320, yaxis_title="macro F1", yaxis_range=[0, 1],
+    low = float(show["macro_f1"].min())
+    fig.update_layout(barmode="group", height=340, yaxis_title="macro F1 (zoomed)",
+                      yaxis_range=[max(0.0, low - 0.1 * (1.0 - low) - 0.02), 1.0],
                       margin=dict(l=60, r=20, t=20, b=50), plot_bgcolor="white")
     fig.add_annotation(x=worst, y=float(wide.loc[worst, key]), text="worst", showarrow=True, arrowhead=2)
     st.plotly_chart(fig, width="stretch", key="lopo_chart")

@@ -112,7 +112,8 @@ def open_page(page, title):
     wait_idle(page)
 
 
-def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sample_data_dir, tmp_path):
+def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sample_data_dir, tmp_path,
+                                             library_with_patients):
     page = browser.new_page(viewport={"width": 1500, "height": 2200}, accept_downloads=True)
     page.set_default_timeout(120_000)
     page.goto(app_url)
@@ -139,7 +140,7 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     drag = plot.locator(".nsewdrag").first
     box = drag.bounding_box()
     x0, y0, w, h = box["x"], box["y"], box["width"], box["height"]
-    points = [(0.15, 0.2), (0.85, 0.2), (0.85, 0.9), (0.15, 0.9), (0.15, 0.21)]
+    points = [(0.15, 0.25), (0.55, 0.1), (0.9, 0.3), (0.8, 0.9), (0.3, 0.85), (0.15, 0.26)]
     page.mouse.move(x0 + w * points[0][0], y0 + h * points[0][1])
     page.mouse.down()
     for fx, fy in points[1:]:
@@ -154,6 +155,11 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     page.get_by_text("Added gate 'Main population'").wait_for()
     wait_idle(page)
     page.screenshot(path=str(artifacts_dir / "3_gate.png"), full_page=True)
+    from gating_core.library import PatientLibrary
+
+    stored = PatientLibrary(library_with_patients).load_gates("patient_01")
+    (gate,) = stored["gates"]
+    assert gate["name"] == "Main population" and gate["kind"] == "polygon" and len(gate["vertices"]) >= 5
 
     # Train on the three library patients.
     open_page(page, "Train")
