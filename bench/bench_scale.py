@@ -213,6 +213,10 @@ def bench_dask(folder: Path, n_files: int, n_events: int, chunk_size: int) -> di
         print(f"note: the 2 workers only obtained {cores[2]:.2f} cores from the OS (load average "
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs: the machine is shared), so the wall-clock "
               "speed-up is capped by the CPU on offer, not by Dask")
+        if Path("/proc/sys/kernel/sched_autogroup_enabled").exists() and \
+                Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1":
+            print("      the kernel shares CPU fairly between sessions (sched_autogroup), and this benchmark and "
+                  "its workers are one session: under load, adding workers does not add CPU share")
     return {"t1": times[1], "t2": times[2], "speedup": speedup, "identical": identical, "cores": cores}
 
 
