@@ -328,3 +328,28 @@ def load_folder(folder, labeled_pattern: str = "*.fcs", new_subfolder: str = "ne
     if not report.patients and not report.errors:
         report.errors.append((str(folder), f"{folder.name}: no FCS files found"))
     return report
+
+
+def shape_from_selection(selection) -> dict | None:
+    """The latest box or lasso of a plotly chart selection, in the chart's axis coordinates.
+
+    ``selection`` is what ``st.plotly_chart(..., on_select="rerun")`` reports: a mapping with
+    ``"box"`` (list of ``{"x": [x0, x1], "y": [y0, y1]}``) and ``"lasso"`` (list of ``{"x": [...],
+    "y": [...]}``). A lasso wins over a box (a chart reports one kind at a time). Returns
+    ``{"kind": "polygon" | "rectangle", "vertices": [(x, y), ...]}`` or None.
+    """
+    if not selection:
+        return None
+    lasso = selection.get("lasso") or []
+    box = selection.get("box") or []
+    if lasso:
+        last = lasso[-1]
+        xs, ys = list(last.get("x") or []), list(last.get("y") or [])
+        if len(xs) >= 3 and len(xs) == len(ys):
+            return {"kind": "polygon", "vertices": [(float(x), float(y)) for x, y in zip(xs, ys)]}
+    if box:
+        last = box[-1]
+        xs, ys = list(last.get("x") or []), list(last.get("y") or [])
+        if len(xs) == 2 and len(ys) == 2:
+            return {"kind": "rectangle", "vertices": [(float(min(xs)), float(min(ys))), (float(max(xs)), float(max(ys)))]}
+    return None

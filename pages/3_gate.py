@@ -4,6 +4,7 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from gating_core.app_state import shape_from_selection
 from gating_core.gates import AxisScale, GateError, GateTree, polygon_gate, rectangle_gate
 from ui import cache, charts
 from ui.common import channel_label, default_xy, scale_select, get_store, require_patients
@@ -70,19 +71,11 @@ event = st.plotly_chart(fig, width="stretch", key=chart_key, on_select="rerun",
                         config={"modeBarButtonsToAdd": ["lasso2d", "select2d"], "displaylogo": False})
 
 # The latest box or lasso becomes the pending shape (display coordinates of these axes).
-selection = getattr(event, "selection", None) if event is not None else None
-if selection:
-    lasso, box = selection.get("lasso") or [], selection.get("box") or []
-    shape = None
-    if lasso:
-        shape = {"kind": "polygon", "vertices": list(zip(lasso[-1]["x"], lasso[-1]["y"]))}
-    elif box:
-        bx, by = box[-1]["x"], box[-1]["y"]
-        shape = {"kind": "rectangle", "vertices": [(min(bx), min(by)), (max(bx), max(by))]}
-    if shape is not None:
-        shape.update(patient=patient, x=x_ch, y=y_ch, x_scale=x_scale_d, y_scale=y_scale_d,
-                     parent=None if parent == ALL else parent)
-        state["pending_shape"] = shape
+shape = shape_from_selection(getattr(event, "selection", None) if event is not None else None)
+if shape is not None:
+    shape.update(patient=patient, x=x_ch, y=y_ch, x_scale=x_scale_d, y_scale=y_scale_d,
+                 parent=None if parent == ALL else parent)
+    state["pending_shape"] = shape
 
 pending = state.get("pending_shape")
 if pending and (pending["patient"], pending["x"], pending["y"], pending["x_scale"], pending["y_scale"]) != \
@@ -109,8 +102,13 @@ def _commit(new_tree: GateTree, message: str):
 left, right = st.columns([1, 1])
 with left:
     st.markdown("#### New gate")
+    try:
+        preview = _gate_from(pending, "selection") if pending else None
+    except GateError as exc:
+        st.warning(f"The selection cannot be a gate: {exc}. Draw it again.")
+        state.pop("pending_shape", None)
+        pending = preview = None
     if pending:
-        preview = _gate_from(pending, "selection")
         inside = preview.contains(sample)
         if parent_mask is not None:
             inside &= parent_mask

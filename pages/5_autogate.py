@@ -3,7 +3,8 @@
 import numpy as np
 import streamlit as st
 
-from gating_core.gates import AxisScale, polygon_gate, rectangle_gate
+from gating_core.app_state import shape_from_selection
+from gating_core.gates import AxisScale, GateError, polygon_gate, rectangle_gate
 from gating_core.plotting import population_colors
 from ui import cache, charts, exports
 from ui.common import channel_label, default_xy, scale_select, get_store, require_patients
@@ -105,15 +106,18 @@ with side_col:
     st.plotly_chart(charts.confidence_histogram(confidence, threshold), width="stretch", key="ag_conf")
 
     # Correction: the latest lasso/box selects cells (all events inside the shape, not just dots).
-    selection = getattr(event, "selection", None) if event is not None else None
+    picked = shape_from_selection(getattr(event, "selection", None) if event is not None else None)
     shape = None
-    if selection:
-        lasso, box = selection.get("lasso") or [], selection.get("box") or []
+    if picked is not None:
         xs_, ys_ = AxisScale.from_dict(x_scale_d), AxisScale.from_dict(y_scale_d)
-        if lasso:
-            shape = polygon_gate("selection", x_ch, y_ch, list(zip(lasso[-1]["x"], lasso[-1]["y"])), xs_, ys_)
-        elif box:
-            shape = rectangle_gate("selection", x_ch, y_ch, sorted(box[-1]["x"]), sorted(box[-1]["y"]), xs_, ys_)
+        try:
+            if picked["kind"] == "polygon":
+                shape = polygon_gate("selection", x_ch, y_ch, picked["vertices"], xs_, ys_)
+            else:
+                (x0, y0), (x1, y1) = picked["vertices"]
+                shape = rectangle_gate("selection", x_ch, y_ch, (x0, x1), (y0, y1), xs_, ys_)
+        except GateError:
+            shape = None  # a click or a zero-area drag selects nothing
     st.markdown("**Correct cells**")
     if shape is None:
         st.caption("Draw a lasso or box around cells on the plot to reassign them.")

@@ -106,6 +106,17 @@ HEADINGS = {"Explore": "Explore the cells", "Gate": "Gate: label patients by han
             "Auto-gate": "Auto-gate new patients"}
 
 
+def lasso(page, plot, points):
+    """Drag the mouse along ``points`` (fractions of the plot area) with the lasso tool."""
+    box = plot.locator(".nsewdrag").first.bounding_box()
+    x0, y0, w, h = box["x"], box["y"], box["width"], box["height"]
+    page.mouse.move(x0 + w * points[0][0], y0 + h * points[0][1])
+    page.mouse.down()
+    for fx, fy in points[1:]:
+        page.mouse.move(x0 + w * fx, y0 + h * fy, steps=8)
+    page.mouse.up()
+
+
 def open_page(page, title):
     page.get_by_test_id("stSidebarNav").get_by_text(title, exact=True).click()
     page.get_by_role("heading", name=HEADINGS[title]).first.wait_for(timeout=60_000)
@@ -137,15 +148,7 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     open_page(page, "Gate")
     plot = page.locator(".js-plotly-plot").first
     plot.wait_for()
-    drag = plot.locator(".nsewdrag").first
-    box = drag.bounding_box()
-    x0, y0, w, h = box["x"], box["y"], box["width"], box["height"]
-    points = [(0.15, 0.25), (0.55, 0.1), (0.9, 0.3), (0.8, 0.9), (0.3, 0.85), (0.15, 0.26)]
-    page.mouse.move(x0 + w * points[0][0], y0 + h * points[0][1])
-    page.mouse.down()
-    for fx, fy in points[1:]:
-        page.mouse.move(x0 + w * fx, y0 + h * fy, steps=8)
-    page.mouse.up()
+    lasso(page, plot, [(0.15, 0.25), (0.55, 0.1), (0.9, 0.3), (0.8, 0.9), (0.3, 0.85), (0.15, 0.26)])
     page.get_by_text("Selection:").wait_for()
     wait_idle(page)
     page.get_by_label("Gate name").fill("Main population")
@@ -177,6 +180,19 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     page.get_by_text("Populations", exact=True).wait_for(timeout=600_000)
     wait_idle(page)
     page.screenshot(path=str(artifacts_dir / "5_autogate.png"), full_page=True)
+
+    # Correct: lasso a region of the predicted-population scatter, reassign its cells.
+    lasso(page, page.locator(".js-plotly-plot").first, [(0.05, 0.05), (0.5, 0.05), (0.5, 0.6), (0.05, 0.6), (0.05, 0.06)])
+    reassign = page.get_by_role("button", name=re.compile(r"^Reassign [0-9,]+ cells to "))
+    reassign.wait_for()
+    wait_idle(page)
+    reassign.click()
+    caption = page.get_by_text(re.compile(r"^[0-9,]+ cells corrected by hand"))
+    caption.wait_for()
+    n_corrected = int(caption.inner_text().split()[0].replace(",", ""))
+    assert n_corrected > 0
+    wait_idle(page)
+    page.screenshot(path=str(artifacts_dir / "6_autogate_corrected.png"), full_page=True)
     with page.expect_download() as info:
         page.get_by_role("button", name="Gated CSV").click()
     target = tmp_path / "downloaded.gated.csv"
@@ -194,3 +210,15 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     assert set(populations) <= set(truth) | {"other"}
     assert np.mean(populations.astype(str) == truth) > 0.7
     assert confidence.min() >= 0 and confidence.max() <= 1
+    # the download holds the corrected populations, the same the library keeps for this patient
+    from gating_core.library import PatientLibrary
+
+    library = PatientLibrary(library_with_patients)
+    stored = library.load_gate_result("new_patient_01")
+    assert stored.details.get("corrected in review") is True
+    np.testing.assert_array_equal(stored.populations.astype(str), populations.astype(str))
+
+    # Accept: the reviewed patient joins the historical (labeled) patients in the library.
+    page.get_by_role("button", name="Accept this patient").click()
+    page.get_by_text("new_patient_01 was accepted").wait_for()
+    np.testing.assert_array_equal(library.load_labels("new_patient_01").astype(str), populations.astype(str))

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from gating_core import plotting
-from gating_core.app_state import channel_presence, classify, common_channels, ingest_files, rename_channels
+from gating_core.app_state import (
+    channel_presence, classify, common_channels, ingest_files, rename_channels, shape_from_selection,
+)
 from gating_core.fcs import Channel, Sample, write_fcs
 from gating_core.gates import (
     OTHER, AxisScale, GateError, GateHistory, GateImportError, GateTree, apply_gatingml, apply_workspace,
@@ -369,3 +371,16 @@ def test_population_table_counts_percentages_and_medians():
     assert table.loc["T", "% of parent"] == 300.0  # parent B has one cell: the API takes the mapping as given
     assert table.loc["T", "median A"] == 3.0 and table.loc["B", "median B"] == 70.0
     assert table.loc["T", "mean confidence"] == 0.5
+
+
+def test_shape_from_plotly_selection():
+    assert shape_from_selection(None) is None
+    assert shape_from_selection({"points": [], "box": [], "lasso": []}) is None
+    box = {"points": [], "box": [{"xref": "x", "yref": "y", "x": [5.0, 1.0], "y": [2.0, 7.5]}], "lasso": []}
+    assert shape_from_selection(box) == {"kind": "rectangle", "vertices": [(1.0, 2.0), (5.0, 7.5)]}
+    lasso = {"box": [], "lasso": [{"x": [0, 1], "y": [0, 1]}, {"x": [-.5, 4.5, 4.5, -.5], "y": [-.5, -.5, 3.5, 3.5]}]}
+    shape = shape_from_selection(lasso)
+    assert shape == {"kind": "polygon", "vertices": [(-0.5, -0.5), (4.5, -0.5), (4.5, 3.5), (-0.5, 3.5)]}
+    gate = polygon_gate("g", "A", "B", shape["vertices"])
+    assert gate.contains(grid_sample()).sum() == 20  # x in 0..4, y in 0..3 on the grid
+    assert shape_from_selection({"lasso": [{"x": [1, 2], "y": [1, 2]}], "box": []}) is None
