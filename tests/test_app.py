@@ -395,3 +395,32 @@ def test_model_save_and_load_round_trip_in_the_app(trained, tmp_path):
     at.run()
     assert not at.exception
     assert at.error and at.error[0].value.startswith("evil.npz: ")
+
+
+def test_flowjo_workspace_uploaded_with_its_fcs_labels_the_patient(library, tmp_path, sample_data_dir):
+    import flowkit
+
+    fcs = sample_data_dir / "patient_05.fcs"
+    raw = read_fcs(fcs)
+    strategy = flowkit.GatingStrategy()
+    dims = [flowkit.Dimension("FSC-A", range_min=40000, range_max=200000),
+            flowkit.Dimension("SSC-A", range_min=0, range_max=60000)]
+    strategy.add_gate(flowkit.gates.RectangleGate("Mononuclear", dims), ("root",))
+    session = flowkit.Session(gating_strategy=strategy, fcs_samples=[
+        flowkit.Sample(raw.events.astype(float), sample_id="patient_05.fcs", channel_labels=raw.pnn)])
+    wsp = tmp_path / "expert.wsp"
+    with open(wsp, "wb") as handle:
+        session.export_wsp(handle, "All Samples")
+    at = start()
+    at.file_uploader(key="uploads").set_value([
+        ("patient_05.fcs", fcs.read_bytes(), "application/octet-stream"),
+        ("expert.wsp", wsp.read_bytes(), "application/xml")])
+    at.run()
+    assert not at.exception and not at.error
+    table = patients_table(at)
+    assert table.loc["patient_05", "labels from"] == "FlowJo workspace"
+    fsc, ssc = raw.events[:, raw.channel_index("FSC-A")], raw.events[:, raw.channel_index("SSC-A")]
+    inside = int(((fsc >= 40000) & (fsc <= 200000) & (ssc >= 0) & (ssc <= 60000)).sum())
+    assert table.loc["patient_05", "populations (count)"].startswith(
+        f"Mononuclear {inside:,} · other {raw.n_events - inside:,}" if inside >= raw.n_events / 2
+        else f"other {raw.n_events - inside:,} · Mononuclear {inside:,}")
