@@ -38,12 +38,13 @@ def content_subsample(x: np.ndarray, max_cells: int) -> np.ndarray:
     n = len(x)
     if n <= max_cells:
         return np.arange(n)
-    rows = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32).astype(np.uint64)
+    # Widen one column at a time: a whole (n, d) uint64 copy would cost twice the event array.
+    rows = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     golden = np.uint64(0x9E3779B97F4A7C15)
     h = np.full(n, golden, dtype=np.uint64)
     with np.errstate(over="ignore"):
         for j in range(rows.shape[1]):
-            h ^= rows[:, j] + golden + (h << np.uint64(6)) + (h >> np.uint64(2))
+            h ^= rows[:, j].astype(np.uint64) + golden + (h << np.uint64(6)) + (h >> np.uint64(2))
             h *= np.uint64(0xBF58476D1CE4E5B9)
             h ^= h >> np.uint64(31)
     return np.sort(np.argpartition(h, max_cells - 1)[:max_cells])

@@ -155,7 +155,10 @@ class Sample:
                            "used for compensation") from None
         if not np.all(np.isfinite(inverse)):
             raise FCSError(self.path or self.name, "the spillover matrix is numerically singular")
-        events[:, idx] = (events[:, idx].astype(np.float64) @ inverse).astype(dtype)
+        # Row blocks keep the float64 temporaries small whatever the file size.
+        for start in range(0, len(events), 262_144):
+            block = events[start:start + 262_144]
+            block[:, idx] = (block[:, idx].astype(np.float64) @ inverse).astype(dtype)
         return Sample(self.name, events, list(self.channels), dict(self.keywords), self.spillover,
                       list(self.spillover_channels), self.version, self.path, compensated=True,
                       notes=list(self.notes))

@@ -292,7 +292,7 @@ class GatingModel:
         self.novelty_reference_ = float(np.median(nn)) or 1e-12
         # A training patient's own distance to its nearest peer, in reference units, is what
         # "seen before" looks like; beyond the farthest of those (with a margin) is new.
-        self.novelty_threshold_ = float(max(2.0, 1.5 * nn.max() / self.novelty_reference_))
+        self.novelty_threshold_ = float(max(1.5, 1.25 * nn.max() / self.novelty_reference_))
 
     # -- gating --------------------------------------------------------------------------------
 

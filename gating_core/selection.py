@@ -25,6 +25,7 @@ DEFAULT_X_FACTORS = (0.25, 0.5, 1.0, 2.0)
 DEFAULT_P_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
 DEFAULT_ALPHAS = (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
 FACTOR_LIMITS = (1e-2, 1e4)
+SEARCH_FEATURES = 256
 
 
 @dataclass
@@ -73,7 +74,11 @@ def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, em
     samples, labels = check_training_set(samples, labels)
     if len(samples) < 2:
         raise ValueError("model selection over patients needs at least two labeled patients")
-    probe = MarginalTransferClassifier(**{**base.get_params(), "cells_per_patient": cells_per_patient})
+    # The search runs on at most SEARCH_FEATURES random features: the ridge penalty acts on the
+    # spectrum of the kernel operator, which RFF Gram matrices (trace ~1) approximate at any D,
+    # so choices made at 256 features carry over to the final model's D.
+    probe = MarginalTransferClassifier(**{**base.get_params(), "cells_per_patient": cells_per_patient,
+                                          "n_features": min(base.n_features, SEARCH_FEATURES)})
     # The embeddings come from all cells (or the caller's choice), as at gating time.
     train_x, train_y = probe.prepare(samples, labels, embedding_samples)
     embeddings = probe.train_embeddings_
@@ -126,10 +131,15 @@ def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, em
         factors = sorted(factors)
         while True:
             results = {f: score(f, fixed) if axis == "x" else score(fixed, f) for f in factors}
-            best = max(results, key=lambda f: results[f].max())
-            if best == factors[0] and best / 2 >= FACTOR_LIMITS[0]:
+            value = {f: float(results[f].max()) for f in factors}
+            top = max(value.values())
+            # Prefer the factor nearest the data-driven start among ties.
+            best = min((f for f in factors if value[f] >= top - 1e-12), key=lambda f: abs(np.log(f)))
+            # Extend only when the edge is strictly better than its neighbour: a flat score
+            # says nothing more is to be found that way.
+            if best == factors[0] and value[best] > value[factors[1]] and best / 2 >= FACTOR_LIMITS[0]:
                 factors = [best / 2] + factors
-            elif best == factors[-1] and best * 2 <= FACTOR_LIMITS[1]:
+            elif best == factors[-1] and value[best] > value[factors[-2]] and best * 2 <= FACTOR_LIMITS[1]:
                 factors = factors + [best * 2]
             else:
                 return best
