@@ -32,7 +32,7 @@ chromium:
 	fi
 
 run: $(STAMP_RUN)
-	$(PY) -m streamlit run app.py --server.address localhost --server.port 8501
+	GATING_LOAD_SAMPLE_DATA=1 $(PY) -m streamlit run app.py --server.address localhost --server.port 8501
 
 test: $(STAMP_DEV) chromium
 	$(PY) -m pytest -ra tests

@@ -1,5 +1,6 @@
 """Data: load FCS files (with labels, gated CSVs, FlowJo/GatingML gates) or the sample data."""
 
+import os
 from types import SimpleNamespace
 
 import pandas as pd
@@ -44,6 +45,14 @@ with sample_col:
                  help="Synthetic patients bundled with the tool: labeled historical patients and new ones."):
         with st.spinner("Reading sample data…"):
             _take_report(load_folder(SAMPLE_DATA))
+
+# `make run` asks for the bundled sample data to be ready on first start (an empty library).
+if (os.environ.get("GATING_LOAD_SAMPLE_DATA") == "1" and not store.patients
+        and not st.session_state.get("sample_data_autoloaded")):
+    st.session_state["sample_data_autoloaded"] = True
+    with st.spinner("Reading sample data…"):
+        _take_report(load_folder(SAMPLE_DATA))
+    st.rerun()  # so that the sidebar counts include them
 
 fresh = [f for f in (uploads or []) if f.file_id not in store.seen_uploads]
 if fresh:
