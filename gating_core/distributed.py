@@ -26,6 +26,7 @@ import os
 import tempfile
 import threading
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 # Every worker process gets these before numpy starts: one BLAS thread per Dask thread.
@@ -99,6 +100,76 @@ def _failure_record(path: str, exc: BaseException) -> dict:
     return {"file": path, "patient": Path(path).stem, "error": message}
 
 
+@contextmanager
+def cluster_client(workers=None, scheduler=None, client=None, connect_timeout="30s"):
+    """A Dask client: the one given, one connected to ``scheduler``, or a local cluster of
+    ``workers`` one-thread processes on 127.0.0.1 (closed on exit). Raises ClusterError."""
+    from dask.distributed import Client
+
+    if client is not None:
+        yield client
+        return
+    own_cluster = None
+    if scheduler:
+        try:
+            client = Client(scheduler, timeout=connect_timeout)
+        except (OSError, TimeoutError, ValueError) as exc:
+            raise ClusterError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
+    else:
+        if workers is not None and workers < 1:
+            raise ClusterError(f"--workers must be at least 1, got {workers}")
+        own_cluster = local_cluster(workers or os.cpu_count() or 1)
+        client = Client(own_cluster)
+    try:
+        yield client
+    finally:
+        client.close()
+        if own_cluster is not None:
+            own_cluster.close()
+
+
+def _digest_task(path: str, index: int, params: dict):
+    """On a worker: read one labeled INPUT and reduce it to a PatientDigest (or an error)."""
+    from gating_core.fcs import FCSError
+    from gating_core.labels import LabelError, load_labeled_input
+    from gating_core.model import GatingModel, digest_patient
+
+    model = GatingModel(**params)
+    try:
+        sample, labels = load_labeled_input(path, compensate=model.compensate)
+        return digest_patient(sample, labels, model.cells_per_patient, model.embedding_cells,
+                              seed=model.digest_seed(index), compensate=model.compensate)
+    except (FCSError, LabelError, OSError, ValueError) as exc:
+        return {"file": path, "error": str(exc)}
+
+
+def digest_files_distributed(paths, model_params: dict, workers=None, scheduler=None, client=None,
+                             connect_timeout="30s"):
+    """Read and digest labeled training INPUTs on a Dask cluster (see ``train --workers``).
+
+    Each worker reads its files where they are (shared storage), compensates, draws the
+    training cells and picks the embedding cells, and sends back only those rows: a few
+    thousand per patient instead of the file. Returns (digests, errors) in input order;
+    ``GatingModel(**model_params).fit_digests(digests)`` then gives the same model as ``fit``.
+    """
+    paths = [str(Path(p).resolve()) for p in paths]
+    with cluster_client(workers, scheduler, client, connect_timeout) as client:
+        batch = uuid.uuid4().hex
+        futures = [client.submit(_digest_task, p, i, model_params, key=f"digest-{i}-{batch}", pure=False)
+                   for i, p in enumerate(paths)]
+        digests, errors = [], []
+        for path, future in zip(paths, futures):
+            try:
+                result = future.result()
+            except Exception as exc:  # noqa: BLE001 - a worker crash is reported per file
+                result = _failure_record(path, exc)
+            if isinstance(result, dict):
+                errors.append(result["error"])
+            else:
+                digests.append(result)
+        return digests, errors
+
+
 def gate_files_distributed(model_path, fcs_paths, out_dir, workers=None, scheduler=None, chunk_size=50_000,
                            client=None, connect_timeout="30s") -> list[dict]:
     """Gate ``fcs_paths`` in parallel on Dask; write ``<out_dir>/<stem>.gated.csv`` per patient.
@@ -131,27 +202,13 @@ def gate_files_distributed(model_path, fcs_paths, out_dir, workers=None, schedul
     ClusterError
         When the scheduler cannot be reached or ``workers`` is below 1.
     """
-    from dask.distributed import Client
-
     model_bytes = Path(model_path).read_bytes()
     digest = hashlib.sha256(model_bytes).hexdigest()
     fcs_paths = [str(p) for p in fcs_paths]
     out_dir_given = Path(out_dir)
     out_dir_abs = str(out_dir_given.resolve())
 
-    own_cluster = own_client = None
-    try:
-        if client is None:
-            if scheduler:
-                try:
-                    client = own_client = Client(scheduler, timeout=connect_timeout)
-                except (OSError, TimeoutError, ValueError) as exc:
-                    raise ClusterError(f"cannot reach the Dask scheduler at {scheduler}: {exc}") from None
-            else:
-                if workers is not None and workers < 1:
-                    raise ClusterError(f"--workers must be at least 1, got {workers}")
-                own_cluster = local_cluster(workers or os.cpu_count() or 1)
-                client = own_client = Client(own_cluster)
+    with cluster_client(workers, scheduler, client, connect_timeout) as client:
         batch = uuid.uuid4().hex
         model_future = client.scatter(model_bytes, broadcast=True, hash=False)
         futures = [client.submit(_gate_task, model_future, digest, str(Path(p).resolve()), out_dir_abs, chunk_size,
@@ -171,8 +228,3 @@ def gate_files_distributed(model_path, fcs_paths, out_dir, workers=None, schedul
                     record["output"] = str(out_dir_given / Path(record["output"]).name)
                 records.append(record)
         return records
-    finally:
-        if own_client is not None:
-            own_client.close()
-        if own_cluster is not None:
-            own_cluster.close()

@@ -80,6 +80,45 @@ class GateResult:
         return {name: int(found.get(name, 0)) for name in self.population_names} | found
 
 
+@dataclass
+class PatientDigest:
+    """What training needs from one labeled patient, a few thousand rows instead of the file.
+
+    Built by :func:`digest_patient` where the file is (locally, or on a Dask worker) so that
+    only these rows travel. ``train_events`` / ``train_labels``: a seeded uniform draw of at
+    most ``cells_per_patient`` events (the cells the solver sees; every patient weighs the same);
+    ``embedding_events``: at most ``embedding_cells`` events chosen by content hash (the cells
+    the patient's embedding is computed from, independent of event order). Events are
+    compensated when the model compensates, on all channels of the file.
+    """
+
+    name: str
+    channels: list
+    keywords: dict
+    n_events: int
+    train_events: np.ndarray
+    train_labels: np.ndarray
+    embedding_events: np.ndarray
+
+
+def digest_patient(sample, labels, cells_per_patient=4000, embedding_cells=20000, seed=0,
+                   compensate=True) -> PatientDigest:
+    """Reduce one labeled patient to a :class:`PatientDigest` (see there)."""
+    labels = np.asarray(labels).astype(str)
+    if len(labels) != sample.n_events:
+        raise ValueError(f"{sample.name}: {sample.n_events} events but {len(labels)} labels")
+    if compensate and sample.has_spillover and not sample.compensated:
+        sample = sample.compensate()
+    events = sample.events
+    rng = np.random.default_rng(seed)
+    draw = np.arange(len(events)) if len(events) <= cells_per_patient else np.sort(
+        rng.choice(len(events), cells_per_patient, replace=False))
+    hashed = [i for i, c in enumerate(sample.channels) if not is_time_like(c.pnn)] or list(range(events.shape[1]))
+    chosen = content_subsample(events[:, hashed], embedding_cells)
+    return PatientDigest(sample.name, list(sample.channels), dict(sample.keywords), sample.n_events,
+                         np.ascontiguousarray(events[draw]), labels[draw], np.ascontiguousarray(events[chosen]))
+
+
 class GatingModel:
     """Automatic gating learned from expert-gated patients.
 
@@ -158,13 +197,36 @@ class GatingModel:
         if self.method == "marginal" and len(samples) < 2:
             raise ValueError("marginal transfer learns across patients: give at least two labeled patients")
         report("Preparing channels", 0.0)
-        samples = [self._compensated(s) for s in samples]
-        for s, y in zip(samples, labels):
-            if len(y) != s.n_events:
-                raise ValueError(f"{s.name}: {s.n_events} events but {len(y)} labels")
+        digests = [digest_patient(s, y, self.cells_per_patient, self.embedding_cells,
+                                  seed=self.digest_seed(i), compensate=self.compensate)
+                   for i, (s, y) in enumerate(zip(samples, labels))]
+        return self.fit_digests(digests, progress=progress)
+
+    def digest_seed(self, index: int) -> np.random.SeedSequence:
+        """Seed of the training-cell draw of the ``index``-th patient (documented, reproducible)."""
+        return np.random.SeedSequence([int(self.random_state or 0), 10, int(index)])
+
+    def fit_digests(self, digests, progress=None):
+        """Learn from :class:`PatientDigest` objects (what :meth:`fit` does after digesting).
+
+        ``train --workers`` builds the digests on a Dask cluster, where the files are, and
+        calls this; the result is identical to :meth:`fit` on the same files.
+        """
+        report = progress or (lambda stage, fraction: None)
+        if self.method not in METHODS:
+            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if self.method == "marginal" and len(digests) < 2:
+            raise ValueError("marginal transfer learns across patients: give at least two labeled patients")
         report("Transforming events", 0.05)
-        cells, embedding_cells = self.fit_preprocessing(samples)
-        labels = [np.asarray(y).astype(str) for y in labels]
+        patients = [_DigestView(d) for d in digests]
+        self._choose_channels(patients)
+        train_raw = [d.train_events[:, self._channel_indices(v)] for d, v in zip(digests, patients)]
+        embedding_raw = [d.embedding_events[:, self._channel_indices(v)] for d, v in zip(digests, patients)]
+        self._fit_scales(embedding_raw, patients[0])
+        cells = [self._standardise(r) for r in train_raw]
+        embedding_cells = [self._standardise(r) for r in embedding_raw]
+        labels = [d.train_labels for d in digests]
+        samples = digests
 
         params = self._classifier_params()
         self.selection_ = {}
@@ -201,20 +263,23 @@ class GatingModel:
         """
         self._choose_channels(samples)
         raw = [s.events[:, self._channel_indices(s)] for s in samples]
-        if isinstance(self.transform, ChannelTransform):
-            self.transform_ = self.transform
-        else:
-            first = samples[0]
-            pooled = np.vstack([r[: 20000] for r in raw])
-            ranges = [first.channels[i].range for i in self._channel_indices(first)]
-            self.transform_ = default_transform(self.channels_, pooled, first.keywords, ranges)
-        pooled = np.vstack([self.transform_.apply(r[content_subsample(r, 5000)]) for r in raw])
-        self.center_ = pooled.mean(axis=0).astype(np.float32)
-        scale = pooled.std(axis=0)
-        self.scale_ = np.where(scale > 0, scale, 1.0).astype(np.float32)
+        self._fit_scales([r[content_subsample(r, self.embedding_cells)] for r in raw], samples[0])
         cells = [self._standardise(r) for r in raw]
         embedding_cells = [c[content_subsample(r, self.embedding_cells)] for c, r in zip(cells, raw)]
         return cells, embedding_cells
+
+    def _fit_scales(self, raw_parts, first):
+        """The transform (unless given) and the standardisation, from raw events on channels_."""
+        if isinstance(self.transform, ChannelTransform):
+            self.transform_ = self.transform
+        else:
+            pooled = np.vstack([r[: 20000] for r in raw_parts])
+            ranges = [first.channels[i].range for i in self._channel_indices(first)]
+            self.transform_ = default_transform(self.channels_, pooled, first.keywords, ranges)
+        pooled = np.vstack([self.transform_.apply(r[content_subsample(r, 5000)]) for r in raw_parts])
+        self.center_ = pooled.mean(axis=0).astype(np.float32)
+        scale = pooled.std(axis=0)
+        self.scale_ = np.where(scale > 0, scale, 1.0).astype(np.float32)
 
     def standardised_cells(self, sample) -> np.ndarray:
         """A sample's events on the model's channels, transformed and standardised: (n, d)."""
@@ -508,3 +573,17 @@ def _find_channel(sample, pnn: str, pns: str = "") -> int | None:
         if c.pns and c.pns.casefold() in targets:
             return i
     return None
+
+
+class _DigestView:
+    """Looks enough like a Sample (name, channels, events, keywords) for channel matching."""
+
+    def __init__(self, digest: PatientDigest):
+        self.name = digest.name
+        self.channels = digest.channels
+        self.keywords = digest.keywords
+        self.events = digest.embedding_events
+
+    @property
+    def pnn(self):
+        return [c.pnn for c in self.channels]

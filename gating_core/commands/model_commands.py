@@ -17,6 +17,10 @@ def register(subparsers) -> None:
     train.add_argument("--method", choices=("marginal", "pooling"), default="marginal",
                        help="marginal transfer (default) or the pooling baseline")
     train.add_argument("--library", metavar="DIR", help="also train on the labeled patients of this patient library")
+    cluster = train.add_mutually_exclusive_group()
+    cluster.add_argument("--workers", type=int, metavar="K",
+                         help="read and digest the INPUT files on a local Dask cluster of K workers")
+    cluster.add_argument("--scheduler", metavar="ADDRESS", help="... or on an existing Dask cluster")
     _model_options(train)
     train.add_argument("inputs", nargs="*", metavar="INPUT")
     train.set_defaults(func=run_train)
@@ -80,11 +84,14 @@ def _load_inputs(paths, compensate: bool):
             continue
         samples.append(sample)
         labels.append(populations)
-    names = [s.name for s in samples]
+    _check_unique([s.name for s in samples], errors)
+    return samples, labels, errors
+
+
+def _check_unique(names, errors) -> None:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         errors.append(f"the same patient name appears twice: {', '.join(duplicates)}")
-    return samples, labels, errors
 
 
 def _fail(message: str) -> int:
@@ -93,37 +100,53 @@ def _fail(message: str) -> int:
 
 
 def run_train(args) -> int:
-    from gating_core.model import ChannelMismatchError, GatingModel
+    from gating_core.model import ChannelMismatchError, GatingModel, digest_patient
     from gating_core.progress import StageProgress
 
-    samples, labels, errors = _load_inputs(args.inputs, not args.no_compensation)
+    model = GatingModel(method=args.method, **_model_params(args))
+    compensate = not args.no_compensation
+    if args.workers or args.scheduler:
+        from gating_core.distributed import ClusterError, digest_files_distributed
+
+        try:
+            digests, errors = digest_files_distributed(args.inputs, model.get_params(), workers=args.workers,
+                                                       scheduler=args.scheduler)
+        except ClusterError as exc:
+            return _fail(str(exc))
+    else:
+        samples, labels, errors = _load_inputs(args.inputs, compensate)
+        digests = [digest_patient(s, y, model.cells_per_patient, model.embedding_cells, seed=model.digest_seed(i),
+                                  compensate=compensate) for i, (s, y) in enumerate(zip(samples, labels))]
     if args.library:
         from gating_core.library import LibraryError, PatientLibrary
 
         try:
             library_samples, library_labels = PatientLibrary(args.library, create=False).load_training_set(
-                compensate=not args.no_compensation)
+                compensate=compensate)
         except LibraryError as exc:
             errors.append(str(exc))
         else:
-            samples += library_samples
-            labels += library_labels
+            start = len(digests)
+            digests += [digest_patient(s, y, model.cells_per_patient, model.embedding_cells,
+                                       seed=model.digest_seed(start + i), compensate=compensate)
+                        for i, (s, y) in enumerate(zip(library_samples, library_labels))]
+    if args.library or args.workers or args.scheduler:
+        _check_unique([d.name for d in digests], errors)
     for message in errors:
         print(f"error: {message}", file=sys.stderr)
     if errors:
         return 2
-    if not samples:
+    if not digests:
         return _fail("no labeled patients given (INPUT files or --library)")
-    print(f"Training ({args.method}) on {len(samples)} patients, {sum(s.n_events for s in samples):,} events")
-    model = GatingModel(method=args.method, **_model_params(args))
+    out = Path(args.out)
+    if not out.resolve().parent.exists():
+        return _fail(f"folder {out.parent} does not exist")
+    print(f"Training ({args.method}) on {len(digests)} patients, {sum(d.n_events for d in digests):,} events")
     try:
         with StageProgress("train") as progress:
-            model.fit(samples, labels, progress=progress)
+            model.fit_digests(digests, progress=progress)
     except (ChannelMismatchError, ValueError) as exc:
         return _fail(str(exc))
-    out = Path(args.out)
-    if out.parent and not out.parent.exists():
-        return _fail(f"folder {out.parent} does not exist")
     model.save(out)
     info = model.describe()
     print(f"Channels: {', '.join(info['channels'])}")
