@@ -17,10 +17,7 @@ def register(subparsers) -> None:
     train.add_argument("--method", choices=("marginal", "pooling"), default="marginal",
                        help="marginal transfer (default) or the pooling baseline")
     train.add_argument("--library", metavar="DIR", help="also train on the labeled patients of this patient library")
-    cluster = train.add_mutually_exclusive_group()
-    cluster.add_argument("--workers", type=int, metavar="K",
-                         help="read and digest the INPUT files on a local Dask cluster of K workers")
-    cluster.add_argument("--scheduler", metavar="ADDRESS", help="... or on an existing Dask cluster")
+    _cluster_options(train, "read and digest the INPUT files")
     _model_options(train)
     train.add_argument("inputs", nargs="*", metavar="INPUT")
     train.set_defaults(func=run_train)
@@ -32,9 +29,7 @@ def register(subparsers) -> None:
     gate.add_argument("--model", required=True, help="model file written by train")
     gate.add_argument("--out-dir", required=True, help="folder for the gated CSV files")
     gate.add_argument("--chunk-size", type=int, default=50_000, help="events gated at a time (bounds memory)")
-    where = gate.add_mutually_exclusive_group()
-    where.add_argument("--workers", type=int, metavar="K", help="gate files in parallel on a local Dask cluster of K workers")
-    where.add_argument("--scheduler", metavar="ADDRESS", help="gate files on an existing Dask cluster (tcp://host:8786)")
+    _cluster_options(gate, "gate files in parallel")
     gate.add_argument("--json", action="store_true", help="print one JSON record per patient instead of text")
     gate.add_argument("fcs", nargs="+", metavar="FCS")
     gate.set_defaults(func=run_gate)
@@ -50,6 +45,12 @@ def register(subparsers) -> None:
     _model_options(evaluate)
     evaluate.add_argument("inputs", nargs="+", metavar="INPUT")
     evaluate.set_defaults(func=run_evaluate)
+
+
+def _cluster_options(parser, what: str) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--workers", type=int, metavar="K", help=f"{what} on a local Dask cluster of K workers")
+    where.add_argument("--scheduler", metavar="ADDRESS", help=f"{what} on an existing Dask cluster (tcp://host:8786)")
 
 
 def _model_options(parser) -> None:
