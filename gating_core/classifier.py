@@ -30,7 +30,15 @@ from gating_core.features import ExactKernel, MeanEmbedding, ProductRFF, median_
 
 SOLVERS = ("rff", "nystroem", "exact")
 SCORE_BLOCK = 2048
-SCORE_THREADS = min(4, os.cpu_count() or 1)
+
+
+def score_threads() -> int:
+    """Threads that score blocks of cells: ``$GATING_SCORE_THREADS``, else up to 4 cores.
+
+    Dask workers set it to 1 (one thread per worker process, parallelism across files).
+    """
+    value = os.environ.get("GATING_SCORE_THREADS", "")
+    return max(1, int(value)) if value.isdigit() else min(4, os.cpu_count() or 1)
 
 
 def content_subsample(x: np.ndarray, max_cells: int) -> np.ndarray:
@@ -338,7 +346,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             np.matmul(features, projection, out=scores[lo:hi])
 
         bounds = [(lo, min(lo + SCORE_BLOCK, len(x))) for lo in range(0, len(x), SCORE_BLOCK)]
-        threads = max(1, min(SCORE_THREADS, len(bounds)))
+        threads = max(1, min(score_threads(), len(bounds)))
         with threadpool_limits(1):
             if threads == 1:
                 for b in bounds:

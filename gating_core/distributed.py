@@ -30,7 +30,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 # Every worker process gets these before numpy starts: one BLAS thread per Dask thread.
-WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
+              "GATING_SCORE_THREADS": "1"}
 
 _MODEL_CACHE: dict[str, object] = {}
 _MODEL_LOCK = threading.Lock()
