@@ -58,6 +58,9 @@ def _atomic_target(path: Path) -> Path:
     return path.with_name(f".{path.name}.{os.getpid()}.part")
 
 
+CSV_BATCH_ROWS = 131_072
+
+
 def write_gated_csv(path: str | os.PathLike, sample: Sample, populations, confidence=None) -> None:
     """Write one row per event: channels by $PnN, ``population``, ``confidence`` (if given).
 
@@ -78,15 +81,24 @@ def write_gated_csv(path: str | os.PathLike, sample: Sample, populations, confid
                          "CSV's own columns")
     # float32 stays float32 (shortest round-trip text); everything else as float64.
     dtype = np.float32 if sample.events.dtype == np.float32 else np.float64
-    events = np.asarray(sample.events, dtype=dtype)
-    columns = {name: events[:, i] for i, name in enumerate(sample.pnn)}
-    columns[POPULATION_COLUMN] = pa.array(populations, type=pa.string())
-    if confidence is not None:
-        columns[CONFIDENCE_COLUMN] = confidence.astype(np.float32)
-    table = pa.table(columns)
+    names = list(sample.pnn) + [POPULATION_COLUMN] + ([CONFIDENCE_COLUMN] if confidence is not None else [])
+
+    def batch(start, stop):
+        # Row batches keep the Arrow copies small: memory stays flat whatever the file size.
+        events = np.asarray(sample.events[start:stop], dtype=dtype)
+        arrays = [pa.array(np.ascontiguousarray(events[:, i])) for i in range(events.shape[1])]
+        arrays.append(pa.array(populations[start:stop], type=pa.string()))
+        if confidence is not None:
+            arrays.append(pa.array(confidence[start:stop].astype(np.float32)))
+        return pa.RecordBatch.from_arrays(arrays, names=names)
+
     tmp = _atomic_target(path)
     try:
-        pacsv.write_csv(table, tmp, write_options=pacsv.WriteOptions(quoting_style="needed"))
+        first = batch(0, min(len(populations), CSV_BATCH_ROWS))
+        with pacsv.CSVWriter(tmp, first.schema, write_options=pacsv.WriteOptions(quoting_style="needed")) as writer:
+            writer.write_batch(first)
+            for start in range(CSV_BATCH_ROWS, len(populations), CSV_BATCH_ROWS):
+                writer.write_batch(batch(start, start + CSV_BATCH_ROWS))
         os.replace(tmp, path)
     finally:
         if tmp.exists():
