@@ -49,9 +49,13 @@ def looks_like_mass_cytometry(pnn: list[str], keywords: dict | None, data: np.nd
         return True
     if data is not None and len(data):
         sample = np.asarray(data[: min(len(data), 20000)], dtype=np.float64)
-        no_negatives = float(np.mean(sample < 0)) < 1e-3
+        # Mass cytometry counts ions: no real negatives (some pipelines randomise zeros into
+        # [-1, 0]) and many events at or near zero. Compensated flow spreads negatives over
+        # hundreds of units and has almost no exact zeros.
+        no_negatives = float(np.mean(sample < -1.0)) < 1e-3
         zero_fraction = float(np.median(np.mean(sample == 0, axis=0)))
-        return no_negatives and zero_fraction > 0.02
+        near_zero_fraction = float(np.median(np.mean(np.abs(sample) < 1.0, axis=0)))
+        return no_negatives and (zero_fraction > 0.02 or near_zero_fraction > 0.05)
     return False
 
 
