@@ -62,6 +62,17 @@ def test_gate_reports_a_bad_file_and_finishes_the_others(trained_model, sample_d
     assert not (tmp_path / "out" / "broken.gated.csv").exists()
 
 
+def test_gate_refuses_inputs_that_would_overwrite_each_other(trained_model, sample_data_dir, tmp_path):
+    twin = tmp_path / "elsewhere" / "new_patient_01.fcs"
+    twin.parent.mkdir()
+    shutil.copy(sample_data_dir / "new" / "new_patient_01.fcs", twin)
+    result = run_cli("gate", "--model", trained_model, "--out-dir", tmp_path / "out",
+                     sample_data_dir / "new" / "new_patient_01.fcs", twin)
+    assert result.returncode == 2
+    assert "would write the same gated CSV" in result.stderr and str(twin) in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_gate_refuses_a_file_that_is_not_a_model(tmp_path, sample_data_dir):
     fake = tmp_path / "model.npz"
     fake.write_bytes(b"PK\x03\x04 definitely not a model")

@@ -161,8 +161,17 @@ def run_train(args) -> int:
 
 
 def run_gate(args) -> int:
+    from gating_core.gating import output_stem
     from gating_core.model import GatingModel, ModelFileError
 
+    # Two inputs with one name (from different folders) would overwrite each other's output.
+    by_stem: dict = {}
+    for path in args.fcs:
+        by_stem.setdefault(output_stem(Path(path).stem), []).append(path)
+    clashes = [paths for paths in by_stem.values() if len(paths) > 1]
+    if clashes:
+        return _fail("these inputs would write the same gated CSV; rename one or gate them into "
+                     "separate folders: " + "; ".join(" and ".join(paths) for paths in clashes))
     try:
         model = GatingModel.load(args.model)
     except ModelFileError as exc:
