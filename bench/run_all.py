@@ -9,6 +9,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
+import bench_ellipse  # noqa: E402
 import bench_model  # noqa: E402
 import bench_read  # noqa: E402
 import bench_scale  # noqa: E402
@@ -18,6 +19,7 @@ def main() -> int:
     status = 0
     for title, run in (("FCS reading", lambda: bench_read.main([])),
                        ("Model training and gating", lambda: bench_model.main([])),
+                       ("JMLR ellipse task", lambda: bench_ellipse.main([])),
                        ("Scale: streaming, Dask, training growth", lambda: bench_scale.main([]))):
         print(f"\n######## {title} ########", flush=True)
         status |= int(run() or 0)

@@ -132,14 +132,12 @@ def cluster_client(workers=None, scheduler=None, client=None, connect_timeout="3
 def _digest_task(path: str, index: int, params: dict):
     """On a worker: read one labeled INPUT and reduce it to a PatientDigest (or an error)."""
     from gating_core.fcs import FCSError
-    from gating_core.labels import LabelError, load_labeled_input
-    from gating_core.model import GatingModel, digest_patient
+    from gating_core.gating import digest_file
+    from gating_core.labels import LabelError
+    from gating_core.model import GatingModel
 
-    model = GatingModel(**params)
     try:
-        sample, labels = load_labeled_input(path, compensate=model.compensate)
-        return digest_patient(sample, labels, model.cells_per_patient, model.embedding_cells,
-                              seed=model.digest_seed(index), compensate=model.compensate)
+        return digest_file(path, index, GatingModel(**params))
     except (FCSError, LabelError, OSError, ValueError) as exc:
         return {"file": path, "error": str(exc)}
 

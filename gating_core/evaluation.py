@@ -14,7 +14,7 @@ import pandas as pd
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 from sklearn.metrics import f1_score
 
-from gating_core.model import GatingModel
+from gating_core.model import GatingModel, digest_patient
 
 METHODS = ("marginal", "pooling", "lda")
 
@@ -22,8 +22,8 @@ METHODS = ("marginal", "pooling", "lda")
 class LDABaseline:
     """LDA on the transformed, standardised channels, trained on all patients' cells pooled.
 
-    Each training patient contributes the same number of cells (a seeded draw), as in the
-    marginal-transfer objective. Channels and transform are chosen exactly as GatingModel does.
+    Each training patient contributes the same seeded draw of cells as in GatingModel (a
+    :class:`~gating_core.model.PatientDigest`); channels and transform are chosen the same way.
     """
 
     def __init__(self, cells_per_patient=4000, compensate=True, random_state=0):
@@ -32,14 +32,13 @@ class LDABaseline:
         self.random_state = random_state
 
     def fit(self, samples, labels):
-        self.preprocessing_ = GatingModel(compensate=self.compensate)
-        samples = [self.preprocessing_._compensated(s) for s in samples]
-        cells, _ = self.preprocessing_.fit_preprocessing(samples)
-        rng = np.random.default_rng(self.random_state)
-        picks = [rng.choice(len(c), min(len(c), self.cells_per_patient), replace=False) for c in cells]
-        x = np.vstack([c[p] for c, p in zip(cells, picks)])
-        y = np.concatenate([np.asarray(lab).astype(str)[p] for lab, p in zip(labels, picks)])
-        self.lda_ = LinearDiscriminantAnalysis().fit(x, y)
+        self.preprocessing_ = GatingModel(compensate=self.compensate, cells_per_patient=self.cells_per_patient,
+                                          random_state=self.random_state)
+        digests = [digest_patient(s, y, self.cells_per_patient, self.preprocessing_.embedding_cells,
+                                  seed=self.preprocessing_.digest_seed(i), compensate=self.compensate)
+                   for i, (s, y) in enumerate(zip(samples, labels))]
+        cells, _, drawn_labels = self.preprocessing_.prepare_digests(digests)
+        self.lda_ = LinearDiscriminantAnalysis().fit(np.vstack(cells), np.concatenate(drawn_labels))
         self.populations_ = [str(c) for c in self.lda_.classes_]
         return self
 

@@ -1,4 +1,8 @@
-"""Gating files with a trained model: the serial path that batch and cluster runs share."""
+"""Work on files: the serial paths that batch and cluster runs share.
+
+``gate_file`` gates an FCS file with a trained model; ``digest_file`` reduces a labeled
+training INPUT to what training needs.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +11,7 @@ from pathlib import Path
 
 from gating_core.export import write_gated_csv
 from gating_core.fcs import FCSError, read_fcs_all
-from gating_core.model import ChannelMismatchError, GatingModel
+from gating_core.model import ChannelMismatchError, GatingModel, PatientDigest, digest_patient
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 
@@ -46,3 +50,13 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000) -
             record["error"] = message
         records.append(record)
     return records
+
+
+def digest_file(path, index: int, model: GatingModel) -> PatientDigest:
+    """The :class:`PatientDigest` of the ``index``-th training INPUT (FCS with its labels file,
+    or a gated CSV), drawn as ``model.fit`` would. Raises FCSError or LabelError."""
+    from gating_core.labels import load_labeled_input
+
+    sample, labels = load_labeled_input(path, compensate=model.compensate)
+    return digest_patient(sample, labels, model.cells_per_patient, model.embedding_cells,
+                          seed=model.digest_seed(index), compensate=model.compensate)

@@ -191,16 +191,10 @@ class GatingModel:
         labels : list of ndarray of shape (n_events_i,), population names
         progress : callable(stage: str, fraction: float) or None
         """
-        report = progress or (lambda stage, fraction: None)
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
-        if len(samples) == 0:
-            raise ValueError("no training patients")
         if len(samples) != len(labels):
             raise ValueError(f"{len(samples)} patients but {len(labels)} label arrays")
-        if self.method == "marginal" and len(samples) < 2:
-            raise ValueError("marginal transfer learns across patients: give at least two labeled patients")
-        report("Preparing channels", 0.0)
+        if progress is not None:
+            progress("Preparing channels", 0.0)
         digests = [digest_patient(s, y, self.cells_per_patient, self.embedding_cells,
                                   seed=self.digest_seed(i), compensate=self.compensate)
                    for i, (s, y) in enumerate(zip(samples, labels))]
@@ -219,17 +213,12 @@ class GatingModel:
         report = progress or (lambda stage, fraction: None)
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        if len(digests) == 0:
+            raise ValueError("no training patients")
         if self.method == "marginal" and len(digests) < 2:
             raise ValueError("marginal transfer learns across patients: give at least two labeled patients")
         report("Transforming events", 0.05)
-        patients = [_DigestView(d) for d in digests]
-        self._choose_channels(patients)
-        train_raw = [d.train_events[:, self._channel_indices(v)] for d, v in zip(digests, patients)]
-        embedding_raw = [d.embedding_events[:, self._channel_indices(v)] for d, v in zip(digests, patients)]
-        self._fit_scales(embedding_raw, patients[0])
-        cells = [self._standardise(r) for r in train_raw]
-        embedding_cells = [self._standardise(r) for r in embedding_raw]
-        labels = [d.train_labels for d in digests]
+        cells, embedding_cells, labels = self.prepare_digests(digests)
         samples = digests
 
         params = self._classifier_params()
@@ -259,18 +248,19 @@ class GatingModel:
         report("Done", 1.0)
         return self
 
-    def fit_preprocessing(self, samples):
-        """Choose channels, transform and standardisation from training ``samples``.
+    def prepare_digests(self, digests):
+        """Choose channels, transform and standardisation from training digests.
 
-        Returns the standardised cells of each sample (n_i, d) and the cells each patient's
-        embedding is computed from (chosen by content, so independent of event order).
+        Returns, per patient, the standardised training cells (m_i, d), the standardised cells
+        its embedding is computed from (e_i, d) and the training cells' labels (m_i,).
         """
-        self._choose_channels(samples)
-        raw = [s.events[:, self._channel_indices(s)] for s in samples]
-        self._fit_scales([r[content_subsample(r, self.embedding_cells)] for r in raw], samples[0])
-        cells = [self._standardise(r) for r in raw]
-        embedding_cells = [c[content_subsample(r, self.embedding_cells)] for c, r in zip(cells, raw)]
-        return cells, embedding_cells
+        patients = [_DigestView(d) for d in digests]
+        self._choose_channels(patients)
+        indices = [self._channel_indices(v) for v in patients]
+        embedding_raw = [d.embedding_events[:, i] for d, i in zip(digests, indices)]
+        self._fit_scales(embedding_raw, patients[0])
+        cells = [self._standardise(d.train_events[:, i]) for d, i in zip(digests, indices)]
+        return cells, [self._standardise(r) for r in embedding_raw], [d.train_labels for d in digests]
 
     def _fit_scales(self, raw_parts, first):
         """The transform (unless given) and the standardisation, from raw events on channels_."""
@@ -373,7 +363,11 @@ class GatingModel:
         """Psi of a patient (after compensation): ndarray (2L,)."""
         self._check_fitted()
         sample = self._compensated(sample)
-        raw = sample.events[:, self._channel_indices(sample)]
+        return self._embedding(sample.events, self._channel_indices(sample))
+
+    def _embedding(self, events, indices) -> np.ndarray:
+        """Psi from the content-chosen cells of ``events`` (n, all channels) on ``indices``."""
+        raw = events[:, indices]
         return self.classifier_.embed(self._standardise(raw[content_subsample(raw, self.embedding_cells)]))
 
     def novelty(self, sample=None, embedding=None) -> Novelty:
@@ -401,8 +395,7 @@ class GatingModel:
         sample = self._compensated(sample)
         indices = self._channel_indices(sample)
         events = sample.events
-        subset = events[content_subsample(events[:, indices], self.embedding_cells)][:, indices]
-        embedding = self.classifier_.embed(self._standardise(subset))
+        embedding = self._embedding(events, indices)
         n = sample.n_events
         # Chunks are whole multiples of the scoring block, so every cell is scored in the same
         # block whatever chunk_size is: results are bitwise independent of it.
@@ -428,10 +421,9 @@ class GatingModel:
         """Probability of each population (columns in ``populations_`` order): (n_events, k)."""
         self._check_fitted()
         sample = self._compensated(sample)
-        raw = sample.events[:, self._channel_indices(sample)]
-        cells = self._standardise(raw)
-        embedding = self.classifier_.embed(cells[content_subsample(raw, self.embedding_cells)])
-        return self.classifier_.predict_proba(cells, embedding)
+        indices = self._channel_indices(sample)
+        cells = self._standardise(sample.events[:, indices])
+        return self.classifier_.predict_proba(cells, self._embedding(sample.events, indices))
 
     # -- persistence -----------------------------------------------------------------------------
 

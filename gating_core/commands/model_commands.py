@@ -115,9 +115,16 @@ def run_train(args) -> int:
         except ClusterError as exc:
             return _fail(str(exc))
     else:
-        samples, labels, errors = _load_inputs(args.inputs, compensate)
-        digests = [digest_patient(s, y, model.cells_per_patient, model.embedding_cells, seed=model.digest_seed(i),
-                                  compensate=compensate) for i, (s, y) in enumerate(zip(samples, labels))]
+        from gating_core.fcs import FCSError
+        from gating_core.gating import digest_file
+        from gating_core.labels import LabelError
+
+        digests, errors = [], []
+        for i, path in enumerate(args.inputs):
+            try:
+                digests.append(digest_file(path, i, model))
+            except (FCSError, LabelError, OSError, ValueError) as exc:
+                errors.append(str(exc))
     if args.library:
         from gating_core.library import LibraryError, PatientLibrary
 
@@ -131,8 +138,7 @@ def run_train(args) -> int:
             digests += [digest_patient(s, y, model.cells_per_patient, model.embedding_cells,
                                        seed=model.digest_seed(start + i), compensate=compensate)
                         for i, (s, y) in enumerate(zip(library_samples, library_labels))]
-    if args.library or args.workers or args.scheduler:
-        _check_unique([d.name for d in digests], errors)
+    _check_unique([d.name for d in digests], errors)
     for message in errors:
         print(f"error: {message}", file=sys.stderr)
     if errors:
