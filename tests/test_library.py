@@ -625,10 +625,14 @@ def test_imports_killed_at_random_moments_never_leave_a_half_patient(tmp_path):
         worker = run_worker(lib_dir, "import", str(path))
         assert worker.stdout.readline() == "opened\n"
         time.sleep(delay)
-        killed = worker.poll() is None
-        if killed:
-            kill(worker)
-        worker.wait()
+        if worker.poll() is None:
+            try:
+                os.kill(worker.pid, signal.SIGKILL)
+            except ProcessLookupError:  # it finished between poll() and the signal
+                pass
+        worker.wait(timeout=30)
+        # Only a kill that landed counts as one: the import may finish just before the signal.
+        killed = worker.returncode == -signal.SIGKILL
         leftovers = len(list((lib_dir / "tmp").iterdir())) + len(
             {p.name for p in (lib_dir / "data").iterdir()} - {Path(r).name for r in _relpaths(lib_dir)})
         library = PatientLibrary(lib_dir)
