@@ -102,6 +102,22 @@ def wait_idle(page, timeout=120_000):
     page.wait_for_timeout(300)
 
 
+def download_clicked(page, button_name, attempts=3):
+    """Click a download button and return the download. A click that lands while Streamlit
+    re-renders the button is lost (seen once in CI), so wait for quiet and try again."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    for attempt in range(attempts):
+        wait_idle(page)
+        try:
+            with page.expect_download(timeout=40_000) as info:
+                page.get_by_role("button", name=button_name).click()
+            return info.value
+        except PlaywrightTimeoutError:
+            if attempt == attempts - 1:
+                raise
+
+
 HEADINGS = {"Explore": "Explore the cells", "Gate": "Gate: label patients by hand", "Train": "Train a gating model",
             "Auto-gate": "Auto-gate new patients"}
 
@@ -193,11 +209,10 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     assert n_corrected > 0
     wait_idle(page)
     page.screenshot(path=str(artifacts_dir / "6_autogate_corrected.png"), full_page=True)
-    with page.expect_download() as info:
-        page.get_by_role("button", name="Gated CSV").click()
     target = tmp_path / "downloaded.gated.csv"
-    info.value.save_as(target)
-    assert info.value.suggested_filename == "new_patient_01.gated.csv"
+    download = download_clicked(page, "Gated CSV")
+    download.save_as(target)
+    assert download.suggested_filename == "new_patient_01.gated.csv"
 
     from gating_core.export import read_gated_csv
 
