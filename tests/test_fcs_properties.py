@@ -37,25 +37,36 @@ def _stored_bytes(values: np.ndarray, datatype: str, width: int, order: list[int
 
 def build_dataset(columns, *, datatype="I", widths=None, byteord="1,2,3,4", version="3.1",
                   pnn=None, pns=None, ranges=None, extra=None, header_data="ok",
-                  enddata_shift=0, tot=None, nextdata=0, delimiter="/", text_start=58) -> bytes:
-    """One data set (HEADER + TEXT + DATA) as bytes; offsets relative to its first byte."""
+                  enddata_shift=0, tot=None, nextdata=0, delimiter="/", text_start=58,
+                  datatypes=None, data=None, rename=None) -> bytes:
+    """One data set (HEADER + TEXT + DATA) as bytes; offsets relative to its first byte.
+
+    ``datatypes``: per-channel I/F/D (FCS 3.2 $PnDATATYPE, written when it differs from
+    ``datatype``); ``data``: DATA bytes to write instead of encoding ``columns`` (packed or
+    ASCII layouts); ``rename``: applied to every keyword name as written (e.g. padding).
+    """
     d = len(columns)
     n = len(columns[0]) if d else 0
-    widths = widths or [{"F": 4, "D": 8}.get(datatype, 2)] * d
+    datatypes = datatypes or [datatype] * d
+    widths = widths or [{"F": 4, "D": 8}.get(t, 2) for t in datatypes]
     order = [int(x) - 1 for x in byteord.split(",")]
-    data = b""
-    if n:
-        data = np.concatenate([_stored_bytes(np.asarray(col), datatype, w, order)
-                               for col, w in zip(columns, widths)], axis=1).tobytes()
+    if data is None:
+        data = b""
+        if n:
+            data = np.concatenate([_stored_bytes(np.asarray(col), t, w, order)
+                                   for col, w, t in zip(columns, widths, datatypes)],
+                                  axis=1).tobytes()
     keywords = {"$BYTEORD": byteord, "$DATATYPE": datatype, "$MODE": "L", "$PAR": str(d),
                 "$TOT": str(n if tot is None else tot), "$NEXTDATA": f"{nextdata:012d}"}
     for i in range(d):
-        keywords[f"$P{i + 1}B"] = str(8 * widths[i])
         keywords[f"$P{i + 1}N"] = pnn[i] if pnn else f"CH{i + 1}"
+        if pns and pns[i] is not None:
+            keywords[f"$P{i + 1}S"] = pns[i]  # "" is written as an empty value (FCS 2.0 style)
+        keywords[f"$P{i + 1}B"] = str(8 * widths[i])
         keywords[f"$P{i + 1}R"] = str(ranges[i] if ranges else 2 ** min(8 * widths[i], 62))
         keywords[f"$P{i + 1}E"] = "0,0"
-        if pns and pns[i]:
-            keywords[f"$P{i + 1}S"] = pns[i]
+        if datatypes[i] != datatype:
+            keywords[f"$P{i + 1}DATATYPE"] = datatypes[i]
     keywords.update(extra or {})
     keywords["$BEGINDATA"] = "0" * 12
     keywords["$ENDDATA"] = "0" * 12
@@ -64,7 +75,8 @@ def build_dataset(columns, *, datatype="I", widths=None, byteord="1,2,3,4", vers
         parts = [delimiter]
         for key, value in keywords.items():
             esc = str(value).replace(delimiter, delimiter * 2)
-            parts.append(f"{key}{delimiter}{esc}{delimiter}")
+            name = rename(key) if rename else key
+            parts.append(f"{name}{delimiter}{esc}{delimiter}")
         return "".join(parts).encode("utf-8")
 
     text = text_bytes()
