@@ -1,24 +1,30 @@
-"""Reading and writing FCS files (versions 2.0, 3.0, 3.1).
+"""Reading and writing FCS files (versions 2.0, 3.0, 3.1, 3.2).
 
-FlowIO tokenizes the TEXT segment and remains available as a complete second reader
-(``engine="flowio"``); this module adds what real instrument files need on top of it:
+The TEXT segment is tokenised here (FlowIO remains available as a second DATA reader,
+``engine="flowio"``); this module adds what real instrument files need:
 
+* keyword names normalised before lookup (case-folded, spaces around them removed, as Partec /
+  Sysmex CyFlow pad them); in FCS 2.0 files a doubled delimiter right after a keyword and
+  before another is an empty value (BD CellQuest), not an escaped delimiter;
 * every number taken from the HEADER or TEXT is checked against the file size *before*
   anything is allocated, so a damaged keyword cannot ask for terabytes;
 * the DATA segment is located from whichever of HEADER / TEXT offsets agrees with
-  ``$TOT x bytes per event`` (blank or zero HEADER offsets, off-by-one ``$ENDDATA``,
+  ``$TOT x bits per event`` (blank or zero HEADER offsets, off-by-one ``$ENDDATA``,
   HEADER/TEXT disagreements);
-* several data sets per file (``$NEXTDATA``);
-* any ``$BYTEORD`` permutation and any byte-aligned ``$PnB`` width (8, 16, 24, 32, 64 bits,
-  mixed), integer data masked to ``$PnR``;
+* several data sets per file (``$NEXTDATA``); one that cannot be read is reported and skipped
+  when others can (``read_fcs_all(...).skipped``, notes, ``fcs_info``);
+* any ``$BYTEORD`` permutation (one shorter than the values is applied by its direction, with
+  a note) and any ``$PnB`` width: byte-aligned (8, 16, 24, 32, 64 bits, mixed), packed
+  (e.g. 10-bit integers in one bit stream), FCS 3.2 ``$PnDATATYPE`` per channel, ASCII
+  (``$DATATYPE A``, fixed width or delimited); integer data masked to ``$PnR``;
 * ``$PnE`` log amplification decoded, ``$PnG`` gain and ``$TIMESTEP`` applied (as FlowIO and
-  FlowKit do), duplicate ``$PnN`` names made unique;
+  FlowKit do; non-positive ones are ignored with a note), duplicate ``$PnN`` names made unique;
 * spillover from ``$SPILLOVER``, ``SPILL`` or ``$SPILL``.
 
 The DATA segment of the common uniform-width files is read with one ``numpy.fromfile`` call
 (the reading speed is then the disk's); unusual layouts go through a byte-level numpy path.
 Every way a file can be unreadable becomes one exception type, :class:`FCSError`, whose message
-names the file and the problem.
+names the file and the problem; what was tolerated is listed in ``Sample.notes``.
 """
 
 from __future__ import annotations
@@ -32,10 +38,11 @@ from pathlib import Path
 import flowio
 import numpy as np
 
-__all__ = ["FCSError", "Channel", "Sample", "read_fcs", "read_fcs_all", "write_fcs", "fcs_info"]
+__all__ = ["FCSError", "Channel", "Sample", "SampleList", "read_fcs", "read_fcs_all", "write_fcs",
+           "fcs_info"]
 
 HEADER_LENGTH = 58
-SUPPORTED_VERSIONS = ("2.0", "3.0", "3.1")
+SUPPORTED_VERSIONS = ("2.0", "3.0", "3.1", "3.2")
 MAX_DATA_SETS = 10_000
 # FCS 3.1: HEADER offsets above this are written as 0 (or left blank).
 HEADER_OFFSET_LIMIT = 99_999_999
@@ -81,17 +88,19 @@ class Sample:
     channels : list of Channel
         $PnN names are unique (a repeated name gets ``_2``, ``_3``... appended).
     keywords : dict of str -> str
-        The TEXT segment, keys upper-cased, with their leading ``$`` when the file had one.
+        The TEXT segment, keys upper-cased and stripped of padding, with their leading ``$``
+        when the file had one.
     spillover : ndarray of shape (k, k) or None
     spillover_channels : list of str
         The (unique) $PnN names the spillover matrix applies to, in its order.
     version : str
-        ``"2.0"``, ``"3.0"`` or ``"3.1"``.
+        ``"2.0"``, ``"3.0"``, ``"3.1"`` or ``"3.2"``.
     path : str or None
     compensated : bool
     notes : list of str
         Things the reader tolerated or could not interpret (e.g. an unparseable spillover
-        keyword, an off-by-one $ENDDATA), for display; empty for a clean file.
+        keyword, an off-by-one $ENDDATA, an ignored negative $PnG, a data set of the same file
+        that was skipped), for display; empty for a clean file.
     """
 
     name: str
@@ -179,6 +188,11 @@ class _Header:
     analysis_stop: int | None
 
 
+def _is_digits(text: str) -> bool:
+    """ASCII digits only (str.isdigit also accepts '²' and other digits int() refuses)."""
+    return text.isascii() and text.isdigit()
+
+
 _HEADER_FIELDS = (("TEXT start", 10), ("TEXT end", 18), ("DATA start", 26), ("DATA end", 34),
                   ("ANALYSIS start", 42), ("ANALYSIS end", 50))
 
@@ -197,24 +211,19 @@ def _parse_header(raw: bytes, path, base: int) -> _Header:
                              "of 'FCS'")
     version = raw[3:6].decode("latin-1")
     if version not in SUPPORTED_VERSIONS:
-        raise FCSError(path, f"unsupported FCS version {version!r} (supported: 2.0, 3.0, 3.1)")
+        raise FCSError(path, f"unsupported FCS version {version!r} (supported: 2.0, 3.0, 3.1, 3.2)")
     values = []
     for label, start in _HEADER_FIELDS:
         text = raw[start:start + 8].decode("latin-1").strip()
         if text == "":
             values.append(None)
-        elif text.isdigit():
+        elif _is_digits(text):
             values.append(int(text))
         elif label.startswith("ANALYSIS"):
             values.append(None)  # never needed to read events
         else:
             raise FCSError(path, f"HEADER field '{label}'{where} is not a number: {text!r}")
     return _Header(version, *values)
-
-
-# FlowIO's TEXT tokenizer (handles delimiter choice and doubled delimiters; returns lower-case
-# keys without '$').
-_parse_pairs = flowio.FlowData._FlowData__parse_pairs
 
 
 def _decode_text(raw: bytes) -> str:
@@ -224,17 +233,88 @@ def _decode_text(raw: bytes) -> str:
         return raw.decode("latin-1")
 
 
-def _tokenize_text(text: str, path, segment: str) -> tuple[dict[str, str], set[str]]:
-    """Keywords (lower-case, no '$') and the set of keyword names written with a '$'."""
+# What may follow a doubled delimiter for it to be read as an empty value (FCS 2.0 only).
+_KEYWORD_LIKE = re.compile(r"\s*(\$[A-Za-z][A-Za-z0-9_]*|[A-Za-z][A-Za-z0-9 _\-.#()]{0,63})\s*")
+
+
+def _split_text(text: str, empty_values: bool) -> tuple[list[str], list[str]]:
+    """Tokens of a TEXT segment (keyword, value, keyword, ...) and the keywords read as empty.
+
+    The first character is the delimiter; a doubled delimiter inside a keyword or value stands
+    for the delimiter character itself (FCS 3.x). FCS 2.0 allowed empty values, written as two
+    delimiters in a row: with ``empty_values``, a doubled delimiter right after a keyword that
+    is followed by something keyword-like ends the keyword and gives it an empty value (the
+    reading flowCore applies to such files), instead of joining the two keywords.
+    """
+    delimiter = text[0]
+    body = text[1:]
+    runs = list(re.finditer(re.escape(delimiter) + "+", body))
+    tokens: list[str] = []
+    empties: list[str] = []
+    piece: list[str] = []
+    pos = 0
+    for k, run in enumerate(runs):
+        piece.append(body[pos:run.start()])
+        pos = run.end()
+        length = run.end() - run.start()
+        if length == 1:
+            tokens.append("".join(piece))
+            piece = []
+            continue
+        if empty_values and length == 2 and len(tokens) % 2 == 0 and "".join(piece).strip():
+            following = body[run.end():runs[k + 1].start() if k + 1 < len(runs) else len(body)]
+            if run.end() == len(body) or _KEYWORD_LIKE.fullmatch(following):
+                keyword = "".join(piece)
+                tokens += [keyword, ""]
+                empties.append(keyword.strip())
+                piece = []
+                continue
+        piece.append(delimiter * (length // 2))
+        if length % 2:
+            tokens.append("".join(piece))
+            piece = []
+    piece.append(body[pos:])
+    if "".join(piece):
+        tokens.append("".join(piece))  # TEXT not closed by a delimiter
+    return tokens, empties
+
+
+@dataclass
+class _Text:
+    values: dict[str, str]     # normalised names (case-folded, no '$', no padding) -> value
+    display: dict[str, str]    # normalised name -> name as shown ("$P1N", "SPILL", ...)
+    notes: list[str]
+
+
+def _tokenize_text(text: str, path, segment: str, version: str) -> _Text:
+    """Keywords of a TEXT segment, with names normalised for lookup (see :class:`_Text`)."""
     if len(text) < 2:
         raise FCSError(path, f"the {segment} segment is empty")
-    try:
-        pairs = _parse_pairs(text)
-    except Exception as exc:  # noqa: BLE001 - FlowIO raises assorted types on garbage
-        raise FCSError(path, f"the {segment} segment cannot be parsed ({exc})") from None
-    delimiter = re.escape(text[0])
-    dollar_names = {m.lower() for m in re.findall(f"{delimiter}\\$([^{delimiter}]+)", text)}
-    return pairs, dollar_names
+    tokens, empties = _split_text(text, empty_values=version == "2.0")
+    notes = []
+    if len(tokens) % 2 and tokens[-1].strip():
+        notes.append(f"{segment} ends with {tokens[-1].strip()[:40]!r} without a value; ignored")
+    values: dict[str, str] = {}
+    display: dict[str, str] = {}
+    padded = []
+    for raw_name, value in zip(tokens[0::2], tokens[1::2]):
+        name = raw_name.strip()
+        if name != raw_name:
+            padded.append(raw_name)
+        has_dollar = name.startswith("$")
+        key = (name[1:] if has_dollar else name).strip().casefold()
+        if not key:
+            continue
+        values[key] = value
+        display[key] = ("$" if has_dollar else "") + key.upper()
+    if padded:
+        notes.append(f"{len(padded)} keyword names in {segment} padded with spaces (e.g. "
+                     f"{padded[0][:40]!r}); read without the padding")
+    if empties:
+        shown = ", ".join(empties[:8]) + (", ..." if len(empties) > 8 else "")
+        notes.append(f"FCS 2.0 {segment}: {len(empties)} keywords with an empty value ({shown}); "
+                     "their doubled delimiters read as empty values, not escaped delimiters")
+    return _Text(values, display, notes)
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,13 +326,13 @@ class _Layout:
     path: Path
     base: int                      # byte offset of this data set's HEADER
     header: _Header
-    text: dict[str, str]           # lower-case keys, no '$'
+    text: dict[str, str]           # normalised keys (case-folded, no '$')
     keywords: dict[str, str]       # display keys
     n_events: int
     n_channels: int
-    datatype: str                  # 'I', 'F', 'D'
+    datatype: str                  # $DATATYPE: 'I', 'F', 'D' or 'A'
     byte_significance: list[int]   # BYTEORD as 0-based significance of each stored byte
-    widths: list[int]              # bytes per value, per channel
+    widths: list[int]              # bytes per value, per channel (byte-aligned storage)
     ranges: list[float | None]
     pnn: list[str]
     pns: list[str]
@@ -262,10 +342,14 @@ class _Layout:
     time_index: int | None
     timestep: float | None
     data_start: int                # absolute file offsets, inclusive start
-    data_bytes: int                # bytes the events occupy (n_events * bytes per event)
+    data_bytes: int                # bytes the events occupy
     data_from: str                 # 'TEXT' or 'HEADER'
     nextdata: int
     notes: list[str]
+    datatypes: list[str] = field(default_factory=list)  # per channel ($PnDATATYPE, FCS 3.2)
+    bits: list[int] = field(default_factory=list)       # stored bits (ASCII: characters, 0 = '*')
+    storage: str = "aligned"       # 'aligned', 'packed', 'ascii-fixed', 'ascii-delimited'
+    numpy_only: str = ""           # why FlowIO's DATA reader cannot be used, if it cannot
 
     @property
     def bytes_per_event(self) -> int:
@@ -308,20 +392,21 @@ def _byte_significance(byteord: str, path) -> list[int]:
     return [o - 1 for o in order]
 
 
+def _is_big_endian(order: list[int]) -> bool:
+    """Direction of a $BYTEORD: most significant byte first (a single byte counts as little)."""
+    return len(order) > 1 and order == sorted(order, reverse=True)
+
+
 def _significance_for_width(order: list[int], width: int, path) -> list[int]:
     """Significance of each stored byte of a ``width``-byte value under $BYTEORD ``order``."""
     if len(order) == width:
         return order
+    if _is_big_endian(order):
+        return list(range(width - 1, -1, -1))
     if order == sorted(order):
         return list(range(width))
-    if order == sorted(order, reverse=True):
-        return list(range(width - 1, -1, -1))
     raise FCSError(path, f"$BYTEORD {','.join(str(o + 1) for o in order)} cannot be applied to "
                          f"{8 * width}-bit values")
-
-
-def _display_keywords(text: dict[str, str], dollar_names: set[str]) -> dict[str, str]:
-    return {("$" + k.upper() if k in dollar_names else k.upper()): v for k, v in text.items()}
 
 
 def _unique_names(names: list[str]) -> list[str]:
@@ -346,10 +431,20 @@ def _next_power_of_two(x: float) -> int:
     return 1 << max(0, math.ceil(math.log2(x))) if x > 1 else 1
 
 
-def _parse_layout(fh, path: Path, base: int, file_size: int) -> _Layout:
+@dataclass
+class _DataSetText:
+    """HEADER and keywords of one data set: enough to find the next one."""
+    base: int
+    header: _Header
+    text: dict[str, str]
+    display: dict[str, str]
+    notes: list[str]
+    nextdata: int
+
+
+def _read_data_set_text(fh, path: Path, base: int, file_size: int) -> _DataSetText:
     fh.seek(base)
     header = _parse_header(fh.read(HEADER_LENGTH), path, base)
-    notes: list[str] = []
     if header.text_start is None or header.text_stop is None:
         raise FCSError(path, "HEADER does not give the TEXT segment's offsets")
     if not (HEADER_LENGTH <= header.text_start <= header.text_stop):
@@ -360,7 +455,8 @@ def _parse_layout(fh, path: Path, base: int, file_size: int) -> _Layout:
                              f"{base + header.text_stop} but the file has {file_size} bytes")
     fh.seek(base + header.text_start)
     raw_text = _decode_text(fh.read(header.text_stop - header.text_start + 1))
-    text, dollar_names = _tokenize_text(raw_text, path, "TEXT")
+    primary = _tokenize_text(raw_text, path, "TEXT", header.version)
+    text, display, notes = primary.values, primary.display, list(primary.notes)
 
     # Supplemental TEXT (FCS 3.x) adds keywords; the primary TEXT wins on conflicts.
     s_start = _int_keyword(text, "beginstext", path, required=False, default=0)
@@ -368,50 +464,93 @@ def _parse_layout(fh, path: Path, base: int, file_size: int) -> _Layout:
     if s_start and s_stop > s_start and base + s_stop < file_size:
         fh.seek(base + s_start)
         extra_text = _decode_text(fh.read(s_stop - s_start + 1))
+        if extra_text[:1] != raw_text[:1]:
+            # FCS 3.x: supplemental TEXT uses the primary TEXT's delimiter. CyFlow files point
+            # $BEGINSTEXT at a ZIP archive of settings instead.
+            notes.append(f"supplemental TEXT (bytes {s_start}-{s_stop}) does not start with the "
+                         "TEXT delimiter, so it holds no keywords; ignored")
+            extra_text = ""
         try:
-            extra, extra_dollar = _tokenize_text(extra_text, path, "supplemental TEXT")
-            text = {**extra, **text}
-            dollar_names |= extra_dollar
+            extra = _tokenize_text(extra_text, path, "supplemental TEXT", header.version) \
+                if extra_text else _Text({}, {}, [])
+            text = {**extra.values, **text}
+            display = {**extra.display, **display}
+            notes += extra.notes
         except FCSError as exc:
             notes.append(f"supplemental TEXT ignored: {exc.problem}")
+    nextdata = _int_keyword(text, "nextdata", path, required=False, default=0, minimum=-(1 << 62))
+    return _DataSetText(base, header, text, display, notes, nextdata)
 
+
+def _channel_datatypes(text, n_channels: int, path) -> tuple[str, list[str]]:
+    datatype = text.get("datatype", "").strip().upper()
+    if datatype not in ("I", "F", "D", "A"):
+        raise FCSError(path, f"$DATATYPE must be I, F, D or A, found {datatype[:20]!r}")
+    types = []
+    for i in range(1, n_channels + 1):
+        # FCS 3.2: $PnDATATYPE overrides $DATATYPE for one channel.
+        own = text.get(f"p{i}datatype", "").strip().upper()
+        if own and own not in ("I", "F", "D"):
+            raise FCSError(path, f"$P{i}DATATYPE must be I, F or D, found {own[:20]!r}")
+        if own and datatype == "A":
+            raise FCSError(path, f"$P{i}DATATYPE cannot be combined with ASCII data ($DATATYPE A)")
+        types.append(own or datatype)
+    return datatype, types
+
+
+def _channel_bits(text, types: list[str], path, notes: list[str]) -> list[int]:
+    bits = []
+    for i, kind in enumerate(types, start=1):
+        raw_bits = text.get(f"p{i}b", "").strip()
+        if kind in "FD":
+            value = 32 if kind == "F" else 64
+            if _is_digits(raw_bits) and int(raw_bits) != value:
+                notes.append(f"$P{i}B is {raw_bits} but data type {kind} means {value} bits; "
+                             f"read as {value}")
+        elif kind == "A":
+            if raw_bits == "*":
+                value = 0
+            elif _is_digits(raw_bits) and 1 <= int(raw_bits) <= 64:
+                value = int(raw_bits)
+            else:
+                raise FCSError(path, f"$P{i}B of ASCII data must be '*' or a number of digits "
+                                     f"(1-64), found {raw_bits[:20]!r}")
+        else:
+            if not _is_digits(raw_bits):
+                raise FCSError(path, f"$P{i}B (bits of channel {i}) is missing or not a number: "
+                                     f"{raw_bits[:20]!r}")
+            value = int(raw_bits)
+            if value == 0 or value > 64:
+                raise FCSError(path, f"$P{i}B = {value}: integer widths must be 1 to 64 bits")
+        bits.append(value)
+    if "A" in types and 0 < bits.count(0) < len(bits):
+        raise FCSError(path, "ASCII data mixing delimited ('*') and fixed-width $PnB is not "
+                             "supported")
+    return bits
+
+
+def _layout_from_text(dst: _DataSetText, path: Path, file_size: int) -> _Layout:
+    text, header, base = dst.text, dst.header, dst.base
+    notes = list(dst.notes)
     n_channels = _int_keyword(text, "par", path, minimum=1)
     if n_channels > len(text):
         raise FCSError(path, f"$PAR says {n_channels} channels but the TEXT segment has only "
                              f"{len(text)} keywords")
-    datatype = text.get("datatype", "").strip().upper()
-    if datatype == "A":
-        raise FCSError(path, "ASCII event data ($DATATYPE A) is not supported")
-    if datatype not in ("I", "F", "D"):
-        raise FCSError(path, f"$DATATYPE must be I, F or D, found {datatype[:20]!r}")
+    datatype, types = _channel_datatypes(text, n_channels, path)
+    # $MODE is deprecated in FCS 3.2 (list mode is the only mode left); absent means L.
     mode = text.get("mode", "L").strip().upper() or "L"
     if mode != "L":
         raise FCSError(path, f"histogram data ($MODE {mode}) is not supported, only list mode (L)")
     if "byteord" not in text:
-        raise FCSError(path, "TEXT segment lacks the required keyword $BYTEORD")
+        if datatype != "A":
+            raise FCSError(path, "TEXT segment lacks the required keyword $BYTEORD")
+        text = {**text, "byteord": "1"}  # irrelevant to ASCII data
     order = _byte_significance(text["byteord"], path)
+    bits = _channel_bits(text, types, path, notes)
 
-    widths, ranges, pnn, pns, decades, log_zero, gains = [], [], [], [], [], [], []
-    text_gain_ignored: set[int] = set()
+    ranges, pnn, pns, decades, log_zero, gains = [], [], [], [], [], []
     for i in range(1, n_channels + 1):
-        raw_bits = text.get(f"p{i}b", "").strip()
-        if datatype == "F":
-            bits = 32
-        elif datatype == "D":
-            bits = 64
-        else:
-            if not raw_bits.isdigit():
-                raise FCSError(path, f"$P{i}B (bits of channel {i}) is missing or not a number: "
-                                     f"{raw_bits[:20]!r}")
-            bits = int(raw_bits)
-            if bits == 0 or bits % 8 or bits > 64:
-                raise FCSError(path, f"$P{i}B = {bits}: only byte-aligned integer widths up to "
-                                     "64 bits are supported")
-        if datatype in "FD" and raw_bits.isdigit() and int(raw_bits) != bits:
-            notes.append(f"$P{i}B is {raw_bits} but $DATATYPE {datatype} means {bits} bits; "
-                         f"read as {bits}")
-        widths.append(bits // 8)
-
+        kind = types[i - 1]
         raw_range = text.get(f"p{i}r")
         ranges.append(_float_value(raw_range, f"$P{i}R", path) if raw_range and raw_range.strip()
                       else None)
@@ -430,17 +569,23 @@ def _parse_layout(fh, path: Path, base: int, file_size: int) -> _Layout:
             f2 = _float_value(parts[1], f"$P{i}E", path)
         if f1 < 0:
             raise FCSError(path, f"$P{i}E has negative decades: {raw_e!r}")
-        if f1 > 0 and datatype != "I":
+        gain_ignored = False
+        raw_g = text.get(f"p{i}g", "").strip()
+        gain = _float_value(raw_g, f"$P{i}G", path) if raw_g else 1.0
+        if f1 > 0 and kind in "FD":
             # FCS 3.1: floating-point data are linear; $PnE must be 0,0. Guava writes log10
             # values with $PnE 4,1 -- decoding them with the integer formula would be garbage.
             notes.append(f"$P{i}E = {raw_e}: floating-point values kept as stored (FCS 3.1: "
                          "float data are not log-amplified)")
             f1 = 0.0
-            raw_g = text.get(f"p{i}g", "").strip()
-            if raw_g and _float_value(raw_g, f"$P{i}G", path) not in (0.0, 1.0):
+            if gain not in (0.0, 1.0):
                 notes.append(f"$P{i}G = {raw_g} not applied to channel {i}: its $PnE marks it "
                              "logarithmic")
-            text_gain_ignored.add(i)
+            gain_ignored = True
+        elif gain < 0 or (gain == 0 and raw_g):
+            notes.append(f"$P{i}G = {raw_g} is not a valid gain; ignored (channel {i} read "
+                         "with gain 1)")
+            gain_ignored = True
         if f1 > 0:
             if ranges[-1] is None or ranges[-1] <= 0:
                 raise FCSError(path, f"channel {i} is log-amplified ($P{i}E {raw_e}) but has no "
@@ -449,41 +594,88 @@ def _parse_layout(fh, path: Path, base: int, file_size: int) -> _Layout:
                 f2 = 1.0  # FCS standard: 0 is invalid here, use 1
         decades.append(f1)
         log_zero.append(f2)
-
-        raw_g = text.get(f"p{i}g", "").strip()
-        gain = _float_value(raw_g, f"$P{i}G", path) if raw_g else 1.0
         # FCS 3.1: $PnG applies to linear channels only.
-        gains.append(1.0 if f1 > 0 or i in text_gain_ignored else gain)
+        gains.append(1.0 if f1 > 0 or gain_ignored else gain)
 
-    # Time channel: scaled by $TIMESTEP, its $PnG ignored (FlowIO / FlowKit convention).
+    # Time channel: scaled by $TIMESTEP, its $PnG ignored (FlowIO / FlowKit convention). FCS 3.2
+    # can also mark it with $PnTYPE Time.
     time_index = next((i for i, n in enumerate(pnn) if n.lower() == "time"), None)
+    if time_index is None:
+        time_index = next((i for i in range(n_channels)
+                           if text.get(f"p{i + 1}type", "").strip().lower() == "time"), None)
     timestep = None
     if time_index is not None and text.get("timestep", "").strip():
         try:
             timestep = _float_value(text["timestep"], "$TIMESTEP", path)
         except FCSError as exc:
             notes.append(f"{exc.problem}; time channel left in clock ticks")
+        if timestep is not None and timestep <= 0:
+            notes.append(f"$TIMESTEP = {text['timestep'].strip()} is not positive; ignored, time "
+                         "channel left in clock ticks")
+            timestep = None
     if time_index is not None:
         gains[time_index] = 1.0
 
-    bytes_per_event = sum(widths)
+    # Storage: byte-aligned binary, packed integers, or ASCII characters.
+    numpy_only = ""
+    widths = [b // 8 for b in bits]
+    if datatype == "A":
+        storage = "ascii-delimited" if bits[0] == 0 else "ascii-fixed"
+        numpy_only = "ASCII data"
+    elif any(b % 8 for b in bits):
+        storage = "packed"
+        numpy_only = "integers that are not byte-aligned"
+    else:
+        storage = "aligned"
+        if len(set(types)) > 1:
+            numpy_only = "per-channel data types ($PnDATATYPE)"
+    if storage in ("aligned", "packed") and len(order) > 1 and not _is_big_endian(order) \
+            and order != sorted(order) and any(w != len(order) for w in widths):
+        raise FCSError(path, f"$BYTEORD {text['byteord'].strip()!r} cannot be applied to "
+                             f"{8 * next(w for w in widths if w != len(order))}-bit values")
+    if storage == "aligned":
+        short = sorted({w for w in widths if w > len(order)})
+        if short:
+            direction = "big" if _is_big_endian(order) else "little"
+            notes.append(f"$BYTEORD {text['byteord'].strip()} covers {len(order)} byte(s) but "
+                         f"values are {'/'.join(str(8 * w) for w in short)} bits; read as "
+                         f"{direction}-endian (the direction of the given order)")
+            numpy_only = numpy_only or "a $BYTEORD shorter than the values"
+    if any("padded" in n or "empty value" in n for n in notes):
+        numpy_only = numpy_only or "a TEXT segment that needed normalising"
+
     declared_events = _int_keyword(text, "tot", path, required=False)
-    data_start, data_bytes, data_from, n_events = _locate_data(
-        path, header, text, base, file_size, bytes_per_event, declared_events, notes)
+    if storage == "packed":
+        # Beckman Coulter CXP (FC500) writes $PnB 10 for values kept in 16-bit words: when the
+        # DATA segment has exactly that size, read it so; otherwise the bits are packed.
+        padded = [8 * ((b + 7) // 8) for b in bits]
+        located = _locate_data(path, header, text, base, file_size, sum(padded),
+                               declared_events, [], exact_only=True)
+        if located is not None:
+            notes.append(f"$PnB {'/'.join(sorted({str(b) for b in bits if b % 8}))} but the DATA "
+                         f"segment holds {'/'.join(sorted({str(p) for p in padded}))}-bit words "
+                         "(as Beckman Coulter CXP writes them); read as such")
+            storage, bits, widths = "aligned", padded, [p // 8 for p in padded]
+            numpy_only = numpy_only if numpy_only != "integers that are not byte-aligned" else ""
+        else:
+            notes.append(f"integers packed in {'+'.join(str(b) for b in bits)} bits an event, "
+                         f"read as one bit stream ({'most' if _is_big_endian(order) else 'least'}"
+                         f"-significant bit first, from $BYTEORD {text['byteord'].strip()})")
+    if storage == "ascii-delimited":
+        data_start, data_bytes, data_from, n_events = _locate_ascii_data(
+            path, header, text, base, file_size, declared_events)
+    else:
+        bits_per_event = sum(bits) if storage != "ascii-fixed" else 8 * sum(bits)
+        data_start, data_bytes, data_from, n_events = _locate_data(
+            path, header, text, base, file_size, bits_per_event, declared_events, notes)
+    return _Layout(path, base, header, text, {dst.display[k]: v for k, v in text.items()
+                                              if k in dst.display},
+                   n_events, n_channels, datatype, order, widths, ranges, pnn, pns, decades,
+                   log_zero, gains, time_index, timestep, data_start, data_bytes, data_from,
+                   dst.nextdata, notes, types, bits, storage, numpy_only)
 
-    nextdata = _int_keyword(text, "nextdata", path, required=False, default=0, minimum=-(1 << 62))
-    return _Layout(path, base, header, text, _display_keywords(text, dollar_names), n_events,
-                   n_channels, datatype, order, widths, ranges, pnn, pns, decades, log_zero, gains,
-                   time_index, timestep, data_start, data_bytes, data_from, nextdata, notes)
 
-
-def _locate_data(path, header, text, base, file_size, bytes_per_event, declared_events, notes):
-    """Choose the DATA segment among the HEADER and TEXT offsets.
-
-    The event count $TOT times the bytes per event is what the segment must hold; the
-    candidate whose length matches (exactly, or one byte long -- a common writer bug) wins.
-    Returns (absolute start, bytes to read, source, events).
-    """
+def _data_candidates(header, text, path):
     candidates = []
     text_start = _int_keyword(text, "begindata", path, required=False) if "begindata" in text else None
     text_stop = _int_keyword(text, "enddata", path, required=False) if "enddata" in text else None
@@ -498,24 +690,41 @@ def _locate_data(path, header, text, base, file_size, bytes_per_event, declared_
         if (start, stop) in [(c[0], c[1]) for c in candidates]:
             continue
         candidates.append((start, stop, source))
+    return candidates
+
+
+def _locate_data(path, header, text, base, file_size, bits_per_event, declared_events, notes,
+                 exact_only=False):
+    """Choose the DATA segment among the HEADER and TEXT offsets.
+
+    The event count $TOT times the bits per event (rounded up to whole bytes) is what the
+    segment must hold; the candidate whose length matches (exactly, or one byte long -- a
+    common writer bug) wins. Returns (absolute start, bytes to read, source, events); with
+    ``exact_only``, None when no candidate matches exactly.
+    """
+    candidates = _data_candidates(header, text, path)
+    if exact_only and (not candidates or declared_events is None):
+        return None
     if not candidates:
         if declared_events == 0:
             return base, 0, "TEXT", 0
         raise FCSError(path, "neither the HEADER nor the TEXT segment gives a usable DATA "
                              "segment location")
+    per_event = (f"{bits_per_event // 8} bytes" if bits_per_event % 8 == 0
+                 else f"{bits_per_event} bits")
 
     if declared_events is None:
         start, stop, source = candidates[0]
         length = stop - start + 1
-        if length % bytes_per_event not in (0, 1):
+        declared_events = 8 * length // bits_per_event
+        if 8 * length - declared_events * bits_per_event >= 16:
             raise FCSError(path, f"$TOT is missing and the DATA segment ({length} bytes) is not a "
-                                 f"whole number of {bytes_per_event}-byte events")
-        declared_events = length // bytes_per_event
+                                 f"whole number of {per_event} events")
         notes.append("$TOT missing; event count taken from the DATA segment length")
 
-    needed = declared_events * bytes_per_event
+    needed = (declared_events * bits_per_event + 7) // 8
     problems = []
-    for exact_only in (True, False):
+    for exact in ((True,) if exact_only else (True, False)):
         for start, stop, source in candidates:
             length = stop - start + 1
             available = file_size - (base + start)
@@ -526,11 +735,11 @@ def _locate_data(path, header, text, base, file_size, bytes_per_event, declared_
                 continue
             if needed > available:
                 problems.append(
-                    f"$TOT = {declared_events} events x {bytes_per_event} bytes = {needed} bytes "
+                    f"$TOT = {declared_events} events x {per_event} = {needed} bytes "
                     f"from byte {base + start} ({source} offsets), but only {max(available, 0)} "
                     "bytes follow")
                 continue
-            if exact_only and length not in (needed, needed + 1, needed - 1):
+            if exact and length not in (needed, needed + 1, needed - 1):
                 continue
             if length != needed:
                 notes.append(f"DATA segment per {source} offsets is {length} bytes, expected "
@@ -539,31 +748,74 @@ def _locate_data(path, header, text, base, file_size, bytes_per_event, declared_
                 notes.append(f"DATA located from the {source} offsets (the "
                              f"{candidates[0][2]} offsets do not fit $TOT)")
             return base + start, needed, source, declared_events
+    if exact_only:
+        return None
     # No candidate fits: the file is shorter than its keywords claim.
     raise FCSError(path, "file is truncated or its offsets are wrong: " + problems[0]
                    if problems else "the DATA segment cannot be located")
 
 
-def _walk_layouts(fh, path: Path, file_size: int) -> list[_Layout]:
-    """Layouts of the data sets in file order (TEXT only; the events are not read)."""
-    layouts = []
+def _locate_ascii_data(path, header, text, base, file_size, declared_events):
+    """DATA segment of delimited ASCII values: its length is not implied by $TOT."""
+    if declared_events is None:
+        raise FCSError(path, "delimited ASCII data ($PnB *) need $TOT to be read")
+    for start, stop, source in _data_candidates(header, text, path):
+        if base + stop < file_size:
+            return base + start, stop - start + 1, source, declared_events
+    if declared_events == 0:
+        return base, 0, "TEXT", 0
+    raise FCSError(path, "file is truncated or its offsets are wrong: no DATA segment of the "
+                         "delimited ASCII data lies inside the file")
+
+
+@dataclass
+class _Unreadable:
+    """A data set whose HEADER and TEXT were read but whose events cannot be."""
+    base: int
+    version: str
+    error: FCSError
+    notes: list[str] = field(default_factory=list)
+
+
+def _walk_layouts(fh, path: Path, file_size: int) -> list[_Layout | _Unreadable]:
+    """Layouts of the data sets in file order (TEXT only; the events are not read).
+
+    A data set whose TEXT can be read but whose layout cannot becomes an :class:`_Unreadable`
+    entry, so the others still load; FCSError when no data set is readable.
+    """
+    entries: list[_Layout | _Unreadable] = []
     base = 0
     seen = set()
     while True:
-        layout = _parse_layout(fh, path, base, file_size)
-        layouts.append(layout)
-        if layout.nextdata == 0:
-            return layouts
-        next_base = base + layout.nextdata
-        if layout.nextdata < 0 or next_base >= file_size or next_base in seen:
+        dst = _read_data_set_text(fh, path, base, file_size)
+        try:
+            entry = _layout_from_text(dst, path, file_size)
+        except FCSError as exc:
+            entry = _Unreadable(base, dst.header.version, exc)
+        entries.append(entry)
+        if dst.nextdata == 0:
+            break
+        next_base = base + dst.nextdata
+        if dst.nextdata < 0 or next_base >= file_size or next_base in seen:
             # A broken chain after valid data sets: keep what was read, say so.
-            layout.notes.append(f"$NEXTDATA {layout.nextdata} does not point to another data set "
-                                "inside the file; ignored")
-            return layouts
-        if len(layouts) >= MAX_DATA_SETS:
+            entry.notes.append(f"$NEXTDATA {dst.nextdata} does not point to another data set "
+                               "inside the file; ignored")
+            break
+        if len(entries) >= MAX_DATA_SETS:
             raise FCSError(path, f"more than {MAX_DATA_SETS} data sets chained by $NEXTDATA")
         seen.add(next_base)
         base = next_base
+    if all(isinstance(e, _Unreadable) for e in entries):
+        if len(entries) == 1:
+            raise entries[0].error
+        raise _none_readable(path, [e.error.problem for e in entries])
+    return entries
+
+
+def _none_readable(path, problems: list[str]) -> FCSError:
+    listed = "; ".join(f"data set {k}: {p}" for k, p in enumerate(problems[:3], start=1))
+    return FCSError(path, f"none of the {len(problems)} data sets can be read ({listed}"
+                          f"{'; ...' if len(problems) > 3 else ''})")
 
 
 # --------------------------------------------------------------------------------------------
@@ -572,12 +824,13 @@ def _walk_layouts(fh, path: Path, file_size: int) -> list[_Layout]:
 
 _FLOAT_KINDS = {"F": "f4", "D": "f8"}
 _INT_KINDS = {1: "u1", 2: "u2", 4: "u4", 8: "u8"}
+_PACKED_BLOCK = 8192  # events per block when unpacking bits (a multiple of 8: byte-aligned)
 
 
 def _uniform_dtype(layout: _Layout) -> np.dtype | None:
     """numpy dtype for one value when every channel shares a plain layout, else None."""
     width = layout.widths[0]
-    if any(w != width for w in layout.widths):
+    if any(w != width for w in layout.widths) or len(set(layout.datatypes)) != 1:
         return None
     significance = _significance_for_width(layout.byte_significance, width, layout.path)
     if significance == list(range(width)):
@@ -586,7 +839,7 @@ def _uniform_dtype(layout: _Layout) -> np.dtype | None:
         endian = ">"
     else:
         return None
-    kind = _FLOAT_KINDS.get(layout.datatype) or _INT_KINDS.get(width)
+    kind = _FLOAT_KINDS.get(layout.datatypes[0]) or _INT_KINDS.get(width)
     return None if kind is None else np.dtype(endian + kind)
 
 
@@ -599,8 +852,13 @@ def _read_exact(fh, layout: _Layout, dtype: np.dtype, count: int) -> np.ndarray:
     return values
 
 
-def _raw_values(fh, layout: _Layout) -> np.ndarray:
-    """Stored values, shape (n_events, n_channels): native floats or unsigned integers."""
+def _raw_values(fh, layout: _Layout) -> np.ndarray | list[np.ndarray]:
+    """Stored values: an (n_events, n_channels) array of native floats or unsigned integers,
+    or, when the channels differ in data type (or are ASCII), one array per channel."""
+    if layout.storage == "packed":
+        return _packed_values(fh, layout)
+    if layout.storage.startswith("ascii"):
+        return _ascii_values(fh, layout)
     n, d = layout.n_events, layout.n_channels
     dtype = _uniform_dtype(layout)
     if dtype is not None:
@@ -609,26 +867,83 @@ def _raw_values(fh, layout: _Layout) -> np.ndarray:
             values = values.byteswap(inplace=True).view(dtype.newbyteorder("="))
         return values
 
-    # General layout: mixed widths, 24/40/48/56-bit integers, mixed-endian byte orders.
+    # General layout: mixed widths or data types, 24/40/48/56-bit integers, mixed-endian orders.
     raw = _read_exact(fh, layout, np.dtype("u1"), layout.data_bytes).reshape(n, layout.bytes_per_event)
-    if layout.datatype in _FLOAT_KINDS:
-        width = layout.widths[0]
-        significance = _significance_for_width(layout.byte_significance, width, layout.path)
-        little = np.empty((n * d, width), dtype=np.uint8)
-        stored = raw.reshape(n * d, width)
-        for j, s in enumerate(significance):
-            little[:, s] = stored[:, j]
-        return little.view("<" + _FLOAT_KINDS[layout.datatype]).reshape(n, d).astype(
-            _FLOAT_KINDS[layout.datatype])
-    values = np.zeros((n, d), dtype=np.uint64)
+    columns = []
     offset = 0
-    for c, width in enumerate(layout.widths):
+    for kind, width in zip(layout.datatypes, layout.widths):
         significance = _significance_for_width(layout.byte_significance, width, layout.path)
-        column = values[:, c]
-        for j, s in enumerate(significance):
-            column |= raw[:, offset + j].astype(np.uint64) << np.uint64(8 * s)
+        stored = raw[:, offset:offset + width]
+        if kind in _FLOAT_KINDS:
+            little = np.empty((n, width), dtype=np.uint8)
+            for j, s in enumerate(significance):
+                little[:, s] = stored[:, j]
+            columns.append(little.view("<" + _FLOAT_KINDS[kind]).reshape(n).astype(_FLOAT_KINDS[kind]))
+        else:
+            column = np.zeros(n, dtype=np.uint64)
+            for j, s in enumerate(significance):
+                column |= stored[:, j].astype(np.uint64) << np.uint64(8 * s)
+            columns.append(column)
         offset += width
+    if len(set(layout.datatypes)) == 1:
+        return np.column_stack(columns) if columns else np.zeros((n, 0))
+    return columns
+
+
+def _packed_values(fh, layout: _Layout) -> np.ndarray:
+    """Integers of any bit width packed back to back in one bit stream (FCS 2.0 / 3.0)."""
+    n, d = layout.n_events, layout.n_channels
+    per_event = sum(layout.bits)
+    msb_first = _is_big_endian(layout.byte_significance)
+    raw = _read_exact(fh, layout, np.dtype("u1"), layout.data_bytes)
+    values = np.zeros((n, d), dtype=np.uint64)
+    weights = []
+    for b in layout.bits:
+        powers = np.uint64(1) << np.arange(b, dtype=np.uint64)
+        weights.append(powers[::-1] if msb_first else powers)
+    for start in range(0, n, _PACKED_BLOCK):
+        m = min(_PACKED_BLOCK, n - start)
+        first_byte = start * per_event // 8
+        last_byte = (start * per_event + m * per_event + 7) // 8
+        stream = np.unpackbits(raw[first_byte:last_byte], bitorder="big" if msb_first else "little")
+        stream = stream[:m * per_event].reshape(m, per_event)
+        offset = 0
+        for c, b in enumerate(layout.bits):
+            values[start:start + m, c] = (stream[:, offset:offset + b].astype(np.uint64)
+                                          * weights[c]).sum(axis=1, dtype=np.uint64)
+            offset += b
     return values
+
+
+def _ascii_values(fh, layout: _Layout) -> list[np.ndarray]:
+    """ASCII event data: fixed-width fields of $PnB characters, or values separated by
+    blanks / commas when $PnB is '*'."""
+    n, d = layout.n_events, layout.n_channels
+    raw = _read_exact(fh, layout, np.dtype("u1"), layout.data_bytes)
+    if layout.storage == "ascii-delimited":
+        fields = re.split(rb"[\s,]+", raw.tobytes().strip())
+        fields = [f for f in fields if f]
+        if len(fields) < n * d:
+            raise FCSError(layout.path, f"ASCII DATA segment holds {len(fields)} values, $TOT x "
+                                        f"$PAR needs {n * d}")
+        try:
+            values = np.array(fields[:n * d]).astype(np.float64).reshape(n, d)
+        except ValueError as exc:
+            raise FCSError(layout.path, f"ASCII DATA segment holds a value that is not a number "
+                                        f"({exc})") from None
+        return [values[:, c] for c in range(d)]
+    table = raw[:n * sum(layout.bits)].reshape(n, sum(layout.bits))
+    columns = []
+    offset = 0
+    for c, chars in enumerate(layout.bits):
+        field_bytes = np.ascontiguousarray(table[:, offset:offset + chars]).view(f"S{chars}")
+        try:
+            columns.append(field_bytes.reshape(n).astype(np.float64))
+        except ValueError as exc:
+            raise FCSError(layout.path, f"ASCII DATA of channel {c + 1} ({chars} characters a "
+                                        f"value) holds a value that is not a number ({exc})") from None
+        offset += chars
+    return columns
 
 
 def _raw_values_flowio(path: Path, layout: _Layout) -> np.ndarray:
@@ -700,24 +1015,33 @@ class _HeaderNormalizedFile:
         return data
 
 
-def _events_from_raw(layout: _Layout, raw: np.ndarray) -> np.ndarray:
+def _mask_to_range(layout: _Layout, c: int, column: np.ndarray) -> int:
+    """Clear the bits of stored integers above $PnR (in place); the bits that remain."""
+    bits = layout.bits[c]
+    limit = layout.ranges[c]
+    if limit is not None and limit >= 1 and _next_power_of_two(limit) < (1 << bits):
+        # FCS: bits above the range are not data (some writers leave flags there).
+        mask = _next_power_of_two(limit) - 1
+        column &= np.asarray(mask, dtype=column.dtype)
+        bits = int(math.log2(mask + 1))
+    return bits
+
+
+def _events_from_raw(layout: _Layout, raw: np.ndarray | list[np.ndarray]) -> np.ndarray:
     """Masked, decoded, linear-scale events from stored values."""
     d = layout.n_channels
     transformed = [c for c in range(d) if layout.decades[c] > 0 or layout.gains[c] not in (0.0, 1.0)]
     if layout.time_index is not None and layout.timestep not in (None, 1.0):
         transformed.append(layout.time_index)
 
-    if layout.datatype == "I":
-        effective_bits = []
-        for c in range(d):
-            bits = 8 * layout.widths[c]
-            limit = layout.ranges[c]
-            if limit is not None and limit >= 1 and _next_power_of_two(limit) < (1 << bits):
-                # FCS: bits above the range are not data (some writers leave flags there).
-                mask = _next_power_of_two(limit) - 1
-                raw[:, c] &= np.asarray(mask, dtype=raw.dtype)
-                bits = int(math.log2(mask + 1))
-            effective_bits.append(bits)
+    if isinstance(raw, list):  # per-channel arrays: mixed data types, ASCII
+        events = np.empty((layout.n_events, d), dtype=np.float64)
+        for c, column in enumerate(raw):
+            if column.dtype.kind == "u":
+                _mask_to_range(layout, c, column)
+            events[:, c] = column
+    elif layout.datatypes[0] == "I":
+        effective_bits = [_mask_to_range(layout, c, raw[:, c]) for c in range(d)]
         exact_in_float32 = max(effective_bits) <= 24 and not transformed
         events = raw.astype(np.float32 if exact_in_float32 else np.float64)
     else:
@@ -756,8 +1080,9 @@ def _check_finite(layout: _Layout, events: np.ndarray) -> None:
 SPILLOVER_KEYWORDS = ("spillover", "spill")  # FlowIO folds $SPILL and SPILL into "spill"
 
 
-def _parse_spillover(layout: _Layout, unique_pnn: list[str]):
-    """(matrix, channel names) from $SPILLOVER / SPILL / $SPILL, or (None, []) with a note."""
+def _parse_spillover(layout: _Layout, unique_pnn: list[str], notes: list[str]):
+    """(matrix, channel names) from $SPILLOVER / SPILL / $SPILL, or (None, []) with a note
+    appended to ``notes``."""
     for key in SPILLOVER_KEYWORDS:
         value = layout.text.get(key, "").strip()
         if not value:
@@ -767,31 +1092,31 @@ def _parse_spillover(layout: _Layout, unique_pnn: list[str]):
         try:
             k = int(float(parts[0]))
         except ValueError:
-            layout.notes.append(f"{label} ignored: it does not start with the channel count")
+            notes.append(f"{label} ignored: it does not start with the channel count")
             return None, []
         if k < 1 or len(parts) != 1 + k + k * k:
-            layout.notes.append(f"{label} ignored: {k} channels need {1 + k + k * k} values, "
+            notes.append(f"{label} ignored: {k} channels need {1 + k + k * k} values, "
                                 f"found {len(parts)}")
             return None, []
         names, numbers = parts[1:1 + k], parts[1 + k:]
         try:
             matrix = np.array([float(x) for x in numbers], dtype=np.float64).reshape(k, k)
         except ValueError:
-            layout.notes.append(f"{label} ignored: its matrix holds non-numbers")
+            notes.append(f"{label} ignored: its matrix holds non-numbers")
             return None, []
         if not np.all(np.isfinite(matrix)):
-            layout.notes.append(f"{label} ignored: its matrix holds non-finite values")
+            notes.append(f"{label} ignored: its matrix holds non-finite values")
             return None, []
         resolved = []
         for name in names:
             index = _resolve_channel(name, layout)
             if index is None:
-                layout.notes.append(f"{label} ignored: it names channel {name!r}, which the file "
+                notes.append(f"{label} ignored: it names channel {name!r}, which the file "
                                     "does not have")
                 return None, []
             resolved.append(unique_pnn[index])
         if len(set(resolved)) != k:
-            layout.notes.append(f"{label} ignored: it names a channel twice")
+            notes.append(f"{label} ignored: it names a channel twice")
             return None, []
         return matrix, resolved
     return None, []
@@ -802,7 +1127,7 @@ def _resolve_channel(name: str, layout: _Layout) -> int | None:
         return layout.pnn.index(name)
     if name in layout.pns:
         return layout.pns.index(name)
-    if name.isdigit() and 1 <= int(name) <= layout.n_channels:
+    if _is_digits(name) and 1 <= int(name) <= layout.n_channels:
         return int(name) - 1  # some writers refer to channels by number
     return None
 
@@ -828,6 +1153,10 @@ def _names(path: Path, count: int) -> list[str]:
 
 
 def _sample_from_layout(fh, layout: _Layout, name: str, engine: str, compensate: bool) -> Sample:
+    notes = list(layout.notes)
+    if engine == "flowio" and layout.numpy_only:
+        notes.append(f"FlowIO cannot read {layout.numpy_only}; read with the numpy reader")
+        engine = "numpy"
     if engine == "numpy":
         raw = _raw_values(fh, layout)
     elif engine == "flowio":
@@ -842,19 +1171,36 @@ def _sample_from_layout(fh, layout: _Layout, name: str, engine: str, compensate:
     _check_finite(layout, events)
     unique_pnn = _unique_names(layout.pnn)
     if unique_pnn != layout.pnn:
-        layout.notes.append("duplicate $PnN names made unique: " + ", ".join(
+        notes.append("duplicate $PnN names made unique: " + ", ".join(
             u for u, o in zip(unique_pnn, layout.pnn) if u != o))
     channels = [Channel(u, s, r) for u, s, r in zip(unique_pnn, layout.pns, layout.ranges)]
-    spillover, spill_channels = _parse_spillover(layout, unique_pnn)
+    spill_notes: list[str] = []
+    spillover, spill_channels = _parse_spillover(layout, unique_pnn, spill_notes)
+    notes += spill_notes
     sample = Sample(name, events, channels, layout.keywords, spillover, spill_channels,
-                    layout.header.version, str(layout.path), compensated=False,
-                    notes=list(layout.notes))
+                    layout.header.version, str(layout.path), compensated=False, notes=notes)
     if compensate:
-        broken = [n for n in layout.notes if "SPILL" in n and "ignored" in n]
+        broken = [n for n in spill_notes if "ignored" in n]
         if broken:
             raise FCSError(layout.path, f"compensation requested but {broken[0]}")
         sample = sample.compensate()
     return sample
+
+
+class SampleList(list):
+    """What :func:`read_fcs_all` returns: the samples read, in file order, and ``skipped``,
+    a list of ``(name, problem)`` for the data sets of the file that could not be read."""
+
+    def __init__(self, samples=(), skipped=()):
+        super().__init__(samples)
+        self.skipped: list[tuple[str, str]] = list(skipped)
+
+
+def _unreadable_error(path, entries, k: int) -> FCSError:
+    readable = [str(i + 1) for i, e in enumerate(entries) if isinstance(e, _Layout)]
+    return FCSError(path, f"data set {k + 1} of {len(entries)} cannot be read: "
+                          f"{entries[k].error.problem} (readable: data set "
+                          f"{', '.join(readable)}; read_fcs_all reads those)")
 
 
 def read_fcs(path: str | os.PathLike, dataset: int = 0, compensate: bool = False, *,
@@ -863,10 +1209,11 @@ def read_fcs(path: str | os.PathLike, dataset: int = 0, compensate: bool = False
 
     Parameters
     ----------
-    path : path of an FCS 2.0 / 3.0 / 3.1 file.
+    path : path of an FCS 2.0 / 3.0 / 3.1 / 3.2 file.
     dataset : index (from 0) of the data set to read when the file holds several ($NEXTDATA).
     compensate : apply the file's spillover matrix (no-op when the file has none).
-    engine : ``"numpy"`` (fast) or ``"flowio"`` (FlowIO's DATA reader; same results).
+    engine : ``"numpy"`` (fast) or ``"flowio"`` (FlowIO's DATA reader; same results; layouts
+        FlowIO cannot read go through the numpy reader, with a note).
 
     Returns
     -------
@@ -874,28 +1221,50 @@ def read_fcs(path: str | os.PathLike, dataset: int = 0, compensate: bool = False
 
     Raises
     ------
-    FCSError naming the file and the problem (missing, truncated, corrupted, unsupported).
+    FCSError naming the file and the problem (missing, truncated, corrupted, unsupported), also
+    when the requested data set is unreadable even though others in the file are not.
     """
     path = Path(path)
     with _open(path) as fh:
         file_size = os.fstat(fh.fileno()).st_size
-        layouts = _walk_layouts(fh, path, file_size)
-        if not 0 <= dataset < len(layouts):
-            raise FCSError(path, f"data set {dataset} requested but the file holds {len(layouts)}")
-        name = _names(path, len(layouts))[dataset]
-        return _sample_from_layout(fh, layouts[dataset], name, engine, compensate)
+        entries = _walk_layouts(fh, path, file_size)
+        if not 0 <= dataset < len(entries):
+            raise FCSError(path, f"data set {dataset} requested but the file holds {len(entries)}")
+        if isinstance(entries[dataset], _Unreadable):
+            raise _unreadable_error(path, entries, dataset)
+        name = _names(path, len(entries))[dataset]
+        return _sample_from_layout(fh, entries[dataset], name, engine, compensate)
 
 
 def read_fcs_all(path: str | os.PathLike, compensate: bool = False, *,
-                 engine: str = "numpy") -> list[Sample]:
-    """Read every data set of an FCS file; names are ``<stem>#<k>`` when there are several."""
+                 engine: str = "numpy") -> SampleList:
+    """Read every data set of an FCS file; names are ``<stem>#<k>`` when there are several.
+
+    A data set that cannot be read (unsupported layout, damaged DATA...) in a file with others
+    that can is left out: it is listed in the result's ``skipped`` as ``(name, problem)`` and
+    each sample read carries a note naming it. FCSError when no data set can be read.
+    """
     path = Path(path)
     with _open(path) as fh:
         file_size = os.fstat(fh.fileno()).st_size
-        layouts = _walk_layouts(fh, path, file_size)
-        names = _names(path, len(layouts))
-        return [_sample_from_layout(fh, layout, name, engine, compensate)
-                for layout, name in zip(layouts, names)]
+        entries = _walk_layouts(fh, path, file_size)
+        names = _names(path, len(entries))
+        samples, skipped = [], []
+        for entry, name in zip(entries, names):
+            if isinstance(entry, _Unreadable):
+                skipped.append((name, entry.error.problem))
+                continue
+            try:
+                samples.append(_sample_from_layout(fh, entry, name, engine, compensate))
+            except FCSError as exc:
+                if len(entries) == 1:
+                    raise
+                skipped.append((name, exc.problem))
+    if not samples:
+        raise _none_readable(path, [problem for _, problem in skipped])
+    for sample in samples:
+        sample.notes += [f"data set {name} skipped: {problem}" for name, problem in skipped]
+    return SampleList(samples, skipped)
 
 
 def fcs_info(path: str | os.PathLike) -> dict:
@@ -903,17 +1272,23 @@ def fcs_info(path: str | os.PathLike) -> dict:
 
     Returns a JSON-ready dict: ``file``, ``version``, ``n_datasets`` and ``datasets``, a list of
     ``{name, events, n_channels, channels: [{pnn, pns}], datatype, spillover,
-    spillover_channels, notes}``. Raises FCSError.
+    spillover_channels, notes}``; a data set that cannot be read is ``{name, error, notes}``.
+    Raises FCSError when no data set can be read.
     """
     path = Path(path)
     with _open(path) as fh:
         file_size = os.fstat(fh.fileno()).st_size
-        layouts = _walk_layouts(fh, path, file_size)
-    names = _names(path, len(layouts))
+        entries = _walk_layouts(fh, path, file_size)
+    names = _names(path, len(entries))
     datasets = []
-    for layout, name in zip(layouts, names):
+    for layout, name in zip(entries, names):
+        if isinstance(layout, _Unreadable):
+            datasets.append({"name": name, "error": layout.error.problem,
+                             "notes": list(layout.notes)})
+            continue
         unique_pnn = _unique_names(layout.pnn)
-        spillover, spill_channels = _parse_spillover(layout, unique_pnn)
+        notes = list(layout.notes)
+        spillover, spill_channels = _parse_spillover(layout, unique_pnn, notes)
         datasets.append({
             "name": name,
             "events": layout.n_events,
@@ -922,10 +1297,11 @@ def fcs_info(path: str | os.PathLike) -> dict:
             "datatype": layout.datatype,
             "spillover": spillover is not None,
             "spillover_channels": spill_channels,
-            "notes": list(layout.notes),
+            "notes": notes,
         })
-    return {"file": str(path), "version": layouts[0].header.version,
-            "n_datasets": len(layouts), "datasets": datasets}
+    version = entries[0].header.version if isinstance(entries[0], _Layout) else entries[0].version
+    return {"file": str(path), "version": version, "n_datasets": len(entries),
+            "datasets": datasets}
 
 
 def _fcs_text_value(key: str, value: str, path) -> str:

@@ -249,3 +249,11 @@ def test_all_multicenter_samples_read(multicenter_dir):
               9: 68888, 10: 65177}
     for k, n in counts.items():
         assert fcs_info(multicenter_dir / f"multicenter_{k:02d}.fcs")["datasets"][0]["events"] == n
+
+
+def test_cyflow_supplemental_text_that_is_a_zip_is_not_read_as_keywords(fcs_corpus):
+    """CyFlow Cube 8 points $BEGINSTEXT at a ZIP archive: no keywords come from it."""
+    sample = read_fcs(fcs_corpus / "cyflow_cube_8/cyflow_cube_8.fcs")
+    assert all(name.isprintable() for name in sample.keywords)
+    assert sample.keywords["$CYT"].strip()
+    assert any("supplemental TEXT" in n and "ignored" in n for n in sample.notes)

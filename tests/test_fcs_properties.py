@@ -381,9 +381,11 @@ def test_nan_in_float_data_is_an_error(tmp_path):
 def test_unsupported_layouts_are_clear(tmp_path):
     col = [np.arange(3, dtype=np.uint64)]
     cases = {
-        "ascii.fcs": ({"$DATATYPE": "A"}, "ASCII"),
+        # binary values read as 2-character ASCII fields (ASCII itself is read: test_fcs_formats)
+        "ascii.fcs": ({"$DATATYPE": "A", "$P1B": "2"}, "ASCII DATA .* not a number"),
         "hist.fcs": ({"$MODE": "C"}, "histogram"),
-        "bits.fcs": ({"$P1B": "10"}, "byte-aligned"),
+        "bits.fcs": ({"$P1B": "65"}, "1 to 64 bits"),
+        "type.fcs": ({"$DATATYPE": "X"}, "must be I, F, D or A"),
     }
     for name, (extra, message) in cases.items():
         (tmp_path / name).write_bytes(build_fcs(dict(columns=col, datatype="I", widths=[2],
