@@ -142,6 +142,8 @@ def ingest_files(files, work_dir, existing=None, compensate: bool = True) -> Ing
         if len(raw_samples) > 1:
             report.notes.append((file_name, f"{file_name}: holds {len(raw_samples)} data sets, loaded as "
                                             f"separate patients"))
+        for set_name, problem in getattr(raw_samples, "skipped", []):
+            report.notes.append((file_name, f"{file_name}: data set {set_name} not loaded: {problem}"))
 
     for file_name, kind, path in stored:
         if kind == "labels":

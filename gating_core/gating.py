@@ -49,6 +49,9 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000) -
                 message = f"{fcs_path.name}: {message}"
             record["error"] = message
         records.append(record)
+    for name, problem in getattr(samples, "skipped", []):  # unreadable data sets of the file
+        records.append({"file": str(fcs_path), "patient": name,
+                        "error": f"{fcs_path.name}: data set {name} cannot be read: {problem}"})
     return records
 
 

@@ -71,3 +71,22 @@ def test_info_multicenter(multicenter_dir):
     ds = json.loads(result.stdout)[0]["datasets"][0]
     assert ds["events"] == 55621
     assert [c["pnn"] for c in ds["channels"]] == ["CCR6", "CD20", "CD45", "CD14", "CD16", "CD8", "CD3", "CD4"]
+
+
+def test_info_reports_an_unreadable_data_set_and_shows_the_others(tmp_path):
+    import numpy as np
+    from test_fcs_properties import build_fcs
+
+    good = [np.arange(4, dtype=np.float32)] * 2
+    hist = dict(columns=[np.arange(8, dtype=np.uint64)], datatype="I", widths=[2], ranges=[1024],
+                extra={"$MODE": "U"})
+    path = tmp_path / "fc500.lmd"
+    path.write_bytes(build_fcs(hist, dict(columns=good, datatype="F")))
+    result = _info(path)
+    assert result.returncode == 0, result.stderr
+    assert "data sets: 2" in result.stdout
+    assert re.search(r"\[fc500#1\]\n\s+not readable: histogram data \(\$MODE U\)", result.stdout)
+    assert re.search(r"\[fc500#2\]\n\s+events: 4", result.stdout)
+    report = json.loads(_info("--json", path).stdout)[0]
+    assert "histogram" in report["datasets"][0]["error"]
+    assert report["datasets"][1]["events"] == 4

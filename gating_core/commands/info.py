@@ -1,7 +1,8 @@
 """``python -m gating_core info FILE...``: what each FCS file holds, without reading its events.
 
 Per file: FCS version, data sets, events, channels ($PnN / $PnS), spillover. ``--json`` prints
-one JSON document (a list, one entry per file; unreadable files carry ``"error"``). A file that
+one JSON document (a list, one entry per file; unreadable files carry ``"error"``, and so do the
+unreadable data sets of a file whose other data sets are readable). A file that
 cannot be read gets its message on stderr and the exit status becomes 1; the other files are
 still reported.
 """
@@ -30,6 +31,10 @@ def _describe(info: dict) -> str:
         if info["n_datasets"] > 1:
             lines.append(f"  [{ds['name']}]")
             indent = "    "
+        if "error" in ds:  # a data set that cannot be read next to others that can
+            lines.append(f"{indent}not readable: {ds['error']}")
+            lines.extend(f"{indent}note: {note}" for note in ds["notes"])
+            continue
         lines.append(f"{indent}events: {ds['events']}")
         lines.append(f"{indent}channels: {ds['n_channels']}")
         width = max(len(c["pnn"]) for c in ds["channels"])
