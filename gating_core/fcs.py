@@ -241,7 +241,9 @@ def _split_text(text: str, empty_values: bool) -> tuple[list[str], list[str]]:
     """Tokens of a TEXT segment (keyword, value, keyword, ...) and the keywords read as empty.
 
     The first character is the delimiter; a doubled delimiter inside a keyword or value stands
-    for the delimiter character itself (FCS 3.x). FCS 2.0 allowed empty values, written as two
+    for the delimiter character itself (FCS 3.x). An odd run of delimiters is escapes plus one
+    separator: after a keyword the separator comes first (values may start with the delimiter,
+    keywords do not), after a value it comes last. FCS 2.0 allowed empty values, written as two
     delimiters in a row: with ``empty_values``, a doubled delimiter right after a keyword that
     is followed by something keyword-like ends the keyword and gives it an empty value (the
     reading flowCore applies to such files), instead of joining the two keywords.
@@ -269,9 +271,16 @@ def _split_text(text: str, empty_values: bool) -> tuple[list[str], list[str]]:
                 empties.append(keyword.strip())
                 piece = []
                 continue
-        piece.append(delimiter * (length // 2))
-        if length % 2:
+        escaped = delimiter * (length // 2)
+        if length % 2 == 0:
+            piece.append(escaped)
+        elif len(tokens) % 2 == 0:
+            # Odd run after a keyword: the keyword ends first, the value starts with delimiters.
             tokens.append("".join(piece))
+            piece = [escaped]
+        else:
+            # Odd run after a value: the value ends with delimiters, then the next keyword.
+            tokens.append("".join(piece) + escaped)
             piece = []
     piece.append(body[pos:])
     if "".join(piece):

@@ -224,10 +224,13 @@ def test_doubled_delimiter_stays_an_escape_elsewhere(tmp_path):
     # a value with an escaped delimiter (3.x and 2.0), and a 2.0 key followed by a non-keyword
     for version in ("2.0", "3.1"):
         blob = build_dataset(columns, datatype="F", version=version,
-                             extra={"$COM": "a/b//c", "$SMNO": "12/34"})
+                             extra={"$COM": "a/b//c", "$SMNO": "12/34", "$FIL": "/data/x.fcs",
+                                    "$SRC": "tube/"})
         sample = read_fcs(_write(tmp_path, f"esc{version}.fcs", blob))
         assert sample.keywords["$COM"] == "a/b//c"
         assert sample.keywords["$SMNO"] == "12/34"
+        assert sample.keywords["$FIL"] == "/data/x.fcs"  # a value starting with the delimiter
+        assert sample.keywords["$SRC"] == "tube/"  # ... and one ending with it
         assert not any("empty value" in n for n in sample.notes)
 
 
