@@ -672,7 +672,7 @@ def _layout_from_text(dst: _DataSetText, path: Path, file_size: int) -> _Layout:
                          f"-significant bit first, from $BYTEORD {text['byteord'].strip()})")
     if storage == "ascii-delimited":
         data_start, data_bytes, data_from, n_events = _locate_ascii_data(
-            path, header, text, base, file_size, declared_events)
+            path, header, text, base, file_size, declared_events, n_channels)
     else:
         bits_per_event = sum(bits) if storage != "ascii-fixed" else 8 * sum(bits)
         data_start, data_bytes, data_from, n_events = _locate_data(
@@ -764,13 +764,18 @@ def _locate_data(path, header, text, base, file_size, bits_per_event, declared_e
                    if problems else "the DATA segment cannot be located")
 
 
-def _locate_ascii_data(path, header, text, base, file_size, declared_events):
-    """DATA segment of delimited ASCII values: its length is not implied by $TOT."""
+def _locate_ascii_data(path, header, text, base, file_size, declared_events, n_channels):
+    """DATA segment of delimited ASCII values: its length is not implied by $TOT, but each
+    value takes at least one character and one separator."""
     if declared_events is None:
         raise FCSError(path, "delimited ASCII data ($PnB *) need $TOT to be read")
     for start, stop, source in _data_candidates(header, text, path):
         if base + stop < file_size:
-            return base + start, stop - start + 1, source, declared_events
+            length = stop - start + 1
+            if declared_events * n_channels > (length + 1) // 2:
+                raise FCSError(path, f"$TOT = {declared_events} events x {n_channels} delimited "
+                                     f"ASCII values cannot fit in the {length}-byte DATA segment")
+            return base + start, length, source, declared_events
     if declared_events == 0:
         return base, 0, "TEXT", 0
     raise FCSError(path, "file is truncated or its offsets are wrong: no DATA segment of the "

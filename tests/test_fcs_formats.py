@@ -197,6 +197,10 @@ def test_ascii_fixed_width_and_delimited(tmp_path):
                           extra={"$P1B": "*", "$P2B": "*"}, data=b"1,2,3,4,5,6,7     ")
     with pytest.raises(FCSError, match="ASCII"):
         read_fcs(_write(tmp_path, "short.fcs", short))
+    huge = build_dataset(columns, datatype="A", ranges=[1024, 1024], tot=10 ** 9,
+                         extra={"$P1B": "*", "$P2B": "*"}, data=delimited)
+    with pytest.raises(FCSError, match="cannot fit"):
+        fcs_info(_write(tmp_path, "huge.fcs", huge))
 
 
 # ---------------------------------------------------------------------------------------------
