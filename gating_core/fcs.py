@@ -626,50 +626,54 @@ def _layout_from_text(dst: _DataSetText, path: Path, file_size: int) -> _Layout:
         gains[time_index] = 1.0
 
     # Storage: byte-aligned binary, packed integers, or ASCII characters.
-    numpy_only = ""
-    widths = [b // 8 for b in bits]
+    declared_events = _int_keyword(text, "tot", path, required=False)
+    words_wider_than_pnb = False
     if datatype == "A":
         storage = "ascii-delimited" if bits[0] == 0 else "ascii-fixed"
-        numpy_only = "ASCII data"
     elif any(b % 8 for b in bits):
         storage = "packed"
-        numpy_only = "integers that are not byte-aligned"
-    else:
-        storage = "aligned"
-        if len(set(types)) > 1:
-            numpy_only = "per-channel data types ($PnDATATYPE)"
-    if storage in ("aligned", "packed") and len(order) > 1 and not _is_big_endian(order) \
-            and order != sorted(order) and any(w != len(order) for w in widths):
-        raise FCSError(path, f"$BYTEORD {text['byteord'].strip()!r} cannot be applied to "
-                             f"{8 * next(w for w in widths if w != len(order))}-bit values")
-    if storage == "aligned":
-        short = sorted({w for w in widths if w > len(order)})
-        if short:
-            direction = "big" if _is_big_endian(order) else "little"
-            notes.append(f"$BYTEORD {text['byteord'].strip()} covers {len(order)} byte(s) but "
-                         f"values are {'/'.join(str(8 * w) for w in short)} bits; read as "
-                         f"{direction}-endian (the direction of the given order)")
-            numpy_only = numpy_only or "a $BYTEORD shorter than the values"
-    if any("padded" in n or "empty value" in n for n in notes):
-        numpy_only = numpy_only or "a TEXT segment that needed normalising"
-
-    declared_events = _int_keyword(text, "tot", path, required=False)
-    if storage == "packed":
         # Beckman Coulter CXP (FC500) writes $PnB 10 for values kept in 16-bit words: when the
         # DATA segment has exactly that size, read it so; otherwise the bits are packed.
         padded = [8 * ((b + 7) // 8) for b in bits]
-        located = _locate_data(path, header, text, base, file_size, sum(padded),
-                               declared_events, [], exact_only=True)
-        if located is not None:
+        if _locate_data(path, header, text, base, file_size, sum(padded), declared_events, [],
+                        exact_only=True) is not None:
             notes.append(f"$PnB {'/'.join(sorted({str(b) for b in bits if b % 8}))} but the DATA "
                          f"segment holds {'/'.join(sorted({str(p) for p in padded}))}-bit words "
                          "(as Beckman Coulter CXP writes them); read as such")
-            storage, bits, widths = "aligned", padded, [p // 8 for p in padded]
-            numpy_only = numpy_only if numpy_only != "integers that are not byte-aligned" else ""
+            storage, bits, words_wider_than_pnb = "aligned", padded, True
         else:
             notes.append(f"integers packed in {'+'.join(str(b) for b in bits)} bits an event, "
                          f"read as one bit stream ({'most' if _is_big_endian(order) else 'least'}"
                          f"-significant bit first, from $BYTEORD {text['byteord'].strip()})")
+    else:
+        storage = "aligned"
+    widths = [b // 8 for b in bits]
+    if storage != "ascii-delimited" and storage != "ascii-fixed" and len(order) > 1 \
+            and not _is_big_endian(order) and order != sorted(order) \
+            and any(w != len(order) for w in widths):
+        raise FCSError(path, f"$BYTEORD {text['byteord'].strip()!r} cannot be applied to "
+                             f"{8 * next(w for w in widths if w != len(order))}-bit values")
+    short = sorted({w for w in widths if w > len(order)}) if storage == "aligned" else []
+    if short:
+        direction = "big" if _is_big_endian(order) else "little"
+        notes.append(f"$BYTEORD {text['byteord'].strip()} covers {len(order)} byte(s) but "
+                     f"values are {'/'.join(str(8 * w) for w in short)} bits; read as "
+                     f"{direction}-endian (the direction of the given order)")
+
+    # What FlowIO's DATA reader (engine="flowio") cannot read.
+    if storage != "aligned":
+        numpy_only = "ASCII data" if datatype == "A" else "integers that are not byte-aligned"
+    elif words_wider_than_pnb:
+        numpy_only = "values in words wider than their $PnB"
+    elif len(set(types)) > 1:
+        numpy_only = "per-channel data types ($PnDATATYPE)"
+    elif short:
+        numpy_only = "a $BYTEORD shorter than the values"
+    elif any("padded" in n or "empty value" in n for n in notes):
+        numpy_only = "a TEXT segment that needed normalising"
+    else:
+        numpy_only = ""
+
     if storage == "ascii-delimited":
         data_start, data_bytes, data_from, n_events = _locate_ascii_data(
             path, header, text, base, file_size, declared_events, n_channels)

@@ -172,6 +172,7 @@ def test_fc500_lmd_10_bit_set_stored_in_16_bit_words_and_float_set(tmp_path):
     one, two = read_fcs_all(path)
     np.testing.assert_array_equal(one.events[:, 0], [0, 1023, 77, 5])
     assert any("16-bit" in n for n in one.notes)
+    np.testing.assert_array_equal(read_fcs(path, engine="flowio").events, one.events)
     np.testing.assert_array_equal(two.events[:, 1], floats[1])
 
 
