@@ -273,3 +273,16 @@ def test_byteord_shorter_than_the_values_is_noted(tmp_path, byteord, endian):
     sample = read_fcs(_write(tmp_path, "bo.fcs", blob))
     np.testing.assert_array_equal(sample.events[:, 0], values)
     assert any("$BYTEORD" in n and endian in n for n in sample.notes)
+
+
+def test_upload_report_names_a_skipped_data_set(tmp_path):
+    from gating_core.app_state import ingest_files
+
+    good = [np.arange(4, dtype=np.float32), np.arange(4, dtype=np.float32) + 10]
+    hist = dict(columns=[np.arange(8, dtype=np.uint64)], datatype="I", widths=[2],
+                ranges=[1024], extra={"$MODE": "U"})
+    blob = build_fcs(hist, dict(columns=good, datatype="F"))
+    report = ingest_files([("fc500.lmd.fcs", blob)], tmp_path / "work", compensate=False)
+    assert len(report.patients) == 1 and report.patients[0].sample.n_events == 4
+    assert not report.errors
+    assert any("data set" in m and "#1" in m and "histogram" in m for _, m in report.notes)
