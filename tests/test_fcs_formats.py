@@ -286,3 +286,22 @@ def test_upload_report_names_a_skipped_data_set(tmp_path):
     assert len(report.patients) == 1 and report.patients[0].sample.n_events == 4
     assert not report.errors
     assert any("data set" in m and "#1" in m and "histogram" in m for _, m in report.notes)
+
+
+def test_batch_gating_records_a_skipped_data_set(tmp_path):
+    from gating_core.gating import gate_file
+
+    class NoModel:  # gate_file only needs .compensate and .gate here
+        compensate = False
+
+        def gate(self, sample, chunk_size):
+            raise ValueError(f"not gated ({sample.n_events} events)")
+
+    good = [np.arange(4, dtype=np.float32)] * 2
+    hist = dict(columns=[np.arange(8, dtype=np.uint64)], datatype="I", widths=[2],
+                ranges=[1024], extra={"$MODE": "U"})
+    path = _write(tmp_path, "two.fcs", build_fcs(hist, dict(columns=good, datatype="F")))
+    records = gate_file(NoModel(), path, tmp_path)
+    by_patient = {r["patient"]: r["error"] for r in records}
+    assert by_patient["two#2"] == "two.fcs: not gated (4 events)"
+    assert by_patient["two#1"].startswith("two.fcs: data set two#1 cannot be read: histogram")
