@@ -2,7 +2,7 @@
 
 A plain library (it never imports streamlit). Modules:
 
-- ``fcs``: reading FCS 2.0/3.0/3.1 files into :class:`~gating_core.fcs.Sample` objects,
+- ``fcs``: reading FCS 2.0/3.0/3.1/3.2 files into :class:`~gating_core.fcs.Sample` objects,
   writing FCS 3.1, and the :class:`~gating_core.fcs.FCSError` raised for unreadable files.
 - ``export``: the gated CSV contract and FCS export with a population channel.
 - ``labels``: loading expert labels (labels CSV, gated CSV, FlowJo / GatingML gates).
