@@ -293,6 +293,7 @@ class _Text:
     values: dict[str, str]     # normalised names (case-folded, no '$', no padding) -> value
     display: dict[str, str]    # normalised name -> name as shown ("$P1N", "SPILL", ...)
     notes: list[str]
+    quirks: bool = False       # padded names or FCS 2.0 empty values (FlowIO misreads both)
 
 
 def _tokenize_text(text: str, path, segment: str, version: str) -> _Text:
@@ -323,7 +324,7 @@ def _tokenize_text(text: str, path, segment: str, version: str) -> _Text:
         shown = ", ".join(empties[:8]) + (", ..." if len(empties) > 8 else "")
         notes.append(f"FCS 2.0 {segment}: {len(empties)} keywords with an empty value ({shown}); "
                      "their doubled delimiters read as empty values, not escaped delimiters")
-    return _Text(values, display, notes)
+    return _Text(values, display, notes, quirks=bool(padded or empties))
 
 
 # --------------------------------------------------------------------------------------------
@@ -449,6 +450,7 @@ class _DataSetText:
     display: dict[str, str]
     notes: list[str]
     nextdata: int
+    text_quirks: bool = False   # the primary TEXT had padded names or FCS 2.0 empty values
 
 
 def _read_data_set_text(fh, path: Path, base: int, file_size: int) -> _DataSetText:
@@ -488,7 +490,7 @@ def _read_data_set_text(fh, path: Path, base: int, file_size: int) -> _DataSetTe
         except FCSError as exc:
             notes.append(f"supplemental TEXT ignored: {exc.problem}")
     nextdata = _int_keyword(text, "nextdata", path, required=False, default=0, minimum=-(1 << 62))
-    return _DataSetText(base, header, text, display, notes, nextdata)
+    return _DataSetText(base, header, text, display, notes, nextdata, primary.quirks)
 
 
 def _channel_datatypes(text, n_channels: int, path) -> tuple[str, list[str]]:
@@ -669,7 +671,7 @@ def _layout_from_text(dst: _DataSetText, path: Path, file_size: int) -> _Layout:
         numpy_only = "per-channel data types ($PnDATATYPE)"
     elif short:
         numpy_only = "a $BYTEORD shorter than the values"
-    elif any("padded" in n or "empty value" in n for n in notes):
+    elif dst.text_quirks:
         numpy_only = "a TEXT segment that needed normalising"
     else:
         numpy_only = ""

@@ -305,3 +305,15 @@ def test_batch_gating_records_a_skipped_data_set(tmp_path):
     by_patient = {r["patient"]: r["error"] for r in records}
     assert by_patient["two#2"] == "two.fcs: not gated (4 events)"
     assert by_patient["two#1"].startswith("two.fcs: data set two#1 cannot be read: histogram")
+
+
+def test_flowio_engine_falls_back_on_normalised_text(tmp_path):
+    columns = [np.array([1, 2, 3], dtype=np.uint64), np.array([4, 5, 6], dtype=np.uint64)]
+    padded = build_dataset(columns, datatype="I", widths=[2, 2], ranges=[1024, 1024],
+                           rename=lambda k: " " + k)
+    empty = build_dataset(columns, datatype="I", widths=[2, 2], ranges=[1024, 1024],
+                          version="2.0", pns=["", "CD4"])
+    for name, blob in (("padded.fcs", padded), ("empty.fcs", empty)):
+        sample = read_fcs(_write(tmp_path, name, blob), engine="flowio")
+        np.testing.assert_array_equal(sample.events, np.column_stack(columns).astype(np.float32))
+        assert any("FlowIO cannot read" in n for n in sample.notes)
