@@ -655,7 +655,10 @@ def _layout_from_text(dst: _DataSetText, path: Path, file_size: int) -> _Layout:
             and any(w != len(order) for w in widths):
         raise FCSError(path, f"$BYTEORD {text['byteord'].strip()!r} cannot be applied to "
                              f"{8 * next(w for w in widths if w != len(order))}-bit values")
-    short = sorted({w for w in widths if w > len(order)}) if storage == "aligned" else []
+    # FCS 3.1/3.2: the 4-byte orders 1,2,3,4 / 4,3,2,1 give the endianness of every width; a
+    # shorter order on wider values is applied by its direction, with a note.
+    short = sorted({w for w in widths if w > len(order)}) \
+        if storage == "aligned" and len(order) < 4 else []
     if short:
         direction = "big" if _is_big_endian(order) else "little"
         notes.append(f"$BYTEORD {text['byteord'].strip()} covers {len(order)} byte(s) but "
