@@ -19,6 +19,9 @@ The DATA segment of the common uniform-width files is read with one ``numpy.from
 (the reading speed is then the disk's); unusual layouts go through a byte-level numpy path.
 Every way a file can be unreadable becomes one exception type, :class:`FCSError`, whose message
 names the file and the problem.
+
+:func:`write_fcs` writes FCS 3.1 (float32, or float64 when a value needs it) byte by byte, with
+a TEXT delimiter that occurs in no keyword name or value (see :func:`choose_delimiter`).
 """
 
 from __future__ import annotations
