@@ -342,3 +342,45 @@ def test_export_round_trips_random_valid_samples(tmp_path, drawn, include_identi
         assert flowio.FlowData(str(out)).text[key.lower()] == value
     kept = set(IDENTIFYING) & set(back.keywords)
     assert kept == (set(IDENTIFYING) & set(source.keywords) if include_identifying else set())
+
+
+# ---------------------------------------------------------------------------- real files
+
+def _corpus_files():
+    from test_fcs_corpus import GUAVA, SINGLE
+
+    return sorted(SINGLE) + [GUAVA]
+
+
+@pytest.mark.parametrize("relpath", _corpus_files())
+def test_real_instrument_files_round_trip_through_export(tmp_path, fcs_corpus, relpath):
+    """read(export(read(f))) == read(f) for every data set of the real-instrument corpus, with
+    every keyword carried (names and values as instruments write them)."""
+    for k, source in enumerate(fcs_module.read_fcs_all(fcs_corpus / relpath)):
+        for labeled in (False, True):
+            populations = labels_for(source.n_events, seed=k) if labeled else None
+            out = export_sample(tmp_path / f"{k}_{labeled}.fcs", source, populations, include_identifying=True)
+            back = read_fcs(out)
+            if labeled:
+                back, read_populations = read_fcs_with_populations(out)
+                np.testing.assert_array_equal(read_populations, populations)
+            assert_same_events(back, source)
+            assert_flowio_reads(out, source, extra_channels=int(labeled))
+            for key, value in export_keywords(source, include_identifying=True).items():
+                assert back.keywords[key] == value, key
+            if source.spillover is not None:
+                np.testing.assert_array_equal(back.spillover, source.spillover)
+                assert back.spillover_channels == source.spillover_channels
+
+
+def test_library_export_of_the_fortessa_file_keeps_its_time_scale(tmp_path, fcs_corpus):
+    source_path = fcs_corpus / "Fortessa/FCS_3.0_Fortessa_PBS_Specimen_001_A1_A01.fcs"
+    source = read_fcs(source_path)
+    assert float(source.keywords["$TIMESTEP"]) != 1 and "Time" in source.pnn
+    library = PatientLibrary(tmp_path / "lib")
+    [name] = library.import_files([source_path])
+    out = tmp_path / "fortessa.fcs"
+    assert cli_main(["library", "--path", str(library.path), "export", name, "--out", str(out)]) == 0
+    time = source.pnn.index("Time")
+    np.testing.assert_array_equal(read_fcs(out).events[:, time], source.events[:, time])
+    assert_same_events(read_fcs(out), source)
