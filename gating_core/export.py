@@ -8,11 +8,19 @@ gated CSV is a lossless training input.
 FCS with populations: the events plus a ``population`` channel of integer codes; the keywords
 ``GATING_POPULATION_CHANNEL`` (the channel's name), ``GATING_POPULATION_COUNT`` (k) and
 ``GATING_POPULATION_<code>`` (the name of each code 0..k-1) map codes back to names.
+
+Every export -- library, command line, the app's download buttons and zip -- goes through
+:func:`export_sample` (or :func:`export_bytes`, its in-memory twin), so there is one keyword
+policy (:func:`export_keywords`) and one guarantee: reading an exported FCS gives back exactly
+the events and channels the source read gave (``read(export(read(f))) == read(f)``).
 """
 
 from __future__ import annotations
 
+import math
 import os
+import re
+import uuid
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -20,22 +28,31 @@ import numpy as np
 
 from .fcs import Channel, FCSError, Sample, read_fcs, write_fcs
 from .labels import POPULATION_COLUMN, LabelError, _read_csv_table, population_array, read_header
+from .library.privacy import is_identifying
 
-__all__ = ["write_gated_csv", "read_gated_csv", "write_fcs_with_populations",
-           "populations_from_sample", "read_fcs_with_populations", "POPULATION_KEYWORD"]
+__all__ = ["export_sample", "export_bytes", "export_keywords", "write_gated_csv", "read_gated_csv",
+           "write_fcs_with_populations", "populations_from_sample", "read_fcs_with_populations",
+           "POPULATION_KEYWORD"]
 
 CONFIDENCE_COLUMN = "confidence"
 POPULATION_KEYWORD = "GATING_POPULATION_CHANNEL"
 POPULATION_COUNT_KEYWORD = "GATING_POPULATION_COUNT"
 POPULATION_NAME_KEYWORD = "GATING_POPULATION_{}"
-# Keywords worth carrying from the source file into a written FCS. Not $TIMESTEP, $PnG, $PnE:
-# the events are already scaled, a reader would scale them twice.
-_CARRIED_KEYWORDS = ("$CYT", "$CYTSN", "$DATE", "$BTIM", "$ETIM", "$SRC", "$FIL", "$INST", "$OP")
+EXPORT_FORMATS = ("csv", "fcs")
+
+# Keywords an exported FCS never copies from its source: the writer sets the layout and the
+# channel keywords itself ($PnG, $PnE and $PnR included: the events are written linear, gain
+# already divided out, so the file declares gain 1 and no log amplification); $TIMESTEP,
+# the spillover and the population keywords are rewritten from the sample.
+_NOT_CARRIED = re.compile(r"^\$?((BEGIN|END)(DATA|ANALYSIS|STEXT)|BYTEORD|DATATYPE|MODE|NEXTDATA|PAR|TOT"
+                          r"|P\d+[BENRSG]|TIMESTEP|SPILLOVER|SPILL|GATING_POPULATION_.*)$", re.IGNORECASE)
+_CHANNEL_KEYWORD = re.compile(r"^\$?P(\d+)[A-Z]", re.IGNORECASE)
 
 
 def _encode_name(name: str) -> str:
-    # FCS TEXT readers (FlowIO) drop '$' and trip over a leading/trailing delimiter '/':
-    # percent-encode those (and '%' itself) so every name survives exactly.
+    # FlowIO's TEXT tokenizer (this project's too) drops every '$': percent-encode it (and '%'
+    # itself) so every name survives exactly. '/' stays encoded as files written before the
+    # writer chose its delimiter did, so readers of either kind of file decode the same way.
     return name.replace("%", "%25").replace("/", "%2F").replace("$", "%24")
 
 
@@ -164,13 +181,59 @@ def read_gated_csv(path: str | os.PathLike, dtype=np.float32):
     return sample, populations, confidence
 
 
-def write_fcs_with_populations(path: str | os.PathLike, sample: Sample, populations) -> None:
-    """Write the sample as FCS 3.1 (float32) with an extra channel of population codes.
+def export_keywords(sample: Sample, *, include_identifying: bool = False) -> dict[str, str]:
+    """The TEXT keywords an exported FCS of ``sample`` carries (the one export policy).
 
-    Codes are 0..k-1 in sorted order of the population names; keywords
-    ``GATING_POPULATION_<code>`` hold the names. Readable by FlowIO and FlowKit.
+    * Keywords that may identify a person (:func:`gating_core.library.privacy.is_identifying`)
+      are left out unless ``include_identifying``.
+    * Layout and channel keywords are the writer's ($PnB, $PnE, $PnG, $PnN, $PnR, $PnS, ...):
+      the events are written as the reader returned them -- linear, gain divided out -- so the
+      file declares $PnE 0,0 and no gain, and a reader gets the same values back. Other
+      channel keywords ($PnV, $PnD, ...) are carried for the sample's own channels.
+    * A time channel's values are in seconds already ($TIMESTEP applied on reading): the file
+      says ``$TIMESTEP 1`` when the source had a usable $TIMESTEP, so no reader scales twice.
+    * The spillover matrix is written as ``$SPILLOVER`` from the sample, and left out when the
+      events are already compensated (a reader would compensate twice).
+    * Empty values are dropped (FCS forbids them).
     """
-    path = Path(path)
+    d = len(sample.channels)
+    keep: dict[str, str] = {}
+    for key, value in sample.keywords.items():
+        key, value = str(key), "" if value is None else str(value)
+        if value == "" or _NOT_CARRIED.match(key):
+            continue
+        if not include_identifying and is_identifying(key):
+            continue
+        if sample.compensated and key.lstrip("$").upper() == "COMP":
+            continue
+        channel = _CHANNEL_KEYWORD.match(key)
+        if channel and not 1 <= int(channel.group(1)) <= d:
+            continue  # describes a channel the sample does not have
+        keep[key] = value
+    timestep = next((str(v) for k, v in sample.keywords.items() if k.lstrip("$").upper() == "TIMESTEP"), "")
+    has_time = any(c.pnn.strip().lower() == "time" for c in sample.channels)
+    if has_time and _usable_timestep(timestep):
+        keep["$TIMESTEP"] = "1"
+    if sample.spillover is not None and not sample.compensated:
+        values = ",".join(repr(float(v)) for v in np.asarray(sample.spillover, dtype=np.float64).ravel())
+        keep["$SPILLOVER"] = f"{len(sample.spillover_channels)}," + ",".join(sample.spillover_channels) \
+            + "," + values
+    return keep
+
+
+def _usable_timestep(text: str) -> bool:
+    try:
+        return math.isfinite(float(text.strip()))
+    except ValueError:
+        return False
+
+
+def _write_fcs_export(path: Path, sample: Sample, populations, include_identifying: bool) -> None:
+    keywords = export_keywords(sample, include_identifying=include_identifying)
+    ranges = [c.range for c in sample.channels]
+    if populations is None:
+        write_fcs(path, sample.events, sample.pnn, sample.pns, keywords, ranges=ranges, datatype="auto")
+        return
     populations, _ = _check_lengths(sample, populations, None, path)
     names, codes = np.unique(populations, return_inverse=True)
     if any(n.strip() == "" for n in names):
@@ -180,24 +243,77 @@ def write_fcs_with_populations(path: str | os.PathLike, sample: Sample, populati
     while channel in sample.pnn:
         channel = f"{POPULATION_COLUMN}_{k}"
         k += 1
-    events = np.empty((sample.n_events, len(sample.channels) + 1), dtype=np.float32)
+    dtype = sample.events.dtype if sample.events.dtype in (np.float32, np.float64) else np.float64
+    events = np.empty((sample.n_events, len(sample.channels) + 1), dtype=dtype)
     events[:, :-1] = sample.events
     events[:, -1] = codes
-    keywords = {key: value for key, value in sample.keywords.items()
-                if key in _CARRIED_KEYWORDS and str(value).strip()}
-    for i, c in enumerate(sample.channels, start=1):
-        if c.range:
-            keywords[f"P{i}R"] = f"{c.range:g}"
-    keywords[f"P{len(sample.channels) + 1}R"] = str(max(len(names), 1))
-    if sample.spillover is not None and not sample.compensated:
-        values = ",".join(repr(float(v)) for v in np.asarray(sample.spillover).ravel())
-        keywords["SPILLOVER"] = f"{len(sample.spillover_channels)}," + ",".join(
-            sample.spillover_channels) + "," + values
     keywords[POPULATION_KEYWORD] = channel
     keywords[POPULATION_COUNT_KEYWORD] = str(len(names))
     for code, name in enumerate(names):
         keywords[POPULATION_NAME_KEYWORD.format(code)] = _encode_name(str(name))
-    write_fcs(path, events, sample.pnn + [channel], sample.pns + ["population code"], keywords)
+    write_fcs(path, events, sample.pnn + [channel], sample.pns + ["population code"], keywords,
+              ranges=ranges + [max(len(names), 1)], datatype="auto")
+
+
+def export_sample(path: str | os.PathLike, sample: Sample, populations=None, confidence=None, *,
+                  format: str | None = None, include_identifying: bool = False) -> Path:
+    """Write one patient for use outside the product: the single export path.
+
+    Parameters
+    ----------
+    path : output file.
+    sample : the events as read (linear scale).
+    populations : array-like of str, shape (n_events,), or None (FCS only: events alone).
+    confidence : array-like of float in [0, 1] (gated CSV only), or None.
+    format : ``"csv"`` (gated CSV) or ``"fcs"`` (FCS 3.1 with a population channel when
+        ``populations`` is given); default from the suffix, ``.fcs`` -> FCS, else CSV.
+    include_identifying : keep the keywords that may identify a person (default: left out,
+        see :mod:`gating_core.library.privacy`). A gated CSV carries no keywords at all.
+
+    An exported FCS reads back (this project's reader, FlowIO, FlowKit) with exactly the
+    source sample's events on every channel: float32 when the values are float32, else
+    float64. Raises FCSError (FCS), ValueError (lengths, names) or OSError.
+    """
+    path = Path(path)
+    format = format or ("fcs" if path.suffix.lower() == ".fcs" else "csv")
+    if format not in EXPORT_FORMATS:
+        raise ValueError(f"export format must be one of {EXPORT_FORMATS}, not {format!r}")
+    if format == "csv":
+        if populations is None:
+            raise ValueError(f"{path.name}: a gated CSV needs populations")
+        write_gated_csv(path, sample, populations, confidence)
+    else:
+        _write_fcs_export(path, sample, populations, include_identifying)
+    return path
+
+
+def export_bytes(sample: Sample, populations=None, confidence=None, *, format: str,
+                 include_identifying: bool = False, work_dir: str | os.PathLike | None = None) -> bytes:
+    """:func:`export_sample` into memory (for downloads): the file's bytes.
+
+    The file is written in ``work_dir`` (default: the system temp folder) and removed.
+    """
+    import tempfile
+
+    folder = Path(work_dir) if work_dir is not None else Path(tempfile.gettempdir())
+    path = folder / f"export-{uuid.uuid4().hex}.{format}"
+    try:
+        export_sample(path, sample, populations, confidence, format=format,
+                      include_identifying=include_identifying)
+        return path.read_bytes()
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def write_fcs_with_populations(path: str | os.PathLike, sample: Sample, populations, *,
+                               include_identifying: bool = False) -> None:
+    """Write the sample as FCS 3.1 with an extra channel of population codes.
+
+    Codes are 0..k-1 in sorted order of the population names; keywords
+    ``GATING_POPULATION_<code>`` hold the names. Readable by FlowIO and FlowKit. Same file as
+    ``export_sample(path, sample, populations, format="fcs")``.
+    """
+    export_sample(path, sample, populations, format="fcs", include_identifying=include_identifying)
 
 
 def populations_from_sample(sample: Sample):

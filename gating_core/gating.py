@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gating_core.export import write_gated_csv
+from gating_core.export import export_sample
 from gating_core.fcs import FCSError, read_fcs_all
 from gating_core.model import ChannelMismatchError, GatingModel, PatientDigest, digest_patient
 
@@ -40,7 +40,7 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000) -
         try:
             result = model.gate(sample, chunk_size=chunk_size)
             output = out_dir / f"{output_stem(sample.name)}.gated.csv"
-            write_gated_csv(output, sample, result.populations, result.confidence)
+            export_sample(output, sample, result.populations, result.confidence, format="csv")
             record.update(events=sample.n_events, counts=result.counts, novelty=result.novelty.to_dict(),
                           output=str(output), mean_confidence=float(result.confidence.mean()) if sample.n_events else 0.0)
         except (ChannelMismatchError, FCSError, ValueError, OSError) as exc:

@@ -161,7 +161,9 @@ e[0].download_button("Gated CSV", data=lambda: exports.gated_csv(record.populati
                      help="One row per event in file order: every channel, then population and confidence.")
 e[1].download_button("FCS with population channel",
                      data=lambda: exports.gated_fcs(record.populations_token, record, store.work_dir),
-                     file_name=f"{patient}.gated.fcs", mime="application/octet-stream", key="dl_fcs")
+                     file_name=f"{patient}.gated.fcs", mime="application/octet-stream", key="dl_fcs",
+                     help="The events exactly as read, plus a population channel. Keywords that may identify "
+                          "a person (names, ids, dates, serial numbers) are left out.")
 gated_records = [store.patients[n] for n in gated]
 e[2].download_button("Statistics (CSV, all gated patients)", data=lambda: exports.statistics_csv(gated_records),
                      file_name="population_statistics.csv", mime="text/csv", key="dl_stats")

@@ -31,8 +31,9 @@ WORKER = Path(__file__).resolve().parent / "library_worker.py"
 PNN = ["FSC-A", "SSC-A", "FL1-A", "FL2-A"]
 PNS = ["", "", "CD4", "CD8"]
 IDENTIFYING = {"$SRC": "Jane Roe", "$FIL": "roe_jane_2024-03-01.fcs", "$SMNO": "S-0042",
-               "$OP": "Dr Operator", "PATIENT ID": "MRN-889977", "$DATE": "01-MAR-2024"}
-HARMLESS = {"$CYT": "FACSCanto II", "$BTIM": "09:12:00", "CREATOR": "test suite"}
+               "$OP": "Dr Operator", "PATIENT ID": "MRN-889977", "$DATE": "01-MAR-2024", "$BTIM": "09:12:00",
+               "$CYTSN": "R66034500123"}
+HARMLESS = {"$CYT": "FACSCanto II", "$SYS": "Windows 10", "CREATOR": "test suite"}
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -501,9 +502,14 @@ def test_a_damaged_or_missing_catalog_is_reported_and_nothing_is_deleted(tmp_pat
 
 def test_identifying_keywords_are_recognised():
     for key in ["$SRC", "$FIL", "$SMNO", "$OP", "$PATIENTID", "PATIENT ID", "Patient_Name", "$EXPFILENAME",
-                "EXPORT USER NAME", "DOB", "$INST", "$COM", "SUBJECT ID", "donor"]:
+                "EXPORT USER NAME", "DOB", "$INST", "$COM", "SUBJECT ID", "donor",
+                # judged identifying with issue 11: times of acquisition, device and plate ids,
+                # free-text sample / case / tube fields
+                "$BTIM", "$ETIM", "$CYTSN", "$PLATENAME", "$PLATEID", "$WELLID", "SAMPLE ID",
+                "CASE NUMBER", "TUBE NAME", "EXPERIMENT NAME", "$LAST_MODIFIED", "CST BASELINE DATE"]:
         assert is_identifying(key), key
-    for key in ["$CYT", "$BTIM", "$P1N", "$SPILLOVER", "$TOT", "$CYTSN", "$TIMESTEP", "CREATOR"]:
+    for key in ["$CYT", "$P1N", "$SPILLOVER", "$TOT", "$TIMESTEP", "CREATOR", "$SYS", "LASER1NAME",
+                "$P1V", "GATING_POPULATION_0"]:
         assert not is_identifying(key), key
     assert strip_identifying({"$SRC": "a", "$CYT": "b"}) == {"$CYT": "b"}
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import uuid
-from pathlib import Path
-
 import numpy as np
 import streamlit as st
 
@@ -23,29 +20,22 @@ def _confidence(record) -> np.ndarray:
     return confidence
 
 
-def _through_file(work_dir, suffix, writer) -> bytes:
-    path = Path(work_dir) / f"export-{uuid.uuid4().hex}{suffix}"
-    try:
-        writer(path)
-        return path.read_bytes()
-    finally:
-        path.unlink(missing_ok=True)
-
-
 @st.cache_data(max_entries=16, show_spinner="Writing the gated CSV…")
 def gated_csv(token: str, _record, _work_dir) -> bytes:
-    from gating_core.export import write_gated_csv
+    """The gated CSV download (also what the zip holds), through the one export path."""
+    from gating_core.export import export_bytes
 
-    return _through_file(_work_dir, ".csv", lambda p: write_gated_csv(p, _record.sample, _record.populations,
-                                                                        _confidence(_record)))
+    return export_bytes(_record.sample, _record.populations, _confidence(_record), format="csv",
+                        work_dir=_work_dir)
 
 
 @st.cache_data(max_entries=16, show_spinner="Writing the FCS file…")
 def gated_fcs(token: str, _record, _work_dir) -> bytes:
-    from gating_core.export import write_fcs_with_populations
+    """The "FCS with population channel" download: identifying keywords left out
+    (:func:`gating_core.export.export_sample`'s default policy)."""
+    from gating_core.export import export_bytes
 
-    return _through_file(_work_dir, ".fcs", lambda p: write_fcs_with_populations(p, _record.sample,
-                                                                                   _record.populations))
+    return export_bytes(_record.sample, _record.populations, format="fcs", work_dir=_work_dir)
 
 
 @st.cache_data(max_entries=32, show_spinner=False)

@@ -23,7 +23,6 @@ import getpass
 import json
 import math
 import os
-import re
 import sqlite3
 import unicodedata
 import dataclasses
@@ -36,7 +35,6 @@ import numpy as np
 
 from gating_core.fcs import Channel, FCSError, Sample
 from gating_core.library import catalog, storage
-from gating_core.library.privacy import strip_identifying
 
 LIBRARY_ENV = "GATING_LIBRARY"
 DEFAULT_LIBRARY = "workspace"
@@ -1024,8 +1022,9 @@ class PatientLibrary:
 
         Labels are the current labels (confidence 1) or, for an unlabeled patient, the latest
         auto-gate result. FCS export of an unlabeled patient without a result writes the events
-        alone. Identifying keywords (see :mod:`gating_core.library.privacy`) are left out of FCS
-        exports unless ``include_identifying``.
+        alone. Written by :func:`gating_core.export.export_sample`: identifying keywords (see
+        :mod:`gating_core.library.privacy`) are left out unless ``include_identifying``, and the
+        exported FCS reads back with exactly the stored events.
         """
         out = Path(out)
         sample = self.load_sample(name)
@@ -1037,27 +1036,15 @@ class PatientLibrary:
                 populations, confidence = result.populations, result.confidence
         else:
             confidence = np.ones(sample.n_events, dtype=np.float32)
-        keywords = dict(sample.keywords) if include_identifying else strip_identifying(sample.keywords)
-        exported = dataclasses.replace(sample, keywords=keywords)
         is_fcs = out.suffix.lower() == ".fcs"
+        if not is_fcs and populations is None:
+            raise LibraryError("has no labels and no auto-gate result; export it as .fcs, or label "
+                               "or auto-gate it first", patient=sample.name)
+        from gating_core.export import export_sample
+
         try:
-            if is_fcs:
-                from gating_core.fcs import write_fcs
-
-                if populations is not None:
-                    from gating_core.export import write_fcs_with_populations
-
-                    exported.keywords = _fcs_export_keywords(exported)
-                    write_fcs_with_populations(out, exported, populations)
-                else:
-                    write_fcs(out, sample.events, sample.pnn, sample.pns, _fcs_export_keywords(exported))
-            else:
-                if populations is None:
-                    raise LibraryError("has no labels and no auto-gate result; export it as .fcs, or label "
-                                       "or auto-gate it first", patient=sample.name)
-                from gating_core.export import write_gated_csv
-
-                write_gated_csv(out, exported, populations, confidence)
+            export_sample(out, sample, populations, confidence, format="fcs" if is_fcs else "csv",
+                          include_identifying=include_identifying)
         except FCSError as exc:
             raise LibraryError(exc.problem, path=out, patient=sample.name) from None
         except OSError as exc:
@@ -1124,24 +1111,3 @@ class PatientLibrary:
             if path.name not in known:
                 problems.append(f"data/{path.name}: not in the catalog")
         return problems
-
-
-_STRUCTURAL_KEYWORD = (r"^\$?(BEGIN|END)(DATA|ANALYSIS|STEXT)$|^\$?(BYTEORD|DATATYPE|MODE|NEXTDATA|PAR|TOT)$"
-                       r"|^\$?P\d+[A-Z]+$")
-
-
-def _fcs_export_keywords(sample: Sample) -> dict[str, str]:
-    """Keywords to carry into an exported FCS: the writer sets layout and channel keywords
-    itself, and the spillover matrix is dropped when the events are already compensated (a
-    reader would otherwise compensate twice)."""
-    keep = {}
-    for key, value in sample.keywords.items():
-        upper = key.upper()
-        if re.match(_STRUCTURAL_KEYWORD, upper):
-            continue
-        if sample.compensated and upper.lstrip("$") in ("SPILLOVER", "SPILL", "COMP"):
-            continue
-        if value in (None, ""):
-            continue  # FCS forbids empty keyword values
-        keep[key] = str(value)
-    return keep
