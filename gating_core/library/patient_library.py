@@ -34,6 +34,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from gating_core.errors import GatingCoreError
 from gating_core.fcs import Channel, FCSError, Sample
 from gating_core.library import catalog, storage
 from gating_core.library.privacy import strip_identifying
@@ -57,7 +58,7 @@ class Provenance:
     ALL = (IMPORTED, GATED_CSV, FLOWJO, GATINGML, DRAWN, AUTO_ACCEPTED)
 
 
-class LibraryError(Exception):
+class LibraryError(GatingCoreError):
     """A library operation was refused or failed; nothing was changed.
 
     ``str(err)`` names the file (``.path``) and/or the patient (``.patient``) and the problem.
