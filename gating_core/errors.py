@@ -59,3 +59,10 @@ def printable(text: str) -> str:
         return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
     except UnicodeError:
         return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def print_error(message) -> None:
+    """``error: <message>`` on stderr, file names that are not UTF-8 shown escaped."""
+    import sys
+
+    print(f"error: {printable(str(message))}", file=sys.stderr)
