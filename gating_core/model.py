@@ -519,7 +519,7 @@ class GatingModel:
         clf.bandwidth_x_ = fitted.number("bandwidth_x", positive=True)
         clf.bandwidth_p_ = fitted.number("bandwidth_p", positive=True, nullable=True)
         clf.bandwidth_embedding_ = fitted.number("bandwidth_embedding", positive=True)
-        clf.temperature_ = fitted.number("temperature", positive=True)
+        clf.temperature_ = fitted.number("temperature", positive=True, within=(0, 1e6))
 
         def array(name, *shape):
             """The named array, its shape checked; None in ``shape`` takes any length there."""
@@ -599,6 +599,8 @@ class GatingModel:
 _COUNTS = ("n_features", "n_embedding_features", "cells_per_patient", "embedding_cells", "cv_folds",
            "cv_repeats", "selection_cells_per_patient")
 _BANDWIDTHS = ("bandwidth_x", "bandwidth_p", "bandwidth_embedding", "alpha")
+# Transform cofactors and scales: float32 arithmetic divides by them.
+_SCALES = (1e-6, 1e12)
 
 
 def _checked_params(path, fields: Fields, accepted, where: str) -> dict:
@@ -647,9 +649,9 @@ def _transform(path, fields: Fields, d: int) -> ChannelTransform:
     for j, (kind, p) in enumerate(zip(kinds, params)):
         entry = Fields(path, p, f"transform.params[{j}]")
         if kind == "arcsinh":
-            values = {"cofactor": entry.number("cofactor", positive=True, optional=True)}
+            values = {"cofactor": entry.number("cofactor", optional=True, within=_SCALES)}
         elif kind == "linear":
-            values = {"scale": entry.number("scale", positive=True, optional=True)}
+            values = {"scale": entry.number("scale", optional=True, within=_SCALES)}
         elif kind == "logicle":
             values = {key: entry.number(key) for key in ("T", "W", "M", "A")}
             t, w, m, a = (values[key] for key in ("T", "W", "M", "A"))

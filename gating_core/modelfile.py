@@ -212,7 +212,8 @@ def _read_member(path, archive: zipfile.ZipFile, info: zipfile.ZipInfo, spec: Me
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream, max_header_size=MAX_HEADER_BYTES)
             else:
                 raise ValueError(f"unsupported .npy version {version}")
-        except (ValueError, TypeError, SyntaxError, RecursionError, MemoryError, OverflowError) as exc:
+        except Exception as exc:  # noqa: BLE001 - numpy parses the header text with ast / tokenize, which raise
+            # assorted types on garbage (ValueError, SyntaxError, tokenize.TokenError, RecursionError, ...)
             raise ModelFileError(path, f"member {name!r} has no valid array header ({str(exc)[:200]})") from None
         header_bytes = stream.tell()
         _check_dtype(path, name, dtype, shape, spec)
@@ -347,14 +348,17 @@ class Fields:
             self._fail(key, f"an integer in [{minimum}, {maximum}]", value)
         return value
 
-    def number(self, key, positive=False, allow_inf=False, optional=False, nullable=False):
+    def number(self, key, positive=False, allow_inf=False, optional=False, nullable=False, within=None):
+        """A JSON number; ``within=(lo, hi)``: also lo <= value <= hi (e.g. representable in float32)."""
         value, found = self._get(key, optional)
         if not found or (nullable and value is None):
             return None
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value) \
-            and (allow_inf or math.isfinite(value)) and (not positive or value > 0)
+            and (allow_inf or math.isfinite(value)) and (not positive or value > 0) \
+            and (within is None or within[0] <= value <= within[1])
         if not ok:
-            self._fail(key, ("a positive" if positive else "a") + (" " if allow_inf else " finite ") + "number", value)
+            expected = ("a positive" if positive else "a") + (" " if allow_inf else " finite ") + "number"
+            self._fail(key, expected + (f" in [{within[0]:g}, {within[1]:g}]" if within else ""), value)
         return float(value)
 
     def strings(self, key, min_length=0, unique=False, optional=False, nullable=False):
