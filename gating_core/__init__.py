@@ -8,6 +8,8 @@ A plain library (it never imports streamlit). Modules:
 - ``labels``: loading expert labels (labels CSV, gated CSV, FlowJo / GatingML gates).
 - ``transforms``: per-channel arcsinh / logicle transforms and their defaults.
 - ``features`` / ``model``: the marginal-transfer kernel classifier.
+- ``modelfile``: reading a model ``.npz`` within memory bounds, with a typed description.
+- ``errors``: :class:`~gating_core.errors.GatingCoreError`, root of every bad-input error.
 - ``evaluation``: leave-one-patient-out evaluation beside the pooling and LDA baselines.
 - ``synthetic``: the multi-patient flow simulator and the JMLR ellipse task.
 - ``library``: the persistent patient library (SQLite catalog + Parquet events).

@@ -12,6 +12,8 @@ import argparse
 import importlib
 import sys
 
+from gating_core.errors import GatingCoreError, describe_error, printable
+
 # command name -> module under gating_core.commands
 COMMANDS = {
     "info": "info",
@@ -46,15 +48,35 @@ def main(argv: list[str] | None = None) -> int:
     first = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(only=first if first in COMMANDS else None)
     args = parser.parse_args(argv)
+    _tolerant_streams()
     try:
         return int(args.func(args) or 0)
+    except (GatingCoreError, OSError, UnicodeError) as exc:
+        # A bad input (damaged file, unreadable path, file name that is not UTF-8, ...): one
+        # line naming the file and the problem, no traceback. Programming errors still show one.
+        if isinstance(exc, BrokenPipeError):
+            return _broken_pipe()
+        print(f"error: {printable(describe_error(exc))}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # Output piped into `head` and closed early: not an error of ours.
-        import os
 
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-        return 0
+
+def _broken_pipe() -> int:
+    # Output piped into `head` and closed early: not an error of ours.
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    return 0
+
+
+def _tolerant_streams() -> None:
+    """Let stdout / stderr show file names that are not valid UTF-8 (as \\xff) instead of failing."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                pass

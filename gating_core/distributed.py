@@ -29,6 +29,8 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
+from gating_core.errors import GatingCoreError
+
 # Every worker process gets these before numpy starts: one BLAS thread per Dask thread.
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
               "GATING_SCORE_THREADS": "1"}
@@ -37,7 +39,7 @@ _MODEL_CACHE: dict[str, object] = {}
 _MODEL_LOCK = threading.Lock()
 
 
-class ClusterError(RuntimeError):
+class ClusterError(GatingCoreError, RuntimeError):
     """The Dask cluster could not be started or reached (the message says which and why)."""
 
 

@@ -41,6 +41,8 @@ from pathlib import Path
 import flowio
 import numpy as np
 
+from gating_core.errors import GatingCoreError
+
 __all__ = ["FCSError", "Channel", "Sample", "SampleList", "read_fcs", "read_fcs_all", "write_fcs",
            "fcs_info"]
 
@@ -51,7 +53,7 @@ MAX_DATA_SETS = 10_000
 HEADER_OFFSET_LIMIT = 99_999_999
 
 
-class FCSError(Exception):
+class FCSError(GatingCoreError):
     """An FCS file could not be read (or written). ``str(err)`` names the file and the problem."""
 
     def __init__(self, path, problem: str):

@@ -26,16 +26,18 @@ import numpy as np
 from flowutils import gating as fu_gating
 from flowutils import transforms as fu_transforms
 
+from gating_core.errors import GatingCoreError
+
 OTHER = "other"
 _SCALE_KINDS = ("linear", "arcsinh", "logicle")
 _NAME_PATTERN = re.compile(r"^[^\x00-\x1f/]{1,80}$")
 
 
-class GateError(ValueError):
+class GateError(GatingCoreError, ValueError):
     """A gate or gate tree is invalid (bad geometry, unknown parent, duplicate name, ...)."""
 
 
-class GateImportError(ValueError):
+class GateImportError(GatingCoreError, ValueError):
     """A FlowJo workspace or GatingML file could not be applied. ``str()`` names the file."""
 
     def __init__(self, path, problem: str):

@@ -14,13 +14,15 @@ from pathlib import Path
 
 import numpy as np
 
+from gating_core.errors import GatingCoreError
+
 __all__ = ["LabelError", "labels_path_for", "read_labels_csv", "load_labeled_input"]
 
 LABELS_SUFFIX = ".labels.csv"
 POPULATION_COLUMN = "population"
 
 
-class LabelError(ValueError):
+class LabelError(GatingCoreError, ValueError):
     """A labels file or gated CSV is missing or unusable; ``str(err)`` names the file and problem."""
 
     def __init__(self, path, problem: str):

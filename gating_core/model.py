@@ -12,18 +12,20 @@ cannot run code.
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import platform
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from gating_core import __version__
-from gating_core.classifier import SCORE_BLOCK, MarginalTransferClassifier, content_subsample
+from gating_core.classifier import SCORE_BLOCK, SOLVERS, MarginalTransferClassifier, content_subsample
+from gating_core.errors import GatingCoreError
 from gating_core.features import MeanEmbedding, ProductRFF
+from gating_core.modelfile import Fields, ModelFileError, check_scalar, parse_json, read_archive
 from gating_core.transforms import ChannelTransform, default_transform, is_time_like
 
 MODEL_FORMAT = "gating_core.model"
@@ -31,16 +33,7 @@ MODEL_FORMAT_VERSION = 1
 METHODS = ("marginal", "pooling")
 
 
-class ModelFileError(Exception):
-    """A model file could not be read: ``str(err)`` names the file and the problem."""
-
-    def __init__(self, path, problem: str):
-        self.path = str(path)
-        self.problem = problem
-        super().__init__(f"{Path(self.path).name}: {problem}")
-
-
-class ChannelMismatchError(ValueError):
+class ChannelMismatchError(GatingCoreError, ValueError):
     """A sample lacks a channel the model needs (named in the message)."""
 
 
@@ -467,77 +460,119 @@ class GatingModel:
 
     @classmethod
     def load(cls, path) -> "GatingModel":
-        """Read a model written by :meth:`save`; raises ModelFileError for anything else."""
+        """Read a model written by :meth:`save`; raises ModelFileError for anything else.
+
+        The file is read by :func:`gating_core.modelfile.read_archive` (bounded memory, no
+        pickle, declared sizes checked before decompressing); the JSON description is checked
+        field by field and the arrays' shapes against it (see :meth:`_from_parts`).
+        """
         path = Path(path)
-        try:
-            with np.load(path, allow_pickle=False) as data:
-                arrays = {k: data[k] for k in data.files}
-        except FileNotFoundError:
-            raise ModelFileError(path, "file not found") from None
-        except (zipfile.BadZipFile, ValueError, OSError, EOFError, KeyError) as exc:
-            raise ModelFileError(path, f"not a gating model file (damaged or another format: {exc})") from None
-        try:
-            meta = json.loads(str(arrays["meta"]))
-        except (KeyError, ValueError):
-            raise ModelFileError(path, "not a gating model file (no model description inside)") from None
-        if not isinstance(meta, dict) or meta.get("format") != MODEL_FORMAT:
+        arrays = read_archive(path)
+        if "meta" not in arrays:
+            raise ModelFileError(path, "not a gating model file (no model description inside)")
+        meta = parse_json(path, str(arrays.pop("meta")))
+        if meta.get("format") != MODEL_FORMAT:
             raise ModelFileError(path, "not a gating model file (unknown format tag)")
-        if meta.get("format_version", 0) > MODEL_FORMAT_VERSION:
-            raise ModelFileError(path, f"written by a newer gating_core (format {meta.get('format_version')}); upgrade to read it")
+        version = meta.get("format_version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ModelFileError(path, f"model description: format_version must be a positive integer, got {version!r}"[:200])
+        if version > MODEL_FORMAT_VERSION:
+            raise ModelFileError(path, f"written by a newer gating_core (format {version}); upgrade to read it")
         try:
-            return cls._from_parts(meta, arrays)
+            return cls._from_parts(meta, arrays, path=path)
+        except ModelFileError:
+            raise
         except (KeyError, TypeError, ValueError, IndexError) as exc:
             raise ModelFileError(path, f"model file is incomplete or inconsistent ({exc})") from None
 
     @classmethod
-    def _from_parts(cls, meta, arrays) -> "GatingModel":
-        params = dict(meta["params"])
-        if params.get("transform") == "custom":
-            params["transform"] = "auto"
+    def _from_parts(cls, meta, arrays, path="model") -> "GatingModel":
+        """Build a fitted model from a checked description and arrays (see :meth:`load`).
+
+        Every field is type-checked (:class:`~gating_core.modelfile.Fields`); hyperparameters
+        must be ones the constructors accept; array shapes must agree with each other and with
+        the description. A violation is a ModelFileError.
+        """
+        top = Fields(path, meta, "model")
+        params = _model_params(path, top.object("params"), inspect.signature(cls).parameters)
         model = cls(**params)
-        model.channels_ = list(meta["channels"])
-        model.channel_markers_ = list(meta["channel_markers"])
-        model.transform_ = ChannelTransform.from_dict(meta["transform"])
-        model.populations_ = list(meta["populations"])
-        model.training_patients_ = list(meta["training_patients"])
-        model.center_ = np.asarray(arrays["center"], dtype=np.float32)
-        model.scale_ = np.asarray(arrays["scale"], dtype=np.float32)
-        model.selection_ = dict(meta.get("selection", {}))
-        model.novelty_reference_ = float(meta["novelty"]["reference"])
-        model.novelty_threshold_ = float(meta["novelty"]["threshold"])
-        model.novelty_nn_ = np.asarray(arrays["novelty_nn"])
-        clf = MarginalTransferClassifier(**meta["classifier"])
-        fitted = meta["fitted"]
+        model.channels_ = top.strings("channels", min_length=1, unique=True)
+        d = len(model.channels_)
+        model.channel_markers_ = top.strings("channel_markers")
+        if len(model.channel_markers_) != d:
+            raise ValueError(f"{d} channels but {len(model.channel_markers_)} markers")
+        model.transform_ = _transform(path, top.object("transform"), d)
+        model.populations_ = top.strings("populations", min_length=2, unique=True)
+        model.training_patients_ = top.strings("training_patients", min_length=1)
+        selection = top.object("selection", optional=True)
+        model.selection_ = dict(selection.data) if selection is not None else {}
+        if selection is not None:
+            selection.number("cv_accuracy", optional=True, nullable=True)
+        novelty = top.object("novelty")
+        model.novelty_reference_ = novelty.number("reference", positive=True)
+        model.novelty_threshold_ = novelty.number("threshold", positive=True, allow_inf=True)
+        clf = MarginalTransferClassifier(**_classifier_params(
+            path, top.object("classifier"), inspect.signature(MarginalTransferClassifier).parameters))
+        fitted = top.object("fitted")
         clf.classes_ = np.asarray(model.populations_)
-        clf.n_features_in_ = int(fitted["n_features_in"])
-        clf.bandwidth_x_ = float(fitted["bandwidth_x"])
-        clf.bandwidth_p_ = None if fitted["bandwidth_p"] is None else float(fitted["bandwidth_p"])
-        clf.bandwidth_embedding_ = float(fitted["bandwidth_embedding"])
-        clf.temperature_ = float(fitted["temperature"])
-        clf.coef_ = np.asarray(arrays["coef"], dtype=np.float32)
-        clf.intercept_ = np.asarray(arrays["intercept"], dtype=np.float32)
-        clf.train_embeddings_ = np.asarray(arrays["train_embeddings"], dtype=np.float64)
+        clf.n_features_in_ = fitted.integer("n_features_in", minimum=d, maximum=d)
+        clf.bandwidth_x_ = fitted.number("bandwidth_x", positive=True)
+        clf.bandwidth_p_ = fitted.number("bandwidth_p", positive=True, nullable=True)
+        clf.bandwidth_embedding_ = fitted.number("bandwidth_embedding", positive=True)
+        clf.temperature_ = fitted.number("temperature", positive=True, within=(0, 1e6))
+
+        def array(name, *shape):
+            """The named array, its shape checked; None in ``shape`` takes any length there."""
+            if name not in arrays:
+                raise ModelFileError(path, f"model file is incomplete (no array {name!r})")
+            value = arrays[name]
+            if len(value.shape) != len(shape) or any(want is not None and got != want
+                                                     for got, want in zip(value.shape, shape)):
+                expected = "(" + ", ".join("n" if s is None else str(s) for s in shape) + ")"
+                raise ModelFileError(path, f"model file is inconsistent: array {name!r} has shape "
+                                           f"{value.shape}, expected {expected} from its description")
+            return value
+
+        k, n_patients = len(model.populations_), len(model.training_patients_)
+        model.center_ = array("center", d).astype(np.float32, copy=False)
+        model.scale_ = array("scale", d).astype(np.float32, copy=False)
+        if not np.all(model.scale_ != 0):
+            raise ModelFileError(path, "model file is inconsistent: array 'scale' holds zeros")
+        model.novelty_nn_ = array("novelty_nn", n_patients)
+        frequencies = array("embedding_frequencies", d, None).astype(np.float64, copy=False)
+        n_embedding = frequencies.shape[1]
+        if n_embedding < 1:
+            raise ModelFileError(path, "model file is inconsistent: no embedding frequencies")
+        clf.train_embeddings_ = array("train_embeddings", n_patients, 2 * n_embedding).astype(np.float64, copy=False)
+        clf.coef_ = array("coef", None, k).astype(np.float32, copy=False)
+        n_out = clf.coef_.shape[0]
+        clf.intercept_ = array("intercept", k).astype(np.float32, copy=False)
         embedder = MeanEmbedding.__new__(MeanEmbedding)
-        embedder.frequencies_ = np.asarray(arrays["embedding_frequencies"], dtype=np.float64)
-        embedder.n_features = embedder.frequencies_.shape[1]
+        embedder.frequencies_ = frequencies
+        embedder.n_features = n_embedding
         embedder.bandwidth = clf.bandwidth_embedding_
         clf.embedder_ = embedder
         if clf.solver == "rff":
             fm = ProductRFF.__new__(ProductRFF)
-            fm.cell_weights_ = np.asarray(arrays["cell_weights"], dtype=np.float32)
-            fm.offsets_ = np.asarray(arrays["offsets"], dtype=np.float64)
-            fm.embedding_weights_ = arrays.get("embedding_weights")
-            fm.n_features = fm.cell_weights_.shape[1]
+            fm.cell_weights_ = array("cell_weights", d, n_out).astype(np.float32, copy=False)
+            fm.offsets_ = array("offsets", n_out).astype(np.float64, copy=False)
+            uses_embedding = clf.use_embedding and clf.bandwidth_p_ is not None
+            if uses_embedding:
+                fm.embedding_weights_ = array("embedding_weights", 2 * n_embedding, n_out).astype(np.float64, copy=False)
+            elif "embedding_weights" in arrays:
+                raise ModelFileError(path, "model file is inconsistent: embedding weights in a model that "
+                                           "does not use the patient's embedding")
+            else:
+                fm.embedding_weights_ = None
+            fm.n_features = n_out
             fm.bandwidth_x, fm.bandwidth_p = clf.bandwidth_x_, clf.bandwidth_p_
             fm.scale_ = np.float32(np.sqrt(2.0 / fm.n_features))
             clf.feature_map_ = fm
         else:
-            clf.landmark_cells_ = arrays["landmark_cells"]
-            clf.landmark_embeddings_ = arrays["landmark_embeddings"]
-            clf.landmark_projection_ = arrays["landmark_projection"]
-        d = len(model.channels_)
-        if clf.n_features_in_ != d or model.center_.shape != (d,) or clf.coef_.shape[1] != len(model.populations_):
-            raise ValueError("array shapes do not match the model description")
+            clf.landmark_projection_ = array("landmark_projection", None, n_out).astype(np.float64, copy=False)
+            m = clf.landmark_projection_.shape[0]
+            clf.landmark_cells_ = array("landmark_cells", m, d).astype(np.float64, copy=False)
+            clf.landmark_embeddings_ = array("landmark_embeddings", m, 2 * n_embedding).astype(np.float64, copy=False)
         model.classifier_ = clf
         return model
 
@@ -556,6 +591,77 @@ class GatingModel:
                 "bandwidth_x": clf.bandwidth_x_, "bandwidth_p": clf.bandwidth_p_, "alpha": clf.alpha,
                 "n_features": clf.n_features, "cv_accuracy": self.selection_.get("cv_accuracy"),
                 "transform": self.transform_.to_dict()}
+
+
+# -- checking a loaded description (GatingModel.load) ------------------------------------------
+
+# Hyperparameters with a specific rule; others the constructor accepts must be JSON scalars.
+_COUNTS = ("n_features", "n_embedding_features", "cells_per_patient", "embedding_cells", "cv_folds",
+           "cv_repeats", "selection_cells_per_patient")
+_BANDWIDTHS = ("bandwidth_x", "bandwidth_p", "bandwidth_embedding", "alpha")
+# Transform cofactors and scales: float32 arithmetic divides by them.
+_SCALES = (1e-6, 1e12)
+
+
+def _checked_params(path, fields: Fields, accepted, where: str) -> dict:
+    out = {}
+    for key, value in fields.data.items():
+        if key not in accepted or key == "self" or accepted[key].kind in (inspect.Parameter.VAR_POSITIONAL,
+                                                                          inspect.Parameter.VAR_KEYWORD):
+            raise ModelFileError(path, f"model description: unknown {where} {key!r} (written by another version?)"[:300])
+        if key == "method":
+            out[key] = fields.string(key, choices=METHODS)
+        elif key == "solver":
+            out[key] = fields.string(key, choices=SOLVERS)
+        elif key in _COUNTS:
+            out[key] = fields.integer(key, minimum=1, maximum=10 ** 9)
+        elif key in _BANDWIDTHS:
+            out[key] = fields.number(key, positive=True, nullable=True)
+        elif key in ("compensate", "select", "use_embedding", "calibrate"):
+            out[key] = fields.boolean(key)
+        elif key == "random_state":
+            out[key] = fields.integer(key, minimum=0, maximum=2 ** 63, nullable=True)
+        elif key == "channels":
+            out[key] = fields.strings(key, nullable=True)
+        elif key == "transform":
+            fields.string(key, choices=("auto", "custom"))
+            out[key] = "auto"  # the fitted transform_ is what gates; a custom one is in meta["transform"]
+        else:
+            check_scalar(path, f"{fields.where}.{key}", value)
+            out[key] = value
+    return out
+
+
+def _model_params(path, fields: Fields, accepted) -> dict:
+    return _checked_params(path, fields, accepted, "model parameter")
+
+
+def _classifier_params(path, fields: Fields, accepted) -> dict:
+    return _checked_params(path, fields, accepted, "classifier parameter")
+
+
+def _transform(path, fields: Fields, d: int) -> ChannelTransform:
+    kinds = fields.strings("kinds")
+    params = fields.raw("params")
+    if len(kinds) != d or not isinstance(params, list) or len(params) != d:
+        raise ModelFileError(path, f"model description: transform must give kinds and params for {d} channels")
+    checked = []
+    for j, (kind, p) in enumerate(zip(kinds, params)):
+        entry = Fields(path, p, f"transform.params[{j}]")
+        if kind == "arcsinh":
+            values = {"cofactor": entry.number("cofactor", optional=True, within=_SCALES)}
+        elif kind == "linear":
+            values = {"scale": entry.number("scale", optional=True, within=_SCALES)}
+        elif kind == "logicle":
+            values = {key: entry.number(key) for key in ("T", "W", "M", "A")}
+            t, w, m, a = (values[key] for key in ("T", "W", "M", "A"))
+            if not (t > 0 and m > 0 and 0 <= w <= m / 2 and -w <= a <= m - 2 * w):
+                raise ModelFileError(path, f"model description: transform.params[{j}] are not valid logicle "
+                                           f"parameters (T={t}, W={w}, M={m}, A={a})")
+        else:
+            raise ModelFileError(path, f"model description: unknown transform {kind!r} for channel {j + 1}"[:200])
+        checked.append({key: value for key, value in values.items() if value is not None})
+    return ChannelTransform(kinds, checked)
 
 
 def _find_channel(sample, pnn: str, pns: str = "") -> int | None:

@@ -10,8 +10,8 @@ still reported.
 from __future__ import annotations
 
 import json
-import sys
 
+from ..errors import print_error
 from ..fcs import FCSError, fcs_info
 
 
@@ -58,7 +58,7 @@ def run(args) -> int:
         try:
             info = fcs_info(path)
         except FCSError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print_error(exc)
             results.append({"file": path, "error": exc.problem})
             status = 1
             continue

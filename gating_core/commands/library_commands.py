@@ -11,6 +11,8 @@ import argparse
 import json
 import sys
 
+from gating_core.errors import print_error
+
 
 def register(subparsers) -> None:
     parser = subparsers.add_parser(
@@ -80,7 +82,7 @@ def _guard(action):
         try:
             return action(args)
         except LibraryError as exc:
-            print(f"error: {exc}", file=sys.stderr)
+            print_error(exc)
             return 1
 
     return run

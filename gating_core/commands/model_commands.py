@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from gating_core.errors import print_error
+
 
 def register(subparsers) -> None:
     train = subparsers.add_parser(
@@ -96,7 +98,7 @@ def _check_unique(names, errors) -> None:
 
 
 def _fail(message: str) -> int:
-    print(f"error: {message}", file=sys.stderr)
+    print_error(message)
     return 2
 
 
@@ -140,7 +142,7 @@ def run_train(args) -> int:
                         for i, (s, y) in enumerate(zip(library_samples, library_labels))]
     _check_unique([d.name for d in digests], errors)
     for message in errors:
-        print(f"error: {message}", file=sys.stderr)
+        print_error(message)
     if errors:
         return 2
     if not digests:
@@ -211,7 +213,7 @@ def run_gate(args) -> int:
             continue
         if "error" in record:
             failed += 1
-            print(f"error: {record['error']}", file=sys.stderr)
+            print_error(record["error"])
             continue
         counts = ", ".join(f"{name} {count:,}" for name, count in record["counts"].items())
         print(f"{record['patient']}: {record['events']:,} events -> {record['output']}")
@@ -231,7 +233,7 @@ def run_evaluate(args) -> int:
 
     samples, labels, errors = _load_inputs(args.inputs, not args.no_compensation)
     for message in errors:
-        print(f"error: {message}", file=sys.stderr)
+        print_error(message)
     if errors:
         return 2
     if len(samples) < 3:

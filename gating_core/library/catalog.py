@@ -13,6 +13,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from gating_core.errors import GatingCoreError
+
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 30_000
 
@@ -125,7 +127,7 @@ CREATE INDEX IF NOT EXISTS gate_results_patient ON gate_results(patient_id);
 """
 
 
-class CatalogVersionError(RuntimeError):
+class CatalogVersionError(GatingCoreError, RuntimeError):
     pass
 
 

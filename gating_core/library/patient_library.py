@@ -33,6 +33,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from gating_core.errors import GatingCoreError
 from gating_core.fcs import Channel, FCSError, Sample
 from gating_core.library import catalog, storage
 
@@ -55,7 +56,7 @@ class Provenance:
     ALL = (IMPORTED, GATED_CSV, FLOWJO, GATINGML, DRAWN, AUTO_ACCEPTED)
 
 
-class LibraryError(Exception):
+class LibraryError(GatingCoreError):
     """A library operation was refused or failed; nothing was changed.
 
     ``str(err)`` names the file (``.path``) and/or the patient (``.patient``) and the problem.
@@ -107,6 +108,8 @@ def normalise_name(name: str, what: str = "patient") -> str:
     """
     if not isinstance(name, str):
         raise LibraryError(f"{what} name must be text, got {type(name).__name__}")
+    if not _is_utf8(name):
+        raise LibraryError(f"{what} name \"{_printable(name)}\" is not valid UTF-8 text (it has undecodable bytes)")
     cleaned = unicodedata.normalize("NFC", name).strip()
     if not cleaned:
         raise LibraryError(f"{what} name is empty")
@@ -119,6 +122,21 @@ def normalise_name(name: str, what: str = "patient") -> str:
         raise LibraryError(f"{what} name may not contain path separators or control characters "
                            f"(found {bad[0]!r})", patient=cleaned)
     return cleaned
+
+
+def _is_utf8(text: str) -> bool:
+    """False for text holding surrogates: a file name's undecodable bytes (surrogateescape)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _printable(text: str) -> str:
+    from gating_core.errors import printable
+
+    return printable(text)
 
 
 def _name_key(name: str) -> str:
@@ -476,6 +494,9 @@ class PatientLibrary:
 
     def _read_input(self, path: Path) -> list[_Staged]:
         """Read one input file into patients (not yet written anywhere)."""
+        if not _is_utf8(str(path)):
+            raise LibraryError("the file name is not valid UTF-8 (bytes the catalog cannot store); "
+                               "rename the file", path=_printable(str(path)))
         if not path.exists():
             raise LibraryError("file not found", path=path)
         if not path.is_file():

@@ -1,0 +1,68 @@
+"""The one exception root of gating_core: :class:`GatingCoreError`.
+
+Every error a bad input can cause (an unreadable FCS file, a damaged model, a labels file of
+the wrong length, a refused library operation, a missing channel, ...) is a subclass, so a
+caller, and the command line above all, can catch one type and show ``str(err)``: the file's
+name (when there is one) and the problem, never a traceback. Subclasses keep their older base
+classes (``ValueError``, ``RuntimeError``) so code that catches those still works.
+
+``path`` is the file concerned (``None`` when there is none), ``problem`` the message without it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class GatingCoreError(Exception):
+    """Root of the errors gating_core raises for bad input; ``str(err)`` is ``"<file>: <problem>"``."""
+
+    path: str | None = None
+    problem: str | None = None
+
+
+class PathError(GatingCoreError):
+    """An error about one file: ``PathError(path, problem)`` reads ``"<file name>: <problem>"``."""
+
+    def __init__(self, path, problem: str):
+        self.path = str(path)
+        self.problem = problem
+        super().__init__(f"{Path(self.path).name}: {problem}")
+
+
+def describe_error(exc: BaseException) -> str:
+    """A one-line ``"<path>: <problem>"`` for an error shown to a user (no traceback).
+
+    GatingCoreError already names its file; OSError names ``exc.filename`` and its strerror;
+    UnicodeError says which text (a file name, usually) was not valid UTF-8.
+    """
+    if isinstance(exc, GatingCoreError):
+        return str(exc)
+    if isinstance(exc, OSError):
+        names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
+        problem = exc.strerror or str(exc)
+        return f"{' -> '.join(names)}: {problem}" if names else problem
+    if isinstance(exc, UnicodeError):
+        text = getattr(exc, "object", None)
+        if isinstance(text, (bytes, bytearray)):
+            text = bytes(text).decode("utf-8", "backslashreplace")
+        elif isinstance(text, str):
+            text = printable(text)
+        where = f"{text[:200]}: " if text else ""
+        return f"{where}not valid UTF-8 text ({getattr(exc, 'reason', exc)}); rename the file or give plain text"
+    return f"{type(exc).__name__}: {exc}"
+
+
+def printable(text: str) -> str:
+    """``text`` with undecodable bytes of a file name (surrogate escapes) shown as ``\\xff``."""
+    try:
+        return text.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    except UnicodeError:
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def print_error(message) -> None:
+    """``error: <message>`` on stderr, file names that are not UTF-8 shown escaped."""
+    import sys
+
+    print(f"error: {printable(str(message))}", file=sys.stderr)

@@ -1,0 +1,392 @@
+"""Reading a model file (``.npz``) without trusting it: bounded memory, no pickle, typed JSON.
+
+A model file may come from anyone (the app accepts uploads), so :func:`read_archive` checks
+what the file declares before it decompresses anything:
+
+1. the zip's central directory is small (at most ``MAX_DIRECTORY_BYTES``, ``MAX_ENTRIES``
+   entries), checked on the end-of-directory records before :mod:`zipfile` parses it;
+2. only the members named in the schema (a table ``name -> Member``) are read; other members
+   are ignored without being decompressed; a name that appears twice is refused;
+3. each member's ``.npy`` header is parsed from the zip stream (no data read): dtype kind,
+   item size and number of dimensions must match the schema; object, structured and
+   sub-array dtypes are refused; the declared uncompressed size in the zip directory must
+   equal header + prod(shape) * itemsize exactly;
+4. the sum of the declared uncompressed sizes must stay within the limits below, before any
+   array is allocated. The zip reader stops at the declared size and checks the CRC, so a
+   deflate stream that inflates further than it declares is refused, not followed.
+
+Limits (a model is a few MB: an ``rff`` model with D=512 is about 1 MB, the ``exact`` solver's
+``landmark_projection`` is n_landmarks^2 float64, 288 MB for 6,000 landmarks):
+
+- ``MAX_ARRAY_BYTES`` = 2 GiB uncompressed in all: the app's upload limit; an exact model of up
+  to about 16,000 landmarks;
+- ``MAX_EXPANSION`` = 16 x the file's size, or ``EXPANSION_FLOOR`` = 64 MiB whichever is larger:
+  random-feature weights and landmark projections do not compress (ratio about 1.1); the
+  largest legitimate ratio seen is landmark_embeddings (rows repeated per patient), which the
+  incompressible projection beside it dominates. A file claiming more is refused; a hostile file
+  can therefore cost at most max(64 MiB, 16 x its size) while being read;
+- ``MAX_META_CHARS`` = 1,000,000 characters of JSON, nested at most ``MAX_JSON_DEPTH`` = 32.
+
+Every problem is a :class:`ModelFileError` naming the file. The JSON description is checked
+with explicit type checks (:func:`check_meta`), so no malformed value reaches the model as a
+``TypeError`` or ``RecursionError`` later.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+import zipfile
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gating_core.errors import PathError
+
+MAX_ARRAY_BYTES = 2 * 1024 ** 3
+MAX_EXPANSION = 16
+EXPANSION_FLOOR = 64 * 1024 ** 2
+MAX_ENTRIES = 256
+MAX_DIRECTORY_BYTES = 64 * 1024
+MAX_HEADER_BYTES = 10_000
+MAX_META_CHARS = 1_000_000
+MAX_JSON_DEPTH = 32
+READ_CHUNK = 1 << 20
+
+
+class ModelFileError(PathError, ValueError):
+    """A model file could not be read: ``str(err)`` names the file and the problem."""
+
+
+@dataclass(frozen=True)
+class Member:
+    """What one array of the archive may be: dtype kinds (``"f"``, ``"U"``, ...), item sizes
+    (None: any) and number of dimensions. ``finite``: float values must be finite."""
+
+    kinds: str
+    ndim: int
+    itemsizes: tuple | None = (4, 8)
+    finite: bool = True
+
+
+# The arrays a model file may hold. Which ones a model needs depends on its solver (checked by
+# GatingModel.load); a new saved array is one more line here.
+MODEL_MEMBERS = {
+    "meta": Member("U", 0, itemsizes=None, finite=False),
+    "center": Member("f", 1),
+    "scale": Member("f", 1),
+    "coef": Member("f", 2),
+    "intercept": Member("f", 1),
+    "train_embeddings": Member("f", 2),
+    "embedding_frequencies": Member("f", 2),
+    "novelty_nn": Member("f", 1),
+    # solver "rff"
+    "cell_weights": Member("f", 2),
+    "offsets": Member("f", 1),
+    "embedding_weights": Member("f", 2),
+    # solvers "exact" / "nystroem"
+    "landmark_cells": Member("f", 2),
+    "landmark_embeddings": Member("f", 2),
+    "landmark_projection": Member("f", 2),
+}
+
+
+def expansion_limit(file_size: int) -> int:
+    """Most uncompressed array bytes a file of ``file_size`` bytes may declare."""
+    return min(MAX_ARRAY_BYTES, max(EXPANSION_FLOOR, MAX_EXPANSION * int(file_size)))
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+# -- the archive -----------------------------------------------------------------------------
+
+def read_archive(path, schema: dict = MODEL_MEMBERS) -> dict:
+    """The arrays of ``schema`` that the ``.npz`` at ``path`` holds, read within the limits above.
+
+    Returns ``{name: ndarray}`` (native byte order); members not in ``schema`` are not read.
+    Raises :class:`ModelFileError` for anything else than a well-formed archive.
+    """
+    path = Path(path)
+    try:
+        handle = open(path, "rb")
+    except FileNotFoundError:
+        raise ModelFileError(path, "file not found") from None
+    except IsADirectoryError:
+        raise ModelFileError(path, "is a folder, not a model file") from None
+    except OSError as exc:
+        raise ModelFileError(path, f"cannot be opened ({exc.strerror or exc})") from None
+    with handle:
+        try:
+            size = handle.seek(0, 2)
+            _check_directory(path, handle, size)
+            with zipfile.ZipFile(handle) as archive:
+                members = _plan(path, archive, schema, size)
+                return {name: _read_member(path, archive, info, schema[name]) for name, info in members.items()}
+        except ModelFileError:
+            raise
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, struct.error, EOFError, OSError,
+                ValueError, NotImplementedError, RuntimeError, OverflowError, IndexError, KeyError) as exc:
+            raise ModelFileError(path, f"not a gating model file (damaged or another format: {exc})") from None
+
+
+def _check_directory(path, handle, size: int) -> None:
+    """Refuse a zip whose central directory is large, before zipfile reads it into memory.
+
+    Looks at every end-of-directory record zipfile may use (the plain one and the zip64 one
+    it points to) and checks their entry counts and directory sizes.
+    """
+    not_zip = ModelFileError(path, "not a gating model file (not a zip archive)")
+    if size < 22:
+        raise not_zip
+    tail_len = min(size, 22 + 0xFFFF)
+    handle.seek(size - tail_len)
+    tail = handle.read(tail_len)
+    candidates = [i for i in range(len(tail) - 22, -1, -1) if tail.startswith(b"PK\x05\x06", i)] \
+        if b"PK\x05\x06" in tail else []
+    if not candidates:
+        raise not_zip
+    for pos in candidates[:4]:  # the one zipfile picks is the last whose comment fits; check a few
+        _disk, _cd_disk, n_disk, n_total, cd_size, _cd_offset, _comment = struct.unpack(
+            "<HHHHIIH", tail[pos + 4: pos + 22])
+        _check_counts(path, max(n_disk, n_total), cd_size)
+        locator_at = size - tail_len + pos - 20
+        if locator_at >= 56:
+            handle.seek(locator_at)
+            locator = handle.read(20)
+            if locator[:4] == b"PK\x06\x07":
+                handle.seek(locator_at - 56)
+                record = handle.read(56)
+                if record[:4] == b"PK\x06\x06":
+                    n64_disk, n64_total, cd64_size = struct.unpack("<QQQ", record[24:48])
+                    _check_counts(path, max(n64_disk, n64_total), cd64_size)
+
+
+def _check_counts(path, entries: int, directory_bytes: int) -> None:
+    if entries > MAX_ENTRIES or directory_bytes > MAX_DIRECTORY_BYTES:
+        raise ModelFileError(path, f"not a gating model file (its zip directory declares {entries:,} entries "
+                                   f"in {directory_bytes:,} bytes; a model has a few dozen at most)")
+
+
+def _plan(path, archive: zipfile.ZipFile, schema: dict, file_size: int) -> dict:
+    """The zip entries to read, by array name, after checking names and declared sizes."""
+    seen, members = set(), {}
+    for info in archive.infolist():
+        if info.filename in seen:
+            raise ModelFileError(path, f"not a gating model file (member {info.filename!r} appears twice)")
+        seen.add(info.filename)
+        name = info.filename[:-4] if info.filename.endswith(".npy") else None
+        if name not in schema:
+            continue  # not an array of ours: never decompressed
+        if info.flag_bits & 0x1:
+            raise ModelFileError(path, f"member {info.filename!r} is encrypted")
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise ModelFileError(path, f"member {info.filename!r} uses an unsupported compression ({info.compress_type})")
+        if info.compress_size > file_size:
+            raise ModelFileError(path, f"member {info.filename!r} claims {info.compress_size:,} compressed bytes "
+                                       f"in a file of {file_size:,}: damaged")
+        members[name] = info
+    declared = sum(info.file_size for info in members.values())
+    limit = expansion_limit(file_size)
+    if declared > limit:
+        raise ModelFileError(
+            path, f"its arrays declare {_mb(declared)} uncompressed in a {_mb(file_size)} file; refused above "
+                  f"{_mb(limit)} (max({_mb(EXPANSION_FLOOR)}, {MAX_EXPANSION} x the file size), at most "
+                  f"{_mb(MAX_ARRAY_BYTES)})")
+    return members
+
+
+def _read_member(path, archive: zipfile.ZipFile, info: zipfile.ZipInfo, spec: Member) -> np.ndarray:
+    name = info.filename
+    with archive.open(info) as stream:
+        try:
+            version = np.lib.format.read_magic(stream)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream, max_header_size=MAX_HEADER_BYTES)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream, max_header_size=MAX_HEADER_BYTES)
+            else:
+                raise ValueError(f"unsupported .npy version {version}")
+        except Exception as exc:  # noqa: BLE001 - numpy parses the header text with ast / tokenize, which raise
+            # assorted types on garbage (ValueError, SyntaxError, tokenize.TokenError, RecursionError, ...)
+            raise ModelFileError(path, f"member {name!r} has no valid array header ({str(exc)[:200]})") from None
+        header_bytes = stream.tell()
+        _check_dtype(path, name, dtype, shape, spec)
+        count = math.prod(shape)
+        expected = header_bytes + count * dtype.itemsize
+        if expected != info.file_size:
+            raise ModelFileError(path, f"member {name!r} declares shape {shape} of {dtype.str} ({expected:,} bytes) "
+                                       f"but the zip directory says {info.file_size:,} bytes: damaged or forged")
+        out = np.empty(count, dtype=dtype)
+        raw = out.view(np.uint8)
+        position = 0
+        while position < raw.size:
+            data = stream.read(min(READ_CHUNK, raw.size - position))
+            if not data:
+                raise ModelFileError(path, f"member {name!r} is truncated ({position:,} of {raw.size:,} data bytes)")
+            raw[position:position + len(data)] = np.frombuffer(data, dtype=np.uint8)
+            position += len(data)
+        if stream.read(1):
+            raise ModelFileError(path, f"member {name!r} holds more data than its header declares")
+    if not out.dtype.isnative:
+        out = out.byteswap().view(out.dtype.newbyteorder("="))
+    if spec.finite and out.dtype.kind == "f" and not _all_finite(out):
+        raise ModelFileError(path, f"member {name!r} holds NaN or infinite values")
+    # Fortran-ordered arrays (numpy writes those as stored) keep their layout: no copy.
+    return out.reshape(shape[::-1]).T if fortran else out.reshape(shape)
+
+
+def _check_dtype(path, name, dtype: np.dtype, shape: tuple, spec: Member) -> None:
+    if dtype.hasobject or dtype.names is not None or dtype.subdtype is not None:
+        raise ModelFileError(path, f"member {name!r} has dtype {dtype}, not a plain numeric array (refused, "
+                                   "a model never holds Python objects)")
+    if dtype.kind not in spec.kinds:
+        raise ModelFileError(path, f"member {name!r} has dtype {dtype.str}; expected kind {spec.kinds!r}")
+    if spec.itemsizes is not None and dtype.itemsize not in spec.itemsizes:
+        raise ModelFileError(path, f"member {name!r} has dtype {dtype.str}; expected {spec.itemsizes} bytes per item")
+    if dtype.kind == "U" and dtype.itemsize > 4 * MAX_META_CHARS:
+        raise ModelFileError(path, f"member {name!r} holds {dtype.itemsize // 4:,} characters; "
+                                   f"at most {MAX_META_CHARS:,} allowed")
+    if len(shape) != spec.ndim:
+        raise ModelFileError(path, f"member {name!r} has shape {shape}; expected {spec.ndim} dimension(s)")
+    if any(not isinstance(n, int) or n < 0 for n in shape):
+        raise ModelFileError(path, f"member {name!r} has an invalid shape {shape}")
+
+
+def _all_finite(flat: np.ndarray) -> bool:
+    """Whether a 1-d array is finite, checked in chunks (no full-size temporary)."""
+    step = READ_CHUNK
+    return all(bool(np.isfinite(flat[i:i + step]).all()) for i in range(0, flat.size, step))
+
+
+# -- the JSON description ------------------------------------------------------------------------
+
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def parse_json(path, text: str) -> dict:
+    """The model description: a JSON object of at most MAX_META_CHARS characters and
+    MAX_JSON_DEPTH levels; NaN is refused (Infinity is allowed: a threshold may be infinite)."""
+    if len(text) > MAX_META_CHARS:
+        raise ModelFileError(path, f"model description is {len(text):,} characters long (at most {MAX_META_CHARS:,})")
+    skeleton = np.frombuffer(_STRING.sub("", text).encode("utf-8", "replace"), dtype=np.uint8)
+    depth = np.cumsum((skeleton == ord("[")) | (skeleton == ord("{")), dtype=np.int64) \
+        - np.cumsum((skeleton == ord("]")) | (skeleton == ord("}")), dtype=np.int64)
+    if depth.size and int(depth.max()) > MAX_JSON_DEPTH:
+        raise ModelFileError(path, f"model description is nested {int(depth.max())} levels deep (at most {MAX_JSON_DEPTH})")
+
+    def constant(name):
+        if name == "Infinity":
+            return math.inf
+        raise ValueError(f"{name} is not allowed")
+
+    try:
+        meta = json.loads(text, parse_constant=constant)
+    except (ValueError, RecursionError) as exc:
+        raise ModelFileError(path, f"not a gating model file (its description is not valid JSON: {str(exc)[:200]})") from None
+    if not isinstance(meta, dict):
+        raise ModelFileError(path, "not a gating model file (its description is not a JSON object)")
+    return meta
+
+
+class Fields:
+    """Typed access to one JSON object of the description; every failure is a ModelFileError.
+
+    ``where`` names the object in messages (``"fitted"``, ``"transform.params[2]"``).
+    """
+
+    def __init__(self, path, data, where: str):
+        if not isinstance(data, dict):
+            raise ModelFileError(path, f"model description: {where} must be an object, got {_kind(data)}")
+        self.path, self.data, self.where = path, data, where
+
+    def _fail(self, key, expected, value):
+        raise ModelFileError(self.path, f"model description: {self.where}.{key} must be {expected}, got {_short(value)}")
+
+    def has(self, key) -> bool:
+        return key in self.data
+
+    def raw(self, key, default=None):
+        return self.data.get(key, default)
+
+    def _get(self, key, optional):
+        if key not in self.data:
+            if optional:
+                return None, False
+            raise ModelFileError(self.path, f"model description lacks {self.where}.{key}")
+        return self.data[key], True
+
+    def object(self, key, optional=False) -> "Fields | None":
+        value, found = self._get(key, optional)
+        return Fields(self.path, value, f"{self.where}.{key}") if found else None
+
+    def string(self, key, choices=None, optional=False):
+        value, found = self._get(key, optional)
+        if not found:
+            return None
+        if not isinstance(value, str) or (choices is not None and value not in choices):
+            self._fail(key, f"one of {list(choices)}" if choices is not None else "text", value)
+        return value
+
+    def boolean(self, key, optional=False):
+        value, found = self._get(key, optional)
+        if found and not isinstance(value, bool):
+            self._fail(key, "true or false", value)
+        return value
+
+    def integer(self, key, minimum=None, maximum=None, optional=False, nullable=False):
+        value, found = self._get(key, optional)
+        if not found or (nullable and value is None):
+            return None
+        if not isinstance(value, int) or isinstance(value, bool) or (minimum is not None and value < minimum) \
+                or (maximum is not None and value > maximum):
+            self._fail(key, f"an integer in [{minimum}, {maximum}]", value)
+        return value
+
+    def number(self, key, positive=False, allow_inf=False, optional=False, nullable=False, within=None):
+        """A JSON number; ``within=(lo, hi)``: also lo <= value <= hi (e.g. representable in float32)."""
+        value, found = self._get(key, optional)
+        if not found or (nullable and value is None):
+            return None
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value) \
+            and (allow_inf or math.isfinite(value)) and (not positive or value > 0) \
+            and (within is None or within[0] <= value <= within[1])
+        if not ok:
+            expected = ("a positive" if positive else "a") + (" " if allow_inf else " finite ") + "number"
+            self._fail(key, expected + (f" in [{within[0]:g}, {within[1]:g}]" if within else ""), value)
+        return float(value)
+
+    def strings(self, key, min_length=0, unique=False, optional=False, nullable=False):
+        value, found = self._get(key, optional)
+        if not found or (nullable and value is None):
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or len(value) < min_length:
+            self._fail(key, f"a list of at least {min_length} text value(s)", value)
+        if unique and len(set(value)) != len(value):
+            self._fail(key, "a list of distinct names", value)
+        return list(value)
+
+
+def check_scalar(path, where: str, value) -> None:
+    """A hyperparameter this reader has no specific rule for: a JSON scalar or a flat list of them."""
+    def scalar(v):
+        return v is None or isinstance(v, (bool, int, str)) or (isinstance(v, float) and math.isfinite(v))
+
+    if not (scalar(value) or (isinstance(value, list) and all(scalar(v) for v in value))):
+        raise ModelFileError(path, f"model description: {where} must be a number, text, true/false or null, "
+                                   f"got {_short(value)}")
+
+
+def _kind(value) -> str:
+    return {dict: "an object", list: "a list", str: "text", bool: "true/false", type(None): "null",
+            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def _short(value) -> str:
+    text = json.dumps(value) if not isinstance(value, float) or math.isfinite(value) else repr(value)
+    return f"{_kind(value)} {text[:60]}{'...' if len(text) > 60 else ''}"

@@ -1,0 +1,126 @@
+"""Bad inputs end a command with ``error: <file>: <problem>`` and a non-zero status, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gating_core.distributed import ClusterError
+from gating_core.errors import GatingCoreError
+from gating_core.fcs import FCSError
+from gating_core.gates import GateError, GateImportError
+from gating_core.labels import LabelError, load_labeled_input
+from gating_core.library import LibraryError, PatientLibrary
+from gating_core.model import ChannelMismatchError, GatingModel, ModelFileError
+
+REPO = Path(__file__).resolve().parent.parent
+UNDECODABLE = os.fsdecode(b"x\xff")  # a file name that is not UTF-8 (surrogateescape on Linux)
+
+
+def run_cli(*args, cwd=None):
+    """Run the CLI; arguments may be str, bytes or paths (bytes reach argv unchanged)."""
+    argv = [a if isinstance(a, bytes) else os.fsencode(str(a)) for a in args]
+    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", LC_ALL="C.UTF-8")
+    return subprocess.run([sys.executable, "-m", "gating_core", *argv], capture_output=True, cwd=cwd or REPO,
+                          timeout=600, env=env)
+
+
+@pytest.fixture(scope="module")
+def model_path(sample_data_dir, tmp_path_factory) -> Path:
+    cohort = [load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_*.fcs"))[:3]]
+    samples, labels = zip(*cohort)
+    model = GatingModel(select=False, n_features=64, n_embedding_features=16, cells_per_patient=300,
+                        embedding_cells=1000).fit(list(samples), list(labels))
+    path = tmp_path_factory.mktemp("errors") / "model.npz"
+    model.save(path)
+    return path
+
+
+def _bad_inputs(model_path: Path, sample_data_dir: Path, folder: Path) -> dict:
+    """name -> CLI arguments that must fail cleanly."""
+    fcs = sample_data_dir / "patient_01.fcs"
+    truncated = folder / "truncated.npz"
+    truncated.write_bytes(model_path.read_bytes()[:3000])
+    with np.load(model_path, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    meta = json.loads(str(arrays["meta"]))
+    meta["format_version"] = "1"
+    arrays["meta"] = np.array(json.dumps(meta))
+    bad_json = folder / "bad_json.npz"
+    np.savez(bad_json, **arrays)
+    meta["format_version"] = 1
+    arrays["meta"] = np.array("[" * 100_000 + "]" * 100_000)
+    deep_json = folder / "deep_json.npz"
+    np.savez(deep_json, **arrays)
+    undecodable = folder / (UNDECODABLE + ".fcs")
+    shutil.copy(fcs, undecodable)
+    not_fcs = folder / "notes.fcs"
+    not_fcs.write_text("these are notes, not events\n" * 10)
+    short = folder / "short"
+    short.mkdir()
+    for i in (1, 2, 3):
+        shutil.copy(sample_data_dir / f"patient_0{i}.fcs", short)
+        lines = (sample_data_dir / f"patient_0{i}.labels.csv").read_text().splitlines()
+        (short / f"patient_0{i}.labels.csv").write_text("\n".join(lines[:100]) + "\n")
+    a_file = folder / "a_file"
+    a_file.write_text("x")
+    out = folder / "out"
+    return {
+        "gate with a truncated model": ["gate", "--model", truncated, "--out-dir", out, fcs],
+        "gate with format_version a string": ["gate", "--model", bad_json, "--out-dir", out, fcs],
+        "gate with deeply nested JSON": ["gate", "--model", deep_json, "--out-dir", out, fcs],
+        "gate with an FCS file as model": ["gate", "--model", fcs, "--out-dir", out, fcs],
+        "gate into a file": ["gate", "--model", model_path, "--out-dir", a_file, fcs],
+        "gate with a non-UTF-8 model name": ["gate", "--model", os.fsencode(folder) + b"/m\xff.npz",
+                                             "--out-dir", out, fcs],
+        "library import of a non-UTF-8 file name": ["library", "--path", folder / "lib", "import", undecodable],
+        "library import with a non-UTF-8 name": ["library", "--path", folder / "lib2", "import", "--name",
+                                                 b"p\xfe", fcs],
+        "library in a non-UTF-8 folder": ["library", "--path", os.fsencode(folder) + b"/lib\xff", "import", fcs],
+        "train on a non-FCS file": ["train", "--no-selection", "--out", folder / "m.npz", not_fcs],
+        "evaluate with labels of the wrong length": ["evaluate", "--no-selection", *sorted(short.glob("*.fcs"))],
+        "info on a folder": ["info", folder],
+    }
+
+
+def test_bad_inputs_give_one_error_line_and_no_traceback(model_path, sample_data_dir, tmp_path):
+    failures = []
+    for name, args in _bad_inputs(model_path, sample_data_dir, tmp_path).items():
+        result = run_cli(*args)
+        stderr = result.stderr.decode("utf-8", "replace")
+        if result.returncode == 0 or "Traceback" in stderr or not stderr.startswith("error: "):
+            failures.append(f"{name}: exit {result.returncode}\n{stderr[-1500:]}")
+    assert not failures, "\n\n".join(failures)
+
+
+def test_error_messages_name_the_file_and_the_problem(model_path, sample_data_dir, tmp_path):
+    cases = _bad_inputs(model_path, sample_data_dir, tmp_path)
+    stderr = run_cli(*cases["gate with format_version a string"]).stderr.decode()
+    assert stderr.startswith("error: bad_json.npz: model description: format_version must be")
+    stderr = run_cli(*cases["library import of a non-UTF-8 file name"]).stderr.decode()
+    assert stderr.startswith("error: x\\xff.fcs: the file name is not valid UTF-8")
+    stderr = run_cli(*cases["gate into a file"]).stderr.decode()
+    assert stderr.startswith("error: ") and "a_file" in stderr
+
+
+def test_every_input_error_shares_one_root_and_keeps_its_old_base():
+    for error, old_base in [(FCSError, Exception), (ModelFileError, Exception), (LabelError, ValueError),
+                            (LibraryError, Exception), (ChannelMismatchError, ValueError), (GateError, ValueError),
+                            (GateImportError, ValueError), (ClusterError, RuntimeError)]:
+        assert issubclass(error, GatingCoreError) and issubclass(error, old_base), error
+
+
+def test_library_refuses_a_non_utf8_file_name_with_a_library_error(sample_data_dir, tmp_path):
+    undecodable = tmp_path / (UNDECODABLE + ".fcs")
+    shutil.copy(sample_data_dir / "patient_01.fcs", undecodable)
+    library = PatientLibrary(tmp_path / "lib")
+    with pytest.raises(LibraryError, match="not valid UTF-8"):
+        library.import_files([undecodable])
+    assert library.patients() == []
