@@ -29,6 +29,8 @@ from sklearn.base import BaseEstimator, ClassifierMixin
 from gating_core.features import ExactKernel, MeanEmbedding, ProductRFF, median_pairwise_distance
 
 SOLVERS = ("rff", "nystroem", "exact")
+LOSSES = ("squared", "logistic")
+PATIENT_WEIGHTINGS = ("uniform", "agnostic")
 SCORE_BLOCK = 2048
 
 
@@ -93,13 +95,18 @@ class RidgeStatistics:
         self.target_mean.append(t / n)
         return len(self.gram) - 1
 
-    def eigen(self, patients):
-        """Eigendecomposition of the centred Gram matrix of ``patients`` (equal weights)."""
+    def eigen(self, patients, weights=None):
+        """Eigendecomposition of the centred Gram matrix of ``patients``.
+
+        ``weights`` (one per patient index, any scale) weigh the patients; default: equal.
+        """
         patients = list(patients)
-        g = sum(self.gram[i] for i in patients) / len(patients)
-        mu = sum(self.feature_mean[i] for i in patients) / len(patients)
-        b = sum(self.cross[i] for i in patients) / len(patients)
-        t = sum(self.target_mean[i] for i in patients) / len(patients)
+        w = np.ones(len(patients)) if weights is None else np.asarray(weights, dtype=np.float64)[patients]
+        w = w / w.sum()
+        g = sum(wi * self.gram[i] for wi, i in zip(w, patients))
+        mu = sum(wi * self.feature_mean[i] for wi, i in zip(w, patients))
+        b = sum(wi * self.cross[i] for wi, i in zip(w, patients))
+        t = sum(wi * self.target_mean[i] for wi, i in zip(w, patients))
         g_c = g - np.outer(mu, mu)
         b_c = b - np.outer(mu, t)
         values, vectors = eigh(g_c, driver="evd")
@@ -135,7 +142,27 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
     bandwidth_embedding : float or None
         sigma' of the embedding kernel k'_X; None: the median distance between training cells.
     alpha : float, default=1e-4
-        lambda, the ridge penalty.
+        lambda, the penalty on ||f||^2.
+    loss : {"squared", "logistic"}, default="squared"
+        Squared loss on one-hot targets (kernel ridge classification; closed form, and the
+        statistics that make cross-validation a subtraction) or multinomial cross-entropy
+        (iterative; probabilities without a separate calibration).
+    n_augment : int, default=0
+        Copies of every training patient with a simulated instrument shift (a random gain and
+        offset per channel, in standardised units) added to training as further patients, with
+        the source's labels. They teach the model how a center's shift moves both the cells
+        and the embedding, so that it adapts to a shifted new patient instead of extrapolating.
+    augment_gain, augment_shift : float or "auto", default=0.08 and 0.15
+        Standard deviations of the log-gain and of the offset of those shifts (standardised
+        units: 0.15 moves a channel by 15% of its spread across all cells). "auto" measures
+        them per channel from the training patients themselves: how much the groups' (centers')
+        channel medians and log inter-quartile ranges differ (:func:`shift_spread`). Centers
+        that differ a lot teach large shifts; near-identical runs teach almost none.
+    patient_weighting : {"uniform", "agnostic"}, default="uniform"
+        "uniform" weighs every patient the same (the 1/n_i objective). "agnostic" minimises the
+        loss of the worst mixture of training patients: the patient weights are updated by
+        exponentiated gradient on each patient's loss (a few refits), so that patients the
+        model gates badly count more.
     cells_per_patient : int, default=4000
         Cells drawn (seeded, uniformly) from each training patient for the solver.
     embedding_cells : int, default=20000
@@ -144,12 +171,22 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         Fit the probability calibration on out-of-patient scores (needs two or more patients).
     random_state : int, default=0
 
+    ``fit`` also takes ``groups`` (one label per patient: center, batch, run): model selection
+    and calibration then hold out whole groups, and augmented copies stay with their source.
+
     Attributes
     ----------
     classes_ : ndarray of shape (n_classes,)
     bandwidth_x_, bandwidth_p_, bandwidth_embedding_ : float (bandwidth_p_ None for pooling)
     embedder_ : MeanEmbedding
-    train_embeddings_ : ndarray of shape (n_patients, 2L)
+    train_embeddings_ : ndarray of shape (n_patients * (1 + n_augment), 2L)
+        Embeddings of the training patients, then of their augmented copies.
+    n_patients_ : int
+        Real training patients (the first rows of ``train_embeddings_``).
+    patient_source_ : ndarray of shape (n_patients * (1 + n_augment),)
+        The real patient each training row (or augmented copy) comes from.
+    patient_weights_ : ndarray of shape (n_patients * (1 + n_augment),)
+        Weight of each training patient in the objective (sums to 1).
     coef_ : ndarray of shape (D, n_classes);  intercept_ : ndarray of shape (n_classes,)
         Ridge scores s = features @ coef_ + intercept_.
     temperature_ : float
@@ -159,7 +196,9 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
 
     def __init__(self, use_embedding=True, solver="rff", n_features=512, n_embedding_features=128,
                  bandwidth_x=None, bandwidth_p=None, bandwidth_embedding=None, alpha=1e-4,
-                 cells_per_patient=4000, embedding_cells=20000, calibrate=True, random_state=0):
+                 loss="squared", n_augment=0, augment_gain=0.08, augment_shift=0.15,
+                 patient_weighting="uniform", cells_per_patient=4000, embedding_cells=20000,
+                 calibrate=True, random_state=0):
         self.use_embedding = use_embedding
         self.solver = solver
         self.n_features = n_features
@@ -168,6 +207,11 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         self.bandwidth_p = bandwidth_p
         self.bandwidth_embedding = bandwidth_embedding
         self.alpha = alpha
+        self.loss = loss
+        self.n_augment = n_augment
+        self.augment_gain = augment_gain
+        self.augment_shift = augment_shift
+        self.patient_weighting = patient_weighting
         self.cells_per_patient = cells_per_patient
         self.embedding_cells = embedding_cells
         self.calibrate = calibrate
@@ -175,7 +219,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
 
     # -- fitting -----------------------------------------------------------------------------
 
-    def fit(self, samples, labels, embedding_samples=None):
+    def fit(self, samples, labels, embedding_samples=None, groups=None):
         """Learn from labeled patients.
 
         Parameters
@@ -185,24 +229,86 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         embedding_samples : list of ndarray of shape (m_i, d) or None
             The cells each patient's embedding is computed from, when the caller chose them
             (as :class:`~gating_core.model.GatingModel` does); default: ``samples``.
+        groups : sequence of length n_patients or None
+            Center / batch / run of each patient; calibration holds out whole groups.
         """
         samples, labels = check_training_set(samples, labels)
-        if self.solver not in SOLVERS:
-            raise ValueError(f"solver must be one of {SOLVERS}, got {self.solver!r}")
-        train_x, train_y = self.prepare(samples, labels, embedding_samples)
+        self._check_options()
+        train_x, train_y = self.prepare(samples, labels, embedding_samples, groups)
         self._init_feature_map(train_x)
         stats, features, targets = self._statistics(train_x, train_y)
-        patients = range(len(train_x))
-        self.coef_, self.intercept_ = RidgeStatistics.solve(stats.eigen(patients), self.alpha)
+        n_rows = len(train_x)
+        self.patient_weights_ = np.full(n_rows, 1.0 / n_rows)
+        if self.loss == "squared":
+            self.coef_, self.intercept_ = self._ridge_fit(stats, range(n_rows))
+        else:
+            self.coef_, self.intercept_ = self._logistic_fit(features, targets, range(n_rows))
+        if self.patient_weighting == "agnostic":
+            self._fit_agnostic(stats, features, targets)
         self.coef_ = self.coef_.astype(np.float32)
         self.intercept_ = self.intercept_.astype(np.float32)
-        self._fit_calibration(stats, features, targets)
+        self._fit_calibration(stats, features, targets, groups)
         return self
 
-    def prepare(self, samples, labels=None, embedding_samples=None):
+    def _check_options(self):
+        for name, value, allowed in (("solver", self.solver, SOLVERS), ("loss", self.loss, LOSSES),
+                                     ("patient_weighting", self.patient_weighting, PATIENT_WEIGHTINGS)):
+            if value not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if int(self.n_augment) < 0:
+            raise ValueError(f"n_augment must be >= 0, got {self.n_augment!r}")
+
+    def _ridge_fit(self, stats, rows, weights=None):
+        return RidgeStatistics.solve(stats.eigen(rows, weights), self.alpha)
+
+    def _logistic_fit(self, features, targets, rows, weights=None, warm=None):
+        rows = list(rows)
+        w = np.full(len(rows), 1.0 / len(rows)) if weights is None else np.asarray(weights)[rows] / np.sum(np.asarray(weights)[rows])
+        return fit_weighted_logistic([features[i] for i in rows], [targets[i] for i in rows], w,
+                                     len(self.classes_), self.alpha, warm=warm)
+
+    def _patient_losses(self, features, targets, coef, intercept):
+        losses = np.empty(len(features))
+        for i, (f, t) in enumerate(zip(features, targets)):
+            scores = f @ coef.astype(np.float32) + intercept.astype(np.float32)
+            if self.loss == "squared":
+                onehot = np.zeros_like(scores)
+                onehot[np.arange(len(t)), t] = 1.0
+                losses[i] = float(np.mean(((scores - onehot) ** 2).sum(axis=1)))
+            else:
+                z = scores.astype(np.float64)
+                z -= z.max(axis=1, keepdims=True)
+                losses[i] = float(np.mean(np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(t)), t]))
+        return losses
+
+    def _fit_agnostic(self, stats, features, targets, rounds=8, step=1.0):
+        """Exponentiated-gradient updates of the patient weights towards the worst mixture.
+
+        The weights of the copies of one real patient move together: the adversary reweighs
+        patients, not instrument shifts.
+        """
+        source = self.patient_source_
+        q = np.full(self.n_patients_, 1.0 / self.n_patients_)
+        coef, intercept = self.coef_, self.intercept_
+        for _ in range(rounds):
+            losses = self._patient_losses(features, targets, coef, intercept)
+            per_patient = np.bincount(source, weights=losses, minlength=self.n_patients_) / np.bincount(source)
+            q = q * np.exp(step * per_patient / max(per_patient.mean(), 1e-12))
+            q /= q.sum()
+            weights = q[source] / np.bincount(source)[source]
+            rows = range(len(features))
+            if self.loss == "squared":
+                coef, intercept = self._ridge_fit(stats, rows, weights)
+            else:
+                coef, intercept = self._logistic_fit(features, targets, rows, weights, warm=(coef, intercept))
+        self.coef_, self.intercept_ = coef, intercept
+        self.patient_weights_ = q[source] / np.bincount(source)[source]
+
+    def prepare(self, samples, labels=None, embedding_samples=None, groups=None):
         """Set classes, bandwidth heuristics, the embedder and the training embeddings.
 
-        Returns the seeded per-patient draws of cells (and labels) the solver will use.
+        Returns the seeded per-patient draws of cells (and labels) the solver will use, the
+        augmented copies (if any) after the real patients.
         """
         d = samples[0].shape[1]
         self.n_features_in_ = d
@@ -215,16 +321,25 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             self.classes_ = np.unique(np.concatenate(train_y))
             if len(self.classes_) < 2:
                 raise ValueError(f"training labels hold a single population ({self.classes_[0]!r}); need two or more")
-        pooled = np.vstack([x[:500] for x in train_x])
+        sources = list(samples if embedding_samples is None else embedding_samples)
+        self.n_patients_ = len(train_x)
+        self.patient_source_ = np.arange(len(train_x))
+        if int(self.n_augment) > 0:
+            gain_sd, shift_sd = shift_spread(sources, groups)
+            self.augment_gain_ = gain_sd if self.augment_gain == "auto" else np.full(d, float(self.augment_gain))
+            self.augment_shift_ = shift_sd if self.augment_shift == "auto" else np.full(d, float(self.augment_shift))
+            train_x, train_y, sources, self.patient_source_ = augment_patients(
+                train_x, train_y, sources, int(self.n_augment), self.augment_gain_, self.augment_shift_,
+                random_state=_seed(self.random_state, 5))
+        pooled = np.vstack([x[:500] for x in train_x[: self.n_patients_]])
         median_x = median_pairwise_distance(pooled, random_state=self.random_state)
         self.median_distance_x_ = median_x
         self.bandwidth_x_ = float(self.bandwidth_x or median_x)
         self.bandwidth_embedding_ = float(self.bandwidth_embedding or median_x)
         self.embedder_ = MeanEmbedding(self.n_embedding_features, self.bandwidth_embedding_, d,
                                        random_state=_seed(self.random_state, 1))
-        sources = samples if embedding_samples is None else embedding_samples
         self.train_embeddings_ = np.vstack([self.embed(x) for x in sources])
-        self.median_distance_p_ = median_embedding_distance(self.train_embeddings_)
+        self.median_distance_p_ = median_embedding_distance(self.train_embeddings_[: self.n_patients_])
         self.bandwidth_p_ = None
         if self.use_embedding:
             self.bandwidth_p_ = float(self.bandwidth_p or self.median_distance_p_)
@@ -262,29 +377,37 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             onehot = (y[:, None] == self.classes_[None, :]).astype(np.float32)
             stats.add_patient([f], [onehot])
             features.append(f)
-            targets.append(y)
+            targets.append(np.searchsorted(self.classes_, y))
         return stats, features, targets
 
-    def _fit_calibration(self, stats, features, targets):
-        """Softmax temperature fitted on out-of-patient ridge scores.
+    def _fit_calibration(self, stats, features, targets, groups=None):
+        """Softmax temperature fitted on out-of-group scores.
 
-        One scalar keeps the ridge decision (the argmax) unchanged and turns scores into
-        probabilities that are honest on patients the model has not seen.
+        One scalar keeps the decision (the argmax) unchanged and turns scores into
+        probabilities that are honest on patients the model has not seen. The logistic loss
+        gives probabilities already: its temperature is 1.
         """
-        n_patients = len(features)
+        from gating_core.groups import group_folds
+
+        n_patients = self.n_patients_
+        if self.loss == "logistic":
+            self.temperature_ = 1.0
+            return
         if not self.calibrate or n_patients < 2:
             self.temperature_ = 10.0  # no patient to hold out: a fixed, moderate sharpness
             return
-        folds = np.array_split(np.random.default_rng(_seed(self.random_state, 4)).permutation(n_patients),
-                               min(n_patients, 5))
-        scores = [None] * n_patients
-        for held_out in folds:
-            held = set(int(i) for i in held_out)
-            coef, intercept = RidgeStatistics.solve(stats.eigen([i for i in range(n_patients) if i not in held]),
-                                                    self.alpha)
-            for i in held:
-                scores[i] = features[i] @ coef + intercept
-        self.temperature_ = fit_temperature(scores, [np.searchsorted(self.classes_, t) for t in targets])
+        labels = list(range(n_patients)) if groups is None else list(groups)
+        folds = group_folds(labels, 5, 1, random_state=_seed(self.random_state, 4))
+        source = self.patient_source_
+        scores, held_targets = [], []
+        for held in folds:
+            held = set(held)
+            rows = [r for r in range(len(features)) if int(source[r]) not in held]
+            coef, intercept = self._ridge_fit(stats, rows, self.patient_weights_)
+            for i in sorted(held):
+                scores.append(features[i] @ coef.astype(np.float32) + intercept.astype(np.float32))
+                held_targets.append(targets[i])
+        self.temperature_ = fit_temperature(scores, held_targets)
 
     # -- features and prediction ------------------------------------------------------------
 
@@ -378,6 +501,100 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         if x.ndim != 2 or x.shape[1] != self.n_features_in_:
             raise ValueError(f"expected cells with {self.n_features_in_} channels, got shape {x.shape}")
         return x
+
+
+MAX_SHIFT_SD, MAX_GAIN_SD = 0.5, 0.3
+
+
+def shift_spread(embedding_cells, groups=None):
+    """How much groups of patients differ, per channel: (log-gain sd (d,), offset sd (d,)).
+
+    Per patient and channel, the median and the log inter-quartile range of its cells; averaged
+    within each group (center, batch, run; every patient its own group when ``groups`` is None)
+    so that replicates count once; then the standard deviation across groups. Capped at
+    ``MAX_GAIN_SD`` / ``MAX_SHIFT_SD`` (standardised units): beyond that a shift is not an
+    instrument effect but a different panel.
+    """
+    medians = np.array([np.median(e, axis=0) for e in embedding_cells])
+    q25, q75 = zip(*[np.percentile(e, [25, 75], axis=0) for e in embedding_cells])
+    log_iqr = np.log(np.maximum(np.array(q75) - np.array(q25), 1e-3))
+    labels = list(range(len(medians))) if groups is None else list(groups)
+    names = sorted(set(labels), key=labels.index)
+    if len(names) < 2:
+        return np.zeros(medians.shape[1]), np.zeros(medians.shape[1])
+    by_group = lambda values: np.array([values[[i for i, g in enumerate(labels) if g == n]].mean(axis=0) for n in names])
+    gain = np.std(by_group(log_iqr), axis=0, ddof=1)
+    shift = np.std(by_group(medians), axis=0, ddof=1)
+    return np.minimum(gain, MAX_GAIN_SD), np.minimum(shift, MAX_SHIFT_SD)
+
+
+def augment_patients(cells, labels, embedding_cells, n_copies, gain_sd, shift_sd, random_state=0):
+    """Add ``n_copies`` shifted copies of every patient, as further patients.
+
+    Each copy multiplies each channel by exp(N(0, gain_sd^2)) and adds N(0, shift_sd^2)
+    (``gain_sd``, ``shift_sd``: scalars or per-channel arrays), the same draw for its training
+    cells and its embedding cells, and keeps the source's labels: an instrument or staining
+    shift moves the cells and the expert's gates together.
+
+    Returns the lists extended (real patients first, then copies in source order) and the
+    source index of every entry.
+    """
+    rng = np.random.default_rng(random_state)
+    d = cells[0].shape[1]
+    out_x, out_y, out_e = list(cells), None if labels is None else list(labels), list(embedding_cells)
+    source = list(range(len(cells)))
+    for i in range(len(cells)):
+        for _ in range(n_copies):
+            gain = np.exp(rng.normal(0.0, 1.0, d) * gain_sd).astype(np.float32)
+            shift = (rng.normal(0.0, 1.0, d) * shift_sd).astype(np.float32)
+            out_x.append(cells[i] * gain + shift)
+            out_e.append(np.asarray(embedding_cells[i], dtype=np.float32) * gain + shift)
+            if out_y is not None:
+                out_y.append(labels[i])
+            source.append(i)
+    return out_x, out_y, out_e, np.asarray(source)
+
+
+def fit_weighted_logistic(features, targets, patient_weights, n_classes, alpha, warm=None, max_iter=300):
+    """Multinomial logistic regression with patient weights and an L2 penalty.
+
+    Minimises sum_i w_i mean_j CE(softmax(F_ij W + b), Y_ij) + alpha ||W||^2 (b unpenalised)
+    by L-BFGS. ``features``: list of (n_i, D) float32; ``targets``: list of (n_i,) class
+    indices; ``patient_weights``: (N,) summing to 1. Returns W (D, k) and b (k,).
+    """
+    from scipy.optimize import minimize
+
+    f = np.vstack(features).astype(np.float32)
+    t = np.concatenate(targets)
+    cell_w = np.concatenate([np.full(len(x), w / len(x)) for x, w in zip(features, patient_weights)]).astype(np.float32)
+    n, dim = f.shape
+    k = n_classes
+    onehot = np.zeros((n, k), dtype=np.float32)
+    onehot[np.arange(n), t] = 1.0
+
+    def objective(theta):
+        w = theta[: dim * k].reshape(dim, k).astype(np.float32)
+        b = theta[dim * k:].astype(np.float32)
+        z = f @ w + b
+        z -= z.max(axis=1, keepdims=True)
+        np.exp(z, out=z)
+        norm = z.sum(axis=1, keepdims=True)
+        p = z / norm
+        log_like = np.log(p[np.arange(n), t] + 1e-30)
+        value = -float(cell_w @ log_like) + alpha * float((w.astype(np.float64) ** 2).sum())
+        residual = (p - onehot) * cell_w[:, None]
+        grad_w = (f.T @ residual).astype(np.float64) + 2 * alpha * w
+        grad_b = residual.sum(axis=0).astype(np.float64)
+        return value, np.concatenate([grad_w.ravel(), grad_b])
+
+    if warm is None:
+        theta0 = np.zeros(dim * k + k)
+    else:
+        theta0 = np.concatenate([np.asarray(warm[0], dtype=np.float64).ravel(), np.asarray(warm[1], dtype=np.float64)])
+    result = minimize(objective, theta0, jac=True, method="L-BFGS-B",
+                      options={"maxiter": max_iter, "gtol": 1e-6})
+    theta = result.x
+    return theta[: dim * k].reshape(dim, k), theta[dim * k:]
 
 
 def fit_temperature(scores, targets) -> float:

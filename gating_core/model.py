@@ -22,7 +22,8 @@ from pathlib import Path
 import numpy as np
 
 from gating_core import __version__
-from gating_core.classifier import SCORE_BLOCK, SOLVERS, MarginalTransferClassifier, content_subsample
+from gating_core.classifier import (LOSSES, PATIENT_WEIGHTINGS, SCORE_BLOCK, SOLVERS, MarginalTransferClassifier,
+                                   content_subsample)
 from gating_core.errors import GatingCoreError
 from gating_core.features import MeanEmbedding, ProductRFF
 from gating_core.modelfile import Fields, ModelFileError, check_scalar, parse_json, read_archive
@@ -31,6 +32,8 @@ from gating_core.transforms import ChannelTransform, default_transform, is_time_
 MODEL_FORMAT = "gating_core.model"
 MODEL_FORMAT_VERSION = 1
 METHODS = ("marginal", "pooling")
+DEFAULT_LOSS = "squared"
+DEFAULT_AUGMENT = 4
 
 
 class ChannelMismatchError(GatingCoreError, ValueError):
@@ -128,10 +131,12 @@ class GatingModel:
     select : bool, default=True
         Choose bandwidths and penalty by cross-validation over patients.
     n_features, n_embedding_features, cells_per_patient, embedding_cells, solver,
-    bandwidth_x, bandwidth_p, alpha :
+    bandwidth_x, bandwidth_p, alpha, loss, n_augment, augment_gain, augment_shift,
+    patient_weighting :
         Passed to :class:`MarginalTransferClassifier` (bandwidths in standardised units; set
         ones are kept out of the selection).
-    cv_folds, cv_repeats, selection_cells_per_patient : model-selection settings.
+    cv_folds, cv_repeats, selection_cells_per_patient, selection_objective :
+        model-selection settings (folds hold out whole groups of patients).
     random_state : int
 
     Attributes
@@ -144,13 +149,17 @@ class GatingModel:
     populations_ : list of str
     training_patients_ : list of str
     selection_ : dict  the chosen parameters and the CV table
+    groups_ : list of str  the group of each training patient (given, or inferred)
+    groups_inferred_ : bool  True when the groups were found from the embeddings
     novelty_reference_, novelty_threshold_ : float
     """
 
     def __init__(self, method="marginal", channels=None, transform="auto", compensate=True, select=True,
                  n_features=512, n_embedding_features=128, cells_per_patient=4000, embedding_cells=20000,
-                 solver="rff", bandwidth_x=None, bandwidth_p=None, alpha=None, cv_folds=5, cv_repeats=2,
-                 selection_cells_per_patient=1500, random_state=0):
+                 solver="rff", bandwidth_x=None, bandwidth_p=None, alpha=None, loss=DEFAULT_LOSS,
+                 n_augment=DEFAULT_AUGMENT, augment_gain=0.08, augment_shift=0.15, patient_weighting="uniform",
+                 cv_folds=5, cv_repeats=2, selection_cells_per_patient=1500, selection_objective="mean",
+                 random_state=0):
         self.method = method
         self.channels = channels
         self.transform = transform
@@ -164,14 +173,20 @@ class GatingModel:
         self.bandwidth_x = bandwidth_x
         self.bandwidth_p = bandwidth_p
         self.alpha = alpha
+        self.loss = loss
+        self.n_augment = n_augment
+        self.augment_gain = augment_gain
+        self.augment_shift = augment_shift
+        self.patient_weighting = patient_weighting
         self.cv_folds = cv_folds
         self.cv_repeats = cv_repeats
         self.selection_cells_per_patient = selection_cells_per_patient
+        self.selection_objective = selection_objective
         self.random_state = random_state
 
     # -- training ------------------------------------------------------------------------------
 
-    def fit(self, samples, labels, progress=None):
+    def fit(self, samples, labels, progress=None, groups=None):
         """Learn from expert-gated patients.
 
         Parameters
@@ -179,6 +194,10 @@ class GatingModel:
         samples : list of Sample
         labels : list of ndarray of shape (n_events_i,), population names
         progress : callable(stage: str, fraction: float) or None
+        groups : sequence of length n_patients or None
+            Center / batch / run of each patient. Model selection holds out whole groups.
+            None: near-duplicate patients are found from their embeddings
+            (:func:`gating_core.groups.infer_groups`) and kept together.
         """
         if len(samples) != len(labels):
             raise ValueError(f"{len(samples)} patients but {len(labels)} label arrays")
@@ -187,13 +206,13 @@ class GatingModel:
         digests = [digest_patient(s, y, self.cells_per_patient, self.embedding_cells,
                                   seed=self.digest_seed(i), compensate=self.compensate)
                    for i, (s, y) in enumerate(zip(samples, labels))]
-        return self.fit_digests(digests, progress=progress)
+        return self.fit_digests(digests, progress=progress, groups=groups)
 
     def digest_seed(self, index: int) -> np.random.SeedSequence:
         """Seed of the training-cell draw of the ``index``-th patient (documented, reproducible)."""
         return np.random.SeedSequence([int(self.random_state or 0), 10, int(index)])
 
-    def fit_digests(self, digests, progress=None):
+    def fit_digests(self, digests, progress=None, groups=None):
         """Learn from :class:`PatientDigest` objects (what :meth:`fit` does after digesting).
 
         ``train --workers`` builds the digests on a Dask cluster, where the files are, and
@@ -209,6 +228,7 @@ class GatingModel:
         report("Transforming events", 0.05)
         cells, embedding_cells, labels = self.prepare_digests(digests)
         samples = digests
+        self._set_groups(groups, embedding_cells, [d.name for d in digests])
 
         params = self._classifier_params()
         self.selection_ = {}
@@ -220,22 +240,52 @@ class GatingModel:
             result = select_hyperparameters(
                 cells, labels, MarginalTransferClassifier(**params), embedding_samples=embedding_cells,
                 cv_folds=self.cv_folds, cv_repeats=self.cv_repeats, cells_per_patient=self.selection_cells_per_patient,
-                progress=lambda f: report("Model selection (cross-validation over patients)", 0.15 + 0.65 * f))
+                progress=lambda f: report("Model selection (cross-validation over patients)", 0.15 + 0.65 * f),
+                groups=self.groups_, objective=self.selection_objective)
             for key in ("bandwidth_x", "bandwidth_p", "alpha"):
                 if params[key] is None:
                     params[key] = result.params[key]
+            if self.bandwidth_p is None and not result.params["use_embedding"]:
+                params["use_embedding"], params["bandwidth_p"] = False, None
             self.selection_ = {"params": {k: params[k] for k in ("bandwidth_x", "bandwidth_p", "alpha")},
+                               "embedding_kept": bool(params["use_embedding"]),
                                "cv_accuracy": result.score, "median_x": result.median_x,
                                "median_p": result.median_p, "table": result.table}
+        if self.loss == "logistic" and self.alpha is None:
+            from gating_core.selection import select_logistic_alpha
+
+            report("Choosing the logistic penalty (cross-validation over groups)", 0.7)
+            params["alpha"] = select_logistic_alpha(cells, labels, MarginalTransferClassifier(**params),
+                                                    embedding_samples=embedding_cells, groups=self.groups_,
+                                                    cv_folds=self.cv_folds,
+                                                    cells_per_patient=self.selection_cells_per_patient)
+            self.selection_.setdefault("params", {})["alpha"] = params["alpha"]
         if params["alpha"] is None:
             params["alpha"] = 1e-4
         report("Fitting the final model", 0.8)
-        self.classifier_ = MarginalTransferClassifier(**params).fit(cells, labels, embedding_samples=embedding_cells)
+        self.classifier_ = MarginalTransferClassifier(**params).fit(cells, labels, embedding_samples=embedding_cells,
+                                                                    groups=self.groups_)
         self.populations_ = [str(c) for c in self.classifier_.classes_]
         self.training_patients_ = [s.name for s in samples]
         self._fit_novelty()
         report("Done", 1.0)
         return self
+
+    def _set_groups(self, groups, embedding_cells, names):
+        from gating_core.features import MeanEmbedding, median_pairwise_distance
+        from gating_core.groups import infer_groups
+
+        if groups is not None:
+            groups = [str(g) for g in groups]
+            if len(groups) != len(names):
+                raise ValueError(f"{len(groups)} group labels for {len(names)} patients")
+            self.groups_, self.groups_inferred_ = groups, False
+            return
+        pooled = np.vstack([e[:500] for e in embedding_cells])
+        embedder = MeanEmbedding(self.n_embedding_features, median_pairwise_distance(pooled), pooled.shape[1],
+                                 random_state=np.random.SeedSequence([int(self.random_state or 0), 11]))
+        embeddings = np.vstack([embedder.transform(e) for e in embedding_cells])
+        self.groups_, self.groups_inferred_ = infer_groups(embeddings, names), True
 
     def prepare_digests(self, digests):
         """Choose channels, transform and standardisation from training digests.
@@ -273,6 +323,8 @@ class GatingModel:
         return dict(use_embedding=self.method == "marginal", solver=self.solver, n_features=self.n_features,
                     n_embedding_features=self.n_embedding_features, bandwidth_x=self.bandwidth_x,
                     bandwidth_p=self.bandwidth_p if self.method == "marginal" else None, alpha=self.alpha,
+                    loss=self.loss, n_augment=self.n_augment, augment_gain=self.augment_gain,
+                    augment_shift=self.augment_shift, patient_weighting=self.patient_weighting,
                     cells_per_patient=self.cells_per_patient, embedding_cells=self.embedding_cells,
                     random_state=self.random_state)
 
@@ -327,7 +379,7 @@ class GatingModel:
         return out
 
     def _fit_novelty(self):
-        embeddings = self.classifier_.train_embeddings_
+        embeddings = self._patient_embeddings()
         if len(embeddings) < 2:
             self.novelty_nn_ = np.zeros(len(embeddings))
             self.novelty_reference_ = 1.0
@@ -341,6 +393,10 @@ class GatingModel:
         # A training patient's own distance to its nearest peer, in reference units, is what
         # "seen before" looks like; beyond the farthest of those (with a margin) is new.
         self.novelty_threshold_ = float(max(1.5, 1.25 * nn.max() / self.novelty_reference_))
+
+    def _patient_embeddings(self) -> np.ndarray:
+        """Embeddings of the real training patients (augmented copies excluded)."""
+        return self.classifier_.train_embeddings_[: len(self.training_patients_)]
 
     # -- gating --------------------------------------------------------------------------------
 
@@ -364,7 +420,7 @@ class GatingModel:
         self._check_fitted()
         if embedding is None:
             embedding = self.patient_embedding(sample)
-        distances = np.sqrt(((self.classifier_.train_embeddings_ - embedding) ** 2).sum(axis=1))
+        distances = np.sqrt(((self._patient_embeddings() - embedding) ** 2).sum(axis=1))
         nearest = int(np.argmin(distances))
         score = float(distances[nearest] / self.novelty_reference_)
         is_novel = bool(score > self.novelty_threshold_)
@@ -430,6 +486,7 @@ class GatingModel:
             "channels": self.channels_, "channel_markers": self.channel_markers_,
             "transform": self.transform_.to_dict(), "populations": self.populations_,
             "training_patients": self.training_patients_,
+            "groups": self.groups_, "groups_inferred": self.groups_inferred_,
             "classifier": {k: v for k, v in clf.get_params().items()},
             "fitted": {"bandwidth_x": clf.bandwidth_x_, "bandwidth_p": clf.bandwidth_p_,
                        "bandwidth_embedding": clf.bandwidth_embedding_, "temperature": clf.temperature_,
@@ -504,6 +561,11 @@ class GatingModel:
         model.transform_ = _transform(path, top.object("transform"), d)
         model.populations_ = top.strings("populations", min_length=2, unique=True)
         model.training_patients_ = top.strings("training_patients", min_length=1)
+        n_patients = len(model.training_patients_)
+        model.groups_ = top.strings("groups", optional=True) or list(model.training_patients_)
+        if len(model.groups_) != n_patients:
+            raise ModelFileError(path, f"model description: {len(model.groups_)} groups for {n_patients} patients")
+        model.groups_inferred_ = bool(top.boolean("groups_inferred", optional=True))
         selection = top.object("selection", optional=True)
         model.selection_ = dict(selection.data) if selection is not None else {}
         if selection is not None:
@@ -543,7 +605,10 @@ class GatingModel:
         n_embedding = frequencies.shape[1]
         if n_embedding < 1:
             raise ModelFileError(path, "model file is inconsistent: no embedding frequencies")
-        clf.train_embeddings_ = array("train_embeddings", n_patients, 2 * n_embedding).astype(np.float64, copy=False)
+        # Training rows: the real patients, then their augmented copies.
+        clf.train_embeddings_ = array("train_embeddings", n_patients * (1 + int(clf.n_augment)),
+                                      2 * n_embedding).astype(np.float64, copy=False)
+        clf.n_patients_ = n_patients
         clf.coef_ = array("coef", None, k).astype(np.float32, copy=False)
         n_out = clf.coef_.shape[0]
         clf.intercept_ = array("intercept", k).astype(np.float32, copy=False)
@@ -579,8 +644,9 @@ class GatingModel:
     def get_params(self) -> dict:
         return {k: getattr(self, k) for k in (
             "method", "channels", "transform", "compensate", "select", "n_features", "n_embedding_features",
-            "cells_per_patient", "embedding_cells", "solver", "bandwidth_x", "bandwidth_p", "alpha",
-            "cv_folds", "cv_repeats", "selection_cells_per_patient", "random_state")}
+            "cells_per_patient", "embedding_cells", "solver", "bandwidth_x", "bandwidth_p", "alpha", "loss",
+            "n_augment", "augment_gain", "augment_shift", "patient_weighting", "cv_folds", "cv_repeats",
+            "selection_cells_per_patient", "selection_objective", "random_state")}
 
     def describe(self) -> dict:
         """A JSON-friendly summary: method, channels, populations, chosen hyperparameters."""
@@ -598,6 +664,8 @@ class GatingModel:
 # Hyperparameters with a specific rule; others the constructor accepts must be JSON scalars.
 _COUNTS = ("n_features", "n_embedding_features", "cells_per_patient", "embedding_cells", "cv_folds",
            "cv_repeats", "selection_cells_per_patient")
+# Copies of each training patient: the model file holds an embedding per copy.
+_AUGMENT_LIMIT = 64
 _BANDWIDTHS = ("bandwidth_x", "bandwidth_p", "bandwidth_embedding", "alpha")
 # Transform cofactors and scales: float32 arithmetic divides by them.
 _SCALES = (1e-6, 1e12)
@@ -617,6 +685,16 @@ def _checked_params(path, fields: Fields, accepted, where: str) -> dict:
             out[key] = fields.integer(key, minimum=1, maximum=10 ** 9)
         elif key in _BANDWIDTHS:
             out[key] = fields.number(key, positive=True, nullable=True)
+        elif key == "n_augment":
+            out[key] = fields.integer(key, minimum=0, maximum=_AUGMENT_LIMIT)
+        elif key in ("augment_gain", "augment_shift"):
+            out[key] = "auto" if fields.raw(key) == "auto" else fields.number(key, within=(0.0, 10.0))
+        elif key == "loss":
+            out[key] = fields.string(key, choices=LOSSES)
+        elif key == "patient_weighting":
+            out[key] = fields.string(key, choices=PATIENT_WEIGHTINGS)
+        elif key == "selection_objective":
+            out[key] = fields.string(key, choices=("mean", "worst"))
         elif key in ("compensate", "select", "use_embedding", "calibrate"):
             out[key] = fields.boolean(key)
         elif key == "random_state":

@@ -11,6 +11,12 @@ every bandwidth pair, the whole lambda path costs one eigendecomposition per fol
 The search is coordinate-wise: sigma_X (with lambda), then sigma_P (with lambda), then
 sigma_X again at the chosen sigma_P. The score is the mean over held-out patients of their
 accuracy, averaged over repeated random fold splits.
+
+Folds hold out whole GROUPS (centers, batches, runs; :mod:`gating_core.groups`) when they are
+known or inferred: a sigma_P chosen on folds where every held-out patient's twin is in training
+favours a narrow k_P that cannot reach a new center. Augmented copies of a patient (see
+``MarginalTransferClassifier.n_augment``) always leave training with their source, and only
+real patients are scored.
 """
 
 from __future__ import annotations
@@ -23,7 +29,12 @@ from gating_core.classifier import MarginalTransferClassifier, RidgeStatistics, 
 
 DEFAULT_X_FACTORS = (0.25, 0.5, 1.0, 2.0)
 DEFAULT_P_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
-DEFAULT_ALPHAS = (1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1)
+# Wide enough that the best penalty does not sit on an edge (every value costs one solve on the
+# shared eigendecomposition, so breadth is nearly free).
+DEFAULT_ALPHAS = (1e-9, 1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
+# Pooling must lose by more than this (in held-out accuracy) for the embedding to be kept:
+# k_P = 1 is the simpler model, and the score of a handful of held-out groups is noisy.
+POOLING_MARGIN = 0.001
 FACTOR_LIMITS = (1e-2, 1e4)
 SEARCH_FEATURES = 256
 
@@ -32,7 +43,8 @@ SEARCH_FEATURES = 256
 class SelectionResult:
     """Outcome of :func:`select_hyperparameters`.
 
-    ``params``: the chosen ``bandwidth_x``, ``bandwidth_p`` (None for pooling) and ``alpha``;
+    ``params``: the chosen ``bandwidth_x``, ``bandwidth_p`` (None for pooling), ``alpha`` and
+    ``use_embedding`` (False when held-out groups were gated better without the embedding);
     ``table``: one dict per evaluated (x factor, p factor, alpha) with its CV score.
     """
 
@@ -56,7 +68,7 @@ def patient_folds(n_patients: int, n_folds: int, n_repeats: int, random_state=0)
 
 def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, embedding_samples=None,
                            cv_folds=5, cv_repeats=2, cells_per_patient=1500, x_factors=DEFAULT_X_FACTORS, p_factors=DEFAULT_P_FACTORS,
-                           alphas=DEFAULT_ALPHAS, progress=None) -> SelectionResult:
+                           alphas=DEFAULT_ALPHAS, progress=None, groups=None, objective="mean") -> SelectionResult:
     """Choose sigma_X, sigma_P and lambda for ``base`` by cross-validation over patients.
 
     Parameters
@@ -70,7 +82,15 @@ def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, em
     cells_per_patient : int
         Cells per patient used for the search (seeded draw); the final fit uses base's own.
     progress : callable(fraction) or None
+    groups : sequence (n_patients,) or None
+        Center / batch / run of each patient: folds never split a group. None: every patient
+        is its own group.
+    objective : {"mean", "worst"}
+        Score of a setting: the mean held-out patient accuracy, or that of the worst held-out
+        group (the agnostic criterion), each averaged over the fold repeats.
     """
+    from gating_core.groups import group_folds
+
     samples, labels = check_training_set(samples, labels)
     if len(samples) < 2:
         raise ValueError("model selection over patients needs at least two labeled patients")
@@ -80,12 +100,19 @@ def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, em
     probe = MarginalTransferClassifier(**{**base.get_params(), "cells_per_patient": cells_per_patient,
                                           "n_features": min(base.n_features, SEARCH_FEATURES)})
     # The embeddings come from all cells (or the caller's choice), as at gating time.
-    train_x, train_y = probe.prepare(samples, labels, embedding_samples)
+    train_x, train_y = probe.prepare(samples, labels, embedding_samples, groups)
     embeddings = probe.train_embeddings_
     classes = probe.classes_
     targets = [np.searchsorted(classes, y) for y in train_y]
     onehots = [(t[:, None] == np.arange(len(classes))[None, :]).astype(np.float32) for t in targets]
-    folds = patient_folds(len(samples), cv_folds, cv_repeats, probe.random_state)
+    if objective not in ("mean", "worst"):
+        raise ValueError(f"objective must be 'mean' or 'worst', got {objective!r}")
+    labels_of_group = list(range(len(samples))) if groups is None else list(groups)
+    if len(labels_of_group) != len(samples):
+        raise ValueError(f"{len(labels_of_group)} group labels for {len(samples)} patients")
+    folds = group_folds(labels_of_group, cv_folds, cv_repeats, probe.random_state)
+    source = probe.patient_source_
+    n_rows = len(train_x)
     median_x, median_p = probe.median_distance_x_, probe.median_distance_p_
     use_embedding = bool(base.use_embedding)
     cache: dict = {}
@@ -103,6 +130,7 @@ def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, em
         clf.classes_ = classes
         clf.n_features_in_ = probe.n_features_in_
         clf.embedder_, clf.train_embeddings_ = probe.embedder_, embeddings
+        clf.n_patients_, clf.patient_source_ = probe.n_patients_, source
         clf.bandwidth_x_, clf.bandwidth_embedding_ = fx * median_x, probe.bandwidth_embedding_
         clf.bandwidth_p_ = None if fp is None else fp * median_p
         clf._init_feature_map(train_x)
@@ -110,17 +138,23 @@ def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, em
         stats = RidgeStatistics(features[0].shape[1], len(classes))
         for f, y in zip(features, onehots):
             stats.add_patient([f], [y])
-        per_alpha = np.zeros(len(alphas))
+        fold_scores = []
         for held_out in folds:
-            values, vectors, projected, mu, t = stats.eigen([i for i in range(len(samples)) if i not in held_out])
+            held = set(held_out)
+            values, vectors, projected, mu, t = stats.eigen([r for r in range(n_rows) if int(source[r]) not in held])
             # Scores for every lambda from one rotation of the held-out features into the
             # eigenbasis: s(lambda) = (F - mu) V diag(1 / (values + lambda)) V^T B + t.
             rotated = [((features[i] - mu.astype(np.float32)) @ vectors.astype(np.float32)) for i in held_out]
+            accuracy = np.zeros((len(alphas), len(held_out)))
             for a, alpha in enumerate(alphas):
                 weights = (projected / (values + alpha)[:, None]).astype(np.float32)
-                per_alpha[a] += sum(np.mean(np.argmax(r @ weights, axis=1) == targets[i])
-                                    for r, i in zip(rotated, held_out))
-        per_alpha /= sum(len(f) for f in folds)
+                for j, (r, i) in enumerate(zip(rotated, held_out)):
+                    accuracy[a, j] = np.mean(np.argmax(r @ weights + t.astype(np.float32), axis=1) == targets[i])
+            fold_scores.append(accuracy)
+        if objective == "mean":
+            per_alpha = np.hstack(fold_scores).mean(axis=1)
+        else:
+            per_alpha = np.min([acc.mean(axis=1) for acc in fold_scores], axis=0)
         cache[key] = per_alpha
         evaluated += 1
         if progress is not None:
@@ -135,6 +169,8 @@ def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, em
             top = max(value.values())
             # Prefer the factor nearest the data-driven start among ties.
             best = min((f for f in factors if value[f] >= top - 1e-12), key=lambda f: abs(np.log(f)))
+            if len(factors) < 2:
+                return best  # a single value given: nothing to compare an edge with
             # Extend only when the edge is strictly better than its neighbour: a flat score
             # says nothing more is to be found that way.
             if best == factors[0] and value[best] > value[factors[1]] and best / 2 >= FACTOR_LIMITS[0]:
@@ -147,9 +183,14 @@ def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, em
     p_start = 1.0 if use_embedding else None
     best_x = search("x", x_factors, p_start)
     best_p = p_start
+    embedding_kept = use_embedding
     if use_embedding:
         best_p = search("p", p_factors, best_x)
         best_x = search("x", x_factors, best_p)
+        # sigma_P -> infinity is pooling (k_P = 1). When the embedding does not help on held-out
+        # GROUPS, the model falls back to it: the patient's distribution then adds only noise.
+        if float(score(best_x, None).max()) >= float(cache[(best_x, best_p)].max()) - POOLING_MARGIN:
+            best_p, embedding_kept = None, False
     scores = cache[(best_x, best_p)]
     best_alpha = float(alphas[int(np.argmax(scores))])
     table = [{"x_factor": fx, "p_factor": fp, "alpha": float(a), "cv_accuracy": float(s)}
@@ -158,6 +199,48 @@ def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, em
         progress(1.0)
     return SelectionResult(
         params={"bandwidth_x": best_x * median_x, "bandwidth_p": None if best_p is None else best_p * median_p,
-                "alpha": best_alpha, "bandwidth_embedding": probe.bandwidth_embedding_},
+                "alpha": best_alpha, "bandwidth_embedding": probe.bandwidth_embedding_,
+                "use_embedding": embedding_kept},
         score=float(scores.max()), table=table, median_x=median_x, median_p=median_p,
     )
+
+
+DEFAULT_LOGISTIC_ALPHAS = (1e-5, 1e-4, 1e-3)
+
+
+def select_logistic_alpha(samples, labels, base: MarginalTransferClassifier, embedding_samples=None, groups=None,
+                          cv_folds=5, cells_per_patient=1500, alphas=DEFAULT_LOGISTIC_ALPHAS, progress=None) -> float:
+    """The penalty of the logistic loss, by cross-validation over groups at base's bandwidths.
+
+    The ridge path's closed form does not carry over to the logistic loss, so each fold is an
+    L-BFGS solve; the path runs from the strongest penalty to the weakest with warm starts.
+    """
+    from gating_core.classifier import fit_weighted_logistic
+    from gating_core.groups import group_folds
+
+    samples, labels = check_training_set(samples, labels)
+    probe = MarginalTransferClassifier(**{**base.get_params(), "cells_per_patient": cells_per_patient,
+                                          "n_features": min(base.n_features, SEARCH_FEATURES)})
+    train_x, train_y = probe.prepare(samples, labels, embedding_samples, groups)
+    probe._init_feature_map(train_x)
+    features = [probe._features(x, psi) for x, psi in zip(train_x, probe.train_embeddings_)]
+    targets = [np.searchsorted(probe.classes_, y) for y in train_y]
+    source = probe.patient_source_
+    folds = group_folds(list(range(len(samples))) if groups is None else list(groups), cv_folds, 1,
+                        probe.random_state)
+    ordered = sorted(alphas, reverse=True)
+    scores = np.zeros(len(ordered))
+    for f, held_out in enumerate(folds):
+        held = set(held_out)
+        rows = [r for r in range(len(features)) if int(source[r]) not in held]
+        warm = None
+        for a, alpha in enumerate(ordered):
+            coef, intercept = fit_weighted_logistic([features[r] for r in rows], [targets[r] for r in rows],
+                                                    np.full(len(rows), 1.0 / len(rows)), len(probe.classes_),
+                                                    alpha, warm=warm)
+            warm = (coef, intercept)
+            scores[a] += np.mean([np.mean(np.argmax(features[i] @ coef + intercept, axis=1) == targets[i])
+                                  for i in held_out])
+        if progress is not None:
+            progress((f + 1) / len(folds))
+    return float(ordered[int(np.argmax(scores))])

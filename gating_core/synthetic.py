@@ -155,7 +155,7 @@ def _spillover_string(matrix: np.ndarray, channels: Sequence[str]) -> str:
 
 def simulate_patient(seed, n_events: int = 12000, drift: float = 1.0, variation: float = 1.0,
                      condition: str | None = None, name: str | None = None,
-                     proportions: Sequence[float] | None = None):
+                     proportions: Sequence[float] | None = None, center: "Center | None" = None):
     """Simulate one patient's (uncompensated) flow cytometry file.
 
     Parameters
@@ -176,6 +176,10 @@ def simulate_patient(seed, n_events: int = 12000, drift: float = 1.0, variation:
         Sample name; defaults to ``"synthetic_<condition>"``.
     proportions : sequence of float or None
         Fix the population fractions (in ``POPULATIONS`` order) instead of drawing them.
+    center : Center or None
+        The measuring center (instrument, staining protocol, compensation controls) whose
+        effects every patient of that center shares, on top of the patient's own ``drift``.
+        None (the default) leaves the simulation exactly as without centers.
 
     Returns
     -------
@@ -199,6 +203,8 @@ def simulate_patient(seed, n_events: int = 12000, drift: float = 1.0, variation:
     # --- population sizes ------------------------------------------------------------------
     if proportions is None:
         mean = _TYPICAL_PROPORTIONS * CONDITIONS[condition]
+        if center is not None:
+            mean = mean * center.proportion_shift
         mean = mean / mean.sum()
         if variation > 0:
             concentration = 60.0 / variation ** 2
@@ -241,6 +247,8 @@ def simulate_patient(seed, n_events: int = 12000, drift: float = 1.0, variation:
         scatter[rows, 1] = ssc
 
         auto = pheno.autofluorescence + variation * rng.normal(0, 0.05)
+        if center is not None:
+            auto += center.background
         for j, marker in enumerate(MARKERS):
             level = pheno.markers.get(marker, _NEG)
             shift = variation * rng.normal(0, 0.08)
@@ -249,6 +257,10 @@ def simulate_patient(seed, n_events: int = 12000, drift: float = 1.0, variation:
                 log_intensity = auto + 0.3 * rng.standard_normal(m)
             else:
                 log_intensity = level[0] + shift + level[1] * spread * rng.standard_normal(m)
+                if center is not None:
+                    # A center's detector settings compress bright signals towards the
+                    # negatives (a lower PMT voltage): positives lose decades, negatives do not.
+                    log_intensity = auto + (log_intensity - auto) * center.compression[j]
             fluorochrome[rows, j] = 10.0 ** log_intensity
 
     # --- instrument: drift, spillover, detector noise ----------------------------------------
@@ -262,9 +274,20 @@ def simulate_patient(seed, n_events: int = 12000, drift: float = 1.0, variation:
     off_diagonal = _BASE_SPILLOVER - np.eye(n_fl)
     spillover = np.eye(n_fl) + off_diagonal * np.exp(rng.normal(0, 0.08, size=off_diagonal.shape))
 
+    electronic_sd = _ELECTRONIC_SD
+    recorded_spillover = spillover
+    if center is not None:
+        fl_gain = fl_gain * center.fl_gain
+        fl_offset = fl_offset + center.fl_offset
+        scatter_gain = scatter_gain * center.scatter_gain
+        electronic_sd = _ELECTRONIC_SD * center.noise
+        # The center's single-stain controls are off by its own factors: the matrix written
+        # to the file (and so the compensation) is not the one the light went through.
+        recorded_spillover = np.eye(n_fl) + (spillover - np.eye(n_fl)) * center.spillover_error
+
     light = (fluorochrome * fl_gain) @ spillover
     detector = (light + np.sqrt(_PHOTON_GAIN * light) * rng.standard_normal(light.shape)
-                + _ELECTRONIC_SD * rng.standard_normal(light.shape) + fl_offset)
+                + electronic_sd * rng.standard_normal(light.shape) + fl_offset)
     scatter = (scatter * scatter_gain + scatter_offset
                + _SCATTER_NOISE_SD * rng.standard_normal(scatter.shape))
     # Scatter is pulse area: never negative; everything saturates at the top of the range.
@@ -276,7 +299,7 @@ def simulate_patient(seed, n_events: int = 12000, drift: float = 1.0, variation:
     events = np.round(np.hstack([scatter, detector]), 2).astype(np.float32).astype(np.float64)
 
     fl_names = [p[0] for p in FLUORESCENCE_PANEL]
-    spillover = np.round(spillover, 6)
+    spillover = np.round(recorded_spillover, 6)
     name = name or f"synthetic_{condition}"
     keywords = _keywords(name, condition, spillover, fl_names)
     channels = ([Channel(c, "", RANGE_MAX) for c in SCATTER_CHANNELS]
@@ -325,6 +348,88 @@ def simulate_cohort(n_patients: int, seed: int = 0, n_events: int = 12000, drift
                                        variation=variation, condition=condition,
                                        name=f"patient_{i + 1:02d}"))
     return cohort
+
+
+@dataclass(frozen=True)
+class Center:
+    """What every patient measured at one center shares: instrument, staining, controls.
+
+    ``fl_gain`` (7,): brightness per fluorochrome (laser power, antibody lot, PMT voltage);
+    ``fl_offset`` (7,): detector baselines; ``background``: log10 shift of autofluorescence
+    (raises the negative populations); ``compression`` (7,): exponent <= 1 that pulls bright
+    signals towards the negatives; ``scatter_gain`` (2,); ``noise``: electronic-noise multiplier;
+    ``spillover_error`` (7, 7): factors on the off-diagonal spillover the center's controls
+    record (compensation error); ``proportion_shift`` (8,): multipliers on the typical
+    population fractions (the center's patient population and lysis protocol).
+    """
+
+    name: str
+    fl_gain: np.ndarray
+    fl_offset: np.ndarray
+    background: float
+    compression: np.ndarray
+    scatter_gain: np.ndarray
+    noise: float
+    spillover_error: np.ndarray
+    proportion_shift: np.ndarray
+
+
+def draw_center(seed, name: str = "center", strength: float = 1.0) -> Center:
+    """A random :class:`Center`; ``strength`` scales how far it departs from the nominal one."""
+    rng = _as_rng(seed)
+    n_fl = len(FLUORESCENCE_PANEL)
+    return Center(
+        name=name,
+        fl_gain=np.exp(strength * rng.normal(0, 0.35, n_fl)),
+        fl_offset=strength * rng.normal(0, 60.0, n_fl),
+        background=float(strength * rng.normal(0, 0.25)),
+        compression=1.0 - strength * rng.uniform(0.0, 0.15, n_fl),
+        scatter_gain=np.exp(strength * rng.normal(0, 0.1, 2)),
+        noise=float(np.exp(strength * rng.normal(0, 0.3))),
+        spillover_error=np.exp(strength * rng.normal(0, 0.3, (n_fl, n_fl))),
+        proportion_shift=np.exp(strength * rng.normal(0, 0.3, len(POPULATIONS))),
+    )
+
+
+def simulate_centers(n_centers: int = 4, patients_per_center: int = 3, seed: int = 0,
+                     n_events: int = 12000, strength: float = 1.0, patient_drift: float = 0.3,
+                     variation: float = 1.0):
+    """A multi-center cohort: patients grouped by the center that measured them.
+
+    Within a center patients differ by biology and a small drift (``patient_drift``); between
+    centers by the center effects of :class:`Center` (scaled by ``strength``). This is the
+    benchmark for patients from a center the model has never seen: leave one center out.
+
+    Returns
+    -------
+    cohort : list of (Sample, labels ndarray[str]), names ``c<k>_patient_<j>``
+    groups : dict mapping each sample name to its center name ``center_<k>``
+    """
+    cohort, groups = [], {}
+    for c in range(n_centers):
+        center = draw_center((seed, 7, c), name=f"center_{c + 1}", strength=strength)
+        for j in range(patients_per_center):
+            name = f"c{c + 1}_patient_{j + 1:02d}"
+            sample, labels = simulate_patient((seed, 8, c, j), n_events=n_events, drift=patient_drift,
+                                              variation=variation, name=name, center=center)
+            cohort.append((sample, labels))
+            groups[name] = center.name
+    return cohort, groups
+
+
+def write_centers(out_dir, **kwargs) -> list[Path]:
+    """Write :func:`simulate_centers` as FCS + labels files and ``groups.csv``; returns paths."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    cohort, groups = simulate_centers(**kwargs)
+    written = []
+    for sample, labels in cohort:
+        written += _write_pair(out_dir / f"{sample.name}.fcs", out_dir / f"{sample.name}.labels.csv",
+                               sample, labels)
+    table = out_dir / "groups.csv"
+    table.write_text("patient,center\n" + "".join(f"{p},{c}\n" for p, c in groups.items()),
+                     encoding="utf-8", newline="\n")
+    return sorted(written + [table])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -515,13 +620,23 @@ def file_digests(folder) -> dict[str, str]:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m gating_core.synthetic",
-                                     description="Write the synthetic sample-data folder.")
+                                     description="Write the synthetic sample-data folder, or a "
+                                                 "multi-center benchmark (--centers).")
     parser.add_argument("--out", required=True, help="output folder (created if missing)")
     parser.add_argument("--seed", type=int, default=2026, help="random seed (default 2026)")
     parser.add_argument("--events", type=int, default=SAMPLE_EVENTS,
                         help=f"events per patient (default {SAMPLE_EVENTS})")
+    parser.add_argument("--centers", type=int, metavar="K",
+                        help="write a multi-center benchmark of K centers (with groups.csv) instead")
+    parser.add_argument("--patients-per-center", type=int, default=3)
+    parser.add_argument("--strength", type=float, default=2.0,
+                        help="how far centers depart from the nominal instrument (default 2)")
     args = parser.parse_args(argv)
-    paths = write_sample_data(args.out, seed=args.seed, n_events=args.events)
+    if args.centers:
+        paths = write_centers(args.out, n_centers=args.centers, patients_per_center=args.patients_per_center,
+                              seed=args.seed, n_events=args.events, strength=args.strength)
+    else:
+        paths = write_sample_data(args.out, seed=args.seed, n_events=args.events)
     total = sum(p.stat().st_size for p in paths)
     print(f"wrote {len(paths)} files, {total / 1e6:.1f} MB, to {args.out}")
     return 0

@@ -48,6 +48,25 @@ pops = c1.multiselect("Populations to learn", all_pops, default=default_pops, ke
 method = c2.radio("Method", ["marginal", "pooling"], key="train_method", horizontal=True,
                   format_func=lambda m: {"marginal": "Marginal transfer (recommended)", "pooling": "Pooling"}[m])
 channels_all = common_channels([r.sample for r in records])
+from gating_core.groups import groups_from_keyword, shared_group_keywords  # noqa: E402
+
+group_by = st.selectbox(
+    "Groups of patients (center, batch or run)", ["auto", "none", *shared_group_keywords([r.sample for r in records])],
+    key="train_groups",
+    format_func=lambda g: {"auto": "Found from the data (near-duplicate patients kept together)",
+                           "none": "None: every patient on its own"}.get(g, f"By the keyword {g}"),
+    help="Model selection and the check hold out whole groups: a new patient usually comes from a run "
+         "the model has not seen, so a patient whose twin stayed in training says too little.")
+
+
+def _groups(samples):
+    """Groups for training (None: inferred by the model) from the choice above."""
+    if group_by == "auto":
+        return None
+    if group_by == "none":
+        return [s.name for s in samples]
+    return groups_from_keyword(samples, group_by)
+
 with st.expander("Channels and hyperparameters (automatic unless you change them)"):
     channels = st.multiselect("Channels", channels_all,
                               default=[c for c in channels_all if c.lower() != "time"], key="train_channels")
@@ -89,7 +108,8 @@ if st.button("Train model", type="primary", key="train_button", disabled=not pop
 
     try:
         model = GatingModel(method=method, channels=channels or None, **params)
-        model.fit([r.sample for r in records], [_training_labels(r) for r in records], progress=progress)
+        model.fit([r.sample for r in records], [_training_labels(r) for r in records], progress=progress,
+                  groups=_groups([r.sample for r in records]))
     except Exception as exc:
         bar.empty()
         st.error(f"Training failed: {exc}")
@@ -110,12 +130,13 @@ if store.models:
                        file_name="gating_model.npz", mime="application/octet-stream", key="save_model",
                        help="Same format as the command line: `python -m gating_core gate --model …`.")
 
-st.subheader("Leave-one-patient-out check")
-st.caption("Each patient in turn is gated by a model trained on the others: the honest estimate of how "
-           "well a new patient will be gated. Marginal transfer, pooling and linear discriminant analysis "
+st.subheader("Check on held-out patients")
+st.caption("Each group of patients (center, batch or run; chosen above) in turn is gated by a model trained "
+           "on the others: the honest estimate of how well a patient from a new run will be gated. Leaving "
+           "one patient out is shown beside it. Marginal transfer, pooling and linear discriminant analysis "
            "(LDA, a strong simple baseline) run on the same split, with the settings chosen above.")
 if st.button("Run the check", key="lopo_button"):
-    from gating_core.evaluation import leave_one_patient_out
+    from gating_core.evaluation import infer_patient_groups, leave_one_group_out, leave_one_patient_out
 
     bar = st.progress(0.0, text="Starting…")
 
@@ -126,9 +147,17 @@ if st.button("Run the check", key="lopo_button"):
         model_params = dict(params)
         if channels:
             model_params["channels"] = channels
-        store.evaluation = leave_one_patient_out([r.sample for r in records], [_training_labels(r) for r in records],
-                                                 methods=("marginal", "pooling", "lda"), model_params=model_params,
-                                                 progress=progress)
+        samples, labels = [r.sample for r in records], [_training_labels(r) for r in records]
+        groups = _groups(samples) or infer_patient_groups(samples, labels)
+        tables = []
+        if 1 < len(set(groups)) < len(samples):
+            tables.append(leave_one_group_out(samples, labels, groups, methods=("marginal", "pooling", "lda"),
+                                              model_params=model_params,
+                                              progress=lambda s, f: progress(f"held-out group, {s}", f / 2)))
+        tables.append(leave_one_patient_out(samples, labels, methods=("marginal", "pooling", "lda"),
+                                            model_params=model_params, groups=groups,
+                                            progress=lambda s, f: progress(s, (1 + f) / 2 if tables else f)))
+        store.evaluation = pd.concat(tables, ignore_index=True)
         bar.progress(1.0, text="Done")
     except Exception as exc:
         bar.empty()
@@ -136,6 +165,13 @@ if st.button("Run the check", key="lopo_button"):
 
 table = store.evaluation
 if table is not None and len(table):
+    protocols = list(dict.fromkeys(table["protocol"])) if "protocol" in table.columns else []
+    if len(protocols) > 1:
+        protocol = st.radio("Protocol", protocols, key="check_protocol", horizontal=True,
+                            help="Leave-one-group-out is what a patient from a new run will see.")
+        table = table[table["protocol"] == protocol]
+    elif protocols:
+        st.caption(f"Protocol: {protocols[0]} (every patient is its own group).")
     show = table.copy()
     order = [m for m in ("marginal", "pooling", "lda") if m in set(show["method"])]
     wide = show.pivot_table(index="patient", columns="method", values=["accuracy", "macro_f1"])

@@ -111,11 +111,14 @@ def test_evaluate_prints_every_method_per_patient_and_the_worst(sample_data_dir,
     table = tmp_path / "lopo.csv"
     result = run_cli("evaluate", "--csv", table, *inputs)
     assert result.returncode == 0, result.stderr
-    assert "Leave-one-patient-out, per patient" in result.stdout
-    assert "Summary (mean and worst patient)" in result.stdout
+    assert "leave-one-patient-out, per patient" in result.stdout
+    assert "Summary (mean and worst patient, per protocol)" in result.stdout
+    # Four distinct simulated patients: each is its own inferred group, so one protocol runs.
+    assert "Every patient is its own group" in result.stdout
     rows = pd.read_csv(table)
-    assert len(rows) == 4 * 3
-    assert set(rows["method"]) == {"marginal", "pooling", "lda"}
+    assert len(rows) == 4 * 4
+    assert set(rows["method"]) == {"marginal", "pooling", "pooled-logistic", "lda"}
+    assert set(rows["protocol"]) == {"leave-one-patient-out"}
     assert {"accuracy", "macro_f1", "f1:CD4 T cells", "f1:Granulocytes"} <= set(rows.columns)
     marginal = rows[rows["method"] == "marginal"]
     assert marginal["accuracy"].min() > 0.97

@@ -37,11 +37,20 @@ def register(subparsers) -> None:
     gate.set_defaults(func=run_gate)
 
     evaluate = subparsers.add_parser(
-        "evaluate", help="leave-one-patient-out evaluation beside the baselines",
-        description="Leave-one-patient-out over the INPUT patients: per patient and method, accuracy, "
-                    "F1 per population and macro-F1; then the mean and the worst patient.")
-    evaluate.add_argument("--method", nargs="+", choices=("marginal", "pooling", "lda"),
-                          default=["marginal", "pooling", "lda"], help="methods to compare (default: all three)")
+        "evaluate", help="leave-one-group-out and leave-one-patient-out evaluation beside the baselines",
+        description="Hold out whole groups of INPUT patients (centers, batches, runs: --groups, or "
+                    "near-duplicate patients found from their cell distributions), and single patients; "
+                    "per patient and method, accuracy, F1 per population and macro-F1; then the mean and "
+                    "the worst patient of each method, and accuracy against novelty.")
+    evaluate.add_argument("--method", nargs="+", choices=("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda"),
+                          default=["marginal", "pooling", "pooled-logistic", "lda"],
+                          help="methods to compare (default: all four)")
+    evaluate.add_argument("--groups", metavar="FILE|KEYWORD",
+                          help="the group (center, batch, run) of each patient: a CSV (patient, group) or an "
+                               "FCS keyword such as $CYTSN, $INST or $DATE; default: near-duplicate patients "
+                               "found from their embeddings")
+    evaluate.add_argument("--protocol", choices=("both", "group", "patient"), default="both",
+                          help="leave one group out, leave one patient out, or both (default)")
     evaluate.add_argument("--csv", metavar="FILE", help="also write the per-patient table as CSV")
     evaluate.add_argument("--json", action="store_true", help="print the tables as JSON")
     _model_options(evaluate)
@@ -224,10 +233,23 @@ def run_gate(args) -> int:
     return 1 if failed else 0
 
 
+def _evaluation_groups(args, samples, labels):
+    """(groups, how they were found) for ``evaluate``."""
+    from gating_core.evaluation import infer_patient_groups
+    from gating_core.groups import groups_from_csv, groups_from_keyword
+
+    if args.groups:
+        if Path(args.groups).is_file():
+            return groups_from_csv(args.groups, [s.name for s in samples]), f"from {Path(args.groups).name}"
+        return groups_from_keyword(samples, args.groups), f"from the keyword {args.groups}"
+    return infer_patient_groups(samples, labels), "inferred (near-duplicate patients kept together)"
+
+
 def run_evaluate(args) -> int:
     import pandas as pd
 
-    from gating_core.evaluation import leave_one_patient_out, summarize
+    from gating_core.evaluation import leave_one_group_out, leave_one_patient_out, novelty_curve, summarize
+    from gating_core.groups import GroupsError
     from gating_core.model import ChannelMismatchError
     from gating_core.progress import StageProgress
 
@@ -241,24 +263,69 @@ def run_evaluate(args) -> int:
     params = _model_params(args)
     params.pop("compensate", None)
     try:
+        groups, origin = _evaluation_groups(args, samples, labels)
+    except GroupsError as exc:
+        return _fail(str(exc))
+    distinct = sorted(set(groups))
+    tables = []
+    try:
         with StageProgress("evaluate") as progress:
-            table = leave_one_patient_out(samples, labels, methods=args.method, model_params=params, progress=progress)
+            singletons = len(distinct) == len(samples)
+            if args.protocol in ("both", "group"):
+                if len(distinct) >= 2 and not (singletons and args.protocol == "both"):
+                    tables.append(leave_one_group_out(samples, labels, groups, methods=args.method,
+                                                      model_params=params, progress=progress))
+                elif args.protocol == "group":
+                    return _fail(f"leave-one-group-out needs two or more groups; groups {origin}: {distinct}")
+            if args.protocol in ("both", "patient"):
+                tables.append(leave_one_patient_out(samples, labels, methods=args.method, model_params=params,
+                                                    progress=progress, groups=groups))
     except (ChannelMismatchError, ValueError) as exc:
         return _fail(str(exc))
+    table = pd.concat(tables, ignore_index=True)
     summary = summarize(table)
+    curve = novelty_curve(table) if "marginal" in args.method else None
     if args.csv:
         table.to_csv(args.csv, index=False)
     if args.json:
-        print(json.dumps({"patients": table.to_dict(orient="records"), "summary": summary.to_dict(orient="records")},
-                         default=float))
+        document = {"groups": dict(zip([s.name for s in samples], groups)), "groups_origin": origin,
+                    "patients": table.to_dict(orient="records"), "summary": summary.to_dict(orient="records"),
+                    "novelty_curve": [] if curve is None else curve.astype({"novelty_bin": str}).to_dict(orient="records")}
+        print(json.dumps(_json_safe(document), allow_nan=False))
         return 0
     f1_columns = [c for c in table.columns if c.startswith("f1:")]
     with pd.option_context("display.width", 200, "display.max_columns", 50, "display.float_format", "{:.4f}".format):
-        print("Leave-one-patient-out, per patient")
-        shown = table[["patient", "method", "accuracy", "macro_f1"] + f1_columns].rename(
-            columns={c: c[3:] for c in f1_columns})
-        print(shown.to_string(index=False))
+        print(f"Groups {origin}: " + ", ".join(f"{g} ({groups.count(g)})" for g in distinct))
+        if singletons and args.protocol == "both":
+            print("Every patient is its own group: leaving one group out is leaving one patient out.")
+        for protocol, part in table.groupby("protocol", sort=False):
+            print()
+            print(f"{protocol}, per patient")
+            shown = part[["held_out", "patient", "method", "accuracy", "macro_f1", "novelty"] + f1_columns].rename(
+                columns={c: c[3:] for c in f1_columns})
+            print(shown.to_string(index=False))
         print()
-        print("Summary (mean and worst patient)")
+        print("Summary (mean and worst patient, per protocol)")
         print(summary.to_string(index=False))
+        if curve is not None:
+            print()
+            print("Accuracy against novelty (novelty of the marginal model; all protocols)")
+            print(curve.to_string(index=False))
     return 0
+
+
+def _json_safe(value):
+    """NaN and infinities as null, numpy scalars as Python numbers: valid JSON."""
+    import math
+
+    import numpy as np
+
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

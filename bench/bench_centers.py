@@ -1,0 +1,119 @@
+"""Patients from centers the model has never seen: every method on the same splits.
+
+Protocols (design.md section 3), each printed as mean and worst patient per method:
+
+- shared multicenter CyTOF (../shared/data/multicenter, when present; groups from its
+  ``groups.csv``): leave one replicate PAIR out, leave the later BATCH out (train on batch A,
+  gate batch B), and leave one patient out (where the held-out patient's twin is in training);
+- a simulated multi-center flow cohort (``gating_core.synthetic.simulate_centers``: center-level
+  gains, offsets, background, compression, compensation errors and population proportions):
+  leave one CENTER out, and leave one patient out;
+
+then accuracy against the marginal model's novelty score over every held-out patient.
+Methods: the product's default (``marginal``), ``pooling`` (same estimator, k_P = 1),
+``pooled-ridge`` (pooling without shift augmentation: the product's previous pooling),
+``pooled-logistic`` (plain pooled random-feature logistic regression, 1/n_i weights) and LDA.
+
+Run: ``python bench/bench_centers.py [--quick]`` (``--quick``: synthetic cohort only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gating_core.evaluation import (held_out_evaluation, leave_one_group_out, leave_one_patient_out,  # noqa: E402
+                                    novelty_curve, summarize)
+from gating_core.labels import load_labeled_input  # noqa: E402
+from gating_core.synthetic import simulate_centers  # noqa: E402
+
+MULTICENTER = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multicenter"
+METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda")
+
+
+def _print(title, table):
+    summary = summarize(table)
+    with pd.option_context("display.width", 200, "display.float_format", "{:.4f}".format):
+        print(f"\n== {title}")
+        print(summary[["protocol", "method", "mean_accuracy", "worst_accuracy", "worst_patient",
+                       "mean_macro_f1", "worst_macro_f1"]].to_string(index=False), flush=True)
+        best = summary.set_index("method")
+        for other in METHODS[1:]:
+            if "marginal" in best.index and other in best.index:
+                print(f"   marginal - {other}: mean {best.loc['marginal', 'mean_accuracy'] - best.loc[other, 'mean_accuracy']:+.4f}, "
+                      f"worst {best.loc['marginal', 'worst_accuracy'] - best.loc[other, 'worst_accuracy']:+.4f}")
+
+
+def multicenter(methods):
+    data = [load_labeled_input(p) for p in sorted(MULTICENTER.glob("multicenter_*.fcs"))]
+    samples, labels = [d[0] for d in data], [d[1] for d in data]
+    with open(MULTICENTER / "groups.csv", newline="") as handle:
+        rows = {r["patient"]: r for r in csv.DictReader(handle)}
+    pairs = [rows[s.name]["pair"] for s in samples]
+    batches = [rows[s.name]["batch"] for s in samples]
+    tables = []
+    start = time.time()
+    t = leave_one_group_out(samples, labels, pairs, methods=methods)
+    t["protocol"] = "leave-one-pair-out"
+    tables.append(t)
+    _print(f"multicenter, leave one replicate pair out ({time.time() - start:.0f} s)", t)
+    start = time.time()
+    later = [i for i, b in enumerate(batches) if b == sorted(set(batches))[-1]]
+    t = held_out_evaluation(samples, labels, [later], "leave-later-batch-out", methods=methods,
+                            groups=pairs, names=["batch " + batches[later[0]]])
+    tables.append(t)
+    _print(f"multicenter, train on the earlier batch, gate the later one ({time.time() - start:.0f} s)", t)
+    start = time.time()
+    t = leave_one_patient_out(samples, labels, methods=methods, groups=pairs)
+    tables.append(t)
+    _print(f"multicenter, leave one patient out (twin in training) ({time.time() - start:.0f} s)", t)
+    return pd.concat(tables, ignore_index=True)
+
+
+def synthetic(methods, n_centers=4, per_center=3, n_events=10000, seed=11):
+    cohort, centers = simulate_centers(n_centers, per_center, seed=seed, n_events=n_events, strength=2.0)
+    samples, labels = [c[0] for c in cohort], [c[1] for c in cohort]
+    groups = [centers[s.name] for s in samples]
+    tables = []
+    start = time.time()
+    t = leave_one_group_out(samples, labels, groups, methods=methods)
+    t["protocol"] = "leave-one-center-out"
+    tables.append(t)
+    _print(f"synthetic {n_centers} centers x {per_center} patients, leave one center out ({time.time() - start:.0f} s)", t)
+    start = time.time()
+    t = leave_one_patient_out(samples, labels, methods=methods, groups=groups)
+    tables.append(t)
+    _print(f"synthetic, leave one patient out ({time.time() - start:.0f} s)", t)
+    return pd.concat(tables, ignore_index=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="synthetic cohort only")
+    parser.add_argument("--csv", help="write every per-patient row here")
+    args = parser.parse_args(argv)
+    tables = [synthetic(METHODS)]
+    if not args.quick and MULTICENTER.exists():
+        tables.append(multicenter(METHODS))
+    elif not args.quick:
+        print("\n(../shared/data/multicenter absent: real-data protocols skipped)")
+    table = pd.concat(tables, ignore_index=True)
+    curve = novelty_curve(table)
+    with pd.option_context("display.width", 200, "display.float_format", "{:.4f}".format):
+        print("\n== accuracy against novelty (marginal model's score; all held-out patients above)")
+        print(curve.pivot(index="novelty_bin", columns="method", values="mean_accuracy").join(
+            curve[curve["method"] == "marginal"].set_index("novelty_bin")["patients"]).to_string())
+    if args.csv:
+        table.to_csv(args.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Groups of patients (centers, batches, twins): reading, inferring, folding, evaluating."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gating_core.groups import GroupsError, group_folds, groups_from_csv, groups_from_keyword, infer_groups
+from gating_core.synthetic import draw_center, simulate_centers, simulate_patient, write_centers
+
+from conftest import REPO
+
+
+def test_group_folds_never_split_a_group():
+    groups = ["a", "a", "b", "b", "c", "c", "d", "e"]
+    folds = group_folds(groups, n_folds=3, n_repeats=2, random_state=0)
+    assert len(folds) == 6
+    for fold in folds:
+        held = {groups[i] for i in fold}
+        assert all(groups[i] in held for i in range(len(groups)) if groups[i] in held)
+        assert set(fold) == {i for i, g in enumerate(groups) if g in held}
+    # every repeat is a partition of all patients
+    for start in (0, 3):
+        assert sorted(i for f in folds[start:start + 3] for i in f) == list(range(8))
+
+
+def test_group_folds_one_group_per_fold_is_not_repeated():
+    assert group_folds(["x", "y", "x"], n_folds=5, n_repeats=3) in ([[0, 2], [1]], [[1], [0, 2]])
+
+
+def test_group_folds_with_a_single_group_fall_back_to_patients():
+    folds = group_folds(["same"] * 4, n_folds=2, n_repeats=1)
+    assert sorted(len(f) for f in folds) == [2, 2]
+
+
+def test_infer_groups_links_near_duplicates_only():
+    rng = np.random.default_rng(0)
+    centres = rng.normal(0, 1, (4, 6))
+    # two near-identical twins per centre, centres far apart
+    embeddings = np.vstack([c + rng.normal(0, 0.01, (2, 6)) for c in centres])
+    names = [f"p{i}" for i in range(8)]
+    groups = infer_groups(embeddings, names)
+    assert groups == ["auto:p0", "auto:p0", "auto:p2", "auto:p2", "auto:p4", "auto:p4", "auto:p6", "auto:p6"]
+
+
+def test_infer_groups_keeps_evenly_spread_patients_apart():
+    rng = np.random.default_rng(1)
+    embeddings = rng.normal(0, 1, (6, 20))
+    assert len(set(infer_groups(embeddings))) == 6
+
+
+def test_groups_from_csv_matches_stems_and_prefers_the_group_column(tmp_path):
+    table = tmp_path / "groups.csv"
+    table.write_text("patient,pair,batch\nP1.fcs,x,A\nP2,y,B\n", encoding="utf-8")
+    assert groups_from_csv(table, ["p1", "P2"]) == ["A", "B"]  # batch before pair
+    with pytest.raises(GroupsError, match="groups.csv: no group for patient P3"):
+        groups_from_csv(table, ["P1", "P3"])
+    bad = tmp_path / "bad.csv"
+    bad.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(GroupsError, match="bad.csv"):
+        groups_from_csv(bad, ["P1"])
+
+
+def test_groups_from_keyword_names_the_sample_without_it():
+    a, _ = simulate_patient(1, n_events=50, name="a")
+    b, _ = simulate_patient(2, n_events=50, name="b")
+    assert groups_from_keyword([a, b], "$cytsn") == ["SIM-0001", "SIM-0001"]
+    del b.keywords["$CYTSN"]
+    with pytest.raises(GroupsError, match="b: no keyword '\\$CYTSN'"):
+        groups_from_keyword([a, b], "$CYTSN")
+
+
+def test_simulated_centers_share_their_shift():
+    cohort, groups = simulate_centers(n_centers=2, patients_per_center=2, seed=3, n_events=4000)
+    assert list(groups.values()) == ["center_1", "center_1", "center_2", "center_2"]
+    medians = [np.median(np.arcsinh(s.compensate().events[:, 2:] / 150), axis=0) for s, _ in cohort]
+    within = np.abs(medians[0] - medians[1]).mean() + np.abs(medians[2] - medians[3]).mean()
+    between = np.abs(medians[0] - medians[2]).mean() + np.abs(medians[1] - medians[3]).mean()
+    assert between > 2 * within
+    # A center's recorded spillover differs from the nominal one (compensation error).
+    center = draw_center(0, strength=1.0)
+    assert not np.allclose(center.spillover_error, 1.0)
+
+
+def test_a_center_leaves_the_plain_simulation_unchanged():
+    a, la = simulate_patient((5, 1), n_events=300)
+    b, lb = simulate_patient((5, 1), n_events=300, center=None)
+    assert np.array_equal(a.events, b.events) and np.array_equal(la, lb)
+
+
+def test_evaluate_leaves_whole_groups_out_and_prints_valid_json(tmp_path):
+    paths = write_centers(tmp_path, n_centers=3, patients_per_center=2, seed=4, n_events=1500, strength=1.0)
+    fcs = [str(p) for p in paths if p.suffix == ".fcs"]
+    out = subprocess.run([sys.executable, "-m", "gating_core", "evaluate", "--groups", str(tmp_path / "groups.csv"),
+                          "--method", "marginal", "lda", "--no-selection", "--features", "128",
+                          "--cells-per-patient", "500", "--json", *fcs],
+                         capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert out.returncode == 0, out.stderr
+    document = json.loads(out.stdout)  # NaN would make this fail: it must print null
+    assert document["groups_origin"] == "from groups.csv"
+    rows = document["patients"]
+    logo = [r for r in rows if r["protocol"] == "leave-one-group-out"]
+    lopo = [r for r in rows if r["protocol"] == "leave-one-patient-out"]
+    assert len(logo) == len(lopo) == 6 * 2
+    assert {r["held_out"] for r in logo} == {"center_1", "center_2", "center_3"}
+    assert all(r["patient"].startswith(f"c{r['held_out'][-1]}_") for r in logo)
+    assert all(r["novelty"] is None for r in rows if r["method"] == "lda")
+    assert all(r["accuracy"] > 0.8 for r in rows)
+    summary = {(s["protocol"], s["method"]) for s in document["summary"]}
+    assert ("leave-one-group-out", "marginal") in summary and ("leave-one-patient-out", "lda") in summary
+    assert document["novelty_curve"]
