@@ -55,17 +55,6 @@ class SelectionResult:
     median_p: float = 1.0
 
 
-def patient_folds(n_patients: int, n_folds: int, n_repeats: int, random_state=0) -> list[list[int]]:
-    """Held-out patient groups: ``n_repeats`` random partitions into ``n_folds`` groups."""
-    n_folds = max(2, min(n_folds, n_patients))
-    rng = np.random.default_rng(random_state)
-    folds = []
-    for _ in range(n_repeats):
-        order = rng.permutation(n_patients)
-        folds.extend(sorted(int(i) for i in part) for part in np.array_split(order, n_folds))
-    return folds
-
-
 def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, embedding_samples=None,
                            cv_folds=5, cv_repeats=2, cells_per_patient=1500, x_factors=DEFAULT_X_FACTORS, p_factors=DEFAULT_P_FACTORS,
                            alphas=DEFAULT_ALPHAS, progress=None, groups=None, objective="mean") -> SelectionResult:
