@@ -54,6 +54,16 @@ def _print(title, table):
                       f"worst {best.loc['marginal', 'worst_accuracy'] - best.loc[other, 'worst_accuracy']:+.4f}")
 
 
+def _timed(title, run, protocol=None):
+    """Run one protocol, name it, print its summary with the time it took; returns the table."""
+    start = time.time()
+    table = run()
+    if protocol:
+        table["protocol"] = protocol
+    _print(f"{title} ({time.time() - start:.0f} s)", table)
+    return table
+
+
 def multicenter(methods):
     data = [load_labeled_input(p) for p in sorted(MULTICENTER.glob("multicenter_*.fcs"))]
     samples, labels = [d[0] for d in data], [d[1] for d in data]
@@ -61,40 +71,28 @@ def multicenter(methods):
         rows = {r["patient"]: r for r in csv.DictReader(handle)}
     pairs = [rows[s.name]["pair"] for s in samples]
     batches = [rows[s.name]["batch"] for s in samples]
-    tables = []
-    start = time.time()
-    t = leave_one_group_out(samples, labels, pairs, methods=methods)
-    t["protocol"] = "leave-one-pair-out"
-    tables.append(t)
-    _print(f"multicenter, leave one replicate pair out ({time.time() - start:.0f} s)", t)
-    start = time.time()
     later = [i for i, b in enumerate(batches) if b == sorted(set(batches))[-1]]
-    t = held_out_evaluation(samples, labels, [later], "leave-later-batch-out", methods=methods,
-                            groups=pairs, names=["batch " + batches[later[0]]])
-    tables.append(t)
-    _print(f"multicenter, train on the earlier batch, gate the later one ({time.time() - start:.0f} s)", t)
-    start = time.time()
-    t = leave_one_patient_out(samples, labels, methods=methods, groups=pairs)
-    tables.append(t)
-    _print(f"multicenter, leave one patient out (twin in training) ({time.time() - start:.0f} s)", t)
-    return pd.concat(tables, ignore_index=True)
+    return pd.concat([
+        _timed("multicenter, leave one replicate pair out",
+               lambda: leave_one_group_out(samples, labels, pairs, methods=methods), "leave-one-pair-out"),
+        _timed("multicenter, train on the earlier batch, gate the later one",
+               lambda: held_out_evaluation(samples, labels, [later], "leave-later-batch-out", methods=methods,
+                                           groups=pairs, names=["batch " + batches[later[0]]])),
+        _timed("multicenter, leave one patient out (twin in training)",
+               lambda: leave_one_patient_out(samples, labels, methods=methods, groups=pairs)),
+    ], ignore_index=True)
 
 
 def synthetic(methods, n_centers=4, per_center=3, n_events=10000, seed=11):
     cohort, centers = simulate_centers(n_centers, per_center, seed=seed, n_events=n_events, strength=2.0)
     samples, labels = [c[0] for c in cohort], [c[1] for c in cohort]
     groups = [centers[s.name] for s in samples]
-    tables = []
-    start = time.time()
-    t = leave_one_group_out(samples, labels, groups, methods=methods)
-    t["protocol"] = "leave-one-center-out"
-    tables.append(t)
-    _print(f"synthetic {n_centers} centers x {per_center} patients, leave one center out ({time.time() - start:.0f} s)", t)
-    start = time.time()
-    t = leave_one_patient_out(samples, labels, methods=methods, groups=groups)
-    tables.append(t)
-    _print(f"synthetic, leave one patient out ({time.time() - start:.0f} s)", t)
-    return pd.concat(tables, ignore_index=True)
+    return pd.concat([
+        _timed(f"synthetic {n_centers} centers x {per_center} patients, leave one center out",
+               lambda: leave_one_group_out(samples, labels, groups, methods=methods), "leave-one-center-out"),
+        _timed("synthetic, leave one patient out",
+               lambda: leave_one_patient_out(samples, labels, methods=methods, groups=groups)),
+    ], ignore_index=True)
 
 
 def main(argv=None) -> int:

@@ -263,7 +263,8 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
 
     def _logistic_fit(self, features, targets, rows, weights=None, warm=None):
         rows = list(rows)
-        w = np.full(len(rows), 1.0 / len(rows)) if weights is None else np.asarray(weights)[rows] / np.sum(np.asarray(weights)[rows])
+        w = np.ones(len(rows)) if weights is None else np.asarray(weights, dtype=np.float64)[rows]
+        w = w / w.sum()
         return fit_weighted_logistic([features[i] for i in rows], [targets[i] for i in rows], w,
                                      len(self.classes_), self.alpha, warm=warm)
 
@@ -325,7 +326,8 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         self.n_patients_ = len(train_x)
         self.patient_source_ = np.arange(len(train_x))
         if int(self.n_augment) > 0:
-            gain_sd, shift_sd = shift_spread(sources, groups)
+            wants_auto = "auto" in (self.augment_gain, self.augment_shift)
+            gain_sd, shift_sd = shift_spread(sources, groups) if wants_auto else (None, None)
             self.augment_gain_ = gain_sd if self.augment_gain == "auto" else np.full(d, float(self.augment_gain))
             self.augment_shift_ = shift_sd if self.augment_shift == "auto" else np.full(d, float(self.augment_shift))
             train_x, train_y, sources, self.patient_source_ = augment_patients(

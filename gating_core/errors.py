@@ -66,3 +66,18 @@ def print_error(message) -> None:
     import sys
 
     print(f"error: {printable(str(message))}", file=sys.stderr)
+
+
+def open_input(path, error_type, folder_problem: str):
+    """Open ``path`` for binary reading; any failure becomes ``error_type(path, problem)``.
+
+    ``folder_problem`` is the problem reported when ``path`` is a folder.
+    """
+    try:
+        return open(path, "rb")
+    except FileNotFoundError:
+        raise error_type(path, "file not found") from None
+    except IsADirectoryError:
+        raise error_type(path, folder_problem) from None
+    except OSError as exc:
+        raise error_type(path, f"cannot be opened ({exc.strerror or exc})") from None

@@ -21,7 +21,7 @@ import pandas as pd
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 from sklearn.metrics import f1_score
 
-from gating_core.model import GatingModel, digest_patient
+from gating_core.model import GatingModel, digest_patient, infer_cell_groups
 
 METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda")
 #: GatingModel settings of each kernel method (on top of the user's model parameters).
@@ -71,8 +71,7 @@ def infer_patient_groups(samples, labels, random_state=0) -> list[str]:
     digests = [digest_patient(s, y, 500, model.embedding_cells, seed=model.digest_seed(i), compensate=model.compensate)
                for i, (s, y) in enumerate(zip(samples, labels))]
     _, embedding_cells, _ = model.prepare_digests(digests)
-    model._set_groups(None, embedding_cells, [s.name for s in samples])
-    return model.groups_
+    return infer_cell_groups(embedding_cells, [s.name for s in samples], model.n_embedding_features, random_state)
 
 
 def patient_scores(truth, predicted, populations) -> dict:
@@ -95,7 +94,7 @@ def leave_one_patient_out(samples, labels, methods=METHODS, model_params=None, p
     Parameters
     ----------
     samples : list of Sample;  labels : list of ndarray (n_i,)
-    methods : iterable of "marginal", "pooling", "pooled-logistic", "lda"
+    methods : iterable of :data:`METHODS`
     model_params : dict or None, extra GatingModel parameters (for the kernel methods)
     progress : callable(stage: str, fraction: float) or None
     groups : sequence or None

@@ -41,7 +41,7 @@ from pathlib import Path
 import flowio
 import numpy as np
 
-from gating_core.errors import GatingCoreError
+from gating_core.errors import GatingCoreError, open_input
 
 __all__ = ["FCSError", "Channel", "Sample", "SampleList", "read_fcs", "read_fcs_all", "write_fcs",
            "fcs_info"]
@@ -1165,15 +1165,7 @@ def _resolve_channel(name: str, layout: _Layout) -> int | None:
 # --------------------------------------------------------------------------------------------
 
 def _open(path: Path):
-    try:
-        fh = open(path, "rb")
-    except FileNotFoundError:
-        raise FCSError(path, "file not found") from None
-    except IsADirectoryError:
-        raise FCSError(path, "is a directory, not an FCS file") from None
-    except OSError as exc:
-        raise FCSError(path, f"cannot be opened ({exc.strerror or exc})") from None
-    return fh
+    return open_input(path, FCSError, "is a directory, not an FCS file")
 
 
 def _names(path: Path, count: int) -> list[str]:

@@ -272,20 +272,14 @@ class GatingModel:
         return self
 
     def _set_groups(self, groups, embedding_cells, names):
-        from gating_core.features import MeanEmbedding, median_pairwise_distance
-        from gating_core.groups import infer_groups
-
         if groups is not None:
             groups = [str(g) for g in groups]
             if len(groups) != len(names):
                 raise ValueError(f"{len(groups)} group labels for {len(names)} patients")
             self.groups_, self.groups_inferred_ = groups, False
             return
-        pooled = np.vstack([e[:500] for e in embedding_cells])
-        embedder = MeanEmbedding(self.n_embedding_features, median_pairwise_distance(pooled), pooled.shape[1],
-                                 random_state=np.random.SeedSequence([int(self.random_state or 0), 11]))
-        embeddings = np.vstack([embedder.transform(e) for e in embedding_cells])
-        self.groups_, self.groups_inferred_ = infer_groups(embeddings, names), True
+        self.groups_ = infer_cell_groups(embedding_cells, names, self.n_embedding_features, self.random_state)
+        self.groups_inferred_ = True
 
     def prepare_digests(self, digests):
         """Choose channels, transform and standardisation from training digests.
@@ -740,6 +734,22 @@ def _transform(path, fields: Fields, d: int) -> ChannelTransform:
             raise ModelFileError(path, f"model description: unknown transform {kind!r} for channel {j + 1}"[:200])
         checked.append({key: value for key, value in values.items() if value is not None})
     return ChannelTransform(kinds, checked)
+
+
+def infer_cell_groups(embedding_cells, names, n_embedding_features=128, random_state=0) -> list[str]:
+    """Groups of near-duplicate patients from their standardised cells (one array per patient).
+
+    Embeds every patient with a median-bandwidth kernel mean embedding and links patients as
+    :func:`gating_core.groups.infer_groups` does. Used when no groups are given: by training, and
+    by the evaluation to choose what to hold out.
+    """
+    from gating_core.features import median_pairwise_distance
+    from gating_core.groups import infer_groups
+
+    pooled = np.vstack([e[:500] for e in embedding_cells])
+    embedder = MeanEmbedding(n_embedding_features, median_pairwise_distance(pooled), pooled.shape[1],
+                             random_state=np.random.SeedSequence([int(random_state or 0), 11]))
+    return infer_groups(np.vstack([embedder.transform(e) for e in embedding_cells]), names)
 
 
 def _find_channel(sample, pnn: str, pns: str = "") -> int | None:

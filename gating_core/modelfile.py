@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.errors import PathError
+from gating_core.errors import PathError, open_input
 
 MAX_ARRAY_BYTES = 2 * 1024 ** 3
 MAX_EXPANSION = 16
@@ -113,14 +113,7 @@ def read_archive(path, schema: dict = MODEL_MEMBERS) -> dict:
     Raises :class:`ModelFileError` for anything else than a well-formed archive.
     """
     path = Path(path)
-    try:
-        handle = open(path, "rb")
-    except FileNotFoundError:
-        raise ModelFileError(path, "file not found") from None
-    except IsADirectoryError:
-        raise ModelFileError(path, "is a folder, not a model file") from None
-    except OSError as exc:
-        raise ModelFileError(path, f"cannot be opened ({exc.strerror or exc})") from None
+    handle = open_input(path, ModelFileError, "is a folder, not a model file")
     with handle:
         try:
             size = handle.seek(0, 2)
