@@ -38,7 +38,7 @@ from gating_core.labels import load_labeled_input  # noqa: E402
 from gating_core.synthetic import simulate_centers  # noqa: E402
 
 MULTICENTER = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multicenter"
-METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda")
+METHODS = ("marginal", "marginal-alone", "pooling", "pooled-ridge", "pooled-logistic", "lda")
 
 
 def _print(title, table):
@@ -98,6 +98,9 @@ def synthetic(methods, n_centers=4, per_center=3, n_events=10000, seed=11):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="synthetic cohort only")
+    parser.add_argument("--multicenter-only", action="store_true", help="the shared multicenter protocols only")
+    parser.add_argument("--methods", help="comma-separated methods instead of the default set "
+                                          "(for example marginal,marginal-em,marginal-quantile)")
     parser.add_argument("--csv", help="write every per-patient row here")
     parser.add_argument("--cohorts", metavar="SEEDS", help="comma-separated seeds: other simulated cohorts only")
     args = parser.parse_args(argv)
@@ -105,15 +108,16 @@ def main(argv=None) -> int:
         for seed in (int(s) for s in args.cohorts.split(",")):
             cohort, centers = simulate_centers(4, 3, seed=seed, n_events=6000, strength=2.0)
             samples, labels = [c[0] for c in cohort], [c[1] for c in cohort]
-            methods = ("marginal", "pooled-ridge", "pooled-logistic", "lda")
+            methods = tuple(args.methods.split(",")) if args.methods else METHODS
             summary = summarize(leave_one_group_out(samples, labels, [centers[x.name] for x in samples],
                                                     methods=methods)).set_index("method")
             print(f"seed {seed}: " + ", ".join(f"{m} {summary.loc[m, 'mean_accuracy']:.4f} / "
                                                f"{summary.loc[m, 'worst_accuracy']:.4f}" for m in methods), flush=True)
         return 0
-    tables = [synthetic(METHODS)]
+    methods = tuple(args.methods.split(",")) if args.methods else METHODS
+    tables = [] if args.multicenter_only else [synthetic(methods)]
     if not args.quick and MULTICENTER.exists():
-        tables.append(multicenter(METHODS))
+        tables.append(multicenter(methods))
     elif not args.quick:
         print("\n(../shared/data/multicenter absent: real-data protocols skipped)")
     table = pd.concat(tables, ignore_index=True)

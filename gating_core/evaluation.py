@@ -24,9 +24,16 @@ from sklearn.metrics import f1_score
 from gating_core.model import GatingModel, digest_patient, infer_cell_groups
 
 METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda")
+#: Every method evaluate can run (METHODS are the default set).
+ALL_METHODS = METHODS + ("marginal-alone", "marginal-em", "marginal-quantile")
 #: GatingModel settings of each kernel method (on top of the user's model parameters).
 METHOD_SETTINGS = {
     "marginal": {"method": "marginal"},
+    # The marginal model without its pooled companion (pooled_weight=0): what the blend adds.
+    "marginal-alone": {"method": "marginal", "pooled_weight": 0.0},
+    # The options of item 5 (issue 9), fitted on the new patient's unlabeled cells only.
+    "marginal-em": {"method": "marginal", "prior_shift": "em"},
+    "marginal-quantile": {"method": "marginal", "align": "quantile"},
     "pooling": {"method": "pooling"},
     # The product's pooling before shift augmentation: one ridge classifier on all cells.
     "pooled-ridge": {"method": "pooling", "n_augment": 0},
@@ -142,8 +149,8 @@ def held_out_evaluation(samples, labels, held_out_sets, protocol: str, methods=M
 
 def _held_out_runs(samples, labels, held_out_sets, methods, model_params, progress, groups, protocol, names=None):
     for m in methods:
-        if m not in METHODS:
-            raise ValueError(f"unknown method {m!r}; choose from {', '.join(METHODS)}")
+        if m not in ALL_METHODS:
+            raise ValueError(f"unknown method {m!r}; choose from {', '.join(ALL_METHODS)}")
     labels = [np.asarray(y).astype(str) for y in labels]
     populations = sorted(set(np.concatenate(labels).tolist()))
     rows = []

@@ -27,13 +27,22 @@ from gating_core.classifier import (LOSSES, PATIENT_WEIGHTINGS, SCORE_BLOCK, SOL
 from gating_core.errors import GatingCoreError
 from gating_core.features import MeanEmbedding, ProductRFF
 from gating_core.modelfile import Fields, ModelFileError, check_scalar, parse_json, read_archive
+from gating_core.alignment import LEVELS, QuantileRegistration, channel_quantiles
+from gating_core.priors import apply_prior_ratio, reestimate_prior, training_prior
 from gating_core.transforms import ChannelTransform, default_transform, is_time_like
 
 MODEL_FORMAT = "gating_core.model"
-MODEL_FORMAT_VERSION = 1
+# 2: the pooled companion of the marginal method (files of format 1 load without one).
+MODEL_FORMAT_VERSION = 2
 METHODS = ("marginal", "pooling")
+PRIOR_SHIFTS = ("none", "em")
+ALIGNMENTS = ("none", "quantile")
 DEFAULT_LOSS = "squared"
 DEFAULT_AUGMENT = 4
+#: Weight of the pooled companion in the marginal method's probabilities (see GatingModel).
+DEFAULT_POOLED_WEIGHT = 0.5
+#: Penalty of the pooled companion's logistic fit: light, as a user would fit the plain baseline.
+POOLED_ALPHA = 1e-5
 
 
 class ChannelMismatchError(GatingCoreError, ValueError):
@@ -135,6 +144,20 @@ class GatingModel:
     patient_weighting :
         Passed to :class:`MarginalTransferClassifier` (bandwidths in standardised units; set
         ones are kept out of the selection).
+    pooled_weight : float in [0, 1], default=0.5
+        The marginal method's probabilities are ``(1 - w) p_marginal + w p_pooled``, where
+        ``p_pooled`` comes from a companion that ignores the patient's distribution (a logistic
+        regression on the same cell features, every patient weighing the same). The companion
+        is the hedge for patients from centers unlike any training one, where the embedding
+        extrapolates; averaging the two beat each alone when whole centers were held out
+        (README, "Accuracy on centers the model has never seen"). 0: the marginal model alone.
+        Ignored by ``method="pooling"`` and by solvers other than ``"rff"``.
+    prior_shift : {"none", "em"}, default="none"
+        "em": re-estimate the population proportions of each gated patient from its own
+        unlabeled cells (:mod:`gating_core.priors`) and adjust the probabilities to them.
+    align : {"none", "quantile"}, default="none"
+        "quantile": register each channel of every patient, training and new, onto reference
+        landmarks before the classifier sees it (:mod:`gating_core.alignment`).
     cv_folds, cv_repeats, selection_cells_per_patient, selection_objective :
         model-selection settings (folds hold out whole groups of patients).
     random_state : int
@@ -146,6 +169,10 @@ class GatingModel:
     transform_ : ChannelTransform
     center_, scale_ : ndarray (d,)  standardisation after the transform
     classifier_ : MarginalTransferClassifier
+    reference_quantiles_ : ndarray (d, q) or None  landmarks of ``align="quantile"``
+    class_prior_ : ndarray (k,)  population shares of the training patients (each weighing the same)
+    pooled_classifier_ : MarginalTransferClassifier or None
+        The pooled companion (see ``pooled_weight``); None when there is none.
     populations_ : list of str
     training_patients_ : list of str
     selection_ : dict  the chosen parameters and the CV table
@@ -158,8 +185,8 @@ class GatingModel:
                  n_features=512, n_embedding_features=128, cells_per_patient=4000, embedding_cells=20000,
                  solver="rff", bandwidth_x=None, bandwidth_p=None, alpha=None, loss=DEFAULT_LOSS,
                  n_augment=DEFAULT_AUGMENT, augment_gain=0.08, augment_shift=0.15, patient_weighting="uniform",
-                 cv_folds=5, cv_repeats=2, selection_cells_per_patient=1500, selection_objective="mean",
-                 random_state=0):
+                 pooled_weight=DEFAULT_POOLED_WEIGHT, prior_shift="none", align="none", cv_folds=5, cv_repeats=2,
+                 selection_cells_per_patient=1500, selection_objective="mean", random_state=0):
         self.method = method
         self.channels = channels
         self.transform = transform
@@ -178,6 +205,9 @@ class GatingModel:
         self.augment_gain = augment_gain
         self.augment_shift = augment_shift
         self.patient_weighting = patient_weighting
+        self.pooled_weight = pooled_weight
+        self.prior_shift = prior_shift
+        self.align = align
         self.cv_folds = cv_folds
         self.cv_repeats = cv_repeats
         self.selection_cells_per_patient = selection_cells_per_patient
@@ -265,11 +295,29 @@ class GatingModel:
         report("Fitting the final model", 0.8)
         self.classifier_ = MarginalTransferClassifier(**params).fit(cells, labels, embedding_samples=embedding_cells,
                                                                     groups=self.groups_)
+        self.pooled_classifier_ = None
+        if self._wants_companion():
+            report("Fitting the pooled companion", 0.9)
+            self.pooled_classifier_ = MarginalTransferClassifier(**self._companion_params(params)).fit(
+                cells, labels, embedding_samples=embedding_cells, groups=self.groups_)
         self.populations_ = [str(c) for c in self.classifier_.classes_]
+        self.class_prior_ = training_prior(labels, self.classifier_.classes_)
         self.training_patients_ = [s.name for s in samples]
         self._fit_novelty()
         report("Done", 1.0)
         return self
+
+    def _wants_companion(self) -> bool:
+        weight = float(self.pooled_weight)
+        if not 0.0 <= weight <= 1.0:
+            raise ValueError(f"pooled_weight must be within [0, 1], got {self.pooled_weight!r}")
+        return self.method == "marginal" and self.solver == "rff" and weight > 0
+
+    def _companion_params(self, params: dict) -> dict:
+        """The pooled companion: the main model's cell bandwidth and features, no embedding,
+        logistic loss, no augmentation, every patient weighing the same."""
+        return {**params, "use_embedding": False, "bandwidth_p": None, "loss": "logistic", "alpha": POOLED_ALPHA,
+                "n_augment": 0, "patient_weighting": "uniform", "bandwidth_x": self.classifier_.bandwidth_x_}
 
     def _set_groups(self, groups, embedding_cells, names):
         if groups is not None:
@@ -293,7 +341,17 @@ class GatingModel:
         embedding_raw = [d.embedding_events[:, i] for d, i in zip(digests, indices)]
         self._fit_scales(embedding_raw, patients[0])
         cells = [self._standardise(d.train_events[:, i]) for d, i in zip(digests, indices)]
-        return cells, [self._standardise(r) for r in embedding_raw], [d.train_labels for d in digests]
+        embedding_cells = [self._standardise(r) for r in embedding_raw]
+        self.reference_quantiles_ = None
+        if self.align not in ALIGNMENTS:
+            raise ValueError(f"align must be one of {ALIGNMENTS}, got {self.align!r}")
+        if self.align == "quantile":
+            landmarks = [channel_quantiles(e) for e in embedding_cells]
+            self.reference_quantiles_ = np.mean(landmarks, axis=0)
+            maps = [QuantileRegistration(q, self.reference_quantiles_) for q in landmarks]
+            cells = [m.transform(x) for m, x in zip(maps, cells)]
+            embedding_cells = [m.transform(e) for m, e in zip(maps, embedding_cells)]
+        return cells, embedding_cells, [d.train_labels for d in digests]
 
     def _fit_scales(self, raw_parts, first):
         """The transform (unless given) and the standardisation, from raw events on channels_."""
@@ -309,9 +367,14 @@ class GatingModel:
         self.scale_ = np.where(scale > 0, scale, 1.0).astype(np.float32)
 
     def standardised_cells(self, sample) -> np.ndarray:
-        """A sample's events on the model's channels, transformed and standardised: (n, d)."""
+        """A sample's events on the model's channels as the classifier sees them: transformed,
+        standardised (and registered, with ``align="quantile"``): (n, d)."""
         sample = self._compensated(sample)
-        return self._standardise(sample.events[:, self._channel_indices(sample)])
+        indices = self._channel_indices(sample)
+        cells = self._standardise(sample.events[:, indices])
+        if getattr(self, "reference_quantiles_", None) is None:
+            return cells
+        return self._registered(cells, self._patient_frame(sample.events, indices)[0])
 
     def _classifier_params(self) -> dict:
         return dict(use_embedding=self.method == "marginal", solver=self.solver, n_features=self.n_features,
@@ -406,8 +469,23 @@ class GatingModel:
 
     def _embedding(self, events, indices) -> np.ndarray:
         """Psi from the content-chosen cells of ``events`` (n, all channels) on ``indices``."""
+        return self._patient_frame(events, indices)[1]
+
+    def _patient_frame(self, events, indices):
+        """What gating one patient needs from its content-chosen cells (the same whatever the
+        chunking): its registration (``align="quantile"``, else None), its embedding Psi (2L,)
+        and those cells, standardised and registered (m, d)."""
         raw = events[:, indices]
-        return self.classifier_.embed(self._standardise(raw[content_subsample(raw, self.embedding_cells)]))
+        chosen = self._standardise(raw[content_subsample(raw, self.embedding_cells)])
+        registration = None
+        if getattr(self, "reference_quantiles_", None) is not None:
+            registration = QuantileRegistration(channel_quantiles(chosen), self.reference_quantiles_)
+            chosen = registration.transform(chosen)
+        return registration, self.classifier_.embed(chosen), chosen
+
+    @staticmethod
+    def _registered(cells, registration):
+        return cells if registration is None else registration.transform(cells)
 
     def novelty(self, sample=None, embedding=None) -> Novelty:
         """Novelty of a patient relative to the training patients (see :class:`Novelty`)."""
@@ -434,7 +512,8 @@ class GatingModel:
         sample = self._compensated(sample)
         indices = self._channel_indices(sample)
         events = sample.events
-        embedding = self._embedding(events, indices)
+        registration, embedding, chosen = self._patient_frame(events, indices)
+        ratio = self._prior_ratio(chosen, embedding)
         n = sample.n_events
         # Chunks are whole multiples of the scoring block, so every cell is scored in the same
         # block whatever chunk_size is: results are bitwise independent of it.
@@ -442,8 +521,10 @@ class GatingModel:
         codes = np.empty(n, dtype=np.int16)
         confidence = np.empty(n, dtype=np.float32)
         for start in range(0, n, chunk_size):
-            cells = self._standardise(events[start:start + chunk_size][:, indices])
-            proba = self.classifier_.predict_proba(cells, embedding, chunk_size=chunk_size)
+            cells = self._registered(self._standardise(events[start:start + chunk_size][:, indices]), registration)
+            proba = self._proba(cells, embedding, chunk_size)
+            if ratio is not None:
+                apply_prior_ratio(proba, ratio)
             best = np.argmax(proba, axis=1)
             codes[start:start + len(cells)] = best
             confidence[start:start + len(cells)] = proba[np.arange(len(best)), best]
@@ -463,8 +544,34 @@ class GatingModel:
         self._check_fitted()
         sample = self._compensated(sample)
         indices = self._channel_indices(sample)
-        cells = self._standardise(sample.events[:, indices])
-        return self.classifier_.predict_proba(cells, self._embedding(sample.events, indices))
+        registration, embedding, chosen = self._patient_frame(sample.events, indices)
+        cells = self._registered(self._standardise(sample.events[:, indices]), registration)
+        proba = self._proba(cells, embedding, 50_000)
+        ratio = self._prior_ratio(chosen, embedding)
+        return proba if ratio is None else apply_prior_ratio(proba, ratio)
+
+    def _prior_ratio(self, chosen, embedding):
+        """New prior / training prior of this patient (``prior_shift="em"``), else None.
+
+        Estimated on the content-chosen cells the embedding comes from (``chosen``, (m, d)),
+        so it is bounded in cost and identical whatever the chunking."""
+        if self.prior_shift == "none":
+            return None
+        if self.prior_shift not in PRIOR_SHIFTS:
+            raise ValueError(f"prior_shift must be one of {PRIOR_SHIFTS}, got {self.prior_shift!r}")
+        prior = reestimate_prior(self._proba(chosen, embedding, 50_000), self.class_prior_)
+        return (prior / self.class_prior_).astype(np.float32)
+
+    def _proba(self, cells, embedding, chunk_size) -> np.ndarray:
+        """Probabilities of standardised cells of one patient: the marginal model's, blended
+        with the pooled companion's (``pooled_weight``) when there is one."""
+        proba = self.classifier_.predict_proba(cells, embedding, chunk_size=chunk_size)
+        companion = getattr(self, "pooled_classifier_", None)
+        if companion is not None:
+            weight = np.float32(self.pooled_weight)
+            proba *= np.float32(1.0) - weight
+            proba += weight * companion.predict_proba(cells, embedding, chunk_size=chunk_size)
+        return proba
 
     # -- persistence -----------------------------------------------------------------------------
 
@@ -488,12 +595,16 @@ class GatingModel:
             "novelty": {"reference": self.novelty_reference_, "threshold": self.novelty_threshold_},
             "selection": {k: v for k, v in self.selection_.items() if k != "table"},
         }
+        companion = getattr(self, "pooled_classifier_", None)
+        if companion is not None:
+            meta["pooled"] = {"classifier": companion.get_params(), "bandwidth_x": companion.bandwidth_x_,
+                              "temperature": companion.temperature_}
         arrays = {
             "meta": np.array(json.dumps(meta)),
             "center": self.center_, "scale": self.scale_,
             "coef": clf.coef_, "intercept": clf.intercept_,
             "train_embeddings": clf.train_embeddings_, "embedding_frequencies": clf.embedder_.frequencies_,
-            "novelty_nn": self.novelty_nn_,
+            "novelty_nn": self.novelty_nn_, "class_prior": self.class_prior_,
         }
         if clf.solver == "rff":
             fm = clf.feature_map_
@@ -503,6 +614,12 @@ class GatingModel:
         else:
             arrays.update(landmark_cells=clf.landmark_cells_, landmark_embeddings=clf.landmark_embeddings_,
                           landmark_projection=clf.landmark_projection_)
+        if getattr(self, "reference_quantiles_", None) is not None:
+            arrays["reference_quantiles"] = self.reference_quantiles_
+        if companion is not None:
+            arrays.update(pooled_coef=companion.coef_, pooled_intercept=companion.intercept_,
+                          pooled_cell_weights=companion.feature_map_.cell_weights_,
+                          pooled_offsets=companion.feature_map_.offsets_)
         path = Path(path)
         tmp = path.with_name(path.name + ".part")
         with open(tmp, "wb") as handle:
@@ -595,6 +712,17 @@ class GatingModel:
         if not np.all(model.scale_ != 0):
             raise ModelFileError(path, "model file is inconsistent: array 'scale' holds zeros")
         model.novelty_nn_ = array("novelty_nn", n_patients)
+        # Format 1 files hold no training prior: uniform, used only by prior_shift="em".
+        model.class_prior_ = (array("class_prior", k).astype(np.float64) if "class_prior" in arrays
+                              else np.full(k, 1.0 / k))
+        if not (np.all(model.class_prior_ > 0) and abs(model.class_prior_.sum() - 1) < 1e-6):
+            raise ModelFileError(path, "model file is inconsistent: array 'class_prior' is not a distribution")
+        model.reference_quantiles_ = None
+        if model.align == "quantile":
+            landmarks = array("reference_quantiles", d, len(LEVELS)).astype(np.float64)
+            if not np.all(np.diff(landmarks, axis=1) > 0):
+                raise ModelFileError(path, "model file is inconsistent: 'reference_quantiles' are not increasing")
+            model.reference_quantiles_ = landmarks
         frequencies = array("embedding_frequencies", d, None).astype(np.float64, copy=False)
         n_embedding = frequencies.shape[1]
         if n_embedding < 1:
@@ -633,13 +761,17 @@ class GatingModel:
             clf.landmark_cells_ = array("landmark_cells", m, d).astype(np.float64, copy=False)
             clf.landmark_embeddings_ = array("landmark_embeddings", m, 2 * n_embedding).astype(np.float64, copy=False)
         model.classifier_ = clf
+        model.pooled_classifier_ = None
+        pooled = top.object("pooled", optional=True)
+        if pooled is not None:
+            model.pooled_classifier_ = _pooled_companion(path, pooled, array, clf, d, k)
         return model
 
     def get_params(self) -> dict:
         return {k: getattr(self, k) for k in (
             "method", "channels", "transform", "compensate", "select", "n_features", "n_embedding_features",
             "cells_per_patient", "embedding_cells", "solver", "bandwidth_x", "bandwidth_p", "alpha", "loss",
-            "n_augment", "augment_gain", "augment_shift", "patient_weighting", "cv_folds", "cv_repeats",
+            "n_augment", "augment_gain", "augment_shift", "patient_weighting", "pooled_weight", "prior_shift", "align", "cv_folds", "cv_repeats",
             "selection_cells_per_patient", "selection_objective", "random_state")}
 
     def describe(self) -> dict:
@@ -650,6 +782,7 @@ class GatingModel:
                 "populations": self.populations_, "training_patients": self.training_patients_,
                 "bandwidth_x": clf.bandwidth_x_, "bandwidth_p": clf.bandwidth_p_, "alpha": clf.alpha,
                 "n_features": clf.n_features, "cv_accuracy": self.selection_.get("cv_accuracy"),
+                "pooled_weight": float(self.pooled_weight) if getattr(self, "pooled_classifier_", None) else 0.0,
                 "transform": self.transform_.to_dict()}
 
 
@@ -689,6 +822,12 @@ def _checked_params(path, fields: Fields, accepted, where: str) -> dict:
             out[key] = fields.string(key, choices=PATIENT_WEIGHTINGS)
         elif key == "selection_objective":
             out[key] = fields.string(key, choices=("mean", "worst"))
+        elif key == "align":
+            out[key] = fields.string(key, choices=ALIGNMENTS)
+        elif key == "prior_shift":
+            out[key] = fields.string(key, choices=PRIOR_SHIFTS)
+        elif key == "pooled_weight":
+            out[key] = fields.number(key, within=(0.0, 1.0))
         elif key in ("compensate", "select", "use_embedding", "calibrate"):
             out[key] = fields.boolean(key)
         elif key == "random_state":
@@ -702,6 +841,34 @@ def _checked_params(path, fields: Fields, accepted, where: str) -> dict:
             check_scalar(path, f"{fields.where}.{key}", value)
             out[key] = value
     return out
+
+
+def _pooled_companion(path, fields: Fields, array, main: MarginalTransferClassifier, d: int, k: int):
+    """The pooled companion of a loaded marginal model (see GatingModel.pooled_weight)."""
+    companion = MarginalTransferClassifier(**_classifier_params(
+        path, fields.object("classifier"), inspect.signature(MarginalTransferClassifier).parameters))
+    if companion.use_embedding or companion.solver != "rff":
+        raise ModelFileError(path, "model description: the pooled companion must be an 'rff' model "
+                                   "without the patient's embedding")
+    companion.classes_ = main.classes_
+    companion.n_features_in_ = d
+    companion.bandwidth_x_ = fields.number("bandwidth_x", positive=True)
+    companion.bandwidth_p_ = None
+    companion.bandwidth_embedding_ = main.bandwidth_embedding_
+    companion.temperature_ = fields.number("temperature", positive=True, within=(0, 1e6))
+    companion.embedder_ = main.embedder_
+    companion.coef_ = array("pooled_coef", None, k).astype(np.float32, copy=False)
+    n_out = companion.coef_.shape[0]
+    companion.intercept_ = array("pooled_intercept", k).astype(np.float32, copy=False)
+    fm = ProductRFF.__new__(ProductRFF)
+    fm.cell_weights_ = array("pooled_cell_weights", d, n_out).astype(np.float32, copy=False)
+    fm.offsets_ = array("pooled_offsets", n_out).astype(np.float64, copy=False)
+    fm.embedding_weights_ = None
+    fm.n_features = n_out
+    fm.bandwidth_x, fm.bandwidth_p = companion.bandwidth_x_, None
+    fm.scale_ = np.float32(np.sqrt(2.0 / fm.n_features))
+    companion.feature_map_ = fm
+    return companion
 
 
 def _model_params(path, fields: Fields, accepted) -> dict:

@@ -84,6 +84,8 @@ MODEL_MEMBERS = {
     "train_embeddings": Member("f", 2),
     "embedding_frequencies": Member("f", 2),
     "novelty_nn": Member("f", 1),
+    "class_prior": Member("f", 1),
+    "reference_quantiles": Member("f", 2),
     # solver "rff"
     "cell_weights": Member("f", 2),
     "offsets": Member("f", 1),
@@ -92,6 +94,11 @@ MODEL_MEMBERS = {
     "landmark_cells": Member("f", 2),
     "landmark_embeddings": Member("f", 2),
     "landmark_projection": Member("f", 2),
+    # the pooled companion of the marginal method (format 2)
+    "pooled_coef": Member("f", 2),
+    "pooled_intercept": Member("f", 1),
+    "pooled_cell_weights": Member("f", 2),
+    "pooled_offsets": Member("f", 1),
 }
 
 

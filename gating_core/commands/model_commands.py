@@ -9,6 +9,13 @@ from pathlib import Path
 
 from gating_core.errors import print_error
 
+# Kept here rather than imported so that the command line starts without numpy and scikit-learn;
+# tests/test_transfer.py checks them against gating_core.evaluation.ALL_METHODS and
+# gating_core.model.DEFAULT_POOLED_WEIGHT.
+EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda", "marginal-alone", "marginal-em",
+                      "marginal-quantile")
+DEFAULT_POOLED_WEIGHT = 0.5
+
 
 def register(subparsers) -> None:
     train = subparsers.add_parser(
@@ -42,9 +49,11 @@ def register(subparsers) -> None:
                     "near-duplicate patients found from their cell distributions), and single patients; "
                     "per patient and method, accuracy, F1 per population and macro-F1; then the mean and "
                     "the worst patient of each method, and accuracy against novelty.")
-    evaluate.add_argument("--method", nargs="+", choices=("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda"),
+    evaluate.add_argument("--method", nargs="+", choices=EVALUATION_METHODS,
                           default=["marginal", "pooling", "pooled-logistic", "lda"],
-                          help="methods to compare (default: all four)")
+                          help="methods to compare (default: marginal, pooling, pooled-logistic, lda; "
+                               "marginal-alone is the marginal model without its pooled companion; marginal-em and "
+                               "marginal-quantile add class-prior re-estimation or quantile registration)")
     evaluate.add_argument("--groups", metavar="FILE|KEYWORD",
                           help="the group (center, batch, run) of each patient: a CSV (patient, group) or an "
                                "FCS keyword such as $CYTSN, $INST or $DATE; default: near-duplicate patients "
@@ -71,12 +80,18 @@ def _model_options(parser) -> None:
     group.add_argument("--no-selection", action="store_true", help="skip cross-validated model selection (heuristic bandwidths)")
     group.add_argument("--features", type=int, default=512, help="random features D (default 512)")
     group.add_argument("--cells-per-patient", type=int, default=4000, help="training cells drawn per patient")
+    group.add_argument("--pooled-weight", type=float, default=DEFAULT_POOLED_WEIGHT, metavar="W",
+                       help="weight of the pooled companion in the marginal method's probabilities, 0 to 1 "
+                            f"(default {DEFAULT_POOLED_WEIGHT}; 0: the marginal model alone)")
     group.add_argument("--seed", type=int, default=0, help="random seed (results are reproducible)")
 
 
 def _model_params(args) -> dict:
     params = {"compensate": not args.no_compensation, "select": not args.no_selection,
               "n_features": args.features, "cells_per_patient": args.cells_per_patient, "random_state": args.seed}
+    if not 0.0 <= args.pooled_weight <= 1.0:
+        raise SystemExit(f"error: --pooled-weight must be within [0, 1], got {args.pooled_weight}")
+    params["pooled_weight"] = args.pooled_weight
     if args.channels:
         params["channels"] = args.channels
     return params
