@@ -8,9 +8,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from gating_core.app_state import common_channels
-from ui.common import get_store, require_patients
-from ui.models import load_model_bytes, model_bytes
+from gating_core.app_state import common_channels, incompatible_label_sets, label_set_disagreements
+from ui.common import channel_label, get_store, refresh_status, require_patients
+from ui.models import load_model_bytes, model_bytes, model_channel_labels
 
 store = get_store()
 st.title("Train a gating model")
@@ -24,6 +24,7 @@ with st.expander("Load a saved model (.npz, as written by this app or `python -m
         try:
             model = load_model_bytes(model_file.getvalue(), store.work_dir)
             store.add_model(f"loaded: {model_file.name[:60]}", model)
+            refresh_status(store)
             st.session_state["loaded_model_id"] = model_file.file_id
             st.success(f"Loaded a model for {', '.join(map(str, model.populations_))}.")
         except Exception as exc:  # ModelFileError and anything else: shown, never raised
@@ -45,6 +46,24 @@ default_pops = [p for p in all_pops if p.casefold() not in ("other", "ungated")]
 c1, c2 = st.columns([3, 2])
 pops = c1.multiselect("Populations to learn", all_pops, default=default_pops, key="train_pops",
                       help="Cells of populations left out are learned as `other`.")
+# Populations one patient has and another lacks are learned as `other` for the latter: say so,
+# and refuse (unless overridden) when a patient's labeling is of another kind altogether.
+label_sets = {r.name: set(pd.unique(np.asarray(r.labels).astype(str))) & set(pops) for r in records}
+disagreements = label_set_disagreements(label_sets)
+incompatible = incompatible_label_sets(label_sets)
+train_anyway = True
+if disagreements:
+    lines = "\n".join(f"- **{pop}**: none in {', '.join(lacking)}" for pop, lacking in disagreements.items())
+    if incompatible:
+        st.error(f"The label sets of {', '.join(incompatible)} are not like the others' (a population no other "
+                 "patient has, or most populations missing): training would learn the others' populations "
+                 "as `other` there.  \n" + lines + "  \nRestore an earlier label version (Gate or Auto-gate "
+                 "page), leave these patients out, or train anyway.")
+        train_anyway = st.checkbox("Train anyway on these label sets", key="train_anyway")
+    else:
+        st.warning("Some patients have no cells of a population the others have (this can be biology, "
+                   "e.g. a B-cell-depleted patient); their cells are learned as the populations they are "
+                   "labeled with.  \n" + lines)
 method = c2.radio("Method", ["marginal", "pooling"], key="train_method", horizontal=True,
                   format_func=lambda m: {"marginal": "Marginal transfer (recommended)", "pooling": "Pooling"}[m])
 channels_all = common_channels([r.sample for r in records])
@@ -68,7 +87,7 @@ def _groups(samples):
     return groups_from_keyword(samples, group_by)
 
 with st.expander("Channels and hyperparameters (automatic unless you change them)"):
-    channels = st.multiselect("Channels", channels_all,
+    channels = st.multiselect("Channels", channels_all, format_func=lambda c: channel_label(records[0].sample, c),
                               default=[c for c in channels_all if c.lower() != "time"], key="train_channels")
     hand = st.checkbox("Set hyperparameters by hand", key="train_hand")
     params = {}
@@ -100,7 +119,7 @@ def _training_labels(record):
     return np.where(keep, labels, "other").astype(object)
 
 
-if st.button("Train model", type="primary", key="train_button", disabled=not pops):
+if st.button("Train model", type="primary", key="train_button", disabled=not pops or not train_anyway):
     bar = st.progress(0.0, text="Starting…")
 
     def progress(stage, fraction):
@@ -116,16 +135,19 @@ if st.button("Train model", type="primary", key="train_button", disabled=not pop
     else:
         bar.progress(1.0, text="Done")
         name = store.add_model(f"{method}, {len(records)} patients", model, training_patients=chosen)
+        refresh_status(store)
         st.success(f"Trained **{name}** on {sum(r.sample.n_events for r in records):,} cells.")
 
 if store.models:
     st.subheader("Models")
     current = st.selectbox("Current model", list(store.models), key="current_model_pick",
                            index=list(store.models).index(store.current_model))
-    store.current_model = current
+    if store.current_model != current:
+        store.current_model = current
+        refresh_status(store)
     model = store.models[current]
     st.markdown(f"Populations: {', '.join(map(str, model.populations_))}  \n"
-                f"Channels: {', '.join(map(str, model.channels_))}")
+                f"Channels: {', '.join(model_channel_labels(model))}")
     st.download_button("Save model (.npz)", data=lambda: model_bytes(model, store.work_dir),
                        file_name="gating_model.npz", mime="application/octet-stream", key="save_model",
                        help="Same format as the command line: `python -m gating_core gate --model …`.")

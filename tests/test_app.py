@@ -120,7 +120,7 @@ def test_mismatched_channel_names_are_shown_and_matched(library, tmp_path, sampl
     at.run()
     assert "channel names differ" in at.warning[0].value
     mismatch = at.dataframe[1].value
-    assert sorted(mismatch.index) == ["CD3-FITC", "FL1-A"]
+    assert sorted(mismatch.index) == ["CD3 (FL1-A)", "CD3-FITC"]  # marker with detector, once
     at.selectbox(key="rename_patient").set_value("other")
     at.run()
     at.selectbox(key="rename_from").set_value("CD3-FITC")
@@ -171,10 +171,10 @@ def test_gate_nested_rectangles_stats_undo_copy_labels_and_persist(library):
     assert at.selectbox(key="g_xs_FSC-A").value == "linear"  # scatter channels start linear
     assert at.selectbox(key="g_ys_SSC-A").value == "linear"
     at.text_input(key="gate_name").input("Cells")
-    at.number_input(key="rect_x0").set_value(40000.0)
-    at.number_input(key="rect_x1").set_value(250000.0)
-    at.number_input(key="rect_y0").set_value(0.0)
-    at.number_input(key="rect_y1").set_value(150000.0)
+    at.number_input(key="rect_new_patient_01_FSC-A_from").set_value(40000.0)
+    at.number_input(key="rect_new_patient_01_FSC-A_to").set_value(250000.0)
+    at.number_input(key="rect_new_patient_01_SSC-A_y_from").set_value(0.0)
+    at.number_input(key="rect_new_patient_01_SSC-A_y_to").set_value(150000.0)
     at.button(key="add_rect").click()
     at.run()
     assert not at.exception and not at.error
@@ -190,10 +190,10 @@ def test_gate_nested_rectangles_stats_undo_copy_labels_and_persist(library):
     assert at.selectbox(key="g_xs_FL1-A").value == "arcsinh"  # fluorescence starts arcsinh
     assert at.selectbox(key="g_ys_FL3-A").value == "arcsinh"
     at.text_input(key="gate_name").input("CD3+")
-    at.number_input(key="rect_x0").set_value(1000.0)
-    at.number_input(key="rect_x1").set_value(1e6)
-    at.number_input(key="rect_y0").set_value(-1e6)
-    at.number_input(key="rect_y1").set_value(1e6)
+    at.number_input(key="rect_new_patient_01_FL1-A_from").set_value(1000.0)
+    at.number_input(key="rect_new_patient_01_FL1-A_to").set_value(1e6)
+    at.number_input(key="rect_new_patient_01_FL3-A_y_from").set_value(-1e6)
+    at.number_input(key="rect_new_patient_01_FL3-A_y_to").set_value(1e6)
     at.button(key="add_rect").click()
     at.run()
     assert not at.exception and not at.error
@@ -216,7 +216,9 @@ def test_gate_nested_rectangles_stats_undo_copy_labels_and_persist(library):
     at.button(key="copy_tree").click()
     at.run()
     assert "Copied 1 gates to new_patient_02" in at.success[0].value
-    at.button(key="gates_to_labels").click()
+    at.button(key="gates_to_labels_new_patient_01").click()
+    at.run()
+    at.button(key="gates_to_labels_new_patient_01_confirm").click()
     at.run()
     store = store_of(at)
     labels = store.patients["new_patient_01"].labels
@@ -258,13 +260,8 @@ def test_gate_from_a_lasso_selection(library):
 
 
 def store_scale(at, channel):
-    from gating_core.gates import suggest_scale
-
-    record = store_of(at).patients["patient_01"]
-    values = record.sample.events[:, record.sample.channel_index(channel)]
-    from gating_core.plotting import subsample_indices
-
-    return suggest_scale("linear", values[subsample_indices(values.size, 100_000)]).to_dict()
+    """The scale the Gate page draws ``channel`` on: the panel's (scatter channels linear)."""
+    return store_of(at).panel_transform(channel).to_dict()
 
 
 # ------------------------------------------------------------------------------------ Train + Auto-gate + Export
@@ -302,7 +299,8 @@ def test_train_lopo_autogate_correct_accept_export(trained, sample_data_dir):
     base = read_fcs(sample_data_dir / "new" / "new_patient_02.fcs", compensate=True)
     store.add_patient("drifted", Sample("drifted", base.events * 3, base.channels, compensated=True))
     at = goto(at, "pages/5_autogate.py")
-    assert at.multiselect(key="ag_targets").value == ["new_patient_01", "new_patient_02", "new_patient_03", "drifted"]
+    assert at.multiselect(key=f"ag_targets_{store.current_model}").value == [
+        "new_patient_01", "new_patient_02", "new_patient_03", "drifted"]
     at.button(key="ag_run").click()
     at.run()
     assert not at.exception and not at.error
@@ -348,7 +346,9 @@ def test_train_lopo_autogate_correct_accept_export(trained, sample_data_dir):
     corrected[:10] = target
     store.correct("new_patient_01", corrected, np.ones(record.n_events))
     at.run()
-    at.button(key="ag_accept").click()
+    at.button(key="ag_accept_new_patient_01").click()
+    at.run()
+    at.button(key="ag_accept_new_patient_01_confirm").click()
     at.run()
     assert not at.exception
     assert store.patients["new_patient_01"].is_labeled
