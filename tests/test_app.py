@@ -424,3 +424,294 @@ def test_flowjo_workspace_uploaded_with_its_fcs_labels_the_patient(library, tmp_
     assert table.loc["patient_05", "populations (count)"].startswith(
         f"Mononuclear {inside:,} · other {raw.n_events - inside:,}" if inside >= raw.n_events / 2
         else f"other {raw.n_events - inside:,} · Mononuclear {inside:,}")
+
+
+# ------------------------------------------------------------------------------------ Issue 12 defects
+
+def sidebar_text(at: AppTest) -> str:
+    """The sidebar's session status. (AppTest drops sidebar elements drawn before the page on
+    reruns; the status a page redraws after changing the session is what this reads.)"""
+    return " ".join(m.value for m in at.sidebar.markdown)
+
+
+def test_channel_label_shows_marker_with_detector_once():
+    from gating_core.plotting import channel_label
+
+    assert channel_label("FL3-A", "CD4") == "CD4 (FL3-A)"
+    assert channel_label("FL3-A", "") == "FL3-A"
+    assert channel_label("FL3-A", None) == "FL3-A"
+    assert channel_label("CD4", "cd4") == "CD4"
+    assert channel_label("FSC-HLin", "Forward Scatter (FSC-HLin)") == "Forward Scatter (FSC-HLin)"
+
+
+def test_tables_name_channels_by_marker_with_detector(trained):
+    at = goto(trained, "pages/1_data.py")
+    with_markers = at.dataframe[1].value  # the channel list of the Data page
+    assert "CD4 (FL3-A)" in list(with_markers["channel"]) and "FSC-A" in list(with_markers["channel"])
+    at = goto(at, "pages/4_train.py")
+    assert "Channels: FSC-A, SSC-A, CD3 (FL1-A)" in " ".join(m.value for m in at.markdown)
+    at = goto(at, "pages/5_autogate.py")
+    at.button(key="ag_run").click()
+    at.run()
+    stats = at.dataframe[0].value
+    assert "median CD4 (FL3-A)" in stats.columns and "median FL3-A" not in stats.columns
+    assert not [c for c in stats.columns if c.count("FL3-A") > 1]
+
+
+def test_gate_tree_axes_named_by_marker(library):
+    at = load_sample_data(start())
+    at = goto(at, "pages/3_gate.py")
+    at.selectbox(key="g_x").set_value("FL1-A")
+    at.selectbox(key="g_y").set_value("FL3-A")
+    at.run()
+    at.text_input(key="gate_name").input("CD3+")
+    at.number_input(key="rect_patient_01_FL1-A_from").set_value(1000.0)
+    at.button(key="add_rect").click()
+    at.run()
+    assert at.dataframe[0].value.iloc[0]["axes"] == "CD3 (FL1-A) / CD4 (FL3-A)"
+
+
+def test_transform_is_decided_once_per_panel_and_copied_gates_are_drawn(library, sample_data_dir):
+    from gating_core.gates import suggest_scale
+
+    # The defect: a cofactor chosen from each patient's own values differs between patients.
+    p01 = read_fcs(sample_data_dir / "patient_01.fcs", compensate=True)
+    n03 = read_fcs(sample_data_dir / "new" / "new_patient_03.fcs", compensate=True)
+    cd4 = lambda s: s.events[:, s.channel_index("FL3-A")]  # noqa: E731
+    assert suggest_scale("arcsinh", cd4(p01)).cofactor != suggest_scale("arcsinh", cd4(n03)).cofactor
+
+    at = load_sample_data(start())
+    at = goto(at, "pages/3_gate.py")
+    store = store_of(at)
+    at.selectbox(key="g_x").set_value("FL1-A")
+    at.selectbox(key="g_y").set_value("FL3-A")
+    at.run()
+    spec = plotly_spec(at)
+    at.text_input(key="gate_name").input("CD4+")
+    at.number_input(key="rect_patient_01_FL3-A_y_from").set_value(2000.0)
+    at.button(key="add_rect").click()
+    at.run()
+    gate = store.patients["patient_01"].gate_tree["CD4+"]
+    assert gate.y_scale.kind == "arcsinh" and gate.y_scale.cofactor == 150.0  # flow panel: 150, not 5
+    at.multiselect(key="copy_targets").set_value(["new_patient_03"])
+    at.run()
+    at.button(key="copy_tree").click()
+    at.run()
+    # new_patient_03 is drawn on the same axes as patient_01, with the copied gate on them
+    at.selectbox(key="gate_patient").set_value("new_patient_03")
+    at.run()
+    assert not at.exception
+    spec_03 = plotly_spec(at)
+    assert spec_03["layout"]["yaxis"]["tickvals"] == spec["layout"]["yaxis"]["tickvals"] or \
+        spec_03["layout"]["yaxis"]["ticktext"][:3] == spec["layout"]["yaxis"]["ticktext"][:3]
+    shapes = spec_03["layout"].get("shapes", [])
+    assert len(shapes) == 1 and shapes[0]["type"] == "rect"
+    assert [a["text"] for a in spec_03["layout"]["annotations"] if "CD4+" in a["text"]] == ["<b>CD4+</b>"]
+    y_lo = shapes[0]["y0"]
+    assert y_lo == pytest.approx(np.arcsinh(2000.0 / 150.0))
+    counts_before = int(store.patients["new_patient_03"].gate_tree.memberships(n03)["CD4+"].sum())
+    (x0, y0), (x1, y1) = gate.vertices
+    cd3 = n03.events[:, n03.channel_index("FL1-A")]
+    raw_x, raw_y = gate.x_scale.inverse(np.array([x0, x1])), gate.y_scale.inverse(np.array([y0, y1]))
+    expected = (cd3 >= raw_x[0]) & (cd3 <= raw_x[1]) & (cd4(n03) >= raw_y[0]) & (cd4(n03) <= raw_y[1])
+    assert abs(counts_before - int(expected.sum())) <= 2 and counts_before > 100  # edges go through float32
+
+    # The user sets CD4's cofactor for the whole panel; it is kept in the library.
+    at.selectbox(key="g_tf_channel").set_value("FL3-A")
+    at.run()
+    at.number_input(key="g_tf_cofactor_FL3-A").set_value(500.0)
+    at.button(key="g_tf_apply").click()
+    at.run()
+    assert not at.exception and store.panel_transform("FL3-A").cofactor == 500.0
+    spec_500 = plotly_spec(at)
+    # the gate drawn on cofactor 150 keeps its cells, and is drawn mapped onto the new axis
+    (shape,) = spec_500["layout"]["shapes"]
+    assert shape["type"] == "path"
+    assert int(store.patients["new_patient_03"].gate_tree.memberships(n03)["CD4+"].sum()) == counts_before
+    again = store_of(start())
+    assert again.panel_transform("FL3-A").cofactor == 500.0
+    assert again.panel_transform("FL1-A").cofactor == 150.0
+    assert again.panel_transform("FSC-A").kind == "linear"
+
+
+def test_gates_as_labels_asks_with_counts_and_can_be_undone(library, sample_data_dir):
+    at = load_sample_data(start())
+    at = goto(at, "pages/3_gate.py")
+    store = store_of(at)
+    expert = pd.read_csv(sample_data_dir / "patient_01.labels.csv")["population"].to_numpy(str)
+    at.text_input(key="gate_name").input("Cells")
+    at.number_input(key="rect_patient_01_FSC-A_from").set_value(40000.0)
+    at.button(key="add_rect").click()
+    at.run()
+    inside = store.patients["patient_01"].gate_tree.memberships(store.patients["patient_01"].sample)["Cells"]
+    at.button(key="gates_to_labels_patient_01").click()
+    at.run()
+    # asked first: before/after counts per population, and the expert populations that would go
+    change = at.dataframe[1].value.set_index("population")
+    expert_counts = pd.Series(expert).value_counts()
+    assert change.loc["CD4 T cells", "before"] == expert_counts["CD4 T cells"] == 2495
+    assert change.loc["CD4 T cells", "after"] == 0
+    assert change.loc["Cells", "before"] == 0 and change.loc["Cells", "after"] == inside.sum()
+    assert change.loc["other", "after"] == (~inside).sum()
+    assert any("B cells, CD4 T cells, CD8 T cells, Debris, Granulocytes, Monocytes, NK cells" in w.value for w in at.warning)
+    np.testing.assert_array_equal(store.patients["patient_01"].labels.astype(str), expert)  # nothing changed yet
+    at.button(key="gates_to_labels_patient_01_cancel").click()
+    at.run()
+    np.testing.assert_array_equal(store.patients["patient_01"].labels.astype(str), expert)
+    at.button(key="gates_to_labels_patient_01").click()
+    at.run()
+    at.button(key="gates_to_labels_patient_01_confirm").click()
+    at.run()
+    assert not at.exception
+    assert set(store.patients["patient_01"].labels) == {"Cells", "other"}
+
+    # Training on it beside expert-labeled patients is refused unless the user insists.
+    at = goto(at, "pages/4_train.py")
+    assert any("patient_01" in e.value and "not like the others" in e.value for e in at.error)
+    assert at.button(key="train_button").disabled
+    at.checkbox(key="train_anyway").check()
+    at.run()
+    assert not at.button(key="train_button").disabled
+
+    # Undo: the expert labels are an earlier version, restored in the app.
+    at = goto(at, "pages/3_gate.py")
+    versions = at.dataframe[1].value
+    assert list(versions["from"]) == ["gates drawn in the app", "imported labels"]
+    assert list(versions["current"]) == ["✓", ""]
+    at.button(key="gate_versions_patient_01_restore").click()
+    at.run()
+    assert not at.exception
+    np.testing.assert_array_equal(store.patients["patient_01"].labels.astype(str), expert)
+    assert store.patients["patient_01"].label_source == "labels CSV"
+    reloaded = store_of(start()).patients["patient_01"]
+    np.testing.assert_array_equal(reloaded.labels.astype(str), expert)
+
+    # patient_08 has no B cells (depleted): a warning, not a refusal
+    at = goto(at, "pages/4_train.py")
+    assert not at.error
+    assert any("B cells**: none in patient_08" in w.value for w in at.warning)
+    assert not at.button(key="train_button").disabled
+
+
+def test_sample_data_twice_says_already_loaded(library):
+    at = load_sample_data(start())
+    assert "11" in sidebar_text(at) and "**11** patients loaded" in sidebar_text(at)  # same run, not stale
+    at = load_sample_data(at)
+    assert not at.success or "Loaded" not in at.success[0].value
+    notes = [m.value for m in at.info]
+    assert any(n.startswith("Already in the library, not loaded again: patient_01, ") for n in notes)
+    assert not any("not added" in n for n in notes)
+    assert len(store_of(at).patients) == 11
+
+
+def test_reupload_asks_replace_keep_both_or_skip(library, sample_data_dir):
+    at = start()
+    data = (sample_data_dir / "new" / "new_patient_02.fcs").read_bytes()
+    other = (sample_data_dir / "new" / "new_patient_03.fcs").read_bytes()
+    at.file_uploader(key="uploads").set_value([("new_patient_02.fcs", data, "application/octet-stream")])
+    at.run()
+    assert list(store_of(at).patients) == ["new_patient_02"]
+    assert "**1** patients loaded" in sidebar_text(at)
+    # the same name again: nothing happens until the user chooses
+    at.file_uploader(key="uploads").set_value([("new_patient_02.fcs", other, "application/octet-stream")])
+    at.run()
+    assert list(store_of(at).patients) == ["new_patient_02"]
+    assert any("have the name of a patient already loaded" in w.value for w in at.warning)
+    assert at.button(key="clash_apply").disabled
+    at.radio(key="clash_0_new_patient_02").set_value("keep both")
+    at.run()
+    at.button(key="clash_apply").click()
+    at.run()
+    store = store_of(at)
+    assert list(store.patients) == ["new_patient_02", "new_patient_02_2"]
+    assert store.patients["new_patient_02_2"].n_events == read_fcs(sample_data_dir / "new" / "new_patient_03.fcs").n_events
+    # replace
+    at.file_uploader(key="uploads").set_value([("new_patient_02.fcs", other, "application/octet-stream")])
+    at.run()
+    at.radio(key="clash_0_new_patient_02").set_value("replace")
+    at.run()
+    at.button(key="clash_apply").click()
+    at.run()
+    store = store_of(at)
+    assert sorted(store.patients) == ["new_patient_02", "new_patient_02_2"]
+    np.testing.assert_array_equal(store.patients["new_patient_02"].sample.events,
+                                  read_fcs(sample_data_dir / "new" / "new_patient_03.fcs", compensate=True).events)
+    # skip
+    at.file_uploader(key="uploads").set_value([("new_patient_02.fcs", data, "application/octet-stream")])
+    at.run()
+    at.radio(key="clash_0_new_patient_02").set_value("skip")
+    at.run()
+    at.button(key="clash_apply").click()
+    at.run()
+    assert sorted(store_of(at).patients) == ["new_patient_02", "new_patient_02_2"]
+    assert any("skipped" in m.value for m in at.info)
+    assert sorted(store_of(start()).patients) == ["new_patient_02", "new_patient_02_2"]  # the library agrees
+
+
+def test_remove_asks_before_deleting_from_the_library(library):
+    at = load_sample_data(start())
+    at.selectbox(key="remove_patient").set_value("patient_02")
+    at.run()
+    at.button(key="remove_button").click()
+    at.run()
+    assert "patient_02" in store_of(at).patients
+    assert any("Delete **patient_02** from the library?" in w.value for w in at.warning)
+    at.button(key="remove_cancel").click()
+    at.run()
+    assert "patient_02" in store_of(at).patients and "patient_02" in store_of(start()).patients
+    at.button(key="remove_button").click()
+    at.run()
+    at.button(key="remove_confirm").click()
+    at.run()
+    assert "patient_02" not in store_of(at).patients
+    assert "patient_02" not in store_of(start()).patients
+
+
+def test_typed_rectangle_numbers_follow_the_channel(library):
+    at = load_sample_data(start())
+    at = goto(at, "pages/3_gate.py")
+    at.number_input(key="rect_patient_01_FSC-A_from").set_value(40000.0)
+    at.run()
+    at.selectbox(key="g_x").set_value("FL1-A")
+    at.run()
+    typed_for_fsc = 40000.0
+    fl1_from = at.number_input(key="rect_patient_01_FL1-A_from").value
+    assert fl1_from != typed_for_fsc and fl1_from < 0  # the FL1-A (arcsinh) axis starts below zero
+    assert at.number_input(key="rect_patient_01_FL1-A_from").label == "CD3 (FL1-A) from"
+
+
+def test_autogate_targets_compatible_patients_and_accept_asks(trained, sample_data_dir):
+    from gating_core.fcs import Channel, Sample
+
+    at = trained
+    store = store_of(at)
+    assert "Model: **marginal, 3 patients" in sidebar_text(at)  # the sidebar follows the training
+    base = read_fcs(sample_data_dir / "new" / "new_patient_02.fcs", compensate=True)
+    keep = [i for i, c in enumerate(base.channels) if c.pnn != "FL5-A"]
+    store.add_patient("no_cd14", Sample("no_cd14", base.events[:, keep], [base.channels[i] for i in keep],
+                                        compensated=True))
+    store.add_patient("drifted", Sample("drifted", base.events * 3, base.channels, compensated=True))
+    at = goto(at, "pages/5_autogate.py")
+    targets = at.multiselect(key=f"ag_targets_{store.current_model}")
+    assert targets.value == ["new_patient_01", "new_patient_02", "new_patient_03", "drifted"]
+    assert any("no_cd14 is not selected: it lacks FL5-A" in c.value for c in at.caption)
+    at.button(key="ag_run").click()
+    at.run()
+    assert not at.exception and not at.error
+    assert "Auto-gated: **4**" in sidebar_text(at)
+    # accepting a novel patient needs a tick that it was reviewed
+    at.selectbox(key="ag_patient").set_value("drifted")
+    at.run()
+    at.button(key="ag_accept_drifted").click()
+    at.run()
+    change = at.dataframe[1].value.set_index("population")
+    counts = pd.Series(store.patients["drifted"].result.populations.astype(str)).value_counts()
+    assert change["after"].to_dict() == counts.to_dict() and (change["before"] == 0).all()
+    assert at.button(key="ag_accept_drifted_confirm").disabled
+    at.checkbox(key="ag_accept_drifted_ack").check()
+    at.run()
+    at.button(key="ag_accept_drifted_confirm").click()
+    at.run()
+    assert not at.exception and store.patients["drifted"].is_labeled
+    assert at.button(key="ag_accept_drifted").disabled  # accepted: nothing left to accept
+    assert "drifted" in store_of(start()).labeled()  # kept in the library
