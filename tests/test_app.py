@@ -281,9 +281,20 @@ def trained(library):
     at.run()
     at.button(key="train_button").click()
     at.run()
+    finish_jobs(at)
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     assert at.success and at.success[0].value.startswith("Trained")
+    return at
+
+
+def finish_jobs(at: AppTest, timeout: float = 600) -> AppTest:
+    """Wait for the background jobs on this session's library, then let the page show them."""
+    from ui.jobs import jobs_for
+
+    for job in jobs_for(store_of(at).library_path):
+        assert job.wait(timeout), f"{job.title} did not finish"
+    at.run()
     return at
 
 
@@ -368,6 +379,7 @@ def test_leave_one_patient_out_table_marks_the_worst_patient(trained):
     store = store_of(at)
     at.button(key="lopo_button").click()
     at.run()
+    finish_jobs(at)
     assert not at.exception and not at.error, [e.value for e in at.error]
     table = store.evaluation
     assert sorted(table["patient"].unique()) == ["patient_01", "patient_02", "patient_03"]
@@ -715,3 +727,43 @@ def test_autogate_targets_compatible_patients_and_accept_asks(trained, sample_da
     assert not at.exception and store.patients["drifted"].is_labeled
     assert at.button(key="ag_accept_drifted").disabled  # accepted: nothing left to accept
     assert "drifted" in store_of(start()).labeled()  # kept in the library
+
+
+def test_training_runs_in_the_background_survives_a_reload_and_can_be_cancelled(library):
+    from gating_core.library import PatientLibrary
+    from ui.jobs import CANCELLED, DONE, jobs_for
+
+    at = load_sample_data(start())
+    at = goto(at, "pages/4_train.py")
+    at.multiselect(key="train_patients").set_value(["patient_01", "patient_02", "patient_03"])
+    at.run()
+    # with model selection (the default) training takes long enough to leave it and cancel it
+    at.button(key="train_button").click()
+    at.run()
+    (job,) = jobs_for(store_of(at).library_path, "train")
+    assert job.running and at.button(key="train_button").disabled
+    assert at.get("progress") and "Training marginal, 3 patients" in at.get("progress")[0].proto.text
+    # leave the page, then a reload (a new session on the same library) finds the running job
+    goto(at, "pages/1_data.py")
+    assert job.running or job.status == DONE
+    other = goto(start(), "pages/4_train.py")
+    if job.running:
+        assert other.button(key="train_job_cancel") is not None
+    assert job.wait(600) and job.status == DONE
+    other.run()
+    assert other.success and other.success[0].value.startswith("Trained **marginal, 3 patients (v1)** on ")
+    assert store_of(other).current_model == "marginal, 3 patients (v1)"
+    assert [m.name for m in PatientLibrary(library).models()] == ["marginal, 3 patients"]
+    assert PatientLibrary(library).models()[0].training_patients == ["patient_01", "patient_02", "patient_03"]
+
+    # a second training, cancelled: nothing is stored
+    other.button(key="train_button").click()
+    other.run()
+    second = jobs_for(store_of(other).library_path, "train")[-1]
+    assert second is not job and second.running
+    other.button(key="train_job_cancel").click()
+    other.run()
+    assert second.wait(600) and second.status == CANCELLED
+    other.run()
+    assert any(m.value.startswith("Training cancelled after ") for m in other.info)
+    assert len(PatientLibrary(library).models()) == 1

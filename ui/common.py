@@ -48,6 +48,7 @@ def refresh_status(store: Store) -> None:
 
 
 def sidebar_status(store: Store) -> None:
+    adopt_finished_jobs(store)
     with st.sidebar:
         slot = st.empty()
         st.session_state[_STATUS_SLOT] = slot
@@ -216,3 +217,61 @@ def label_versions(store: Store, patient: str, key: str) -> None:
         message = st.session_state.pop("restored_message", None)
         if message:
             st.success(message)
+
+
+def adopt_finished_jobs(store: Store) -> None:
+    """Take up what background jobs on this library finished: trained models (already in the
+    library) join the session's models, the latest check's table becomes the one shown."""
+    from ui import jobs
+
+    adopted = store.__dict__.setdefault("adopted_jobs", set())
+    for job in jobs.jobs_for(store.library_path):
+        if job.status != jobs.DONE or job.id in adopted:
+            continue
+        adopted.add(job.id)
+        if job.kind == "train":
+            store.adopt_model(job.result["model"], job.result["model_id"], job.result["name"])
+        elif job.kind == "check":
+            store.evaluation = job.result
+
+
+def job_progress(store: Store, kind: str, key: str):
+    """The running job of ``kind`` on this library, if any: its progress with a time estimate,
+    redrawn every second, and a cancel button. Returns the job (None when nothing runs)."""
+    from ui import jobs
+
+    job = jobs.running_job(store.library_path, kind)
+    if job is None:
+        return None
+
+    @st.fragment(run_every=1.0)
+    def panel():
+        if not job.running:
+            st.rerun()  # the whole page: it shows the result
+        left = job.remaining_seconds()
+        st.progress(job.fraction, text=f"{job.title}: {job.stage} ({100 * job.fraction:.0f}%) · "
+                                       f"{jobs.format_seconds(job.elapsed)} so far"
+                                       + (f" · about {jobs.format_seconds(left)} left" if left is not None else ""))
+        if job.cancel_requested:
+            st.caption("Cancelling at the next step…")
+        elif st.button("Cancel", key=f"{key}_cancel"):
+            job.cancel()
+            st.rerun()
+
+    st.caption("This runs in the background: you can use other pages or reload; come back here to see it.")
+    panel()
+    return job
+
+
+def job_outcome(store: Store, kind: str, what: str) -> None:
+    """How the latest finished job of ``kind`` ended (success is reported by the caller)."""
+    from ui import jobs
+
+    finished = [j for j in jobs.jobs_for(store.library_path, kind) if not j.running]
+    if not finished:
+        return
+    job = finished[-1]
+    if job.status == jobs.FAILED:
+        st.error(f"{what} failed: {job.error}")
+    elif job.status == jobs.CANCELLED:
+        st.info(f"{what} cancelled after {jobs.format_seconds(job.elapsed)}; nothing was stored.")

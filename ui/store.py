@@ -206,6 +206,12 @@ class Store:
             self.patients[name] = record
         for minfo in library.models():
             self._register_stored_model(minfo)
+        self.evaluation = None
+        check = library.load_check_result()
+        if check is not None:
+            import pandas as pd
+
+            self.evaluation = pd.DataFrame(check["table"])
 
     def _stored_result(self, name):
         record = self.library.load_gate_result(name)
@@ -376,6 +382,25 @@ class Store:
                 label = f"{info.name} (v{info.version})"
                 self.model_ids[label] = model_id
         self.models[label] = model
+        self.current_model = label
+        return label
+
+    def adopt_model(self, model, model_id: str | None, name: str) -> str:
+        """Take up a model a background job trained (and stored in the library as ``model_id``);
+        returns its label. A model this session already knows is not added twice."""
+        for label, known_id in self.model_ids.items():
+            if model_id is not None and known_id == model_id:
+                return label
+        if model_id is None or self.library is None:
+            if name in self.models:
+                return name
+            self.models[name] = model
+            self.current_model = name
+            return name
+        info = self.library.model(model_id)
+        label = f"{info.name} (v{info.version})"
+        self.models[label] = model
+        self.model_ids[label] = model_id
         self.current_model = label
         return label
 

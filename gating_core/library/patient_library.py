@@ -806,29 +806,45 @@ class PatientLibrary:
     # ------------------------------------------------------------------ panel display transforms
 
     DISPLAY_TRANSFORMS_FILE = "display_transforms.json"
+    CHECK_RESULT_FILE = "check_result.json"
+
+    def save_check_result(self, result: dict) -> None:
+        """Keep the latest held-out check (JSON-able: patients, table records); replaces the previous."""
+        self._write_json(self.CHECK_RESULT_FILE, {**_jsonable(result), "saved_at": _now()})
+
+    def load_check_result(self) -> dict | None:
+        """The latest held-out check saved by :meth:`save_check_result`, or None."""
+        data = self._read_json(self.CHECK_RESULT_FILE)
+        return data if isinstance(data, dict) and isinstance(data.get("table"), list) else None
+
+    def _read_json(self, file_name: str):
+        try:
+            return json.loads((self.path / file_name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def _write_json(self, file_name: str, data) -> None:
+        """Write a small JSON file beside the catalog: temp file then rename, so a crash leaves the
+        old or the new file, never half of one."""
+        text = json.dumps(_jsonable(data), sort_keys=True)
+        temp = storage.temp_path(self.tmp_dir)
+        try:
+            temp.write_text(text, encoding="utf-8")
+            os.replace(temp, self.path / file_name)
+        finally:
+            temp.unlink(missing_ok=True)
 
     def load_display_transforms(self) -> dict:
         """The panel's display and gating transform per channel ($PnN -> AxisScale dict), as
         saved by :meth:`save_display_transforms`; empty when none was saved or the file is unreadable."""
-        path = self.path / self.DISPLAY_TRANSFORMS_FILE
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return {}
+        data = self._read_json(self.DISPLAY_TRANSFORMS_FILE)
         if not isinstance(data, dict):
             return {}
         return {str(k): dict(v) for k, v in data.items() if isinstance(v, dict)}
 
     def save_display_transforms(self, transforms: dict) -> None:
-        """Store the per-channel display transforms (JSON, written to a temp file then renamed,
-        so a crash leaves the old or the new file, never half of one)."""
-        text = json.dumps(_jsonable({str(k): dict(v) for k, v in transforms.items()}), sort_keys=True)
-        temp = storage.temp_path(self.tmp_dir)
-        try:
-            temp.write_text(text, encoding="utf-8")
-            os.replace(temp, self.path / self.DISPLAY_TRANSFORMS_FILE)
-        finally:
-            temp.unlink(missing_ok=True)
+        """Store the per-channel display transforms ($PnN -> AxisScale dict)."""
+        self._write_json(self.DISPLAY_TRANSFORMS_FILE, {str(k): dict(v) for k, v in transforms.items()})
 
     def rename_channels(self, name: str, mapping: dict[str, str]) -> list[str]:
         """Rename channels ($PnN old -> new) in one transaction; events, labels, gates and
