@@ -390,6 +390,11 @@ def test_leave_one_patient_out_table_marks_the_worst_patient(trained):
     spec = plotly_spec(at)
     assert [t["name"] for t in spec["data"]] == ["marginal", "pooling", "lda"]
     assert sorted(spec["data"][0]["x"]) == ["patient_01", "patient_02", "patient_03"]
+    # the check ran as a background job and left its table in the library: a reload shows it
+    again = goto(start(), "pages/4_train.py")
+    pd.testing.assert_frame_equal(store_of(again).evaluation.reset_index(drop=True)[list(table.columns)],
+                                  table.reset_index(drop=True), check_dtype=False)
+    assert any(f"Worst patient: **{worst}**" in w.value for w in again.warning)
 
 
 def test_model_save_and_load_round_trip_in_the_app(trained, tmp_path):
