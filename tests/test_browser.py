@@ -139,7 +139,8 @@ def choose(page, label, option):
         has=page.get_by_text(label, exact=True)).first
     widget.locator("input").first.click()
     page.get_by_role("option", name=option, exact=True).first.click()
-    page.keyboard.press("Escape")
+    # Close a multiselect's list by clicking the page title: Escape would clear a clearable select box.
+    page.locator("h1").first.click()
     wait_idle(page)
 
 
@@ -229,7 +230,10 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     wait_idle(page)
     choose(page, "Reassign to", "other")
     reassign = page.get_by_role("button", name=re.compile(r"^Reassign [0-9,]+ cells to other$"))
-    reassign.wait_for()
+    try:
+        reassign.wait_for()
+    finally:
+        page.screenshot(path=str(artifacts_dir / "6a_autogate_reassign.png"), full_page=True)
     wait_idle(page)
     reassign.click()
     caption = page.get_by_text(re.compile(r"^[0-9,]+ cells corrected by hand"))

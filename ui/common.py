@@ -36,6 +36,11 @@ def _draw_status(store: Store) -> None:
     evaluated = sum(p.result is not None or p.result_loader is not None for p in store.patients.values())
     if evaluated:
         st.markdown(f"Auto-gated: **{evaluated}** patients")
+    from ui import jobs
+
+    for job in jobs.jobs_for(store.library_path):
+        if job.running:  # a job goes on while the user is elsewhere: say so on every page
+            st.caption(f"{job.title}: {100 * job.fraction:.0f}% (in the background, see Train)")
 
 
 def refresh_status(store: Store) -> None:
