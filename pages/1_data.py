@@ -6,9 +6,10 @@ from types import SimpleNamespace
 import pandas as pd
 import streamlit as st
 
-from gating_core.app_state import channel_presence, ingest_files, load_folder, split_name_clashes
+from gating_core.app_state import channel_presence, ingest_files, load_folder
 from ui import cache
 from ui.common import SAMPLE_DATA, channel_label, get_store, refresh_status, show_messages
+from ui.loading import CLASH_CHOICES, resolve_clashes, take_report
 
 store = get_store()
 st.title("Data: load patients")
@@ -18,38 +19,8 @@ st.caption("Drop the FCS files of your patients here. A patient is **historical*
            "otherwise. Files stay on this computer.")
 
 
-def _add(patients, notes) -> list:
-    """Add patients to the store; returns those added (a failure becomes a note)."""
-    added = []
-    for patient in patients:
-        try:
-            store.add_patient(patient.name, patient.sample, patient.labels, patient.label_source, patient.file_name)
-        except ValueError as exc:
-            notes.append((patient.file_name, f"{patient.file_name}: not added, {exc}"))
-        else:
-            added.append(patient)
-    return added
-
-
-def _summary(patients) -> list[str]:
-    return [f"**{p.name}**: {p.sample.n_events:,} events, {len(p.sample.channels)} channels"
-            + (f", labeled ({p.label_source})" if p.labels is not None else ", new") for p in patients]
-
-
 def _take_report(report, already_loaded_means_skip: bool = False):
-    """Add the report's patients. A name already loaded is never silently renamed: uploads ask
-    (replace / keep both / skip); the sample data, loaded again, is simply said to be there."""
-    notes = list(report.notes)
-    free, clashing = split_name_clashes(report.patients, store.patients)
-    if already_loaded_means_skip and clashing:
-        names = ", ".join(p.name for p in clashing)
-        notes.append(("", f"Already in the library, not loaded again: {names}."))
-        clashing = []
-    added = _add(free, notes)
-    store.load_errors = list(report.errors)
-    store.load_notes = notes
-    store.load_summary = _summary(added)
-    st.session_state["pending_clashes"] = clashing
+    st.session_state["pending_clashes"] = take_report(store, report, already_loaded_means_skip)
     refresh_status(store)
 
 
@@ -84,31 +55,18 @@ if fresh:
     _take_report(report)
 
 # A file whose patient name is already loaded: the user decides, nothing is renamed silently.
-CLASH_CHOICES = {"replace": "Replace the loaded patient (its labels, gates and results go)",
-                 "keep both": "Keep both (the new one gets another name)", "skip": "Skip this file"}
 clashing = st.session_state.get("pending_clashes") or []
 if clashing:
     st.warning(f"{len(clashing)} uploaded patient(s) have the name of a patient already loaded. Choose for each:")
     for k, patient in enumerate(clashing):
-        st.radio(f"**{patient.name}** ({patient.file_name}, {patient.sample.n_events:,} events; loaded: "
-                 f"{store.patients[patient.name].n_events:,} events)" if patient.name in store.patients else
-                 f"**{patient.name}** ({patient.file_name})", list(CLASH_CHOICES), format_func=CLASH_CHOICES.get,
-                 index=None, key=f"clash_{k}_{patient.name}", horizontal=True)
+        loaded = store.patients.get(patient.name)
+        st.radio(f"**{patient.name}** ({patient.file_name}, {patient.sample.n_events:,} events"
+                 + (f"; the loaded one has {loaded.n_events:,})" if loaded is not None else ")"),
+                 list(CLASH_CHOICES), format_func=CLASH_CHOICES.get, index=None, key=f"clash_{k}_{patient.name}",
+                 horizontal=True)
     choices = [st.session_state.get(f"clash_{k}_{p.name}") for k, p in enumerate(clashing)]
     if st.button("Apply these choices", key="clash_apply", type="primary", disabled=None in choices):
-        from gating_core.app_state import free_name
-
-        notes, added = [], []
-        for patient, choice in zip(clashing, choices):
-            if choice == "replace":
-                store.remove_patient(patient.name)
-                added += _add([patient], notes)
-            elif choice == "keep both":
-                patient.name = patient.sample.name = free_name(patient.name, store.patients)
-                added += _add([patient], notes)
-            else:
-                notes.append((patient.file_name, f"{patient.file_name}: skipped, {patient.name} stays as it was."))
-        store.load_summary, store.load_notes, store.load_errors = _summary(added), notes, []
+        resolve_clashes(store, clashing, choices)
         st.session_state["pending_clashes"] = []
         st.rerun()
 
