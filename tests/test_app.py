@@ -772,3 +772,42 @@ def test_training_runs_in_the_background_survives_a_reload_and_can_be_cancelled(
     other.run()
     assert any(m.value.startswith("Training cancelled after ") for m in other.info)
     assert len(PatientLibrary(library).models()) == 1
+
+
+def test_background_job_reports_progress_estimates_time_and_stops_when_cancelled(tmp_path):
+    import threading
+
+    from ui.jobs import CANCELLED, DONE, FAILED, format_seconds, jobs_for, running_job, start_job
+
+    gate = threading.Event()
+    steps = []
+
+    def work(report):
+        for k in range(1000):
+            report(f"step {k}", k / 1000)
+            steps.append(k)
+            if k == 10:
+                gate.wait(30)  # hold here until the test has looked and cancelled
+        return "finished"
+
+    job = start_job("train", "Training a test", tmp_path, work)
+    assert running_job(tmp_path, "train") is job and jobs_for(tmp_path / "." , "train") == [job]
+    while len(steps) < 11:
+        threading.Event().wait(0.01)
+    assert job.stage == "step 10" and job.fraction == pytest.approx(0.01)
+    assert job.remaining_seconds() is None  # under 2%: too early to guess
+    job.fraction = 0.25  # a quarter done after ``elapsed`` seconds: three times as long to go
+    assert job.remaining_seconds() == pytest.approx(3 * job.elapsed, rel=0.05)
+    job.cancel()
+    gate.set()
+    assert job.wait(30) and job.status == CANCELLED and job.result is None
+    assert steps[-1] == 10  # the next report stopped it
+    assert running_job(tmp_path, "train") is None
+
+    done = start_job("check", "A check", tmp_path, lambda report: report("only step", 0.5) or 42)
+    failed = start_job("check", "A failing check", tmp_path, lambda report: 1 / 0)
+    assert done.wait(30) and failed.wait(30)
+    assert (done.status, done.result, done.fraction) == (DONE, 42, 1.0)
+    assert failed.status == FAILED and "division by zero" in failed.error
+    assert [j.title for j in jobs_for(tmp_path)] == ["Training a test", "A check", "A failing check"]
+    assert (format_seconds(5), format_seconds(125), format_seconds(3725)) == ("5 s", "2 min 05 s", "1 h 02 min")

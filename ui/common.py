@@ -229,11 +229,10 @@ def adopt_finished_jobs(store: Store) -> None:
     library) join the session's models, the latest check's table becomes the one shown."""
     from ui import jobs
 
-    adopted = store.__dict__.setdefault("adopted_jobs", set())
     for job in jobs.jobs_for(store.library_path):
-        if job.status != jobs.DONE or job.id in adopted:
+        if job.status != jobs.DONE or job.id in store.adopted_jobs:
             continue
-        adopted.add(job.id)
+        store.adopted_jobs.add(job.id)
         if job.kind == "train":
             store.adopt_model(job.result["model"], job.result["model_id"], job.result["name"])
         elif job.kind == "check":

@@ -162,6 +162,7 @@ class Store:
         self.load_notes: list[tuple[str, str]] = []
         self.warnings: list[str] = []
         self.seen_uploads: set[str] = set()
+        self.adopted_jobs: set[str] = set()  # background jobs whose results this session took up
         self.work_dir = Path(tempfile.mkdtemp(prefix="gating-app-"))
         self.library = None
         self.library_error: str | None = None
