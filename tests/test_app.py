@@ -751,7 +751,11 @@ def test_training_runs_in_the_background_survives_a_reload_and_can_be_cancelled(
     # leave the page, then a reload (a new session on the same library) finds the running job
     goto(at, "pages/1_data.py")
     assert job.running or job.status == DONE
-    other = goto(start(), "pages/4_train.py")
+    other = start()
+    if job.running:  # every page's sidebar says a training goes on
+        assert any(c.value.startswith("Training marginal, 3 patients: ") and "in the background" in c.value
+                   for c in other.sidebar.caption)
+    other = goto(other, "pages/4_train.py")
     if job.running:
         assert other.button(key="train_job_cancel") is not None
     assert job.wait(600) and job.status == DONE

@@ -36,11 +36,6 @@ def _draw_status(store: Store) -> None:
     evaluated = sum(p.result is not None or p.result_loader is not None for p in store.patients.values())
     if evaluated:
         st.markdown(f"Auto-gated: **{evaluated}** patients")
-    from ui import jobs
-
-    for job in jobs.jobs_for(store.library_path):
-        if job.running:  # a job goes on while the user is elsewhere: say so on every page
-            st.caption(f"{job.title}: {100 * job.fraction:.0f}% (in the background, see Train)")
 
 
 def refresh_status(store: Store) -> None:
@@ -52,6 +47,25 @@ def refresh_status(store: Store) -> None:
             _draw_status(store)
 
 
+def _watch_jobs(store: Store) -> None:
+    """While a background job runs, every page says so in the sidebar and, when it ends, reruns
+    so that the session takes up its result (the model, the check) wherever the user is."""
+    from ui import jobs
+
+    running = [j for j in jobs.jobs_for(store.library_path) if j.running]
+    if not running:
+        return
+
+    @st.fragment(run_every=2.0)
+    def watch():
+        if not any(j.running for j in running):
+            st.rerun()
+        for job in running:
+            st.caption(f"{job.title}: {100 * job.fraction:.0f}% (in the background; Train page to cancel)")
+
+    watch()
+
+
 def sidebar_status(store: Store) -> None:
     adopt_finished_jobs(store)
     with st.sidebar:
@@ -59,6 +73,7 @@ def sidebar_status(store: Store) -> None:
         st.session_state[_STATUS_SLOT] = slot
         with slot.container():
             _draw_status(store)
+        _watch_jobs(store)
         st.divider()
         st.markdown("### Patient library")
         if store.library is None:
