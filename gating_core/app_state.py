@@ -62,6 +62,11 @@ def classify(file_name: str) -> str:
     return "unknown"
 
 
+def free_name(name: str, taken) -> str:
+    """``name``, or ``name_2``, ``name_3``, ... when a name in ``taken`` already is it (case-insensitively)."""
+    return _unique(name, set(taken))
+
+
 def _unique(name: str, taken: set) -> str:
     if name.casefold() not in {t.casefold() for t in taken}:
         return name
@@ -71,7 +76,8 @@ def _unique(name: str, taken: set) -> str:
     return f"{name}_{k}"
 
 
-def ingest_files(files, work_dir, existing=None, compensate: bool = True) -> IngestReport:
+def ingest_files(files, work_dir, existing=None, compensate: bool = True,
+                 rename_clashes: bool = True) -> IngestReport:
     """Read a batch of uploaded files into patients.
 
     Parameters
@@ -87,6 +93,10 @@ def ingest_files(files, work_dir, existing=None, compensate: bool = True) -> Ing
     compensate : bool
         Apply each FCS file's spillover matrix (FlowJo/GatingML gates get raw events, since
         they carry their own compensation).
+    rename_clashes : bool
+        True: a patient whose name is already in ``existing`` gets ``name_2``. False: it keeps
+        its name, so the caller can ask whether to replace, keep both or skip
+        (:func:`split_name_clashes`). Names within one batch are always made unique.
 
     Returns
     -------
@@ -98,7 +108,7 @@ def ingest_files(files, work_dir, existing=None, compensate: bool = True) -> Ing
     work_dir.mkdir(parents=True, exist_ok=True)
     existing = dict(existing or {})
     report = IngestReport()
-    taken = set(existing)
+    taken = set(existing) if rename_clashes else set()
     stored: list[tuple[str, str, Path]] = []
     for file_name, data in files:
         kind = classify(file_name)
@@ -155,6 +165,31 @@ def ingest_files(files, work_dir, existing=None, compensate: bool = True) -> Ing
         elif kind == "gatingml":
             _apply_gatingml(file_name, path, raw_by_file, fcs_by_stem, report)
     return report
+
+
+def split_name_clashes(patients, existing_names):
+    """(patients whose name is free, patients whose name a loaded patient already has).
+
+    A labels file for an already loaded patient (same sample object) is not a clash: it gives
+    that patient labels.
+    """
+    taken = {str(n).casefold() for n in existing_names}
+    free, clashing = [], []
+    for patient in patients:
+        gives_labels_only = classify(patient.file_name) == "labels"
+        (clashing if patient.name.casefold() in taken and not gives_labels_only else free).append(patient)
+    return free, clashing
+
+
+def missing_model_channels(model, channels) -> list[str]:
+    """The model's channels that ``channels`` (a patient's :class:`~gating_core.fcs.Channel` list)
+    lacks, matched as the model matches them: same $PnN, else same marker ($PnS),
+    case-insensitively. Empty when the model can gate the patient."""
+    have = {c.pnn.casefold() for c in channels} | {c.pns.casefold() for c in channels if c.pns}
+    markers = list(getattr(model, "channel_markers_", None) or [])
+    markers += [""] * (len(model.channels_) - len(markers))
+    return [pnn for pnn, pns in zip(model.channels_, markers)
+            if pnn.casefold() not in have and not (pns and pns.casefold() in have)]
 
 
 def _attach_labels(file_name, path, fcs_by_stem, existing, report):
@@ -355,3 +390,64 @@ def shape_from_selection(selection) -> dict | None:
         if len(xs) == 2 and len(ys) == 2:
             return {"kind": "rectangle", "vertices": [(float(min(xs)), float(min(ys))), (float(max(xs)), float(max(ys)))]}
     return None
+
+
+def label_change_table(before, after):
+    """What replacing a patient's labels ``before`` by ``after`` does, population by population.
+
+    Returns a DataFrame with columns ``population``, ``before``, ``after``, ``change`` (counts;
+    ``before`` is all zero when the patient had no labels), populations of either side, the
+    largest first. Shown before the replacement is confirmed.
+    """
+    import pandas as pd
+
+    after_counts = pd.Series(np.asarray(after).astype(str)).value_counts()
+    before_counts = (pd.Series(np.asarray(before).astype(str)).value_counts() if before is not None
+                     else pd.Series(dtype="int64"))
+    names = list(dict.fromkeys([*before_counts.index, *after_counts.index]))
+    table = pd.DataFrame({"population": names,
+                          "before": [int(before_counts.get(n, 0)) for n in names],
+                          "after": [int(after_counts.get(n, 0)) for n in names]})
+    table["change"] = table["after"] - table["before"]
+    return table
+
+
+def lost_populations(before, after) -> list[str]:
+    """Populations the patient has in ``before`` and no longer in ``after`` (learned as nothing,
+    or as "other", by the next training)."""
+    if before is None:
+        return []
+    kept = set(np.asarray(after).astype(str))
+    return sorted(set(np.asarray(before).astype(str)) - kept)
+
+
+def label_set_disagreements(label_sets: dict) -> dict:
+    """Which populations some training patients have and others lack.
+
+    ``label_sets``: patient -> iterable of population names. Returns population -> sorted list
+    of the patients that lack it, for every population not shared by all (empty when all agree).
+    Training on such patients teaches the model that the missing population is "other".
+    """
+    sets = {p: {str(n) for n in names} for p, names in label_sets.items()}
+    every = set().union(*sets.values()) if sets else set()
+    return {pop: sorted(p for p, names in sets.items() if pop not in names)
+            for pop in sorted(every) if any(pop not in names for names in sets.values())}
+
+
+def incompatible_label_sets(label_sets: dict) -> list[str]:
+    """Patients whose labels are not the same kind of labeling as the others': they name a
+    population no other patient has, or lack more than half of all the populations named.
+
+    A patient lacking one or two populations is often biology (a B-cell-depleted patient has no
+    B cells), so that alone only deserves a warning; a patient labeled "Cells" / "other" beside
+    patients labeled with eight populations is a different labeling, and training on both
+    teaches the model that every other population is "other".
+    """
+    sets = {p: {str(n) for n in names} for p, names in label_sets.items()}
+    every = set().union(*sets.values()) if sets else set()
+    odd = []
+    for patient, names in sets.items():
+        others = set().union(*(n for p, n in sets.items() if p != patient)) if len(sets) > 1 else names
+        if names - others or len(every - names) > len(every) / 2:
+            odd.append(patient)
+    return sorted(odd)

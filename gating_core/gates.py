@@ -116,6 +116,17 @@ class AxisScale:
         except (KeyError, TypeError, ValueError) as exc:
             raise GateError(f"invalid axis scale {data!r}: {exc}") from None
 
+    def same_mapping(self, other: "AxisScale") -> bool:
+        """Whether both scales map raw values alike (only the fields their kind uses count:
+        two linear scales are the same whatever cofactor they carry)."""
+        if self.kind != other.kind:
+            return False
+        if self.kind == "arcsinh":
+            return self.cofactor == other.cofactor
+        if self.kind == "logicle":
+            return (self.top, self.width, self.decades) == (other.top, other.width, other.decades)
+        return True
+
     @property
     def description(self) -> str:
         if self.kind == "arcsinh":
@@ -151,6 +162,47 @@ def suggest_scale(kind: str, raw: np.ndarray) -> AxisScale:
             width = (decades - math.log10(top / abs(r))) / 2
     width = float(min(max(width, 0.0), 1.0))
     return AxisScale("logicle", top=top, width=width, decades=decades)
+
+
+def panel_scale(pnn: str, samples) -> AxisScale:
+    """The display and gating scale of channel ``pnn`` for a whole panel, from what the
+    instrument is, never from one patient's values, so every patient of the panel gets the same
+    axes and a gate tree copied between patients keeps its meaning.
+
+    - default kind: linear for scatter channels (FSC, SSC, time-like), arcsinh otherwise;
+    - arcsinh cofactor: 5 on a mass cytometer (``$CYT``, metal channel names or ion-count data
+      of the first patient), else 150;
+    - logicle T: the channel's largest ``$PnR`` over the patients (else 262144), W 0.5, M 4.5.
+
+    Returns an :class:`AxisScale` whose ``kind`` is the default kind and whose other fields hold
+    the parameters of every kind (``dataclasses.replace(scale, kind=...)`` switches kind).
+    """
+    from gating_core.transforms import (FLOW_COFACTOR, MASS_COFACTOR, is_scatter, is_time_like,
+                                        looks_like_mass_cytometry)
+
+    samples = list(samples)
+    mass = False
+    if samples:
+        first = samples[0]
+        mass = looks_like_mass_cytometry(first.pnn, first.keywords, first.events[:20000])
+    kind = "linear" if (is_scatter(pnn) or is_time_like(pnn)) and not mass else "arcsinh"
+    ranges = []
+    for sample in samples:
+        try:
+            channel = sample.channels[sample.channel_index(pnn)]
+        except KeyError:
+            continue
+        if channel.range and channel.range > 0:
+            ranges.append(float(channel.range))
+    top = max(ranges) if ranges else 262144.0
+    return AxisScale(kind, cofactor=MASS_COFACTOR if mass else FLOW_COFACTOR, top=max(top, 10.0))
+
+
+def with_kind(scale: AxisScale, kind: str) -> AxisScale:
+    """``scale``'s parameters under another kind (linear / arcsinh / logicle)."""
+    import dataclasses
+
+    return dataclasses.replace(scale, kind=kind)
 
 
 # --------------------------------------------------------------------------------------------
@@ -246,6 +298,25 @@ class Gate:
         if finite.any():
             inside[finite] = fu_gating.points_in_polygon(verts, points[finite]).astype(bool)
         return inside
+
+    def outline(self, x_scale: AxisScale | None = None, y_scale: AxisScale | None = None,
+                points_per_edge: int = 24) -> np.ndarray:
+        """The closed outline (k, 2) of the gate in the display coordinates of ``x_scale`` /
+        ``y_scale`` (default: its own). On other scales its straight edges are curves, so each
+        edge is drawn through ``points_per_edge`` points mapped raw -> new scale."""
+        verts = np.asarray(self.vertices, dtype=np.float64)
+        if self.kind == "rectangle":
+            (x0, y0), (x1, y1) = verts
+            verts = np.array([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
+        x_scale, y_scale = x_scale or self.x_scale, y_scale or self.y_scale
+        closed = np.vstack([verts, verts[:1]])
+        if x_scale.same_mapping(self.x_scale) and y_scale.same_mapping(self.y_scale):
+            return closed
+        t = np.linspace(0.0, 1.0, points_per_edge, endpoint=False)[:, None]
+        dense = np.vstack([a + t * (b - a) for a, b in zip(closed[:-1], closed[1:])] + [closed[:1]])
+        x = x_scale.forward(self.x_scale.inverse(dense[:, 0]))
+        y = y_scale.forward(self.y_scale.inverse(dense[:, 1]))
+        return np.column_stack([x, y])
 
     def to_dict(self) -> dict:
         return {"name": self.name, "x_channel": self.x_channel, "y_channel": self.y_channel,
@@ -383,11 +454,14 @@ class GateTree:
             if g.parent == old:
                 g.parent = replacement.name
 
-    def replace_geometry(self, name: str, vertices, kind: str | None = None) -> None:
-        """Adjust one gate's shape (used after copying a tree to another patient)."""
+    def replace_geometry(self, name: str, vertices, kind: str | None = None, x_scale: AxisScale | None = None,
+                         y_scale: AxisScale | None = None) -> None:
+        """Adjust one gate's shape (used after copying a tree to another patient). ``vertices``
+        are in the display coordinates of ``x_scale`` / ``y_scale`` (default: the gate's own),
+        which the gate keeps from then on."""
         gate = self[name]
-        updated = Gate(gate.name, gate.x_channel, gate.y_channel, kind or gate.kind, vertices, gate.x_scale,
-                       gate.y_scale, gate.parent)
+        updated = Gate(gate.name, gate.x_channel, gate.y_channel, kind or gate.kind, vertices, x_scale or gate.x_scale,
+                       y_scale or gate.y_scale, gate.parent)
         self._gates = [updated if g.name == name else g for g in self._gates]
 
     def copy(self) -> "GateTree":
@@ -419,10 +493,14 @@ class GateTree:
             assigned |= take
         return labels
 
-    def statistics(self, sample, memberships=None):
-        """DataFrame: gate, parent, depth, count, % of parent, % of total, one row per gate."""
+    def statistics(self, sample, memberships=None, channel_label=None):
+        """DataFrame: gate, parent, depth, axes, count, % of parent, % of total, one row per gate.
+
+        ``channel_label(sample, pnn)`` names the channels in ``axes`` (default: the $PnN).
+        """
         import pandas as pd
 
+        name_of = (lambda ch: channel_label(sample, ch)) if channel_label is not None else str
         masks = memberships if memberships is not None else self.memberships(sample)
         total = sample.n_events
         rows = []
@@ -433,7 +511,7 @@ class GateTree:
                 "gate": gate.name,
                 "parent": gate.parent or "(all events)",
                 "depth": self.depth(gate.name),
-                "axes": f"{gate.x_channel} / {gate.y_channel}",
+                "axes": f"{name_of(gate.x_channel)} / {name_of(gate.y_channel)}",
                 "count": count,
                 "% of parent": 100.0 * count / parent_count if parent_count else 0.0,
                 "% of total": 100.0 * count / total if total else 0.0,

@@ -23,6 +23,32 @@ PALETTE = [
 OTHER_COLOR = "#B0B0B0"
 
 
+def channel_label(pnn: str, pns: str | None = "") -> str:
+    """How a channel is named to people: its marker ($PnS) with the detector ($PnN) once.
+
+    ``("FL3-A", "CD4")`` -> ``"CD4 (FL3-A)"``; without a marker, or when the marker is the
+    detector name, just ``"FL3-A"``; when the marker text already names the detector
+    (``"Forward Scatter (FSC-HLin)"``) it is shown as is, never with the detector a second time.
+    Every table, axis and picker of the app names channels through this function.
+    """
+    pnn = str(pnn)
+    marker = str(pns or "").strip()
+    if not marker or marker.casefold() == pnn.strip().casefold():
+        return pnn
+    if pnn.strip() and pnn.strip().casefold() in marker.casefold():
+        return marker
+    return f"{marker} ({pnn})"
+
+
+def sample_channel_label(sample, pnn: str) -> str:
+    """:func:`channel_label` of the channel ``pnn`` of ``sample`` (``pnn`` itself when absent)."""
+    try:
+        channel = sample.channels[sample.channel_index(pnn)]
+    except (KeyError, IndexError, ValueError):
+        return str(pnn)
+    return channel_label(channel.pnn, channel.pns)
+
+
 def subsample_indices(n_events: int, max_points: int, seed: int = 0) -> np.ndarray:
     """Sorted indices of at most ``max_points`` events, the same for the same (n, max, seed)."""
     if n_events <= max_points:

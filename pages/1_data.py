@@ -8,7 +8,8 @@ import streamlit as st
 
 from gating_core.app_state import channel_presence, ingest_files, load_folder
 from ui import cache
-from ui.common import SAMPLE_DATA, get_store, show_messages
+from ui.common import SAMPLE_DATA, channel_label, get_store, refresh_status, show_messages
+from ui.loading import CLASH_CHOICES, resolve_clashes, take_report
 
 store = get_store()
 st.title("Data: load patients")
@@ -18,18 +19,9 @@ st.caption("Drop the FCS files of your patients here. A patient is **historical*
            "otherwise. Files stay on this computer.")
 
 
-def _take_report(report):
-    notes = list(report.notes)
-    for patient in report.patients:
-        try:
-            store.add_patient(patient.name, patient.sample, patient.labels, patient.label_source, patient.file_name)
-        except ValueError as exc:
-            notes.append((patient.file_name, f"{patient.file_name}: not added, {exc}"))
-    store.load_errors = list(report.errors)
-    store.load_notes = notes
-    store.load_summary = [f"**{p.name}**: {p.sample.n_events:,} events, {len(p.sample.channels)} channels"
-                          + (f", labeled ({p.label_source})" if p.labels is not None else ", new")
-                          for p in report.patients]
+def _take_report(report, already_loaded_means_skip: bool = False):
+    st.session_state["pending_clashes"] = take_report(store, report, already_loaded_means_skip)
+    refresh_status(store)
 
 
 upload_col, sample_col = st.columns([3, 1])
@@ -44,23 +36,39 @@ with sample_col:
     if st.button("Load sample data", type="primary", width="stretch",
                  help="Synthetic patients bundled with the tool: labeled historical patients and new ones."):
         with st.spinner("Reading sample data…"):
-            _take_report(load_folder(SAMPLE_DATA))
+            _take_report(load_folder(SAMPLE_DATA), already_loaded_means_skip=True)
 
 # `make run` asks for the bundled sample data to be ready on first start (an empty library).
 if (os.environ.get("GATING_LOAD_SAMPLE_DATA") == "1" and not store.patients
         and not st.session_state.get("sample_data_autoloaded")):
     st.session_state["sample_data_autoloaded"] = True
     with st.spinner("Reading sample data…"):
-        _take_report(load_folder(SAMPLE_DATA))
+        _take_report(load_folder(SAMPLE_DATA), already_loaded_means_skip=True)
     st.rerun()  # so that the sidebar counts include them
 
 fresh = [f for f in (uploads or []) if f.file_id not in store.seen_uploads]
 if fresh:
     with st.spinner(f"Reading {len(fresh)} file(s)…"):
         report = ingest_files([(f.name, f.getvalue()) for f in fresh], store.work_dir,
-                              existing=store.patients)
+                              existing=store.patients, rename_clashes=False)
     store.seen_uploads.update(f.file_id for f in fresh)
     _take_report(report)
+
+# A file whose patient name is already loaded: the user decides, nothing is renamed silently.
+clashing = st.session_state.get("pending_clashes") or []
+if clashing:
+    st.warning(f"{len(clashing)} uploaded patient(s) have the name of a patient already loaded. Choose for each:")
+    for k, patient in enumerate(clashing):
+        loaded = store.patients.get(patient.name)
+        st.radio(f"**{patient.name}** ({patient.file_name}, {patient.sample.n_events:,} events"
+                 + (f"; the loaded one has {loaded.n_events:,})" if loaded is not None else ")"),
+                 list(CLASH_CHOICES), format_func=CLASH_CHOICES.get, index=None, key=f"clash_{k}_{patient.name}",
+                 horizontal=True)
+    choices = [st.session_state.get(f"clash_{k}_{p.name}") for k, p in enumerate(clashing)]
+    if st.button("Apply these choices", key="clash_apply", type="primary", disabled=None in choices):
+        resolve_clashes(store, clashing, choices)
+        st.session_state["pending_clashes"] = []
+        st.rerun()
 
 summary = getattr(store, "load_summary", [])
 if summary:
@@ -87,11 +95,24 @@ table = pd.DataFrame(rows)
 st.dataframe(table, hide_index=True, width="stretch",
              column_config={"events": st.column_config.NumberColumn(format="%d")})
 
-with st.expander("Remove a patient"):
+with st.expander("Remove a patient from the library"):
     doomed = st.selectbox("Patient", list(store.patients), key="remove_patient")
-    if st.button("Remove from session", key="remove_button"):
-        store.remove_patient(doomed)
-        st.rerun()
+    st.caption("Removing deletes the patient from the library: its events, every version of its labels, "
+               "its gates and auto-gate results. The audit log keeps a record of the removal.")
+    if st.session_state.get("confirm_remove") != doomed:
+        if st.button(f"Remove {doomed}…", key="remove_button"):
+            st.session_state["confirm_remove"] = doomed
+            st.rerun()
+    else:
+        st.warning(f"Delete **{doomed}** from the library? This cannot be undone in the app.")
+        yes, no = st.columns(2)
+        if yes.button(f"Yes, delete {doomed}", key="remove_confirm", type="primary"):
+            store.remove_patient(doomed)
+            st.session_state.pop("confirm_remove", None)
+            st.rerun()
+        if no.button("Cancel", key="remove_cancel"):
+            st.session_state.pop("confirm_remove", None)
+            st.rerun()
 
 st.subheader("Channels")
 presence = channel_presence({n: SimpleNamespace(pnn=p.channel_names) for n, p in store.patients.items()})
@@ -100,16 +121,23 @@ if mismatched.empty:
     st.success(f"All patients share the same {len(presence)} channels.")
     with st.expander("Channel list"):
         first = next(iter(store.patients.values())).sample
-        st.dataframe(pd.DataFrame({"channel ($PnN)": first.pnn, "marker ($PnS)": first.pns}),
+        st.dataframe(pd.DataFrame({"channel": [channel_label(first, c) for c in first.pnn],
+                                   "range ($PnR)": [c.range for c in first.channels]}),
                      hide_index=True)
 else:
     st.warning(f"{len(mismatched)} channel names differ between patients. Match them below so the same "
                "marker has the same name everywhere (training and auto-gating use the shared channels).")
-    st.dataframe(mismatched.replace({True: "✓", False: "—"}), width="stretch")
+    samples_by_channel = {c: next(p.sample for p in store.patients.values() if c in p.channel_names)
+                          for c in presence.index}
+    shown = mismatched.replace({True: "✓", False: "—"})
+    shown.index = [channel_label(samples_by_channel[c], c) for c in mismatched.index]
+    st.dataframe(shown, width="stretch")
     cols = st.columns(4)
     patient = cols[0].selectbox("In patient", list(store.patients), key="rename_patient")
-    channel = cols[1].selectbox("rename channel", store.patients[patient].channel_names, key="rename_from")
+    channel = cols[1].selectbox("rename channel", store.patients[patient].channel_names, key="rename_from",
+                                format_func=lambda c: channel_label(store.patients[patient].sample, c))
     target = cols[2].selectbox("to", list(presence.index), key="rename_to",
+                               format_func=lambda c: channel_label(samples_by_channel[c], c),
                                help="A name the other patients use.")
     cols[3].write("")
     if cols[3].button("Rename channel", key="rename_button"):

@@ -7,7 +7,7 @@ from gating_core.app_state import common_channels
 from gating_core.gates import AxisScale
 from gating_core.plotting import histogram_1d, population_colors
 from ui import cache, charts
-from ui.common import channel_label, default_xy, scale_select, get_store, require_patients
+from ui.common import channel_label, default_xy, get_store, require_patients, scale_select, transform_editor
 
 store = get_store()
 st.title("Explore the cells")
@@ -34,15 +34,13 @@ xi, yi = default_xy(channels)
 c1, c2, c3, c4, c5 = st.columns([2, 2, 1.3, 1.3, 1.6])
 x_ch = c1.selectbox("X channel", channels, index=xi, format_func=lambda c: channel_label(first, c), key="ex_x")
 y_ch = c2.selectbox("Y channel", channels, index=yi, format_func=lambda c: channel_label(first, c), key="ex_y")
-x_kind = scale_select(c3, "X transform", x_ch, "ex_xs")
-y_kind = scale_select(c4, "Y transform", y_ch, "ex_ys")
+x_scale = scale_select(c3, "X transform", x_ch, "ex_xs", store)
+y_scale = scale_select(c4, "Y transform", y_ch, "ex_ys", store)
 has_pops = any(r.populations is not None for r in records)
 mode = c5.radio("Color", ["density", "population"] if has_pops else ["density"], key="ex_mode",
                 help="Population colors need labels, drawn gates or an auto-gate result.")
 
 tokens = tuple(r.token for r in records)
-x_scale = cache.scale_for(tokens, x_ch, x_kind, samples)
-y_scale = cache.scale_for(tokens, y_ch, y_kind, samples)
 x_range = cache.shared_range(tokens, x_ch, x_scale, samples)
 y_range = cache.shared_range(tokens, y_ch, y_scale, samples)
 
@@ -76,10 +74,11 @@ if mode == "population":
 st.subheader("Histogram")
 h1, h2 = st.columns([2, 1])
 h_ch = h1.selectbox("Channel", channels, index=xi, format_func=lambda c: channel_label(first, c), key="ex_h")
-h_kind = scale_select(h2, "Transform", h_ch, "ex_hs")
-h_scale = cache.scale_for(tokens, h_ch, h_kind, samples)
+h_scale = scale_select(h2, "Transform", h_ch, "ex_hs", store)
 h_range = cache.shared_range(tokens, h_ch, h_scale, samples)
 hist_panels = [{"title": r.name, "hist": histogram_1d(cache.display_values(r.token, h_ch, h_scale, r.sample), h_range)}
                for r in records]
 st.plotly_chart(charts.histogram_panels(hist_panels, AxisScale.from_dict(h_scale), h_range,
                                         channel_label(first, h_ch)), width="stretch", key="explore_hist")
+
+transform_editor(store, channels, first, "ex_tf")

@@ -7,7 +7,8 @@ import streamlit as st
 from gating_core.app_state import shape_from_selection
 from gating_core.gates import AxisScale, GateError, GateTree, polygon_gate, rectangle_gate
 from ui import cache, charts
-from ui.common import channel_label, default_xy, scale_select, get_store, require_patients
+from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, require_patients,
+                       scale_select, show_label_change, transform_editor)
 
 ALL = "(all events)"
 store = get_store()
@@ -42,12 +43,11 @@ xi, yi = default_xy(channels)
 axes = st.columns(4)
 x_ch = axes[0].selectbox("X channel", channels, index=xi, format_func=lambda c: channel_label(sample, c), key="g_x")
 y_ch = axes[1].selectbox("Y channel", channels, index=yi, format_func=lambda c: channel_label(sample, c), key="g_y")
-x_kind = scale_select(axes[2], "X transform", x_ch, "g_xs")
-y_kind = scale_select(axes[3], "Y transform", y_ch, "g_ys")
+x_scale_d = scale_select(axes[2], "X transform", x_ch, "g_xs", store)
+y_scale_d = scale_select(axes[3], "Y transform", y_ch, "g_ys", store)
+x_kind, y_kind = x_scale_d["kind"], y_scale_d["kind"]
 
 tokens = (record.token,)
-x_scale_d = cache.scale_for(tokens, x_ch, x_kind, [sample])
-y_scale_d = cache.scale_for(tokens, y_ch, y_kind, [sample])
 x_scale, y_scale = AxisScale.from_dict(x_scale_d), AxisScale.from_dict(y_scale_d)
 x_range = cache.shared_range(tokens, x_ch, x_scale_d, [sample])
 y_range = cache.shared_range(tokens, y_ch, y_scale_d, [sample])
@@ -62,9 +62,11 @@ ys = cache.display_values(record.token, y_ch, y_scale_d, sample)[idx]
 fig = charts.scatter_panels([{"title": f"{patient} · {parent}", "grid": grid, "x": xs, "y": ys}], x_scale, y_scale,
                             x_range, y_range, channel_label(sample, x_ch), channel_label(sample, y_ch),
                             mode="density", height=560, selectable=True)
+# Every gate on these two channels is drawn, mapped onto the current axes when it was drawn on
+# other transforms (a gate keeps the scales it was drawn on, so its cells never change).
 same_axes = [g for g in tree.gates if g.x_channel == x_ch and g.y_channel == y_ch
-             and g.x_scale == x_scale and g.y_scale == y_scale and g.parent == (None if parent == ALL else parent)]
-charts.add_gate_shapes(fig, same_axes)
+             and g.parent == (None if parent == ALL else parent)]
+charts.add_gate_shapes(fig, same_axes, x_scale, y_scale)
 chart_key = f"gate_chart_{state.gate_chart_version}_{patient}_{x_ch}_{y_ch}_{x_kind}_{y_kind}_{parent}"
 event = st.plotly_chart(fig, width="stretch", key=chart_key, on_select="rerun",
                         selection_mode=("lasso", "box"),
@@ -78,9 +80,10 @@ if shape is not None:
     state["pending_shape"] = shape
 
 pending = state.get("pending_shape")
-if pending and (pending["patient"], pending["x"], pending["y"], pending["x_scale"], pending["y_scale"]) != \
-        (patient, x_ch, y_ch, x_scale_d, y_scale_d):
-    pending = None
+if pending and ((pending["patient"], pending["x"], pending["y"]) != (patient, x_ch, y_ch)
+                or not AxisScale.from_dict(pending["x_scale"]).same_mapping(x_scale)
+                or not AxisScale.from_dict(pending["y_scale"]).same_mapping(y_scale)):
+    pending = None  # drawn on other axes: its coordinates mean something else here
 
 
 def _gate_from(shape, name):
@@ -129,10 +132,13 @@ with left:
         raw_x = x_scale.inverse(np.array(x_range))
         raw_y = y_scale.inverse(np.array(y_range))
         r1, r2 = st.columns(2)
-        x_lo = r1.number_input(f"{x_ch} from", value=float(raw_x[0]), key="rect_x0", format="%.4g")
-        x_hi = r2.number_input(f"{x_ch} to", value=float(raw_x[1]), key="rect_x1", format="%.4g")
-        y_lo = r1.number_input(f"{y_ch} from", value=float(raw_y[0]), key="rect_y0", format="%.4g")
-        y_hi = r2.number_input(f"{y_ch} to", value=float(raw_y[1]), key="rect_y1", format="%.4g")
+        # Keyed by patient and channel: numbers typed for one channel never carry over to another.
+        x_label, y_label = channel_label(sample, x_ch), channel_label(sample, y_ch)
+        x_key, y_key = f"rect_{patient}_{x_ch}", f"rect_{patient}_{y_ch}_y"
+        x_lo = r1.number_input(f"{x_label} from", value=float(raw_x[0]), key=f"{x_key}_from", format="%.4g")
+        x_hi = r2.number_input(f"{x_label} to", value=float(raw_x[1]), key=f"{x_key}_to", format="%.4g")
+        y_lo = r1.number_input(f"{y_label} from", value=float(raw_y[0]), key=f"{y_key}_from", format="%.4g")
+        y_hi = r2.number_input(f"{y_label} to", value=float(raw_y[1]), key=f"{y_key}_to", format="%.4g")
         if st.button("Add rectangle gate", key="add_rect"):
             try:
                 gate = rectangle_gate(gate_name, x_ch, y_ch, tuple(x_scale.forward(np.array([x_lo, x_hi]))),
@@ -152,7 +158,7 @@ with right:
     if not len(tree):
         st.caption("No gates yet for this patient.")
     else:
-        stats = tree.statistics(sample, masks)
+        stats = tree.statistics(sample, masks, channel_label=channel_label)
         stats["gate"] = ["\u2003" * d + ("└ " if d else "") + g for g, d in zip(stats["gate"], stats["depth"])]
         st.dataframe(stats.drop(columns=["depth"]), hide_index=True, width="stretch",
                      column_config={"% of parent": st.column_config.NumberColumn(format="%.1f"),
@@ -176,7 +182,7 @@ with right:
             adjust = st.selectbox("Adjust a gate on these axes to the current selection", same, key="adjust_which")
             if st.button("Replace its shape", key="adjust_gate"):
                 new_tree = tree.copy()
-                new_tree.replace_geometry(adjust, pending["vertices"], pending["kind"])
+                new_tree.replace_geometry(adjust, pending["vertices"], pending["kind"], x_scale, y_scale)
                 _commit(new_tree, f"Adjusted {adjust!r} for {patient}.")
                 st.rerun()
 
@@ -186,12 +192,19 @@ if len(tree):
     with u1:
         leaves = [g.name for g in tree.leaves()]
         st.caption(f"Training labels: {', '.join(leaves)} and `other`.")
-        if st.button("Use these gates as this patient's labels", type="primary", key="gates_to_labels"):
-            store.set_labels(patient, tree.labels(sample, masks), "gates drawn")
+        new_labels = tree.labels(sample, masks)
+        current = record.labels if record.is_labeled else None
+        if current is not None and np.array_equal(np.asarray(current).astype(str), new_labels.astype(str)):
+            st.caption(f"{patient}'s labels are these gates' populations.")
+        elif confirm_action(
+                f"gates_to_labels_{patient}", "Use these gates as this patient's labels", "Replace the labels",
+                lambda: (st.markdown(f"**{patient}**: labels now ({record.label_source or 'none'}) and from the "
+                                     "gates, cells per population:"), show_label_change(current, new_labels)),
+                help="Shows the population counts before and after, and asks before replacing anything."):
+            store.set_labels(patient, new_labels, "gates drawn")
             state["gate_message"] = f"{patient} is now a labeled (historical) patient."
             st.rerun()
-        if record.label_source == "gates drawn":
-            st.caption(f"{patient}'s labels come from these gates.")
+        label_versions(store, patient, f"gate_versions_{patient}")
     with u2:
         others = [n for n in names if n != patient]
         targets = st.multiselect("Copy this gate tree to", others, key="copy_targets",
@@ -210,3 +223,5 @@ if len(tree):
             else:
                 state["gate_message"] = f"Copied {len(tree)} gates to {', '.join(targets)}."
                 st.rerun()
+
+transform_editor(store, channels, sample, "g_tf")

@@ -1,16 +1,18 @@
 """Train: fit a gating model on historical patients and check it patient by patient."""
 
 import inspect
-import time
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from gating_core.app_state import common_channels
-from ui.common import get_store, require_patients
-from ui.models import load_model_bytes, model_bytes
+from gating_core.app_state import common_channels, incompatible_label_sets, label_set_disagreements
+from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcome, job_progress, refresh_status,
+                       require_patients)
+from ui.jobs import DONE, format_seconds, jobs_for
+from ui.training import start_check, start_training
+from ui.models import load_model_bytes, model_bytes, model_channel_labels
 
 store = get_store()
 st.title("Train a gating model")
@@ -24,6 +26,7 @@ with st.expander("Load a saved model (.npz, as written by this app or `python -m
         try:
             model = load_model_bytes(model_file.getvalue(), store.work_dir)
             store.add_model(f"loaded: {model_file.name[:60]}", model)
+            refresh_status(store)
             st.session_state["loaded_model_id"] = model_file.file_id
             st.success(f"Loaded a model for {', '.join(map(str, model.populations_))}.")
         except Exception as exc:  # ModelFileError and anything else: shown, never raised
@@ -45,6 +48,24 @@ default_pops = [p for p in all_pops if p.casefold() not in ("other", "ungated")]
 c1, c2 = st.columns([3, 2])
 pops = c1.multiselect("Populations to learn", all_pops, default=default_pops, key="train_pops",
                       help="Cells of populations left out are learned as `other`.")
+# Populations one patient has and another lacks are learned as `other` for the latter: say so,
+# and refuse (unless overridden) when a patient's labeling is of another kind altogether.
+label_sets = {r.name: set(pd.unique(np.asarray(r.labels).astype(str))) & set(pops) for r in records}
+disagreements = label_set_disagreements(label_sets)
+incompatible = incompatible_label_sets(label_sets)
+train_anyway = True
+if disagreements:
+    lines = "\n".join(f"- **{pop}**: none in {', '.join(lacking)}" for pop, lacking in disagreements.items())
+    if incompatible:
+        st.error(f"The label sets of {', '.join(incompatible)} are not like the others' (a population no other "
+                 "patient has, or most populations missing): training would learn the others' populations "
+                 "as `other` there.  \n" + lines + "  \nRestore an earlier label version (Gate or Auto-gate "
+                 "page), leave these patients out, or train anyway.")
+        train_anyway = st.checkbox("Train anyway on these label sets", key="train_anyway")
+    else:
+        st.warning("Some patients have no cells of a population the others have (this can be biology, "
+                   "e.g. a B-cell-depleted patient); their cells are learned as the populations they are "
+                   "labeled with.  \n" + lines)
 method = c2.radio("Method", ["marginal", "pooling"], key="train_method", horizontal=True,
                   format_func=lambda m: {"marginal": "Marginal transfer (recommended)", "pooling": "Pooling"}[m])
 channels_all = common_channels([r.sample for r in records])
@@ -68,7 +89,7 @@ def _groups(samples):
     return groups_from_keyword(samples, group_by)
 
 with st.expander("Channels and hyperparameters (automatic unless you change them)"):
-    channels = st.multiselect("Channels", channels_all,
+    channels = st.multiselect("Channels", channels_all, format_func=lambda c: channel_label(records[0].sample, c),
                               default=[c for c in channels_all if c.lower() != "time"], key="train_channels")
     hand = st.checkbox("Set hyperparameters by hand", key="train_hand")
     params = {}
@@ -100,32 +121,35 @@ def _training_labels(record):
     return np.where(keep, labels, "other").astype(object)
 
 
-if st.button("Train model", type="primary", key="train_button", disabled=not pops):
-    bar = st.progress(0.0, text="Starting…")
-
-    def progress(stage, fraction):
-        bar.progress(min(max(float(fraction), 0.0), 1.0), text=f"{stage} ({100 * float(fraction):.0f}%)")
-
-    try:
-        model = GatingModel(method=method, channels=channels or None, **params)
-        model.fit([r.sample for r in records], [_training_labels(r) for r in records], progress=progress,
-                  groups=_groups([r.sample for r in records]))
-    except Exception as exc:
-        bar.empty()
-        st.error(f"Training failed: {exc}")
-    else:
-        bar.progress(1.0, text="Done")
-        name = store.add_model(f"{method}, {len(records)} patients", model, training_patients=chosen)
-        st.success(f"Trained **{name}** on {sum(r.sample.n_events for r in records):,} cells.")
+# Training runs as a background job: leaving the page or reloading does not stop it.
+training = job_progress(store, "train", "train_job")
+if st.button("Train model", type="primary", key="train_button",
+             disabled=not pops or not train_anyway or training is not None,
+             help="One training at a time; it goes on in the background while you use other pages."):
+    samples = [r.sample for r in records]
+    start_training(store, name=f"{method}, {len(records)} patients", method=method, channels=channels,
+                   params=params, samples=samples, labels=[_training_labels(r) for r in records],
+                   groups=_groups(samples), training_patients=chosen)
+    st.rerun()
+job_outcome(store, "train", "Training")
+finished = [j for j in jobs_for(store.library_path, "train") if not j.running]
+if training is None and finished and finished[-1].status == DONE:
+    adopt_finished_jobs(store)
+    last = finished[-1].result
+    label = next((lbl for lbl, i in store.model_ids.items() if i == last["model_id"]), last["name"])
+    st.success(f"Trained **{label}** on {last['n_cells']:,} cells in {format_seconds(finished[-1].elapsed)}.")
+    refresh_status(store)
 
 if store.models:
     st.subheader("Models")
     current = st.selectbox("Current model", list(store.models), key="current_model_pick",
                            index=list(store.models).index(store.current_model))
-    store.current_model = current
+    if store.current_model != current:
+        store.current_model = current
+        refresh_status(store)
     model = store.models[current]
     st.markdown(f"Populations: {', '.join(map(str, model.populations_))}  \n"
-                f"Channels: {', '.join(map(str, model.channels_))}")
+                f"Channels: {', '.join(model_channel_labels(model))}")
     st.download_button("Save model (.npz)", data=lambda: model_bytes(model, store.work_dir),
                        file_name="gating_model.npz", mime="application/octet-stream", key="save_model",
                        help="Same format as the command line: `python -m gating_core gate --model …`.")
@@ -135,33 +159,17 @@ st.caption("Each group of patients (center, batch or run; chosen above) in turn 
            "on the others: the honest estimate of how well a patient from a new run will be gated. Leaving "
            "one patient out is shown beside it. Marginal transfer, pooling and linear discriminant analysis "
            "(LDA, a strong simple baseline) run on the same split, with the settings chosen above.")
-if st.button("Run the check", key="lopo_button"):
-    from gating_core.evaluation import infer_patient_groups, leave_one_group_out, leave_one_patient_out
-
-    bar = st.progress(0.0, text="Starting…")
-
-    def progress(stage, fraction):
-        bar.progress(min(max(float(fraction), 0.0), 1.0), text=f"{stage} ({100 * float(fraction):.0f}%)")
-
-    try:
-        model_params = dict(params)
-        if channels:
-            model_params["channels"] = channels
-        samples, labels = [r.sample for r in records], [_training_labels(r) for r in records]
-        groups = _groups(samples) or infer_patient_groups(samples, labels)
-        tables = []
-        if 1 < len(set(groups)) < len(samples):
-            tables.append(leave_one_group_out(samples, labels, groups, methods=("marginal", "pooling", "lda"),
-                                              model_params=model_params,
-                                              progress=lambda s, f: progress(f"held-out group, {s}", f / 2)))
-        tables.append(leave_one_patient_out(samples, labels, methods=("marginal", "pooling", "lda"),
-                                            model_params=model_params, groups=groups,
-                                            progress=lambda s, f: progress(s, (1 + f) / 2 if tables else f)))
-        store.evaluation = pd.concat(tables, ignore_index=True)
-        bar.progress(1.0, text="Done")
-    except Exception as exc:
-        bar.empty()
-        st.error(f"The check failed: {exc}")
+checking = job_progress(store, "check", "check_job")
+if st.button("Run the check", key="lopo_button", disabled=checking is not None):
+    model_params = dict(params)
+    if channels:
+        model_params["channels"] = channels
+    samples = [r.sample for r in records]
+    start_check(store, samples=samples, labels=[_training_labels(r) for r in records], groups=_groups(samples),
+                model_params=model_params)
+    st.rerun()
+job_outcome(store, "check", "The check")
+adopt_finished_jobs(store)
 
 table = store.evaluation
 if table is not None and len(table):

@@ -3,11 +3,12 @@
 import numpy as np
 import streamlit as st
 
-from gating_core.app_state import shape_from_selection
+from gating_core.app_state import missing_model_channels, shape_from_selection
 from gating_core.gates import AxisScale, GateError, polygon_gate, rectangle_gate
 from gating_core.plotting import population_colors
 from ui import cache, charts, exports
-from ui.common import channel_label, default_xy, scale_select, get_store, require_patients
+from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, refresh_status,
+                       require_patients, scale_select, show_label_change)
 
 LOW = "low confidence"
 store = get_store()
@@ -28,8 +29,13 @@ m1, m2 = st.columns([2, 3])
 model_name = m1.selectbox("Model", list(store.models), index=list(store.models).index(store.current_model),
                           key="ag_model")
 model = store.models[model_name]
-unlabeled = store.unlabeled()
-targets = m2.multiselect("Patients to gate", list(store.patients), default=unlabeled, key="ag_targets")
+# Only patients with every channel the model needs are offered by default; the others are named.
+unfit = {n: missing_model_channels(model, store.patients[n].sample.channels) for n in store.unlabeled()}
+compatible = [n for n, missing in unfit.items() if not missing]
+targets = m2.multiselect("Patients to gate", list(store.patients), default=compatible, key=f"ag_targets_{model_name}")
+for name, missing in unfit.items():
+    if missing:
+        st.caption(f"{name} is not selected: it lacks {', '.join(missing)}, which {model_name} needs.")
 if st.button("Run auto-gating", type="primary", disabled=not targets, key="ag_run"):
     bar = st.progress(0.0, text="Starting…")
     for i, name in enumerate(targets):
@@ -41,6 +47,7 @@ if st.button("Run auto-gating", type="primary", disabled=not targets, key="ag_ru
                      f"{name}: auto-gating failed ({exc})")
     bar.progress(1.0, text="Done")
     state.ag_chart_version += 1
+    refresh_status(store)
 
 gated = [n for n, r in store.patients.items() if r.result is not None or r.result_loader is not None]
 if not gated:
@@ -73,16 +80,15 @@ with left:
     a = st.columns(4)
     x_ch = a[0].selectbox("X channel", channels, index=xi, format_func=lambda c: channel_label(sample, c), key="ag_x")
     y_ch = a[1].selectbox("Y channel", channels, index=yi, format_func=lambda c: channel_label(sample, c), key="ag_y")
-    x_kind = scale_select(a[2], "X transform", x_ch, "ag_xs")
-    y_kind = scale_select(a[3], "Y transform", y_ch, "ag_ys")
+    x_scale_d = scale_select(a[2], "X transform", x_ch, "ag_xs", store)
+    y_scale_d = scale_select(a[3], "Y transform", y_ch, "ag_ys", store)
+    x_kind, y_kind = x_scale_d["kind"], y_scale_d["kind"]
 with right:
     threshold = st.slider("Low-confidence threshold", 0.0, 1.0, 0.6, 0.05, key="ag_threshold",
                           help="Cells below this confidence are highlighted for review.")
     highlight = st.checkbox("Highlight low-confidence cells on the plot", key="ag_highlight")
 
 tokens = (record.token,)
-x_scale_d = cache.scale_for(tokens, x_ch, x_kind, [sample])
-y_scale_d = cache.scale_for(tokens, y_ch, y_kind, [sample])
 x_range = cache.shared_range(tokens, x_ch, x_scale_d, [sample])
 y_range = cache.shared_range(tokens, y_ch, y_scale_d, [sample])
 idx = cache.dots(record.token, sample.n_events)
@@ -127,8 +133,10 @@ with side_col:
                                    help="Leave empty to take every cell inside the shape.")
         if from_pops:
             inside &= np.isin(populations, from_pops)
-        to_pop = st.selectbox("Reassign to", pop_names, key="ag_to")
-        if st.button(f"Reassign {int(inside.sum()):,} cells to {to_pop}", key="ag_reassign"):
+        to_pop = st.selectbox("Reassign to", pop_names, index=None, placeholder="Choose a population",
+                              key="ag_to")
+        if st.button(f"Reassign {int(inside.sum()):,} cells" + (f" to {to_pop}" if to_pop else ""),
+                     key="ag_reassign", disabled=to_pop is None):
             corrected = populations.astype(object).copy()
             corrected[inside] = to_pop
             new_confidence = confidence.copy()
@@ -145,14 +153,25 @@ st.dataframe(stats.drop(columns=["patient"]), hide_index=True, width="stretch",
                  "count": st.column_config.NumberColumn(format="%d"),
                  "mean confidence": st.column_config.NumberColumn(format="%.3f")})
 
-b1, b2 = st.columns([1, 3])
-if b1.button("Accept this patient", type="primary", key="ag_accept",
-             help="Its (corrected) populations become labels: it joins the historical patients."):
-    store.accept(patient)
-    st.rerun()
 if record.corrected is not None:
     n_changed = int((np.asarray(record.corrected).astype(str) != np.asarray(result.populations).astype(str)).sum())
-    b2.caption(f"{n_changed:,} cells corrected by hand.")
+    st.caption(f"{n_changed:,} cells corrected by hand.")
+reviewed = np.asarray(record.populations).astype(str)
+already_labels = record.is_labeled and np.array_equal(np.asarray(record.labels).astype(str), reviewed)
+is_novel = novelty is not None and bool(getattr(novelty, "is_novel", False))
+if already_labels:
+    st.button("Accepted", key=f"ag_accept_{patient}", disabled=True,
+              help="These populations are this patient's labels; correct cells to accept again.")
+elif confirm_action(
+        f"ag_accept_{patient}", "Accept this patient…", "Accept: make these its labels",
+        lambda: (st.markdown(f"**{patient}**: its labels now and after accepting, cells per population:"),
+                 show_label_change(record.labels if record.is_labeled else None, reviewed)),
+        acknowledge=(f"{patient} is unlike every training patient; I reviewed its populations by hand."
+                     if is_novel else None),
+        help="Its (corrected) populations become labels: it joins the historical patients."):
+    store.accept(patient)
+    st.rerun()
+label_versions(store, patient, f"ag_versions_{patient}")
 
 st.subheader("Export")
 e = st.columns(4)

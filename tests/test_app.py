@@ -120,7 +120,7 @@ def test_mismatched_channel_names_are_shown_and_matched(library, tmp_path, sampl
     at.run()
     assert "channel names differ" in at.warning[0].value
     mismatch = at.dataframe[1].value
-    assert sorted(mismatch.index) == ["CD3-FITC", "FL1-A"]
+    assert sorted(mismatch.index) == ["CD3 (FL1-A)", "CD3-FITC"]  # marker with detector, once
     at.selectbox(key="rename_patient").set_value("other")
     at.run()
     at.selectbox(key="rename_from").set_value("CD3-FITC")
@@ -171,10 +171,10 @@ def test_gate_nested_rectangles_stats_undo_copy_labels_and_persist(library):
     assert at.selectbox(key="g_xs_FSC-A").value == "linear"  # scatter channels start linear
     assert at.selectbox(key="g_ys_SSC-A").value == "linear"
     at.text_input(key="gate_name").input("Cells")
-    at.number_input(key="rect_x0").set_value(40000.0)
-    at.number_input(key="rect_x1").set_value(250000.0)
-    at.number_input(key="rect_y0").set_value(0.0)
-    at.number_input(key="rect_y1").set_value(150000.0)
+    at.number_input(key="rect_new_patient_01_FSC-A_from").set_value(40000.0)
+    at.number_input(key="rect_new_patient_01_FSC-A_to").set_value(250000.0)
+    at.number_input(key="rect_new_patient_01_SSC-A_y_from").set_value(0.0)
+    at.number_input(key="rect_new_patient_01_SSC-A_y_to").set_value(150000.0)
     at.button(key="add_rect").click()
     at.run()
     assert not at.exception and not at.error
@@ -190,10 +190,10 @@ def test_gate_nested_rectangles_stats_undo_copy_labels_and_persist(library):
     assert at.selectbox(key="g_xs_FL1-A").value == "arcsinh"  # fluorescence starts arcsinh
     assert at.selectbox(key="g_ys_FL3-A").value == "arcsinh"
     at.text_input(key="gate_name").input("CD3+")
-    at.number_input(key="rect_x0").set_value(1000.0)
-    at.number_input(key="rect_x1").set_value(1e6)
-    at.number_input(key="rect_y0").set_value(-1e6)
-    at.number_input(key="rect_y1").set_value(1e6)
+    at.number_input(key="rect_new_patient_01_FL1-A_from").set_value(1000.0)
+    at.number_input(key="rect_new_patient_01_FL1-A_to").set_value(1e6)
+    at.number_input(key="rect_new_patient_01_FL3-A_y_from").set_value(-1e6)
+    at.number_input(key="rect_new_patient_01_FL3-A_y_to").set_value(1e6)
     at.button(key="add_rect").click()
     at.run()
     assert not at.exception and not at.error
@@ -216,7 +216,9 @@ def test_gate_nested_rectangles_stats_undo_copy_labels_and_persist(library):
     at.button(key="copy_tree").click()
     at.run()
     assert "Copied 1 gates to new_patient_02" in at.success[0].value
-    at.button(key="gates_to_labels").click()
+    at.button(key="gates_to_labels_new_patient_01").click()
+    at.run()
+    at.button(key="gates_to_labels_new_patient_01_confirm").click()
     at.run()
     store = store_of(at)
     labels = store.patients["new_patient_01"].labels
@@ -258,13 +260,8 @@ def test_gate_from_a_lasso_selection(library):
 
 
 def store_scale(at, channel):
-    from gating_core.gates import suggest_scale
-
-    record = store_of(at).patients["patient_01"]
-    values = record.sample.events[:, record.sample.channel_index(channel)]
-    from gating_core.plotting import subsample_indices
-
-    return suggest_scale("linear", values[subsample_indices(values.size, 100_000)]).to_dict()
+    """The scale the Gate page draws ``channel`` on: the panel's (scatter channels linear)."""
+    return store_of(at).panel_transform(channel).to_dict()
 
 
 # ------------------------------------------------------------------------------------ Train + Auto-gate + Export
@@ -284,9 +281,20 @@ def trained(library):
     at.run()
     at.button(key="train_button").click()
     at.run()
+    finish_jobs(at)
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     assert at.success and at.success[0].value.startswith("Trained")
+    return at
+
+
+def finish_jobs(at: AppTest, timeout: float = 600) -> AppTest:
+    """Wait for the background jobs on this session's library, then let the page show them."""
+    from ui.jobs import jobs_for
+
+    for job in jobs_for(store_of(at).library_path):
+        assert job.wait(timeout), f"{job.title} did not finish"
+    at.run()
     return at
 
 
@@ -302,7 +310,8 @@ def test_train_lopo_autogate_correct_accept_export(trained, sample_data_dir):
     base = read_fcs(sample_data_dir / "new" / "new_patient_02.fcs", compensate=True)
     store.add_patient("drifted", Sample("drifted", base.events * 3, base.channels, compensated=True))
     at = goto(at, "pages/5_autogate.py")
-    assert at.multiselect(key="ag_targets").value == ["new_patient_01", "new_patient_02", "new_patient_03", "drifted"]
+    assert at.multiselect(key=f"ag_targets_{store.current_model}").value == [
+        "new_patient_01", "new_patient_02", "new_patient_03", "drifted"]
     at.button(key="ag_run").click()
     at.run()
     assert not at.exception and not at.error
@@ -348,7 +357,9 @@ def test_train_lopo_autogate_correct_accept_export(trained, sample_data_dir):
     corrected[:10] = target
     store.correct("new_patient_01", corrected, np.ones(record.n_events))
     at.run()
-    at.button(key="ag_accept").click()
+    at.button(key="ag_accept_new_patient_01").click()
+    at.run()
+    at.button(key="ag_accept_new_patient_01_confirm").click()
     at.run()
     assert not at.exception
     assert store.patients["new_patient_01"].is_labeled
@@ -368,6 +379,7 @@ def test_leave_one_patient_out_table_marks_the_worst_patient(trained):
     store = store_of(at)
     at.button(key="lopo_button").click()
     at.run()
+    finish_jobs(at)
     assert not at.exception and not at.error, [e.value for e in at.error]
     table = store.evaluation
     assert sorted(table["patient"].unique()) == ["patient_01", "patient_02", "patient_03"]
@@ -378,6 +390,11 @@ def test_leave_one_patient_out_table_marks_the_worst_patient(trained):
     spec = plotly_spec(at)
     assert [t["name"] for t in spec["data"]] == ["marginal", "pooling", "lda"]
     assert sorted(spec["data"][0]["x"]) == ["patient_01", "patient_02", "patient_03"]
+    # the check ran as a background job and left its table in the library: a reload shows it
+    again = goto(start(), "pages/4_train.py")
+    pd.testing.assert_frame_equal(store_of(again).evaluation.reset_index(drop=True)[list(table.columns)],
+                                  table.reset_index(drop=True), check_dtype=False)
+    assert any(f"Worst patient: **{worst}**" in w.value for w in again.warning)
 
 
 def test_model_save_and_load_round_trip_in_the_app(trained, tmp_path):
@@ -424,3 +441,377 @@ def test_flowjo_workspace_uploaded_with_its_fcs_labels_the_patient(library, tmp_
     assert table.loc["patient_05", "populations (count)"].startswith(
         f"Mononuclear {inside:,} · other {raw.n_events - inside:,}" if inside >= raw.n_events / 2
         else f"other {raw.n_events - inside:,} · Mononuclear {inside:,}")
+
+
+# ------------------------------------------------------------------------------------ Issue 12 defects
+
+def sidebar_text(at: AppTest) -> str:
+    """The sidebar's session status. (AppTest drops sidebar elements drawn before the page on
+    reruns; the status a page redraws after changing the session is what this reads.)"""
+    return " ".join(m.value for m in at.sidebar.markdown)
+
+
+def test_channel_label_shows_marker_with_detector_once():
+    from gating_core.plotting import channel_label
+
+    assert channel_label("FL3-A", "CD4") == "CD4 (FL3-A)"
+    assert channel_label("FL3-A", "") == "FL3-A"
+    assert channel_label("FL3-A", None) == "FL3-A"
+    assert channel_label("CD4", "cd4") == "CD4"
+    assert channel_label("FSC-HLin", "Forward Scatter (FSC-HLin)") == "Forward Scatter (FSC-HLin)"
+
+
+def test_tables_name_channels_by_marker_with_detector(trained):
+    at = goto(trained, "pages/1_data.py")
+    with_markers = at.dataframe[1].value  # the channel list of the Data page
+    assert "CD4 (FL3-A)" in list(with_markers["channel"]) and "FSC-A" in list(with_markers["channel"])
+    at = goto(at, "pages/4_train.py")
+    assert "Channels: FSC-A, SSC-A, CD3 (FL1-A)" in " ".join(m.value for m in at.markdown)
+    at = goto(at, "pages/5_autogate.py")
+    at.button(key="ag_run").click()
+    at.run()
+    stats = at.dataframe[0].value
+    assert "median CD4 (FL3-A)" in stats.columns and "median FL3-A" not in stats.columns
+    assert not [c for c in stats.columns if c.count("FL3-A") > 1]
+
+
+def test_gate_tree_axes_named_by_marker(library):
+    at = load_sample_data(start())
+    at = goto(at, "pages/3_gate.py")
+    at.selectbox(key="g_x").set_value("FL1-A")
+    at.selectbox(key="g_y").set_value("FL3-A")
+    at.run()
+    at.text_input(key="gate_name").input("CD3+")
+    at.number_input(key="rect_patient_01_FL1-A_from").set_value(1000.0)
+    at.button(key="add_rect").click()
+    at.run()
+    assert at.dataframe[0].value.iloc[0]["axes"] == "CD3 (FL1-A) / CD4 (FL3-A)"
+
+
+def test_transform_is_decided_once_per_panel_and_copied_gates_are_drawn(library, sample_data_dir):
+    from gating_core.gates import suggest_scale
+
+    # The defect: a cofactor chosen from each patient's own values differs between patients.
+    p01 = read_fcs(sample_data_dir / "patient_01.fcs", compensate=True)
+    n03 = read_fcs(sample_data_dir / "new" / "new_patient_03.fcs", compensate=True)
+    cd4 = lambda s: s.events[:, s.channel_index("FL3-A")]  # noqa: E731
+    assert suggest_scale("arcsinh", cd4(p01)).cofactor != suggest_scale("arcsinh", cd4(n03)).cofactor
+
+    at = load_sample_data(start())
+    at = goto(at, "pages/3_gate.py")
+    store = store_of(at)
+    at.selectbox(key="g_x").set_value("FL1-A")
+    at.selectbox(key="g_y").set_value("FL3-A")
+    at.run()
+    spec = plotly_spec(at)
+    at.text_input(key="gate_name").input("CD4+")
+    at.number_input(key="rect_patient_01_FL3-A_y_from").set_value(2000.0)
+    at.button(key="add_rect").click()
+    at.run()
+    gate = store.patients["patient_01"].gate_tree["CD4+"]
+    assert gate.y_scale.kind == "arcsinh" and gate.y_scale.cofactor == 150.0  # flow panel: 150, not 5
+    at.multiselect(key="copy_targets").set_value(["new_patient_03"])
+    at.run()
+    at.button(key="copy_tree").click()
+    at.run()
+    # new_patient_03 is drawn on the same axes as patient_01, with the copied gate on them
+    at.selectbox(key="gate_patient").set_value("new_patient_03")
+    at.run()
+    assert not at.exception
+    spec_03 = plotly_spec(at)
+    assert spec_03["layout"]["yaxis"]["tickvals"] == spec["layout"]["yaxis"]["tickvals"] or \
+        spec_03["layout"]["yaxis"]["ticktext"][:3] == spec["layout"]["yaxis"]["ticktext"][:3]
+    shapes = spec_03["layout"].get("shapes", [])
+    assert len(shapes) == 1 and shapes[0]["type"] == "rect"
+    assert [a["text"] for a in spec_03["layout"]["annotations"] if "CD4+" in a["text"]] == ["<b>CD4+</b>"]
+    y_lo = shapes[0]["y0"]
+    assert y_lo == pytest.approx(np.arcsinh(2000.0 / 150.0))
+    counts_before = int(store.patients["new_patient_03"].gate_tree.memberships(n03)["CD4+"].sum())
+    (x0, y0), (x1, y1) = gate.vertices
+    cd3 = n03.events[:, n03.channel_index("FL1-A")]
+    raw_x, raw_y = gate.x_scale.inverse(np.array([x0, x1])), gate.y_scale.inverse(np.array([y0, y1]))
+    expected = (cd3 >= raw_x[0]) & (cd3 <= raw_x[1]) & (cd4(n03) >= raw_y[0]) & (cd4(n03) <= raw_y[1])
+    assert abs(counts_before - int(expected.sum())) <= 2 and counts_before > 100  # edges go through float32
+
+    # The user sets CD4's cofactor for the whole panel; it is kept in the library.
+    at.selectbox(key="g_tf_channel").set_value("FL3-A")
+    at.run()
+    at.number_input(key="g_tf_cofactor_FL3-A").set_value(500.0)
+    at.button(key="g_tf_apply").click()
+    at.run()
+    assert not at.exception and store.panel_transform("FL3-A").cofactor == 500.0
+    spec_500 = plotly_spec(at)
+    # the gate drawn on cofactor 150 keeps its cells, and is drawn mapped onto the new axis
+    (shape,) = spec_500["layout"]["shapes"]
+    assert shape["type"] == "path"
+    assert int(store.patients["new_patient_03"].gate_tree.memberships(n03)["CD4+"].sum()) == counts_before
+    again = store_of(start())
+    assert again.panel_transform("FL3-A").cofactor == 500.0
+    assert again.panel_transform("FL1-A").cofactor == 150.0
+    assert again.panel_transform("FSC-A").kind == "linear"
+
+
+def test_gates_as_labels_asks_with_counts_and_can_be_undone(library, sample_data_dir):
+    at = load_sample_data(start())
+    at = goto(at, "pages/3_gate.py")
+    store = store_of(at)
+    expert = pd.read_csv(sample_data_dir / "patient_01.labels.csv")["population"].to_numpy(str)
+    at.text_input(key="gate_name").input("Cells")
+    at.number_input(key="rect_patient_01_FSC-A_from").set_value(40000.0)
+    at.button(key="add_rect").click()
+    at.run()
+    inside = store.patients["patient_01"].gate_tree.memberships(store.patients["patient_01"].sample)["Cells"]
+    at.button(key="gates_to_labels_patient_01").click()
+    at.run()
+    # asked first: before/after counts per population, and the expert populations that would go
+    change = at.dataframe[1].value.set_index("population")
+    expert_counts = pd.Series(expert).value_counts()
+    assert change.loc["CD4 T cells", "before"] == expert_counts["CD4 T cells"] == 2495
+    assert change.loc["CD4 T cells", "after"] == 0
+    assert change.loc["Cells", "before"] == 0 and change.loc["Cells", "after"] == inside.sum()
+    assert change.loc["other", "after"] == (~inside).sum()
+    assert any("B cells, CD4 T cells, CD8 T cells, Debris, Granulocytes, Monocytes, NK cells" in w.value for w in at.warning)
+    np.testing.assert_array_equal(store.patients["patient_01"].labels.astype(str), expert)  # nothing changed yet
+    at.button(key="gates_to_labels_patient_01_cancel").click()
+    at.run()
+    np.testing.assert_array_equal(store.patients["patient_01"].labels.astype(str), expert)
+    at.button(key="gates_to_labels_patient_01").click()
+    at.run()
+    at.button(key="gates_to_labels_patient_01_confirm").click()
+    at.run()
+    assert not at.exception
+    assert set(store.patients["patient_01"].labels) == {"Cells", "other"}
+
+    # Training on it beside expert-labeled patients is refused unless the user insists.
+    at = goto(at, "pages/4_train.py")
+    assert any("patient_01" in e.value and "not like the others" in e.value for e in at.error)
+    assert at.button(key="train_button").disabled
+    at.checkbox(key="train_anyway").check()
+    at.run()
+    assert not at.button(key="train_button").disabled
+
+    # Undo: the expert labels are an earlier version, restored in the app.
+    at = goto(at, "pages/3_gate.py")
+    versions = at.dataframe[1].value
+    assert list(versions["from"]) == ["gates drawn in the app", "imported labels"]
+    assert list(versions["current"]) == ["✓", ""]
+    at.button(key="gate_versions_patient_01_restore").click()
+    at.run()
+    assert not at.exception
+    np.testing.assert_array_equal(store.patients["patient_01"].labels.astype(str), expert)
+    assert store.patients["patient_01"].label_source == "labels CSV"
+    reloaded = store_of(start()).patients["patient_01"]
+    np.testing.assert_array_equal(reloaded.labels.astype(str), expert)
+
+    # patient_08 has no B cells (depleted): a warning, not a refusal
+    at = goto(at, "pages/4_train.py")
+    assert not at.error
+    assert any("B cells**: none in patient_08" in w.value for w in at.warning)
+    assert not at.button(key="train_button").disabled
+
+
+def test_sample_data_twice_says_already_loaded(library):
+    at = load_sample_data(start())
+    assert "11" in sidebar_text(at) and "**11** patients loaded" in sidebar_text(at)  # same run, not stale
+    at = load_sample_data(at)
+    assert not at.success or "Loaded" not in at.success[0].value
+    notes = [m.value for m in at.info]
+    assert any(n.startswith("Already in the library, not loaded again: patient_01, ") for n in notes)
+    assert not any("not added" in n for n in notes)
+    assert len(store_of(at).patients) == 11
+
+
+def test_reupload_asks_replace_keep_both_or_skip(library, sample_data_dir):
+    at = start()
+    data = (sample_data_dir / "new" / "new_patient_02.fcs").read_bytes()
+    other = (sample_data_dir / "new" / "new_patient_03.fcs").read_bytes()
+    at.file_uploader(key="uploads").set_value([("new_patient_02.fcs", data, "application/octet-stream")])
+    at.run()
+    assert list(store_of(at).patients) == ["new_patient_02"]
+    assert "**1** patients loaded" in sidebar_text(at)
+    # the same name again: nothing happens until the user chooses
+    at.file_uploader(key="uploads").set_value([("new_patient_02.fcs", other, "application/octet-stream")])
+    at.run()
+    assert list(store_of(at).patients) == ["new_patient_02"]
+    assert any("have the name of a patient already loaded" in w.value for w in at.warning)
+    assert at.button(key="clash_apply").disabled
+    at.radio(key="clash_0_new_patient_02").set_value("keep both")
+    at.run()
+    at.button(key="clash_apply").click()
+    at.run()
+    store = store_of(at)
+    assert list(store.patients) == ["new_patient_02", "new_patient_02_2"]
+    assert store.patients["new_patient_02_2"].n_events == read_fcs(sample_data_dir / "new" / "new_patient_03.fcs").n_events
+    # replace
+    at.file_uploader(key="uploads").set_value([("new_patient_02.fcs", other, "application/octet-stream")])
+    at.run()
+    at.radio(key="clash_0_new_patient_02").set_value("replace")
+    at.run()
+    at.button(key="clash_apply").click()
+    at.run()
+    store = store_of(at)
+    assert sorted(store.patients) == ["new_patient_02", "new_patient_02_2"]
+    np.testing.assert_array_equal(store.patients["new_patient_02"].sample.events,
+                                  read_fcs(sample_data_dir / "new" / "new_patient_03.fcs", compensate=True).events)
+    # skip
+    at.file_uploader(key="uploads").set_value([("new_patient_02.fcs", data, "application/octet-stream")])
+    at.run()
+    at.radio(key="clash_0_new_patient_02").set_value("skip")
+    at.run()
+    at.button(key="clash_apply").click()
+    at.run()
+    assert sorted(store_of(at).patients) == ["new_patient_02", "new_patient_02_2"]
+    assert any("skipped" in m.value for m in at.info)
+    assert sorted(store_of(start()).patients) == ["new_patient_02", "new_patient_02_2"]  # the library agrees
+
+
+def test_remove_asks_before_deleting_from_the_library(library):
+    at = load_sample_data(start())
+    at.selectbox(key="remove_patient").set_value("patient_02")
+    at.run()
+    at.button(key="remove_button").click()
+    at.run()
+    assert "patient_02" in store_of(at).patients
+    assert any("Delete **patient_02** from the library?" in w.value for w in at.warning)
+    at.button(key="remove_cancel").click()
+    at.run()
+    assert "patient_02" in store_of(at).patients and "patient_02" in store_of(start()).patients
+    at.button(key="remove_button").click()
+    at.run()
+    at.button(key="remove_confirm").click()
+    at.run()
+    assert "patient_02" not in store_of(at).patients
+    assert "patient_02" not in store_of(start()).patients
+
+
+def test_typed_rectangle_numbers_follow_the_channel(library):
+    at = load_sample_data(start())
+    at = goto(at, "pages/3_gate.py")
+    at.number_input(key="rect_patient_01_FSC-A_from").set_value(40000.0)
+    at.run()
+    at.selectbox(key="g_x").set_value("FL1-A")
+    at.run()
+    typed_for_fsc = 40000.0
+    fl1_from = at.number_input(key="rect_patient_01_FL1-A_from").value
+    assert fl1_from != typed_for_fsc and fl1_from < 0  # the FL1-A (arcsinh) axis starts below zero
+    assert at.number_input(key="rect_patient_01_FL1-A_from").label == "CD3 (FL1-A) from"
+
+
+def test_autogate_targets_compatible_patients_and_accept_asks(trained, sample_data_dir):
+    from gating_core.fcs import Channel, Sample
+
+    at = trained
+    store = store_of(at)
+    assert "Model: **marginal, 3 patients" in sidebar_text(at)  # the sidebar follows the training
+    base = read_fcs(sample_data_dir / "new" / "new_patient_02.fcs", compensate=True)
+    keep = [i for i, c in enumerate(base.channels) if c.pnn != "FL5-A"]
+    store.add_patient("no_cd14", Sample("no_cd14", base.events[:, keep], [base.channels[i] for i in keep],
+                                        compensated=True))
+    store.add_patient("drifted", Sample("drifted", base.events * 3, base.channels, compensated=True))
+    at = goto(at, "pages/5_autogate.py")
+    targets = at.multiselect(key=f"ag_targets_{store.current_model}")
+    assert targets.value == ["new_patient_01", "new_patient_02", "new_patient_03", "drifted"]
+    assert any("no_cd14 is not selected: it lacks FL5-A" in c.value for c in at.caption)
+    at.button(key="ag_run").click()
+    at.run()
+    assert not at.exception and not at.error
+    assert "Auto-gated: **4**" in sidebar_text(at)
+    # accepting a novel patient needs a tick that it was reviewed
+    at.selectbox(key="ag_patient").set_value("drifted")
+    at.run()
+    at.button(key="ag_accept_drifted").click()
+    at.run()
+    change = at.dataframe[1].value.set_index("population")
+    counts = pd.Series(store.patients["drifted"].result.populations.astype(str)).value_counts()
+    assert change["after"].to_dict() == counts.to_dict() and (change["before"] == 0).all()
+    assert at.button(key="ag_accept_drifted_confirm").disabled
+    at.checkbox(key="ag_accept_drifted_ack").check()
+    at.run()
+    at.button(key="ag_accept_drifted_confirm").click()
+    at.run()
+    assert not at.exception and store.patients["drifted"].is_labeled
+    assert at.button(key="ag_accept_drifted").disabled  # accepted: nothing left to accept
+    assert "drifted" in store_of(start()).labeled()  # kept in the library
+
+
+def test_training_runs_in_the_background_survives_a_reload_and_can_be_cancelled(library):
+    from gating_core.library import PatientLibrary
+    from ui.jobs import CANCELLED, DONE, jobs_for
+
+    at = load_sample_data(start())
+    at = goto(at, "pages/4_train.py")
+    at.multiselect(key="train_patients").set_value(["patient_01", "patient_02", "patient_03"])
+    at.run()
+    # with model selection (the default) training takes long enough to leave it and cancel it
+    at.button(key="train_button").click()
+    at.run()
+    (job,) = jobs_for(store_of(at).library_path, "train")
+    assert job.running and at.button(key="train_button").disabled
+    assert at.get("progress") and "Training marginal, 3 patients" in at.get("progress")[0].proto.text
+    # leave the page, then a reload (a new session on the same library) finds the running job
+    goto(at, "pages/1_data.py")
+    assert job.running or job.status == DONE
+    other = start()
+    if job.running:  # every page's sidebar says a training goes on
+        assert any(c.value.startswith("Training marginal, 3 patients: ") and "in the background" in c.value
+                   for c in other.sidebar.caption)
+    other = goto(other, "pages/4_train.py")
+    if job.running:
+        assert other.button(key="train_job_cancel") is not None
+    assert job.wait(600) and job.status == DONE
+    other.run()
+    assert other.success and other.success[0].value.startswith("Trained **marginal, 3 patients (v1)** on ")
+    assert store_of(other).current_model == "marginal, 3 patients (v1)"
+    assert [m.name for m in PatientLibrary(library).models()] == ["marginal, 3 patients"]
+    assert PatientLibrary(library).models()[0].training_patients == ["patient_01", "patient_02", "patient_03"]
+
+    # a second training, cancelled: nothing is stored
+    other.button(key="train_button").click()
+    other.run()
+    second = jobs_for(store_of(other).library_path, "train")[-1]
+    assert second is not job and second.running
+    other.button(key="train_job_cancel").click()
+    other.run()
+    assert second.wait(600) and second.status == CANCELLED
+    other.run()
+    assert any(m.value.startswith("Training cancelled after ") for m in other.info)
+    assert len(PatientLibrary(library).models()) == 1
+
+
+def test_background_job_reports_progress_estimates_time_and_stops_when_cancelled(tmp_path):
+    import threading
+
+    from ui.jobs import CANCELLED, DONE, FAILED, format_seconds, jobs_for, running_job, start_job
+
+    gate = threading.Event()
+    steps = []
+
+    def work(report):
+        for k in range(1000):
+            report(f"step {k}", k / 1000)
+            steps.append(k)
+            if k == 10:
+                gate.wait(30)  # hold here until the test has looked and cancelled
+        return "finished"
+
+    job = start_job("train", "Training a test", tmp_path, work)
+    assert running_job(tmp_path, "train") is job and jobs_for(tmp_path / "." , "train") == [job]
+    while len(steps) < 11:
+        threading.Event().wait(0.01)
+    assert job.stage == "step 10" and job.fraction == pytest.approx(0.01)
+    assert job.remaining_seconds() is None  # under 2%: too early to guess
+    job.fraction = 0.25  # a quarter done after ``elapsed`` seconds: three times as long to go
+    assert job.remaining_seconds() == pytest.approx(3 * job.elapsed, rel=0.05)
+    job.cancel()
+    gate.set()
+    assert job.wait(30) and job.status == CANCELLED and job.result is None
+    assert steps[-1] == 10  # the next report stopped it
+    assert running_job(tmp_path, "train") is None
+
+    done = start_job("check", "A check", tmp_path, lambda report: report("only step", 0.5) or 42)
+    failed = start_job("check", "A failing check", tmp_path, lambda report: 1 / 0)
+    assert done.wait(30) and failed.wait(30)
+    assert (done.status, done.result, done.fraction) == (DONE, 42, 1.0)
+    assert failed.status == FAILED and "division by zero" in failed.error
+    assert [j.title for j in jobs_for(tmp_path)] == ["Training a test", "A check", "A failing check"]
+    assert (format_seconds(5), format_seconds(125), format_seconds(3725)) == ("5 s", "2 min 05 s", "1 h 02 min")

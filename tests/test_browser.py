@@ -133,6 +133,17 @@ def lasso(page, plot, points):
     page.mouse.up()
 
 
+def choose(page, label, option):
+    """Pick ``option`` in the select box or multiselect labelled ``label``, with the mouse."""
+    widget = page.locator("[data-testid=stSelectbox], [data-testid=stMultiSelect]").filter(
+        has=page.get_by_text(label, exact=True)).first
+    widget.locator("input").first.click()
+    page.get_by_role("option", name=option, exact=True).first.click()
+    # Close a multiselect's list by clicking the page title: Escape would clear a clearable select box.
+    page.locator("h1").first.click()
+    wait_idle(page)
+
+
 def open_page(page, title):
     page.get_by_test_id("stSidebarNav").get_by_text(title, exact=True).click()
     page.get_by_role("heading", name=HEADINGS[title]).first.wait_for(timeout=60_000)
@@ -179,6 +190,20 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     stored = PatientLibrary(library_with_patients).load_gates("patient_01")
     (gate,) = stored["gates"]
     assert gate["name"] == "Main population" and gate["kind"] == "polygon" and len(gate["vertices"]) >= 5
+    assert len(page.locator(".js-plotly-plot").first.locator(".shapelayer path").all()) == 1
+
+    # Copy the tree to the uploaded patient: drawn there on the same panel-wide axes.
+    choose(page, "Copy this gate tree to", "new_patient_01")
+    page.get_by_role("button", name="Copy gate tree").click()
+    page.get_by_text("Copied 1 gates to new_patient_01").wait_for()
+    wait_idle(page)
+    choose(page, "Patient", "new_patient_01")
+    page.get_by_text("new_patient_01 · (all events)").wait_for()
+    wait_idle(page)
+    assert len(page.locator(".js-plotly-plot").first.locator(".shapelayer path").all()) == 1
+    page.screenshot(path=str(artifacts_dir / "3b_gate_copied.png"), full_page=True)
+    choose(page, "Patient", "patient_01")
+    wait_idle(page)
 
     # Train on the three library patients.
     open_page(page, "Train")
@@ -199,8 +224,16 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
 
     # Correct: lasso a region of the predicted-population scatter, reassign its cells.
     lasso(page, page.locator(".js-plotly-plot").first, [(0.05, 0.05), (0.5, 0.05), (0.5, 0.6), (0.05, 0.6), (0.05, 0.06)])
-    reassign = page.get_by_role("button", name=re.compile(r"^Reassign [0-9,]+ cells to "))
-    reassign.wait_for()
+    unchosen = page.get_by_role("button", name=re.compile(r"^Reassign [0-9,]+ cells$"))
+    unchosen.wait_for()
+    assert unchosen.is_disabled()  # no population is picked for the user
+    wait_idle(page)
+    choose(page, "Reassign to", "other")
+    reassign = page.get_by_role("button", name=re.compile(r"^Reassign [0-9,]+ cells to other$"))
+    try:
+        reassign.wait_for()
+    finally:
+        page.screenshot(path=str(artifacts_dir / "6a_autogate_reassign.png"), full_page=True)
     wait_idle(page)
     reassign.click()
     caption = page.get_by_text(re.compile(r"^[0-9,]+ cells corrected by hand"))
@@ -234,6 +267,12 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     np.testing.assert_array_equal(stored.populations.astype(str), populations.astype(str))
 
     # Accept: the reviewed patient joins the historical (labeled) patients in the library.
-    page.get_by_role("button", name="Accept this patient").click()
+    page.get_by_role("button", name="Accept this patient…").click()
+    page.get_by_text("its labels now and after accepting").wait_for()
+    wait_idle(page)
+    assert library.label_history("new_patient_01") == []  # nothing accepted before the confirmation
+    page.get_by_role("button", name="Accept: make these its labels").click()
     page.get_by_text("new_patient_01 was accepted").wait_for()
+    wait_idle(page)
+    assert page.get_by_role("button", name="Accepted").is_disabled()
     np.testing.assert_array_equal(library.load_labels("new_patient_01").astype(str), populations.astype(str))

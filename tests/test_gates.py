@@ -384,3 +384,106 @@ def test_shape_from_plotly_selection():
     gate = polygon_gate("g", "A", "B", shape["vertices"])
     assert gate.contains(grid_sample()).sum() == 20  # x in 0..4, y in 0..3 on the grid
     assert shape_from_selection({"lasso": [{"x": [1, 2], "y": [1, 2]}], "box": []}) is None
+
+
+# ---------------------------------------------------------------------------- panel transforms (issue 12)
+
+def test_panel_scale_is_the_same_for_every_patient_of_a_panel(sample_data_dir):
+    from gating_core.fcs import read_fcs
+    from gating_core.gates import panel_scale, with_kind
+
+    p01 = read_fcs(sample_data_dir / "patient_01.fcs", compensate=True)
+    n03 = read_fcs(sample_data_dir / "new" / "new_patient_03.fcs", compensate=True)
+    # chosen from each patient's values, CD4 (FL3-A) gets two different cofactors ...
+    per_patient = {suggest_scale("arcsinh", s.events[:, s.channel_index("FL3-A")]).cofactor for s in (p01, n03)}
+    assert per_patient == {5.0, 150.0}
+    # ... chosen for the panel, one, whichever patient comes first
+    scales = {panel_scale("FL3-A", order) for order in ([p01], [n03], [p01, n03], [n03, p01])}
+    assert scales == {AxisScale("arcsinh", cofactor=150.0, top=262144.0, width=0.5, decades=4.5)}
+    assert panel_scale("FSC-A", [p01]).kind == "linear"
+    assert with_kind(panel_scale("FSC-A", [p01]), "logicle").top == 262144.0  # from $PnR
+    # a mass cytometer: cofactor 5 on every channel, whatever the values
+    mass = Sample("cytof", np.abs(np.random.default_rng(0).normal(0, 50, (500, 2))),
+                  [Channel("Nd142Di", "CD19", 10000.0), Channel("Nd148Di", "CD4", 10000.0)], {"$CYT": "Helios"})
+    assert panel_scale("Nd148Di", [mass]) == AxisScale("arcsinh", cofactor=5.0, top=10000.0)
+
+
+def test_a_gate_is_outlined_on_other_scales_through_raw_values():
+    old = AxisScale("arcsinh", cofactor=5.0)
+    new = AxisScale("arcsinh", cofactor=150.0)
+    gate = rectangle_gate("R", "A", "B", tuple(old.forward(np.array([10.0, 1000.0]))),
+                          tuple(old.forward(np.array([-20.0, 500.0]))), old, old)
+    own = gate.outline()
+    assert own.shape == (5, 2) and np.allclose(own[0], own[-1])
+    mapped = gate.outline(new, new)
+    assert mapped.shape == (4 * 24 + 1, 2)
+    raw = np.column_stack([new.inverse(mapped[:, 0]), new.inverse(mapped[:, 1])])
+    # every outline point stays on the gate's raw boundary: corners exactly, edges along it
+    assert raw[:, 0].min() == pytest.approx(10.0) and raw[:, 0].max() == pytest.approx(1000.0)
+    assert raw[:, 1].min() == pytest.approx(-20.0) and raw[:, 1].max() == pytest.approx(500.0)
+    assert AxisScale("linear", cofactor=5.0).same_mapping(AxisScale("linear", cofactor=150.0))
+    assert not old.same_mapping(new)
+    assert not AxisScale("logicle", width=0.5).same_mapping(AxisScale("logicle", width=1.0))
+
+
+def test_replace_geometry_on_new_scales_and_statistics_name_channels():
+    sample = grid_sample()
+    tree = GateTree()
+    tree.add(rectangle_gate("low", "A", "B", (-0.5, 4.5), (-0.5, 4.5), AxisScale("linear"), AxisScale("linear")))
+    arcsinh = AxisScale("arcsinh", cofactor=1.0)
+    tree.replace_geometry("low", [tuple(arcsinh.forward(np.array([-0.5, -0.5]))),
+                                  tuple(arcsinh.forward(np.array([2.5, 2.5])))], "rectangle", arcsinh, arcsinh)
+    assert tree["low"].x_scale == arcsinh
+    assert tree.memberships(sample)["low"].sum() == 9  # 0..2 x 0..2
+    from gating_core.plotting import sample_channel_label
+
+    stats = tree.statistics(sample, channel_label=sample_channel_label)
+    assert stats.loc[0, "axes"] == "CD3 (A) / CD4 (B)"
+    assert tree.statistics(sample).loc[0, "axes"] == "A / B"
+
+
+def test_upload_name_clashes_and_model_channel_check(tmp_path, sample_data_dir):
+    from types import SimpleNamespace
+
+    from gating_core.app_state import missing_model_channels, split_name_clashes
+
+    data = (sample_data_dir / "new" / "new_patient_01.fcs").read_bytes()
+    labels = (sample_data_dir / "patient_01.labels.csv").read_bytes()
+    existing = {"new_patient_01": SimpleNamespace(n_events=12000)}
+    renamed = ingest_files([("new_patient_01.fcs", data)], tmp_path, existing=existing)
+    assert [p.name for p in renamed.patients] == ["new_patient_01_2"]
+    kept = ingest_files([("new_patient_01.fcs", data), ("New_Patient_01.fcs", data)], tmp_path,
+                        existing=existing, rename_clashes=False)
+    assert [p.name for p in kept.patients] == ["new_patient_01", "New_Patient_01_2"]  # unique within a batch
+    free, clashing = split_name_clashes(kept.patients, existing)
+    assert [p.name for p in free] == ["New_Patient_01_2"] and [p.name for p in clashing] == ["new_patient_01"]
+    # labels for a loaded patient are no clash: they label it
+    p01 = {"patient_01": SimpleNamespace(n_events=12000, sample=None)}
+    only_labels = ingest_files([("patient_01.labels.csv", labels)], tmp_path, existing=p01, rename_clashes=False)
+    assert split_name_clashes(only_labels.patients, p01)[1] == []
+    model = SimpleNamespace(channels_=["FSC-A", "FL1-A", "FL9-A"], channel_markers_=["", "CD3", "CD99"])
+    channels = [Channel("FSC-A", ""), Channel("B1-A", "CD3"), Channel("FL2-A", "CD56")]
+    assert missing_model_channels(model, channels) == ["FL9-A"]  # FL1-A found by its marker
+
+
+def test_label_change_table_and_label_set_checks():
+    from gating_core.app_state import (incompatible_label_sets, label_change_table, label_set_disagreements,
+                                       lost_populations)
+
+    before = np.array(["B", "T", "T", "NK", "other"])
+    after = np.array(["Cells", "Cells", "Cells", "other", "other"])
+    table = label_change_table(before, after).set_index("population")
+    assert table.to_dict("index") == {"T": {"before": 2, "after": 0, "change": -2},
+                                      "B": {"before": 1, "after": 0, "change": -1},
+                                      "NK": {"before": 1, "after": 0, "change": -1},
+                                      "other": {"before": 1, "after": 2, "change": 1},
+                                      "Cells": {"before": 0, "after": 3, "change": 3}}
+    assert lost_populations(before, after) == ["B", "NK", "T"]
+    assert lost_populations(None, after) == [] and (label_change_table(None, after)["before"] == 0).all()
+    expert = {"B cells", "T cells", "NK cells", "Monocytes"}
+    sets = {"p1": expert, "p2": expert, "depleted": expert - {"B cells"}}
+    assert label_set_disagreements(sets) == {"B cells": ["depleted"]}
+    assert incompatible_label_sets(sets) == []  # one population missing: possibly biology
+    sets["drawn"] = {"Cells"}
+    assert incompatible_label_sets(sets) == ["drawn"]
+    assert label_set_disagreements({"a": expert, "b": expert}) == {}

@@ -365,6 +365,48 @@ def test_channels_are_renamed_in_place_keeping_labels_and_history(tmp_path):
     assert library.audit_log("r")[-1]["details"] == {"renamed": {"FL1-A": "CD4-FITC"}}
 
 
+def test_an_earlier_label_version_is_restored_and_the_restore_can_be_undone(tmp_path):
+    library = PatientLibrary(tmp_path / "lib")
+    events, expert = synthetic_events(300, 1)
+    library.add_patient(Sample("p", events, [Channel(n, s) for n, s in zip(PNN, PNS)]), expert)
+    library.add_patient(Sample("q", events, [Channel(n, s) for n, s in zip(PNN, PNS)]), expert)
+    drawn = np.where(events[:, 0] > 1000, "Cells", "other")
+    first = library.label_history("p")[0]["id"]
+    second = library.set_labels("p", drawn, Provenance.DRAWN, source="app")
+    np.testing.assert_array_equal(library.load_labels("p"), drawn)
+    assert library.restore_labels("p", first) == first
+    np.testing.assert_array_equal(library.load_labels("p"), expert)
+    history = library.label_history("p")
+    assert [(h["id"], h["current"]) for h in history] == [(first, True), (second, False)]
+    assert history[1]["populations"] == {"Cells": int((events[:, 0] > 1000).sum()),
+                                         "other": int((events[:, 0] <= 1000).sum())}
+    entry = library.audit_log("p")[-1]
+    assert entry["action"] == "restore labels"
+    assert entry["details"] == {"labeling_id": first, "replaced_labeling_id": second, "provenance": Provenance.IMPORTED}
+    library.restore_labels("p", second)  # the undo of the undo
+    np.testing.assert_array_equal(PatientLibrary(tmp_path / "lib").load_labels("p"), drawn)
+    before = state(library)
+    q_version = library.label_history("q")[0]["id"]
+    with pytest.raises(LibraryError, match=f"has no label version {q_version}"):
+        library.restore_labels("p", q_version)  # another patient's labels never become p's
+    with pytest.raises(LibraryError, match="has no label version 999"):
+        library.restore_labels("p", 999)
+    assert state(library) == before
+
+
+def test_display_transforms_are_kept_and_a_damaged_file_reads_as_none(tmp_path):
+    library = PatientLibrary(tmp_path / "lib")
+    assert library.load_display_transforms() == {}
+    transforms = {"FL1-A": {"kind": "arcsinh", "cofactor": 500.0, "top": 262144.0, "width": 0.5, "decades": 4.5},
+                  "FSC-A": {"kind": "linear", "cofactor": 150.0, "top": 262144.0, "width": 0.5, "decades": 4.5}}
+    library.save_display_transforms(transforms)
+    assert PatientLibrary(tmp_path / "lib").load_display_transforms() == transforms
+    assert not list((tmp_path / "lib" / "tmp").iterdir())  # no temp file left behind
+    (tmp_path / "lib" / PatientLibrary.DISPLAY_TRANSFORMS_FILE).write_text("{not json")
+    assert library.load_display_transforms() == {}
+    assert library.check() == []
+
+
 # ---------------------------------------------------------------------------- bad input
 
 def test_duplicate_patient_names_are_refused_and_change_nothing(tmp_path):

@@ -11,7 +11,7 @@ import numpy as np
 import streamlit as st
 
 from gating_core import plotting
-from gating_core.gates import AxisScale, suggest_scale
+from gating_core.gates import AxisScale
 
 MAX_DOTS = 20_000
 
@@ -21,16 +21,6 @@ def display_values(token: str, channel: str, scale: dict, _sample) -> np.ndarray
     """One channel of all events in display coordinates (float32 to halve the cache)."""
     index = _sample.channel_index(channel)
     return AxisScale.from_dict(scale).forward(_sample.events[:, index]).astype(np.float32)
-
-
-@st.cache_data(max_entries=128, show_spinner=False)
-def scale_for(tokens: tuple, channel: str, kind: str, _samples) -> dict:
-    """Axis scale of ``kind`` suited to ``channel`` across the given samples (shared axes)."""
-    parts = []
-    for s in _samples:
-        col = s.events[:, s.channel_index(channel)]
-        parts.append(col[plotting.subsample_indices(col.shape[0], 100_000)])
-    return suggest_scale(kind, np.concatenate(parts)).to_dict()
 
 
 @st.cache_data(max_entries=128, show_spinner=False)

@@ -71,9 +71,19 @@ def scatter_panels(panels, x_scale, y_scale, x_range, y_range, x_title, y_title,
     return fig
 
 
-def add_gate_shapes(fig, gates, color="#222222"):
-    """Outline gates (display coordinates) on a single-panel figure, labelled by name."""
+def add_gate_shapes(fig, gates, x_scale=None, y_scale=None, color="#222222"):
+    """Outline gates on a single-panel figure, labelled by name, in the display coordinates of
+    ``x_scale`` / ``y_scale`` (default: each gate's own scales)."""
     for gate in gates:
+        if ((x_scale is not None and not x_scale.same_mapping(gate.x_scale))
+                or (y_scale is not None and not y_scale.same_mapping(gate.y_scale))):
+            outline = gate.outline(x_scale, y_scale)
+            path = "M " + " L ".join(f"{x},{y}" for x, y in outline) + " Z"
+            fig.add_shape(type="path", path=path, line=dict(color=color, width=2, dash="dot"))
+            lx, ly = outline[np.argmax(outline[:, 1])]
+            fig.add_annotation(x=lx, y=ly, text=f"<b>{gate.name}</b>", showarrow=False, yshift=10,
+                               font=dict(color=color, size=12), bgcolor="rgba(255,255,255,0.7)")
+            continue
         verts = np.asarray(gate.vertices)
         if gate.kind == "rectangle":
             (x0, y0), (x1, y1) = verts

@@ -21,20 +21,59 @@ def get_store() -> Store:
     return st.session_state["store"]
 
 
+_STATUS_SLOT = "_sidebar_status_slot"
+
+
+def _draw_status(store: Store) -> None:
+    st.markdown("### Session")
+    n_lab, n_new = len(store.labeled()), len(store.unlabeled())
+    st.markdown(f"**{len(store.patients)}** patients loaded  \n"
+                f"{n_lab} labeled (historical) · {n_new} new")
+    if store.model() is not None:
+        st.markdown(f"Model: **{store.current_model}**")
+    else:
+        st.caption("No model trained or loaded yet.")
+    evaluated = sum(p.result is not None or p.result_loader is not None for p in store.patients.values())
+    if evaluated:
+        st.markdown(f"Auto-gated: **{evaluated}** patients")
+
+
+def refresh_status(store: Store) -> None:
+    """Redraw the sidebar's counts after a page changed them in this run (the sidebar is drawn
+    before the page, so without this it would show the state from before the change)."""
+    slot = st.session_state.get(_STATUS_SLOT)
+    if slot is not None:
+        with slot.container():
+            _draw_status(store)
+
+
+def _watch_jobs(store: Store) -> None:
+    """While a background job runs, every page says so in the sidebar and, when it ends, reruns
+    so that the session takes up its result (the model, the check) wherever the user is."""
+    from ui import jobs
+
+    running = [j for j in jobs.jobs_for(store.library_path) if j.running]
+    if not running:
+        return
+
+    @st.fragment(run_every=2.0)
+    def watch():
+        if not any(j.running for j in running):
+            st.rerun()
+        for job in running:
+            st.caption(f"{job.title}: {100 * job.fraction:.0f}% (in the background; Train page to cancel)")
+
+    watch()
+
+
 def sidebar_status(store: Store) -> None:
+    adopt_finished_jobs(store)
     with st.sidebar:
-        st.markdown("### Session")
-        n_lab, n_new = len(store.labeled()), len(store.unlabeled())
-        st.markdown(f"**{len(store.patients)}** patients loaded  \n"
-                    f"{n_lab} labeled (historical) · {n_new} new")
-        model = store.model()
-        if model is not None:
-            st.markdown(f"Model: **{store.current_model}**")
-        else:
-            st.caption("No model trained or loaded yet.")
-        evaluated = sum(p.result is not None or p.result_loader is not None for p in store.patients.values())
-        if evaluated:
-            st.markdown(f"Auto-gated: **{evaluated}** patients")
+        slot = st.empty()
+        st.session_state[_STATUS_SLOT] = slot
+        with slot.container():
+            _draw_status(store)
+        _watch_jobs(store)
         st.divider()
         st.markdown("### Patient library")
         if store.library is None:
@@ -52,18 +91,55 @@ def sidebar_status(store: Store) -> None:
 
 
 def channel_label(sample, pnn: str) -> str:
-    try:
-        return sample.channels[sample.channel_index(pnn)].label
-    except KeyError:
-        return pnn
+    """The marker with its detector, e.g. "CD4 (FL3-A)" (see ``gating_core.plotting.channel_label``)."""
+    from gating_core.plotting import sample_channel_label
+
+    return sample_channel_label(sample, pnn)
 
 
-def scale_select(container, label: str, channel: str, key: str) -> str:
-    """Axis transform picker remembered per channel; scatter channels start linear, others arcsinh."""
-    from gating_core.transforms import is_scatter
+def scale_select(container, label: str, channel: str, key: str, store: Store) -> dict:
+    """Axis transform picker remembered per channel. Returns the axis scale (``AxisScale.to_dict``):
+    the picked kind with the panel's parameters for the channel, the same on every patient.
+    The picker starts on the panel's default kind (scatter linear, others arcsinh)."""
+    from gating_core.gates import with_kind
 
-    default = SCALE_KINDS.index("linear") if is_scatter(channel) else 0
-    return container.selectbox(label, SCALE_KINDS, index=default, key=f"{key}_{channel}", help=SCALE_HELP)
+    panel = store.panel_transform(channel)
+    kind = container.selectbox(label, SCALE_KINDS, index=SCALE_KINDS.index(panel.kind), key=f"{key}_{channel}",
+                               help=SCALE_HELP + " Cofactor and logicle parameters: **Channel transforms** below.")
+    return with_kind(panel, kind).to_dict()
+
+
+def transform_editor(store: Store, channels: list[str], sample, key: str) -> None:
+    """Edit one channel's transform for the whole panel: default view, arcsinh cofactor, logicle
+    T / W / M. Every patient, plot and new gate on the channel uses it; gates drawn before keep
+    the scale they were drawn on (their cells do not change) and are drawn mapped onto the new one."""
+    from gating_core.gates import AxisScale, GateError
+
+    with st.expander("Channel transforms (whole panel)"):
+        st.caption("Decided once per panel from the instrument (arcsinh cofactor 5 for mass cytometry, 150 for "
+                   "flow; logicle top from the channel's $PnR), the same for every patient. Change them here.")
+        channel = st.selectbox("Channel", channels, format_func=lambda c: channel_label(sample, c),
+                               key=f"{key}_channel")
+        current = store.panel_transform(channel)
+        cols = st.columns(5)
+        kind = cols[0].selectbox("Default view", SCALE_KINDS, index=SCALE_KINDS.index(current.kind),
+                                 key=f"{key}_kind_{channel}")
+        cofactor = cols[1].number_input("arcsinh cofactor", value=float(current.cofactor), min_value=1e-6,
+                                        format="%g", key=f"{key}_cofactor_{channel}")
+        top = cols[2].number_input("logicle T (top)", value=float(current.top), min_value=1.0, format="%g",
+                                   key=f"{key}_top_{channel}")
+        width = cols[3].number_input("logicle W", value=float(current.width), min_value=0.0, format="%g",
+                                     key=f"{key}_width_{channel}")
+        decades = cols[4].number_input("logicle M", value=float(current.decades), min_value=0.1, format="%g",
+                                       key=f"{key}_decades_{channel}")
+        if st.button("Apply to every patient", key=f"{key}_apply"):
+            try:
+                chosen = AxisScale(kind, cofactor=cofactor, top=top, width=width, decades=decades)
+            except GateError as exc:
+                st.error(str(exc))
+            else:
+                store.set_panel_transform(channel, chosen)
+                st.rerun()
 
 
 def default_xy(channels: list[str]) -> tuple[int, int]:
@@ -91,3 +167,130 @@ def show_messages(errors, notes) -> None:
         st.error(message, icon="⚠️")
     for file_name, message in notes:
         st.info(message)
+
+
+def confirm_action(key: str, button_label: str, confirm_label: str, show_details, *, acknowledge: str | None = None,
+                   disabled: bool = False, help: str | None = None) -> bool:
+    """A button that asks before it acts: the first click shows ``show_details()`` with a
+    confirm and a cancel button (and, when ``acknowledge`` is given, a box to tick first).
+    Returns True in the run where the user confirmed; the caller then acts."""
+    armed_key = f"{key}_armed"
+    if not st.session_state.get(armed_key):
+        if st.button(button_label, key=key, disabled=disabled, type="primary", help=help):
+            st.session_state[armed_key] = True
+            st.rerun()
+        return False
+    show_details()
+    ticked = st.checkbox(acknowledge, key=f"{key}_ack") if acknowledge else True
+    confirm_col, cancel_col = st.columns(2)
+    if confirm_col.button(confirm_label, key=f"{key}_confirm", type="primary", disabled=not ticked):
+        st.session_state[armed_key] = False
+        return True
+    if cancel_col.button("Cancel", key=f"{key}_cancel"):
+        st.session_state[armed_key] = False
+        st.rerun()
+    return False
+
+
+def show_label_change(before, after) -> None:
+    """Before/after counts per population of a label replacement, with what would be lost."""
+    from gating_core.app_state import label_change_table, lost_populations
+
+    table = label_change_table(before, after)
+    st.dataframe(table, hide_index=True, width="stretch",
+                 column_config={c: st.column_config.NumberColumn(format="%d") for c in ("before", "after", "change")})
+    lost = lost_populations(before, after)
+    if lost:
+        st.warning(f"{len(lost)} population(s) of the current labels would be gone: {', '.join(lost)}. "
+                   "The next training would learn their cells as other populations. The current labels stay "
+                   "in the library as an earlier version you can restore.")
+
+
+def label_versions(store: Store, patient: str, key: str) -> None:
+    """The patient's label versions (the library keeps every one) and a way back to any of them."""
+    versions = store.label_versions(patient)
+    if not versions:
+        return
+    import pandas as pd
+
+    with st.expander(f"Label versions of {patient} ({len(versions)})"):
+        rows = [{"version": v["id"], "current": "✓" if v["current"] else "", "from": v["provenance"],
+                 "saved": v["created_at"][:19].replace("T", " "),
+                 "populations": " · ".join(f"{n} {c:,}" for n, c in
+                                           sorted(v["populations"].items(), key=lambda item: -item[1]))}
+                for v in reversed(versions)]
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+        others = [v["id"] for v in reversed(versions) if not v["current"]]
+        if not others:
+            return
+        chosen = st.selectbox("Restore version", others, key=f"{key}_version",
+                              format_func=lambda i: next(f"{v['id']}: {v['provenance']}, {v['created_at'][:19]}"
+                                                         for v in versions if v["id"] == i))
+        if st.button("Restore it as the current labels", key=f"{key}_restore"):
+            try:
+                store.restore_labels(patient, chosen)
+            except ValueError as exc:
+                st.error(f"Not restored: {exc}")
+            else:
+                st.session_state["restored_message"] = f"{patient}: label version {chosen} is current again."
+                st.rerun()
+        message = st.session_state.pop("restored_message", None)
+        if message:
+            st.success(message)
+
+
+def adopt_finished_jobs(store: Store) -> None:
+    """Take up what background jobs on this library finished: trained models (already in the
+    library) join the session's models, the latest check's table becomes the one shown."""
+    from ui import jobs
+
+    for job in jobs.jobs_for(store.library_path):
+        if job.status != jobs.DONE or job.id in store.adopted_jobs:
+            continue
+        store.adopted_jobs.add(job.id)
+        if job.kind == "train":
+            store.adopt_model(job.result["model"], job.result["model_id"], job.result["name"])
+        elif job.kind == "check":
+            store.evaluation = job.result
+
+
+def job_progress(store: Store, kind: str, key: str):
+    """The running job of ``kind`` on this library, if any: its progress with a time estimate,
+    redrawn every second, and a cancel button. Returns the job (None when nothing runs)."""
+    from ui import jobs
+
+    job = jobs.running_job(store.library_path, kind)
+    if job is None:
+        return None
+
+    @st.fragment(run_every=1.0)
+    def panel():
+        if not job.running:
+            st.rerun()  # the whole page: it shows the result
+        left = job.remaining_seconds()
+        st.progress(job.fraction, text=f"{job.title}: {job.stage} ({100 * job.fraction:.0f}%) · "
+                                       f"{jobs.format_seconds(job.elapsed)} so far"
+                                       + (f" · about {jobs.format_seconds(left)} left" if left is not None else ""))
+        if job.cancel_requested:
+            st.caption("Cancelling at the next step…")
+        elif st.button("Cancel", key=f"{key}_cancel"):
+            job.cancel()
+            st.rerun()
+
+    st.caption("This runs in the background: you can use other pages or reload; come back here to see it.")
+    panel()
+    return job
+
+
+def job_outcome(store: Store, kind: str, what: str) -> None:
+    """How the latest finished job of ``kind`` ended (success is reported by the caller)."""
+    from ui import jobs
+
+    finished = [j for j in jobs.jobs_for(store.library_path, kind) if not j.running]
+    if not finished:
+        return
+    job = finished[-1]
+    if job.status == jobs.FAILED:
+        st.error(f"{what} failed: {job.error}")
+    elif job.status == jobs.CANCELLED:
+        st.info(f"{what} cancelled after {jobs.format_seconds(job.elapsed)}; nothing was stored.")

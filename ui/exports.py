@@ -40,7 +40,11 @@ def gated_fcs(token: str, _record, _work_dir) -> bytes:
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def statistics(token: str, _record):
-    frame = population_table(_record.sample.events, _record.sample.pnn, _record.populations,
+    from gating_core.plotting import sample_channel_label
+
+    sample = _record.sample
+    frame = population_table(sample.events, [sample_channel_label(sample, c) for c in sample.pnn],
+                             _record.populations,
                              confidence=_confidence(_record))
     frame.insert(0, "patient", _record.name)
     return frame

@@ -26,3 +26,12 @@ def load_model_bytes(data: bytes, work_dir):
         return GatingModel.load(path)
     finally:
         path.unlink(missing_ok=True)
+
+
+def model_channel_labels(model) -> list[str]:
+    """The model's channels as people name them: marker with detector ("CD4 (FL3-A)")."""
+    from gating_core.plotting import channel_label
+
+    markers = list(getattr(model, "channel_markers_", None) or [])
+    markers += [""] * (len(model.channels_) - len(markers))
+    return [channel_label(pnn, pns) for pnn, pns in zip(model.channels_, markers)]

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from gating_core.gates import GateError, GateHistory, GateTree
+from gating_core.gates import AxisScale, GateError, GateHistory, GateTree, panel_scale
 
 DEFAULT_LIBRARY = "workspace"
 
@@ -153,6 +153,7 @@ class Store:
 
     def __init__(self, library_path: str | os.PathLike | None = None):
         self.patients: dict[str, PatientRecord] = {}
+        self.display_transforms: dict[str, AxisScale] = {}  # $PnN -> the panel's scale (see panel_transform)
         self.models: dict[str, object] = {}
         self.model_ids: dict[str, str] = {}
         self.current_model: str | None = None
@@ -161,6 +162,7 @@ class Store:
         self.load_notes: list[tuple[str, str]] = []
         self.warnings: list[str] = []
         self.seen_uploads: set[str] = set()
+        self.adopted_jobs: set[str] = set()  # background jobs whose results this session took up
         self.work_dir = Path(tempfile.mkdtemp(prefix="gating-app-"))
         self.library = None
         self.library_error: str | None = None
@@ -174,6 +176,7 @@ class Store:
 
         self.library_path = str(path)
         self.patients, self.models, self.model_ids, self.current_model = {}, {}, {}, None
+        self.display_transforms = {}
         try:
             library = PatientLibrary(path)
             infos = library.patients()
@@ -181,6 +184,11 @@ class Store:
             self.library, self.library_error = None, str(exc)
             return
         self.library, self.library_error = library, None
+        for pnn, stored in library.load_display_transforms().items():
+            try:
+                self.display_transforms[pnn] = AxisScale.from_dict(stored)
+            except GateError as exc:
+                self.warnings.append(f"display transform of {pnn} could not be read ({exc})")
         for info in infos:
             name = info.name
             record = PatientRecord(
@@ -199,6 +207,12 @@ class Store:
             self.patients[name] = record
         for minfo in library.models():
             self._register_stored_model(minfo)
+        self.evaluation = None
+        check = library.load_check_result()
+        if check is not None:
+            import pandas as pd
+
+            self.evaluation = pd.DataFrame(check["table"])
 
     def _stored_result(self, name):
         record = self.library.load_gate_result(name)
@@ -257,6 +271,25 @@ class Store:
             self._persist("labels", self.library.set_labels, name, record.labels,
                           _PROVENANCE.get(source, "gates drawn in the app"), source=source)
 
+    def label_versions(self, name: str) -> list[dict]:
+        """Every labeling the library keeps for the patient, oldest first (``label_history``)."""
+        if self.library is None or name not in self.library:
+            return []
+        return self._persist("read label versions", self.library.label_history, name) or []
+
+    def restore_labels(self, name: str, labeling_id: int) -> None:
+        """Make an earlier label version current again (the undo of a replacement)."""
+        from gating_core.library import LibraryError
+
+        record = self.patients[name]
+        try:
+            self.library.restore_labels(name, labeling_id)
+            labels = self.library.load_labels(name)
+            provenance = next(v["provenance"] for v in self.library.label_history(name) if v["current"])
+        except LibraryError as exc:
+            raise ValueError(str(exc)) from None
+        record.set_labels(labels, _SOURCE.get(provenance, provenance))
+
     def save_gates(self, name: str, tree: GateTree, push_history: bool = True) -> None:
         record = self.patients[name]
         if push_history:
@@ -293,6 +326,36 @@ class Store:
         record.channel_names = list(sample.pnn)
         record.token = _new_token()
 
+    # the panel's display and gating transforms ----------------------------------------------
+    def panel_transform(self, pnn: str) -> AxisScale:
+        """Channel ``pnn``'s scale for every patient: the user's choice, else the scale the
+        stored gates on it use, else decided once from the instrument (``panel_scale``). The
+        ``kind`` is the default view; the other fields hold the parameters of every kind."""
+        scale = self.display_transforms.get(pnn)
+        if scale is None:
+            scale = self._scale_of_gates(pnn)
+            if scale is None:
+                holders = [r for r in self.patients.values() if pnn in r.channel_names][:1]
+                scale = panel_scale(pnn, [r.sample for r in holders])
+            self.set_panel_transform(pnn, scale)
+        return scale
+
+    def _scale_of_gates(self, pnn: str) -> AxisScale | None:
+        for record in self.patients.values():
+            for gate in record.gate_tree.gates:
+                if gate.x_channel == pnn:
+                    return gate.x_scale
+                if gate.y_channel == pnn:
+                    return gate.y_scale
+        return None
+
+    def set_panel_transform(self, pnn: str, scale: AxisScale) -> None:
+        """Keep ``scale`` as channel ``pnn``'s transform for the whole panel (saved in the library)."""
+        self.display_transforms[pnn] = scale
+        if self.library is not None:
+            self._persist("display transforms", self.library.save_display_transforms,
+                          {k: v.to_dict() for k, v in self.display_transforms.items()})
+
     def labeled(self) -> list[str]:
         return [n for n, p in self.patients.items() if p.is_labeled]
 
@@ -320,6 +383,25 @@ class Store:
                 label = f"{info.name} (v{info.version})"
                 self.model_ids[label] = model_id
         self.models[label] = model
+        self.current_model = label
+        return label
+
+    def adopt_model(self, model, model_id: str | None, name: str) -> str:
+        """Take up a model a background job trained (and stored in the library as ``model_id``);
+        returns its label. A model this session already knows is not added twice."""
+        for label, known_id in self.model_ids.items():
+            if model_id is not None and known_id == model_id:
+                return label
+        if model_id is None or self.library is None:
+            if name in self.models:
+                return name
+            self.models[name] = model
+            self.current_model = name
+            return name
+        info = self.library.model(model_id)
+        label = f"{info.name} (v{info.version})"
+        self.models[label] = model
+        self.model_ids[label] = model_id
         self.current_model = label
         return label
 

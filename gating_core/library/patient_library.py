@@ -787,6 +787,65 @@ class PatientLibrary:
             raise
         return labeling_id
 
+    def restore_labels(self, name: str, labeling_id: int) -> int:
+        """Make an earlier labeling (an id from :meth:`label_history`) the patient's current labels
+        again: the undo of a replacement. Nothing is deleted, so a restore can itself be undone by
+        restoring the labeling it replaced. Returns ``labeling_id``."""
+        with self._connect() as conn, catalog.write_transaction(conn):
+            row = self._patient_row(conn, name)
+            found = conn.execute("SELECT id, provenance FROM labelings WHERE id = ? AND patient_id = ?",
+                                 (int(labeling_id), row["id"])).fetchone()
+            if found is None:
+                raise LibraryError(f"has no label version {labeling_id}", patient=row["name"])
+            conn.execute("UPDATE patients SET current_labeling = ? WHERE id = ?", (found["id"], row["id"]))
+            self._audit(conn, "restore labels", row["id"], row["name"], None,
+                        {"labeling_id": found["id"], "replaced_labeling_id": row["current_labeling"],
+                         "provenance": found["provenance"]}, _now())
+        return int(found["id"])
+
+    # ------------------------------------------------------------------ panel display transforms
+
+    DISPLAY_TRANSFORMS_FILE = "display_transforms.json"
+    CHECK_RESULT_FILE = "check_result.json"
+
+    def save_check_result(self, result: dict) -> None:
+        """Keep the latest held-out check (JSON-able: patients, table records); replaces the previous."""
+        self._write_json(self.CHECK_RESULT_FILE, {**_jsonable(result), "saved_at": _now()})
+
+    def load_check_result(self) -> dict | None:
+        """The latest held-out check saved by :meth:`save_check_result`, or None."""
+        data = self._read_json(self.CHECK_RESULT_FILE)
+        return data if isinstance(data, dict) and isinstance(data.get("table"), list) else None
+
+    def _read_json(self, file_name: str):
+        try:
+            return json.loads((self.path / file_name).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def _write_json(self, file_name: str, data) -> None:
+        """Write a small JSON file beside the catalog: temp file then rename, so a crash leaves the
+        old or the new file, never half of one."""
+        text = json.dumps(_jsonable(data), sort_keys=True)
+        temp = storage.temp_path(self.tmp_dir)
+        try:
+            temp.write_text(text, encoding="utf-8")
+            os.replace(temp, self.path / file_name)
+        finally:
+            temp.unlink(missing_ok=True)
+
+    def load_display_transforms(self) -> dict:
+        """The panel's display and gating transform per channel ($PnN -> AxisScale dict), as
+        saved by :meth:`save_display_transforms`; empty when none was saved or the file is unreadable."""
+        data = self._read_json(self.DISPLAY_TRANSFORMS_FILE)
+        if not isinstance(data, dict):
+            return {}
+        return {str(k): dict(v) for k, v in data.items() if isinstance(v, dict)}
+
+    def save_display_transforms(self, transforms: dict) -> None:
+        """Store the per-channel display transforms ($PnN -> AxisScale dict)."""
+        self._write_json(self.DISPLAY_TRANSFORMS_FILE, {str(k): dict(v) for k, v in transforms.items()})
+
     def rename_channels(self, name: str, mapping: dict[str, str]) -> list[str]:
         """Rename channels ($PnN old -> new) in one transaction; events, labels, gates and
         results are untouched (events are stored by position). Returns the new $PnN list."""

@@ -1,0 +1,60 @@
+"""Putting loaded patients into the session: never a silent rename, never a silent loss.
+
+A patient whose name is already loaded is held back: an upload asks whether to replace the
+loaded patient, keep both (the new one under a free name) or skip the file; the sample data,
+loaded a second time, is said to be there already. No Streamlit here: the Data page asks.
+"""
+
+from __future__ import annotations
+
+from gating_core.app_state import free_name, split_name_clashes
+
+CLASH_CHOICES = {"replace": "Replace the loaded patient (its labels, gates and results go)",
+                 "keep both": "Keep both (the new one gets another name)", "skip": "Skip this file"}
+
+
+def add_patients(store, patients, notes: list) -> list:
+    """Add patients to the store; returns those added (a refusal becomes a note)."""
+    added = []
+    for patient in patients:
+        try:
+            store.add_patient(patient.name, patient.sample, patient.labels, patient.label_source, patient.file_name)
+        except ValueError as exc:
+            notes.append((patient.file_name, f"{patient.file_name}: not added, {exc}"))
+        else:
+            added.append(patient)
+    return added
+
+
+def summary_lines(patients) -> list[str]:
+    return [f"**{p.name}**: {p.sample.n_events:,} events, {len(p.sample.channels)} channels"
+            + (f", labeled ({p.label_source})" if p.labels is not None else ", new") for p in patients]
+
+
+def take_report(store, report, already_loaded_means_skip: bool = False) -> list:
+    """Add the report's patients whose names are free and set the store's load messages.
+    Returns the patients whose names are taken (to ask about), or [] when
+    ``already_loaded_means_skip`` (the sample data: they are noted as already there)."""
+    notes = list(report.notes)
+    free, clashing = split_name_clashes(report.patients, store.patients)
+    if already_loaded_means_skip and clashing:
+        notes.append(("", "Already in the library, not loaded again: " + ", ".join(p.name for p in clashing) + "."))
+        clashing = []
+    added = add_patients(store, free, notes)
+    store.load_errors, store.load_notes, store.load_summary = list(report.errors), notes, summary_lines(added)
+    return clashing
+
+
+def resolve_clashes(store, clashing, choices) -> None:
+    """Apply the user's choice ("replace", "keep both" or "skip") for each held-back patient."""
+    notes, added = [], []
+    for patient, choice in zip(clashing, choices):
+        if choice == "replace":
+            store.remove_patient(patient.name)
+            added += add_patients(store, [patient], notes)
+        elif choice == "keep both":
+            patient.name = patient.sample.name = free_name(patient.name, store.patients)
+            added += add_patients(store, [patient], notes)
+        else:
+            notes.append((patient.file_name, f"{patient.file_name}: skipped, {patient.name} stays as it was."))
+    store.load_summary, store.load_notes, store.load_errors = summary_lines(added), notes, []
