@@ -13,7 +13,7 @@ Modules:
   writing FCS 3.1, and the :class:`~gating_core.fcs.FCSError` raised for unreadable files.
 - ``export``: the one export path (gated CSV, FCS with a population channel, Parquet, h5ad).
 - ``labels``: loading expert labels (labels CSV, gated CSV, FlowJo / GatingML gates).
-- ``interop``: FlowKit samples, AnnData, and gates exported as GatingML 2.0 / FlowJo workspace.
+- ``interop``: FlowKit samples and AnnData; ``gate_export``: gates as GatingML 2.0 / FlowJo workspace.
 - ``transforms``: per-channel arcsinh / logicle transforms and their defaults.
 - ``features`` / ``classifier`` / ``model``: the marginal-transfer kernel classifier.
 - ``modelfile``: reading a model ``.npz`` within memory bounds, with a typed description.
@@ -49,7 +49,7 @@ _PUBLIC = {
     # interoperability
     "from_flowkit": "interop", "to_flowkit": "interop", "to_anndata": "interop",
     "from_anndata": "interop", "as_sample": "interop",
-    "export_gatingml": "interop", "export_flowjo_workspace": "interop",
+    "export_gatingml": "gate_export", "export_flowjo_workspace": "gate_export",
     # errors
     "GatingCoreError": "errors",
 }
