@@ -27,6 +27,10 @@ Modules:
 from __future__ import annotations
 
 import importlib
+import logging
+
+# A library logs (file notes, tolerated oddities) and leaves the handlers to the application.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
 
 # The one place the version is defined: pyproject.toml reads it (setuptools dynamic version,
 # parsed without importing the package) and ``gating-core --version`` prints it.

@@ -11,6 +11,7 @@ import argparse
 import json
 import sys
 
+from gating_core.commands import print_json
 from gating_core.errors import print_error
 
 
@@ -105,7 +106,7 @@ def _list(args) -> int:
     library = _open(args)
     patients = library.patients()
     if args.json:
-        print(json.dumps([p.to_dict() for p in patients], indent=2))
+        print_json([p.to_dict() for p in patients])
         return 0
     if not patients:
         print(f"no patients in {library.path}")
@@ -126,7 +127,7 @@ def _show(args) -> int:
     info = library.patient(args.patient).to_dict()
     info["label_history"] = library.label_history(args.patient)
     if args.json:
-        print(json.dumps(info, indent=2))
+        print_json(info)
         return 0
     for key in ("name", "n_events", "n_channels", "dtype", "compensated", "has_spillover", "created_at"):
         print(f"{key}: {info[key]}")
@@ -163,7 +164,7 @@ def _models(args) -> int:
     library = _open(args)
     models = library.models()
     if args.json:
-        print(json.dumps([m.to_dict() for m in models], indent=2))
+        print_json([m.to_dict() for m in models])
         return 0
     if not models:
         print(f"no models in {library.path}")
@@ -178,7 +179,7 @@ def _audit(args) -> int:
     library = _open(args)
     entries = library.audit_log(args.patient, limit=args.limit)
     if args.json:
-        print(json.dumps(entries, indent=2))
+        print_json(entries)
         return 0
     for e in entries:
         who = f" {e['patient']}" if e["patient"] else ""
