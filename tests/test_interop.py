@@ -358,3 +358,28 @@ def test_gate_export_names_a_missing_channel(compensated_patient, tmp_path):
     tree = GateTree([rectangle_gate("a", "CD99", "CD4", (0, 3), (0, 3))])
     with pytest.raises(GateError, match="patient_01: the gates need channel 'CD99'"):
         export_gatingml(tree, tmp_path / "x.xml", compensated_patient)
+
+
+def test_library_export_gates_writes_gatingml_and_flowjo_files(sample_data_dir, tmp_path):
+    from gating_core.library import PatientLibrary
+
+    library = PatientLibrary(tmp_path / "lib", create=True)
+    library.import_files([sample_data_dir / "patient_01.fcs"])
+    library.save_gates("patient_01", lymphocyte_tree().to_dict())
+    compensated = library.load_sample("patient_01", compensate=True)
+    for suffix in ("xml", "wsp"):
+        out = tmp_path / f"gates.{suffix}"
+        result = run_cli("library", "--path", tmp_path / "lib", "export-gates", "patient_01", "--out", out)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.strip() == f"wrote 5 gate(s) of patient_01 to {out}"
+        if suffix == "xml":
+            labels = apply_gatingml(out, compensated)
+        else:
+            [labels] = apply_workspace(out, {workspace_sample_id(compensated): compensated}).values()
+        assert leaf_counts(labels) == EXPECTED_LEAF_COUNTS
+
+    result = run_cli("library", "--path", tmp_path / "lib", "export-gates", "patient_01", "--out", tmp_path / "g.txt")
+    assert result.returncode == 2 and "--out must end in .xml" in result.stderr
+    library.import_files([sample_data_dir / "patient_02.fcs"])
+    result = run_cli("library", "--path", tmp_path / "lib", "export-gates", "patient_02", "--out", tmp_path / "g.xml")
+    assert result.returncode == 1 and result.stderr.strip() == "error: patient_02: no gates drawn on this patient"
