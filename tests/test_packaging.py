@@ -180,3 +180,20 @@ def test_wheel_installs_in_a_fresh_venv_and_runs_without_streamlit(tmp_path, sam
     where, importable = run(venv_python, "-c", probe).splitlines()
     assert Path(where).is_relative_to(venv)  # the installed copy, not the checkout
     assert importable == "[]"  # streamlit, plotly and dask are not even installed there
+
+
+def test_file_notes_are_logged_and_the_library_installs_no_handler(tmp_path, caplog):
+    import logging
+
+    import numpy as np
+
+    from gating_core.fcs import read_fcs, write_fcs
+
+    path = tmp_path / "t.fcs"
+    write_fcs(path, np.array([[1.0, 10.0], [2.0, 20.0]]), ["Time", "FSC-A"], keywords={"$TIMESTEP": "0"})
+    with caplog.at_level(logging.WARNING, logger="gating_core"):
+        sample = read_fcs(path)
+    [note] = [n for n in sample.notes if "TIMESTEP" in n]
+    assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
+        ("gating_core.fcs", logging.WARNING, f"t.fcs: {note}")]
+    assert [type(h) for h in logging.getLogger("gating_core").handlers] == [logging.NullHandler]
