@@ -64,6 +64,7 @@ class _Axis:
         from flowkit import transforms
 
         self.pnn, self.scale = pnn, scale
+        self.transform_id = None  # set when the transform is added to a strategy
         self.divisor = 1.0
         if scale.kind == "linear":
             self.transform = None
@@ -88,6 +89,11 @@ def gating_strategy(tree: GateTree, sample=None, *, xml_ids: bool = False):
     XML NCNames, so ``"T cells"`` becomes ``"T_x0020_cells"``; the importers decode them).
     Raises GateError for an empty tree or a channel the sample lacks.
     """
+    return _strategy_and_channels(tree, sample, xml_ids)[0]
+
+
+def _strategy_and_channels(tree: GateTree, sample, xml_ids: bool):
+    """(GatingStrategy, {transform id: $PnN of the channel it transforms})."""
     import flowkit
     from flowkit import Dimension, gates as fk_gates
 
@@ -95,17 +101,19 @@ def gating_strategy(tree: GateTree, sample=None, *, xml_ids: bool = False):
         raise GateError("there are no gates to export")
     strategy = flowkit.GatingStrategy()
     gate_id = xml_gate_id if xml_ids else str
-    transform_ids: dict = {}
+    transform_ids: dict = {}  # (channel, scale) -> transform id
+    channel_of: dict = {}  # transform id -> channel
     for gate in tree.gates:
         axes = []
         for channel, scale in ((gate.x_channel, gate.x_scale), (gate.y_channel, gate.y_scale)):
             pnn = _channel_pnn(channel, sample)
             axis = _Axis(pnn, scale, _channel_top(pnn, sample))
-            axis.transform_id = None
             if axis.transform is not None:
                 key = (pnn, scale)
                 if key not in transform_ids:
-                    transform_ids[key] = f"{scale.kind}-{len(transform_ids) + 1}-{pnn}"
+                    # Plain ids (the channel name may hold characters an XML id cannot).
+                    transform_ids[key] = f"{scale.kind}_{len(transform_ids) + 1}"
+                    channel_of[transform_ids[key]] = pnn
                     strategy.add_transform(transform_ids[key], axis.transform)
                 axis.transform_id = transform_ids[key]
             axes.append(axis)
@@ -126,7 +134,7 @@ def gating_strategy(tree: GateTree, sample=None, *, xml_ids: bool = False):
             ancestors.insert(0, gate_id(parent))
             parent = tree[parent].parent
         strategy.add_gate(fk_gate, gate_path=("root", *ancestors))
-    return strategy
+    return strategy, channel_of
 
 
 def _atomic_write(path: Path, write) -> Path:
@@ -182,7 +190,11 @@ def export_flowjo_workspace(tree: GateTree, path: str | os.PathLike, samples, *,
     samples = list(samples)
     if not samples:
         raise GateError("a FlowJo workspace needs at least one sample")
-    strategy = gating_strategy(tree, samples[0])
+    ids = [workspace_sample_id(s) for s in samples]
+    duplicates = sorted({i for i in ids if ids.count(i) > 1})
+    if duplicates:
+        raise GateError(f"two samples would have the same name in the workspace: {', '.join(duplicates)}")
+    strategy, channel_of = _strategy_and_channels(tree, samples[0], xml_ids=False)
     stand_in = _linear_stand_in_class()
     fasinh_by_channel = {}
     for transform_id, transform in list(strategy.transformations.items()):
@@ -191,12 +203,8 @@ def export_flowjo_workspace(tree: GateTree, path: str | os.PathLike, samples, *,
             # maps lets it write the vertices (as raw values, as FlowJo stores them), and the
             # stand-in's XML element is rewritten as FlowJo's fasinh below.
             strategy.transformations[transform_id] = stand_in(transform)
-            fasinh_by_channel[transform_id.split("-", 2)[2]] = transform
-    fk_samples = [flowkit_sample_via_fcs(s, workspace_sample_id(s), include_identifying) for s in samples]
-    ids = [s.id for s in fk_samples]
-    duplicates = sorted({i for i in ids if ids.count(i) > 1})
-    if duplicates:
-        raise GateError(f"two samples would have the same name in the workspace: {', '.join(duplicates)}")
+            fasinh_by_channel[channel_of[transform_id]] = transform
+    fk_samples = [flowkit_sample_via_fcs(s, i, include_identifying) for s, i in zip(samples, ids)]
     session = flowkit.Session(gating_strategy=strategy, fcs_samples=fk_samples)
     buffer = io.BytesIO()
     try:

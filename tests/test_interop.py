@@ -331,8 +331,9 @@ def test_flowjo_workspace_export_reimports_with_zero_mismatched_events(compensat
 
 def test_rectangle_edges_stay_inclusive_through_gatingml(tmp_path):
     xs, ys = np.meshgrid(np.arange(10.0), np.arange(10.0))
-    grid = Sample("grid", np.column_stack([xs.ravel(), ys.ravel()]), [Channel("A"), Channel("B")])
-    tree = GateTree([rectangle_gate("R", "A", "B", (2, 4), (0, 1))])  # x in {2,3,4}, y in {0,1}: 6 points
+    # Channel names an XML id could not hold: GatingML refers to them by name, not by id.
+    grid = Sample("grid", np.column_stack([xs.ravel(), ys.ravel()]), [Channel("FSC A"), Channel("B", "CD3 (FITC)")])
+    tree = GateTree([rectangle_gate("R", "FSC A", "CD3 (FITC)", (2, 4), (0, 1))])  # x in {2,3,4}, y in {0,1}
     path = export_gatingml(tree, tmp_path / "r.xml", grid)
     labels = apply_gatingml(path, grid)
     assert leaf_counts(labels) == {"R": 6, "other": 94}
