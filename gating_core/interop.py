@@ -35,9 +35,10 @@ _FCS_STANDARD = {
     "CSVBITS", "CYT", "CYTSN", "DATATYPE", "DATE", "ENDANALYSIS", "ENDDATA", "ENDSTEXT", "ETIM",
     "EXP", "FIL", "GATE", "GATING", "INST", "LAST_MODIFIED", "LAST_MODIFIER", "LOST", "MODE",
     "NEXTDATA", "ORIGINALITY", "OP", "PAR", "PLATEID", "PLATENAME", "PROJ", "SMNO", "SPILLOVER",
-    "SRC", "SYS", "TIMESTEP", "TOT", "TR", "VOL", "WELLID", "UNICODE", "COMP", "SPILL",
+    "SRC", "SYS", "TIMESTEP", "TOT", "TR", "VOL", "WELLID", "UNICODE", "COMP",
 }
-_FCS_CHANNEL_KEYWORD = re.compile(r"^P\d+[A-Z]+$")
+# $PnX of FCS 3.1 / 3.2 only: vendors' own channel keywords (BD's P1DISPLAY, P1BS) have no '$'.
+_FCS_CHANNEL_KEYWORD = re.compile(r"^P\d+(B|D|E|F|G|L|N|O|P|R|S|T|V|CALIBRATION|DATATYPE|DET|TAG|ANALYTE|FEATURE)$")
 _SPILLOVER_KEYS = ("spillover", "spill", "$spill")
 
 
