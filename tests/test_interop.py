@@ -384,3 +384,11 @@ def test_library_export_gates_writes_gatingml_and_flowjo_files(sample_data_dir, 
     library.import_files([sample_data_dir / "patient_02.fcs"])
     result = run_cli("library", "--path", tmp_path / "lib", "export-gates", "patient_02", "--out", tmp_path / "g.xml")
     assert result.returncode == 1 and result.stderr.strip() == "error: patient_02: no gates drawn on this patient"
+
+
+def test_from_flowkit_gives_standard_keywords_their_dollar_back_and_only_those(raw_patient):
+    fk = to_flowkit(raw_patient)
+    fk.metadata.update({"spill": "1,FL1-A,1", "p1display": "LOG", "p3calibration": "1,MESF"})
+    keywords = from_flowkit(fk).keywords
+    assert keywords["SPILL"] == "1,FL1-A,1" and keywords["P1DISPLAY"] == "LOG"  # BD's own: no '$'
+    assert keywords["$P3CALIBRATION"] == "1,MESF" and keywords["$P3S"] == "CD3" and keywords["$CYT"]
