@@ -1,4 +1,6 @@
 # One-command set-up: `make run` starts the app, `make test` runs every test.
+# Both install this project into .venv through pyproject.toml (editable, so the checkout is what
+# runs): requirements.txt = the app's extras, requirements-dev.txt = those plus the test extra.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -11,11 +13,11 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-$(STAMP_RUN): requirements.txt | $(PY)
+$(STAMP_RUN): requirements.txt pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -r requirements.txt
 	touch $@
 
-$(STAMP_DEV): requirements.txt requirements-dev.txt | $(PY)
+$(STAMP_DEV): requirements.txt requirements-dev.txt pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -r requirements-dev.txt
 	touch $(STAMP_RUN) $@
 

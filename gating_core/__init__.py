@@ -1,19 +1,74 @@
 """gating_core: automatic gating of flow cytometry data by marginal transfer learning.
 
-A plain library (it never imports streamlit). Modules:
+A plain library: importing it never imports streamlit, plotly or dask (the app and the Dask
+cluster path import those themselves). The public names below are importable from the package
+itself and are loaded on first use, so ``import gating_core`` (and the command line's ``info``)
+stay fast and do not pay for scikit-learn or FlowKit until a name that needs them is used::
+
+    from gating_core import read_fcs, GatingModel, to_anndata
+
+Modules:
 
 - ``fcs``: reading FCS 2.0/3.0/3.1/3.2 files into :class:`~gating_core.fcs.Sample` objects,
   writing FCS 3.1, and the :class:`~gating_core.fcs.FCSError` raised for unreadable files.
-- ``export``: the gated CSV contract and FCS export with a population channel.
+- ``export``: the one export path (gated CSV, FCS with a population channel, Parquet, h5ad).
 - ``labels``: loading expert labels (labels CSV, gated CSV, FlowJo / GatingML gates).
+- ``interop``: FlowKit samples and AnnData; ``gate_export``: gates as GatingML 2.0 / FlowJo workspace.
 - ``transforms``: per-channel arcsinh / logicle transforms and their defaults.
-- ``features`` / ``model``: the marginal-transfer kernel classifier.
+- ``features`` / ``classifier`` / ``model``: the marginal-transfer kernel classifier.
 - ``modelfile``: reading a model ``.npz`` within memory bounds, with a typed description.
 - ``errors``: :class:`~gating_core.errors.GatingCoreError`, root of every bad-input error.
-- ``evaluation``: leave-one-patient-out evaluation beside the pooling and LDA baselines.
+- ``evaluation``: leave-one-group-out / leave-one-patient-out evaluation beside the baselines.
 - ``synthetic``: the multi-patient flow simulator and the JMLR ellipse task.
 - ``library``: the persistent patient library (SQLite catalog + Parquet events).
-- ``cli``: ``python -m gating_core ...``.
+- ``cli``: ``gating-core ...`` / ``python -m gating_core ...``.
 """
 
+from __future__ import annotations
+
+import importlib
+import logging
+
+# A library logs (file notes, tolerated oddities) and leaves the handlers to the application.
+logging.getLogger(__name__).addHandler(logging.NullHandler())
+
+# The one place the version is defined: pyproject.toml reads it (setuptools dynamic version,
+# parsed without importing the package) and ``gating-core --version`` prints it.
 __version__ = "0.1.0"
+
+# public name -> module that defines it (imported on first access, PEP 562)
+_PUBLIC = {
+    # FCS files and samples
+    "read_fcs": "fcs", "read_fcs_all": "fcs", "write_fcs": "fcs", "fcs_info": "fcs",
+    "Sample": "fcs", "Channel": "fcs", "FCSError": "fcs",
+    # labels and exports
+    "load_labeled_input": "labels", "LabelError": "labels",
+    "export_sample": "export", "read_gated_csv": "export", "read_fcs_with_populations": "export",
+    # the model
+    "GatingModel": "model", "GateResult": "model", "Novelty": "model", "ChannelMismatchError": "model",
+    "MarginalTransferClassifier": "classifier",
+    # hand-drawn and imported gates
+    "Gate": "gates", "GateTree": "gates", "AxisScale": "gates", "GateError": "gates",
+    "apply_gatingml": "gates", "apply_workspace": "gates",
+    # interoperability
+    "from_flowkit": "interop", "to_flowkit": "interop", "to_anndata": "interop",
+    "from_anndata": "interop", "as_sample": "interop",
+    "export_gatingml": "gate_export", "export_flowjo_workspace": "gate_export",
+    # errors
+    "GatingCoreError": "errors",
+}
+
+__all__ = ["__version__", *_PUBLIC]
+
+
+def __getattr__(name: str):
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'gating_core' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"gating_core.{module}"), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

@@ -1,4 +1,5 @@
-"""Command line entry point: ``python -m gating_core COMMAND ...``.
+"""Command line entry point: ``gating-core COMMAND ...`` (the console script ``pip install``
+creates), the same as ``python -m gating_core COMMAND ...``.
 
 Each command lives in its own module under ``gating_core.commands`` and exposes
 ``register(subparsers)``, which adds its sub-parser and sets ``func`` to a callable taking the
@@ -10,7 +11,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+
+from gating_core import __version__
 
 from gating_core.errors import GatingCoreError, describe_error, printable
 
@@ -26,9 +30,10 @@ COMMANDS = {
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m gating_core",
+        prog=_program_name(),
         description="Automatic gating of flow cytometry data by marginal transfer learning.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     subparsers.required = True
     registered = set()
@@ -41,6 +46,12 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         module.register(subparsers)
         registered.add(module_name)
     return parser
+
+
+def _program_name() -> str:
+    """How the user called us, for usage lines: ``gating-core`` or ``python -m gating_core``."""
+    launched_as = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return "python -m gating_core" if launched_as in ("__main__.py", "-m", "") else launched_as
 
 
 def main(argv: list[str] | None = None) -> int:

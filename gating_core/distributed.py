@@ -79,7 +79,8 @@ def _load_model_cached(model_bytes: bytes, digest: str):
         return model
 
 
-def _gate_task(model_bytes: bytes, digest: str, fcs_path: str, out_dir: str, chunk_size: int) -> list[dict]:
+def _gate_task(model_bytes: bytes, digest: str, fcs_path: str, out_dir: str, chunk_size: int,
+               format: str = "csv") -> list[dict]:
     """Worker side: gate one file with the serial code path, BLAS limited to one thread."""
     from gating_core.gating import gate_file
 
@@ -90,9 +91,9 @@ def _gate_task(model_bytes: bytes, digest: str, fcs_path: str, out_dir: str, chu
     model = _load_model_cached(model_bytes, digest)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     if threadpool_limits is None:
-        return gate_file(model, fcs_path, out_dir, chunk_size=chunk_size)
+        return gate_file(model, fcs_path, out_dir, chunk_size=chunk_size, format=format)
     with threadpool_limits(limits=1):
-        return gate_file(model, fcs_path, out_dir, chunk_size=chunk_size)
+        return gate_file(model, fcs_path, out_dir, chunk_size=chunk_size, format=format)
 
 
 def _failure_record(path: str, exc: BaseException) -> dict:
@@ -172,7 +173,7 @@ def digest_files_distributed(paths, model_params: dict, workers=None, scheduler=
 
 
 def gate_files_distributed(model_path, fcs_paths, out_dir, workers=None, scheduler=None, chunk_size=50_000,
-                           client=None, connect_timeout="30s") -> list[dict]:
+                           client=None, connect_timeout="30s", format: str = "csv") -> list[dict]:
     """Gate ``fcs_paths`` in parallel on Dask; write ``<out_dir>/<stem>.gated.csv`` per patient.
 
     Parameters
@@ -190,6 +191,8 @@ def gate_files_distributed(model_path, fcs_paths, out_dir, workers=None, schedul
         Use this client (and its cluster) instead of creating one.
     connect_timeout : str or float
         How long to keep trying to reach ``scheduler``.
+    format : str
+        Output format, as :func:`gating_core.gating.gate_file` takes it (default gated CSV).
 
     Returns
     -------
@@ -213,7 +216,7 @@ def gate_files_distributed(model_path, fcs_paths, out_dir, workers=None, schedul
         batch = uuid.uuid4().hex
         model_future = client.scatter(model_bytes, broadcast=True, hash=False)
         futures = [client.submit(_gate_task, model_future, digest, str(Path(p).resolve()), out_dir_abs, chunk_size,
-                                 key=f"gate-{i}-{batch}", pure=False, retries=0)
+                                 format, key=f"gate-{i}-{batch}", pure=False, retries=0)
                    for i, p in enumerate(fcs_paths)]
         records = []
         for path, future in zip(fcs_paths, futures):

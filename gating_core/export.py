@@ -1,4 +1,4 @@
-"""Writing gating results: gated CSV and FCS 3.1 with a population channel.
+"""Writing gating results: gated CSV, FCS 3.1 with a population channel, Parquet and h5ad.
 
 Gated CSV (design.md section 4): one row per event in the original order, one column per
 channel named by its $PnN, then ``population`` (text) and ``confidence`` (0..1). Floats are
@@ -31,6 +31,7 @@ from .labels import POPULATION_COLUMN, LabelError, _read_csv_table, population_a
 from .library.privacy import is_identifying
 
 __all__ = ["export_sample", "export_bytes", "export_keywords", "write_gated_csv", "read_gated_csv",
+           "write_gated_parquet", "write_gated_h5ad",
            "write_fcs_with_populations", "populations_from_sample", "read_fcs_with_populations",
            "POPULATION_KEYWORD"]
 
@@ -38,7 +39,9 @@ CONFIDENCE_COLUMN = "confidence"
 POPULATION_KEYWORD = "GATING_POPULATION_CHANNEL"
 POPULATION_COUNT_KEYWORD = "GATING_POPULATION_COUNT"
 POPULATION_NAME_KEYWORD = "GATING_POPULATION_{}"
-EXPORT_FORMATS = ("csv", "fcs")
+EXPORT_FORMATS = ("csv", "fcs", "parquet", "h5ad")
+# File suffix of each export format, for callers that name files (``<stem>.gated.<suffix>``).
+EXPORT_SUFFIXES = {"csv": ".csv", "fcs": ".fcs", "parquet": ".parquet", "h5ad": ".h5ad"}
 
 # Keywords an exported FCS never copies from its source: the writer sets the layout and the
 # channel keywords itself ($PnG, $PnE and $PnR included: the events are written linear, gain
@@ -181,6 +184,51 @@ def read_gated_csv(path: str | os.PathLike, dtype=np.float32):
     return sample, populations, confidence
 
 
+def write_gated_parquet(path: str | os.PathLike, sample: Sample, populations, confidence=None) -> None:
+    """The gated table as Parquet: the gated CSV's columns, typed (channels float32 / float64 as
+    read, ``population`` dictionary-encoded text, ``confidence`` float32), no keywords."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    populations, confidence = _check_lengths(sample, populations, confidence, path)
+    reserved = {POPULATION_COLUMN, CONFIDENCE_COLUMN} & set(sample.pnn)
+    if reserved:
+        raise ValueError(f"{path.name}: channel name(s) {sorted(reserved)} clash with the gated table's own columns")
+    dtype = np.float32 if sample.events.dtype == np.float32 else np.float64
+    columns = {name: pa.array(np.asarray(sample.events[:, i], dtype=dtype)) for i, name in enumerate(sample.pnn)}
+    columns[POPULATION_COLUMN] = pa.array(populations, type=pa.string()).dictionary_encode()
+    if confidence is not None:
+        columns[CONFIDENCE_COLUMN] = pa.array(confidence.astype(np.float32))
+    tmp = _atomic_target(path)
+    try:
+        pq.write_table(pa.table(columns), tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def write_gated_h5ad(path: str | os.PathLike, sample: Sample, populations=None, confidence=None, *,
+                     include_identifying: bool = False) -> None:
+    """The gated patient as an AnnData ``.h5ad`` (layout of :func:`gating_core.interop.to_anndata`);
+    keywords that may identify a person are left out unless ``include_identifying``."""
+    from .interop import to_anndata
+
+    path = Path(path)
+    if populations is not None:
+        populations, confidence = _check_lengths(sample, populations, confidence, path)
+    adata = to_anndata(sample, populations=populations, confidence=confidence,
+                       include_identifying=include_identifying)
+    tmp = _atomic_target(path)
+    try:
+        adata.write_h5ad(tmp)
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
 def export_keywords(sample: Sample, *, include_identifying: bool = False) -> dict[str, str]:
     """The TEXT keywords an exported FCS of ``sample`` carries (the one export policy).
 
@@ -265,23 +313,32 @@ def export_sample(path: str | os.PathLike, sample: Sample, populations=None, con
     sample : the events as read (linear scale).
     populations : array-like of str, shape (n_events,), or None (FCS only: events alone).
     confidence : array-like of float in [0, 1] (gated CSV only), or None.
-    format : ``"csv"`` (gated CSV) or ``"fcs"`` (FCS 3.1 with a population channel when
-        ``populations`` is given); default from the suffix, ``.fcs`` -> FCS, else CSV.
+    format : ``"csv"`` (gated CSV), ``"fcs"`` (FCS 3.1 with a population channel when
+        ``populations`` is given), ``"parquet"`` (the gated CSV's columns, typed) or ``"h5ad"``
+        (AnnData, :func:`gating_core.interop.to_anndata`; needs the anndata package); default
+        from the suffix (``.fcs``, ``.parquet``, ``.h5ad``), else CSV.
     include_identifying : keep the keywords that may identify a person (default: left out,
-        see :mod:`gating_core.library.privacy`). A gated CSV carries no keywords at all.
+        see :mod:`gating_core.library.privacy`). A gated CSV or Parquet file carries no
+        keywords at all.
 
     An exported FCS reads back (this project's reader, FlowIO, FlowKit) with exactly the
     source sample's events on every channel: float32 when the values are float32, else
-    float64. Raises FCSError (FCS), ValueError (lengths, names) or OSError.
+    float64. Raises FCSError (FCS), ValueError (lengths, names), ImportError (h5ad without
+    anndata) or OSError.
     """
     path = Path(path)
-    format = format or ("fcs" if path.suffix.lower() == ".fcs" else "csv")
+    by_suffix = {suffix: name for name, suffix in EXPORT_SUFFIXES.items()}
+    format = format or by_suffix.get(path.suffix.lower(), "csv")
     if format not in EXPORT_FORMATS:
         raise ValueError(f"export format must be one of {EXPORT_FORMATS}, not {format!r}")
+    if format in ("csv", "parquet") and populations is None:
+        raise ValueError(f"{path.name}: a gated {format.upper() if format == 'csv' else 'Parquet'} file needs populations")
     if format == "csv":
-        if populations is None:
-            raise ValueError(f"{path.name}: a gated CSV needs populations")
         write_gated_csv(path, sample, populations, confidence)
+    elif format == "parquet":
+        write_gated_parquet(path, sample, populations, confidence)
+    elif format == "h5ad":
+        write_gated_h5ad(path, sample, populations, confidence, include_identifying=include_identifying)
     else:
         _write_fcs_export(path, sample, populations, include_identifying)
     return path

@@ -32,6 +32,7 @@ a TEXT delimiter that occurs in no keyword name or value (see :func:`choose_deli
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import re
@@ -45,6 +46,10 @@ from gating_core.errors import GatingCoreError, open_input
 
 __all__ = ["FCSError", "Channel", "Sample", "SampleList", "read_fcs", "read_fcs_all", "write_fcs",
            "fcs_info"]
+
+# What the reader tolerated in a file (Sample.notes) is also logged here, for scripts and services
+# that collect logs rather than inspect samples; the package installs no handler of its own.
+logger = logging.getLogger(__name__)
 
 HEADER_LENGTH = 58
 SUPPORTED_VERSIONS = ("2.0", "3.0", "3.1", "3.2")
@@ -1199,6 +1204,8 @@ def _sample_from_layout(fh, layout: _Layout, name: str, engine: str, compensate:
     notes += spill_notes
     sample = Sample(name, events, channels, layout.keywords, spillover, spill_channels,
                     layout.header.version, str(layout.path), compensated=False, notes=notes)
+    for note in notes:
+        logger.warning("%s: %s", Path(layout.path).name, note)
     if compensate:
         broken = [n for n in spill_notes if "ignored" in n]
         if broken:

@@ -589,6 +589,27 @@ def _flowkit_sample(sample, sample_id: str):
                           channel_labels=list(sample.pnn), subsample=0)
 
 
+_XML_ESCAPE = re.compile(r"_x([0-9A-F]{4,6})_")
+_XML_NAME_CHAR = re.compile(r"[A-Za-z0-9._-]")
+
+
+def xml_gate_id(name: str) -> str:
+    """A gate name as a GatingML id (an XML NCName): characters an NCName cannot hold become
+    ``_xHHHH_`` (XML's usual name escape), so ``"T cells"`` is ``"T_x0020_cells"``.
+    :func:`gate_name_from_xml` reverses it; the importers below apply that to every gate id."""
+    out = []
+    for i, char in enumerate(name):
+        escape = not _XML_NAME_CHAR.match(char) or (i == 0 and not (char.isalpha() or char == "_")) \
+            or (char == "_" and _XML_ESCAPE.match(name, i))
+        out.append(f"_x{ord(char):04X}_" if escape else char)
+    return "".join(out)
+
+
+def gate_name_from_xml(gate_id: str) -> str:
+    """The gate name behind a GatingML id written by :func:`xml_gate_id` (others unchanged)."""
+    return _XML_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), gate_id)
+
+
 def _leaf_labels(gate_ids, membership, n_events: int) -> tuple[np.ndarray, list[str]]:
     """Flatten flowkit (name, path) gate ids into leaf labels; duplicate leaf names get their parent."""
     ids = [(name, tuple(path)) for name, path in gate_ids]
@@ -601,7 +622,8 @@ def _leaf_labels(gate_ids, membership, n_events: int) -> tuple[np.ndarray, list[
     assigned = np.zeros(n_events, dtype=bool)
     names = []
     for name, path in leaves:
-        label = name if counts[name] == 1 else "/".join([*path[1:], name])
+        label = gate_name_from_xml(name) if counts[name] == 1 else \
+            "/".join(gate_name_from_xml(part) for part in [*path[1:], name])
         mask = np.asarray(membership(name, path), dtype=bool)
         if mask.shape[0] != n_events:
             raise ValueError(f"gate {name!r} returned {mask.shape[0]} memberships for {n_events} events")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gating_core.export import export_sample
+from gating_core.export import EXPORT_SUFFIXES, export_sample
 from gating_core.fcs import FCSError, read_fcs_all
 from gating_core.model import ChannelMismatchError, GatingModel, PatientDigest, digest_patient
 
@@ -21,8 +21,10 @@ def output_stem(sample_name: str) -> str:
     return _UNSAFE.sub("_", sample_name).strip("._") or "patient"
 
 
-def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000) -> list[dict]:
-    """Gate every data set of one FCS file; write ``<out_dir>/<stem>.gated.csv`` for each.
+def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, format: str = "csv") -> list[dict]:
+    """Gate every data set of one FCS file; write ``<out_dir>/<stem>.gated.csv`` for each
+    (``.gated.parquet`` / ``.gated.fcs`` / ``.gated.h5ad`` for the other ``format`` values of
+    :func:`~gating_core.export.export_sample`).
 
     Returns one record per data set: ``file``, ``patient``, ``events``, ``counts``,
     ``novelty`` (dict), ``output`` (path) or, when the file cannot be gated, ``error`` (the
@@ -39,8 +41,8 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000) -
         record = {"file": str(fcs_path), "patient": sample.name}
         try:
             result = model.gate(sample, chunk_size=chunk_size)
-            output = out_dir / f"{output_stem(sample.name)}.gated.csv"
-            export_sample(output, sample, result.populations, result.confidence, format="csv")
+            output = out_dir / f"{output_stem(sample.name)}.gated{EXPORT_SUFFIXES[format]}"
+            export_sample(output, sample, result.populations, result.confidence, format=format)
             record.update(events=sample.n_events, counts=result.counts, novelty=result.novelty.to_dict(),
                           output=str(output), mean_confidence=float(result.confidence.mean()) if sample.n_events else 0.0)
         except (ChannelMismatchError, FCSError, ValueError, OSError) as exc:

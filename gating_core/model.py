@@ -386,6 +386,9 @@ class GatingModel:
                     random_state=self.random_state)
 
     def _compensated(self, sample):
+        from gating_core.interop import as_sample  # a flowkit.Sample or an AnnData is welcome too
+
+        sample = as_sample(sample)
         if self.compensate and sample.has_spillover and not sample.compensated:
             return sample.compensate()
         return sample
@@ -507,7 +510,10 @@ class GatingModel:
         return Novelty(score, self.novelty_threshold_, is_novel, self.training_patients_[nearest], message)
 
     def gate(self, sample, chunk_size=50_000) -> GateResult:
-        """Gate one patient: population and confidence of every event, in file order."""
+        """Gate one patient: population and confidence of every event, in file order.
+
+        ``sample``: a :class:`~gating_core.fcs.Sample`, a ``flowkit.Sample`` or an AnnData
+        (converted by :func:`gating_core.interop.as_sample`)."""
         self._check_fitted()
         sample = self._compensated(sample)
         indices = self._channel_indices(sample)

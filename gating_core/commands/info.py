@@ -9,8 +9,7 @@ still reported.
 
 from __future__ import annotations
 
-import json
-
+from . import print_json
 from ..errors import print_error
 from ..fcs import FCSError, fcs_info
 
@@ -66,5 +65,5 @@ def run(args) -> int:
         if not args.json:
             print(_describe(info))
     if args.json:
-        print(json.dumps(results, indent=2, ensure_ascii=False))
+        print_json(results, ensure_ascii=False)
     return status

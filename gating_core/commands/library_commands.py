@@ -1,7 +1,8 @@
 """``python -m gating_core library [--path DIR] ACTION ...``: the patient library from the shell.
 
 Actions: ``import FILE...``, ``list [--json]``, ``show PATIENT [--json]``,
-``export PATIENT --out F [--include-identifying]``, ``remove PATIENT``, ``models [--json]``,
+``export PATIENT --out F [--include-identifying]``, ``export-gates PATIENT --out F.xml|F.wsp``,
+``remove PATIENT``, ``models [--json]``,
 ``audit [--patient P] [--json]``, ``check``.
 """
 
@@ -11,6 +12,7 @@ import argparse
 import json
 import sys
 
+from gating_core.commands import print_json
 from gating_core.errors import print_error
 
 
@@ -48,6 +50,15 @@ def register(subparsers) -> None:
     p.add_argument("--include-identifying", action="store_true",
                    help="keep keywords that may identify a person ($SRC, $FIL, patient ids, ...) in an FCS export")
     p.set_defaults(func=_export)
+
+    p = actions.add_parser("export-gates", parents=[path_after],
+                           help="write the gates drawn on a patient as GatingML 2.0 (--out F.xml) or as a FlowJo "
+                                "workspace (--out F.wsp)")
+    p.add_argument("patient")
+    p.add_argument("--out", required=True, metavar="FILE", help="F.xml (GatingML 2.0) or F.wsp (FlowJo 10)")
+    p.add_argument("--include-identifying", action="store_true",
+                   help="keep keywords that may identify a person in a FlowJo workspace")
+    p.set_defaults(func=_export_gates)
 
     p = actions.add_parser("remove", parents=[path_after], help="remove a patient (its audit entries stay)")
     p.add_argument("patient")
@@ -105,7 +116,7 @@ def _list(args) -> int:
     library = _open(args)
     patients = library.patients()
     if args.json:
-        print(json.dumps([p.to_dict() for p in patients], indent=2))
+        print_json([p.to_dict() for p in patients])
         return 0
     if not patients:
         print(f"no patients in {library.path}")
@@ -126,7 +137,7 @@ def _show(args) -> int:
     info = library.patient(args.patient).to_dict()
     info["label_history"] = library.label_history(args.patient)
     if args.json:
-        print(json.dumps(info, indent=2))
+        print_json(info)
         return 0
     for key in ("name", "n_events", "n_channels", "dtype", "compensated", "has_spillover", "created_at"):
         print(f"{key}: {info[key]}")
@@ -151,6 +162,37 @@ def _export(args) -> int:
 
 
 @_guard
+def _export_gates(args) -> int:
+    from pathlib import Path
+
+    from gating_core.gate_export import export_flowjo_workspace, export_gatingml
+    from gating_core.gates import GateError, GateTree
+
+    out = Path(args.out)
+    if out.suffix.lower() not in (".xml", ".wsp"):
+        print_error(f"{out.name}: --out must end in .xml (GatingML 2.0) or .wsp (FlowJo workspace)")
+        return 2
+    library = _open(args)
+    stored = library.load_gates(args.patient)
+    if not stored:
+        print_error(f"{args.patient}: no gates drawn on this patient")
+        return 1
+    # The app draws and applies gates on the compensated events; the file describes those.
+    sample = library.load_sample(args.patient, compensate=True)
+    try:
+        tree = GateTree.from_dict(stored)
+        if out.suffix.lower() == ".wsp":
+            export_flowjo_workspace(tree, out, [sample], include_identifying=args.include_identifying)
+        else:
+            export_gatingml(tree, out, sample)
+    except GateError as exc:
+        print_error(f"{args.patient}: {exc}")
+        return 1
+    print(f"wrote {len(tree)} gate(s) of {args.patient} to {out}")
+    return 0
+
+
+@_guard
 def _remove(args) -> int:
     library = _open(args)
     library.remove_patient(args.patient)
@@ -163,7 +205,7 @@ def _models(args) -> int:
     library = _open(args)
     models = library.models()
     if args.json:
-        print(json.dumps([m.to_dict() for m in models], indent=2))
+        print_json([m.to_dict() for m in models])
         return 0
     if not models:
         print(f"no models in {library.path}")
@@ -178,7 +220,7 @@ def _audit(args) -> int:
     library = _open(args)
     entries = library.audit_log(args.patient, limit=args.limit)
     if args.json:
-        print(json.dumps(entries, indent=2))
+        print_json(entries)
         return 0
     for e in entries:
         who = f" {e['patient']}" if e["patient"] else ""

@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
+from gating_core.commands import print_json
 from gating_core.errors import print_error
 
 # Kept here rather than imported so that the command line starts without numpy and scikit-learn;
@@ -34,12 +34,17 @@ def register(subparsers) -> None:
     gate = subparsers.add_parser(
         "gate", help="gate new patients with a trained model",
         description="Gate FCS files; writes DIR/<stem>.gated.csv per patient (all channels by "
-                    "$PnN, then population and confidence, one row per event in file order).")
+                    "$PnN, then population and confidence, one row per event in file order), or "
+                    "<stem>.gated.parquet / .fcs / .h5ad with --format.")
     gate.add_argument("--model", required=True, help="model file written by train")
-    gate.add_argument("--out-dir", required=True, help="folder for the gated CSV files")
+    gate.add_argument("--out-dir", required=True, help="folder for the gated files")
     gate.add_argument("--chunk-size", type=int, default=50_000, help="events gated at a time (bounds memory)")
     _cluster_options(gate, "gate files in parallel")
-    gate.add_argument("--json", action="store_true", help="print one JSON record per patient instead of text")
+    gate.add_argument("--format", choices=("csv", "parquet", "fcs", "h5ad"), default="csv",
+                      help="output per patient: gated CSV (default), Parquet (same columns, typed), FCS with a "
+                           "population channel, or AnnData .h5ad (needs the anndata package)")
+    gate.add_argument("--json", action="store_true",
+                      help="print one JSON document (a list, one record per patient) instead of text")
     gate.add_argument("fcs", nargs="+", metavar="FCS")
     gate.set_defaults(func=run_gate)
 
@@ -204,6 +209,11 @@ def run_gate(args) -> int:
     if clashes:
         return _fail("these inputs would write the same gated CSV; rename one or gate them into "
                      "separate folders: " + "; ".join(" and ".join(paths) for paths in clashes))
+    if args.format == "h5ad":
+        try:
+            import anndata  # noqa: F401
+        except ImportError:
+            return _fail("--format h5ad needs the anndata package: pip install 'gating-core[anndata]'")
     try:
         model = GatingModel.load(args.model)
     except ModelFileError as exc:
@@ -215,7 +225,8 @@ def run_gate(args) -> int:
 
         try:
             records = gate_files_distributed(args.model, args.fcs, out_dir, workers=args.workers,
-                                             scheduler=args.scheduler, chunk_size=args.chunk_size)
+                                             scheduler=args.scheduler, chunk_size=args.chunk_size,
+                                             format=args.format)
         except ClusterError as exc:
             return _fail(str(exc))
     else:
@@ -228,15 +239,13 @@ def run_gate(args) -> int:
 
             iterator = tqdm(args.fcs, desc="gate", unit="file", file=sys.stderr, leave=False)
         for path in iterator:
-            records.extend(gate_file(model, path, out_dir, chunk_size=args.chunk_size))
-    failed = 0
+            records.extend(gate_file(model, path, out_dir, chunk_size=args.chunk_size, format=args.format))
+    failed = sum("error" in record for record in records)
+    if args.json:
+        print_json(records)
+        return 1 if failed else 0
     for record in records:
-        if args.json:
-            print(json.dumps(record))
-            failed += "error" in record
-            continue
         if "error" in record:
-            failed += 1
             print_error(record["error"])
             continue
         counts = ", ".join(f"{name} {count:,}" for name, count in record["counts"].items())
@@ -306,7 +315,7 @@ def run_evaluate(args) -> int:
         document = {"groups": dict(zip([s.name for s in samples], groups)), "groups_origin": origin,
                     "patients": table.to_dict(orient="records"), "summary": summary.to_dict(orient="records"),
                     "novelty_curve": [] if curve is None else curve.astype({"novelty_bin": str}).to_dict(orient="records")}
-        print(json.dumps(_json_safe(document), allow_nan=False))
+        print_json(document, indent=None)
         return 0
     f1_columns = [c for c in table.columns if c.startswith("f1:")]
     with pd.option_context("display.width", 200, "display.max_columns", 50, "display.float_format", "{:.4f}".format):
@@ -328,19 +337,3 @@ def run_evaluate(args) -> int:
             print(curve.to_string(index=False))
     return 0
 
-
-def _json_safe(value):
-    """NaN and infinities as null, numpy scalars as Python numbers: valid JSON."""
-    import math
-
-    import numpy as np
-
-    if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
