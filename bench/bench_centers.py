@@ -10,11 +10,14 @@ Protocols (design.md section 3), each printed as mean and worst patient per meth
   leave one CENTER out, and leave one patient out;
 
 then accuracy against the marginal model's novelty score over every held-out patient.
-Methods: the product's default (``marginal``), ``pooling`` (same estimator, k_P = 1),
+Methods: the product's default (``marginal``: the marginal model blended with its pooled
+companion), ``marginal-alone`` (the same without the companion), ``pooling`` (same estimator, k_P = 1),
 ``pooled-ridge`` (pooling without shift augmentation: the product's previous pooling),
 ``pooled-logistic`` (plain pooled random-feature logistic regression, 1/n_i weights) and LDA.
 
-Run: ``python bench/bench_centers.py [--quick]`` (``--quick``: synthetic cohort only);
+Run: ``python bench/bench_centers.py [--quick] [--multicenter-only] [--groups-only]
+[--methods a,b,...]`` (``--quick``: synthetic cohort only; ``--groups-only``: no
+leave-one-patient-out; ``--methods``: e.g. the options ``marginal-em,marginal-quantile``);
 ``--cohorts 12,13,14`` instead prints leave-one-center-out on further simulated cohorts
 (4 centers x 3 patients x 6,000 events, one line per seed), to see how much a margin on one
 cohort depends on its draw.
@@ -64,7 +67,7 @@ def _timed(title, run, protocol=None):
     return table
 
 
-def multicenter(methods):
+def multicenter(methods, patient_protocol=True):
     data = [load_labeled_input(p) for p in sorted(MULTICENTER.glob("multicenter_*.fcs"))]
     samples, labels = [d[0] for d in data], [d[1] for d in data]
     with open(MULTICENTER / "groups.csv", newline="") as handle:
@@ -78,21 +81,21 @@ def multicenter(methods):
         _timed("multicenter, train on the earlier batch, gate the later one",
                lambda: held_out_evaluation(samples, labels, [later], "leave-later-batch-out", methods=methods,
                                            groups=pairs, names=["batch " + batches[later[0]]])),
-        _timed("multicenter, leave one patient out (twin in training)",
-               lambda: leave_one_patient_out(samples, labels, methods=methods, groups=pairs)),
-    ], ignore_index=True)
+    ] + ([_timed("multicenter, leave one patient out (twin in training)",
+                 lambda: leave_one_patient_out(samples, labels, methods=methods, groups=pairs))]
+         if patient_protocol else []), ignore_index=True)
 
 
-def synthetic(methods, n_centers=4, per_center=3, n_events=10000, seed=11):
+def synthetic(methods, n_centers=4, per_center=3, n_events=10000, seed=11, patient_protocol=True):
     cohort, centers = simulate_centers(n_centers, per_center, seed=seed, n_events=n_events, strength=2.0)
     samples, labels = [c[0] for c in cohort], [c[1] for c in cohort]
     groups = [centers[s.name] for s in samples]
     return pd.concat([
         _timed(f"synthetic {n_centers} centers x {per_center} patients, leave one center out",
                lambda: leave_one_group_out(samples, labels, groups, methods=methods), "leave-one-center-out"),
-        _timed("synthetic, leave one patient out",
-               lambda: leave_one_patient_out(samples, labels, methods=methods, groups=groups)),
-    ], ignore_index=True)
+    ] + ([_timed("synthetic, leave one patient out",
+                 lambda: leave_one_patient_out(samples, labels, methods=methods, groups=groups))]
+         if patient_protocol else []), ignore_index=True)
 
 
 def main(argv=None) -> int:
@@ -101,6 +104,8 @@ def main(argv=None) -> int:
     parser.add_argument("--multicenter-only", action="store_true", help="the shared multicenter protocols only")
     parser.add_argument("--methods", help="comma-separated methods instead of the default set "
                                           "(for example marginal,marginal-em,marginal-quantile)")
+    parser.add_argument("--groups-only", action="store_true",
+                        help="skip the leave-one-patient-out protocols (the group protocols only)")
     parser.add_argument("--csv", help="write every per-patient row here")
     parser.add_argument("--cohorts", metavar="SEEDS", help="comma-separated seeds: other simulated cohorts only")
     args = parser.parse_args(argv)
@@ -115,9 +120,10 @@ def main(argv=None) -> int:
                                                f"{summary.loc[m, 'worst_accuracy']:.4f}" for m in methods), flush=True)
         return 0
     methods = tuple(args.methods.split(",")) if args.methods else METHODS
-    tables = [] if args.multicenter_only else [synthetic(methods)]
+    patient_protocol = not args.groups_only
+    tables = [] if args.multicenter_only else [synthetic(methods, patient_protocol=patient_protocol)]
     if not args.quick and MULTICENTER.exists():
-        tables.append(multicenter(methods))
+        tables.append(multicenter(methods, patient_protocol))
     elif not args.quick:
         print("\n(../shared/data/multicenter absent: real-data protocols skipped)")
     table = pd.concat(tables, ignore_index=True)
