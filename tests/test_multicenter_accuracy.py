@@ -18,8 +18,8 @@ from gating_core.synthetic import simulate_centers
 
 @pytest.mark.slow
 def test_unseen_simulated_centers_gated_better_than_pooled_ridge_and_lda():
-    # The benchmark cohort of bench/bench_centers.py. Measured: marginal 0.992 mean / 0.974 worst,
-    # pooled ridge 0.970 / 0.882, LDA 0.951 / 0.767. Other simulated cohorts give smaller or
+    # The benchmark cohort of bench/bench_centers.py. Measured: marginal (blended with its pooled
+    # companion) 0.9913 mean / 0.9660 worst, pooled ridge 0.970 / 0.882, LDA 0.951 / 0.767. Other simulated cohorts give smaller or
     # negative margins against a pooled logistic regression (see the README): this test guards
     # the mechanism (shift augmentation + group-aware selection), not a general claim.
     cohort, centers = simulate_centers(4, 3, seed=11, n_events=10000, strength=2.0)
@@ -45,11 +45,13 @@ def test_leaving_a_replicate_pair_out_of_the_shared_multicenter_data(multicenter
     summary = summarize(table).set_index("method")
     print(summary.to_string())
     marginal, pooled, lda = (summary.loc[m] for m in ("marginal", "pooled-ridge", "lda"))
-    # Measured with these defaults: marginal 0.967 mean / 0.907 worst, pooled ridge 0.968 / 0.909,
-    # LDA 0.951 / 0.907. The later batch (samples 09, 10) is the worst for every method.
+    # Measured with these defaults: marginal (blended with its pooled companion) 0.9685 mean /
+    # 0.9125 worst, pooled ridge 0.9684 / 0.9092, LDA 0.9507 / 0.9069; the marginal model alone
+    # 0.9671 / 0.9071. The later batch (samples 09, 10) is the worst for every method.
     assert marginal["mean_accuracy"] > lda["mean_accuracy"] + 0.01
-    assert marginal["mean_accuracy"] > pooled["mean_accuracy"] - 0.004
-    assert marginal["worst_accuracy"] > 0.90
+    assert marginal["mean_accuracy"] > pooled["mean_accuracy"] - 0.002
+    assert marginal["worst_accuracy"] > pooled["worst_accuracy"] + 0.001
+    assert marginal["worst_accuracy"] > 0.91
     assert marginal["worst_patient"] in ("multicenter_09", "multicenter_10")
     by_patient = table.pivot(index="patient", columns="method", values="accuracy")
     assert np.all(by_patient.loc[[f"multicenter_0{i}" for i in range(1, 9)], "marginal"] > 0.97)
