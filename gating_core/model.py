@@ -374,7 +374,7 @@ class GatingModel:
         cells = self._standardise(sample.events[:, indices])
         if getattr(self, "reference_quantiles_", None) is None:
             return cells
-        return self._registered(cells, self._patient_frame(sample.events, indices)[0])
+        return self._registered(cells, self._chosen_cells(sample.events, indices)[0])
 
     def _classifier_params(self) -> dict:
         return dict(use_embedding=self.method == "marginal", solver=self.solver, n_features=self.n_features,
@@ -478,13 +478,17 @@ class GatingModel:
         """What gating one patient needs from its content-chosen cells (the same whatever the
         chunking): its registration (``align="quantile"``, else None), its embedding Psi (2L,)
         and those cells, standardised and registered (m, d)."""
+        registration, chosen = self._chosen_cells(events, indices)
+        return registration, self.classifier_.embed(chosen), chosen
+
+    def _chosen_cells(self, events, indices):
+        """The patient's registration (or None) and its content-chosen cells, registered."""
         raw = events[:, indices]
         chosen = self._standardise(raw[content_subsample(raw, self.embedding_cells)])
-        registration = None
-        if getattr(self, "reference_quantiles_", None) is not None:
-            registration = QuantileRegistration(channel_quantiles(chosen), self.reference_quantiles_)
-            chosen = registration.transform(chosen)
-        return registration, self.classifier_.embed(chosen), chosen
+        if getattr(self, "reference_quantiles_", None) is None:
+            return None, chosen
+        registration = QuantileRegistration(channel_quantiles(chosen), self.reference_quantiles_)
+        return registration, registration.transform(chosen)
 
     @staticmethod
     def _registered(cells, registration):

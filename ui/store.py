@@ -379,10 +379,17 @@ class Store:
             finally:
                 path.unlink(missing_ok=True)
             if model_id:
-                info = self.library.model(model_id)
-                label = f"{info.name} (v{info.version})"
-                self.model_ids[label] = model_id
+                return self._make_current(model, model_id)
         self.models[label] = model
+        self.current_model = label
+        return label
+
+    def _make_current(self, model, model_id: str) -> str:
+        """Make a model the library holds as ``model_id`` the current one; returns its label."""
+        info = self.library.model(model_id)
+        label = f"{info.name} (v{info.version})"
+        self.models[label] = model
+        self.model_ids[label] = model_id
         self.current_model = label
         return label
 
@@ -398,12 +405,7 @@ class Store:
             self.models[name] = model
             self.current_model = name
             return name
-        info = self.library.model(model_id)
-        label = f"{info.name} (v{info.version})"
-        self.models[label] = model
-        self.model_ids[label] = model_id
-        self.current_model = label
-        return label
+        return self._make_current(model, model_id)
 
     def model(self):
         return self.models.get(self.current_model) if self.current_model else None
