@@ -33,14 +33,16 @@ from gating_core.transforms import ChannelTransform, default_transform, is_time_
 
 MODEL_FORMAT = "gating_core.model"
 # 2: the pooled companion of the marginal method (files of format 1 load without one).
-MODEL_FORMAT_VERSION = 2
+# 3: the companion's weight as fitted (pooled_weight="auto"); format-2 files use their parameter.
+MODEL_FORMAT_VERSION = 3
 METHODS = ("marginal", "pooling")
 PRIOR_SHIFTS = ("none", "em")
 ALIGNMENTS = ("none", "quantile")
 DEFAULT_LOSS = "squared"
 DEFAULT_AUGMENT = 4
-#: Weight of the pooled companion in the marginal method's probabilities (see GatingModel).
-DEFAULT_POOLED_WEIGHT = 0.5
+#: Weight of the pooled companion in the marginal method's probabilities (see GatingModel):
+#: "auto" chooses it by cross-validation over groups.
+DEFAULT_POOLED_WEIGHT = "auto"
 #: Penalty of the pooled companion's logistic fit: light, as a user would fit the plain baseline.
 POOLED_ALPHA = 1e-5
 
@@ -144,14 +146,17 @@ class GatingModel:
     patient_weighting :
         Passed to :class:`MarginalTransferClassifier` (bandwidths in standardised units; set
         ones are kept out of the selection).
-    pooled_weight : float in [0, 1], default=0.5
+    pooled_weight : "auto" or float in [0, 1], default="auto"
         The marginal method's probabilities are ``(1 - w) p_marginal + w p_pooled``, where
         ``p_pooled`` comes from a companion that ignores the patient's distribution (a logistic
         regression on the same cell features, every patient weighing the same). The companion
         is the hedge for patients from centers unlike any training one, where the embedding
         extrapolates; averaging the two beat each alone when whole centers were held out
         (README, "Accuracy on centers the model has never seen"). 0: the marginal model alone.
-        Ignored by ``method="pooling"`` and by solvers other than ``"rff"``.
+        "auto": w from (0, 0.25, 0.5, 0.75, 1) by cross-validation over groups
+        (:func:`~gating_core.selection.select_pooled_weight`), 0.5 unless another weight wins
+        on held-out groups by more than 0.2 points (and 0.5 when ``select=False`` or there are
+        fewer than two groups). Ignored by ``method="pooling"`` and by solvers other than ``"rff"``.
     prior_shift : {"none", "em"}, default="none"
         "em": re-estimate the population proportions of each gated patient from its own
         unlabeled cells (:mod:`gating_core.priors`) and adjust the probabilities to them.
@@ -173,6 +178,7 @@ class GatingModel:
     class_prior_ : ndarray (k,)  population shares of the training patients (each weighing the same)
     pooled_classifier_ : MarginalTransferClassifier or None
         The pooled companion (see ``pooled_weight``); None when there is none.
+    pooled_weight_ : float  the companion's weight in use (0 when there is no companion)
     populations_ : list of str
     training_patients_ : list of str
     selection_ : dict  the chosen parameters and the CV table
@@ -295,8 +301,10 @@ class GatingModel:
         report("Fitting the final model", 0.8)
         self.classifier_ = MarginalTransferClassifier(**params).fit(cells, labels, embedding_samples=embedding_cells,
                                                                     groups=self.groups_)
-        self.pooled_classifier_ = None
+        self.pooled_classifier_, self.pooled_weight_ = None, 0.0
         if self._wants_companion():
+            self.pooled_weight_ = self._choose_pooled_weight(cells, labels, embedding_cells, params, report)
+        if self.pooled_weight_ > 0:
             report("Fitting the pooled companion", 0.9)
             self.pooled_classifier_ = MarginalTransferClassifier(**self._companion_params(params)).fit(
                 cells, labels, embedding_samples=embedding_cells, groups=self.groups_)
@@ -308,10 +316,30 @@ class GatingModel:
         return self
 
     def _wants_companion(self) -> bool:
-        weight = float(self.pooled_weight)
-        if not 0.0 <= weight <= 1.0:
-            raise ValueError(f"pooled_weight must be within [0, 1], got {self.pooled_weight!r}")
-        return self.method == "marginal" and self.solver == "rff" and weight > 0
+        if isinstance(self.pooled_weight, str):
+            if self.pooled_weight != "auto":
+                raise ValueError(f"pooled_weight must be 'auto' or within [0, 1], got {self.pooled_weight!r}")
+        elif not 0.0 <= float(self.pooled_weight) <= 1.0:
+            raise ValueError(f"pooled_weight must be 'auto' or within [0, 1], got {self.pooled_weight!r}")
+        return self.method == "marginal" and self.solver == "rff" and self.pooled_weight != 0
+
+    def _choose_pooled_weight(self, cells, labels, embedding_cells, params, report) -> float:
+        if self.pooled_weight != "auto":
+            return float(self.pooled_weight)
+        from gating_core.selection import PREFERRED_POOLED_WEIGHT, select_pooled_weight
+
+        if not self.select:
+            return PREFERRED_POOLED_WEIGHT
+        report("Weighing the pooled companion (cross-validation over groups)", 0.82)
+        result = select_pooled_weight(
+            cells, labels, MarginalTransferClassifier(**params),
+            MarginalTransferClassifier(**self._companion_params(params)), embedding_samples=embedding_cells,
+            groups=self.groups_, cv_folds=self.cv_folds, cells_per_patient=self.selection_cells_per_patient,
+            objective=self.selection_objective,
+            progress=lambda f: report("Weighing the pooled companion (cross-validation over groups)", 0.82 + 0.07 * f))
+        self.selection_["pooled_weight"] = {"chosen": result.weight, "folds": result.n_folds,
+                                            "cv_accuracy": {str(w): s for w, s in result.table.items()}}
+        return result.weight
 
     def _companion_params(self, params: dict) -> dict:
         """The pooled companion: the main model's cell bandwidth and features, no embedding,
@@ -578,7 +606,7 @@ class GatingModel:
         proba = self.classifier_.predict_proba(cells, embedding, chunk_size=chunk_size)
         companion = getattr(self, "pooled_classifier_", None)
         if companion is not None:
-            weight = np.float32(self.pooled_weight)
+            weight = np.float32(self.pooled_weight_)
             proba *= np.float32(1.0) - weight
             proba += weight * companion.predict_proba(cells, embedding, chunk_size=chunk_size)
         return proba
@@ -608,7 +636,7 @@ class GatingModel:
         companion = getattr(self, "pooled_classifier_", None)
         if companion is not None:
             meta["pooled"] = {"classifier": companion.get_params(), "bandwidth_x": companion.bandwidth_x_,
-                              "temperature": companion.temperature_}
+                              "temperature": companion.temperature_, "weight": float(self.pooled_weight_)}
         arrays = {
             "meta": np.array(json.dumps(meta)),
             "center": self.center_, "scale": self.scale_,
@@ -771,10 +799,17 @@ class GatingModel:
             clf.landmark_cells_ = array("landmark_cells", m, d).astype(np.float64, copy=False)
             clf.landmark_embeddings_ = array("landmark_embeddings", m, 2 * n_embedding).astype(np.float64, copy=False)
         model.classifier_ = clf
-        model.pooled_classifier_ = None
+        model.pooled_classifier_, model.pooled_weight_ = None, 0.0
         pooled = top.object("pooled", optional=True)
         if pooled is not None:
             model.pooled_classifier_ = _pooled_companion(path, pooled, array, clf, d, k)
+            # Format 2 wrote no fitted weight: its parameter was the weight.
+            weight = pooled.number("weight", within=(0.0, 1.0), optional=True)
+            if weight is None:
+                if model.pooled_weight == "auto":
+                    raise ModelFileError(path, "model description: the pooled companion has no weight")
+                weight = float(model.pooled_weight)
+            model.pooled_weight_ = float(weight)
         return model
 
     def get_params(self) -> dict:
@@ -792,7 +827,7 @@ class GatingModel:
                 "populations": self.populations_, "training_patients": self.training_patients_,
                 "bandwidth_x": clf.bandwidth_x_, "bandwidth_p": clf.bandwidth_p_, "alpha": clf.alpha,
                 "n_features": clf.n_features, "cv_accuracy": self.selection_.get("cv_accuracy"),
-                "pooled_weight": float(self.pooled_weight) if getattr(self, "pooled_classifier_", None) else 0.0,
+                "pooled_weight": float(self.pooled_weight_) if getattr(self, "pooled_classifier_", None) else 0.0,
                 "transform": self.transform_.to_dict()}
 
 
@@ -837,7 +872,7 @@ def _checked_params(path, fields: Fields, accepted, where: str) -> dict:
         elif key == "prior_shift":
             out[key] = fields.string(key, choices=PRIOR_SHIFTS)
         elif key == "pooled_weight":
-            out[key] = fields.number(key, within=(0.0, 1.0))
+            out[key] = "auto" if fields.raw(key) == "auto" else fields.number(key, within=(0.0, 1.0))
         elif key in ("compensate", "select", "use_embedding", "calibrate"):
             out[key] = fields.boolean(key)
         elif key == "random_state":

@@ -233,3 +233,120 @@ def select_logistic_alpha(samples, labels, base: MarginalTransferClassifier, emb
         if progress is not None:
             progress((f + 1) / len(folds))
     return float(ordered[int(np.argmax(scores))])
+
+
+#: Weights of the pooled companion the selection compares (see GatingModel.pooled_weight).
+DEFAULT_POOLED_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: The weight kept unless another wins on held-out groups by more than POOLED_WEIGHT_MARGIN:
+#: an even blend of two models that err differently is the safe choice when folds cannot tell.
+PREFERRED_POOLED_WEIGHT = 0.5
+POOLED_WEIGHT_MARGIN = 0.002
+
+
+@dataclass
+class PooledWeightResult:
+    """Outcome of :func:`select_pooled_weight`: the chosen weight, the held-out score of every
+    weight compared (``table``: weight -> score) and the number of folds (0: nothing to
+    compare, the preferred weight was kept)."""
+
+    weight: float
+    table: dict
+    n_folds: int
+
+
+def choose_pooled_weight(scores: dict, preferred=PREFERRED_POOLED_WEIGHT, margin=POOLED_WEIGHT_MARGIN) -> float:
+    """The weight to keep from held-out ``scores`` (weight -> score): among the weights within
+    ``margin`` of the best score, the one nearest ``preferred``."""
+    top = max(scores.values())
+    close = [w for w, s in scores.items() if s >= top - margin]
+    return float(min(close, key=lambda w: (abs(w - preferred), w)))
+
+
+def select_pooled_weight(samples, labels, main: MarginalTransferClassifier, companion: MarginalTransferClassifier,
+                         embedding_samples=None, groups=None, cv_folds=5, cells_per_patient=1500,
+                         weights=DEFAULT_POOLED_WEIGHTS, objective="mean", progress=None) -> PooledWeightResult:
+    """Weight of the pooled companion in the blend, by cross-validation over groups.
+
+    On each fold the marginal model (ridge, from the shared statistics as in
+    :func:`select_hyperparameters`, its scores calibrated by one temperature fitted on all
+    held-out scores) and the pooled companion (logistic, one L-BFGS solve) are fitted on the
+    training groups at most SEARCH_FEATURES random features and ``cells_per_patient`` cells per
+    patient; every weight in ``weights`` blends their probabilities on the held-out patients.
+    Where the patient's distribution helps on unseen groups the weight stays low; where the
+    embedding only extrapolates (centers that differ more than their patients do) it moves to
+    the companion. Scores as in :func:`select_hyperparameters` (``objective``).
+
+    Parameters
+    ----------
+    samples : list of ndarray (n_i, d), labels : list of ndarray (n_i,)
+    main, companion : MarginalTransferClassifier
+        Unfitted, with the parameters the final models will use (bandwidths and penalties set).
+    embedding_samples : list of ndarray (m_i, d) or None
+    groups : sequence (n_patients,) or None
+        Center / batch / run of each patient; None: every patient its own group.
+    """
+    from gating_core.classifier import fit_temperature, fit_weighted_logistic
+    from gating_core.groups import group_folds
+
+    samples, labels = check_training_set(samples, labels)
+    if objective not in ("mean", "worst"):
+        raise ValueError(f"objective must be 'mean' or 'worst', got {objective!r}")
+    labels_of_group = list(range(len(samples))) if groups is None else list(groups)
+    if len(labels_of_group) != len(samples):
+        raise ValueError(f"{len(labels_of_group)} group labels for {len(samples)} patients")
+    if len(samples) < 3 or len(set(labels_of_group)) < 2:
+        # Two patients leave one to train on: no blend can be judged from that.
+        return PooledWeightResult(PREFERRED_POOLED_WEIGHT, {}, 0)
+    weights = np.asarray(weights, dtype=np.float64)
+
+    def probe(model):
+        return MarginalTransferClassifier(**{**model.get_params(), "cells_per_patient": cells_per_patient,
+                                             "n_features": min(model.n_features, SEARCH_FEATURES)})
+
+    # Both probes draw the same cells of each patient (same seed and count); the marginal one
+    # adds its augmented copies after the real patients.
+    marginal, pooled = probe(main), probe(companion)
+    train_x, train_y = marginal.prepare(samples, labels, embedding_samples, groups)
+    marginal._init_feature_map(train_x)
+    stats, features, targets = marginal._statistics(train_x, train_y)
+    pooled_x, _ = pooled.prepare(samples, labels, embedding_samples, groups)
+    pooled._init_feature_map(pooled_x)
+    pooled_features = [pooled._features(x, psi) for x, psi in zip(pooled_x, pooled.train_embeddings_)]
+    n_classes, source = len(marginal.classes_), marginal.patient_source_
+    folds = group_folds(labels_of_group, cv_folds, 1, main.random_state)
+    held_scores, held_pooled, held_targets, held_fold = [], [], [], []
+    for f, held_out in enumerate(folds):
+        held = set(held_out)
+        coef, intercept = RidgeStatistics.solve(
+            stats.eigen([r for r in range(len(features)) if int(source[r]) not in held]), marginal.alpha)
+        rows = [i for i in range(len(samples)) if i not in held]
+        p_coef, p_intercept = fit_weighted_logistic([pooled_features[i] for i in rows], [targets[i] for i in rows],
+                                                    np.full(len(rows), 1.0 / len(rows)), n_classes, pooled.alpha)
+        for i in held_out:
+            held_scores.append(features[i] @ coef.astype(np.float32) + intercept.astype(np.float32))
+            logits = pooled_features[i] @ p_coef.astype(np.float32) + p_intercept.astype(np.float32)
+            held_pooled.append(_softmax(logits))
+            held_targets.append(targets[i])
+            held_fold.append(f)
+        if progress is not None:
+            progress((f + 1) / len(folds))
+    temperature = fit_temperature(held_scores, held_targets)
+    accuracy = np.zeros((len(weights), len(held_targets)))
+    for j, (scores, p_pooled, truth) in enumerate(zip(held_scores, held_pooled, held_targets)):
+        p_marginal = _softmax(temperature * scores)
+        for a, w in enumerate(weights):
+            accuracy[a, j] = np.mean(np.argmax((1.0 - w) * p_marginal + w * p_pooled, axis=1) == truth)
+    if objective == "mean":
+        per_weight = accuracy.mean(axis=1)
+    else:
+        fold_of = np.asarray(held_fold)
+        per_weight = np.min([accuracy[:, fold_of == f].mean(axis=1) for f in np.unique(fold_of)], axis=0)
+    table = {float(w): float(s) for w, s in zip(weights, per_weight)}
+    return PooledWeightResult(choose_pooled_weight(table), table, len(folds))
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    z = np.asarray(scores, dtype=np.float64)
+    z = z - z.max(axis=1, keepdims=True)
+    np.exp(z, out=z)
+    return z / z.sum(axis=1, keepdims=True)

@@ -198,7 +198,7 @@ def test_pooled_weight_zero_and_pooling_fit_no_companion(small_centers):
         alone.classifier_.predict_proba(alone.standardised_cells(new), alone.patient_embedding(new)))
     pooling = GatingModel(method="pooling", select=False, n_augment=0, cells_per_patient=800).fit(samples[:3], labels[:3])
     assert pooling.pooled_classifier_ is None
-    with pytest.raises(ValueError, match="pooled_weight must be within"):
+    with pytest.raises(ValueError, match="pooled_weight must be 'auto' or within"):
         GatingModel(select=False, pooled_weight=1.5, cells_per_patient=800).fit(samples[:3], labels[:3])
 
 
@@ -241,6 +241,83 @@ def test_companion_survives_save_and_load_and_older_files_load_without_it(blende
     with pytest.raises(ModelFileError, match="pooled_coef"):
         GatingModel.load(rewrite("missing.npz", meta, drop=["pooled_coef"]))
     assert zipfile.is_zipfile(path)
+
+
+def test_the_even_blend_is_kept_unless_another_weight_clearly_wins_on_held_out_groups():
+    from gating_core.selection import POOLED_WEIGHT_MARGIN, choose_pooled_weight
+
+    assert POOLED_WEIGHT_MARGIN == 0.002
+    # Within the margin of the best: the weight nearest 0.5 (ties: the lower one).
+    assert choose_pooled_weight({0.0: 0.950, 0.25: 0.9612, 0.5: 0.9600, 0.75: 0.9615, 1.0: 0.958}) == 0.5
+    assert choose_pooled_weight({0.0: 0.950, 0.25: 0.9650, 0.5: 0.9600, 0.75: 0.9615, 1.0: 0.958}) == 0.25
+    assert choose_pooled_weight({0.0: 0.90, 0.25: 0.91, 0.5: 0.92, 0.75: 0.95, 1.0: 0.951}) == 0.75
+    assert choose_pooled_weight({0.0: 0.90, 0.25: 0.91, 0.5: 0.92, 0.75: 0.93, 1.0: 0.951}) == 1.0
+    assert choose_pooled_weight({0.0: 0.97, 1.0: 0.97}) == 0.0
+
+
+@pytest.fixture(scope="module")
+def auto_weighted(small_centers):
+    from gating_core.model import GatingModel
+
+    samples, labels, centers = small_centers
+    groups = [centers[s.name] for s in samples]
+    # Two patients of each of three centers: three folds, each holding out a whole center.
+    model = GatingModel(n_augment=1, cells_per_patient=1000, selection_cells_per_patient=600, cv_folds=3,
+                        cv_repeats=1).fit(samples, labels, groups=groups)
+    return model
+
+
+def test_auto_weight_is_chosen_over_held_out_centers_and_is_the_weight_used(auto_weighted, small_centers):
+    from gating_core.selection import DEFAULT_POOLED_WEIGHTS, choose_pooled_weight
+
+    samples, _, _ = small_centers
+    model = auto_weighted
+    record = model.selection_["pooled_weight"]
+    assert record["folds"] == 3
+    table = {float(w): s for w, s in record["cv_accuracy"].items()}
+    assert sorted(table) == list(DEFAULT_POOLED_WEIGHTS)
+    assert all(0.3 < s <= 1.0 for s in table.values())
+    assert model.pooled_weight_ == record["chosen"] == choose_pooled_weight(table)
+    assert model.describe()["pooled_weight"] == model.pooled_weight_
+    assert model.pooled_weight_ > 0 and model.pooled_classifier_ is not None
+    new = samples[5]
+    cells, psi = model.standardised_cells(new), model.patient_embedding(new)
+    w = np.float32(model.pooled_weight_)
+    expected = model.classifier_.predict_proba(cells, psi) * (np.float32(1) - w) + \
+        w * model.pooled_classifier_.predict_proba(cells, psi)
+    np.testing.assert_array_equal(model.predict_proba(new), expected)
+
+
+def test_auto_weight_survives_save_and_format_2_files_use_their_parameter(auto_weighted, small_centers, tmp_path):
+    import json
+
+    from gating_core.model import GatingModel
+    from gating_core.modelfile import ModelFileError
+
+    samples, _, _ = small_centers
+    path = tmp_path / "auto.npz"
+    auto_weighted.save(path)
+    loaded = GatingModel.load(path)
+    assert loaded.pooled_weight == "auto" and loaded.pooled_weight_ == auto_weighted.pooled_weight_
+    np.testing.assert_array_equal(loaded.predict_proba(samples[4]), auto_weighted.predict_proba(samples[4]))
+
+    arrays = dict(np.load(path))
+    meta = json.loads(str(arrays["meta"]))
+    older = json.loads(json.dumps(meta))
+    older["format_version"] = 2
+    del older["pooled"]["weight"]
+    older["params"]["pooled_weight"] = 0.25
+    np.savez_compressed(tmp_path / "v2.npz", **{**arrays, "meta": np.array(json.dumps(older))})
+    assert GatingModel.load(tmp_path / "v2.npz").pooled_weight_ == 0.25
+    # "auto" without the fitted weight cannot be gated honestly: refuse the file.
+    older["params"]["pooled_weight"] = "auto"
+    np.savez_compressed(tmp_path / "bad.npz", **{**arrays, "meta": np.array(json.dumps(older))})
+    with pytest.raises(ModelFileError, match="no weight"):
+        GatingModel.load(tmp_path / "bad.npz")
+    meta["pooled"]["weight"] = 1.5
+    np.savez_compressed(tmp_path / "range.npz", **{**arrays, "meta": np.array(json.dumps(meta))})
+    with pytest.raises(ModelFileError, match="weight"):
+        GatingModel.load(tmp_path / "range.npz")
 
 
 def test_command_line_names_match_the_library():

@@ -12,9 +12,9 @@ from gating_core.errors import print_error
 # Kept here rather than imported so that the command line starts without numpy and scikit-learn;
 # tests/test_transfer.py checks them against gating_core.evaluation.ALL_METHODS and
 # gating_core.model.DEFAULT_POOLED_WEIGHT.
-EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda", "marginal-alone", "marginal-em",
-                      "marginal-quantile")
-DEFAULT_POOLED_WEIGHT = 0.5
+EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda", "marginal-alone", "marginal-even",
+                      "marginal-em", "marginal-quantile")
+DEFAULT_POOLED_WEIGHT = "auto"
 
 
 def register(subparsers) -> None:
@@ -85,18 +85,29 @@ def _model_options(parser) -> None:
     group.add_argument("--no-selection", action="store_true", help="skip cross-validated model selection (heuristic bandwidths)")
     group.add_argument("--features", type=int, default=512, help="random features D (default 512)")
     group.add_argument("--cells-per-patient", type=int, default=4000, help="training cells drawn per patient")
-    group.add_argument("--pooled-weight", type=float, default=DEFAULT_POOLED_WEIGHT, metavar="W",
-                       help="weight of the pooled companion in the marginal method's probabilities, 0 to 1 "
-                            f"(default {DEFAULT_POOLED_WEIGHT}; 0: the marginal model alone)")
+    group.add_argument("--pooled-weight", default=DEFAULT_POOLED_WEIGHT, metavar="W",
+                       help="weight of the pooled companion in the marginal method's probabilities, 0 to 1, or "
+                            f"'auto' (default {DEFAULT_POOLED_WEIGHT}: chosen by cross-validation over groups; "
+                            "0: the marginal model alone)")
     group.add_argument("--seed", type=int, default=0, help="random seed (results are reproducible)")
+
+
+def _pooled_weight(text: str):
+    if text == "auto":
+        return "auto"
+    try:
+        weight = float(text)
+    except ValueError:
+        weight = float("nan")
+    if not 0.0 <= weight <= 1.0:
+        raise SystemExit(f"error: --pooled-weight must be 'auto' or a number within [0, 1], got {text!r}")
+    return weight
 
 
 def _model_params(args) -> dict:
     params = {"compensate": not args.no_compensation, "select": not args.no_selection,
               "n_features": args.features, "cells_per_patient": args.cells_per_patient, "random_state": args.seed}
-    if not 0.0 <= args.pooled_weight <= 1.0:
-        raise SystemExit(f"error: --pooled-weight must be within [0, 1], got {args.pooled_weight}")
-    params["pooled_weight"] = args.pooled_weight
+    params["pooled_weight"] = _pooled_weight(args.pooled_weight)
     if args.channels:
         params["channels"] = args.channels
     return params
