@@ -320,6 +320,16 @@ def test_auto_weight_survives_save_and_format_2_files_use_their_parameter(auto_w
         GatingModel.load(tmp_path / "range.npz")
 
 
+def test_pooled_weight_option_takes_auto_or_a_weight():
+    from gating_core.commands.model_commands import _pooled_weight
+
+    assert _pooled_weight("auto") == "auto"
+    assert _pooled_weight("0.25") == 0.25 and _pooled_weight("0") == 0.0
+    for bad in ("1.5", "-0.1", "half", "nan"):
+        with pytest.raises(SystemExit, match="--pooled-weight must be 'auto' or a number within"):
+            _pooled_weight(bad)
+
+
 def test_command_line_names_match_the_library():
     from gating_core.commands import model_commands
     from gating_core.evaluation import ALL_METHODS
