@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+from sklearn.base import BaseEstimator
 
 from gating_core import __version__
 from gating_core.classifier import (LOSSES, PATIENT_WEIGHTINGS, SCORE_BLOCK, SOLVERS, MarginalTransferClassifier,
@@ -126,7 +127,7 @@ def digest_patient(sample, labels, cells_per_patient=4000, embedding_cells=20000
                          np.ascontiguousarray(events[draw]), labels[draw], np.ascontiguousarray(events[chosen]))
 
 
-class GatingModel:
+class GatingModel(BaseEstimator):
     """Automatic gating learned from expert-gated patients.
 
     Parameters
@@ -166,6 +167,14 @@ class GatingModel:
     cv_folds, cv_repeats, selection_cells_per_patient, selection_objective :
         model-selection settings (folds hold out whole groups of patients).
     random_state : int
+
+    A scikit-learn estimator (``clone``, ``get_params``, ``set_params``) whose parameters are
+    exactly those the model file stores. To scikit-learn's model selection one sample is one
+    patient: ``X`` a sequence of samples, ``y`` their per-event label arrays, a splitter's
+    ``groups`` the center of each patient (also passed to :meth:`fit` with
+    ``params={"groups": centers}``), and :meth:`score` the mean per-patient accuracy::
+
+        cross_val_score(GatingModel(), samples, labels, groups=centers, cv=LeaveOneGroupOut())
 
     Attributes
     ----------
@@ -812,12 +821,44 @@ class GatingModel:
             model.pooled_weight_ = float(weight)
         return model
 
-    def get_params(self) -> dict:
-        return {k: getattr(self, k) for k in (
-            "method", "channels", "transform", "compensate", "select", "n_features", "n_embedding_features",
-            "cells_per_patient", "embedding_cells", "solver", "bandwidth_x", "bandwidth_p", "alpha", "loss",
-            "n_augment", "augment_gain", "augment_shift", "patient_weighting", "pooled_weight", "prior_shift", "align", "cv_folds", "cv_repeats",
-            "selection_cells_per_patient", "selection_objective", "random_state")}
+    # -- the scikit-learn view: one sample is one patient --------------------------------------
+
+    def score(self, X, y, sample_weight=None) -> float:
+        """Mean over patients of the share of their events gated into the expert's population.
+
+        How scikit-learn's model selection sees a GatingModel, so that ``cross_val_score``,
+        ``GroupKFold`` and ``LeaveOneGroupOut`` run on it: one SAMPLE is one PATIENT.
+
+        Parameters
+        ----------
+        X : sequence of n_patients samples
+            :class:`~gating_core.fcs.Sample`, ``flowkit.Sample`` or AnnData, one per patient
+            (what :meth:`fit` takes).
+        y : sequence of n_patients ndarray of shape (n_events_i,)
+            Each patient's expert populations.
+        sample_weight : array-like of shape (n_patients,) or None
+            Weight of each patient; None: every patient weighs the same, as in training.
+
+        Returns
+        -------
+        float
+            The (weighted) mean of the patients' accuracies. With a splitter's ``groups`` the
+            center of each patient, ``cross_val_score(GatingModel(), X, y, groups=centers,
+            cv=LeaveOneGroupOut())`` scores the model on centers it has not seen.
+        """
+        if len(X) != len(y):
+            raise ValueError(f"{len(X)} patients but {len(y)} label arrays")
+        if len(X) == 0:
+            raise ValueError("no patients to score")
+        accuracies = []
+        for sample, labels in zip(X, y):
+            predicted = self.predict(sample)
+            labels = np.asarray(labels).astype(str)
+            if len(labels) != len(predicted):
+                raise ValueError(f"{getattr(sample, 'name', 'a patient')}: {len(predicted)} events but "
+                                 f"{len(labels)} labels")
+            accuracies.append(float(np.mean(predicted == labels)) if len(labels) else 0.0)
+        return float(np.average(accuracies, weights=sample_weight))
 
     def describe(self) -> dict:
         """A JSON-friendly summary: method, channels, populations, chosen hyperparameters."""

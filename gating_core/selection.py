@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gating_core.classifier import MarginalTransferClassifier, RidgeStatistics, check_training_set
+from gating_core.classifier import MarginalTransferClassifier, TrainingProblem, check_training_set
 
 DEFAULT_X_FACTORS = (0.25, 0.5, 1.0, 2.0)
 DEFAULT_P_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -89,20 +89,17 @@ def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, em
     probe = MarginalTransferClassifier(**{**base.get_params(), "cells_per_patient": cells_per_patient,
                                           "n_features": min(base.n_features, SEARCH_FEATURES)})
     # The embeddings come from all cells (or the caller's choice), as at gating time.
-    train_x, train_y = probe.prepare(samples, labels, embedding_samples, groups)
-    embeddings = probe.train_embeddings_
-    classes = probe.classes_
-    targets = [np.searchsorted(classes, y) for y in train_y]
-    onehots = [(t[:, None] == np.arange(len(classes))[None, :]).astype(np.float32) for t in targets]
+    problem = TrainingProblem(probe, samples, labels, embedding_samples, groups)
+    targets = problem.targets
     if objective not in ("mean", "worst"):
         raise ValueError(f"objective must be 'mean' or 'worst', got {objective!r}")
     labels_of_group = list(range(len(samples))) if groups is None else list(groups)
     if len(labels_of_group) != len(samples):
         raise ValueError(f"{len(labels_of_group)} group labels for {len(samples)} patients")
     folds = group_folds(labels_of_group, cv_folds, cv_repeats, probe.random_state)
-    source = probe.patient_source_
-    n_rows = len(train_x)
-    median_x, median_p = probe.median_distance_x_, probe.median_distance_p_
+    source = problem.source
+    n_rows = problem.n_rows
+    median_x, median_p = problem.median_distance_x, problem.median_distance_p
     use_embedding = bool(base.use_embedding)
     cache: dict = {}
     evaluated = 0
@@ -113,20 +110,8 @@ def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, em
         key = (fx, fp)
         if key in cache:
             return cache[key]
-        clf = MarginalTransferClassifier(**{**probe.get_params(), "bandwidth_x": fx * median_x,
-                                            "bandwidth_p": None if fp is None else fp * median_p,
-                                            "bandwidth_embedding": probe.bandwidth_embedding_})
-        clf.classes_ = classes
-        clf.n_features_in_ = probe.n_features_in_
-        clf.embedder_, clf.train_embeddings_ = probe.embedder_, embeddings
-        clf.n_patients_, clf.patient_source_ = probe.n_patients_, source
-        clf.bandwidth_x_, clf.bandwidth_embedding_ = fx * median_x, probe.bandwidth_embedding_
-        clf.bandwidth_p_ = None if fp is None else fp * median_p
-        clf._init_feature_map(train_x)
-        features = [clf._features(x, psi) for x, psi in zip(train_x, embeddings)]
-        stats = RidgeStatistics(features[0].shape[1], len(classes))
-        for f, y in zip(features, onehots):
-            stats.add_patient([f], [y])
+        features = problem.features(problem.feature_map(fx * median_x, None if fp is None else fp * median_p))
+        stats = problem.statistics(features)
         fold_scores = []
         for held_out in folds:
             held = set(held_out)
@@ -188,7 +173,7 @@ def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, em
         progress(1.0)
     return SelectionResult(
         params={"bandwidth_x": best_x * median_x, "bandwidth_p": None if best_p is None else best_p * median_p,
-                "alpha": best_alpha, "bandwidth_embedding": probe.bandwidth_embedding_,
+                "alpha": best_alpha, "bandwidth_embedding": problem.bandwidth_embedding,
                 "use_embedding": embedding_kept},
         score=float(scores.max()), table=table, median_x=median_x, median_p=median_p,
     )
@@ -210,11 +195,10 @@ def select_logistic_alpha(samples, labels, base: MarginalTransferClassifier, emb
     samples, labels = check_training_set(samples, labels)
     probe = MarginalTransferClassifier(**{**base.get_params(), "cells_per_patient": cells_per_patient,
                                           "n_features": min(base.n_features, SEARCH_FEATURES)})
-    train_x, train_y = probe.prepare(samples, labels, embedding_samples, groups)
-    probe._init_feature_map(train_x)
-    features = [probe._features(x, psi) for x, psi in zip(train_x, probe.train_embeddings_)]
-    targets = [np.searchsorted(probe.classes_, y) for y in train_y]
-    source = probe.patient_source_
+    problem = TrainingProblem(probe, samples, labels, embedding_samples, groups)
+    features = problem.features(problem.feature_map(problem.bandwidth_x, problem.bandwidth_p))
+    targets = problem.targets
+    source = problem.source
     folds = group_folds(list(range(len(samples))) if groups is None else list(groups), cv_folds, 1,
                         probe.random_state)
     ordered = sorted(alphas, reverse=True)
@@ -225,7 +209,7 @@ def select_logistic_alpha(samples, labels, base: MarginalTransferClassifier, emb
         warm = None
         for a, alpha in enumerate(ordered):
             coef, intercept = fit_weighted_logistic([features[r] for r in rows], [targets[r] for r in rows],
-                                                    np.full(len(rows), 1.0 / len(rows)), len(probe.classes_),
+                                                    np.full(len(rows), 1.0 / len(rows)), len(problem.classes),
                                                     alpha, warm=warm)
             warm = (coef, intercept)
             scores[a] += np.mean([np.mean(np.argmax(features[i] @ coef + intercept, axis=1) == targets[i])
