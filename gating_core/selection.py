@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gating_core.classifier import MarginalTransferClassifier, TrainingProblem, check_training_set
+from gating_core.classifier import MarginalTransferClassifier, RidgeStatistics, TrainingProblem, check_training_set
 
 DEFAULT_X_FACTORS = (0.25, 0.5, 1.0, 2.0)
 DEFAULT_P_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -287,16 +287,15 @@ def select_pooled_weight(samples, labels, main: MarginalTransferClassifier, comp
         return MarginalTransferClassifier(**{**model.get_params(), "cells_per_patient": cells_per_patient,
                                              "n_features": min(model.n_features, SEARCH_FEATURES)})
 
-    # Both probes draw the same cells of each patient (same seed and count); the marginal one
+    # Both problems draw the same cells of each patient (same seed and count); the marginal one
     # adds its augmented copies after the real patients.
     marginal, pooled = probe(main), probe(companion)
-    train_x, train_y = marginal.prepare(samples, labels, embedding_samples, groups)
-    marginal._init_feature_map(train_x)
-    stats, features, targets = marginal._statistics(train_x, train_y)
-    pooled_x, _ = pooled.prepare(samples, labels, embedding_samples, groups)
-    pooled._init_feature_map(pooled_x)
-    pooled_features = [pooled._features(x, psi) for x, psi in zip(pooled_x, pooled.train_embeddings_)]
-    n_classes, source = len(marginal.classes_), marginal.patient_source_
+    problem = TrainingProblem(marginal, samples, labels, embedding_samples, groups)
+    features = problem.features(problem.feature_map(problem.bandwidth_x, problem.bandwidth_p))
+    stats, targets = problem.statistics(features), problem.targets
+    plain = TrainingProblem(pooled, samples, labels, embedding_samples, groups)
+    pooled_features = plain.features(plain.feature_map(plain.bandwidth_x, None))
+    n_classes, source = len(problem.classes), problem.source
     folds = group_folds(labels_of_group, cv_folds, 1, main.random_state)
     held_scores, held_pooled, held_targets, held_fold = [], [], [], []
     for f, held_out in enumerate(folds):
