@@ -31,6 +31,7 @@ from .labels import POPULATION_COLUMN, LabelError, _read_csv_table, population_a
 from .library.privacy import is_identifying
 
 __all__ = ["export_sample", "export_bytes", "export_keywords", "write_gated_csv", "read_gated_csv",
+           "GatedTableWriter",
            "write_gated_parquet", "write_gated_h5ad",
            "write_fcs_with_populations", "populations_from_sample", "read_fcs_with_populations",
            "POPULATION_KEYWORD"]
@@ -79,6 +80,141 @@ def _atomic_target(path: Path) -> Path:
 
 
 CSV_BATCH_ROWS = 131_072
+#: Rows of one Parquet row group when the table is written chunk by chunk.
+PARQUET_GROUP_ROWS = 262_144
+
+
+class GatedTableWriter:
+    """Writes a gated CSV or Parquet file chunk by chunk: memory stays a chunk whatever the
+    number of events. Used as a context manager; the file appears under its name only when
+    the block ends without an exception (written to a hidden temporary name in the same
+    folder, then renamed), so a failure never leaves a partial file behind.
+
+    Parameters
+    ----------
+    path : output file.
+    sample : Sample whose ``pnn`` names the channel columns and whose ``events.dtype`` decides
+        float32 / float64 columns (its events may be empty).
+    format : ``"csv"`` or ``"parquet"``.
+    with_confidence : write the ``confidence`` column.
+
+    A whole-sample write (:func:`write_gated_csv`) goes through this class too, so the
+    bytes of a gated CSV do not depend on how the events were chunked.
+    """
+
+    def __init__(self, path, sample: Sample, format: str = "csv", with_confidence: bool = True):
+        if format not in ("csv", "parquet"):
+            raise ValueError(f"GatedTableWriter writes csv or parquet, not {format!r}")
+        self.path = Path(path)
+        self.format = format
+        reserved = {POPULATION_COLUMN, CONFIDENCE_COLUMN} & set(sample.pnn)
+        if reserved:
+            what = "CSV" if format == "csv" else "table"
+            raise ValueError(f"{self.path.name}: channel name(s) {sorted(reserved)} clash with the gated "
+                             f"{what}'s own columns")
+        # float32 stays float32 (shortest round-trip text); everything else as float64.
+        self.dtype = np.float32 if sample.events.dtype == np.float32 else np.float64
+        self.with_confidence = with_confidence
+        self.names = list(sample.pnn) + [POPULATION_COLUMN] + ([CONFIDENCE_COLUMN] if with_confidence else [])
+        self.n_channels = len(sample.pnn)
+        self.rows = 0
+        self._tmp = _atomic_target(self.path)
+        self._writer = None
+        self._pending: list = []
+        self._pending_rows = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
+        return False
+
+    def _batch(self, events, populations, confidence):
+        import pyarrow as pa
+
+        events = np.asarray(events, dtype=self.dtype)
+        arrays = [pa.array(np.ascontiguousarray(events[:, i])) for i in range(events.shape[1])]
+        populations = pa.array(populations, type=pa.string())
+        arrays.append(populations if self.format == "csv" else populations.dictionary_encode())
+        if self.with_confidence:
+            arrays.append(pa.array(np.asarray(confidence).astype(np.float32)))
+        return pa.RecordBatch.from_arrays(arrays, names=self.names)
+
+    def write(self, events, populations, confidence=None) -> None:
+        """Append rows: events (m, n_channels), populations (m,) str, confidence (m,) in [0, 1]."""
+        populations = np.asarray(populations)
+        m = len(populations)
+        if np.shape(events) != (m, self.n_channels):
+            raise ValueError(f"{self.path.name}: {m} populations for events of shape {np.shape(events)}")
+        if self.with_confidence:
+            confidence = np.asarray(confidence, dtype=np.float64)
+            if confidence.shape != (m,):
+                raise ValueError(f"{self.path.name}: confidence of shape {confidence.shape} for {m} events")
+            if not np.all((confidence >= 0) & (confidence <= 1)):
+                raise ValueError(f"{self.path.name}: confidence values must lie in [0, 1]")
+        if self.format == "csv":
+            for lo in range(0, max(m, 1) if self._writer is None else m, CSV_BATCH_ROWS):
+                hi = lo + CSV_BATCH_ROWS
+                self._write_csv(self._batch(events[lo:hi], populations[lo:hi],
+                                            confidence[lo:hi] if self.with_confidence else None))
+        else:
+            self._pending.append(self._batch(events, populations, confidence))
+            self._pending_rows += m
+            if self._pending_rows >= PARQUET_GROUP_ROWS:
+                self._flush_parquet()
+        self.rows += m
+
+    def _write_csv(self, batch) -> None:
+        import pyarrow.csv as pacsv
+
+        if self._writer is None:
+            self._writer = pacsv.CSVWriter(self._tmp, batch.schema,
+                                           write_options=pacsv.WriteOptions(quoting_style="needed"))
+        self._writer.write_batch(batch)
+
+    def _flush_parquet(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not self._pending:
+            return
+        table = pa.Table.from_batches(self._pending).unify_dictionaries().combine_chunks()
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._tmp, table.schema)
+        self._writer.write_table(table, row_group_size=PARQUET_GROUP_ROWS)
+        self._pending, self._pending_rows = [], 0
+
+    def close(self) -> None:
+        """Finish the file and give it its name."""
+        try:
+            if self.format == "csv" and self._writer is None:
+                empty = np.empty((0, self.n_channels), dtype=self.dtype)
+                self._write_csv(self._batch(empty, np.empty(0, dtype=str), np.empty(0)))
+            if self.format == "parquet":
+                if self._writer is None and not self._pending:
+                    empty = np.empty((0, self.n_channels), dtype=self.dtype)
+                    self._pending.append(self._batch(empty, np.empty(0, dtype=str), np.empty(0)))
+                self._flush_parquet()
+            self._writer.close()
+            self._writer = None
+            os.replace(self._tmp, self.path)
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Drop the temporary file (nothing appears under the final name)."""
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except Exception:  # noqa: BLE001 - the file is being thrown away
+                pass
+            self._writer = None
+        if self._tmp.exists():
+            self._tmp.unlink()
 
 
 def write_gated_csv(path: str | os.PathLike, sample: Sample, populations, confidence=None) -> None:
@@ -90,39 +226,10 @@ def write_gated_csv(path: str | os.PathLike, sample: Sample, populations, confid
     populations : array-like of str, shape (n_events,).
     confidence : array-like of float in [0, 1], shape (n_events,), or None (column omitted).
     """
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
     path = Path(path)
     populations, confidence = _check_lengths(sample, populations, confidence, path)
-    reserved = {POPULATION_COLUMN, CONFIDENCE_COLUMN} & set(sample.pnn)
-    if reserved:
-        raise ValueError(f"{path.name}: channel name(s) {sorted(reserved)} clash with the gated "
-                         "CSV's own columns")
-    # float32 stays float32 (shortest round-trip text); everything else as float64.
-    dtype = np.float32 if sample.events.dtype == np.float32 else np.float64
-    names = list(sample.pnn) + [POPULATION_COLUMN] + ([CONFIDENCE_COLUMN] if confidence is not None else [])
-
-    def batch(start, stop):
-        # Row batches keep the Arrow copies small: memory stays flat whatever the file size.
-        events = np.asarray(sample.events[start:stop], dtype=dtype)
-        arrays = [pa.array(np.ascontiguousarray(events[:, i])) for i in range(events.shape[1])]
-        arrays.append(pa.array(populations[start:stop], type=pa.string()))
-        if confidence is not None:
-            arrays.append(pa.array(confidence[start:stop].astype(np.float32)))
-        return pa.RecordBatch.from_arrays(arrays, names=names)
-
-    tmp = _atomic_target(path)
-    try:
-        first = batch(0, min(len(populations), CSV_BATCH_ROWS))
-        with pacsv.CSVWriter(tmp, first.schema, write_options=pacsv.WriteOptions(quoting_style="needed")) as writer:
-            writer.write_batch(first)
-            for start in range(CSV_BATCH_ROWS, len(populations), CSV_BATCH_ROWS):
-                writer.write_batch(batch(start, start + CSV_BATCH_ROWS))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with GatedTableWriter(path, sample, "csv", with_confidence=confidence is not None) as writer:
+        writer.write(sample.events, populations, confidence)
 
 
 def read_gated_csv(path: str | os.PathLike, dtype=np.float32):
