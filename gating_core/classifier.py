@@ -35,12 +35,14 @@ SCORE_BLOCK = 2048
 
 
 def score_threads() -> int:
-    """Threads that score blocks of cells: ``$GATING_SCORE_THREADS``, else up to 4 cores.
+    """Threads that score blocks of cells: ``$GATING_SCORE_THREADS``, else up to 4 usable CPUs.
 
     Dask workers set it to 1 (one thread per worker process, parallelism across files).
     """
+    from gating_core.cpus import usable_cpus  # the CPUs this process may use, not the machine's
+
     value = os.environ.get("GATING_SCORE_THREADS", "")
-    return max(1, int(value)) if value.isdigit() else min(4, os.cpu_count() or 1)
+    return max(1, int(value)) if value.isdigit() else min(4, usable_cpus())
 
 
 def content_subsample(x: np.ndarray, max_cells: int) -> np.ndarray:

@@ -24,6 +24,7 @@ import numpy as np
 from gating_core import __version__
 from gating_core.classifier import (LOSSES, PATIENT_WEIGHTINGS, SCORE_BLOCK, SOLVERS, MarginalTransferClassifier,
                                    content_hashes, content_subsample)
+from gating_core.cpus import with_blas_threads
 from gating_core.errors import GatingCoreError
 from gating_core.features import MeanEmbedding, ProductRFF
 from gating_core.modelfile import Fields, ModelFileError, check_scalar, parse_json, read_archive
@@ -254,6 +255,7 @@ class GatingModel:
         """Seed of the training-cell draw of the ``index``-th patient (documented, reproducible)."""
         return np.random.SeedSequence([int(self.random_state or 0), 10, int(index)])
 
+    @with_blas_threads  # BLAS sized from the free CPUs: no stalls beside other CPU-bound work
     def fit_digests(self, digests, progress=None, groups=None):
         """Learn from :class:`PatientDigest` objects (what :meth:`fit` does after digesting).
 
@@ -595,6 +597,7 @@ class GatingModel:
             proba += weight * companion.predict_proba(cells, embedding, chunk_size=chunk_size)
         return proba
 
+    @with_blas_threads
     def gate_chunks(self, sample, chunks, chunk_size=50_000, sink=None) -> "StreamedGate":
         """Gate one patient whose events arrive in chunks: memory bounded by a few chunks and
         the ``embedding_cells`` content-chosen cells, whatever the number of events.
