@@ -218,3 +218,34 @@ def test_copied_file_gates_under_its_own_name(sample_model, tmp_path):
     (tmp_path / "out").mkdir()
     records = gate_file(sample_model, copy, tmp_path / "out")
     assert Path(records[0]["output"]).name == "Guava_Muse_2.gated.csv"
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fast_csv_text_equals_arrows_csv_writer(tmp_path, dtype):
+    """The gated CSV's rows are formatted by Arrow kernels in parallel blocks; the bytes must be
+    those Arrow's own CSV writer gave before (shortest round-trip floats, quoted names)."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    from gating_core.fcs import Channel, Sample
+
+    rng = np.random.default_rng(5)
+    n = 40_000
+    events = (rng.lognormal(5, 3, size=(n, 6)) * rng.choice([-1, 1], size=(n, 6))).astype(dtype)
+    events[:20, 0] = [0, -0.0, 1e-45, 3.4e38, 1e7, 1e16, 123456789, 0.1, 1 / 3, 2 ** 24, 2 ** 24 + 2, 1e-5,
+                      1e-4, 1e21, 1e20, 1e-30, 100, 1000, 10000, 0.001]
+    events[20:2000] = rng.integers(-1000, 100000, size=(1980, 6))
+    populations = np.asarray(["CD4 T", "a,b", 'q"x', "NK", "", "tab\there"], dtype=object)[rng.integers(0, 6, n)]
+    confidence = rng.random(n).astype(np.float32)
+    confidence[:3] = [0, 1, 1e-9]
+    names = ["FSC-A", "a,\"b\"", "c", "d", "e", "f"]
+    sample = Sample("x", events, [Channel(c) for c in names])
+    export_sample(tmp_path / "fast.csv", sample, populations, confidence)
+    arrays = [pa.array(np.ascontiguousarray(events[:, i])) for i in range(6)]
+    arrays += [pa.array(populations, type=pa.string()), pa.array(confidence)]
+    reference = io.BytesIO()
+    pacsv.write_csv(pa.Table.from_arrays(arrays, names=names + ["population", "confidence"]), reference,
+                    write_options=pacsv.WriteOptions(quoting_style="needed"))
+    assert (tmp_path / "fast.csv").read_bytes() == reference.getvalue()
