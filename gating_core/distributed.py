@@ -33,7 +33,7 @@ from gating_core.errors import GatingCoreError
 
 # Every worker process gets these before numpy starts: one BLAS thread per Dask thread.
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-              "GATING_SCORE_THREADS": "1"}
+              "GATING_SCORE_THREADS": "1", "GATING_CPUS": "1"}
 
 _MODEL_CACHE: dict[str, object] = {}
 _MODEL_LOCK = threading.Lock()

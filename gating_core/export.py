@@ -214,9 +214,9 @@ class GatedTableWriter:
             return
         # Formatting floats is the cost (about 0.1 us a value): row blocks are formatted in
         # parallel (Arrow's kernels release the GIL) and written in order.
-        from gating_core.cpus import usable_cpus
+        from gating_core.classifier import score_threads  # our pools' size: usable CPUs, 1 on a Dask worker
 
-        threads = max(1, min(usable_cpus(), m // CSV_MIN_BLOCK_ROWS))
+        threads = max(1, min(score_threads(), m // CSV_MIN_BLOCK_ROWS))
         step = min(CSV_BATCH_ROWS, -(-m // threads))
         blocks = [(lo, min(lo + step, m)) for lo in range(0, m, step)]
 
