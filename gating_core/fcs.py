@@ -1600,9 +1600,12 @@ class EventStream:
         dtype = np.float64 if events.dtype == np.float64 else np.float32
         events = np.array(events, dtype=dtype)
         idx = self._spill_index
-        for start in range(0, len(events), _COMPENSATION_BLOCK):
-            block = events[start:start + _COMPENSATION_BLOCK]
+
+        def compensate(bounds):
+            block = events[bounds[0]:bounds[1]]
             block[:, idx] = (block[:, idx].astype(np.float64) @ self._inverse).astype(dtype)
+
+        parallel_rows(compensate, len(events), _COMPENSATION_BLOCK)
         return events
 
     def read(self) -> Sample:
@@ -1612,6 +1615,29 @@ class EventStream:
         s = self.sample
         return Sample(s.name, events, list(s.channels), s.keywords, s.spillover, list(s.spillover_channels),
                       s.version, s.path, s.compensated, list(s.notes))
+
+
+def parallel_rows(function, n_rows: int, max_block: int = 262_144, min_block: int = 8192) -> None:
+    """Call ``function((lo, hi))`` on row blocks covering ``range(n_rows)``, on the scoring
+    pool's number of threads when the rows are many, with BLAS at one thread meanwhile.
+
+    For row-wise work (compensation, transforms) whose result for a row does not depend on
+    the block it is in: numpy releases the GIL, so the blocks run in parallel."""
+    from gating_core.classifier import score_threads
+
+    threads = max(1, min(score_threads(), n_rows // min_block))
+    step = min(max_block, -(-n_rows // threads)) if n_rows else 1
+    bounds = [(lo, min(lo + step, n_rows)) for lo in range(0, n_rows, step)]
+    if threads == 1:
+        for b in bounds:
+            function(b)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(1), ThreadPoolExecutor(threads) as pool:
+        list(pool.map(function, bounds))
 
 
 def _replace_layout(layout: _Layout, **changes) -> _Layout:
