@@ -13,6 +13,7 @@ import bench_ellipse  # noqa: E402
 import bench_model  # noqa: E402
 import bench_read  # noqa: E402
 import bench_scale  # noqa: E402
+import bench_stream  # noqa: E402
 
 
 def main() -> int:
@@ -20,7 +21,8 @@ def main() -> int:
     for title, run in (("FCS reading", lambda: bench_read.main([])),
                        ("Model training and gating", lambda: bench_model.main([])),
                        ("JMLR ellipse task", lambda: bench_ellipse.main([])),
-                       ("Scale: streaming, Dask, training growth", lambda: bench_scale.main([]))):
+                       ("Scale: streaming, Dask, training growth", lambda: bench_scale.main([])),
+                       ("Streamed gating of big files, busy machine", lambda: bench_stream.main([]))):
         print(f"\n######## {title} ########", flush=True)
         status |= int(run() or 0)
     return status

@@ -43,12 +43,14 @@ SCORE_BLOCK = 2048
 
 
 def score_threads() -> int:
-    """Threads that score blocks of cells: ``$GATING_SCORE_THREADS``, else up to 4 cores.
+    """Threads that score blocks of cells: ``$GATING_SCORE_THREADS``, else up to 4 usable CPUs.
 
     Dask workers set it to 1 (one thread per worker process, parallelism across files).
     """
+    from gating_core.cpus import usable_cpus  # the CPUs this process may use, not the machine's
+
     value = os.environ.get("GATING_SCORE_THREADS", "")
-    return max(1, int(value)) if value.isdigit() else min(4, os.cpu_count() or 1)
+    return max(1, int(value)) if value.isdigit() else min(4, usable_cpus())
 
 
 def content_subsample(x: np.ndarray, max_cells: int) -> np.ndarray:
@@ -60,6 +62,14 @@ def content_subsample(x: np.ndarray, max_cells: int) -> np.ndarray:
     n = len(x)
     if n <= max_cells:
         return np.arange(n)
+    return np.sort(np.argpartition(content_hashes(x), max_cells - 1)[:max_cells])
+
+
+def content_hashes(x: np.ndarray) -> np.ndarray:
+    """The hash of each row's float32 values that :func:`content_subsample` ranks: (n,) uint64.
+
+    Each row's hash depends on that row alone, so it can be computed chunk by chunk."""
+    n = len(x)
     # Widen one column at a time: a whole (n, d) uint64 copy would cost twice the event array.
     rows = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     golden = np.uint64(0x9E3779B97F4A7C15)
@@ -69,7 +79,7 @@ def content_subsample(x: np.ndarray, max_cells: int) -> np.ndarray:
             h ^= rows[:, j].astype(np.uint64) + golden + (h << np.uint64(6)) + (h >> np.uint64(2))
             h *= np.uint64(0xBF58476D1CE4E5B9)
             h ^= h >> np.uint64(31)
-    return np.sort(np.argpartition(h, max_cells - 1)[:max_cells])
+    return h
 
 
 class RidgeStatistics:

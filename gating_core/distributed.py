@@ -33,7 +33,7 @@ from gating_core.errors import GatingCoreError
 
 # Every worker process gets these before numpy starts: one BLAS thread per Dask thread.
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-              "GATING_SCORE_THREADS": "1"}
+              "GATING_SCORE_THREADS": "1", "GATING_CPUS": "1"}
 
 _MODEL_CACHE: dict[str, object] = {}
 _MODEL_LOCK = threading.Lock()
@@ -122,7 +122,9 @@ def cluster_client(workers=None, scheduler=None, client=None, connect_timeout="3
     else:
         if workers is not None and workers < 1:
             raise ClusterError(f"--workers must be at least 1, got {workers}")
-        own_cluster = local_cluster(workers or os.cpu_count() or 1)
+        from gating_core.cpus import usable_cpus  # affinity and cgroup quota, not the machine's count
+
+        own_cluster = local_cluster(workers or usable_cpus())
         client = Client(own_cluster)
     try:
         yield client

@@ -31,6 +31,7 @@ from .labels import POPULATION_COLUMN, LabelError, _read_csv_table, population_a
 from .library.privacy import is_identifying
 
 __all__ = ["export_sample", "export_bytes", "export_keywords", "write_gated_csv", "read_gated_csv",
+           "GatedTableWriter",
            "write_gated_parquet", "write_gated_h5ad",
            "write_fcs_with_populations", "populations_from_sample", "read_fcs_with_populations",
            "POPULATION_KEYWORD"]
@@ -79,6 +80,201 @@ def _atomic_target(path: Path) -> Path:
 
 
 CSV_BATCH_ROWS = 131_072
+#: Fewest rows worth a thread of their own when formatting CSV text.
+CSV_MIN_BLOCK_ROWS = 16_384
+
+
+def _csv_header(names) -> bytes:
+    """The header line Arrow's CSV writer writes (``quoting_style="needed"``): every name quoted."""
+    import io
+
+    import pyarrow as pa
+    import pyarrow.csv as pacsv
+
+    schema = pa.schema([(name, pa.string()) for name in names])
+    out = io.BytesIO()
+    pacsv.write_csv(schema.empty_table(), out, write_options=pacsv.WriteOptions(quoting_style="needed"))
+    return out.getvalue()
+
+
+def _csv_rows(events, dtype, populations, confidence) -> bytes:
+    """CSV text of rows, byte for byte what Arrow's CSV writer (``quoting_style="needed"``)
+    writes for the same columns: floats by Arrow's shortest round-trip cast to text,
+    unquoted; population text always quoted, quotes doubled; ``\\n`` after each row.
+
+    Built with Arrow's string kernels (cast, element-wise join), so no Python loop runs per
+    row; the joined rows' character buffer is the text."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    events = np.asarray(events, dtype=dtype)
+    parts = [pc.cast(pa.array(np.ascontiguousarray(events[:, i])), pa.string()) for i in range(events.shape[1])]
+    names = pa.array(populations, type=pa.string())
+    parts.append(pc.binary_join_element_wise('"', pc.replace_substring(names, '"', '""'), '"', ""))
+    if confidence is not None:
+        parts.append(pc.cast(pa.array(np.asarray(confidence).astype(np.float32)), pa.string()))
+    parts[-1] = pc.binary_join_element_wise(parts[-1], "", "\n")  # the row's line end
+    rows = pc.binary_join_element_wise(*parts, ",") if len(parts) > 1 else parts[0]
+    if isinstance(rows, pa.ChunkedArray):
+        rows = rows.combine_chunks()
+    offsets = np.frombuffer(rows.buffers()[1], dtype=np.int64 if rows.type == pa.large_string() else np.int32)
+    first, last = int(offsets[rows.offset]), int(offsets[rows.offset + len(rows)])
+    return memoryview(rows.buffers()[2])[first:last].tobytes()
+#: Rows of one Parquet row group when the table is written chunk by chunk.
+PARQUET_GROUP_ROWS = 262_144
+
+
+class GatedTableWriter:
+    """Writes a gated CSV or Parquet file chunk by chunk: memory stays a chunk whatever the
+    number of events. Used as a context manager; the file appears under its name only when
+    the block ends without an exception (written to a hidden temporary name in the same
+    folder, then renamed), so a failure never leaves a partial file behind.
+
+    Parameters
+    ----------
+    path : output file.
+    sample : Sample whose ``pnn`` names the channel columns and whose ``events.dtype`` decides
+        float32 / float64 columns (its events may be empty).
+    format : ``"csv"`` or ``"parquet"``.
+    with_confidence : write the ``confidence`` column.
+
+    A whole-sample write (:func:`write_gated_csv`) goes through this class too, so the
+    bytes of a gated CSV do not depend on how the events were chunked.
+    """
+
+    def __init__(self, path, sample: Sample, format: str = "csv", with_confidence: bool = True):
+        if format not in ("csv", "parquet"):
+            raise ValueError(f"GatedTableWriter writes csv or parquet, not {format!r}")
+        self.path = Path(path)
+        self.format = format
+        reserved = {POPULATION_COLUMN, CONFIDENCE_COLUMN} & set(sample.pnn)
+        if reserved:
+            what = "CSV" if format == "csv" else "table"
+            raise ValueError(f"{self.path.name}: channel name(s) {sorted(reserved)} clash with the gated "
+                             f"{what}'s own columns")
+        # float32 stays float32 (shortest round-trip text); everything else as float64.
+        self.dtype = np.float32 if sample.events.dtype == np.float32 else np.float64
+        self.with_confidence = with_confidence
+        self.names = list(sample.pnn) + [POPULATION_COLUMN] + ([CONFIDENCE_COLUMN] if with_confidence else [])
+        self.n_channels = len(sample.pnn)
+        self.rows = 0
+        self._tmp = _atomic_target(self.path)
+        self._writer = None
+        self._pending: list = []
+        self._pending_rows = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        if kind is None:
+            self.close()
+        else:
+            self.abort()
+        return False
+
+    def _batch(self, events, populations, confidence):
+        import pyarrow as pa
+
+        events = np.asarray(events, dtype=self.dtype)
+        arrays = [pa.array(np.ascontiguousarray(events[:, i])) for i in range(events.shape[1])]
+        populations = pa.array(populations, type=pa.string())
+        arrays.append(populations if self.format == "csv" else populations.dictionary_encode())
+        if self.with_confidence:
+            arrays.append(pa.array(np.asarray(confidence).astype(np.float32)))
+        return pa.RecordBatch.from_arrays(arrays, names=self.names)
+
+    def write(self, events, populations, confidence=None) -> None:
+        """Append rows: events (m, n_channels), populations (m,) str, confidence (m,) in [0, 1]."""
+        populations = np.asarray(populations)
+        m = len(populations)
+        if np.shape(events) != (m, self.n_channels):
+            raise ValueError(f"{self.path.name}: {m} populations for events of shape {np.shape(events)}")
+        if self.with_confidence:
+            confidence = np.asarray(confidence, dtype=np.float64)
+            if confidence.shape != (m,):
+                raise ValueError(f"{self.path.name}: confidence of shape {confidence.shape} for {m} events")
+            if not np.all((confidence >= 0) & (confidence <= 1)):
+                raise ValueError(f"{self.path.name}: confidence values must lie in [0, 1]")
+        if self.format == "csv":
+            self._write_csv(events, populations, confidence)
+        else:
+            self._pending.append(self._batch(events, populations, confidence))
+            self._pending_rows += m
+            if self._pending_rows >= PARQUET_GROUP_ROWS:
+                self._flush_parquet()
+        self.rows += m
+
+    def _write_csv(self, events, populations, confidence) -> None:
+        if self._writer is None:
+            self._writer = open(self._tmp, "wb")
+            self._writer.write(_csv_header(self.names))
+        m = len(populations)
+        if m == 0:
+            return
+        # Formatting floats is the cost (about 0.1 us a value): row blocks are formatted in
+        # parallel (Arrow's kernels release the GIL) and written in order.
+        from gating_core.classifier import score_threads  # our pools' size: usable CPUs, 1 on a Dask worker
+
+        threads = max(1, min(score_threads(), m // CSV_MIN_BLOCK_ROWS))
+        step = min(CSV_BATCH_ROWS, -(-m // threads))
+        blocks = [(lo, min(lo + step, m)) for lo in range(0, m, step)]
+
+        def render(bounds):
+            lo, hi = bounds
+            return _csv_rows(events[lo:hi], self.dtype, populations[lo:hi],
+                             confidence[lo:hi] if self.with_confidence else None)
+
+        if threads == 1:
+            for b in blocks:
+                self._writer.write(render(b))
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(threads) as pool:
+            for group in range(0, len(blocks), threads):  # a few blocks of text in memory at a time
+                for text in pool.map(render, blocks[group:group + threads]):
+                    self._writer.write(text)
+
+    def _flush_parquet(self) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        if not self._pending:
+            return
+        table = pa.Table.from_batches(self._pending).unify_dictionaries().combine_chunks()
+        if self._writer is None:
+            self._writer = pq.ParquetWriter(self._tmp, table.schema)
+        self._writer.write_table(table, row_group_size=PARQUET_GROUP_ROWS)
+        self._pending, self._pending_rows = [], 0
+
+    def close(self) -> None:
+        """Finish the file and give it its name."""
+        try:
+            if self.format == "csv" and self._writer is None:
+                self._write_csv(np.empty((0, self.n_channels), dtype=self.dtype), np.empty(0, dtype=str),
+                                np.empty(0))
+            if self.format == "parquet":
+                if self._writer is None and not self._pending:
+                    empty = np.empty((0, self.n_channels), dtype=self.dtype)
+                    self._pending.append(self._batch(empty, np.empty(0, dtype=str), np.empty(0)))
+                self._flush_parquet()
+            self._writer.close()
+            self._writer = None
+            os.replace(self._tmp, self.path)
+        finally:
+            self.abort()
+
+    def abort(self) -> None:
+        """Drop the temporary file (nothing appears under the final name)."""
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except Exception:  # noqa: BLE001 - the file is being thrown away
+                pass
+            self._writer = None
+        if self._tmp.exists():
+            self._tmp.unlink()
 
 
 def write_gated_csv(path: str | os.PathLike, sample: Sample, populations, confidence=None) -> None:
@@ -90,39 +286,10 @@ def write_gated_csv(path: str | os.PathLike, sample: Sample, populations, confid
     populations : array-like of str, shape (n_events,).
     confidence : array-like of float in [0, 1], shape (n_events,), or None (column omitted).
     """
-    import pyarrow as pa
-    import pyarrow.csv as pacsv
-
     path = Path(path)
     populations, confidence = _check_lengths(sample, populations, confidence, path)
-    reserved = {POPULATION_COLUMN, CONFIDENCE_COLUMN} & set(sample.pnn)
-    if reserved:
-        raise ValueError(f"{path.name}: channel name(s) {sorted(reserved)} clash with the gated "
-                         "CSV's own columns")
-    # float32 stays float32 (shortest round-trip text); everything else as float64.
-    dtype = np.float32 if sample.events.dtype == np.float32 else np.float64
-    names = list(sample.pnn) + [POPULATION_COLUMN] + ([CONFIDENCE_COLUMN] if confidence is not None else [])
-
-    def batch(start, stop):
-        # Row batches keep the Arrow copies small: memory stays flat whatever the file size.
-        events = np.asarray(sample.events[start:stop], dtype=dtype)
-        arrays = [pa.array(np.ascontiguousarray(events[:, i])) for i in range(events.shape[1])]
-        arrays.append(pa.array(populations[start:stop], type=pa.string()))
-        if confidence is not None:
-            arrays.append(pa.array(confidence[start:stop].astype(np.float32)))
-        return pa.RecordBatch.from_arrays(arrays, names=names)
-
-    tmp = _atomic_target(path)
-    try:
-        first = batch(0, min(len(populations), CSV_BATCH_ROWS))
-        with pacsv.CSVWriter(tmp, first.schema, write_options=pacsv.WriteOptions(quoting_style="needed")) as writer:
-            writer.write_batch(first)
-            for start in range(CSV_BATCH_ROWS, len(populations), CSV_BATCH_ROWS):
-                writer.write_batch(batch(start, start + CSV_BATCH_ROWS))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with GatedTableWriter(path, sample, "csv", with_confidence=confidence is not None) as writer:
+        writer.write(sample.events, populations, confidence)
 
 
 def read_gated_csv(path: str | os.PathLike, dtype=np.float32):

@@ -9,8 +9,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from gating_core.export import EXPORT_SUFFIXES, export_sample
-from gating_core.fcs import FCSError, read_fcs_all
+import numpy as np
+
+from gating_core.export import EXPORT_SUFFIXES, GatedTableWriter, export_sample
+from gating_core.fcs import FCSError, read_fcs_all, stream_fcs_all
 from gating_core.model import ChannelMismatchError, GatingModel, PatientDigest, digest_patient
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
@@ -21,15 +23,70 @@ def output_stem(sample_name: str) -> str:
     return _UNSAFE.sub("_", sample_name).strip("._") or "patient"
 
 
+#: Output formats :func:`gate_file` writes chunk by chunk (the others need the whole patient).
+STREAMED_FORMATS = ("csv", "parquet")
+
+
 def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, format: str = "csv") -> list[dict]:
     """Gate every data set of one FCS file; write ``<out_dir>/<stem>.gated.csv`` for each
     (``.gated.parquet`` / ``.gated.fcs`` / ``.gated.h5ad`` for the other ``format`` values of
     :func:`~gating_core.export.export_sample`).
 
+    CSV and Parquet are streamed: the DATA segment is read in windows of ``chunk_size``
+    events, twice (the content-hashed embedding cells, then scoring), and each window is
+    compensated, scored and written before the next is read, so memory stays bounded
+    whatever the file size; the gated CSV is byte-identical to
+    ``export_sample(..., model.gate(read_fcs(...)))``. FCS and h5ad outputs need every
+    population before the first byte (codes, data type) and read the patient whole.
+
     Returns one record per data set: ``file``, ``patient``, ``events``, ``counts``,
     ``novelty`` (dict), ``output`` (path) or, when the file cannot be gated, ``error`` (the
-    message naming the file and the problem). Never raises for a bad input file.
+    message naming the file and the problem). Never raises for a bad input file; a file that
+    fails part way leaves no output file behind.
     """
+    if format not in STREAMED_FORMATS:
+        return _gate_file_whole(model, fcs_path, out_dir, chunk_size, format)
+    fcs_path = Path(fcs_path)
+    out_dir = Path(out_dir)
+    try:
+        streams = stream_fcs_all(fcs_path, compensate=model.compensate)
+    except FCSError as exc:
+        return [{"file": str(fcs_path), "patient": fcs_path.stem, "error": str(exc)}]
+    records = []
+    for stream in streams:
+        sample = stream.sample
+        record = {"file": str(fcs_path), "patient": sample.name}
+        output = out_dir / f"{output_stem(sample.name)}.gated{EXPORT_SUFFIXES[format]}"
+        try:
+            with GatedTableWriter(output, sample, format) as writer:
+                populations = np.asarray(model.populations_, dtype=object)
+
+                def sink(start, events, codes, confidence):
+                    writer.write(events, populations[codes], confidence)
+
+                result = model.gate_chunks(sample, stream.chunks, chunk_size=chunk_size, sink=sink)
+            record.update(events=result.n_events, counts=result.counts, novelty=result.novelty.to_dict(),
+                          output=str(output), mean_confidence=float(result.mean_confidence))
+        except FCSError as exc:
+            message = str(exc)
+            if len(streams) > 1:
+                message = f"{fcs_path.name}: data set {sample.name} cannot be read: {exc.problem}"
+            record["error"] = message
+        except (ChannelMismatchError, ValueError, OSError) as exc:
+            message = str(exc)
+            if fcs_path.name not in message:
+                message = f"{fcs_path.name}: {message}"
+            record["error"] = message
+        records.append(record)
+    for name, problem in getattr(streams, "skipped", []):  # unreadable data sets of the file
+        records.append({"file": str(fcs_path), "patient": name,
+                        "error": f"{fcs_path.name}: data set {name} cannot be read: {problem}"})
+    return records
+
+
+def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, format: str = "csv") -> list[dict]:
+    """:func:`gate_file` reading each data set whole (FCS and h5ad outputs; the reference the
+    streamed path is tested against)."""
     fcs_path = Path(fcs_path)
     out_dir = Path(out_dir)
     try:

@@ -38,7 +38,8 @@ def register(subparsers) -> None:
                     "<stem>.gated.parquet / .fcs / .h5ad with --format.")
     gate.add_argument("--model", required=True, help="model file written by train")
     gate.add_argument("--out-dir", required=True, help="folder for the gated files")
-    gate.add_argument("--chunk-size", type=int, default=50_000, help="events gated at a time (bounds memory)")
+    gate.add_argument("--chunk-size", type=int, default=50_000,
+                      help="events read, gated and written at a time (CSV and Parquet stream the file: bounds memory)")
     _cluster_options(gate, "gate files in parallel")
     gate.add_argument("--format", choices=("csv", "parquet", "fcs", "h5ad"), default="csv",
                       help="output per patient: gated CSV (default), Parquet (same columns, typed), FCS with a "

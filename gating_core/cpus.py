@@ -1,0 +1,176 @@
+"""How many CPUs this process may really use, and pools sized from it.
+
+``os.cpu_count()`` counts the machine's CPUs, not the ones this process may run on: a CPU
+affinity mask (``taskset``, a batch scheduler) or a cgroup CPU quota (a container's
+``--cpus``, Kubernetes limits, systemd ``CPUQuota``) leaves fewer. Pools sized from
+``cpu_count`` then oversubscribe: threads wait on each other while the kernel shares the few
+CPUs between them, and OpenBLAS threads that spin on a barrier waste what is left. Every pool
+of this project (BLAS threads, the scoring thread pool, Dask local workers) takes its size
+from :func:`usable_cpus`, and BLAS runs one thread inside any pool of our own threads.
+
+``$GATING_CPUS`` overrides the count (a positive integer), e.g. to leave CPUs to other work.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+__all__ = ["usable_cpus", "idle_cpus", "affinity_cpus", "cgroup_cpu_limit", "parse_cpu_max", "parse_cfs_quota",
+           "blas_threads", "with_blas_threads"]
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+
+def parse_cpu_max(text: str) -> float | None:
+    """CPUs allowed by a cgroup v2 ``cpu.max`` line (``"<quota> <period>"``, microseconds).
+
+    ``"max 100000"`` -> None (no limit); ``"150000 100000"`` -> 1.5. A malformed line -> None.
+    """
+    parts = text.split()
+    if not parts or parts[0] == "max":
+        return None
+    try:
+        quota = int(parts[0])
+        period = int(parts[1]) if len(parts) > 1 else 100_000
+    except ValueError:
+        return None
+    if quota <= 0 or period <= 0:
+        return None
+    return quota / period
+
+
+def parse_cfs_quota(quota_text: str, period_text: str) -> float | None:
+    """CPUs allowed by cgroup v1 ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us`` (-1: no limit)."""
+    try:
+        quota, period = int(quota_text.strip()), int(period_text.strip())
+    except ValueError:
+        return None
+    if quota <= 0 or period <= 0:
+        return None
+    return quota / period
+
+
+def _own_cgroups(proc_cgroup: str) -> list[tuple[str, str]]:
+    """(controllers, path) pairs of ``/proc/self/cgroup`` lines ``id:controllers:path``."""
+    pairs = []
+    for line in proc_cgroup.splitlines():
+        fields = line.split(":", 2)
+        if len(fields) == 3:
+            pairs.append((fields[1], fields[2]))
+    return pairs
+
+
+def cgroup_cpu_limit(root: str | os.PathLike = CGROUP_ROOT, proc_cgroup: str | None = None) -> float | None:
+    """The tightest CPU quota on this process's cgroup and its ancestors, in CPUs, or None.
+
+    Reads cgroup v2 ``cpu.max`` (unified hierarchy) or v1 ``cpu.cfs_quota_us``; ``root`` and
+    ``proc_cgroup`` (the text of ``/proc/self/cgroup``) can be given for testing."""
+    root = Path(root)
+    if proc_cgroup is None:
+        try:
+            proc_cgroup = Path("/proc/self/cgroup").read_text()
+        except OSError:
+            proc_cgroup = ""
+    limits = []
+    for controllers, path in _own_cgroups(proc_cgroup) or [("", "/")]:
+        relative = path.lstrip("/")
+        if controllers == "":  # v2: <root>/<path>/cpu.max, each ancestor may limit too
+            folder = root / relative
+            while True:
+                try:
+                    limits.append(parse_cpu_max((folder / "cpu.max").read_text()))
+                except OSError:
+                    pass
+                if folder == root or root not in folder.parents:
+                    break
+                folder = folder.parent
+        elif "cpu" in controllers.split(","):  # v1: a cpu (or cpu,cpuacct) hierarchy
+            for mount in (root / "cpu", root / "cpu,cpuacct", root / "cpuacct,cpu"):
+                for folder in (mount / relative, mount):  # inside a container the path is its root
+                    try:
+                        limits.append(parse_cfs_quota((folder / "cpu.cfs_quota_us").read_text(),
+                                                      (folder / "cpu.cfs_period_us").read_text()))
+                        break
+                    except OSError:
+                        continue
+    limits = [x for x in limits if x is not None]
+    return min(limits) if limits else None
+
+
+def affinity_cpus() -> int:
+    """CPUs in this process's affinity mask (``os.cpu_count()`` where there is no such call)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def usable_cpus(affinity: int | None = None, quota: float | None = None, override: str | None = None) -> int:
+    """CPUs this process may really use: ``$GATING_CPUS`` if set, else the affinity mask
+    capped by the cgroup quota (rounded down, at least 1).
+
+    The arguments replace what is read from the system (for testing): ``affinity`` the
+    number of CPUs in the mask, ``quota`` the cgroup limit in CPUs, ``override`` the text of
+    ``$GATING_CPUS``."""
+    text = os.environ.get("GATING_CPUS", "") if override is None else override
+    if text.strip().isdigit() and int(text) > 0:
+        return int(text)
+    count = affinity_cpus() if affinity is None else int(affinity)
+    limit = cgroup_cpu_limit() if quota is None and affinity is None else quota
+    if limit is not None:
+        count = min(count, max(1, math.floor(limit + 1e-9)))
+    return max(1, count)
+
+
+def idle_cpus(usable: int | None = None, load: float | None = None) -> int:
+    """Usable CPUs not already kept busy by other work, judged by the 1-minute load average
+    (``load`` replaces it for testing): at least 1, at most :func:`usable_cpus`."""
+    usable = usable_cpus() if usable is None else usable
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):
+            return usable
+    return max(1, min(usable, math.floor(usable - load + 1 + 1e-9)))
+
+
+def current_blas_threads() -> int | None:
+    """Threads the loaded BLAS libraries use now (the largest), or None when none is loaded."""
+    from threadpoolctl import threadpool_info
+
+    counts = [int(info.get("num_threads") or 1) for info in threadpool_info() if info.get("user_api") == "blas"]
+    return max(counts) if counts else None
+
+
+@contextmanager
+def blas_threads(threads: int | None = None):
+    """BLAS (and OpenMP) limited to ``threads`` inside the block, never raised above what it is.
+
+    Default: :func:`idle_cpus`. Multithreaded BLAS synchronises its threads at every call;
+    when the CPUs are busy with other work a descheduled BLAS thread stalls the others (a
+    training run measured 10x slower with 2 BLAS threads than with 1 beside other CPU-bound
+    jobs on 2 CPUs), so BLAS takes only the CPUs that are free. Inside a pool of our own
+    threads use ``blas_threads(1)``: each pool thread is already one CPU's worth of work."""
+    from threadpoolctl import threadpool_limits
+
+    wanted = max(1, int(threads if threads is not None else idle_cpus()))
+    now = current_blas_threads()
+    if now is not None:
+        wanted = min(wanted, now)
+    with threadpool_limits(limits=wanted, user_api="blas"):
+        yield
+
+
+def with_blas_threads(function):
+    """Decorator: run ``function`` inside :func:`blas_threads` (its default size)."""
+    import functools
+
+    @functools.wraps(function)
+    def wrapper(*args, **kwargs):
+        with blas_threads():
+            return function(*args, **kwargs)
+
+    return wrapper
