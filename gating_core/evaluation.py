@@ -25,14 +25,14 @@ from gating_core.model import GatingModel, digest_patient, infer_cell_groups
 
 METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda")
 #: Every method evaluate can run (METHODS are the default set).
-ALL_METHODS = METHODS + ("marginal-alone", "marginal-even", "marginal-em", "marginal-quantile")
+ALL_METHODS = METHODS + ("marginal-alone", "marginal-auto", "marginal-em", "marginal-quantile")
 #: GatingModel settings of each kernel method (on top of the user's model parameters).
 METHOD_SETTINGS = {
     "marginal": {"method": "marginal"},
     # The marginal model without its pooled companion (pooled_weight=0): what the blend adds.
     "marginal-alone": {"method": "marginal", "pooled_weight": 0.0},
-    # The even blend, the default before the weight was chosen by cross-validation over groups.
-    "marginal-even": {"method": "marginal", "pooled_weight": 0.5},
+    # The companion's weight chosen by cross-validation over groups instead of the even blend.
+    "marginal-auto": {"method": "marginal", "pooled_weight": "auto"},
     # The options of item 5 (issue 9), fitted on the new patient's unlabeled cells only.
     "marginal-em": {"method": "marginal", "prior_shift": "em"},
     "marginal-quantile": {"method": "marginal", "align": "quantile"},

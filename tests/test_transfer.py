@@ -263,7 +263,7 @@ def auto_weighted(small_centers):
     groups = [centers[s.name] for s in samples]
     # Two patients of each of three centers: three folds, each holding out a whole center.
     model = GatingModel(n_augment=1, cells_per_patient=1000, selection_cells_per_patient=600, cv_folds=3,
-                        cv_repeats=1).fit(samples, labels, groups=groups)
+                        cv_repeats=1, pooled_weight="auto").fit(samples, labels, groups=groups)
     return model
 
 

@@ -12,9 +12,9 @@ from gating_core.errors import print_error
 # Kept here rather than imported so that the command line starts without numpy and scikit-learn;
 # tests/test_transfer.py checks them against gating_core.evaluation.ALL_METHODS and
 # gating_core.model.DEFAULT_POOLED_WEIGHT.
-EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda", "marginal-alone", "marginal-even",
+EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda", "marginal-alone", "marginal-auto",
                       "marginal-em", "marginal-quantile")
-DEFAULT_POOLED_WEIGHT = "auto"
+DEFAULT_POOLED_WEIGHT = 0.5
 
 
 def register(subparsers) -> None:
@@ -88,7 +88,7 @@ def _model_options(parser) -> None:
     group.add_argument("--cells-per-patient", type=int, default=4000, help="training cells drawn per patient")
     group.add_argument("--pooled-weight", default=DEFAULT_POOLED_WEIGHT, metavar="W",
                        help="weight of the pooled companion in the marginal method's probabilities, 0 to 1, or "
-                            f"'auto' (default {DEFAULT_POOLED_WEIGHT}: chosen by cross-validation over groups; "
+                            f"'auto' (chosen by cross-validation over groups; default {DEFAULT_POOLED_WEIGHT}; "
                             "0: the marginal model alone)")
     group.add_argument("--seed", type=int, default=0, help="random seed (results are reproducible)")
 
