@@ -47,6 +47,9 @@ from scipy import ndimage
 from gating_core.gates import OTHER, Gate, GateError, GateTree
 
 ALL_EVENTS = "(all events)"
+#: Populations that name no gate (cells no leaf gate claimed). For a gate with children they do
+#: not vote: a "T cells" gate rightly holds CD4- CD8- T cells no leaf below it claims.
+UNASSIGNED = (OTHER, "ungated")
 
 
 # --------------------------------------------------------------------------------------------
@@ -256,7 +259,8 @@ class AutoGateFit:
     targets: dict
 
 
-def fit_gate_tree(template: GateTree, sample, populations, **polygon_options) -> AutoGateFit:
+def fit_gate_tree(template: GateTree, sample, populations, unassigned=UNASSIGNED,
+                  **polygon_options) -> AutoGateFit:
     """Fit the template's gates to one patient's predicted populations, top-down.
 
     Parameters
@@ -268,6 +272,9 @@ def fit_gate_tree(template: GateTree, sample, populations, **polygon_options) ->
     populations : array-like of str (n_events,)
         The predicted population of each event (``GatingModel.gate(sample).populations``), or
         corrected / expert labels.
+    unassigned : sequence of str
+        Populations of cells no leaf gate claims. A gate with children is fitted without them
+        (neither inside nor outside: such cells may lie in a parent gate, below no leaf).
     **polygon_options
         Passed to :func:`fit_polygon` (bins, smoothing, core, max_vertices, min_events).
 
@@ -295,7 +302,10 @@ def fit_gate_tree(template: GateTree, sample, populations, **polygon_options) ->
         if target is not None:
             targets[gate.name] = target
             points = gate.display_points(sample)
-            fit = fit_polygon(points[parent_mask], target[parent_mask], **polygon_options)
+            voters = parent_mask.copy()
+            if template.children(gate.name):
+                voters &= ~np.isin(populations, list(unassigned))
+            fit = fit_polygon(points[voters], target[voters], **polygon_options)
             if fit.vertices is not None:
                 try:
                     new_gate = Gate(gate.name, gate.x_channel, gate.y_channel, "polygon", fit.vertices.tolist(),
@@ -331,10 +341,13 @@ def tree_from_labels(sample, labels, hierarchy, scales) -> GateTree:
 # Agreement and statistics
 
 
-def agreement(tree: GateTree, sample, populations, memberships=None):
+def agreement(tree: GateTree, sample, populations, memberships=None, unassigned=UNASSIGNED):
     """How well the gates hold the cells predicted in them: DataFrame, one row per gate, with
-    gate, parent, populations, predicted (cells predicted in the gate's populations), in gate,
-    both, precision, recall, F1 (NaN for a gate with no population), count, % of parent.
+    gate, parent, populations, count, % of parent, % of total (from the gates), predicted (cells
+    predicted in the gate's populations), both (those also in the gate), precision, recall, F1
+    (NaN for a gate with no population). For a gate with children, cells predicted in an
+    ``unassigned`` population are left out of predicted / both / precision / recall / F1, as
+    they are left out of its fit.
     """
     import pandas as pd
 
@@ -351,6 +364,9 @@ def agreement(tree: GateTree, sample, populations, memberships=None):
                "% of total": float(stats.loc[gate.name, "% of total"])}
         if pops:
             target = np.isin(populations, pops)
+            if tree.children(gate.name):
+                counted = ~np.isin(populations, list(unassigned))
+                inside, target = inside & counted, target & counted
             both = int((inside & target).sum())
             n_t, n_g = int(target.sum()), int(inside.sum())
             precision = both / n_g if n_g else float("nan")
