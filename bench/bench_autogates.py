@@ -22,8 +22,8 @@ import numpy as np
 import pandas as pd
 
 from gating_core import GatingModel, load_labeled_input, read_fcs
-from gating_core.autogates import (MULTICENTER_HIERARCHY, SAMPLE_DATA_HIERARCHY, agreement, fit_gate_tree,
-                                   gate_populations, tree_from_labels)
+from gating_core.autogates import (MULTICENTER_HIERARCHY, SAMPLE_DATA_HIERARCHY, UNASSIGNED, agreement,
+                                   fit_gate_tree, gate_populations, tree_from_labels)
 from gating_core.gates import panel_scale
 
 REPO = Path(__file__).resolve().parent.parent
@@ -57,9 +57,14 @@ def run(name, training, new, truth, hierarchy, select):
         for row in table.itertuples():
             expert_target = np.isin(expert, sorted(wanted[row.gate]))
             predicted_target = np.isin(predicted, sorted(wanted[row.gate]))
+            inside = fit.memberships[row.gate]
+            if fit.tree.children(row.gate):  # as agreement(): unclaimed cells do not count for a parent gate
+                counted = ~np.isin(expert, UNASSIGNED) & ~np.isin(predicted, UNASSIGNED)
+                expert_target, predicted_target, inside = expert_target & counted, predicted_target & counted, \
+                    inside & counted
             rows.append({"data": name, "patient": sample.name, "gate": row.gate, "parent": row.parent,
                          "% of parent": row._5, "F1 gates vs predicted": row.F1,
-                         "F1 gates vs expert": _f1(fit.memberships[row.gate], expert_target),
+                         "F1 gates vs expert": _f1(inside, expert_target),
                          "F1 predicted vs expert": _f1(predicted_target, expert_target)})
     table = pd.DataFrame(rows)
     print(f"\n== {name}: template from {samples[0].name}; model trained on {len(samples)} patients in "
