@@ -8,7 +8,7 @@ population: F1 of the fitted gate's membership against the cells predicted in it
 reviewer sees as gates vs what the model said), and, for context, F1 of the same gate against the
 expert labels and of the cell-level prediction against the expert labels.
 
-    python bench/bench_autogates.py [--sample-only | --multicenter-only] [--select]
+    python bench/bench_autogates.py [--sample-only | --multicenter-only] [--no-select]
 """
 
 from __future__ import annotations
@@ -106,12 +106,13 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sample-only", action="store_true")
     parser.add_argument("--multicenter-only", action="store_true")
-    parser.add_argument("--select", action="store_true", help="run model selection (slower; default: off)")
+    parser.add_argument("--no-select", action="store_true",
+                        help="skip the model's hyperparameter selection (faster, a weaker model)")
     args = parser.parse_args(argv)
     if not args.multicenter_only:
-        sample_data(args.select)
+        sample_data(not args.no_select)
     if not args.sample_only:
-        multicenter(args.select)
+        multicenter(not args.no_select)
     return 0
 
 

@@ -721,7 +721,7 @@ def test_autogate_targets_compatible_patients_and_accept_asks(trained, sample_da
     at.run()
     at.button(key="ag_accept_drifted").click()
     at.run()
-    change = at.dataframe[1].value.set_index("population")
+    (change,) = [d.value.set_index("population") for d in at.dataframe if "after" in d.value.columns]
     counts = pd.Series(store.patients["drifted"].result.populations.astype(str)).value_counts()
     assert change["after"].to_dict() == counts.to_dict() and (change["before"] == 0).all()
     assert at.button(key="ag_accept_drifted_confirm").disabled

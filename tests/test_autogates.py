@@ -119,6 +119,8 @@ def test_fitted_gates_agree_with_the_predictions_on_the_sample_data(sample_data_
 
 
 def test_fitted_gates_agree_with_a_models_predictions(sample_data_dir, template):
+    """A quick model (4 patients, no selection) gates new_patient_02; every fitted gate agrees
+    with its predictions above 0.9 (measured: lowest 0.961, Granulocytes)."""
     from gating_core import GatingModel
 
     training = [load_labeled_input(sample_data_dir / f"patient_{i:02d}.fcs") for i in (1, 2, 3, 4)]
@@ -189,15 +191,18 @@ def test_templates_are_patients_whose_leaves_are_populations(template):
 
 
 def test_multicenter_gates_agree_with_labels(multicenter_dir):
-    """Template from multicenter_01's expert labels, fitted to other centers' samples (batch A
-    07, batch B 09 with its raised background). Threshold 0.9: the lowest F1 measured over
-    samples 02-10 by bench/bench_autogates.py with a model's predictions was {lowest}."""
+    """Template from multicenter_01's expert labels, fitted to other samples' labels (03: the
+    lowest F1 measured, 07: an unseen replicate pair, 09: batch B with its raised background).
+    Threshold 0.94: the lowest F1 measured over samples 02-10 was 0.954 (Monocytes of 03, on
+    CD14 / CD45 where monocytes and ungated cells touch); with a model's predictions
+    (bench/bench_autogates.py, trained on 01-06) the lowest was 0.956."""
     first, first_labels = load_labeled_input(multicenter_dir / "multicenter_01.fcs")
     scales = {c: panel_scale(c, [first]) for c in first.pnn}
     assert all(s.kind == "arcsinh" and s.cofactor == 5.0 for s in scales.values())
     template = tree_from_labels(first, first_labels, MULTICENTER_HIERARCHY, scales)
-    for stem in ("multicenter_07", "multicenter_09"):
+    for stem in ("multicenter_03", "multicenter_07", "multicenter_09"):
         sample, labels = load_labeled_input(multicenter_dir / f"{stem}.fcs")
         fit = fit_gate_tree(template, sample, labels)
+        assert fit.fitted == template.names
         table = agreement(fit.tree, sample, labels, fit.memberships).set_index("gate")
-        assert (table["F1"] > 0.9).all(), (stem, table["F1"].to_dict())
+        assert (table["F1"] > 0.94).all(), (stem, table["F1"].to_dict())
