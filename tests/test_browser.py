@@ -1,7 +1,9 @@
 """The app in a real browser: `streamlit run app.py` driven through Debian's Chromium.
 
 Upload an FCS file through the file input and see its event count, draw a gate with the mouse,
-train, auto-gate and download the gated CSV; screenshots of every page go to test-artifacts/.
+train, auto-gate and download the gated CSV, see the auto-gates drawn in a training patient's gate
+hierarchy, redraw one and see its count change, reload and find it; screenshots of every page go
+to test-artifacts/.
 """
 
 from __future__ import annotations
@@ -43,9 +45,19 @@ def library_with_patients(tmp_path, sample_data_dir):
 
     path = tmp_path / "library"
     library = PatientLibrary(path)
-    for stem in ("patient_01", "patient_02", "patient_04"):
-        sample, labels = load_labeled_input(sample_data_dir / f"{stem}.fcs")
+    from gating_core.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
+    from gating_core.gates import panel_scale
+
+    loaded = {stem: load_labeled_input(sample_data_dir / f"{stem}.fcs") for stem in ("patient_01", "patient_02",
+                                                                                      "patient_04")}
+    for stem, (sample, labels) in loaded.items():
         library.add_patient(sample, labels, name=stem)
+    # patient_02 was gated as a flow lab would (its gates drawn from its labels): auto-gates come
+    # back in its hierarchy
+    samples = [library.load_sample(stem, compensate=True) for stem in loaded]
+    scales = {c: panel_scale(c, samples) for c in samples[0].pnn}
+    tree = tree_from_labels(samples[1], loaded["patient_02"][1], SAMPLE_DATA_HIERARCHY, scales)
+    library.save_gates("patient_02", tree.to_dict())
     return path
 
 
@@ -276,3 +288,38 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     wait_idle(page)
     assert page.get_by_role("button", name="Accepted").is_disabled()
     np.testing.assert_array_equal(library.load_labels("new_patient_01").astype(str), populations.astype(str))
+
+    # Auto-gates as gates: the result is drawn in patient_02's gate hierarchy, on its parents' plots.
+    page.get_by_text(re.compile(r"^Gates of patient_02 fitted to new_patient_01")).wait_for()
+    tree_plots = page.locator(".js-plotly-plot").filter(has_text="→")
+    assert tree_plots.count() == 5
+    assert sum(len(tree_plots.nth(i).locator(".shapelayer path").all()) for i in range(5)) == 9
+    page.screenshot(path=str(artifacts_dir / "7_autogates.png"), full_page=True)
+    # Redraw the Monocytes gate with the lasso on its parent's plot (all events, CD14 / SSC).
+    choose(page, "Gate to adjust", "Monocytes")
+    before = page.get_by_text(re.compile(r"^Monocytes: [0-9,]+ events"))
+    n_before = int(before.inner_text().split()[1].replace(",", ""))
+    lasso(page, page.locator(".js-plotly-plot").last,
+          [(0.45, 0.05), (0.98, 0.05), (0.98, 0.95), (0.45, 0.95), (0.45, 0.06)])
+    replace = page.get_by_role("button", name=re.compile(r"^Replace Monocytes with the selection"))
+    replace.wait_for()
+    wait_idle(page)
+    replace.click()
+    message = page.get_by_text(re.compile(r"^Redrew Monocytes: [0-9,]+ → [0-9,]+ events"))
+    message.wait_for()
+    old_n, new_n = (int(v.replace(",", "")) for v in re.findall(r"[0-9][0-9,]*", message.inner_text())[:2])
+    assert old_n == n_before and new_n != n_before
+    wait_idle(page)
+    page.screenshot(path=str(artifacts_dir / "8_autogate_redrawn.png"), full_page=True)
+    stored = library.load_gate_result("new_patient_01")
+    assert stored.details["autogates"]["edited"] is True
+    assert stored.counts.get("Monocytes", 0) <= new_n  # the cells follow the gates
+    # Reload the app: the redrawn gate and its count are still there.
+    page.reload()
+    page.get_by_role("heading", name="Data: load patients").first.wait_for()
+    wait_idle(page)
+    open_page(page, "Auto-gate")
+    page.get_by_text(re.compile(r"^Gates of patient_02 fitted to new_patient_01, then adjusted by hand")).wait_for()
+    choose(page, "Gate to adjust", "Monocytes")
+    page.get_by_text(re.compile(rf"^Monocytes: {new_n:,} events")).wait_for()
+    page.screenshot(path=str(artifacts_dir / "9_autogate_after_reload.png"), full_page=True)
