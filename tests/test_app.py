@@ -734,15 +734,33 @@ def test_autogate_targets_compatible_patients_and_accept_asks(trained, sample_da
     assert "drifted" in store_of(start()).labeled()  # kept in the library
 
 
-def test_training_runs_in_the_background_survives_a_reload_and_can_be_cancelled(library):
+def test_training_runs_in_the_background_survives_a_reload_and_can_be_cancelled(library, monkeypatch, request):
+    import threading
+
     from gating_core.library import PatientLibrary
+    from gating_core.model import GatingModel
     from ui.jobs import CANCELLED, DONE, jobs_for
 
+    # Each training holds after its first progress report until the test lets it go, so the
+    # checks below see it running whatever the machine's speed, and the cancel arrives before
+    # the fit's next report (no race with a training that finishes first).
+    holds = [threading.Event(), threading.Event()]
+    request.addfinalizer(lambda: [hold.set() for hold in holds])  # a failed test leaves no thread waiting
+    calls = []
+    original_fit = GatingModel.fit
+
+    def held_fit(self, samples, labels, progress=None, groups=None):
+        hold = holds[len(calls)]
+        calls.append(hold)
+        progress("Waiting for the test", 0.01)
+        assert hold.wait(600)
+        return original_fit(self, samples, labels, progress=progress, groups=groups)
+
+    monkeypatch.setattr(GatingModel, "fit", held_fit)
     at = load_sample_data(start())
     at = goto(at, "pages/4_train.py")
     at.multiselect(key="train_patients").set_value(["patient_01", "patient_02", "patient_03"])
     at.run()
-    # with model selection (the default) training takes long enough to leave it and cancel it
     at.button(key="train_button").click()
     at.run()
     (job,) = jobs_for(store_of(at).library_path, "train")
@@ -750,14 +768,13 @@ def test_training_runs_in_the_background_survives_a_reload_and_can_be_cancelled(
     assert at.get("progress") and "Training marginal, 3 patients" in at.get("progress")[0].proto.text
     # leave the page, then a reload (a new session on the same library) finds the running job
     goto(at, "pages/1_data.py")
-    assert job.running or job.status == DONE
+    assert job.running
     other = start()
-    if job.running:  # every page's sidebar says a training goes on
-        assert any(c.value.startswith("Training marginal, 3 patients: ") and "in the background" in c.value
-                   for c in other.sidebar.caption)
+    assert any(c.value.startswith("Training marginal, 3 patients: ") and "in the background" in c.value
+               for c in other.sidebar.caption)  # every page's sidebar says a training goes on
     other = goto(other, "pages/4_train.py")
-    if job.running:
-        assert other.button(key="train_job_cancel") is not None
+    assert other.button(key="train_job_cancel") is not None and other.button(key="train_button").disabled
+    holds[0].set()
     assert job.wait(600) and job.status == DONE
     other.run()
     assert other.success and other.success[0].value.startswith("Trained **marginal, 3 patients (v1)** on ")
@@ -772,10 +789,12 @@ def test_training_runs_in_the_background_survives_a_reload_and_can_be_cancelled(
     assert second is not job and second.running
     other.button(key="train_job_cancel").click()
     other.run()
+    holds[1].set()  # its next progress report stops it
     assert second.wait(600) and second.status == CANCELLED
     other.run()
     assert any(m.value.startswith("Training cancelled after ") for m in other.info)
     assert len(PatientLibrary(library).models()) == 1
+    assert len(calls) == 2
 
 
 def test_background_job_reports_progress_estimates_time_and_stops_when_cancelled(tmp_path):
