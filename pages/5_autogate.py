@@ -216,7 +216,14 @@ else:
               "y": cache.display_values(record.token, first.y_channel, ys_d, sample)[dots_idx]}],
             first.x_scale, first.y_scale, xr, yr, channel_label(sample, first.x_channel),
             channel_label(sample, first.y_channel), mode="density", height=height, selectable=selectable)
-        return charts.add_gate_shapes(gfig, gates)
+        charts.add_gate_shapes(gfig, gates)
+        # A fitted gate reaches past the plotted range where its cells pile up on an axis end:
+        # keep its name on the plot.
+        for note in gfig.layout.annotations[1:]:  # the first is the plot's title
+            note.x = float(np.clip(note.x, xr[0], xr[1]))
+            if note.y > yr[1]:
+                note.y, note.yshift = float(yr[1]), -12
+        return gfig
 
     # One plot per parent and pair of axes, in the order of the tree.
     groups = {}

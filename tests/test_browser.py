@@ -136,6 +136,8 @@ HEADINGS = {"Explore": "Explore the cells", "Gate": "Gate: label patients by han
 
 def lasso(page, plot, points):
     """Drag the mouse along ``points`` (fractions of the plot area) with the lasso tool."""
+    plot.scroll_into_view_if_needed()  # the mouse only reaches what the viewport shows
+    page.wait_for_timeout(300)
     box = plot.locator(".nsewdrag").first.bounding_box()
     x0, y0, w, h = box["x"], box["y"], box["width"], box["height"]
     page.mouse.move(x0 + w * points[0][0], y0 + h * points[0][1])
