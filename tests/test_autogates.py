@@ -41,10 +41,17 @@ def test_trace_outline_of_pixel_regions_has_their_area():
     ell[0:4, 0] = True
     ell[0, 0:3] = True  # an L of 6 pixels: concave, traced as such
     assert abs(_area(_trace_outline(ell))) == 6.0
-    pinch = np.zeros((4, 4), bool)
-    pinch[0:2, 0:2] = True
-    pinch[1:3, 1:3] = True  # two squares sharing a 1-pixel overlap: 7 pixels, one loop
-    assert abs(_area(_trace_outline(pinch))) == 7.0
+    # random blobs, many with corners where pixels touch only diagonally: one loop holds them all
+    from scipy import ndimage
+
+    rng = np.random.default_rng(3)
+    for _ in range(200):
+        labels, n = ndimage.label(rng.random((9, 9)) < 0.55)
+        if n == 0:
+            continue
+        sizes = ndimage.sum(labels > 0, labels, range(1, n + 1))
+        blob = ndimage.binary_fill_holes(labels == 1 + int(np.argmax(sizes)))
+        assert abs(_area(_trace_outline(blob))) == blob.sum()
 
 
 def _area(loop):
