@@ -317,10 +317,9 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     assert stored.details["autogates"]["edited"] is True
     assert stored.counts.get("Monocytes", 0) <= new_n  # the cells follow the gates
     # Reload the app: the redrawn gate and its count are still there.
-    page.reload()
-    page.get_by_role("heading", name="Data: load patients").first.wait_for()
+    page.reload()  # stays on the Auto-gate page
+    page.get_by_role("heading", name=HEADINGS["Auto-gate"]).first.wait_for()
     wait_idle(page)
-    open_page(page, "Auto-gate")
     page.get_by_text(re.compile(r"^Gates of patient_02 fitted to new_patient_01, then adjusted by hand")).wait_for()
     choose(page, "Gate to adjust", "Monocytes")
     page.get_by_text(re.compile(rf"^Monocytes: {new_n:,} events")).wait_for()
