@@ -292,7 +292,7 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     np.testing.assert_array_equal(library.load_labels("new_patient_01").astype(str), populations.astype(str))
 
     # Auto-gates as gates: the result is drawn in patient_02's gate hierarchy, on its parents' plots.
-    page.get_by_text(re.compile(r"^Gates of patient_02 fitted to new_patient_01")).wait_for()
+    page.get_by_text(re.compile(r"^Gates of patient_02 fitted to new_patient_01's predicted cells")).wait_for()
     tree_plots = page.locator(".js-plotly-plot").filter(has_text="→")
     assert tree_plots.count() == 5
     assert sum(len(tree_plots.nth(i).locator(".shapelayer path").all()) for i in range(5)) == 9
@@ -320,7 +320,9 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     page.reload()  # stays on the Auto-gate page
     page.get_by_role("heading", name=HEADINGS["Auto-gate"]).first.wait_for()
     wait_idle(page)
-    page.get_by_text(re.compile(r"^Gates of patient_02 fitted to new_patient_01, then adjusted by hand")).wait_for()
+    page.screenshot(path=str(artifacts_dir / "9_autogate_after_reload.png"), full_page=True)
+    page.get_by_text(re.compile(r"^Gates of patient_02 fitted to new_patient_01's predicted cells, then adjusted "
+                                r"by hand")).wait_for()
     choose(page, "Gate to adjust", "Monocytes")
     page.get_by_text(re.compile(rf"^Monocytes: {new_n:,} events")).wait_for()
     page.screenshot(path=str(artifacts_dir / "9_autogate_after_reload.png"), full_page=True)
