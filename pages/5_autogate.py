@@ -188,13 +188,17 @@ else:
             store.set_autogates(patient, fitted.tree, template_choice)
             state.ag_chart_version += 1
             st.rerun()
+    # F1 against the model's predictions; a result read back from the library after a review
+    # holds the reviewed cells only, and the column says so.
+    reviewed_only = bool((getattr(result, "details", None) or {}).get("corrected in review"))
     table = agreement(auto_tree, sample, result.populations, auto_masks)
     table["gate"] = ["\u2003" * auto_tree.depth(g) + ("└ " if auto_tree.depth(g) else "") + g for g in table["gate"]]
     st.dataframe(table[["gate", "parent", "count", "% of parent", "% of total", "F1"]], hide_index=True,
                  width="stretch", key=f"ag_gate_table_{state.ag_chart_version}",
                  column_config={"% of parent": st.column_config.NumberColumn(format="%.1f"),
                                 "% of total": st.column_config.NumberColumn(format="%.2f"),
-                                "F1": st.column_config.NumberColumn("F1 vs predicted", format="%.3f"),
+                                "F1": st.column_config.NumberColumn(
+                                    "F1 vs reviewed cells" if reviewed_only else "F1 vs predicted", format="%.3f"),
                                 "count": st.column_config.NumberColumn(format="%d")})
     if state.get("ag_gate_message"):
         st.success(state.pop("ag_gate_message"))
