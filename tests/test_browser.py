@@ -158,6 +158,25 @@ def choose(page, label, option):
     wait_idle(page)
 
 
+def choose_patiently(page, label, option, attempts=3):
+    """:func:`choose`, tried again when the list closed before the option could be clicked (a
+    rerun that lands between the two clicks, as after a reload while plots still mount)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    widget = page.locator("[data-testid=stSelectbox]").filter(has=page.get_by_text(label, exact=True)).first
+    for attempt in range(attempts):
+        wait_idle(page)
+        widget.locator("input").first.click()
+        try:
+            page.get_by_role("option", name=option, exact=True).first.click(timeout=15_000)
+            break
+        except PlaywrightTimeoutError:
+            page.locator("h1").first.click()
+            if attempt == attempts - 1:
+                raise
+    wait_idle(page)
+
+
 def open_page(page, title):
     page.get_by_test_id("stSidebarNav").get_by_text(title, exact=True).click()
     page.get_by_role("heading", name=HEADINGS[title]).first.wait_for(timeout=60_000)
@@ -298,7 +317,7 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     assert sum(len(tree_plots.nth(i).locator(".shapelayer path").all()) for i in range(5)) == 9
     page.screenshot(path=str(artifacts_dir / "7_autogates.png"), full_page=True)
     # Redraw the Monocytes gate with the lasso on its parent's plot (all events, CD14 / SSC).
-    choose(page, "Gate to adjust", "Monocytes")
+    choose_patiently(page, "Gate to adjust", "Monocytes")
     before = page.get_by_text(re.compile(r"^Monocytes: [0-9,]+ events"))
     n_before = int(before.inner_text().split()[1].replace(",", ""))
     lasso(page, page.locator(".js-plotly-plot").last,
@@ -324,6 +343,6 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     page.get_by_text(re.compile(r"^Gates of patient_02 fitted to new_patient_01's predicted cells, then adjusted "
                                 r"by hand")).wait_for()
     wait_idle(page)
-    choose(page, "Gate to adjust", "Monocytes")
+    choose_patiently(page, "Gate to adjust", "Monocytes")
     page.get_by_text(re.compile(rf"^Monocytes: {new_n:,} events")).wait_for()
     page.screenshot(path=str(artifacts_dir / "9_autogate_after_reload.png"), full_page=True)
