@@ -136,7 +136,16 @@ HEADINGS = {"Explore": "Explore the cells", "Gate": "Gate: label patients by han
 
 def lasso(page, plot, points):
     """Drag the mouse along ``points`` (fractions of the plot area) with the lasso tool."""
-    plot.scroll_into_view_if_needed()  # the mouse only reaches what the viewport shows
+    from playwright.sync_api import Error as PlaywrightError
+
+    for attempt in range(3):  # the mouse only reaches what the viewport shows
+        try:
+            plot.scroll_into_view_if_needed()
+            break
+        except PlaywrightError:  # re-rendered while scrolling: the locator finds the new one
+            if attempt == 2:
+                raise
+            wait_idle(page)
     page.wait_for_timeout(300)
     box = plot.locator(".nsewdrag").first.bounding_box()
     x0, y0, w, h = box["x"], box["y"], box["width"], box["height"]
