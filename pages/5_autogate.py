@@ -241,7 +241,9 @@ else:
                             width="stretch", key=f"ag_tree_{state.ag_chart_version}_{patient}_{i}")
 
     st.markdown("**Adjust a gate**: redraw it with the lasso or box on its parent's plot, or move a vertex.")
-    which = st.selectbox("Gate to adjust", auto_tree.names, key=f"ag_edit_gate_{patient}")
+    last = record.autogates.get("adjusted")
+    which = st.selectbox("Gate to adjust", auto_tree.names, key=f"ag_edit_gate_{patient}",
+                         index=auto_tree.names.index(last) if last in auto_tree.names else 0)
     edit_gate = auto_tree[which]
     e1, e2 = st.columns([3, 2])
     with e1:
@@ -262,7 +264,7 @@ else:
                 trial.replace_geometry(which, redrawn["vertices"], redrawn["kind"])
                 n_new = int(trial.memberships(sample)[which].sum())
                 if st.button(f"Replace {which} with the selection ({n_new:,} events)", key="ag_redraw"):
-                    store.set_autogates(patient, trial, record.autogates["template"], edited=True)
+                    store.set_autogates(patient, trial, record.autogates["template"], edited=True, adjusted=which)
                     state.ag_chart_version += 1
                     state["ag_gate_message"] = f"Redrew {which}: {in_gate:,} → {n_new:,} events."
                     st.rerun()
@@ -285,7 +287,7 @@ else:
             try:
                 trial.replace_geometry(which, moved, "polygon")
                 n_new = int(trial.memberships(sample)[which].sum())
-                store.set_autogates(patient, trial, record.autogates["template"], edited=True)
+                store.set_autogates(patient, trial, record.autogates["template"], edited=True, adjusted=which)
                 state.ag_chart_version += 1
                 state["ag_gate_message"] = f"Moved a vertex of {which}: {in_gate:,} → {n_new:,} events."
                 st.rerun()

@@ -431,12 +431,14 @@ class Store:
         details["corrected in review"] = True
         self._save_result(name, record.corrected, confidence, record.result_model, details)
 
-    def set_autogates(self, name: str, tree: GateTree, template: str, edited: bool = False) -> None:
+    def set_autogates(self, name: str, tree: GateTree, template: str, edited: bool = False,
+                      adjusted: str | None = None) -> None:
         """Keep the gates fitted to (or adjusted on) an auto-gated patient with its result.
         After an edit the cells follow the gates: the populations become the gates' labels."""
         record = self.patients[name]
         record.load_result()
-        record.autogates = {"tree": tree.to_dict(), "template": str(template), "edited": bool(edited)}
+        record.autogates = {"tree": tree.to_dict(), "template": str(template), "edited": bool(edited),
+                            "adjusted": adjusted}  # the gate adjusted last, shown first on a return
         details = _novelty_details(record.result)
         if edited:
             record.set_corrected(tree.labels(record.sample))
