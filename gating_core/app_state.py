@@ -451,3 +451,14 @@ def incompatible_label_sets(label_sets: dict) -> list[str]:
         if names - others or len(every - names) > len(every) / 2:
             odd.append(patient)
     return sorted(odd)
+
+
+def autogate_templates(gate_trees: dict, populations) -> list[str]:
+    """Patients whose gate tree can shape an auto-gate result: those with at least one leaf gate
+    named like one of ``populations`` (a model's), most matching leaves first, then by name.
+
+    ``gate_trees``: patient name -> GateTree (the training patients')."""
+    from gating_core.autogates import template_matches
+
+    scored = [(len(template_matches(tree, populations)), name) for name, tree in gate_trees.items() if len(tree)]
+    return [name for n, name in sorted(scored, key=lambda t: (-t[0], t[1])) if n > 0]

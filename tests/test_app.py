@@ -721,7 +721,7 @@ def test_autogate_targets_compatible_patients_and_accept_asks(trained, sample_da
     at.run()
     at.button(key="ag_accept_drifted").click()
     at.run()
-    change = at.dataframe[1].value.set_index("population")
+    (change,) = [d.value.set_index("population") for d in at.dataframe if "after" in d.value.columns]
     counts = pd.Series(store.patients["drifted"].result.populations.astype(str)).value_counts()
     assert change["after"].to_dict() == counts.to_dict() and (change["before"] == 0).all()
     assert at.button(key="ag_accept_drifted_confirm").disabled
@@ -734,15 +734,33 @@ def test_autogate_targets_compatible_patients_and_accept_asks(trained, sample_da
     assert "drifted" in store_of(start()).labeled()  # kept in the library
 
 
-def test_training_runs_in_the_background_survives_a_reload_and_can_be_cancelled(library):
+def test_training_runs_in_the_background_survives_a_reload_and_can_be_cancelled(library, monkeypatch, request):
+    import threading
+
     from gating_core.library import PatientLibrary
+    from gating_core.model import GatingModel
     from ui.jobs import CANCELLED, DONE, jobs_for
 
+    # Each training holds after its first progress report until the test lets it go, so the
+    # checks below see it running whatever the machine's speed, and the cancel arrives before
+    # the fit's next report (no race with a training that finishes first).
+    holds = [threading.Event(), threading.Event()]
+    request.addfinalizer(lambda: [hold.set() for hold in holds])  # a failed test leaves no thread waiting
+    calls = []
+    original_fit = GatingModel.fit
+
+    def held_fit(self, samples, labels, progress=None, groups=None):
+        hold = holds[len(calls)]
+        calls.append(hold)
+        progress("Waiting for the test", 0.01)
+        assert hold.wait(600)
+        return original_fit(self, samples, labels, progress=progress, groups=groups)
+
+    monkeypatch.setattr(GatingModel, "fit", held_fit)
     at = load_sample_data(start())
     at = goto(at, "pages/4_train.py")
     at.multiselect(key="train_patients").set_value(["patient_01", "patient_02", "patient_03"])
     at.run()
-    # with model selection (the default) training takes long enough to leave it and cancel it
     at.button(key="train_button").click()
     at.run()
     (job,) = jobs_for(store_of(at).library_path, "train")
@@ -750,14 +768,13 @@ def test_training_runs_in_the_background_survives_a_reload_and_can_be_cancelled(
     assert at.get("progress") and "Training marginal, 3 patients" in at.get("progress")[0].proto.text
     # leave the page, then a reload (a new session on the same library) finds the running job
     goto(at, "pages/1_data.py")
-    assert job.running or job.status == DONE
+    assert job.running
     other = start()
-    if job.running:  # every page's sidebar says a training goes on
-        assert any(c.value.startswith("Training marginal, 3 patients: ") and "in the background" in c.value
-                   for c in other.sidebar.caption)
+    assert any(c.value.startswith("Training marginal, 3 patients: ") and "in the background" in c.value
+               for c in other.sidebar.caption)  # every page's sidebar says a training goes on
     other = goto(other, "pages/4_train.py")
-    if job.running:
-        assert other.button(key="train_job_cancel") is not None
+    assert other.button(key="train_job_cancel") is not None and other.button(key="train_button").disabled
+    holds[0].set()
     assert job.wait(600) and job.status == DONE
     other.run()
     assert other.success and other.success[0].value.startswith("Trained **marginal, 3 patients (v1)** on ")
@@ -772,10 +789,12 @@ def test_training_runs_in_the_background_survives_a_reload_and_can_be_cancelled(
     assert second is not job and second.running
     other.button(key="train_job_cancel").click()
     other.run()
+    holds[1].set()  # its next progress report stops it
     assert second.wait(600) and second.status == CANCELLED
     other.run()
     assert any(m.value.startswith("Training cancelled after ") for m in other.info)
     assert len(PatientLibrary(library).models()) == 1
+    assert len(calls) == 2
 
 
 def test_background_job_reports_progress_estimates_time_and_stops_when_cancelled(tmp_path):
@@ -815,3 +834,106 @@ def test_background_job_reports_progress_estimates_time_and_stops_when_cancelled
     assert failed.status == FAILED and "division by zero" in failed.error
     assert [j.title for j in jobs_for(tmp_path)] == ["Training a test", "A check", "A failing check"]
     assert (format_seconds(5), format_seconds(125), format_seconds(3725)) == ("5 s", "2 min 05 s", "1 h 02 min")
+
+
+# ------------------------------------------------------------------------------------ Auto-gates as gates
+
+def _gate_table(at: AppTest) -> pd.DataFrame:
+    (table,) = [d.value for d in at.dataframe if "F1" in d.value.columns]
+    return table.assign(gate=table["gate"].str.replace("\u2003", "").str.replace("└ ", "")).set_index("gate")
+
+
+def test_autogate_comes_back_as_editable_gates_in_the_training_hierarchy(trained, sample_data_dir):
+    from gating_core.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
+    from gating_core.gates import panel_scale
+    from gating_core.library import PatientLibrary
+
+    at = trained
+    store = store_of(at)
+    # patient_02 (a training patient) carries a gate tree: the hierarchy the result comes back in
+    train = store.patients["patient_02"]
+    scales = {c: store.panel_transform(c) for c in train.sample.pnn}
+    assert scales["FL3-A"] == panel_scale("FL3-A", [train.sample])
+    template = tree_from_labels(train.sample, train.labels, SAMPLE_DATA_HIERARCHY, scales)
+    store.save_gates("patient_02", template)
+    at = goto(at, "pages/5_autogate.py")
+    at.multiselect(key=f"ag_targets_{store.current_model}").set_value(["new_patient_01"])
+    at.button(key="ag_run").click()
+    at.run()
+    assert not at.exception and not at.error, at.exception
+    record = store.patients["new_patient_01"]
+    assert record.autogates["template"] == "patient_02" and not record.autogates["edited"]
+    tree = GateTree.from_dict(record.autogates["tree"])
+    assert [(g.name, g.x_channel, g.y_channel, g.parent) for g in tree.gates] == SAMPLE_DATA_HIERARCHY
+    assert tree != template  # fitted to this patient
+    table = _gate_table(at)
+    masks = tree.memberships(record.sample)
+    assert table["count"].to_dict() == {n: int(m.sum()) for n, m in masks.items()}
+    assert table.loc["CD4 T cells", "% of parent"] == pytest.approx(
+        100 * masks["CD4 T cells"].sum() / masks["T cells"].sum())
+    assert table.loc["T cells", "parent"] == "Lymphocytes"
+    assert (table["F1"] > 0.9).all(), table["F1"].to_dict()
+    # drawn on the parents' plots: 5 plots of the tree (all events x 2 axes pairs, Lymphocytes x 2,
+    # T cells), each with its gates as shapes, then the plot of the gate being adjusted
+    specs = [plotly_spec(at, i) for i in range(len(at.get("plotly_chart")))]
+    tree_plots = [s for s in specs if "→" in (s["layout"].get("annotations") or [{"text": ""}])[0]["text"]]
+    shapes = {s["layout"]["annotations"][0]["text"]: len(s["layout"]["shapes"]) for s in tree_plots}
+    assert shapes == {"all events → Debris, Granulocytes, Lymphocytes": 3, "all events → Monocytes": 1,
+                      "Lymphocytes → T cells, NK cells": 2, "T cells → CD4 T cells, CD8 T cells": 2,
+                      "Lymphocytes → B cells": 1}
+
+    # move a vertex of CD4 T cells: the count and the cells follow the gate
+    at.selectbox(key="ag_edit_gate_new_patient_01").set_value("CD4 T cells")
+    at.run()
+    gate = tree["CD4 T cells"]
+    x0, y0 = gate.vertices[0]
+    centre = np.mean(np.asarray(gate.vertices), axis=0)
+    at.number_input(key="ag_vx_new_patient_01_CD4 T cells_1").set_value(float(centre[0]))
+    at.number_input(key="ag_vy_new_patient_01_CD4 T cells_1").set_value(float(centre[1]))
+    at.run()
+    at.button(key="ag_move_vertex").click()
+    at.run()
+    assert not at.exception, at.exception
+    edited = GateTree.from_dict(record.autogates["tree"])
+    assert record.autogates["edited"] and edited["CD4 T cells"].vertices[0] == pytest.approx(tuple(centre))
+    new_count = int(edited.memberships(record.sample)["CD4 T cells"].sum())
+    assert new_count < int(masks["CD4 T cells"].sum())
+    assert _gate_table(at).loc["CD4 T cells", "count"] == new_count
+    assert any(f"Moved a vertex of CD4 T cells: {int(masks['CD4 T cells'].sum()):,} → {new_count:,} events" in s.value
+               for s in at.success)
+    gate_labels = edited.labels(record.sample).astype(str)
+    np.testing.assert_array_equal(np.asarray(record.populations).astype(str), gate_labels)
+    populations = at.dataframe[0].value.set_index("population")
+    assert populations.loc["CD4 T cells", "count"] == (gate_labels == "CD4 T cells").sum()
+
+    # accept: the gates and the labels go to the library; a reload finds the edited gates
+    at.button(key="ag_accept_new_patient_01").click()
+    at.run()
+    at.button(key="ag_accept_new_patient_01_confirm").click()
+    at.run()
+    assert not at.exception
+    library = PatientLibrary(store.library_path)
+    assert GateTree.from_dict(library.load_gates("new_patient_01")) == edited
+    np.testing.assert_array_equal(library.load_labels("new_patient_01").astype(str), gate_labels)
+    again = goto(start(), "pages/5_autogate.py")
+    again.selectbox(key="ag_patient").set_value("new_patient_01")
+    again.run()
+    assert not again.exception
+    assert _gate_table(again).loc["CD4 T cells", "count"] == new_count
+    assert store_of(again).patients["new_patient_01"].gate_tree == edited
+
+
+def test_autogate_with_flat_training_labels_shows_populations_under_all_events(trained):
+    at = goto(trained, "pages/5_autogate.py")
+    store = store_of(at)
+    at.multiselect(key=f"ag_targets_{store.current_model}").set_value(["new_patient_02"])
+    at.button(key="ag_run").click()
+    at.run()
+    assert not at.exception
+    assert store.patients["new_patient_02"].autogates is None
+    assert any("children of all events" in c.value for c in at.caption)
+    flat = [d.value for d in at.dataframe if "parent" in d.value.columns and "population" in d.value.columns][0]
+    counts = pd.Series(store.patients["new_patient_02"].result.populations.astype(str)).value_counts()
+    assert flat.set_index("population")["count"].to_dict() == counts.to_dict()
+    assert (flat["parent"] == "(all events)").all()
+    assert flat["% of parent"].tolist() == pytest.approx(flat["% of total"].tolist())

@@ -1,7 +1,9 @@
 """The app in a real browser: `streamlit run app.py` driven through Debian's Chromium.
 
 Upload an FCS file through the file input and see its event count, draw a gate with the mouse,
-train, auto-gate and download the gated CSV; screenshots of every page go to test-artifacts/.
+train, auto-gate and download the gated CSV, see the auto-gates drawn in a training patient's gate
+hierarchy, redraw one and see its count change, reload and find it; screenshots of every page go
+to test-artifacts/.
 """
 
 from __future__ import annotations
@@ -43,9 +45,19 @@ def library_with_patients(tmp_path, sample_data_dir):
 
     path = tmp_path / "library"
     library = PatientLibrary(path)
-    for stem in ("patient_01", "patient_02", "patient_04"):
-        sample, labels = load_labeled_input(sample_data_dir / f"{stem}.fcs")
+    from gating_core.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
+    from gating_core.gates import panel_scale
+
+    loaded = {stem: load_labeled_input(sample_data_dir / f"{stem}.fcs") for stem in ("patient_01", "patient_02",
+                                                                                      "patient_04")}
+    for stem, (sample, labels) in loaded.items():
         library.add_patient(sample, labels, name=stem)
+    # patient_02 was gated as a flow lab would (its gates drawn from its labels): auto-gates come
+    # back in its hierarchy
+    samples = [library.load_sample(stem, compensate=True) for stem in loaded]
+    scales = {c: panel_scale(c, samples) for c in samples[0].pnn}
+    tree = tree_from_labels(samples[1], loaded["patient_02"][1], SAMPLE_DATA_HIERARCHY, scales)
+    library.save_gates("patient_02", tree.to_dict())
     return path
 
 
@@ -124,6 +136,17 @@ HEADINGS = {"Explore": "Explore the cells", "Gate": "Gate: label patients by han
 
 def lasso(page, plot, points):
     """Drag the mouse along ``points`` (fractions of the plot area) with the lasso tool."""
+    from playwright.sync_api import Error as PlaywrightError
+
+    for attempt in range(3):  # the mouse only reaches what the viewport shows
+        try:
+            plot.scroll_into_view_if_needed()
+            break
+        except PlaywrightError:  # re-rendered while scrolling: the locator finds the new one
+            if attempt == 2:
+                raise
+            wait_idle(page)
+    page.wait_for_timeout(300)
     box = plot.locator(".nsewdrag").first.bounding_box()
     x0, y0, w, h = box["x"], box["y"], box["width"], box["height"]
     page.mouse.move(x0 + w * points[0][0], y0 + h * points[0][1])
@@ -141,6 +164,25 @@ def choose(page, label, option):
     page.get_by_role("option", name=option, exact=True).first.click()
     # Close a multiselect's list by clicking the page title: Escape would clear a clearable select box.
     page.locator("h1").first.click()
+    wait_idle(page)
+
+
+def choose_patiently(page, label, option, attempts=3):
+    """:func:`choose`, tried again when the list closed before the option could be clicked (a
+    rerun that lands between the two clicks, as after a reload while plots still mount)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
+
+    widget = page.locator("[data-testid=stSelectbox]").filter(has=page.get_by_text(label, exact=True)).first
+    for attempt in range(attempts):
+        wait_idle(page)
+        widget.locator("input").first.click()
+        try:
+            page.get_by_role("option", name=option, exact=True).first.click(timeout=15_000)
+            break
+        except PlaywrightTimeoutError:
+            page.locator("h1").first.click()
+            if attempt == attempts - 1:
+                raise
     wait_idle(page)
 
 
@@ -276,3 +318,39 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     wait_idle(page)
     assert page.get_by_role("button", name="Accepted").is_disabled()
     np.testing.assert_array_equal(library.load_labels("new_patient_01").astype(str), populations.astype(str))
+
+    # Auto-gates as gates: the result is drawn in patient_02's gate hierarchy, on its parents' plots.
+    page.get_by_text(re.compile(r"^Gates of patient_02 fitted to new_patient_01's predicted cells")).wait_for()
+    tree_plots = page.locator(".js-plotly-plot").filter(has_text="→")
+    assert tree_plots.count() == 5
+    assert sum(len(tree_plots.nth(i).locator(".shapelayer path").all()) for i in range(5)) == 9
+    page.screenshot(path=str(artifacts_dir / "7_autogates.png"), full_page=True)
+    # Redraw the Monocytes gate with the lasso on its parent's plot (all events, CD14 / SSC).
+    choose_patiently(page, "Gate to adjust", "Monocytes")
+    before = page.get_by_text(re.compile(r"^Monocytes: [0-9,]+ events"))
+    n_before = int(before.inner_text().split()[1].replace(",", ""))
+    lasso(page, page.locator(".js-plotly-plot").last,
+          [(0.45, 0.05), (0.98, 0.05), (0.98, 0.95), (0.45, 0.95), (0.45, 0.06)])
+    replace = page.get_by_role("button", name=re.compile(r"^Replace Monocytes with the selection"))
+    replace.wait_for()
+    wait_idle(page)
+    replace.click()
+    message = page.get_by_text(re.compile(r"^Redrew Monocytes: [0-9,]+ → [0-9,]+ events"))
+    message.wait_for()
+    old_n, new_n = (int(v.replace(",", "")) for v in re.findall(r"[0-9][0-9,]*", message.inner_text())[:2])
+    assert old_n == n_before and new_n != n_before
+    wait_idle(page)
+    page.screenshot(path=str(artifacts_dir / "8_autogate_redrawn.png"), full_page=True)
+    stored = library.load_gate_result("new_patient_01")
+    assert stored.details["autogates"]["edited"] is True
+    assert stored.counts.get("Monocytes", 0) <= new_n  # the cells follow the gates
+    # Reload the app: the redrawn gate and its count are still there.
+    page.reload()  # stays on the Auto-gate page
+    page.get_by_role("heading", name=HEADINGS["Auto-gate"]).first.wait_for()
+    wait_idle(page)
+    page.screenshot(path=str(artifacts_dir / "9_autogate_after_reload.png"), full_page=True)
+    page.get_by_text(re.compile(r"^Gates of patient_02 fitted to new_patient_01's predicted cells, then adjusted "
+                                r"by hand")).wait_for()
+    wait_idle(page)  # the gate adjusted last is the one shown for adjusting
+    page.get_by_text(re.compile(rf"^Monocytes: {new_n:,} events")).wait_for()
+    page.screenshot(path=str(artifacts_dir / "9_autogate_after_reload.png"), full_page=True)

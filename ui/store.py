@@ -47,6 +47,7 @@ class StoredResult:
     confidence: np.ndarray
     novelty: object = None
     counts: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)
 
 
 def _novelty_details(result) -> dict:
@@ -82,6 +83,9 @@ class PatientRecord:
         self.result_model = ""
         self.result_loader = None
         self.corrected = None
+        # the auto-gates fitted to this patient: {"tree": GateTree dict, "template": patient name,
+        # "edited": bool}; kept in the stored auto-gate result's details
+        self.autogates = None
         self.token = _new_token()
         self.labels_token = _new_token()
         self.result_token = _new_token()
@@ -115,6 +119,9 @@ class PatientRecord:
         if self.result is None and self.result_loader is not None:
             loader, self.result_loader = self.result_loader, None
             self.result = loader()
+            stored = getattr(self.result, "details", None) or {}
+            if isinstance(stored.get("autogates"), dict):
+                self.autogates = stored["autogates"]
         return self.result
 
     @property
@@ -141,6 +148,7 @@ class PatientRecord:
 
     def set_result(self, result, model_name: str) -> None:
         self.result, self.result_model, self.corrected, self.result_loader = result, model_name, None, None
+        self.autogates = None
         self.result_token = _new_token()
 
     def set_corrected(self, populations) -> None:
@@ -220,7 +228,7 @@ class Store:
             return None
         novelty = record.details.get("novelty")
         return StoredResult(np.asarray(record.populations).astype(object), np.asarray(record.confidence, dtype=float),
-                            SimpleNamespace(**novelty) if novelty else None, dict(record.counts))
+                            SimpleNamespace(**novelty) if novelty else None, dict(record.counts), dict(record.details))
 
     def _register_stored_model(self, minfo) -> None:
         from gating_core.model import GatingModel
@@ -423,7 +431,29 @@ class Store:
         details["corrected in review"] = True
         self._save_result(name, record.corrected, confidence, record.result_model, details)
 
+    def set_autogates(self, name: str, tree: GateTree, template: str, edited: bool = False,
+                      adjusted: str | None = None) -> None:
+        """Keep the gates fitted to (or adjusted on) an auto-gated patient with its result.
+        After an edit the cells follow the gates: the populations become the gates' labels."""
+        record = self.patients[name]
+        record.load_result()
+        record.autogates = {"tree": tree.to_dict(), "template": str(template), "edited": bool(edited),
+                            "adjusted": adjusted}  # the gate adjusted last, shown first on a return
+        details = _novelty_details(record.result)
+        if edited:
+            record.set_corrected(tree.labels(record.sample))
+            details["corrected in review"] = True
+        else:
+            record.result_token = _new_token()
+        populations = record.corrected if record.corrected is not None else record.result.populations
+        if record.corrected is not None:
+            details["corrected in review"] = True
+        self._save_result(name, populations, record.result.confidence, record.result_model, details)
+
     def _save_result(self, name, populations, confidence, model_label, details) -> None:
+        autogates = self.patients[name].autogates if name in self.patients else None
+        if autogates is not None:
+            details = {**details, "autogates": autogates}
         model_id = self.model_ids.get(model_label)
         if self.library is None or model_id is None:
             return
@@ -435,6 +465,8 @@ class Store:
         """The reviewed populations become the patient's labels (it joins the historical ones)."""
         record = self.patients[name]
         populations = np.asarray(record.populations).astype(object)
+        if record.autogates is not None:  # the reviewed auto-gates become the patient's gates
+            self.save_gates(name, GateTree.from_dict(record.autogates["tree"]))
         record.set_labels(populations, "auto-gate (reviewed)")
         if self.library is None:
             return
