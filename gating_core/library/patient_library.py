@@ -35,7 +35,8 @@ import numpy as np
 
 from gating_core.errors import GatingCoreError
 from gating_core.fcs import Channel, FCSError, Sample
-from gating_core.library import catalog, storage
+import gating_core.library.catalog as catalog  # siblings by their full names: no import through the package
+import gating_core.library.storage as storage
 
 LIBRARY_ENV = "GATING_LIBRARY"
 DEFAULT_LIBRARY = "workspace"
