@@ -292,11 +292,13 @@ def test_upload_report_names_a_skipped_data_set(tmp_path):
 def test_batch_gating_records_a_skipped_data_set(tmp_path):
     from gating_core.gating import gate_file
 
-    class NoModel:  # gate_file only needs .compensate and .gate here
+    class NoModel:  # what gate_file's streamed path uses: .compensate, .populations_, .gate_chunks
         compensate = False
+        populations_ = ["a", "b"]
 
-        def gate(self, sample, chunk_size):
-            raise ValueError(f"not gated ({sample.n_events} events)")
+        def gate_chunks(self, sample, chunks, chunk_size, sink):
+            n_events = sum(len(events) for _, events in chunks(chunk_size))  # the readable data set is read
+            raise ValueError(f"not gated ({n_events} events)")
 
     good = [np.arange(4, dtype=np.float32)] * 2
     hist = dict(columns=[np.arange(8, dtype=np.uint64)], datatype="I", widths=[2],
