@@ -1275,23 +1275,35 @@ def read_fcs_all(path: str | os.PathLike, compensate: bool = False, *,
     with _open(path) as fh:
         file_size = os.fstat(fh.fileno()).st_size
         entries = _walk_layouts(fh, path, file_size)
-        names = _names(path, len(entries))
-        samples, skipped = [], []
-        for entry, name in zip(entries, names):
-            if isinstance(entry, _Unreadable):
-                skipped.append((name, entry.error.problem))
-                continue
-            try:
-                samples.append(_sample_from_layout(fh, entry, name, engine, compensate))
-            except FCSError as exc:
-                if len(entries) == 1:
-                    raise
-                skipped.append((name, exc.problem))
-    if not samples:
-        raise _none_readable(path, [problem for _, problem in skipped])
+        samples = _readable_data_sets(path, entries, lambda entry, name: _sample_from_layout(
+            fh, entry, name, engine, compensate))
     for sample in samples:
-        sample.notes += [f"data set {name} skipped: {problem}" for name, problem in skipped]
-    return SampleList(samples, skipped)
+        sample.notes += _skipped_notes(samples.skipped)
+    return samples
+
+
+def _readable_data_sets(path: Path, entries, build) -> SampleList:
+    """``build(layout, name)`` for every data set of a file that can be read; the others are
+    listed in the result's ``skipped`` as ``(name, problem)``. A lone data set's error, or no
+    readable data set at all, is an FCSError naming the file."""
+    built, skipped = [], []
+    for entry, name in zip(entries, _names(path, len(entries))):
+        if isinstance(entry, _Unreadable):
+            skipped.append((name, entry.error.problem))
+            continue
+        try:
+            built.append(build(entry, name))
+        except FCSError as exc:
+            if len(entries) == 1:
+                raise
+            skipped.append((name, exc.problem))
+    if not built:
+        raise _none_readable(path, [problem for _, problem in skipped])
+    return SampleList(built, skipped)
+
+
+def _skipped_notes(skipped) -> list[str]:
+    return [f"data set {name} skipped: {problem}" for name, problem in skipped]
 
 
 def fcs_info(path: str | os.PathLike) -> dict:
@@ -1670,20 +1682,7 @@ def stream_fcs_all(path: str | os.PathLike, compensate: bool = False) -> SampleL
     with _open(path) as fh:
         file_size = os.fstat(fh.fileno()).st_size
         entries = _walk_layouts(fh, path, file_size)
-    names = _names(path, len(entries))
-    streams, skipped = [], []
-    for entry, name in zip(entries, names):
-        if isinstance(entry, _Unreadable):
-            skipped.append((name, entry.error.problem))
-            continue
-        try:
-            streams.append(EventStream(entry, name, compensate))
-        except FCSError as exc:
-            if len(entries) == 1:
-                raise
-            skipped.append((name, exc.problem))
-    if not streams:
-        raise _none_readable(path, [problem for _, problem in skipped])
+    streams = _readable_data_sets(path, entries, lambda entry, name: EventStream(entry, name, compensate))
     for stream in streams:
-        stream.sample.notes += [f"data set {name} skipped: {problem}" for name, problem in skipped]
-    return SampleList(streams, skipped)
+        stream.sample.notes += _skipped_notes(streams.skipped)
+    return streams

@@ -70,18 +70,27 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
         except FCSError as exc:
             message = str(exc)
             if len(streams) > 1:
-                message = f"{fcs_path.name}: data set {sample.name} cannot be read: {exc.problem}"
+                message = _unreadable(fcs_path, sample.name, exc.problem)
             record["error"] = message
         except (ChannelMismatchError, ValueError, OSError) as exc:
-            message = str(exc)
-            if fcs_path.name not in message:
-                message = f"{fcs_path.name}: {message}"
-            record["error"] = message
+            record["error"] = _naming_the_file(fcs_path, exc)
         records.append(record)
-    for name, problem in getattr(streams, "skipped", []):  # unreadable data sets of the file
-        records.append({"file": str(fcs_path), "patient": name,
-                        "error": f"{fcs_path.name}: data set {name} cannot be read: {problem}"})
-    return records
+    return records + _skipped_records(fcs_path, streams)
+
+
+def _naming_the_file(fcs_path: Path, exc: Exception) -> str:
+    message = str(exc)
+    return message if fcs_path.name in message else f"{fcs_path.name}: {message}"
+
+
+def _unreadable(fcs_path: Path, name: str, problem: str) -> str:
+    return f"{fcs_path.name}: data set {name} cannot be read: {problem}"
+
+
+def _skipped_records(fcs_path: Path, data_sets) -> list[dict]:
+    """A record for each data set of the file that could not be read."""
+    return [{"file": str(fcs_path), "patient": name, "error": _unreadable(fcs_path, name, problem)}
+            for name, problem in getattr(data_sets, "skipped", [])]
 
 
 def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, format: str = "csv") -> list[dict]:
@@ -103,15 +112,9 @@ def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50
             record.update(events=sample.n_events, counts=result.counts, novelty=result.novelty.to_dict(),
                           output=str(output), mean_confidence=float(result.confidence.mean()) if sample.n_events else 0.0)
         except (ChannelMismatchError, FCSError, ValueError, OSError) as exc:
-            message = str(exc)
-            if fcs_path.name not in message:
-                message = f"{fcs_path.name}: {message}"
-            record["error"] = message
+            record["error"] = _naming_the_file(fcs_path, exc)
         records.append(record)
-    for name, problem in getattr(samples, "skipped", []):  # unreadable data sets of the file
-        records.append({"file": str(fcs_path), "patient": name,
-                        "error": f"{fcs_path.name}: data set {name} cannot be read: {problem}"})
-    return records
+    return records + _skipped_records(fcs_path, samples)
 
 
 def digest_file(path, index: int, model: GatingModel) -> PatientDigest:
