@@ -25,7 +25,6 @@ Run: ``.venv/bin/python bench/bench_stream.py [--quick] [--sizes 1000000,5000000
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -38,17 +37,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench_scale import _status_mb  # noqa: E402  (the same /proc reading)
+from gating_core.library.storage import sha256_of  # noqa: E402
+
 N_CHANNELS = 20
 N_POPULATIONS = 6
 BLOCK = 1_000_000
-
-
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _reset_peak() -> None:
@@ -169,14 +163,6 @@ def run_child(step: str, model_path: Path, fcs: Path, out_dir: Path) -> dict:
     if done.returncode:
         raise RuntimeError(f"{step} on {fcs.name} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 24), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # -- the ceiling of the scoring step ---------------------------------------------------------------
@@ -311,7 +297,7 @@ def main(argv=()) -> int:
                 out = folder / "out_memory"
                 out.mkdir(exist_ok=True)
                 row["in-memory"] = run_child("in-memory", model_path, fcs, out)
-                row["identical"] = _sha256(Path(row["csv"]["output"])) == _sha256(Path(row["in-memory"]["output"]))
+                row["identical"] = sha256_of(Path(row["csv"]["output"])) == sha256_of(Path(row["in-memory"]["output"]))
                 Path(row["in-memory"]["output"]).unlink()
             Path(row["csv"]["output"]).unlink()
             fcs.unlink()

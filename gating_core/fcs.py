@@ -1194,6 +1194,17 @@ def _sample_from_layout(fh, layout: _Layout, name: str, engine: str, compensate:
         raise ValueError(f"engine must be 'numpy' or 'flowio', not {engine!r}")
     events = _events_from_raw(layout, raw)
     _check_finite(layout, events)
+    channels, spillover, spill_channels = _channels_and_spillover(layout, notes, compensate)
+    sample = Sample(name, events, channels, layout.keywords, spillover, spill_channels,
+                    layout.header.version, str(layout.path), compensated=False, notes=notes)
+    return sample.compensate() if compensate else sample
+
+
+def _channels_and_spillover(layout: _Layout, notes: list[str], compensate: bool):
+    """(channels, spillover matrix or None, its channel names) of a data set, as
+    :func:`read_fcs` and :class:`EventStream` both describe it. Appends what was tolerated to
+    ``notes`` and logs every note; FCSError when compensation is asked for but the spillover
+    keyword had to be ignored."""
     unique_pnn = _unique_names(layout.pnn)
     if unique_pnn != layout.pnn:
         notes.append("duplicate $PnN names made unique: " + ", ".join(
@@ -1202,16 +1213,12 @@ def _sample_from_layout(fh, layout: _Layout, name: str, engine: str, compensate:
     spill_notes: list[str] = []
     spillover, spill_channels = _parse_spillover(layout, unique_pnn, spill_notes)
     notes += spill_notes
-    sample = Sample(name, events, channels, layout.keywords, spillover, spill_channels,
-                    layout.header.version, str(layout.path), compensated=False, notes=notes)
     for note in notes:
         logger.warning("%s: %s", Path(layout.path).name, note)
-    if compensate:
-        broken = [n for n in spill_notes if "ignored" in n]
-        if broken:
-            raise FCSError(layout.path, f"compensation requested but {broken[0]}")
-        sample = sample.compensate()
-    return sample
+    broken = [n for n in spill_notes if "ignored" in n]
+    if compensate and broken:
+        raise FCSError(layout.path, f"compensation requested but {broken[0]}")
+    return channels, spillover, spill_channels
 
 
 class SampleList(list):
@@ -1549,24 +1556,11 @@ class EventStream:
     def __init__(self, layout: _Layout, name: str, compensate: bool):
         self._layout = layout
         notes = list(layout.notes)
-        unique_pnn = _unique_names(layout.pnn)
-        if unique_pnn != layout.pnn:
-            notes.append("duplicate $PnN names made unique: " + ", ".join(
-                u for u, o in zip(unique_pnn, layout.pnn) if u != o))
-        channels = [Channel(u, s, r) for u, s, r in zip(unique_pnn, layout.pns, layout.ranges)]
-        spill_notes: list[str] = []
-        spillover, spill_channels = _parse_spillover(layout, unique_pnn, spill_notes)
-        notes += spill_notes
-        for note in notes:
-            logger.warning("%s: %s", Path(layout.path).name, note)
+        channels, spillover, spill_channels = _channels_and_spillover(layout, notes, compensate)
         with open(layout.path, "rb") as fh:
             dtype = _events_from_raw(self._window(0, 0), _raw_values(fh, self._window(0, 0))).dtype
         self._inverse = None
         self._spill_index: list[int] = []
-        if compensate:
-            broken = [n for n in spill_notes if "ignored" in n]
-            if broken:
-                raise FCSError(layout.path, f"compensation requested but {broken[0]}")
         if compensate and spillover is not None:
             dtype = np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
         self.sample = Sample(name, np.empty((0, layout.n_channels), dtype=dtype), channels, layout.keywords,
