@@ -20,6 +20,7 @@ right on patients the model had not seen, and the calibration never changes the 
 
 from __future__ import annotations
 
+import copy
 import os
 
 import numpy as np
@@ -129,6 +130,18 @@ class RidgeStatistics:
         b_c = b - np.outer(mu, t)
         values, vectors = eigh(g_c, driver="evd")
         return np.maximum(values, 0.0), vectors, vectors.T @ b_c, mu, t
+
+    def subset(self, rows, class_columns=None):
+        """Statistics of ``rows`` only (a new object sharing the per-row arrays); with
+        ``class_columns``, of those target columns only (the classes a subset still holds)."""
+        rows = [int(r) for r in rows]
+        out = RidgeStatistics(self.n_features, self.n_classes if class_columns is None else len(class_columns))
+        out.gram = [self.gram[r] for r in rows]
+        out.feature_mean = [self.feature_mean[r] for r in rows]
+        out.cross = [self.cross[r] if class_columns is None else self.cross[r][:, class_columns] for r in rows]
+        out.target_mean = [self.target_mean[r] if class_columns is None else self.target_mean[r][class_columns]
+                           for r in rows]
+        return out
 
     @staticmethod
     def solve(eigen, alpha: float):
@@ -304,17 +317,47 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         problem = TrainingProblem(self, samples, labels, embedding_samples, patient_groups)
         feature_map = problem.feature_map(problem.bandwidth_x, problem.bandwidth_p)
         features = problem.features(feature_map)
-        stats = problem.statistics(features)
+        # The logistic loss never reads the ridge statistics (its temperature is 1).
+        stats = problem.statistics(features) if self.loss == "squared" else None
+        return self.fit_prepared(problem, feature_map, features, stats, patient_groups)
+
+    def fit_prepared(self, problem, feature_map, features, stats=None, groups=None, warm_start=None):
+        """Fit from a :class:`TrainingProblem` already built: what :meth:`fit` does once the
+        features are computed.
+
+        The held-out check (:mod:`gating_core.held_out`) builds one problem for all patients
+        and fits each fold on :meth:`TrainingProblem.subset` of it, without touching cells again.
+
+        Parameters
+        ----------
+        problem : TrainingProblem (built with this estimator's parameters)
+        feature_map : the map ``features`` came from (:meth:`TrainingProblem.feature_map`)
+        features : list of ndarray of shape (m_r, D), one per training row of ``problem``
+        stats : RidgeStatistics or None
+            ``problem.statistics(features)``; needed by the squared loss only.
+        groups : sequence of length problem.n_patients or None
+            Center / batch / run of each real patient (calibration holds out whole groups).
+        warm_start : (coef (D, k), intercept (k,)) or None
+            Starting point of the logistic loss's iterations (ignored by the squared loss).
+
+        Returns
+        -------
+        self
+        """
+        self._forget_fit()
+        self._check_options()
         targets, n_classes, n_rows = problem.targets, len(problem.classes), problem.n_rows
+        if self.loss == "squared" and stats is None:
+            stats = problem.statistics(features)
         weights = np.full(n_rows, 1.0 / n_rows)
         if self.loss == "squared":
             coef, intercept = self._ridge_fit(stats, range(n_rows))
         else:
-            coef, intercept = self._logistic_fit(features, targets, range(n_rows), n_classes)
+            coef, intercept = self._logistic_fit(features, targets, range(n_rows), n_classes, warm=warm_start)
         if self.patient_weighting == "agnostic":
             coef, intercept, weights = self._fit_agnostic(problem, stats, features, coef, intercept)
         coef, intercept = coef.astype(np.float32), intercept.astype(np.float32)
-        temperature = self._fit_calibration(problem, stats, features, weights, patient_groups)
+        temperature = self._fit_calibration(problem, stats, features, weights, groups)
         self._set_fitted(problem, feature_map, coef, intercept, weights, temperature)
         return self
 
@@ -766,6 +809,8 @@ class TrainingProblem:
         self.embeddings = np.vstack([embed_cells(self.embedder, x, p.embedding_cells) for x in sources])
         self.median_distance_p = median_embedding_distance(self.embeddings[: self.n_patients])
         self.bandwidth_p = float(p.bandwidth_p or self.median_distance_p) if p.use_embedding else None
+        self.parent_rows = np.arange(len(self.cells))  # see subset()
+        self.class_columns = None if self.classes is None else np.arange(len(self.classes))
 
     @property
     def n_rows(self) -> int:
@@ -786,6 +831,34 @@ class TrainingProblem:
     def features(self, feature_map) -> list:
         """Features of every training row under ``feature_map``: list of (m_r, D) float32."""
         return [cell_features(feature_map, x, psi, self.use_embedding) for x, psi in zip(self.cells, self.embeddings)]
+
+    def subset(self, patients):
+        """The same problem without every real patient not in ``patients`` (and their augmented
+        copies): a new TrainingProblem sharing this one's draws, embeddings, starting points
+        (median distances, hence default bandwidths) and augmentation.
+
+        ``patients``: indices of the real patients kept. The result's ``parent_rows`` gives, for
+        each of its rows, the row of this problem it is (to subset features and statistics);
+        its classes are those of the kept labels.
+        """
+        keep = sorted(set(int(i) for i in patients))
+        if not keep:
+            raise ValueError("a training problem needs at least one patient")
+        renumber = {old: new for new, old in enumerate(keep)}
+        rows = np.array([r for r in range(self.n_rows) if int(self.source[r]) in renumber], dtype=int)
+        out = copy.copy(self)
+        out.parent_rows = rows
+        out.n_patients = len(keep)
+        out.source = np.array([renumber[int(self.source[r])] for r in rows], dtype=int)
+        out.cells = [self.cells[r] for r in rows]
+        out.embeddings = self.embeddings[rows]
+        if self.labels is not None:
+            out.labels = [self.labels[r] for r in rows]
+            out.classes = np.unique(np.concatenate(out.labels))
+            out.targets = [np.searchsorted(out.classes, y) for y in out.labels]
+            # Columns of the parent's one-hot targets that the kept classes occupy.
+            out.class_columns = np.searchsorted(self.classes, out.classes)
+        return out
 
     def onehots(self) -> list:
         """One-hot targets of every training row: list of (m_r, n_classes) float32."""

@@ -78,44 +78,113 @@ def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, em
         Score of a setting: the mean held-out patient accuracy, or that of the worst held-out
         group (the agnostic criterion), each averaged over the fold repeats.
     """
-    from gating_core.groups import group_folds
-
     samples, labels = check_training_set(samples, labels)
     if len(samples) < 2:
         raise ValueError("model selection over patients needs at least two labeled patients")
-    # The search runs on at most SEARCH_FEATURES random features: the ridge penalty acts on the
-    # spectrum of the kernel operator, which RFF Gram matrices (trace ~1) approximate at any D,
-    # so choices made at 256 features carry over to the final model's D.
-    probe = MarginalTransferClassifier(**{**base.get_params(), "cells_per_patient": cells_per_patient,
-                                          "n_features": min(base.n_features, SEARCH_FEATURES)})
-    # The embeddings come from all cells (or the caller's choice), as at gating time.
-    problem = TrainingProblem(probe, samples, labels, embedding_samples, groups)
-    targets = problem.targets
-    if objective not in ("mean", "worst"):
-        raise ValueError(f"objective must be 'mean' or 'worst', got {objective!r}")
-    labels_of_group = list(range(len(samples))) if groups is None else list(groups)
-    if len(labels_of_group) != len(samples):
-        raise ValueError(f"{len(labels_of_group)} group labels for {len(samples)} patients")
-    folds = group_folds(labels_of_group, cv_folds, cv_repeats, probe.random_state)
-    source = problem.source
-    n_rows = problem.n_rows
-    median_x, median_p = problem.median_distance_x, problem.median_distance_p
-    use_embedding = bool(base.use_embedding)
-    cache: dict = {}
-    evaluated = 0
-    planned = len(x_factors) + (len(p_factors) + len(x_factors) if use_embedding else 0)
+    search = HyperparameterSearch(samples, labels, base, embedding_samples, cv_folds, cv_repeats, cells_per_patient,
+                                  x_factors, p_factors, alphas, groups, objective)
+    return search.run([()], progress=progress)[0]
 
-    def score(fx, fp):
-        nonlocal evaluated
-        key = (fx, fp)
-        if key in cache:
-            return cache[key]
-        features = problem.features(problem.feature_map(fx * median_x, None if fp is None else fp * median_p))
-        stats = problem.statistics(features)
+
+class HyperparameterSearch:
+    """The search of :func:`select_hyperparameters`, run for one or several sets of excluded
+    patients at once (the held-out check: one selection per fold, each without its held-out
+    patients).
+
+    The random features and ridge statistics of every patient are computed once per
+    bandwidth pair and shared by every run: a run without some patients sums the statistics of
+    the others, so a whole nested selection costs about what one selection costs in features.
+    The runs advance in step, asking for bandwidth pairs; each pair's features exist only while
+    it is scored, so memory stays that of one selection.
+    """
+
+    def __init__(self, samples, labels, base, embedding_samples=None, cv_folds=5, cv_repeats=2,
+                 cells_per_patient=1500, x_factors=DEFAULT_X_FACTORS, p_factors=DEFAULT_P_FACTORS,
+                 alphas=DEFAULT_ALPHAS, groups=None, objective="mean"):
+        if objective not in ("mean", "worst"):
+            raise ValueError(f"objective must be 'mean' or 'worst', got {objective!r}")
+        self.groups = list(range(len(samples))) if groups is None else list(groups)
+        if len(self.groups) != len(samples):
+            raise ValueError(f"{len(self.groups)} group labels for {len(samples)} patients")
+        # The search runs on at most SEARCH_FEATURES random features: the ridge penalty acts on the
+        # spectrum of the kernel operator, which RFF Gram matrices (trace ~1) approximate at any D,
+        # so choices made at 256 features carry over to the final model's D.
+        self.probe = MarginalTransferClassifier(**{**base.get_params(), "cells_per_patient": cells_per_patient,
+                                                   "n_features": min(base.n_features, SEARCH_FEATURES)})
+        # The embeddings come from all cells (or the caller's choice), as at gating time.
+        self.problem = TrainingProblem(self.probe, samples, labels, embedding_samples, groups)
+        self.cv_folds, self.cv_repeats = cv_folds, cv_repeats
+        self.x_factors, self.p_factors, self.alphas = x_factors, p_factors, alphas
+        self.objective = objective
+        self.use_embedding = bool(base.use_embedding)
+
+    def folds(self, excluded) -> list:
+        """Held-out patient sets (indices into all patients) of a run without ``excluded``."""
+        from gating_core.groups import group_folds
+
+        excluded = set(excluded)
+        if not excluded:
+            return group_folds(self.groups, self.cv_folds, self.cv_repeats, self.probe.random_state)
+        kept = [i for i in range(len(self.groups)) if i not in excluded]
+        inner = group_folds([self.groups[i] for i in kept], self.cv_folds, self.cv_repeats, self.probe.random_state)
+        return [[kept[j] for j in fold] for fold in inner]
+
+    def run(self, exclusions, progress=None) -> list:
+        """One :class:`SelectionResult` per set of excluded patient indices in ``exclusions``."""
+        problem = self.problem
+        median_x, median_p = problem.median_distance_x, problem.median_distance_p
+        runs = {}
+        for k, excluded in enumerate(exclusions):
+            if problem.n_patients - len(set(excluded)) < 2:
+                raise ValueError("model selection over patients needs at least two labeled patients")
+            search = _coordinate_search(self.x_factors, self.p_factors, self.use_embedding)
+            runs[k] = {"search": search, "folds": self.folds(excluded), "excluded": set(excluded),
+                       "wants": next(search), "scores": {}}
+        planned = len(self.x_factors) + (len(self.p_factors) + len(self.x_factors) if self.use_embedding else 0)
+        outcome, evaluated = {}, 0
+        while any("wants" in r for r in runs.values()):
+            key = min(r["wants"] for r in runs.values() if "wants" in r)
+            fx, fp = key
+            features = problem.features(problem.feature_map(fx * median_x, None if fp is None else fp * median_p))
+            stats = problem.statistics(features)
+            for k, r in runs.items():
+                while r.get("wants") == key:
+                    r["scores"][key] = self._score(features, stats, r["folds"], r["excluded"])
+                    try:
+                        r["wants"] = r["search"].send(r["scores"][key])
+                    except StopIteration as done:
+                        del r["wants"]
+                        outcome[k] = done.value
+            del features, stats
+            evaluated += 1
+            if progress is not None:
+                progress(min(evaluated / max(planned, 1), 0.99))
+        results = []
+        for k in range(len(exclusions)):
+            best_x, best_p, embedding_kept = outcome[k]
+            cache = runs[k]["scores"]
+            scores = cache[(best_x, best_p)]
+            table = [{"x_factor": fx, "p_factor": fp, "alpha": float(a), "cv_accuracy": float(s)}
+                     for (fx, fp), values in cache.items() for a, s in zip(self.alphas, values)]
+            results.append(SelectionResult(
+                params={"bandwidth_x": best_x * median_x,
+                        "bandwidth_p": None if best_p is None else best_p * median_p,
+                        "alpha": float(self.alphas[int(np.argmax(scores))]),
+                        "bandwidth_embedding": problem.bandwidth_embedding, "use_embedding": embedding_kept},
+                score=float(scores.max()), table=table, median_x=median_x, median_p=median_p))
+        if progress is not None:
+            progress(1.0)
+        return results
+
+    def _score(self, features, stats, folds, excluded) -> np.ndarray:
+        """Held-out accuracy of every alpha (averaged as ``objective`` says) over ``folds``,
+        training on every patient neither held out nor in ``excluded``."""
+        source, targets, alphas = self.problem.source, self.problem.targets, self.alphas
         fold_scores = []
         for held_out in folds:
-            held = set(held_out)
-            values, vectors, projected, mu, t = stats.eigen([r for r in range(n_rows) if int(source[r]) not in held])
+            held = set(held_out) | excluded
+            values, vectors, projected, mu, t = stats.eigen(
+                [r for r in range(self.problem.n_rows) if int(source[r]) not in held])
             # Scores for every lambda from one rotation of the held-out features into the
             # eigenbasis: s(lambda) = (F - mu) V diag(1 / (values + lambda)) V^T B + t.
             rotated = [((features[i] - mu.astype(np.float32)) @ vectors.astype(np.float32)) for i in held_out]
@@ -125,21 +194,33 @@ def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, em
                 for j, (r, i) in enumerate(zip(rotated, held_out)):
                     accuracy[a, j] = np.mean(np.argmax(r @ weights + t.astype(np.float32), axis=1) == targets[i])
             fold_scores.append(accuracy)
-        if objective == "mean":
-            per_alpha = np.hstack(fold_scores).mean(axis=1)
-        else:
-            per_alpha = np.min([acc.mean(axis=1) for acc in fold_scores], axis=0)
-        cache[key] = per_alpha
-        evaluated += 1
-        if progress is not None:
-            progress(min(evaluated / max(planned, 1), 0.99))
-        return per_alpha
+        if self.objective == "mean":
+            return np.hstack(fold_scores).mean(axis=1)
+        return np.min([acc.mean(axis=1) for acc in fold_scores], axis=0)
+
+
+def _coordinate_search(x_factors, p_factors, use_embedding):
+    """The coordinate-wise search as a generator: it yields the (x factor, p factor) it wants
+    scored and receives that pair's score per alpha; it returns (x factor, p factor or None,
+    embedding kept).
+
+    sigma_X (with lambda), then sigma_P (with lambda), then sigma_X again at the chosen sigma_P;
+    an edge of a grid is extended while it is strictly the best, within FACTOR_LIMITS.
+    """
+    cache = {}
+
+    def score(fx, fp):
+        if (fx, fp) not in cache:
+            cache[(fx, fp)] = yield (fx, fp)
+        return cache[(fx, fp)]
 
     def search(axis, factors, fixed):
         factors = sorted(factors)
         while True:
-            results = {f: score(f, fixed) if axis == "x" else score(fixed, f) for f in factors}
-            value = {f: float(results[f].max()) for f in factors}
+            value = {}
+            for f in factors:
+                per_alpha = yield from (score(f, fixed) if axis == "x" else score(fixed, f))
+                value[f] = float(per_alpha.max())
             top = max(value.values())
             # Prefer the factor nearest the data-driven start among ties.
             best = min((f for f in factors if value[f] >= top - 1e-12), key=lambda f: abs(np.log(f)))
@@ -155,28 +236,18 @@ def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, em
                 return best
 
     p_start = 1.0 if use_embedding else None
-    best_x = search("x", x_factors, p_start)
+    best_x = yield from search("x", x_factors, p_start)
     best_p = p_start
-    embedding_kept = use_embedding
-    if use_embedding:
-        best_p = search("p", p_factors, best_x)
-        best_x = search("x", x_factors, best_p)
-        # sigma_P -> infinity is pooling (k_P = 1). When the embedding does not help on held-out
-        # GROUPS, the model falls back to it: the patient's distribution then adds only noise.
-        if float(score(best_x, None).max()) >= float(cache[(best_x, best_p)].max()) - POOLING_MARGIN:
-            best_p, embedding_kept = None, False
-    scores = cache[(best_x, best_p)]
-    best_alpha = float(alphas[int(np.argmax(scores))])
-    table = [{"x_factor": fx, "p_factor": fp, "alpha": float(a), "cv_accuracy": float(s)}
-             for (fx, fp), values in cache.items() for a, s in zip(alphas, values)]
-    if progress is not None:
-        progress(1.0)
-    return SelectionResult(
-        params={"bandwidth_x": best_x * median_x, "bandwidth_p": None if best_p is None else best_p * median_p,
-                "alpha": best_alpha, "bandwidth_embedding": problem.bandwidth_embedding,
-                "use_embedding": embedding_kept},
-        score=float(scores.max()), table=table, median_x=median_x, median_p=median_p,
-    )
+    if not use_embedding:
+        return best_x, best_p, False
+    best_p = yield from search("p", p_factors, best_x)
+    best_x = yield from search("x", x_factors, best_p)
+    # sigma_P -> infinity is pooling (k_P = 1). When the embedding does not help on held-out
+    # GROUPS, the model falls back to it: the patient's distribution then adds only noise.
+    pooled = yield from score(best_x, None)
+    if float(pooled.max()) >= float(cache[(best_x, best_p)].max()) - POOLING_MARGIN:
+        return best_x, None, False
+    return best_x, best_p, True
 
 
 DEFAULT_LOGISTIC_ALPHAS = (1e-5, 1e-4, 1e-3)

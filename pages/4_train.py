@@ -11,7 +11,7 @@ from gating_core.app_state import common_channels, incompatible_label_sets, labe
 from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcome, job_progress, refresh_status,
                        require_patients)
 from ui.jobs import DONE, format_seconds, jobs_for
-from ui.training import start_check, start_training
+from ui.training import check_matches_model, start_check, start_training
 from ui.models import load_model_bytes, model_bytes, model_channel_labels
 
 store = get_store()
@@ -157,8 +157,10 @@ if store.models:
 st.subheader("Check on held-out patients")
 st.caption("Each group of patients (center, batch or run; chosen above) in turn is gated by a model trained "
            "on the others: the honest estimate of how well a patient from a new run will be gated. Leaving "
-           "one patient out is shown beside it. Marginal transfer, pooling and linear discriminant analysis "
-           "(LDA, a strong simple baseline) run on the same split, with the settings chosen above.")
+           "one patient out is shown beside it, fitted from the statistics of all patients minus the held-out "
+           "one (about the cost of one training; its labels never reach its fold). Marginal transfer, pooling "
+           "and linear discriminant analysis (LDA, a strong simple baseline) run on the same split, with the "
+           "settings chosen above.")
 checking = job_progress(store, "check", "check_job")
 if st.button("Run the check", key="lopo_button", disabled=checking is not None):
     model_params = dict(params)
@@ -173,6 +175,14 @@ adopt_finished_jobs(store)
 
 table = store.evaluation
 if table is not None and len(table):
+    record = store.library.load_check_result() if store.library is not None else None
+    belongs = check_matches_model(record, store.models[store.current_model]) if store.models else None
+    if belongs:
+        st.caption(f"This check was run on the current model's patients, populations and settings "
+                   f"({record.get('saved_at', '')}).")
+    elif belongs is False:
+        st.info("This check was run on other patients, populations or settings than the current model's: "
+                "run it again to check the current model.")
     protocols = list(dict.fromkeys(table["protocol"])) if "protocol" in table.columns else []
     if len(protocols) > 1:
         protocol = st.radio("Protocol", protocols, key="check_protocol", horizontal=True,

@@ -395,6 +395,8 @@ def test_leave_one_patient_out_table_marks_the_worst_patient(trained):
     pd.testing.assert_frame_equal(store_of(again).evaluation.reset_index(drop=True)[list(table.columns)],
                                   table.reset_index(drop=True), check_dtype=False)
     assert any(f"Worst patient: **{worst}**" in w.value for w in again.warning)
+    # ... stored with what it was run on: the current model's patients and settings
+    assert any("run on the current model's patients" in c.value for c in again.caption)
 
 
 def test_model_save_and_load_round_trip_in_the_app(trained, tmp_path):

@@ -42,10 +42,12 @@ def start_training(store, *, name: str, method: str, channels, params: dict, sam
 
 
 def start_check(store, *, samples, labels, groups, model_params: dict, methods=("marginal", "pooling", "lda")) -> Job:
-    """Leave-one-group-out (when there are groups) and leave-one-patient-out in the background;
-    the table is stored in the library (``save_check_result``) and returned."""
+    """Leave-one-group-out (when there are groups; full refits) and leave-one-patient-out (by
+    subtraction: about the cost of one training) in the background. The table is stored in the
+    library (``save_check_result``) with what it was run on (:func:`check_setup`) and returned."""
     library = store.library
     samples, labels = list(samples), list(labels)
+    setup = check_setup(samples, labels, model_params)
 
     def work(report):
         import pandas as pd
@@ -63,7 +65,39 @@ def start_check(store, *, samples, labels, groups, model_params: dict, methods=(
         table = pd.concat(tables, ignore_index=True)
         report("Storing the table in the library", 0.99)
         if library is not None:
-            library.save_check_result({"patients": [s.name for s in samples], "table": table.to_dict("records")})
+            library.save_check_result({"patients": [s.name for s in samples], "table": table.to_dict("records"),
+                                       "setup": setup})
         return table
 
     return start_job("check", f"Check on {len(samples)} patients", store.library_path, work)
+
+
+def check_setup(samples, labels, model_params: dict) -> dict:
+    """What a check is run on, JSON-able: the patients, the populations learned and every model
+    setting (GatingModel's parameters but the method: the check runs each method itself)."""
+    import json
+
+    import numpy as np
+
+    from gating_core.model import GatingModel
+
+    params = GatingModel(**model_params).get_params()
+    params.pop("method", None)
+    return {"patients": [s.name for s in samples],
+            "populations": sorted({str(p) for y in labels for p in np.unique(np.asarray(y).astype(str))}),
+            "params": json.loads(json.dumps(params, default=str))}
+
+
+def check_matches_model(record: dict | None, model) -> bool | None:
+    """Whether a stored check was run on ``model``'s training patients, populations and
+    settings; None when the record says nothing about it (a check stored before setups were)."""
+    import json
+
+    if not record or "setup" not in record:
+        return None
+    params = model.get_params()
+    params.pop("method", None)
+    setup = record["setup"]
+    return (setup.get("patients") == list(model.training_patients_)
+            and setup.get("populations") == sorted(str(p) for p in model.populations_)
+            and setup.get("params") == json.loads(json.dumps(params, default=str)))

@@ -66,6 +66,12 @@ def register(subparsers) -> None:
                                "found from their embeddings")
     evaluate.add_argument("--protocol", choices=("both", "group", "patient"), default="both",
                           help="leave one group out, leave one patient out, or both (default)")
+    evaluate.add_argument("--refit", choices=("subtract", "full"),
+                          help="how each fold's kernel model is fitted: 'subtract' from the statistics of all "
+                               "patients minus the held-out ones, selection included per fold, at about the cost "
+                               "of one training (the held-out cells still shape the shared standardisation); "
+                               "'full' refits a model per fold from its training files alone (one training per "
+                               "fold). Default: subtract when leaving one patient out, full when leaving a group out")
     evaluate.add_argument("--csv", metavar="FILE", help="also write the per-patient table as CSV")
     evaluate.add_argument("--json", action="store_true", help="print the tables as JSON")
     _model_options(evaluate)
@@ -310,12 +316,14 @@ def run_evaluate(args) -> int:
             if args.protocol in ("both", "group"):
                 if len(distinct) >= 2 and not (singletons and args.protocol == "both"):
                     tables.append(leave_one_group_out(samples, labels, groups, methods=args.method,
-                                                      model_params=params, progress=progress))
+                                                      model_params=params, progress=progress,
+                                                      refit=args.refit or "full"))
                 elif args.protocol == "group":
                     return _fail(f"leave-one-group-out needs two or more groups; groups {origin}: {distinct}")
             if args.protocol in ("both", "patient"):
                 tables.append(leave_one_patient_out(samples, labels, methods=args.method, model_params=params,
-                                                    progress=progress, groups=groups))
+                                                    progress=progress, groups=groups,
+                                                    refit=args.refit or "subtract"))
     except (ChannelMismatchError, ValueError) as exc:
         return _fail(str(exc))
     table = pd.concat(tables, ignore_index=True)

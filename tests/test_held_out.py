@@ -1,0 +1,130 @@
+"""The held-out check by subtraction (gating_core.held_out): each fold fitted from the statistics
+of all patients minus the held-out ones, selection included, without refitting from files."""
+
+import numpy as np
+import pytest
+
+from gating_core.classifier import MarginalTransferClassifier, TrainingProblem
+from gating_core.evaluation import leave_one_group_out, leave_one_patient_out, summarize
+from gating_core.held_out import _SharedProblems, fold_models
+from gating_core.selection import HyperparameterSearch, select_hyperparameters
+from gating_core.synthetic import simulate_centers
+
+
+@pytest.fixture(scope="module")
+def cohort():
+    # Three centers of two patients: small enough for a unit test, different enough to matter.
+    patients, centers = simulate_centers(3, 2, seed=5, n_events=3000, strength=2.0)
+    samples, labels = [p[0] for p in patients], [np.asarray(p[1]).astype(str) for p in patients]
+    return samples, labels, [centers[s.name] for s in samples]
+
+
+def _standardised(samples, labels, n_cells=800):
+    """Per-patient standardised cells (fewer than cells_per_patient: every cell is drawn)."""
+    from gating_core.model import GatingModel, digest_patient
+
+    model = GatingModel(cells_per_patient=n_cells)
+    digests = [digest_patient(s, y, n_cells, 5000, seed=model.digest_seed(i)) for i, (s, y) in
+               enumerate(zip(samples, labels))]
+    return model.prepare_digests(digests)
+
+
+def test_a_fold_by_subtraction_is_the_fit_on_its_training_patients(cohort):
+    # With the bandwidths given and no augmentation, nothing is drawn from the random stream
+    # per patient, so a fold fitted by subtraction must equal a fit on its patients alone.
+    samples, labels, groups = cohort
+    cells, embedding_cells, drawn = _standardised(samples, labels)
+    params = {**MarginalTransferClassifier().get_params(), "cells_per_patient": 1000, "n_features": 128,
+              "bandwidth_x": 2.0, "bandwidth_p": 0.6, "bandwidth_embedding": 2.0, "alpha": 1e-3, "n_augment": 0}
+    kept = [0, 1, 3, 5]
+    by_subtraction = _SharedProblems(cells, drawn, embedding_cells, groups).fit_folds([params], [kept])[0]
+    direct = MarginalTransferClassifier(**params).fit(
+        [cells[i] for i in kept], [drawn[i] for i in kept], groups=[groups[i] for i in kept],
+        embedding_samples=[embedding_cells[i] for i in kept])
+    np.testing.assert_allclose(by_subtraction.coef_, direct.coef_, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(by_subtraction.intercept_, direct.intercept_, rtol=1e-5, atol=1e-6)
+    assert by_subtraction.temperature_ == pytest.approx(direct.temperature_, rel=1e-5)
+    assert by_subtraction.n_patients_ == 4
+    np.testing.assert_array_equal(by_subtraction.classes_, direct.classes_)
+    np.testing.assert_allclose(by_subtraction.train_embeddings_, direct.train_embeddings_, rtol=1e-6)
+
+
+def test_a_subset_drops_the_classes_only_the_held_out_patients_had():
+    rng = np.random.default_rng(0)
+    cells = [rng.normal(size=(50, 2)).astype(np.float32) for _ in range(3)]
+    labels = [np.array(["a", "b"] * 25), np.array(["a", "b"] * 25), np.array(["a", "c"] * 25)]
+    problem = TrainingProblem(MarginalTransferClassifier(n_features=16, n_embedding_features=8), cells, labels)
+    sub = problem.subset([0, 1])
+    assert list(sub.classes) == ["a", "b"] and list(sub.class_columns) == [0, 1]
+    assert sub.n_patients == 2 and list(sub.parent_rows) == [0, 1]
+    stats = problem.statistics(problem.features(problem.feature_map(1.0, 1.0)))
+    assert stats.subset(sub.parent_rows, sub.class_columns).cross[0].shape == (16, 2)
+
+
+def test_selection_runs_for_several_exclusions_at_once_as_it_would_alone(cohort):
+    samples, labels, groups = cohort
+    cells, embedding_cells, drawn = _standardised(samples, labels)
+    base = MarginalTransferClassifier(n_features=128)
+    alone = select_hyperparameters(cells, drawn, base, embedding_cells, cells_per_patient=400, groups=groups)
+    search = HyperparameterSearch(cells, drawn, base, embedding_cells, cells_per_patient=400, groups=groups)
+    together = search.run([(), (0, 1), (4,)])
+    assert together[0].params == alone.params and together[0].table == alone.table
+    # A run without patients 0 and 1 scores folds of the other four only.
+    assert all(not {0, 1} & set(fold) for fold in search.folds((0, 1)))
+    assert sorted(set().union(*map(set, search.folds((0, 1))))) == [2, 3, 4, 5]
+    assert together[1].params["bandwidth_x"] > 0 and 0 < together[1].score <= 1
+
+
+def test_no_label_of_a_held_out_patient_reaches_its_fold(cohort):
+    samples, labels, groups = cohort
+    settings = {"n_features": 128, "cells_per_patient": 1000, "selection_cells_per_patient": 400}
+    scrambled = list(labels)
+    scrambled[2] = np.random.default_rng(1).permutation(labels[2])
+    first = fold_models(samples, labels, [[2]], settings, groups)[0]
+    second = fold_models(samples, scrambled, [[2]], settings, groups)[0]
+    np.testing.assert_array_equal(first.classifier_.coef_, second.classifier_.coef_)
+    np.testing.assert_array_equal(first.pooled_classifier_.coef_, second.pooled_classifier_.coef_)
+    assert first.selection_["params"] == second.selection_["params"]
+    assert first.training_patients_ == [s.name for i, s in enumerate(samples) if i != 2]
+    assert first.groups_ == [g for i, g in enumerate(groups) if i != 2]
+    assert first.pooled_weight_ == 0.5
+    # The held-out patient is new to its fold's novelty reference.
+    assert len(first.novelty_nn_) == 5
+
+
+def test_leaving_one_patient_out_by_subtraction_agrees_with_full_refits(cohort):
+    samples, labels, groups = cohort
+    settings = {"n_features": 128, "cells_per_patient": 1000, "selection_cells_per_patient": 400}
+    fast = leave_one_patient_out(samples, labels, methods=("marginal", "pooled-logistic"), model_params=settings,
+                                 groups=groups)
+    full = leave_one_patient_out(samples, labels, methods=("marginal", "pooled-logistic"), model_params=settings,
+                                 groups=groups, refit="full")
+    assert list(fast["patient"]) == list(full["patient"]) and list(fast["method"]) == list(full["method"])
+    difference = np.abs(fast["accuracy"].to_numpy() - full["accuracy"].to_numpy())
+    print(fast.assign(full=full["accuracy"])[["patient", "method", "accuracy", "full"]].to_string())
+    assert difference.max() < 0.04  # measured 0.023
+    fast_summary, full_summary = summarize(fast).set_index("method"), summarize(full).set_index("method")
+    assert abs(fast_summary.loc["marginal", "mean_accuracy"] - full_summary.loc["marginal", "mean_accuracy"]) < 0.01
+
+
+def test_leaving_a_center_out_by_subtraction_flatters_it_so_it_is_not_the_default(cohort):
+    # A held-out center takes a third of the shared standardisation here; full refits are the
+    # default of leave_one_group_out for that reason. This pins the size of the effect.
+    samples, labels, groups = cohort
+    settings = {"n_features": 128, "cells_per_patient": 1000, "selection_cells_per_patient": 400}
+    fast = leave_one_group_out(samples, labels, groups, methods=("marginal",), model_params=settings,
+                               refit="subtract")
+    full = leave_one_group_out(samples, labels, groups, methods=("marginal",), model_params=settings)
+    by_center = fast.groupby("held_out")["accuracy"].mean() - full.groupby("held_out")["accuracy"].mean()
+    print(by_center)
+    assert by_center.max() > 0.05
+
+
+def test_bad_held_out_sets_are_refused(cohort):
+    samples, labels, groups = cohort
+    with pytest.raises(ValueError, match="does not name patients"):
+        fold_models(samples, labels, [[7]], {"n_features": 64})
+    with pytest.raises(ValueError, match="at least two training patients"):
+        fold_models(samples, labels, [[0, 1, 2, 3, 4]], {"n_features": 64})
+    with pytest.raises(ValueError, match="refit must be one of"):
+        leave_one_patient_out(samples, labels, methods=("lda",), refit="sometimes")
