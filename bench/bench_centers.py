@@ -82,7 +82,7 @@ def multicenter(methods, patient_protocol=True):
                lambda: held_out_evaluation(samples, labels, [later], "leave-later-batch-out", methods=methods,
                                            groups=pairs, names=["batch " + batches[later[0]]])),
     ] + ([_timed("multicenter, leave one patient out (twin in training)",
-                 lambda: leave_one_patient_out(samples, labels, methods=methods, groups=pairs))]
+                 lambda: leave_one_patient_out(samples, labels, methods=methods, groups=pairs, refit="full"))]
          if patient_protocol else []), ignore_index=True)
 
 
@@ -94,7 +94,7 @@ def synthetic(methods, n_centers=4, per_center=3, n_events=10000, seed=11, patie
         _timed(f"synthetic {n_centers} centers x {per_center} patients, leave one center out",
                lambda: leave_one_group_out(samples, labels, groups, methods=methods), "leave-one-center-out"),
     ] + ([_timed("synthetic, leave one patient out",
-                 lambda: leave_one_patient_out(samples, labels, methods=methods, groups=groups))]
+                 lambda: leave_one_patient_out(samples, labels, methods=methods, groups=groups, refit="full"))]
          if patient_protocol else []), ignore_index=True)
 
 
