@@ -11,6 +11,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from gating_core.fcs import read_fcs, write_fcs
+from gating_core.gates import GateTree
 
 REPO = Path(__file__).resolve().parent.parent
 APP = str(REPO / "app.py")
@@ -152,8 +153,7 @@ def test_batch_table_and_report_downloads(gated):
     store = store_of(at)
     record = store.patients["new_patient_02"]
     assert record.autogates is not None                       # gates fitted from patient_01's tree
-    tree_masks = {g: m for g, m in __import__("gating_core.gates", fromlist=["GateTree"]).GateTree.from_dict(
-        record.autogates["tree"]).memberships(record.sample).items()}
+    tree_masks = GateTree.from_dict(record.autogates["tree"]).memberships(record.sample)
     labels = [b.label for b in at.get("download_button")]
     assert "Batch table (CSV, 1 patients)" in labels and "Report of new_patient_02 (HTML)" in labels
     # the batch table the CSV download serves: the auto-gates, each under its parent gate
