@@ -96,8 +96,10 @@ st.dataframe(table, hide_index=True, width="stretch",
              column_config={"events": st.column_config.NumberColumn(format="%d")})
 
 # QC on load: saturation at $PnR - 1 and drift along the time channel (gating_core.qc), once per
-# version of each patient's events; the details are at the bottom of the page.
-quality = {name: exports.quality(p.token, p) for name, p in store.patients.items()}
+# version of each patient's events; the details are at the bottom of the page. Patients of the
+# library whose events are not read yet are checked on demand there (reading the whole library
+# to fill a table would cost its size in memory).
+quality = {name: exports.quality(p.token, p) for name, p in store.patients.items() if exports.events_in_memory(p)}
 for name, report in quality.items():
     if report.flags:
         st.warning(f"**QC: {name}**\n" + "\n".join(f"- {flag}" for flag in report.flags),
@@ -162,6 +164,10 @@ st.caption("Saturation: events at or above `$PnR - 1` on the stored scale, flagg
            "moves more than 10 percentile points from the file's median.")
 qc_rows = []
 for name, p in store.patients.items():
+    if name not in quality:
+        qc_rows.append({"patient": name, "compensation": "not read yet", "saturated channels": "—",
+                        "time drift": "—", "QC flags": None})
+        continue
     report, comp = quality[name], exports.compensation(p.token, p)
     qc_rows.append({"patient": name, "compensation": comp.summary,
                     "saturated channels": ", ".join(f"{s.label} ({100 * s.fraction:.1f}%)"
@@ -170,12 +176,16 @@ for name, p in store.patients.items():
                                              + [f for f in report.flags if f.startswith("event rate")]) or "none")
                     if report.drift or report.bin_counts else "not checked",
                     "QC flags": len(report.flags)})
-st.dataframe(pd.DataFrame(qc_rows), hide_index=True, width="stretch")
+st.dataframe(pd.DataFrame(qc_rows), hide_index=True, width="stretch",
+             column_config={"QC flags": st.column_config.NumberColumn(format="%d")})
+if len(quality) < len(store.patients):
+    st.caption(f"{len(store.patients) - len(quality)} patient(s) of the library are not read yet: choose one "
+               "below to check it.")
 with st.expander("Compensation matrix and QC details of a patient"):
     inspected = st.selectbox("Patient", list(store.patients), key="qc_patient")
     record = store.patients[inspected]
     comp = exports.compensation(record.token, record)
-    report = quality[inspected]
+    report = quality.get(inspected) or exports.quality(record.token, record)
     st.markdown(f"**Compensation**: {comp.summary}.")
     for note in comp.notes:
         st.caption(note)

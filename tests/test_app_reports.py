@@ -105,6 +105,21 @@ def test_sample_data_loads_without_qc_warnings(library):
     summary = frame_with(at, "QC flags")
     assert (summary["QC flags"] == 0).all() and len(summary) == 11
     assert (summary["compensation"] == "7 x 7 spillover matrix from keyword $SPILLOVER, applied").all()
+    # after a restart the library's patients are read lazily: checked on demand, not all at once
+    again = start()
+    store = store_of(again)
+    summary = frame_with(again, "QC flags").set_index("patient")
+    unread = summary.index[summary["compensation"] == "not read yet"].tolist()
+    assert len(unread) == 11
+    # only the first patient was read (the channel list and the details expander show it)
+    assert [n for n, p in store.patients.items() if p._sample is not None] == ["patient_01"]
+    assert any("patient(s) of the library are not read yet" in c.value for c in again.caption)
+    again.selectbox(key="qc_patient").set_value("new_patient_03")
+    again.run()
+    assert not again.exception
+    saturation = frame_with(again, "% saturated").set_index("label")
+    assert saturation.loc["FSC-A", "saturated"] == 31           # 0.26%: counted, not flagged
+    assert not saturation["flagged"].any()
 
 
 # ------------------------------------------------------------------------------------ Auto-gate
