@@ -226,7 +226,8 @@ def _plots(sample, populations, tree, memberships, max_dots: int) -> list[str]:
             in_parent = np.ones(sample.n_events, bool) if parent is None else np.asarray(memberships[parent])
             parent_count = int(in_parent.sum())
             shown = idx[in_parent[idx]]
-            outlines = [(g.name, g.outline(), f"{100.0 * int(np.asarray(memberships[g.name]).sum()) / max(parent_count, 1):.1f}%")
+            outlines = [(g.name, g.outline(),
+                         f"{100.0 * int(np.asarray(memberships[g.name]).sum()) / max(parent_count, 1):.1f}%")
                         for g in gates]
             # the parent's events set the axes; a gate reaching past them is clipped, as on screen
             x_range = display_range(x[in_parent] if parent_count else x)
@@ -234,7 +235,8 @@ def _plots(sample, populations, tree, memberships, max_dots: int) -> list[str]:
             svgs.append(svg_scatter(x[shown], y[shown], np.full(shown.size, "#3B5B92"), x_range, y_range,
                                     title=f"{parent or ALL_EVENTS} \u2192 " + ", ".join(g.name for g in gates),
                                     x_label=_axis_label(sample, xc, first.x_scale),
-                                    y_label=_axis_label(sample, yc, first.y_scale), outlines=outlines, clip_id=f"clip{len(svgs)}"))
+                                    y_label=_axis_label(sample, yc, first.y_scale), outlines=outlines,
+                                    clip_id=f"clip{len(svgs)}"))
         return svgs
     labels = np.asarray(populations).astype(str)
     names = sorted(set(labels.tolist()), key=lambda p: (p.casefold() in ("other", "ungated"), p))

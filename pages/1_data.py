@@ -6,6 +6,7 @@ from types import SimpleNamespace
 import pandas as pd
 import streamlit as st
 
+from gating_core import qc
 from gating_core.app_state import channel_presence, ingest_files, load_folder
 from ui import cache, exports
 from ui.common import SAMPLE_DATA, channel_label, get_store, refresh_status, show_messages
@@ -158,15 +159,14 @@ else:
             st.error(str(exc))
 
 st.subheader("Quality and compensation", anchor="quality")
-st.caption("Saturation: events at or above `$PnR - 1` on the stored scale, flagged above "
-           "1% of a channel's events. Drift: the acquisition cut into 10 time bins; flagged when a bin "
-           "holds under half the median bin's events, or when a fluorescence channel's median in a bin "
-           "moves more than 10 percentile points from the file's median.")
+st.caption(f"Saturation: events at or above `$PnR - 1` on the stored scale, flagged above "
+           f"{100 * qc.SATURATION_THRESHOLD:g}% of a channel's events. Drift: the acquisition cut into "
+           f"{qc.N_BINS} time bins; flagged when a bin holds under {100 * qc.RATE_DROP:g}% of the median bin's "
+           f"events, or when a fluorescence channel's median in a bin moves more than {qc.DRIFT_THRESHOLD:g} "
+           "percentile points from the file's median.")
 qc_rows = []
 for name, p in store.patients.items():
     if name not in quality:
-        qc_rows.append({"patient": name, "compensation": "not read yet", "saturated channels": "—",
-                        "time drift": "—", "QC flags": None})
         continue
     report, comp = quality[name], exports.compensation(p.token, p)
     qc_rows.append({"patient": name, "compensation": comp.summary,
@@ -176,11 +176,13 @@ for name, p in store.patients.items():
                                              + [f for f in report.flags if f.startswith("event rate")]) or "none")
                     if report.drift or report.bin_counts else "not checked",
                     "QC flags": len(report.flags)})
-st.dataframe(pd.DataFrame(qc_rows), hide_index=True, width="stretch",
-             column_config={"QC flags": st.column_config.NumberColumn(format="%d")})
-if len(quality) < len(store.patients):
-    st.caption(f"{len(store.patients) - len(quality)} patient(s) of the library are not read yet: choose one "
-               "below to check it.")
+if qc_rows:
+    st.dataframe(pd.DataFrame(qc_rows), hide_index=True, width="stretch",
+                 column_config={"QC flags": st.column_config.NumberColumn(format="%d")})
+unread = [name for name in store.patients if name not in quality]
+if unread:
+    st.caption(f"Not read yet from the library, so not checked: {', '.join(unread[:12])}"
+               + (f" and {len(unread) - 12} more" if len(unread) > 12 else "") + ". Choose one below to check it.")
 with st.expander("Compensation matrix and QC details of a patient"):
     inspected = st.selectbox("Patient", list(store.patients), key="qc_patient")
     record = store.patients[inspected]

@@ -54,7 +54,8 @@ def test_tree_rows_count_gate_members_under_their_parent_gate(patient, tree):
     sample, labels = patient
     masks = tree.memberships(sample)
     confidence = np.linspace(0, 1, labels.size)
-    rows = population_rows("patient_01", labels, tree=tree, sample=sample, confidence=confidence).set_index("population")
+    rows = population_rows("patient_01", labels, tree=tree, sample=sample, confidence=confidence)
+    rows = rows.set_index("population")
     assert list(rows.index) == tree.names
     stats = tree.statistics(sample, masks).set_index("gate")
     assert rows["count"].to_dict() == stats["count"].to_dict()
@@ -85,7 +86,8 @@ def test_batch_table_every_patient_and_population(patient, tree):
 
 def test_svg_scatter_maps_points_and_is_well_formed():
     svg = svg_scatter(np.array([0.0, 10.0]), np.array([0.0, 10.0]), np.array(["#ff0000", "#0000ff"]),
-                      (0, 10), (0, 10), title="a < b & c", outlines=[("G\"1", np.array([[0, 0], [5, 0], [5, 5]]), "50%")])
+                      (0, 10), (0, 10), title="a < b & c",
+                      outlines=[("G\"1", np.array([[0, 0], [5, 0], [5, 5]]), "50%")])
     root = ET.fromstring(svg)   # well-formed XML: every string escaped
     assert root.tag.endswith("svg")
     paths = [e for e in root.iter() if e.tag.endswith("path")]
