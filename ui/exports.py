@@ -114,11 +114,22 @@ def _population_entry(record) -> dict:
     return entry
 
 
-def batch_frame(records):
-    """Every patient x population of ``records`` (see :func:`gating_core.report.batch_table`)."""
-    from gating_core.report import batch_table
+@st.cache_data(max_entries=256, show_spinner=False)
+def _rows(key: str, _record):
+    from gating_core.report import population_rows
 
-    return batch_table([_population_entry(r) for r in records if r.populations is not None])
+    return population_rows(**_population_entry(_record))
+
+
+def batch_frame(records):
+    """Every patient x population of ``records`` (see :func:`gating_core.report.batch_table`);
+    each patient's rows cached until its populations or gates change."""
+    import pandas as pd
+
+    from gating_core.report import BATCH_COLUMNS
+
+    frames = [_rows(_report_key(r), r) for r in records if r.populations is not None]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=BATCH_COLUMNS)
 
 
 def batch_csv(records) -> bytes:
