@@ -11,10 +11,13 @@ What a lab checks before trusting a file:
   bins of equal duration. Two things are flagged: the event rate (a bin with fewer than
   ``rate_drop`` x the median bin's events: a clog, a bubble, an empty tube; a bin with none
   is a gap), and the median of each fluorescence channel (each bin's median, expressed as the
-  percentile it has among all events of the file; without drift every bin's median sits near
-  the 50th percentile; a channel is flagged when some bin's median moves more than
-  ``drift_threshold`` percentile points, default 10, away from it). Percentiles make the test
-  free of any display transform: it reads the same on linear, logicle or arcsinh data.
+  percentile it has among all events of the file; without drift every bin's median sits where
+  the file's median does, near the 50th percentile; a channel is flagged when some bin's
+  median moves more than ``drift_threshold`` percentile points, default 10, away from it).
+  Percentiles make the test free of any display transform: it reads the same on linear,
+  logicle or arcsinh data. Ties count half below and half above, and the file's own median is
+  the reference rather than 50, so a channel where most events share one value (zeros on a
+  mass cytometer) does not read as drift.
 
 The reader (:mod:`gating_core.fcs`) returns events on a linear scale: ``$PnE`` log
 amplification decoded, ``$PnG`` divided out, and the app's samples are compensated. The
@@ -76,7 +79,8 @@ class ChannelDrift:
     channel: str
     label: str
     bin_percentiles: list[float]   # each time bin's median, as a percentile of all events
-    max_shift: float               # largest |percentile - 50|, in percentile points
+    reference: float               # the file's median, as a percentile of all events (~50)
+    max_shift: float               # largest |bin percentile - reference|, in percentile points
     worst_bin: int                 # the bin where it is largest (0-based)
     flagged: bool
 
@@ -238,7 +242,8 @@ def quality_flags(sample, *, saturation_threshold: float = SATURATION_THRESHOLD,
     n_bins : int
         Time bins of equal duration for the drift checks.
     drift_threshold : float
-        Percentile points a bin's median may move from the 50th percentile of the whole file.
+        Percentile points a bin's median may move from the file's median (both as
+        percentiles of the whole file).
     rate_drop : float
         A time bin with fewer events than this times the median bin's is a rate drop.
 
@@ -291,13 +296,14 @@ def quality_flags(sample, *, saturation_threshold: float = SATURATION_THRESHOLD,
     usable = counts >= MIN_EVENTS_PER_BIN
     for i in fluorescence_channels(sample, time_index):
         column = events[:, i]
-        reference = np.sort(column[::step].astype(np.float64))
-        percentiles = [float(_mid_percentile(reference, float(np.median(column[bins == b])))) if usable[b]
+        ordered = np.sort(column[::step].astype(np.float64))
+        reference = float(_mid_percentile(ordered, float(np.median(ordered))))
+        percentiles = [float(_mid_percentile(ordered, float(np.median(column[bins == b])))) if usable[b]
                        else float("nan") for b in range(n_bins)]
-        shifts = np.abs(np.asarray(percentiles) - 50.0)
+        shifts = np.abs(np.asarray(percentiles) - reference)
         worst = int(np.nanargmax(shifts))
-        drift = ChannelDrift(sample.pnn[i], _label(sample, i), percentiles, float(shifts[worst]), worst,
-                             bool(shifts[worst] > drift_threshold))
+        drift = ChannelDrift(sample.pnn[i], _label(sample, i), percentiles, reference, float(shifts[worst]),
+                             worst, bool(shifts[worst] > drift_threshold))
         report.drift.append(drift)
         if drift.flagged:
             report.flags.append(f"{drift.label}: the median moves to the {percentiles[worst]:.0f}th percentile "

@@ -122,12 +122,24 @@ def test_median_drift_in_percentile_points():
     assert sorted(drift) == ["FL1-A", "FL2-A"]          # time and scatter left out
     assert drift["FL1-A"].bin_percentiles == [50.0] * 10
     assert drift["FL1-A"].max_shift == 0.0 and not drift["FL1-A"].flagged
-    # 1,400 events in [0, 200), 600 in [200, 400): bins 0-6 sit at the 35th percentile, 7-9 at the 85th
+    # 1,400 events in [0, 200), 600 in [200, 400): bins 0-6 sit at the 35th percentile, 7-9 at the 85th;
+    # the file's median is 142 (each value 0..199 seven times below it): (994 + 1001) / 2 / 2000 = 49.875%
     assert drift["FL2-A"].bin_percentiles == [35.0] * 7 + [85.0] * 3
-    assert drift["FL2-A"].max_shift == 35.0 and drift["FL2-A"].worst_bin == 7 and drift["FL2-A"].flagged
+    assert drift["FL2-A"].reference == 49.875
+    assert drift["FL2-A"].max_shift == 35.125 and drift["FL2-A"].worst_bin == 7 and drift["FL2-A"].flagged
     assert report.flags == ["FL2-A: the median moves to the 85th percentile in time bin 8 of 10 (35 points from "
                             "the file's median, threshold 10)"]
     assert quality_flags(_timed(shift_from=7), drift_threshold=40).flags == []
+
+
+def test_a_channel_mostly_at_one_value_is_not_drift():
+    sample = _timed()
+    rng = np.random.default_rng(1)
+    mostly_zero = np.where(rng.uniform(size=sample.n_events) < 0.7, 0.0, rng.uniform(1, 100, sample.n_events))
+    sample.events[:, 2] = mostly_zero           # 70% zeros, the same in every time bin
+    drift = {d.channel: d for d in quality_flags(sample).drift}["FL1-A"]
+    assert drift.reference == pytest.approx(35.0, abs=1.5)   # the zeros' mid-rank, not 50
+    assert drift.max_shift == 0.0 and not drift.flagged
 
 
 def test_rate_drop_and_gap():
@@ -150,11 +162,27 @@ def test_no_time_channel_or_too_few_events_is_a_note_not_a_flag(tmp_path):
 
 
 def test_real_file_with_time_channel_flags_early_drift(fcs_corpus):
-    # FACSCalibur HTS well: FL1-H and FL2-A sit low during the first tenth of the acquisition
+    # LSR II well: FITC-A sits low during the first fifth of the acquisition (uncompensated values)
+    path = fcs_corpus / "HTS_BD_LSR-II/HTS_BD_LSR_II_Mixed_Specimen_001_D6_D06.fcs"
+    report = quality_flags(read_fcs(path))
+    fitc = report.drift[0]
+    assert fitc.channel == "FITC-A" and fitc.flagged and fitc.worst_bin == 1
+    assert [round(p, 1) for p in fitc.bin_percentiles] == [39.4, 36.6, 49.6, 52.6, 53.7, 52.7, 51.6, 53.3, 54.4, 54.8]
+    assert round(fitc.max_shift, 2) == 13.57
+    assert [d.channel for d in report.drift if d.flagged] == ["FITC-A"]
+    assert report.bin_counts == [1009, 1125, 1483, 1546, 1571, 1646, 1602, 1632, 1618, 1713]
+    # compensated (as the app reads it) the shift is 7.5 points: under the threshold
+    compensated = quality_flags(read_fcs(path, compensate=True))
+    assert round(compensated.drift[0].max_shift, 1) == 7.5 and not compensated.drift[0].flagged
+
+
+def test_tied_values_are_not_drift_on_a_real_file(fcs_corpus):
+    # FACSCalibur HTS well: log-amplified 10-bit channels, so many events share each value;
+    # FL1-H's median, 1.0, is the value of 56% of the events: its mid-rank, the 28th percentile, in every bin
     report = quality_flags(read_fcs(fcs_corpus / "FACSCaliburHTS/Sample_Well_A02.fcs"))
-    flagged = {d.channel: round(d.max_shift, 1) for d in report.drift if d.flagged}
-    assert flagged == {"FL1-H": 22.0, "FL3-H": 17.5, "FL2-A": 23.0}
-    assert {d.worst_bin for d in report.drift if d.flagged} == {0}
+    reference = {d.channel: round(d.reference, 1) for d in report.drift}
+    assert reference == {"FL1-H": 28.0, "FL2-H": 50.1, "FL3-H": 32.5, "FL2-A": 27.0, "FL2-W": 48.5}
+    assert not any(d.flagged for d in report.drift) and report.flags == []
     assert report.bin_counts == [3690, 3690, 3855, 3855, 3780, 3720, 3660, 3660, 3825, 3660]
     assert report.rate_ratio == pytest.approx(3660 / 3705)   # steady rate: not flagged
     assert not any(f.startswith("event rate") for f in report.flags)
