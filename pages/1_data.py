@@ -6,8 +6,9 @@ from types import SimpleNamespace
 import pandas as pd
 import streamlit as st
 
+from gating_core import qc
 from gating_core.app_state import channel_presence, ingest_files, load_folder
-from ui import cache
+from ui import cache, exports
 from ui.common import SAMPLE_DATA, channel_label, get_store, refresh_status, show_messages
 from ui.loading import CLASH_CHOICES, resolve_clashes, take_report
 
@@ -95,6 +96,16 @@ table = pd.DataFrame(rows)
 st.dataframe(table, hide_index=True, width="stretch",
              column_config={"events": st.column_config.NumberColumn(format="%d")})
 
+# QC on load: saturation at $PnR - 1 and drift along the time channel (gating_core.qc), once per
+# version of each patient's events; the details are at the bottom of the page. Patients of the
+# library whose events are not read yet are checked on demand there (reading the whole library
+# to fill a table would cost its size in memory).
+quality = {name: exports.quality(p.token, p) for name, p in store.patients.items() if exports.events_in_memory(p)}
+for name, report in quality.items():
+    if report.flags:
+        st.warning(f"**QC: {name}**\n" + "\n".join(f"- {flag}" for flag in report.flags),
+                   icon=":material/report:")
+
 with st.expander("Remove a patient from the library"):
     doomed = st.selectbox("Patient", list(store.patients), key="remove_patient")
     st.caption("Removing deletes the patient from the library: its events, every version of its labels, "
@@ -146,3 +157,51 @@ else:
             st.rerun()
         except ValueError as exc:
             st.error(str(exc))
+
+st.subheader("Quality and compensation", anchor="quality")
+st.caption(f"Saturation: events at or above `$PnR - 1` on the stored scale, flagged above "
+           f"{100 * qc.SATURATION_THRESHOLD:g}% of a channel's events. Drift: the acquisition cut into "
+           f"{qc.N_BINS} time bins; flagged when a bin holds under {100 * qc.RATE_DROP:g}% of the median bin's "
+           f"events, or when a fluorescence channel's median in a bin moves more than {qc.DRIFT_THRESHOLD:g} "
+           "percentile points from the file's median.")
+qc_rows = []
+for name, p in store.patients.items():
+    if name not in quality:
+        continue
+    report, comp = quality[name], exports.compensation(p.token, p)
+    qc_rows.append({"patient": name, "compensation": comp.summary,
+                    "saturated channels": ", ".join(f"{s.label} ({100 * s.fraction:.1f}%)"
+                                                   for s in report.saturation if s.flagged) or "—",
+                    "time drift": (", ".join([d.label for d in report.drift if d.flagged]
+                                             + [f for f in report.flags if f.startswith("event rate")]) or "none")
+                    if report.drift or report.bin_counts else "not checked",
+                    "QC flags": len(report.flags)})
+if qc_rows:
+    st.dataframe(pd.DataFrame(qc_rows), hide_index=True, width="stretch",
+                 column_config={"QC flags": st.column_config.NumberColumn(format="%d")})
+unread = [name for name in store.patients if name not in quality]
+if unread:
+    st.caption(f"Not read yet from the library, so not checked: {', '.join(unread[:12])}"
+               + (f" and {len(unread) - 12} more" if len(unread) > 12 else "") + ". Choose one below to check it.")
+with st.expander("Compensation matrix and QC details of a patient"):
+    inspected = st.selectbox("Patient", list(store.patients), key="qc_patient")
+    record = store.patients[inspected]
+    comp = exports.compensation(record.token, record)
+    report = quality.get(inspected) or exports.quality(record.token, record)
+    st.markdown(f"**Compensation**: {comp.summary}.")
+    for note in comp.notes:
+        st.caption(note)
+    if comp.matrix is not None:
+        st.dataframe(comp.to_frame(), width="stretch",
+                     column_config={c: st.column_config.NumberColumn(format="%.4f") for c in comp.labels})
+    st.markdown("**Saturation** (events at or above `$PnR - 1`)")
+    st.dataframe(report.saturation_frame().drop(columns=["channel"]), hide_index=True, width="stretch",
+                 column_config={"% saturated": st.column_config.NumberColumn(format="%.2f"),
+                                "ceiling": st.column_config.NumberColumn(format="%.6g")})
+    if report.time_channel:
+        st.markdown(f"**Drift** along {report.time_channel}: events per time bin "
+                    + ", ".join(f"{c:,}" for c in report.bin_counts))
+        st.dataframe(report.drift_frame().drop(columns=["channel"]), hide_index=True, width="stretch",
+                     column_config={"max shift (percentile points)": st.column_config.NumberColumn(format="%.1f")})
+    for note in report.notes:
+        st.caption(note)

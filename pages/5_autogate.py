@@ -5,7 +5,7 @@ import streamlit as st
 
 from gating_core.app_state import autogate_templates, missing_model_channels, shape_from_selection
 from gating_core.autogates import agreement, fit_gate_tree, flat_statistics
-from gating_core.gates import AxisScale, GateError, GateTree, polygon_gate, rectangle_gate
+from gating_core.gates import AxisScale, GateError, GateTree, polygon_gate, rectangle_gate, safe_stem
 from gating_core.plotting import population_colors
 from ui import cache, charts, exports
 from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, refresh_status,
@@ -329,3 +329,23 @@ e[2].download_button("Statistics (CSV, all gated patients)", data=lambda: export
                      file_name="population_statistics.csv", mime="text/csv", key="dl_stats")
 e[3].download_button(f"All {len(gated)} patients (zip)", data=lambda: exports.all_as_zip(gated_records, store.work_dir),
                      file_name="gated_patients.zip", mime="application/zip", key="dl_zip")
+
+st.subheader("Reports", anchor="reports")
+st.caption("The batch table: every patient x population with its parent, count, % of parent and % of total "
+           "(gates under their parent gate when the patient has gates, else populations under all events). "
+           "The report: one self-contained HTML page per patient (plots with gates, the table, novelty, "
+           "confidence, compensation and QC flags), to print or archive.")
+with_labeled = st.checkbox("Include the labeled (historical) patients in the batch table", key="rp_labeled")
+batch_records = gated_records + ([store.patients[n] for n in store.labeled() if n not in gated] if with_labeled else [])
+r = st.columns(2)
+r[0].download_button(f"Batch table (CSV, {len(batch_records)} patients)", data=lambda: exports.batch_csv(batch_records),
+                     file_name="batch_populations.csv", mime="text/csv", key="dl_batch")
+r[1].download_button(f"Report of {patient} (HTML)", data=lambda: exports.patient_report(record),
+                     file_name=f"{safe_stem(patient, 'patient')}.report.html", mime="text/html", key="dl_report",
+                     help="One page: plots with gates, populations, novelty, confidence, compensation, QC flags.")
+with st.expander("Batch table"):
+    st.dataframe(exports.batch_frame(batch_records), hide_index=True, width="stretch", key="rp_batch_table",
+                 column_config={"% of parent": st.column_config.NumberColumn(format="%.1f"),
+                                "% of total": st.column_config.NumberColumn(format="%.2f"),
+                                "mean confidence": st.column_config.NumberColumn(format="%.3f"),
+                                "count": st.column_config.NumberColumn(format="%d")})

@@ -60,3 +60,102 @@ def all_as_zip(records, work_dir) -> bytes:
     files = {f"{r.name}.gated.csv": gated_csv(r.populations_token, r, work_dir) for r in records}
     files["statistics.csv"] = statistics_csv(records)
     return zip_files(files)
+
+
+# ------------------------------------------------------------------------------------------
+# Quality flags, compensation, batch table and per-patient report (gating_core.qc / .report)
+
+def events_in_memory(record) -> bool:
+    """Whether a patient's events are already read: patients of the library are read lazily,
+    and the Data page checks those on demand rather than reading the whole library.
+    (``PatientRecord`` has no public flag for it; ``ui/store.py`` itself reads ``_sample``.)"""
+    return getattr(record, "_sample", None) is not None or getattr(record, "_sample_loader", None) is None
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def quality(token: str, _record):
+    """:func:`gating_core.qc.quality_flags` of a patient, once per version of its events."""
+    from gating_core.qc import quality_flags
+
+    return quality_flags(_record.sample)
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def compensation(token: str, _record):
+    """:func:`gating_core.qc.compensation_info` of a patient."""
+    from gating_core.qc import compensation_info
+
+    return compensation_info(_record.sample)
+
+
+def _gates_of(record):
+    """The gate tree a patient's rows are counted by: its auto-gates, else the gates drawn on it."""
+    from gating_core.gates import GateTree
+
+    if record.load_result() is not None:
+        return GateTree.from_dict(record.autogates["tree"]) if record.autogates is not None else None
+    return record.gate_tree if len(record.gate_tree) else None
+
+
+def _population_entry(record) -> dict:
+    """Keyword arguments of :func:`gating_core.report.population_rows` for one patient."""
+    from ui import cache
+
+    result = record.load_result()
+    tree = _gates_of(record)
+    entry = {"patient": record.name, "populations": record.populations}
+    if result is not None:
+        entry.update(confidence=_confidence(record), source=f"auto-gate ({record.result_model or 'model'})"
+                     + (", reviewed" if record.corrected is not None else ""))
+    else:
+        entry["source"] = f"labels ({record.label_source})" if record.label_source else "labels"
+    if tree is not None:
+        entry.update(tree=tree, memberships=cache.memberships(record.token, tree.to_json(), record.sample))
+    return entry
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def _rows(key: str, _record):
+    from gating_core.report import population_rows
+
+    return population_rows(**_population_entry(_record))
+
+
+def batch_frame(records):
+    """Every patient x population of ``records`` (see :func:`gating_core.report.batch_table`);
+    each patient's rows cached until its populations or gates change."""
+    import pandas as pd
+
+    from gating_core.report import BATCH_COLUMNS
+
+    frames = [_rows(_report_key(r), r) for r in records if r.populations is not None]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=BATCH_COLUMNS)
+
+
+def batch_csv(records) -> bytes:
+    return batch_frame(records).to_csv(index=False).encode()
+
+
+def _report_key(record) -> str:
+    tree = _gates_of(record)
+    return f"{record.populations_token}|{tree.to_json() if tree is not None else ''}"
+
+
+@st.cache_data(max_entries=16, show_spinner="Writing the report…")
+def _patient_report(key: str, _record) -> bytes:
+    from gating_core.report import patient_report_html
+
+    entry = _population_entry(_record)
+    result = _record.load_result()
+    text = patient_report_html(
+        _record.name, _record.sample, entry["populations"], confidence=entry.get("confidence"),
+        novelty=getattr(result, "novelty", None) if result is not None else None, tree=entry.get("tree"),
+        memberships=entry.get("memberships"), source=entry["source"], model_name=_record.result_model,
+        file_name=_record.file_name, qc=quality(_record.token, _record),
+        compensation=compensation(_record.token, _record))
+    return text.encode("utf-8")
+
+
+def patient_report(record) -> bytes:
+    """The one-page HTML report of a patient (UTF-8), rebuilt when its populations or gates change."""
+    return _patient_report(_report_key(record), record)

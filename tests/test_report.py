@@ -1,0 +1,142 @@
+"""Batch table (patient x population) and the one-page HTML report: gating_core.report."""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gating_core.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
+from gating_core.fcs import Sample, read_fcs
+from gating_core.gates import panel_scale
+from gating_core.report import (ALL_EVENTS, BATCH_COLUMNS, batch_table, patient_report_html, population_rows,
+                                svg_scatter)
+
+SAMPLE_DATA = Path(__file__).resolve().parent.parent / "sample_data"
+
+
+@pytest.fixture(scope="module")
+def patient():
+    sample = read_fcs(SAMPLE_DATA / "patient_01.fcs", compensate=True)
+    labels = pd.read_csv(SAMPLE_DATA / "patient_01.labels.csv")["population"].to_numpy().astype(str)
+    return sample, labels
+
+
+@pytest.fixture(scope="module")
+def tree(patient):
+    sample, labels = patient
+    return tree_from_labels(sample, labels, SAMPLE_DATA_HIERARCHY, {c: panel_scale(c, [sample]) for c in sample.pnn})
+
+
+def test_flat_rows_are_children_of_all_events_with_exact_counts(patient):
+    sample, labels = patient
+    confidence = np.linspace(0, 1, labels.size)
+    rows = population_rows("patient_01", labels, confidence=confidence, source="labels")
+    assert list(rows.columns) == BATCH_COLUMNS
+    counts = pd.Series(labels).value_counts()
+    assert rows.set_index("population")["count"].to_dict() == counts.to_dict()
+    assert rows["population"].iloc[-1] == "other"             # unassigned last, the rest largest first
+    assert rows["count"].iloc[:-1].is_monotonic_decreasing
+    assert (rows["parent"] == ALL_EVENTS).all() and (rows["depth"] == 1).all()
+    assert rows["% of parent"].tolist() == rows["% of total"].tolist()
+    assert rows["% of total"].sum() == pytest.approx(100.0)
+    b = rows.set_index("population").loc["B cells"]
+    assert b["% of total"] == pytest.approx(100.0 * counts["B cells"] / labels.size)
+    assert b["mean confidence"] == pytest.approx(confidence[labels == "B cells"].mean())
+    assert (rows["counted by"] == "labels").all()
+
+
+def test_tree_rows_count_gate_members_under_their_parent_gate(patient, tree):
+    sample, labels = patient
+    masks = tree.memberships(sample)
+    confidence = np.linspace(0, 1, labels.size)
+    rows = population_rows("patient_01", labels, tree=tree, sample=sample, confidence=confidence)
+    rows = rows.set_index("population")
+    assert list(rows.index) == tree.names
+    stats = tree.statistics(sample, masks).set_index("gate")
+    assert rows["count"].to_dict() == stats["count"].to_dict()
+    assert rows.loc["CD4 T cells", "parent"] == "T cells" and rows.loc["CD4 T cells", "depth"] == 3
+    assert rows.loc["Lymphocytes", "parent"] == ALL_EVENTS
+    assert rows.loc["CD4 T cells", "% of parent"] == pytest.approx(
+        100.0 * masks["CD4 T cells"].sum() / masks["T cells"].sum())
+    assert rows.loc["T cells", "% of total"] == pytest.approx(100.0 * masks["T cells"].sum() / sample.n_events)
+    assert rows.loc["NK cells", "mean confidence"] == pytest.approx(confidence[masks["NK cells"]].mean())
+    assert (rows["counted by"] == "gates").all()
+
+
+def test_batch_table_every_patient_and_population(patient, tree):
+    sample, labels = patient
+    table = batch_table([{"patient": "a", "populations": labels, "source": "labels"},
+                         {"patient": "b", "populations": labels, "tree": tree, "sample": sample, "source": "gates"},
+                         {"patient": "c", "populations": labels[:100]}])
+    assert table["patient"].unique().tolist() == ["a", "b", "c"]
+    flat = table[table["counted by"] == "labels"].groupby("patient")["count"].sum().to_dict()
+    assert flat == {"a": labels.size, "c": 100}
+    assert (table[table["patient"] == "b"]["population"].tolist()) == tree.names
+    csv = table.to_csv(index=False)
+    assert pd.read_csv(pd.io.common.StringIO(csv)).shape == table.shape
+    assert list(batch_table([]).columns) == BATCH_COLUMNS
+    with pytest.raises(ValueError, match="neither populations nor a gate tree"):
+        population_rows("x")
+
+
+def test_svg_scatter_maps_points_and_is_well_formed():
+    svg = svg_scatter(np.array([0.0, 10.0]), np.array([0.0, 10.0]), np.array(["#ff0000", "#0000ff"]),
+                      (0, 10), (0, 10), title="a < b & c",
+                      outlines=[("G\"1", np.array([[0, 0], [5, 0], [5, 5]]), "50%")])
+    root = ET.fromstring(svg)   # well-formed XML: every string escaped
+    assert root.tag.endswith("svg")
+    paths = [e for e in root.iter() if e.tag.endswith("path")]
+    # x = 0 -> left edge (48), y = 0 -> bottom of the plot area (24 + 236); 10 -> right (350), top (24)
+    assert paths[0].get("d") == "M48.0 260.0h1.6v1.6h-1.6z" and paths[0].get("fill") == "#ff0000"
+    assert paths[1].get("d") == "M350.0 24.0h1.6v1.6h-1.6z"
+    polygon = [e for e in root.iter() if e.tag.endswith("polygon")][0]
+    assert polygon.get("points") == "48.0,260.0 199.0,260.0 199.0,142.0"
+    texts = "".join(e.text or "" for e in root.iter() if e.tag.endswith("text"))
+    assert "a < b & c" in texts and 'G"1 50%' in texts
+
+
+def test_report_is_self_contained_and_holds_table_plots_compensation_and_qc(patient, tree):
+    sample, labels = patient
+    html = patient_report_html("patient_01", sample, labels, tree=tree, source="labels", file_name="patient_01.fcs",
+                               generated="2026-01-01 00:00 UTC")
+    assert html.startswith("<!DOCTYPE html>") and html.endswith("</html>")
+    assert "<script" not in html and "src=" not in html and "href=" not in html
+    assert re.findall(r"https?://[^\"' ]+", html) == ["http://www.w3.org/2000/svg"] * html.count("<svg")
+    groups = {(g.parent, g.x_channel, g.y_channel) for g in tree.gates}
+    assert html.count("<svg") == len(groups) == 5
+    assert html.count("<polygon") == len(tree.gates)
+    masks = tree.memberships(sample)
+    for gate in tree.gates:
+        assert f"<td>{gate.name}</td>" in html
+        assert f"<td>{int(masks[gate.name].sum()):,}</td>" in html
+    assert "7 x 7 spillover matrix from keyword $SPILLOVER, applied" in html
+    assert "<td>CD3 (FL1-A)</td>" in html                    # matrix rows named by marker
+    assert "no time channel" in html and "No novelty score" in html
+    for svg in re.findall(r"<svg.*?</svg>", html):
+        ET.fromstring(svg)
+
+
+def test_report_escapes_every_user_string_and_shows_novelty_confidence_and_flags(patient):
+    sample, labels = patient
+    hostile = "<script>alert(1)</script>"
+    events = np.array(sample.events, copy=True)
+    events[:600, 0] = 262143.0                                # 5% of FSC-A at the ceiling
+    raw = Sample(sample.name, events, sample.channels, {**sample.keywords, "$FIL": hostile})
+    populations = labels.astype(object).copy()
+    populations[:10] = hostile
+    confidence = np.full(labels.size, 0.9)
+    confidence[:1200] = 0.3
+    html = patient_report_html(hostile, raw, populations, confidence=confidence, file_name=f"{hostile}.fcs",
+                               model_name=hostile, novelty={"score": 3.2, "threshold": 1.5, "is_novel": True})
+    assert "<script" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "novelty score 3.20 (threshold 1.50): UNLIKE every training patient" in html
+    assert "Mean confidence 0.840; 1,200 cells (10.0%) below 0.60." in html
+    assert "FSC-A: 600 events (5.0%) at the top of the range" in html
+    assert "no spillover matrix" in html
+    assert html.count("<svg") == 2                             # flat: scatter and two fluorescence channels
