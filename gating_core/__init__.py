@@ -45,7 +45,8 @@ _PUBLIC = {
     "load_labeled_input": "labels", "LabelError": "labels",
     "export_sample": "export", "read_gated_csv": "export", "read_fcs_with_populations": "export",
     # the model
-    "GatingModel": "model", "GateResult": "model", "Novelty": "model", "ChannelMismatchError": "model",
+    "GatingModel": "model", "GateResult": "gate_result", "Novelty": "gate_result",
+    "ChannelMismatchError": "gate_result",
     "MarginalTransferClassifier": "classifier",
     # hand-drawn and imported gates
     "Gate": "gates", "GateTree": "gates", "AxisScale": "gates", "GateError": "gates",

@@ -21,7 +21,8 @@ import pandas as pd
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 from sklearn.metrics import f1_score
 
-from gating_core.model import GatingModel, digest_patient, infer_cell_groups
+from gating_core.digest import digest_patient, infer_cell_groups
+from gating_core.model import GatingModel
 
 METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda")
 #: Every method evaluate can run (METHODS are the default set).
@@ -50,7 +51,7 @@ class LDABaseline:
     """LDA on the transformed, standardised channels, trained on all patients' cells pooled.
 
     Each training patient contributes the same seeded draw of cells as in GatingModel (a
-    :class:`~gating_core.model.PatientDigest`); channels and transform are chosen the same way.
+    :class:`~gating_core.digest.PatientDigest`); channels and transform are chosen the same way.
     """
 
     def __init__(self, cells_per_patient=4000, compensate=True, random_state=0):

@@ -147,3 +147,32 @@ def _squared_distances(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     b = np.asarray(b, dtype=np.float64)
     d2 = np.sum(a * a, axis=1)[:, None] + np.sum(b * b, axis=1)[None, :] - 2.0 * (a @ b.T)
     return np.maximum(d2, 0.0)
+
+
+def content_subsample(x: np.ndarray, max_cells: int) -> np.ndarray:
+    """Indices of at most ``max_cells`` rows of ``x`` chosen by a hash of each row's values.
+
+    Unlike a random draw, the choice depends only on the cells themselves, not on their order,
+    so a patient's embedding (and thus every prediction) is invariant to permuting its cells.
+    """
+    n = len(x)
+    if n <= max_cells:
+        return np.arange(n)
+    return np.sort(np.argpartition(content_hashes(x), max_cells - 1)[:max_cells])
+
+
+def content_hashes(x: np.ndarray) -> np.ndarray:
+    """The hash of each row's float32 values that :func:`content_subsample` ranks: (n,) uint64.
+
+    Each row's hash depends on that row alone, so it can be computed chunk by chunk."""
+    n = len(x)
+    # Widen one column at a time: a whole (n, d) uint64 copy would cost twice the event array.
+    rows = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    golden = np.uint64(0x9E3779B97F4A7C15)
+    h = np.full(n, golden, dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(rows.shape[1]):
+            h ^= rows[:, j].astype(np.uint64) + golden + (h << np.uint64(6)) + (h >> np.uint64(2))
+            h *= np.uint64(0xBF58476D1CE4E5B9)
+            h ^= h >> np.uint64(31)
+    return h

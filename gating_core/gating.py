@@ -13,7 +13,9 @@ import numpy as np
 
 from gating_core.export import EXPORT_SUFFIXES, GatedTableWriter, export_sample
 from gating_core.fcs import FCSError, read_fcs_all, stream_fcs_all
-from gating_core.model import ChannelMismatchError, GatingModel, PatientDigest, digest_patient
+from gating_core.digest import PatientDigest, digest_patient
+from gating_core.gate_result import ChannelMismatchError
+from gating_core.model import GatingModel
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
 

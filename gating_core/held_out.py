@@ -1,7 +1,7 @@
 """The held-out check by subtraction: one model per fold, without going back to the cells.
 
 Leaving patients out of a ridge problem removes their statistics from a sum
-(:class:`~gating_core.classifier.RidgeStatistics`). :func:`fold_models` digests every patient
+(:class:`~gating_core.solvers.RidgeStatistics`). :func:`fold_models` digests every patient
 once, computes the random features and statistics of every patient once per bandwidth pair,
 and fits each fold -- model selection included, over the fold's own training patients -- from
 sums of the others' statistics. Leaving one patient out of ten then costs about one training
@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
-
-from gating_core.classifier import MarginalTransferClassifier, TrainingProblem
+from gating_core.classifier import MarginalTransferClassifier
 from gating_core.cpus import with_blas_threads
-from gating_core.model import METHODS, GatingModel, digest_patient
+from gating_core.digest import digest_patient
+from gating_core.model import METHODS, GatingModel
 from gating_core.priors import training_prior
+from gating_core.training_problem import TrainingProblem
 
 
 @with_blas_threads

@@ -209,7 +209,7 @@ def to_anndata(sample: Sample, result=None, *, populations=None, confidence=None
     * ``uns``: ``name``, ``fcs_version``, ``compensated``, ``keywords`` (dict; a ``/`` in a
       keyword name is written ``%2F`` because h5ad cannot store it), ``spillover`` and
       ``spillover_channels`` when the sample has a spillover matrix, and ``gating``
-      (``populations``, ``novelty``) when ``result`` is a :class:`~gating_core.model.GateResult`.
+      (``populations``, ``novelty``) when ``result`` is a :class:`~gating_core.gate_result.GateResult`.
 
     Parameters
     ----------

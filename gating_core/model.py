@@ -2,41 +2,24 @@
 
 It wraps :class:`~gating_core.classifier.MarginalTransferClassifier` with what files need:
 channel matching by $PnN / $PnS, compensation, the per-channel transform, standardisation,
-model selection over patients, a per-patient novelty score and a safe file format.
-
-Model file: one ``.npz`` (``numpy.savez``) holding plain numeric arrays and one JSON document
-(``meta``, a unicode array) with channels, transform, populations, hyperparameters and
-versions. Loading never unpickles (``allow_pickle=False``), so a model sent by someone else
-cannot run code.
+model selection over patients and a per-patient novelty score. The model file (no pickle, every
+field checked on reading) is :mod:`gating_core.model_io`.
 """
 
 from __future__ import annotations
 
-import inspect
-import json
-import os
-import platform
-from dataclasses import dataclass, field
-from pathlib import Path
-
 import numpy as np
 from sklearn.base import BaseEstimator
 
-from gating_core import __version__
-from gating_core.classifier import (LOSSES, PATIENT_WEIGHTINGS, SCORE_BLOCK, SOLVERS, MarginalTransferClassifier,
-                                   content_hashes, content_subsample)
+from gating_core.classifier import SCORE_BLOCK, MarginalTransferClassifier
 from gating_core.cpus import with_blas_threads
-from gating_core.errors import GatingCoreError
-from gating_core.features import MeanEmbedding, ProductRFF
-from gating_core.modelfile import Fields, ModelFileError, check_scalar, parse_json, read_archive
-from gating_core.alignment import LEVELS, QuantileRegistration, channel_quantiles
+from gating_core.digest import DigestView, digest_patient, find_channel, infer_cell_groups
+from gating_core.features import content_hashes, content_subsample
+from gating_core.gate_result import ChannelMismatchError, GateResult, Novelty, StreamedGate
+from gating_core.alignment import QuantileRegistration, channel_quantiles
 from gating_core.priors import apply_prior_ratio, reestimate_prior, training_prior
 from gating_core.transforms import ChannelTransform, default_transform, is_time_like
 
-MODEL_FORMAT = "gating_core.model"
-# 2: the pooled companion of the marginal method (files of format 1 load without one).
-# 3: the companion's weight as fitted (pooled_weight="auto"); format-2 files use their parameter.
-MODEL_FORMAT_VERSION = 3
 METHODS = ("marginal", "pooling")
 PRIOR_SHIFTS = ("none", "em")
 ALIGNMENTS = ("none", "quantile")
@@ -48,97 +31,6 @@ DEFAULT_AUGMENT = 4
 DEFAULT_POOLED_WEIGHT = 0.5
 #: Penalty of the pooled companion's logistic fit: light, as a user would fit the plain baseline.
 POOLED_ALPHA = 1e-5
-
-
-class ChannelMismatchError(GatingCoreError, ValueError):
-    """A sample lacks a channel the model needs (named in the message)."""
-
-
-@dataclass
-class Novelty:
-    """How far a patient's cell distribution lies from the training patients'.
-
-    ``score``: distance of its embedding to the nearest training embedding, divided by the
-    median nearest-neighbour distance among training patients (1 = as close as a typical
-    training patient is to its nearest peer). ``is_novel`` when ``score > threshold``.
-    """
-
-    score: float
-    threshold: float
-    is_novel: bool
-    nearest_patient: str = ""
-    message: str = ""
-
-    def to_dict(self) -> dict:
-        return {"score": self.score, "threshold": self.threshold, "is_novel": self.is_novel,
-                "nearest_patient": self.nearest_patient, "message": self.message}
-
-
-@dataclass
-class GateResult:
-    """Gating of one patient: per-cell population and confidence, per-patient novelty.
-
-    ``populations``: (n_events,) object array of population names (str); ``confidence``:
-    (n_events,) float32 in [0, 1], the probability of the assigned population.
-    """
-
-    populations: np.ndarray
-    confidence: np.ndarray
-    novelty: Novelty
-    population_names: list = field(default_factory=list)
-    counts: dict = field(default_factory=dict)
-    """Events per population, every population of the model listed (zeros included)."""
-
-
-@dataclass
-class StreamedGate:
-    """What :meth:`GatingModel.gate_chunks` returns: the per-patient part of a
-    :class:`GateResult` (the per-event results went to its ``sink``)."""
-
-    novelty: Novelty
-    counts: dict
-    n_events: int
-    mean_confidence: float
-    population_names: list = field(default_factory=list)
-
-
-@dataclass
-class PatientDigest:
-    """What training needs from one labeled patient, a few thousand rows instead of the file.
-
-    Built by :func:`digest_patient` where the file is (locally, or on a Dask worker) so that
-    only these rows travel. ``train_events`` / ``train_labels``: a seeded uniform draw of at
-    most ``cells_per_patient`` events (the cells the solver sees; every patient weighs the same);
-    ``embedding_events``: at most ``embedding_cells`` events chosen by content hash (the cells
-    the patient's embedding is computed from, independent of event order). Events are
-    compensated when the model compensates, on all channels of the file.
-    """
-
-    name: str
-    channels: list
-    keywords: dict
-    n_events: int
-    train_events: np.ndarray
-    train_labels: np.ndarray
-    embedding_events: np.ndarray
-
-
-def digest_patient(sample, labels, cells_per_patient=4000, embedding_cells=20000, seed=0,
-                   compensate=True) -> PatientDigest:
-    """Reduce one labeled patient to a :class:`PatientDigest` (see there)."""
-    labels = np.asarray(labels).astype(str)
-    if len(labels) != sample.n_events:
-        raise ValueError(f"{sample.name}: {sample.n_events} events but {len(labels)} labels")
-    if compensate and sample.has_spillover and not sample.compensated:
-        sample = sample.compensate()
-    events = sample.events
-    rng = np.random.default_rng(seed)
-    draw = np.arange(len(events)) if len(events) <= cells_per_patient else np.sort(
-        rng.choice(len(events), cells_per_patient, replace=False))
-    hashed = [i for i, c in enumerate(sample.channels) if not is_time_like(c.pnn)] or list(range(events.shape[1]))
-    chosen = content_subsample(events[:, hashed], embedding_cells)
-    return PatientDigest(sample.name, list(sample.channels), dict(sample.keywords), sample.n_events,
-                         np.ascontiguousarray(events[draw]), labels[draw], np.ascontiguousarray(events[chosen]))
 
 
 class GatingModel(BaseEstimator):
@@ -387,7 +279,7 @@ class GatingModel(BaseEstimator):
         Returns, per patient, the standardised training cells (m_i, d), the standardised cells
         its embedding is computed from (e_i, d) and the training cells' labels (m_i,).
         """
-        patients = [_DigestView(d) for d in digests]
+        patients = [DigestView(d) for d in digests]
         self._choose_channels(patients)
         indices = [self._channel_indices(v) for v in patients]
         embedding_raw = [d.embedding_events[:, i] for d, i in zip(digests, indices)]
@@ -453,12 +345,12 @@ class GatingModel(BaseEstimator):
             wanted = [c.pnn for c in first.channels if not is_time_like(c.pnn)]
         kept, markers = [], []
         for name in wanted:
-            index = _find_channel(first, name)
+            index = find_channel(first, name)
             if index is None:
                 raise ChannelMismatchError(f"{first.name}: no channel {name!r} (channels: {', '.join(first.pnn)})")
             channel = first.channels[index]
             if self.channels is None:
-                if any(_find_channel(s, channel.pnn, channel.pns) is None for s in samples[1:]):
+                if any(find_channel(s, channel.pnn, channel.pns) is None for s in samples[1:]):
                     continue  # not shared by every training patient
                 column = first.events[: 100000, index]
                 if len(column) and float(np.nanmax(column)) == float(np.nanmin(column)):
@@ -474,7 +366,7 @@ class GatingModel(BaseEstimator):
     def _channel_indices(self, sample) -> list[int]:
         indices, missing = [], []
         for pnn, pns in zip(self.channels_, self.channel_markers_):
-            index = _find_channel(sample, pnn, pns)
+            index = find_channel(sample, pnn, pns)
             if index is None:
                 missing.append(f"{pnn} ({pns})" if pns and pns != pnn else pnn)
             indices.append(index)
@@ -753,203 +645,18 @@ class GatingModel(BaseEstimator):
     # -- persistence -----------------------------------------------------------------------------
 
     def save(self, path) -> None:
-        """Write the model as .npz (arrays + JSON; no pickle), atomically."""
-        self._check_fitted()
-        clf = self.classifier_
-        meta = {
-            "format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION,
-            "gating_core_version": __version__, "numpy_version": np.__version__,
-            "python_version": platform.python_version(),
-            "params": {k: (v if not isinstance(v, ChannelTransform) else "custom") for k, v in self.get_params().items()},
-            "channels": self.channels_, "channel_markers": self.channel_markers_,
-            "transform": self.transform_.to_dict(), "populations": self.populations_,
-            "training_patients": self.training_patients_,
-            "groups": self.groups_, "groups_inferred": self.groups_inferred_,
-            "classifier": {k: v for k, v in clf.get_params().items()},
-            "fitted": {"bandwidth_x": clf.bandwidth_x_, "bandwidth_p": clf.bandwidth_p_,
-                       "bandwidth_embedding": clf.bandwidth_embedding_, "temperature": clf.temperature_,
-                       "n_features_in": clf.n_features_in_},
-            "novelty": {"reference": self.novelty_reference_, "threshold": self.novelty_threshold_},
-            "selection": {k: v for k, v in self.selection_.items() if k != "table"},
-        }
-        companion = getattr(self, "pooled_classifier_", None)
-        if companion is not None:
-            meta["pooled"] = {"classifier": companion.get_params(), "bandwidth_x": companion.bandwidth_x_,
-                              "temperature": companion.temperature_, "weight": float(self.pooled_weight_)}
-        arrays = {
-            "meta": np.array(json.dumps(meta)),
-            "center": self.center_, "scale": self.scale_,
-            "coef": clf.coef_, "intercept": clf.intercept_,
-            "train_embeddings": clf.train_embeddings_, "embedding_frequencies": clf.embedder_.frequencies_,
-            "novelty_nn": self.novelty_nn_, "class_prior": self.class_prior_,
-        }
-        if clf.solver == "rff":
-            fm = clf.feature_map_
-            arrays.update(cell_weights=fm.cell_weights_, offsets=fm.offsets_)
-            if fm.embedding_weights_ is not None:
-                arrays["embedding_weights"] = fm.embedding_weights_
-        else:
-            arrays.update(landmark_cells=clf.landmark_cells_, landmark_embeddings=clf.landmark_embeddings_,
-                          landmark_projection=clf.landmark_projection_)
-        if getattr(self, "reference_quantiles_", None) is not None:
-            arrays["reference_quantiles"] = self.reference_quantiles_
-        if companion is not None:
-            arrays.update(pooled_coef=companion.coef_, pooled_intercept=companion.intercept_,
-                          pooled_cell_weights=companion.feature_map_.cell_weights_,
-                          pooled_offsets=companion.feature_map_.offsets_)
-        path = Path(path)
-        tmp = path.with_name(path.name + ".part")
-        with open(tmp, "wb") as handle:
-            np.savez_compressed(handle, **arrays)
-        os.replace(tmp, path)
+        """Write the model as .npz (arrays + JSON; no pickle), atomically (:func:`gating_core.model_io.save_model`)."""
+        from gating_core.model_io import save_model
+
+        save_model(self, path)
 
     @classmethod
     def load(cls, path) -> "GatingModel":
-        """Read a model written by :meth:`save`; raises ModelFileError for anything else.
+        """Read a model written by :meth:`save`; raises ModelFileError for anything else
+        (:func:`gating_core.model_io.load_model`: no pickle, every field and shape checked)."""
+        from gating_core.model_io import load_model
 
-        The file is read by :func:`gating_core.modelfile.read_archive` (bounded memory, no
-        pickle, declared sizes checked before decompressing); the JSON description is checked
-        field by field and the arrays' shapes against it (see :meth:`_from_parts`).
-        """
-        path = Path(path)
-        arrays = read_archive(path)
-        if "meta" not in arrays:
-            raise ModelFileError(path, "not a gating model file (no model description inside)")
-        meta = parse_json(path, str(arrays.pop("meta")))
-        if meta.get("format") != MODEL_FORMAT:
-            raise ModelFileError(path, "not a gating model file (unknown format tag)")
-        version = meta.get("format_version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise ModelFileError(path, f"model description: format_version must be a positive integer, got {version!r}"[:200])
-        if version > MODEL_FORMAT_VERSION:
-            raise ModelFileError(path, f"written by a newer gating_core (format {version}); upgrade to read it")
-        try:
-            return cls._from_parts(meta, arrays, path=path)
-        except ModelFileError:
-            raise
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise ModelFileError(path, f"model file is incomplete or inconsistent ({exc})") from None
-
-    @classmethod
-    def _from_parts(cls, meta, arrays, path="model") -> "GatingModel":
-        """Build a fitted model from a checked description and arrays (see :meth:`load`).
-
-        Every field is type-checked (:class:`~gating_core.modelfile.Fields`); hyperparameters
-        must be ones the constructors accept; array shapes must agree with each other and with
-        the description. A violation is a ModelFileError.
-        """
-        top = Fields(path, meta, "model")
-        params = _model_params(path, top.object("params"), inspect.signature(cls).parameters)
-        model = cls(**params)
-        model.channels_ = top.strings("channels", min_length=1, unique=True)
-        d = len(model.channels_)
-        model.channel_markers_ = top.strings("channel_markers")
-        if len(model.channel_markers_) != d:
-            raise ValueError(f"{d} channels but {len(model.channel_markers_)} markers")
-        model.transform_ = _transform(path, top.object("transform"), d)
-        model.populations_ = top.strings("populations", min_length=2, unique=True)
-        model.training_patients_ = top.strings("training_patients", min_length=1)
-        n_patients = len(model.training_patients_)
-        model.groups_ = top.strings("groups", optional=True) or list(model.training_patients_)
-        if len(model.groups_) != n_patients:
-            raise ModelFileError(path, f"model description: {len(model.groups_)} groups for {n_patients} patients")
-        model.groups_inferred_ = bool(top.boolean("groups_inferred", optional=True))
-        selection = top.object("selection", optional=True)
-        model.selection_ = dict(selection.data) if selection is not None else {}
-        if selection is not None:
-            selection.number("cv_accuracy", optional=True, nullable=True)
-        novelty = top.object("novelty")
-        model.novelty_reference_ = novelty.number("reference", positive=True)
-        model.novelty_threshold_ = novelty.number("threshold", positive=True, allow_inf=True)
-        clf = MarginalTransferClassifier(**_classifier_params(
-            path, top.object("classifier"), inspect.signature(MarginalTransferClassifier).parameters))
-        fitted = top.object("fitted")
-        clf.classes_ = np.asarray(model.populations_)
-        clf.n_features_in_ = fitted.integer("n_features_in", minimum=d, maximum=d)
-        clf.bandwidth_x_ = fitted.number("bandwidth_x", positive=True)
-        clf.bandwidth_p_ = fitted.number("bandwidth_p", positive=True, nullable=True)
-        clf.bandwidth_embedding_ = fitted.number("bandwidth_embedding", positive=True)
-        clf.temperature_ = fitted.number("temperature", positive=True, within=(0, 1e6))
-
-        def array(name, *shape):
-            """The named array, its shape checked; None in ``shape`` takes any length there."""
-            if name not in arrays:
-                raise ModelFileError(path, f"model file is incomplete (no array {name!r})")
-            value = arrays[name]
-            if len(value.shape) != len(shape) or any(want is not None and got != want
-                                                     for got, want in zip(value.shape, shape)):
-                expected = "(" + ", ".join("n" if s is None else str(s) for s in shape) + ")"
-                raise ModelFileError(path, f"model file is inconsistent: array {name!r} has shape "
-                                           f"{value.shape}, expected {expected} from its description")
-            return value
-
-        k, n_patients = len(model.populations_), len(model.training_patients_)
-        model.center_ = array("center", d).astype(np.float32, copy=False)
-        model.scale_ = array("scale", d).astype(np.float32, copy=False)
-        if not np.all(model.scale_ != 0):
-            raise ModelFileError(path, "model file is inconsistent: array 'scale' holds zeros")
-        model.novelty_nn_ = array("novelty_nn", n_patients)
-        # Format 1 files hold no training prior: uniform, used only by prior_shift="em".
-        model.class_prior_ = (array("class_prior", k).astype(np.float64) if "class_prior" in arrays
-                              else np.full(k, 1.0 / k))
-        if not (np.all(model.class_prior_ > 0) and abs(model.class_prior_.sum() - 1) < 1e-6):
-            raise ModelFileError(path, "model file is inconsistent: array 'class_prior' is not a distribution")
-        model.reference_quantiles_ = None
-        if model.align == "quantile":
-            landmarks = array("reference_quantiles", d, len(LEVELS)).astype(np.float64)
-            if not np.all(np.diff(landmarks, axis=1) > 0):
-                raise ModelFileError(path, "model file is inconsistent: 'reference_quantiles' are not increasing")
-            model.reference_quantiles_ = landmarks
-        frequencies = array("embedding_frequencies", d, None).astype(np.float64, copy=False)
-        n_embedding = frequencies.shape[1]
-        if n_embedding < 1:
-            raise ModelFileError(path, "model file is inconsistent: no embedding frequencies")
-        # Training rows: the real patients, then their augmented copies.
-        clf.train_embeddings_ = array("train_embeddings", n_patients * (1 + int(clf.n_augment)),
-                                      2 * n_embedding).astype(np.float64, copy=False)
-        clf.n_patients_ = n_patients
-        clf.coef_ = array("coef", None, k).astype(np.float32, copy=False)
-        n_out = clf.coef_.shape[0]
-        clf.intercept_ = array("intercept", k).astype(np.float32, copy=False)
-        embedder = MeanEmbedding.__new__(MeanEmbedding)
-        embedder.frequencies_ = frequencies
-        embedder.n_features = n_embedding
-        embedder.bandwidth = clf.bandwidth_embedding_
-        clf.embedder_ = embedder
-        if clf.solver == "rff":
-            fm = ProductRFF.__new__(ProductRFF)
-            fm.cell_weights_ = array("cell_weights", d, n_out).astype(np.float32, copy=False)
-            fm.offsets_ = array("offsets", n_out).astype(np.float64, copy=False)
-            uses_embedding = clf.use_embedding and clf.bandwidth_p_ is not None
-            if uses_embedding:
-                fm.embedding_weights_ = array("embedding_weights", 2 * n_embedding, n_out).astype(np.float64, copy=False)
-            elif "embedding_weights" in arrays:
-                raise ModelFileError(path, "model file is inconsistent: embedding weights in a model that "
-                                           "does not use the patient's embedding")
-            else:
-                fm.embedding_weights_ = None
-            fm.n_features = n_out
-            fm.bandwidth_x, fm.bandwidth_p = clf.bandwidth_x_, clf.bandwidth_p_
-            fm.scale_ = np.float32(np.sqrt(2.0 / fm.n_features))
-            clf.feature_map_ = fm
-        else:
-            clf.landmark_projection_ = array("landmark_projection", None, n_out).astype(np.float64, copy=False)
-            m = clf.landmark_projection_.shape[0]
-            clf.landmark_cells_ = array("landmark_cells", m, d).astype(np.float64, copy=False)
-            clf.landmark_embeddings_ = array("landmark_embeddings", m, 2 * n_embedding).astype(np.float64, copy=False)
-        model.classifier_ = clf
-        model.pooled_classifier_, model.pooled_weight_ = None, 0.0
-        pooled = top.object("pooled", optional=True)
-        if pooled is not None:
-            model.pooled_classifier_ = _pooled_companion(path, pooled, array, clf, d, k)
-            # Format 2 wrote no fitted weight: its parameter was the weight.
-            weight = pooled.number("weight", within=(0.0, 1.0), optional=True)
-            if weight is None:
-                if model.pooled_weight == "auto":
-                    raise ModelFileError(path, "model description: the pooled companion has no weight")
-                weight = float(model.pooled_weight)
-            model.pooled_weight_ = float(weight)
-        return model
+        return load_model(cls, path)
 
     # -- the scikit-learn view: one sample is one patient --------------------------------------
 
@@ -1004,162 +711,4 @@ class GatingModel(BaseEstimator):
 
 # -- checking a loaded description (GatingModel.load) ------------------------------------------
 
-# Hyperparameters with a specific rule; others the constructor accepts must be JSON scalars.
-_COUNTS = ("n_features", "n_embedding_features", "cells_per_patient", "embedding_cells", "cv_folds",
-           "cv_repeats", "selection_cells_per_patient")
-# Copies of each training patient: the model file holds an embedding per copy.
-_AUGMENT_LIMIT = 64
-_BANDWIDTHS = ("bandwidth_x", "bandwidth_p", "bandwidth_embedding", "alpha")
-# Transform cofactors and scales: float32 arithmetic divides by them.
-_SCALES = (1e-6, 1e12)
 
-
-def _checked_params(path, fields: Fields, accepted, where: str) -> dict:
-    out = {}
-    for key, value in fields.data.items():
-        if key not in accepted or key == "self" or accepted[key].kind in (inspect.Parameter.VAR_POSITIONAL,
-                                                                          inspect.Parameter.VAR_KEYWORD):
-            raise ModelFileError(path, f"model description: unknown {where} {key!r} (written by another version?)"[:300])
-        if key == "method":
-            out[key] = fields.string(key, choices=METHODS)
-        elif key == "solver":
-            out[key] = fields.string(key, choices=SOLVERS)
-        elif key in _COUNTS:
-            out[key] = fields.integer(key, minimum=1, maximum=10 ** 9)
-        elif key in _BANDWIDTHS:
-            out[key] = fields.number(key, positive=True, nullable=True)
-        elif key == "n_augment":
-            out[key] = fields.integer(key, minimum=0, maximum=_AUGMENT_LIMIT)
-        elif key in ("augment_gain", "augment_shift"):
-            out[key] = "auto" if fields.raw(key) == "auto" else fields.number(key, within=(0.0, 10.0))
-        elif key == "loss":
-            out[key] = fields.string(key, choices=LOSSES)
-        elif key == "patient_weighting":
-            out[key] = fields.string(key, choices=PATIENT_WEIGHTINGS)
-        elif key == "selection_objective":
-            out[key] = fields.string(key, choices=("mean", "worst"))
-        elif key == "align":
-            out[key] = fields.string(key, choices=ALIGNMENTS)
-        elif key == "prior_shift":
-            out[key] = fields.string(key, choices=PRIOR_SHIFTS)
-        elif key == "pooled_weight":
-            out[key] = "auto" if fields.raw(key) == "auto" else fields.number(key, within=(0.0, 1.0))
-        elif key in ("compensate", "select", "use_embedding", "calibrate"):
-            out[key] = fields.boolean(key)
-        elif key == "random_state":
-            out[key] = fields.integer(key, minimum=0, maximum=2 ** 63, nullable=True)
-        elif key == "channels":
-            out[key] = fields.strings(key, nullable=True)
-        elif key == "transform":
-            fields.string(key, choices=("auto", "custom"))
-            out[key] = "auto"  # the fitted transform_ is what gates; a custom one is in meta["transform"]
-        else:
-            check_scalar(path, f"{fields.where}.{key}", value)
-            out[key] = value
-    return out
-
-
-def _pooled_companion(path, fields: Fields, array, main: MarginalTransferClassifier, d: int, k: int):
-    """The pooled companion of a loaded marginal model (see GatingModel.pooled_weight)."""
-    companion = MarginalTransferClassifier(**_classifier_params(
-        path, fields.object("classifier"), inspect.signature(MarginalTransferClassifier).parameters))
-    if companion.use_embedding or companion.solver != "rff":
-        raise ModelFileError(path, "model description: the pooled companion must be an 'rff' model "
-                                   "without the patient's embedding")
-    companion.classes_ = main.classes_
-    companion.n_features_in_ = d
-    companion.bandwidth_x_ = fields.number("bandwidth_x", positive=True)
-    companion.bandwidth_p_ = None
-    companion.bandwidth_embedding_ = main.bandwidth_embedding_
-    companion.temperature_ = fields.number("temperature", positive=True, within=(0, 1e6))
-    companion.embedder_ = main.embedder_
-    companion.coef_ = array("pooled_coef", None, k).astype(np.float32, copy=False)
-    n_out = companion.coef_.shape[0]
-    companion.intercept_ = array("pooled_intercept", k).astype(np.float32, copy=False)
-    fm = ProductRFF.__new__(ProductRFF)
-    fm.cell_weights_ = array("pooled_cell_weights", d, n_out).astype(np.float32, copy=False)
-    fm.offsets_ = array("pooled_offsets", n_out).astype(np.float64, copy=False)
-    fm.embedding_weights_ = None
-    fm.n_features = n_out
-    fm.bandwidth_x, fm.bandwidth_p = companion.bandwidth_x_, None
-    fm.scale_ = np.float32(np.sqrt(2.0 / fm.n_features))
-    companion.feature_map_ = fm
-    return companion
-
-
-def _model_params(path, fields: Fields, accepted) -> dict:
-    return _checked_params(path, fields, accepted, "model parameter")
-
-
-def _classifier_params(path, fields: Fields, accepted) -> dict:
-    return _checked_params(path, fields, accepted, "classifier parameter")
-
-
-def _transform(path, fields: Fields, d: int) -> ChannelTransform:
-    kinds = fields.strings("kinds")
-    params = fields.raw("params")
-    if len(kinds) != d or not isinstance(params, list) or len(params) != d:
-        raise ModelFileError(path, f"model description: transform must give kinds and params for {d} channels")
-    checked = []
-    for j, (kind, p) in enumerate(zip(kinds, params)):
-        entry = Fields(path, p, f"transform.params[{j}]")
-        if kind == "arcsinh":
-            values = {"cofactor": entry.number("cofactor", optional=True, within=_SCALES)}
-        elif kind == "linear":
-            values = {"scale": entry.number("scale", optional=True, within=_SCALES)}
-        elif kind == "logicle":
-            values = {key: entry.number(key) for key in ("T", "W", "M", "A")}
-            t, w, m, a = (values[key] for key in ("T", "W", "M", "A"))
-            if not (t > 0 and m > 0 and 0 <= w <= m / 2 and -w <= a <= m - 2 * w):
-                raise ModelFileError(path, f"model description: transform.params[{j}] are not valid logicle "
-                                           f"parameters (T={t}, W={w}, M={m}, A={a})")
-        else:
-            raise ModelFileError(path, f"model description: unknown transform {kind!r} for channel {j + 1}"[:200])
-        checked.append({key: value for key, value in values.items() if value is not None})
-    return ChannelTransform(kinds, checked)
-
-
-def infer_cell_groups(embedding_cells, names, n_embedding_features=128, random_state=0) -> list[str]:
-    """Groups of near-duplicate patients from their standardised cells (one array per patient).
-
-    Embeds every patient with a median-bandwidth kernel mean embedding and links patients as
-    :func:`gating_core.groups.infer_groups` does. Used when no groups are given: by training, and
-    by the evaluation to choose what to hold out.
-    """
-    from gating_core.features import median_pairwise_distance
-    from gating_core.groups import infer_groups
-
-    pooled = np.vstack([e[:500] for e in embedding_cells])
-    embedder = MeanEmbedding(n_embedding_features, median_pairwise_distance(pooled), pooled.shape[1],
-                             random_state=np.random.SeedSequence([int(random_state or 0), 11]))
-    return infer_groups(np.vstack([embedder.transform(e) for e in embedding_cells]), names)
-
-
-def _find_channel(sample, pnn: str, pns: str = "") -> int | None:
-    """Index of a channel in ``sample``: same $PnN, else same marker ($PnS), case-insensitively."""
-    names = sample.pnn
-    if pnn in names:
-        return names.index(pnn)
-    folded = pnn.casefold()
-    for i, c in enumerate(sample.channels):
-        if c.pnn.casefold() == folded:
-            return i
-    targets = {t.casefold() for t in (pns, pnn) if t}
-    for i, c in enumerate(sample.channels):
-        if c.pns and c.pns.casefold() in targets:
-            return i
-    return None
-
-
-class _DigestView:
-    """Looks enough like a Sample (name, channels, events, keywords) for channel matching."""
-
-    def __init__(self, digest: PatientDigest):
-        self.name = digest.name
-        self.channels = digest.channels
-        self.keywords = digest.keywords
-        self.events = digest.embedding_events
-
-    @property
-    def pnn(self):
-        return [c.pnn for c in self.channels]

@@ -6,7 +6,7 @@ data-driven starting points (the median distance between cells for sigma_X, betw
 embeddings for sigma_P), and the ridge penalty lambda on a log grid; the grid is extended when
 the best value sits on its edge, within the paper's range 1e-2..1e4 of the starting point. For
 every bandwidth pair, the whole lambda path costs one eigendecomposition per fold
-(:class:`~gating_core.classifier.RidgeStatistics`), which keeps the default search practical.
+(:class:`~gating_core.solvers.RidgeStatistics`), which keeps the default search practical.
 
 The search is coordinate-wise: sigma_X (with lambda), then sigma_P (with lambda), then
 sigma_X again at the chosen sigma_P. The score is the mean over held-out patients of their
@@ -25,7 +25,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gating_core.classifier import MarginalTransferClassifier, RidgeStatistics, TrainingProblem, check_training_set
+from gating_core.classifier import MarginalTransferClassifier
+from gating_core.solvers import RidgeStatistics
+from gating_core.training_problem import TrainingProblem, check_training_set
 
 DEFAULT_X_FACTORS = (0.25, 0.5, 1.0, 2.0)
 DEFAULT_P_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -260,7 +262,7 @@ def select_logistic_alpha(samples, labels, base: MarginalTransferClassifier, emb
     The ridge path's closed form does not carry over to the logistic loss, so each fold is an
     L-BFGS solve; the path runs from the strongest penalty to the weakest with warm starts.
     """
-    from gating_core.classifier import fit_weighted_logistic
+    from gating_core.solvers import fit_weighted_logistic
     from gating_core.groups import group_folds
 
     samples, labels = check_training_set(samples, labels)
@@ -340,7 +342,7 @@ def select_pooled_weight(samples, labels, main: MarginalTransferClassifier, comp
     groups : sequence (n_patients,) or None
         Center / batch / run of each patient; None: every patient its own group.
     """
-    from gating_core.classifier import fit_temperature, fit_weighted_logistic
+    from gating_core.solvers import fit_temperature, fit_weighted_logistic
     from gating_core.groups import group_folds
 
     samples, labels = check_training_set(samples, labels)

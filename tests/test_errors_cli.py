@@ -18,7 +18,9 @@ from gating_core.fcs import FCSError
 from gating_core.gates import GateError, GateImportError
 from gating_core.labels import LabelError, load_labeled_input
 from gating_core.library import LibraryError, PatientLibrary
-from gating_core.model import ChannelMismatchError, GatingModel, ModelFileError
+from gating_core.gate_result import ChannelMismatchError
+from gating_core.model import GatingModel
+from gating_core.modelfile import ModelFileError
 
 REPO = Path(__file__).resolve().parent.parent
 UNDECODABLE = os.fsdecode(b"x\xff")  # a file name that is not UTF-8 (surrogateescape on Linux)

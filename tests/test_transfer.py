@@ -5,7 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gating_core.classifier import MarginalTransferClassifier, augment_patients, fit_weighted_logistic, shift_spread
+from gating_core.classifier import MarginalTransferClassifier
+from gating_core.solvers import fit_weighted_logistic
+from gating_core.training_problem import augment_patients, shift_spread
 from gating_core.selection import select_hyperparameters
 from gating_core.synthetic import ellipse_task
 
@@ -359,7 +361,7 @@ def test_em_recovers_a_shifted_prior_from_calibrated_posteriors():
 def test_prior_shift_em_gates_with_adjusted_probabilities(blended, small_centers, tmp_path):
     from sklearn.base import clone  # noqa: F401  (GatingModel params are plain values)
 
-    from gating_core.classifier import content_subsample
+    from gating_core.features import content_subsample
     from gating_core.model import GatingModel
     from gating_core.priors import apply_prior_ratio, reestimate_prior
 

@@ -150,7 +150,9 @@ def _fail(message: str) -> int:
 
 
 def run_train(args) -> int:
-    from gating_core.model import ChannelMismatchError, GatingModel, digest_patient
+    from gating_core.digest import digest_patient
+    from gating_core.gate_result import ChannelMismatchError
+    from gating_core.model import GatingModel
     from gating_core.progress import StageProgress
 
     model = GatingModel(method=args.method, **_model_params(args))
@@ -217,7 +219,8 @@ def run_train(args) -> int:
 
 def run_gate(args) -> int:
     from gating_core.gating import output_stem
-    from gating_core.model import GatingModel, ModelFileError
+    from gating_core.model import GatingModel
+    from gating_core.modelfile import ModelFileError
 
     # Two inputs with one name (from different folders) would overwrite each other's output.
     by_stem: dict = {}
@@ -292,7 +295,7 @@ def run_evaluate(args) -> int:
 
     from gating_core.evaluation import leave_one_group_out, leave_one_patient_out, novelty_curve, summarize
     from gating_core.groups import GroupsError
-    from gating_core.model import ChannelMismatchError
+    from gating_core.gate_result import ChannelMismatchError
     from gating_core.progress import StageProgress
 
     samples, labels, errors = _load_inputs(args.inputs, not args.no_compensation)

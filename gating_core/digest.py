@@ -1,0 +1,102 @@
+"""A labeled patient reduced to what training needs, where its file is.
+
+:func:`digest_patient` draws a few thousand seeded training cells with their labels and the
+content-chosen cells of the patient's embedding (compensated when the model compensates), so that
+only those rows travel (to a Dask worker's caller, to the held-out check). :class:`DigestView`
+lets channel matching treat a digest like a sample; :func:`infer_cell_groups` finds near-duplicate
+patients from their cells when no groups are given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from gating_core.features import MeanEmbedding, content_subsample
+from gating_core.transforms import is_time_like
+
+
+@dataclass
+class PatientDigest:
+    """What training needs from one labeled patient, a few thousand rows instead of the file.
+
+    Built by :func:`digest_patient` where the file is (locally, or on a Dask worker) so that
+    only these rows travel. ``train_events`` / ``train_labels``: a seeded uniform draw of at
+    most ``cells_per_patient`` events (the cells the solver sees; every patient weighs the same);
+    ``embedding_events``: at most ``embedding_cells`` events chosen by content hash (the cells
+    the patient's embedding is computed from, independent of event order). Events are
+    compensated when the model compensates, on all channels of the file.
+    """
+
+    name: str
+    channels: list
+    keywords: dict
+    n_events: int
+    train_events: np.ndarray
+    train_labels: np.ndarray
+    embedding_events: np.ndarray
+
+
+def digest_patient(sample, labels, cells_per_patient=4000, embedding_cells=20000, seed=0,
+                   compensate=True) -> PatientDigest:
+    """Reduce one labeled patient to a :class:`PatientDigest` (see there)."""
+    labels = np.asarray(labels).astype(str)
+    if len(labels) != sample.n_events:
+        raise ValueError(f"{sample.name}: {sample.n_events} events but {len(labels)} labels")
+    if compensate and sample.has_spillover and not sample.compensated:
+        sample = sample.compensate()
+    events = sample.events
+    rng = np.random.default_rng(seed)
+    draw = np.arange(len(events)) if len(events) <= cells_per_patient else np.sort(
+        rng.choice(len(events), cells_per_patient, replace=False))
+    hashed = [i for i, c in enumerate(sample.channels) if not is_time_like(c.pnn)] or list(range(events.shape[1]))
+    chosen = content_subsample(events[:, hashed], embedding_cells)
+    return PatientDigest(sample.name, list(sample.channels), dict(sample.keywords), sample.n_events,
+                         np.ascontiguousarray(events[draw]), labels[draw], np.ascontiguousarray(events[chosen]))
+
+
+def infer_cell_groups(embedding_cells, names, n_embedding_features=128, random_state=0) -> list[str]:
+    """Groups of near-duplicate patients from their standardised cells (one array per patient).
+
+    Embeds every patient with a median-bandwidth kernel mean embedding and links patients as
+    :func:`gating_core.groups.infer_groups` does. Used when no groups are given: by training, and
+    by the evaluation to choose what to hold out.
+    """
+    from gating_core.features import median_pairwise_distance
+    from gating_core.groups import infer_groups
+
+    pooled = np.vstack([e[:500] for e in embedding_cells])
+    embedder = MeanEmbedding(n_embedding_features, median_pairwise_distance(pooled), pooled.shape[1],
+                             random_state=np.random.SeedSequence([int(random_state or 0), 11]))
+    return infer_groups(np.vstack([embedder.transform(e) for e in embedding_cells]), names)
+
+
+def find_channel(sample, pnn: str, pns: str = "") -> int | None:
+    """Index of a channel in ``sample``: same $PnN, else same marker ($PnS), case-insensitively."""
+    names = sample.pnn
+    if pnn in names:
+        return names.index(pnn)
+    folded = pnn.casefold()
+    for i, c in enumerate(sample.channels):
+        if c.pnn.casefold() == folded:
+            return i
+    targets = {t.casefold() for t in (pns, pnn) if t}
+    for i, c in enumerate(sample.channels):
+        if c.pns and c.pns.casefold() in targets:
+            return i
+    return None
+
+
+class DigestView:
+    """Looks enough like a Sample (name, channels, events, keywords) for channel matching."""
+
+    def __init__(self, digest: PatientDigest):
+        self.name = digest.name
+        self.channels = digest.channels
+        self.keywords = digest.keywords
+        self.events = digest.embedding_events
+
+    @property
+    def pnn(self):
+        return [c.pnn for c in self.channels]

@@ -1,0 +1,355 @@
+"""The model file: a GatingModel written as ``.npz`` and read back, safely.
+
+One ``.npz`` (``numpy.savez_compressed``) holds plain numeric arrays and one JSON document
+(``meta``, a unicode array) with channels, transform, populations, hyperparameters and versions.
+Reading never unpickles: :func:`gating_core.modelfile.read_archive` reads the archive with
+bounded memory and declared sizes checked, every field of the description is type-checked
+(:class:`~gating_core.modelfile.Fields`), hyperparameters must be ones the constructors accept,
+and every array's shape must agree with the description. A model sent by someone else cannot
+run code, and a damaged one is a :class:`~gating_core.modelfile.ModelFileError` naming the
+problem.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import platform
+from pathlib import Path
+
+import numpy as np
+
+from gating_core import __version__
+from gating_core.alignment import LEVELS
+from gating_core.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS, MarginalTransferClassifier
+from gating_core.features import MeanEmbedding, ProductRFF
+from gating_core.model import ALIGNMENTS, METHODS, PRIOR_SHIFTS
+from gating_core.modelfile import Fields, ModelFileError, check_scalar, parse_json, read_archive
+from gating_core.transforms import ChannelTransform
+
+MODEL_FORMAT = "gating_core.model"
+# 2: the pooled companion of the marginal method (files of format 1 load without one).
+# 3: the companion's weight as fitted (pooled_weight="auto"); format-2 files use their parameter.
+MODEL_FORMAT_VERSION = 3
+
+
+def save_model(model, path) -> None:
+    """Write the model as .npz (arrays + JSON; no pickle), atomically."""
+    model._check_fitted()
+    clf = model.classifier_
+    meta = {
+        "format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION,
+        "gating_core_version": __version__, "numpy_version": np.__version__,
+        "python_version": platform.python_version(),
+        "params": {k: (v if not isinstance(v, ChannelTransform) else "custom") for k, v in model.get_params().items()},
+        "channels": model.channels_, "channel_markers": model.channel_markers_,
+        "transform": model.transform_.to_dict(), "populations": model.populations_,
+        "training_patients": model.training_patients_,
+        "groups": model.groups_, "groups_inferred": model.groups_inferred_,
+        "classifier": {k: v for k, v in clf.get_params().items()},
+        "fitted": {"bandwidth_x": clf.bandwidth_x_, "bandwidth_p": clf.bandwidth_p_,
+                   "bandwidth_embedding": clf.bandwidth_embedding_, "temperature": clf.temperature_,
+                   "n_features_in": clf.n_features_in_},
+        "novelty": {"reference": model.novelty_reference_, "threshold": model.novelty_threshold_},
+        "selection": {k: v for k, v in model.selection_.items() if k != "table"},
+    }
+    companion = getattr(model, "pooled_classifier_", None)
+    if companion is not None:
+        meta["pooled"] = {"classifier": companion.get_params(), "bandwidth_x": companion.bandwidth_x_,
+                          "temperature": companion.temperature_, "weight": float(model.pooled_weight_)}
+    arrays = {
+        "meta": np.array(json.dumps(meta)),
+        "center": model.center_, "scale": model.scale_,
+        "coef": clf.coef_, "intercept": clf.intercept_,
+        "train_embeddings": clf.train_embeddings_, "embedding_frequencies": clf.embedder_.frequencies_,
+        "novelty_nn": model.novelty_nn_, "class_prior": model.class_prior_,
+    }
+    if clf.solver == "rff":
+        fm = clf.feature_map_
+        arrays.update(cell_weights=fm.cell_weights_, offsets=fm.offsets_)
+        if fm.embedding_weights_ is not None:
+            arrays["embedding_weights"] = fm.embedding_weights_
+    else:
+        arrays.update(landmark_cells=clf.landmark_cells_, landmark_embeddings=clf.landmark_embeddings_,
+                      landmark_projection=clf.landmark_projection_)
+    if getattr(model, "reference_quantiles_", None) is not None:
+        arrays["reference_quantiles"] = model.reference_quantiles_
+    if companion is not None:
+        arrays.update(pooled_coef=companion.coef_, pooled_intercept=companion.intercept_,
+                      pooled_cell_weights=companion.feature_map_.cell_weights_,
+                      pooled_offsets=companion.feature_map_.offsets_)
+    path = Path(path)
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "wb") as handle:
+        np.savez_compressed(handle, **arrays)
+    os.replace(tmp, path)
+
+
+def load_model(cls, path):
+    """Read a ``cls`` (GatingModel) written by :func:`save_model`; raises ModelFileError for anything else.
+
+    The file is read by :func:`gating_core.modelfile.read_archive` (bounded memory, no
+    pickle, declared sizes checked before decompressing); the JSON description is checked
+    field by field and the arrays' shapes against it (see :func:`model_from_parts`).
+    """
+    path = Path(path)
+    arrays = read_archive(path)
+    if "meta" not in arrays:
+        raise ModelFileError(path, "not a gating model file (no model description inside)")
+    meta = parse_json(path, str(arrays.pop("meta")))
+    if meta.get("format") != MODEL_FORMAT:
+        raise ModelFileError(path, "not a gating model file (unknown format tag)")
+    version = meta.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ModelFileError(path, f"model description: format_version must be a positive integer, got {version!r}"[:200])
+    if version > MODEL_FORMAT_VERSION:
+        raise ModelFileError(path, f"written by a newer gating_core (format {version}); upgrade to read it")
+    try:
+        return model_from_parts(cls, meta, arrays, path=path)
+    except ModelFileError:
+        raise
+    except (KeyError, TypeError, ValueError, IndexError) as exc:
+        raise ModelFileError(path, f"model file is incomplete or inconsistent ({exc})") from None
+
+
+def model_from_parts(cls, meta, arrays, path="model"):
+    """Build a fitted model from a checked description and arrays (see :func:`load_model`).
+
+    Every field is type-checked (:class:`~gating_core.modelfile.Fields`); hyperparameters
+    must be ones the constructors accept; array shapes must agree with each other and with
+    the description. A violation is a ModelFileError.
+    """
+    top = Fields(path, meta, "model")
+    params = _model_params(path, top.object("params"), inspect.signature(cls).parameters)
+    model = cls(**params)
+    model.channels_ = top.strings("channels", min_length=1, unique=True)
+    d = len(model.channels_)
+    model.channel_markers_ = top.strings("channel_markers")
+    if len(model.channel_markers_) != d:
+        raise ValueError(f"{d} channels but {len(model.channel_markers_)} markers")
+    model.transform_ = _transform(path, top.object("transform"), d)
+    model.populations_ = top.strings("populations", min_length=2, unique=True)
+    model.training_patients_ = top.strings("training_patients", min_length=1)
+    n_patients = len(model.training_patients_)
+    model.groups_ = top.strings("groups", optional=True) or list(model.training_patients_)
+    if len(model.groups_) != n_patients:
+        raise ModelFileError(path, f"model description: {len(model.groups_)} groups for {n_patients} patients")
+    model.groups_inferred_ = bool(top.boolean("groups_inferred", optional=True))
+    selection = top.object("selection", optional=True)
+    model.selection_ = dict(selection.data) if selection is not None else {}
+    if selection is not None:
+        selection.number("cv_accuracy", optional=True, nullable=True)
+    novelty = top.object("novelty")
+    model.novelty_reference_ = novelty.number("reference", positive=True)
+    model.novelty_threshold_ = novelty.number("threshold", positive=True, allow_inf=True)
+    clf = MarginalTransferClassifier(**_classifier_params(
+        path, top.object("classifier"), inspect.signature(MarginalTransferClassifier).parameters))
+    fitted = top.object("fitted")
+    clf.classes_ = np.asarray(model.populations_)
+    clf.n_features_in_ = fitted.integer("n_features_in", minimum=d, maximum=d)
+    clf.bandwidth_x_ = fitted.number("bandwidth_x", positive=True)
+    clf.bandwidth_p_ = fitted.number("bandwidth_p", positive=True, nullable=True)
+    clf.bandwidth_embedding_ = fitted.number("bandwidth_embedding", positive=True)
+    clf.temperature_ = fitted.number("temperature", positive=True, within=(0, 1e6))
+
+    def array(name, *shape):
+        """The named array, its shape checked; None in ``shape`` takes any length there."""
+        if name not in arrays:
+            raise ModelFileError(path, f"model file is incomplete (no array {name!r})")
+        value = arrays[name]
+        if len(value.shape) != len(shape) or any(want is not None and got != want
+                                                 for got, want in zip(value.shape, shape)):
+            expected = "(" + ", ".join("n" if s is None else str(s) for s in shape) + ")"
+            raise ModelFileError(path, f"model file is inconsistent: array {name!r} has shape "
+                                       f"{value.shape}, expected {expected} from its description")
+        return value
+
+    k, n_patients = len(model.populations_), len(model.training_patients_)
+    model.center_ = array("center", d).astype(np.float32, copy=False)
+    model.scale_ = array("scale", d).astype(np.float32, copy=False)
+    if not np.all(model.scale_ != 0):
+        raise ModelFileError(path, "model file is inconsistent: array 'scale' holds zeros")
+    model.novelty_nn_ = array("novelty_nn", n_patients)
+    # Format 1 files hold no training prior: uniform, used only by prior_shift="em".
+    model.class_prior_ = (array("class_prior", k).astype(np.float64) if "class_prior" in arrays
+                          else np.full(k, 1.0 / k))
+    if not (np.all(model.class_prior_ > 0) and abs(model.class_prior_.sum() - 1) < 1e-6):
+        raise ModelFileError(path, "model file is inconsistent: array 'class_prior' is not a distribution")
+    model.reference_quantiles_ = None
+    if model.align == "quantile":
+        landmarks = array("reference_quantiles", d, len(LEVELS)).astype(np.float64)
+        if not np.all(np.diff(landmarks, axis=1) > 0):
+            raise ModelFileError(path, "model file is inconsistent: 'reference_quantiles' are not increasing")
+        model.reference_quantiles_ = landmarks
+    frequencies = array("embedding_frequencies", d, None).astype(np.float64, copy=False)
+    n_embedding = frequencies.shape[1]
+    if n_embedding < 1:
+        raise ModelFileError(path, "model file is inconsistent: no embedding frequencies")
+    # Training rows: the real patients, then their augmented copies.
+    clf.train_embeddings_ = array("train_embeddings", n_patients * (1 + int(clf.n_augment)),
+                                  2 * n_embedding).astype(np.float64, copy=False)
+    clf.n_patients_ = n_patients
+    clf.coef_ = array("coef", None, k).astype(np.float32, copy=False)
+    n_out = clf.coef_.shape[0]
+    clf.intercept_ = array("intercept", k).astype(np.float32, copy=False)
+    embedder = MeanEmbedding.__new__(MeanEmbedding)
+    embedder.frequencies_ = frequencies
+    embedder.n_features = n_embedding
+    embedder.bandwidth = clf.bandwidth_embedding_
+    clf.embedder_ = embedder
+    if clf.solver == "rff":
+        fm = ProductRFF.__new__(ProductRFF)
+        fm.cell_weights_ = array("cell_weights", d, n_out).astype(np.float32, copy=False)
+        fm.offsets_ = array("offsets", n_out).astype(np.float64, copy=False)
+        uses_embedding = clf.use_embedding and clf.bandwidth_p_ is not None
+        if uses_embedding:
+            fm.embedding_weights_ = array("embedding_weights", 2 * n_embedding, n_out).astype(np.float64, copy=False)
+        elif "embedding_weights" in arrays:
+            raise ModelFileError(path, "model file is inconsistent: embedding weights in a model that "
+                                       "does not use the patient's embedding")
+        else:
+            fm.embedding_weights_ = None
+        fm.n_features = n_out
+        fm.bandwidth_x, fm.bandwidth_p = clf.bandwidth_x_, clf.bandwidth_p_
+        fm.scale_ = np.float32(np.sqrt(2.0 / fm.n_features))
+        clf.feature_map_ = fm
+    else:
+        clf.landmark_projection_ = array("landmark_projection", None, n_out).astype(np.float64, copy=False)
+        m = clf.landmark_projection_.shape[0]
+        clf.landmark_cells_ = array("landmark_cells", m, d).astype(np.float64, copy=False)
+        clf.landmark_embeddings_ = array("landmark_embeddings", m, 2 * n_embedding).astype(np.float64, copy=False)
+    model.classifier_ = clf
+    model.pooled_classifier_, model.pooled_weight_ = None, 0.0
+    pooled = top.object("pooled", optional=True)
+    if pooled is not None:
+        model.pooled_classifier_ = _pooled_companion(path, pooled, array, clf, d, k)
+        # Format 2 wrote no fitted weight: its parameter was the weight.
+        weight = pooled.number("weight", within=(0.0, 1.0), optional=True)
+        if weight is None:
+            if model.pooled_weight == "auto":
+                raise ModelFileError(path, "model description: the pooled companion has no weight")
+            weight = float(model.pooled_weight)
+        model.pooled_weight_ = float(weight)
+    return model
+
+
+# Hyperparameters with a specific rule; others the constructor accepts must be JSON scalars.
+_COUNTS = ("n_features", "n_embedding_features", "cells_per_patient", "embedding_cells", "cv_folds",
+           "cv_repeats", "selection_cells_per_patient")
+
+
+# Copies of each training patient: the model file holds an embedding per copy.
+_AUGMENT_LIMIT = 64
+
+
+_BANDWIDTHS = ("bandwidth_x", "bandwidth_p", "bandwidth_embedding", "alpha")
+
+
+# Transform cofactors and scales: float32 arithmetic divides by them.
+_SCALES = (1e-6, 1e12)
+
+
+def _checked_params(path, fields: Fields, accepted, where: str) -> dict:
+    out = {}
+    for key, value in fields.data.items():
+        if key not in accepted or key == "self" or accepted[key].kind in (inspect.Parameter.VAR_POSITIONAL,
+                                                                          inspect.Parameter.VAR_KEYWORD):
+            raise ModelFileError(path, f"model description: unknown {where} {key!r} (written by another version?)"[:300])
+        if key == "method":
+            out[key] = fields.string(key, choices=METHODS)
+        elif key == "solver":
+            out[key] = fields.string(key, choices=SOLVERS)
+        elif key in _COUNTS:
+            out[key] = fields.integer(key, minimum=1, maximum=10 ** 9)
+        elif key in _BANDWIDTHS:
+            out[key] = fields.number(key, positive=True, nullable=True)
+        elif key == "n_augment":
+            out[key] = fields.integer(key, minimum=0, maximum=_AUGMENT_LIMIT)
+        elif key in ("augment_gain", "augment_shift"):
+            out[key] = "auto" if fields.raw(key) == "auto" else fields.number(key, within=(0.0, 10.0))
+        elif key == "loss":
+            out[key] = fields.string(key, choices=LOSSES)
+        elif key == "patient_weighting":
+            out[key] = fields.string(key, choices=PATIENT_WEIGHTINGS)
+        elif key == "selection_objective":
+            out[key] = fields.string(key, choices=("mean", "worst"))
+        elif key == "align":
+            out[key] = fields.string(key, choices=ALIGNMENTS)
+        elif key == "prior_shift":
+            out[key] = fields.string(key, choices=PRIOR_SHIFTS)
+        elif key == "pooled_weight":
+            out[key] = "auto" if fields.raw(key) == "auto" else fields.number(key, within=(0.0, 1.0))
+        elif key in ("compensate", "select", "use_embedding", "calibrate"):
+            out[key] = fields.boolean(key)
+        elif key == "random_state":
+            out[key] = fields.integer(key, minimum=0, maximum=2 ** 63, nullable=True)
+        elif key == "channels":
+            out[key] = fields.strings(key, nullable=True)
+        elif key == "transform":
+            fields.string(key, choices=("auto", "custom"))
+            out[key] = "auto"  # the fitted transform_ is what gates; a custom one is in meta["transform"]
+        else:
+            check_scalar(path, f"{fields.where}.{key}", value)
+            out[key] = value
+    return out
+
+
+def _pooled_companion(path, fields: Fields, array, main: MarginalTransferClassifier, d: int, k: int):
+    """The pooled companion of a loaded marginal model (see GatingModel.pooled_weight)."""
+    companion = MarginalTransferClassifier(**_classifier_params(
+        path, fields.object("classifier"), inspect.signature(MarginalTransferClassifier).parameters))
+    if companion.use_embedding or companion.solver != "rff":
+        raise ModelFileError(path, "model description: the pooled companion must be an 'rff' model "
+                                   "without the patient's embedding")
+    companion.classes_ = main.classes_
+    companion.n_features_in_ = d
+    companion.bandwidth_x_ = fields.number("bandwidth_x", positive=True)
+    companion.bandwidth_p_ = None
+    companion.bandwidth_embedding_ = main.bandwidth_embedding_
+    companion.temperature_ = fields.number("temperature", positive=True, within=(0, 1e6))
+    companion.embedder_ = main.embedder_
+    companion.coef_ = array("pooled_coef", None, k).astype(np.float32, copy=False)
+    n_out = companion.coef_.shape[0]
+    companion.intercept_ = array("pooled_intercept", k).astype(np.float32, copy=False)
+    fm = ProductRFF.__new__(ProductRFF)
+    fm.cell_weights_ = array("pooled_cell_weights", d, n_out).astype(np.float32, copy=False)
+    fm.offsets_ = array("pooled_offsets", n_out).astype(np.float64, copy=False)
+    fm.embedding_weights_ = None
+    fm.n_features = n_out
+    fm.bandwidth_x, fm.bandwidth_p = companion.bandwidth_x_, None
+    fm.scale_ = np.float32(np.sqrt(2.0 / fm.n_features))
+    companion.feature_map_ = fm
+    return companion
+
+
+def _model_params(path, fields: Fields, accepted) -> dict:
+    return _checked_params(path, fields, accepted, "model parameter")
+
+
+def _classifier_params(path, fields: Fields, accepted) -> dict:
+    return _checked_params(path, fields, accepted, "classifier parameter")
+
+
+def _transform(path, fields: Fields, d: int) -> ChannelTransform:
+    kinds = fields.strings("kinds")
+    params = fields.raw("params")
+    if len(kinds) != d or not isinstance(params, list) or len(params) != d:
+        raise ModelFileError(path, f"model description: transform must give kinds and params for {d} channels")
+    checked = []
+    for j, (kind, p) in enumerate(zip(kinds, params)):
+        entry = Fields(path, p, f"transform.params[{j}]")
+        if kind == "arcsinh":
+            values = {"cofactor": entry.number("cofactor", optional=True, within=_SCALES)}
+        elif kind == "linear":
+            values = {"scale": entry.number("scale", optional=True, within=_SCALES)}
+        elif kind == "logicle":
+            values = {key: entry.number(key) for key in ("T", "W", "M", "A")}
+            t, w, m, a = (values[key] for key in ("T", "W", "M", "A"))
+            if not (t > 0 and m > 0 and 0 <= w <= m / 2 and -w <= a <= m - 2 * w):
+                raise ModelFileError(path, f"model description: transform.params[{j}] are not valid logicle "
+                                           f"parameters (T={t}, W={w}, M={m}, A={a})")
+        else:
+            raise ModelFileError(path, f"model description: unknown transform {kind!r} for channel {j + 1}"[:200])
+        checked.append({key: value for key, value in values.items() if value is not None})
+    return ChannelTransform(kinds, checked)
