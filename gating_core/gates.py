@@ -5,6 +5,10 @@ geometry lives in the *display* coordinates of the plot it was drawn on. Each ga
 records the :class:`AxisScale` of both axes; testing an event maps the raw channel values through
 the same scales before the point-in-polygon test (FlowUtils' compiled ``points_in_polygon``).
 
+Besides polygons and rectangles a tree holds the gates a lab expects: quadrant gates (one split
+point on two channels, four populations such as "CD4+ CD8-"), 1-D range gates (low/high on one
+channel, drawn on a histogram) and boolean gates (AND / OR / NOT of other gates' populations).
+
 Gates nest: a gate names its parent gate, and an event belongs to a gate only if it also
 belongs to the parent. :meth:`GateTree.labels` flattens the tree into training labels: each
 event gets the name of the leaf gate it falls in, or ``"other"``.
@@ -15,6 +19,7 @@ Everything here is plain data (``to_dict`` / ``from_dict``), so trees are stored
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 import os
@@ -29,6 +34,11 @@ from flowutils import transforms as fu_transforms
 from gating_core.errors import GatingCoreError
 
 OTHER = "other"
+GATE_KINDS = ("polygon", "rectangle", "quadrant", "range", "boolean")
+#: Quadrant codes: the sign of x, then of y. "+" is at or above the split point (GatingML's
+#: quadrants include their lower bound), "-" below it.
+QUADRANTS = ("++", "+-", "-+", "--")
+BOOLEAN_OPERATORS = ("and", "or", "not")
 _SCALE_KINDS = ("linear", "arcsinh", "logicle")
 _NAME_PATTERN = re.compile(r"^[^\x00-\x1f/]{1,80}$")
 
@@ -211,40 +221,75 @@ def with_kind(scale: AxisScale, kind: str) -> AxisScale:
 
 @dataclass
 class Gate:
-    """One polygon or rectangle gate on two channels, in display coordinates.
+    """One gate of a tree, in the display coordinates of the plot it was drawn on.
 
     Parameters
     ----------
     name : str
         Unique within its tree; becomes the population name when the gate is a leaf.
-    x_channel, y_channel : str
-        Channel names ($PnN, or $PnS as accepted by ``Sample.channel_index``).
-    kind : {"polygon", "rectangle"}
+    x_channel, y_channel : str or None
+        Channel names ($PnN, or $PnS as accepted by ``Sample.channel_index``). A range gate has
+        no ``y_channel``; a boolean gate has neither.
+    kind : {"polygon", "rectangle", "quadrant", "range", "boolean"}
     vertices : list of (x, y)
-        Polygon corners in display coordinates (at least 3). For a rectangle, two opposite
-        corners ``[(x0, y0), (x1, y1)]``.
+        - polygon: corners in display coordinates (at least 3);
+        - rectangle: two opposite corners ``[(x0, y0), (x1, y1)]``;
+        - quadrant: the split point ``[(x, y)]``;
+        - range: ``[(low, high)]`` on the x channel's display axis (both ends included);
+        - boolean: ``[]``.
     x_scale, y_scale : AxisScale
         The axis transforms of the plot the gate was drawn on.
     parent : str or None
         Name of the parent gate; None means the gate applies to all events.
+    quadrant : {"++", "+-", "-+", "--"} or None
+        Quadrant gates only: which of the four regions (sign of x, then of y; "+" is at or above
+        the split). The four populations of one split are four gates sharing channels, point,
+        scales and parent (:func:`quadrant_gates`).
+    operator : {"and", "or", "not"} or None
+        Boolean gates only. "not" takes one operand, "and" / "or" at least two.
+    operands : list of str or None
+        Boolean gates only: names of gates of the same tree, each meaning its population (the
+        gate and all its ancestors); the result is then restricted to the parent.
     """
 
     name: str
-    x_channel: str
-    y_channel: str
+    x_channel: str | None
+    y_channel: str | None
     kind: str
     vertices: list
     x_scale: AxisScale = field(default_factory=AxisScale)
     y_scale: AxisScale = field(default_factory=AxisScale)
     parent: str | None = None
+    quadrant: str | None = None
+    operator: str | None = None
+    operands: list | None = None
 
     def __post_init__(self):
         self.name = str(self.name).strip()
         if not _NAME_PATTERN.match(self.name) or self.name.casefold() == OTHER:
             raise GateError(f"invalid gate name {self.name!r}: use 1-80 printable characters, no '/', "
                             f"and not {OTHER!r}")
-        if self.kind not in ("polygon", "rectangle"):
+        if self.kind not in GATE_KINDS:
             raise GateError(f"gate {self.name!r}: unknown kind {self.kind!r}")
+        if isinstance(self.x_scale, dict):
+            self.x_scale = AxisScale.from_dict(self.x_scale)
+        if isinstance(self.y_scale, dict):
+            self.y_scale = AxisScale.from_dict(self.y_scale)
+        if self.parent is not None:
+            self.parent = str(self.parent)
+        wants = {"boolean": (False, False), "range": (True, False)}.get(self.kind, (True, True))
+        for axis, wanted in zip(("x_channel", "y_channel"), wants):
+            value = getattr(self, axis)
+            if wanted and (value is None or str(value) == ""):
+                raise GateError(f"gate {self.name!r}: a {self.kind} gate needs {axis.replace('_', ' ')}")
+            setattr(self, axis, str(value) if wanted else None)
+        if self.kind != "quadrant":
+            self.quadrant = None
+        if self.kind != "boolean":
+            self.operator, self.operands = None, None
+        if self.kind == "boolean":
+            self._check_boolean()
+            return
         try:
             verts = np.asarray(self.vertices, dtype=np.float64)
         except (TypeError, ValueError):
@@ -258,42 +303,99 @@ class Gate:
                 raise GateError(f"gate {self.name!r}: a polygon needs at least 3 vertices")
             if _polygon_area(verts) == 0:
                 raise GateError(f"gate {self.name!r}: the polygon has no area")
-        else:
+        elif self.kind == "rectangle":
             if verts.shape[0] != 2:
                 raise GateError(f"gate {self.name!r}: a rectangle needs exactly 2 corners")
             lo, hi = verts.min(axis=0), verts.max(axis=0)
             if np.any(hi <= lo):
                 raise GateError(f"gate {self.name!r}: the rectangle has no area")
             verts = np.vstack([lo, hi])
+        elif self.kind == "quadrant":
+            if verts.shape[0] != 1:
+                raise GateError(f"gate {self.name!r}: a quadrant gate needs exactly one split point")
+            if self.quadrant not in QUADRANTS:
+                raise GateError(f"gate {self.name!r}: quadrant must be one of {QUADRANTS}, got {self.quadrant!r}")
+        else:  # range
+            if verts.shape[0] != 1 or not verts[0, 0] < verts[0, 1]:
+                raise GateError(f"gate {self.name!r}: a range gate needs one (low, high) pair with low < high")
         self.vertices = [(float(x), float(y)) for x, y in verts]
-        if isinstance(self.x_scale, dict):
-            self.x_scale = AxisScale.from_dict(self.x_scale)
-        if isinstance(self.y_scale, dict):
-            self.y_scale = AxisScale.from_dict(self.y_scale)
-        if self.parent is not None:
-            self.parent = str(self.parent)
+
+    def _check_boolean(self):
+        self.operator = str(self.operator or "").lower()
+        if self.operator not in BOOLEAN_OPERATORS:
+            raise GateError(f"gate {self.name!r}: boolean operator must be one of {BOOLEAN_OPERATORS}, "
+                            f"got {self.operator!r}")
+        if isinstance(self.operands, str) or not isinstance(self.operands, (list, tuple)):
+            raise GateError(f"gate {self.name!r}: a boolean gate needs a list of operand gate names")
+        self.operands = [str(o) for o in self.operands]
+        if len(set(self.operands)) != len(self.operands):
+            raise GateError(f"gate {self.name!r}: an operand is named twice")
+        if self.operator == "not" and len(self.operands) != 1:
+            raise GateError(f"gate {self.name!r}: NOT takes exactly one gate, got {len(self.operands)}")
+        if self.operator != "not" and len(self.operands) < 2:
+            raise GateError(f"gate {self.name!r}: {self.operator.upper()} needs at least two gates")
+        if self.name in self.operands:
+            raise GateError(f"gate {self.name!r}: a boolean gate cannot refer to itself")
+        if self.vertices not in ([], (), None):
+            raise GateError(f"gate {self.name!r}: a boolean gate has no vertices")
+        self.vertices = []
+
+    @property
+    def channels(self) -> tuple:
+        """The channels the gate tests (none for a boolean gate)."""
+        return tuple(c for c in (self.x_channel, self.y_channel) if c is not None)
+
+    @property
+    def is_shape(self) -> bool:
+        """Whether the gate is a 2-D region drawn on a scatter plot (polygon or rectangle)."""
+        return self.kind in ("polygon", "rectangle")
 
     def display_points(self, sample) -> np.ndarray:
-        """(n_events, 2) display coordinates of the sample's events on this gate's axes."""
-        xi, yi = _channel_index(sample, self.x_channel), _channel_index(sample, self.y_channel)
+        """(n_events, d) display coordinates of the sample's events on this gate's axes: d = 2,
+        or 1 for a range gate. A boolean gate has no axes (GateError)."""
+        if self.kind == "boolean":
+            raise GateError(f"gate {self.name!r}: a boolean gate has no axes")
         events = sample.events
-        return np.column_stack([self.x_scale.forward(events[:, xi]), self.y_scale.forward(events[:, yi])])
+        columns = [self.x_scale.forward(events[:, _channel_index(sample, self.x_channel)])]
+        if self.y_channel is not None:
+            columns.append(self.y_scale.forward(events[:, _channel_index(sample, self.y_channel)]))
+        return np.column_stack(columns)
 
     def contains(self, sample) -> np.ndarray:
-        """Boolean mask (n_events,) of events inside this gate, ignoring the parent."""
+        """Boolean mask (n_events,) of events inside this gate, ignoring the parent. A boolean
+        gate's cells depend on other gates: use :meth:`GateTree.memberships`."""
+        if self.kind == "boolean":
+            raise GateError(f"gate {self.name!r}: a boolean gate's cells come from its tree "
+                            f"(GateTree.memberships)")
         points = self.display_points(sample)
         return self.contains_points(points)
 
     def contains_points(self, points: np.ndarray) -> np.ndarray:
-        """Boolean mask for (n, 2) display-coordinate points. NaN points are outside."""
+        """Boolean mask for (n, 2) display-coordinate points ((n, 1) or (n, 2) for a range gate,
+        which reads the first column). NaN points are outside."""
         points = np.asarray(points, dtype=np.float64)
-        finite = np.all(np.isfinite(points), axis=1)
+        if points.ndim == 1:
+            points = points[:, None]
         verts = np.asarray(self.vertices, dtype=np.float64)
+        if self.kind == "range":
+            values = points[:, 0]
+            with np.errstate(invalid="ignore"):
+                return (values >= verts[0, 0]) & (values <= verts[0, 1])  # NaN compares False
+        finite = np.all(np.isfinite(points), axis=1)
+        if self.kind == "quadrant":
+            (x0, y0), = verts
+            with np.errstate(invalid="ignore"):
+                right, top = points[:, 0] >= x0, points[:, 1] >= y0
+            side_x = right if self.quadrant[0] == "+" else ~right
+            side_y = top if self.quadrant[1] == "+" else ~top
+            return side_x & side_y & finite
         if self.kind == "rectangle":
             lo, hi = verts
             with np.errstate(invalid="ignore"):
                 inside = np.all((points >= lo) & (points <= hi), axis=1)
             return inside & finite
+        if self.kind == "boolean":
+            raise GateError(f"gate {self.name!r}: a boolean gate has no geometry")
         inside = np.zeros(points.shape[0], dtype=bool)
         if finite.any():
             inside[finite] = fu_gating.points_in_polygon(verts, points[finite]).astype(bool)
@@ -301,9 +403,11 @@ class Gate:
 
     def outline(self, x_scale: AxisScale | None = None, y_scale: AxisScale | None = None,
                 points_per_edge: int = 24) -> np.ndarray:
-        """The closed outline (k, 2) of the gate in the display coordinates of ``x_scale`` /
-        ``y_scale`` (default: its own). On other scales its straight edges are curves, so each
-        edge is drawn through ``points_per_edge`` points mapped raw -> new scale."""
+        """The closed outline (k, 2) of a polygon or rectangle gate in the display coordinates
+        of ``x_scale`` / ``y_scale`` (default: its own). On other scales its straight edges are
+        curves, so each edge is drawn through ``points_per_edge`` points mapped raw -> new scale."""
+        if not self.is_shape:
+            raise GateError(f"gate {self.name!r}: a {self.kind} gate has no outline")
         verts = np.asarray(self.vertices, dtype=np.float64)
         if self.kind == "rectangle":
             (x0, y0), (x1, y1) = verts
@@ -318,22 +422,53 @@ class Gate:
         y = y_scale.forward(self.y_scale.inverse(dense[:, 1]))
         return np.column_stack([x, y])
 
+    def split_point(self, x_scale: AxisScale | None = None, y_scale: AxisScale | None = None) -> tuple:
+        """A quadrant gate's split point in the display coordinates of ``x_scale`` / ``y_scale``
+        (default: its own)."""
+        if self.kind != "quadrant":
+            raise GateError(f"gate {self.name!r} is not a quadrant gate")
+        (x, y), = self.vertices
+        if x_scale is not None:
+            x = float(x_scale.forward(self.x_scale.inverse(np.array([x])))[0])
+        if y_scale is not None:
+            y = float(y_scale.forward(self.y_scale.inverse(np.array([y])))[0])
+        return x, y
+
+    def describe(self, channel_name=str) -> str:
+        """What the gate tests, in words: its axes, or its boolean expression."""
+        if self.kind == "boolean":
+            if self.operator == "not":
+                return f"NOT {self.operands[0]}"
+            return f" {self.operator.upper()} ".join(self.operands)
+        if self.kind == "range":
+            return f"{channel_name(self.x_channel)} (range)"
+        return f"{channel_name(self.x_channel)} / {channel_name(self.y_channel)}"
+
     def to_dict(self) -> dict:
-        return {"name": self.name, "x_channel": self.x_channel, "y_channel": self.y_channel,
-                "kind": self.kind, "vertices": [list(v) for v in self.vertices],
-                "x_scale": self.x_scale.to_dict(), "y_scale": self.y_scale.to_dict(),
-                "parent": self.parent}
+        out = {"name": self.name, "x_channel": self.x_channel, "y_channel": self.y_channel,
+               "kind": self.kind, "vertices": [list(v) for v in self.vertices],
+               "x_scale": self.x_scale.to_dict(), "y_scale": self.y_scale.to_dict(),
+               "parent": self.parent}
+        if self.kind == "quadrant":
+            out["quadrant"] = self.quadrant
+        if self.kind == "boolean":
+            out.update(operator=self.operator, operands=list(self.operands))
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "Gate":
         try:
-            return cls(name=data["name"], x_channel=str(data["x_channel"]), y_channel=str(data["y_channel"]),
+            channels = [None if data[k] is None else str(data[k]) for k in ("x_channel", "y_channel")]
+            return cls(name=data["name"], x_channel=channels[0], y_channel=channels[1],
                        kind=str(data["kind"]), vertices=data["vertices"],
                        x_scale=AxisScale.from_dict(data.get("x_scale", {"kind": "linear"})),
                        y_scale=AxisScale.from_dict(data.get("y_scale", {"kind": "linear"})),
-                       parent=data.get("parent"))
+                       parent=data.get("parent"), quadrant=data.get("quadrant"),
+                       operator=data.get("operator"), operands=data.get("operands"))
         except KeyError as exc:
             raise GateError(f"gate description lacks {exc}") from None
+        except TypeError as exc:
+            raise GateError(f"invalid gate description: {exc}") from None
 
 
 def rectangle_gate(name, x_channel, y_channel, x_range, y_range, x_scale=None, y_scale=None, parent=None) -> Gate:
@@ -346,6 +481,40 @@ def polygon_gate(name, x_channel, y_channel, vertices, x_scale=None, y_scale=Non
     """A polygon gate from display-coordinate vertices."""
     return Gate(name, x_channel, y_channel, "polygon", list(vertices), x_scale or AxisScale(),
                 y_scale or AxisScale(), parent)
+
+
+def quadrant_names(x_name: str, y_name: str) -> dict:
+    """Quadrant code -> population name, as labs write them: ``{"+-": "CD4+ CD8-", ...}``."""
+    return {code: f"{x_name}{code[0]} {y_name}{code[1]}" for code in QUADRANTS}
+
+
+def quadrant_gates(x_channel, y_channel, point, x_scale=None, y_scale=None, parent=None, names=None,
+                   x_name=None, y_name=None) -> list:
+    """The four gates of one quadrant split at display-coordinate ``point`` = (x, y).
+
+    ``names``: quadrant code ("++", "+-", "-+", "--") -> gate name; by default
+    :func:`quadrant_names` of ``x_name`` / ``y_name`` (default: the channel names), e.g.
+    "CD4+ CD8-". Returns a list of 4 :class:`Gate`, in the order of :data:`QUADRANTS`.
+    """
+    names = dict(names) if names else quadrant_names(x_name or x_channel, y_name or y_channel)
+    missing = [code for code in QUADRANTS if code not in names]
+    if missing:
+        raise GateError(f"quadrant names missing for {', '.join(missing)}")
+    if len({str(names[code]).strip() for code in QUADRANTS}) != 4:
+        raise GateError("the four quadrants need four different names")
+    return [Gate(names[code], x_channel, y_channel, "quadrant", [tuple(point)], x_scale or AxisScale(),
+                 y_scale or AxisScale(), parent, quadrant=code) for code in QUADRANTS]
+
+
+def range_gate(name, channel, low, high, scale=None, parent=None) -> Gate:
+    """A 1-D range gate: events whose display value on ``channel`` lies in [low, high]."""
+    return Gate(name, channel, None, "range", [(low, high)], scale or AxisScale(), AxisScale(), parent)
+
+
+def boolean_gate(name, operator, operands, parent=None) -> Gate:
+    """A boolean gate: "and" / "or" of two or more gates' populations, or "not" of one."""
+    return Gate(name, None, None, "boolean", [], AxisScale(), AxisScale(), parent, operator=operator,
+                operands=list(operands))
 
 
 def _polygon_area(verts: np.ndarray) -> float:
@@ -431,15 +600,41 @@ class GateTree:
             raise GateError(f"a gate named {gate.name!r} already exists")
         if gate.parent is not None and gate.parent not in self:
             raise GateError(f"gate {gate.name!r}: parent gate {gate.parent!r} does not exist")
+        unknown = [o for o in gate.operands or [] if o not in self]
+        if unknown:
+            raise GateError(f"gate {gate.name!r}: no gate named {', '.join(map(repr, unknown))} to combine")
         self._gates.append(gate)
 
-    def remove(self, name: str) -> list[str]:
-        """Delete a gate and all gates nested inside it; returns the deleted names."""
+    def removal(self, name: str) -> list[str]:
+        """The gates :meth:`remove` would delete with ``name``, in tree order: the gate, the
+        gates nested inside it, and every boolean gate built on one of those (with its own
+        nested gates), which would otherwise refer to a population that no longer exists."""
         if name not in self:
             raise GateError(f"no gate named {name!r}")
-        doomed = {name, *self.descendants(name)}
-        self._gates = [g for g in self._gates if g.name not in doomed]
-        return [n for n in doomed]
+        doomed = {name}
+        changed = True
+        while changed:
+            changed = False
+            for gate in self._gates:  # parents and operands precede the gates that use them
+                if gate.name not in doomed and (gate.parent in doomed or doomed & set(gate.operands or [])):
+                    doomed.add(gate.name)
+                    changed = True
+        return [g.name for g in self._gates if g.name in doomed]
+
+    def remove(self, name: str) -> list[str]:
+        """Delete a gate, all gates nested inside it and the boolean gates built on them;
+        returns the deleted names (tree order, see :meth:`removal`)."""
+        doomed = self.removal(name)
+        self._gates = [g for g in self._gates if g.name not in set(doomed)]
+        return doomed
+
+    def quadrant_set(self, name: str) -> list[str]:
+        """Names of the quadrant gates split at the same point as quadrant gate ``name``
+        (same parent, channels, scales and point), itself included, in tree order."""
+        gate = self[name]
+        if gate.kind != "quadrant":
+            raise GateError(f"gate {name!r} is not a quadrant gate")
+        return [g.name for g in self._gates if _same_split(g, gate)]
 
     def rename(self, old: str, new: str) -> None:
         if old not in self:
@@ -447,12 +642,13 @@ class GateTree:
         if new != old and new in self:
             raise GateError(f"a gate named {new!r} already exists")
         gate = self[old]
-        replacement = Gate(new, gate.x_channel, gate.y_channel, gate.kind, gate.vertices, gate.x_scale,
-                           gate.y_scale, gate.parent)
+        replacement = dataclasses.replace(gate, name=new)  # re-validates the new name
         self._gates = [replacement if g.name == old else g for g in self._gates]
         for g in self._gates:
             if g.parent == old:
                 g.parent = replacement.name
+            if g.operands and old in g.operands:
+                g.operands = [replacement.name if o == old else o for o in g.operands]
 
     def replace_geometry(self, name: str, vertices, kind: str | None = None, x_scale: AxisScale | None = None,
                          y_scale: AxisScale | None = None) -> None:
@@ -460,8 +656,15 @@ class GateTree:
         are in the display coordinates of ``x_scale`` / ``y_scale`` (default: the gate's own),
         which the gate keeps from then on."""
         gate = self[name]
-        updated = Gate(gate.name, gate.x_channel, gate.y_channel, kind or gate.kind, vertices, x_scale or gate.x_scale,
-                       y_scale or gate.y_scale, gate.parent)
+        if gate.kind == "quadrant":
+            # One split point serves four populations: moving one quadrant moves its set.
+            members = set(self.quadrant_set(name))
+            self._gates = [dataclasses.replace(g, vertices=list(vertices), x_scale=x_scale or g.x_scale,
+                                               y_scale=y_scale or g.y_scale) if g.name in members else g
+                           for g in self._gates]
+            return
+        updated = dataclasses.replace(gate, kind=kind or gate.kind, vertices=vertices, x_scale=x_scale or gate.x_scale,
+                                      y_scale=y_scale or gate.y_scale)
         self._gates = [updated if g.name == name else g for g in self._gates]
 
     def copy(self) -> "GateTree":
@@ -471,11 +674,8 @@ class GateTree:
     def memberships(self, sample) -> dict[str, np.ndarray]:
         """Gate name -> boolean mask (n_events,) of events in the gate AND all its ancestors."""
         masks: dict[str, np.ndarray] = {}
-        for gate in self._gates:  # parents precede children
-            inside = gate.contains(sample)
-            if gate.parent is not None:
-                inside &= masks[gate.parent]
-            masks[gate.name] = inside
+        for gate in self._gates:  # parents and operands precede the gates that use them
+            masks[gate.name] = gate_membership(gate, sample, masks)
         return masks
 
     def labels(self, sample, memberships=None) -> np.ndarray:
@@ -511,7 +711,7 @@ class GateTree:
                 "gate": gate.name,
                 "parent": gate.parent or "(all events)",
                 "depth": self.depth(gate.name),
-                "axes": f"{name_of(gate.x_channel)} / {name_of(gate.y_channel)}",
+                "axes": gate.describe(name_of),
                 "count": count,
                 "% of parent": 100.0 * count / parent_count if parent_count else 0.0,
                 "% of total": 100.0 * count / total if total else 0.0,
@@ -522,7 +722,7 @@ class GateTree:
         """Names of channels the tree needs that the sample lacks (empty when it fits)."""
         missing = []
         for gate in self._gates:
-            for ch in (gate.x_channel, gate.y_channel):
+            for ch in gate.channels:
                 try:
                     sample.channel_index(ch)
                 except KeyError:
@@ -556,6 +756,35 @@ class GateTree:
 
     def __repr__(self) -> str:
         return f"GateTree({self.names})"
+
+
+def gate_membership(gate: Gate, sample, masks: dict) -> np.ndarray:
+    """Boolean mask (n_events,) of the events in ``gate`` and all its ancestors, given the
+    memberships ``masks`` of the gates before it (its parent and, for a boolean gate, its
+    operands)."""
+    if gate.kind == "boolean":
+        try:
+            operands = [masks[o] for o in gate.operands]
+        except KeyError as exc:
+            raise GateError(f"gate {gate.name!r}: gate {exc} must come before it") from None
+        if gate.operator == "not":
+            inside = ~operands[0]
+        elif gate.operator == "and":
+            inside = np.logical_and.reduce(operands)
+        else:
+            inside = np.logical_or.reduce(operands)
+        inside = np.array(inside, dtype=bool)
+    else:
+        inside = gate.contains(sample)
+    if gate.parent is not None:
+        inside &= masks[gate.parent]
+    return inside
+
+
+def _same_split(a: Gate, b: Gate) -> bool:
+    return (a.kind == b.kind == "quadrant" and a.parent == b.parent and (a.x_channel, a.y_channel) ==
+            (b.x_channel, b.y_channel) and a.vertices == b.vertices and a.x_scale.same_mapping(b.x_scale)
+            and a.y_scale.same_mapping(b.y_scale))
 
 
 class GateHistory:
