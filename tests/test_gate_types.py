@@ -302,3 +302,17 @@ def test_backgating_highlights_the_population_on_every_ancestor_plot(patient):
     assert [p.count for p in plots] == [500, 500, 500]
     cd3 = np.arcsinh(patient.events[:, patient.channel_index("CD3")] / 150)
     assert not np.any((cd3[plots[1].highlight] >= 1.5) & (cd3[plots[1].highlight] <= 5.6))
+
+
+def test_range_gates_round_trip_through_a_flowjo_workspace(patient, tmp_path):
+    from gating_core.gate_export import workspace_sample_id
+    from gating_core.gates import apply_workspace
+
+    tree = GateTree([rectangle_gate("Leukocytes", "FSC-A", "SSC-A", (20000, 150000), (5000, 90000)),
+                     range_gate("CD3+", "CD3", 1.5, 5.6, ASINH, parent="Leukocytes"),
+                     range_gate("large", "FSC-A", 60000, 150000, parent="CD3+")])
+    path = export_flowjo_workspace(tree, tmp_path / "r.wsp", [patient])
+    labels = apply_workspace(path, {workspace_sample_id(patient): patient})[workspace_sample_id(patient)]
+    assert int(np.sum(labels != tree.labels(patient))) == 0
+    names, leaf_counts = np.unique(labels.astype(str), return_counts=True)
+    assert dict(zip(names.tolist(), leaf_counts.tolist())) == {"large": 2975, "other": 9025}
