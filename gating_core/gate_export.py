@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.gates import QUADRANTS, AxisScale, GateError, GateTree, xml_gate_id
+from gating_core.gates import AxisScale, GateError, GateTree, xml_gate_id
 
 __all__ = ["gating_strategy", "export_gatingml", "export_flowjo_workspace"]
 
