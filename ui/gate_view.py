@@ -25,7 +25,7 @@ def tree_label(tree: GateTree, name: str) -> str:
     if name == ALL:
         return ALL
     gate = tree[name]
-    kind = "" if gate.is_shape else f"  ·  {gate.kind}"
+    kind = "" if gate.is_shape else f" ({gate.kind})"
     return "\u2003" * tree.depth(name) + ("└ " if gate.parent else "") + name + kind
 
 
