@@ -91,18 +91,20 @@ raw_y = y_scale.inverse(np.array(y_range))
 x_label, y_label = channel_label(sample, x_ch), channel_label(sample, y_ch)
 pending_range = None
 if histogram_view:
-    # A range gate: low / high in raw units, previewed on the parent's histogram.
+    # A range gate: drag across the parent's histogram, or type low / high in raw units.
     r1, r2 = st.columns(2)
     range_key = f"range_{patient}_{x_ch}"
-    range_lo = r1.number_input(f"{x_label} from", value=float(raw_x[0]), key=f"{range_key}_from", format="%.4g")
-    range_hi = r2.number_input(f"{x_label} to", value=float(raw_x[1]), key=f"{range_key}_to", format="%.4g")
+    chart_key = f"gate_hist_{state.gate_chart_version}_{patient}_{x_ch}_{x_kind}_{parent}"
+    gate_view.seed_range(state, range_key, chart_key, x_scale, raw_x)
+    range_lo = r1.number_input(f"{x_label} from", key=f"{range_key}_from", format="%.4g")
+    range_hi = r2.number_input(f"{x_label} to", key=f"{range_key}_to", format="%.4g")
     pending_range = tuple(float(v) for v in x_scale.forward(np.array([range_lo, range_hi])))
     values = cache.display_values(record.token, x_ch, x_scale_d, sample)
     fig = charts.range_histogram(values if parent_mask is None else values[parent_mask], x_range, x_scale, x_label,
                                  ranges=gate_view.ranges_on(tree, parent_gate, x_ch, sample, x_scale),
                                  pending=pending_range if pending_range[0] < pending_range[1] else None)
-    chart_key = f"gate_hist_{state.gate_chart_version}_{patient}_{x_ch}_{x_kind}_{parent}"
-    st.plotly_chart(fig, width="stretch", key=chart_key, config={"displaylogo": False})
+    st.plotly_chart(fig, width="stretch", key=chart_key, on_select="rerun", selection_mode="box",
+                    config={"displaylogo": False})
     event = None
 else:
     fig = charts.scatter_panels([{"title": f"{patient} · {parent}", "grid": grid, "x": xs, "y": ys}], x_scale,

@@ -218,3 +218,22 @@ def test_the_population_tree_drives_the_plot_and_backgating_colours_ancestors(ga
     assert len(values(lit, "x")) == int(population[idx].sum()) > 0
     assert len(values(grey, "x")) == int(masks["CD3+"][idx].sum())
     assert "2,495 cells" in scatter["layout"]["title"]["text"]
+
+
+def test_a_box_dragged_across_the_histogram_sets_the_range():
+    from gating_core.gates import AxisScale
+    from ui.gate_view import range_from_selection, seed_range
+
+    assert range_from_selection({"box": [{"x": [3.0, 1.0], "y": [0, 9]}]}) == (1.0, 3.0)
+    assert range_from_selection({"box": [], "lasso": []}) is None
+    assert range_from_selection({"box": [{"x": [2.0, 2.0]}]}) is None
+    state = {}
+    scale = AxisScale("arcsinh", cofactor=150.0)
+    seed_range(state, "r", "chart", scale, (-10.0, 1e5))
+    assert (state["r_from"], state["r_to"]) == (-10.0, 1e5)
+    state["chart"] = {"selection": {"box": [{"x": [np.arcsinh(2.0), np.arcsinh(20.0)], "y": [0, 1]}]}}
+    seed_range(state, "r", "chart", scale, (-10.0, 1e5))
+    assert state["r_from"] == pytest.approx(300.0) and state["r_to"] == pytest.approx(3000.0)
+    state["r_from"] = 500.0  # typed afterwards: the same box is not applied again
+    seed_range(state, "r", "chart", scale, (-10.0, 1e5))
+    assert state["r_from"] == 500.0

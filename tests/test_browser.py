@@ -372,9 +372,19 @@ def test_quadrant_gate_in_the_browser_with_its_tree_and_backgating(app_url, brow
     page.get_by_text("Range (histogram)", exact=True).click()
     wait_idle(page)
     choose(page, "X channel", "CD3 (FL1-A)")
-    page.get_by_label("CD3 (FL1-A) from").fill("1000")
-    page.get_by_label("CD3 (FL1-A) from").press("Enter")
+    before = float(page.get_by_label("CD3 (FL1-A) from").input_value())
+    # Drag a box across the right half of the histogram: the range inputs follow it.
+    histogram = page.locator(".js-plotly-plot").first
+    histogram.scroll_into_view_if_needed()
+    box = histogram.locator(".nsewdrag").first.bounding_box()
+    page.mouse.move(box["x"] + 0.62 * box["width"], box["y"] + 0.5 * box["height"])
+    page.mouse.down()
+    page.mouse.move(box["x"] + 0.99 * box["width"], box["y"] + 0.6 * box["height"], steps=10)
+    page.mouse.up()
     wait_idle(page)
+    low = float(page.get_by_label("CD3 (FL1-A) from").input_value())
+    high = float(page.get_by_label("CD3 (FL1-A) to").input_value())
+    assert before < low < high
     page.get_by_label("Gate name").fill("CD3+")
     page.get_by_label("Gate name").press("Enter")
     wait_idle(page)

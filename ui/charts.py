@@ -187,12 +187,13 @@ def range_histogram(values, value_range, scale: AxisScale, title, ranges=(), pen
 
 
 def backgate_figure(title, x, y, hx, hy, x_scale, y_scale, x_range, y_range, x_title, y_title, population,
-                    height=320):
+                    height=320, ranges=()):
     """One ancestor plot of a back-gated population: the plot's events in grey, the population's
     cells coloured on top. ``x``/``y``: display values of (a subsample of) the plot's events;
-    ``hx``/``hy``: those of the population's cells. ``y`` None: a histogram of ``x``."""
+    ``hx``/``hy``: those of the population's cells. ``y`` None: a histogram of ``x`` with the
+    range gates ``ranges`` ((name, low, high), display coordinates) shaded."""
     if y is None:
-        fig = range_histogram(x, x_range, x_scale, x_title, highlight=hx, height=height)
+        fig = range_histogram(x, x_range, x_scale, x_title, ranges=ranges, highlight=hx, height=height)
         fig.data[-1].name = population
         fig.update_layout(title=dict(text=title, font=dict(size=13)), margin=dict(l=50, r=10, t=40, b=40))
         return fig

@@ -75,6 +75,30 @@ def ranges_on(tree: GateTree, parent, x_ch: str, sample, scale: AxisScale) -> li
     return out
 
 
+def range_from_selection(selection) -> tuple | None:
+    """(low, high) display coordinates of the latest box dragged across a histogram, or None."""
+    boxes = (selection or {}).get("box") or []
+    if not boxes:
+        return None
+    xs = [float(v) for v in boxes[-1].get("x") or []]
+    if len(xs) != 2 or xs[0] == xs[1]:
+        return None
+    return min(xs), max(xs)
+
+
+def seed_range(state, range_key: str, chart_key: str, scale: AxisScale, raw_limits) -> None:
+    """Set the range inputs ``{range_key}_from`` / ``_to`` (raw units) before they are drawn: to
+    the histogram's range at first, then to each new box dragged across the chart ``chart_key``."""
+    state.setdefault(f"{range_key}_from", float(raw_limits[0]))
+    state.setdefault(f"{range_key}_to", float(raw_limits[1]))
+    chart = state.get(chart_key)
+    dragged = range_from_selection(chart.get("selection") if chart else None)
+    if dragged is not None and state.get(f"{range_key}_dragged") != dragged:
+        state[f"{range_key}_dragged"] = dragged  # applied once: typing afterwards still wins
+        low, high = scale.inverse(np.array(dragged))
+        state[f"{range_key}_from"], state[f"{range_key}_to"] = float(low), float(high)
+
+
 def backgating_section(record, tree: GateTree, masks: dict, default: str | None) -> None:
     """Back-gating: the chosen population coloured on top of each ancestor plot."""
     from gating_core.backgating import backgating
@@ -100,9 +124,10 @@ def backgating_section(record, tree: GateTree, masks: dict, default: str | None)
         x_range = plotting_range(x_all)
         title = f"{plot.gate} · on {plot.parent or ALL} · {plot.count:,} cells"
         if plot.y_channel is None:
+            (low, high), = tree[plot.gate].vertices
             fig = charts.backgate_figure(title, x_all[plot.events], None, x_all[plot.highlight], None, plot.x_scale,
                                          None, x_range, None, channel_label(sample, pnn_of(sample, plot.x_channel)),
-                                         None, name)
+                                         None, name, ranges=[(plot.gate, low, high)])
         else:
             y_all = cache.display_values(record.token, pnn_of(sample, plot.y_channel), plot.y_scale.to_dict(),
                                          sample)
