@@ -36,6 +36,9 @@ tree_json = tree.to_json()
 masks = cache.memberships(record.token, tree_json, sample) if len(tree) else {}
 channels = sample.pnn
 xi, yi = default_xy(channels)
+# Choices a rename or delete made for the tree's pickers, applied before the pickers are drawn
+# (a widget's value cannot change once it is on the page).
+state.update(state.pop("gate_pickers_next", {}))
 state.setdefault("g_x", channels[xi])  # seeded here, not by index=: the tree's focus sets them too
 state.setdefault("g_y", channels[yi])
 
@@ -303,9 +306,8 @@ with right:
                 try:
                     new_tree = tree.copy()
                     new_tree.rename(chosen, new_name)
-                    if state.get("gate_parent") == chosen:
-                        state["gate_parent"] = new_name.strip()
-                    state.pop("gate_focus", None)
+                    state["gate_pickers_next"] = {key: new_name.strip() for key in ("gate_parent", "gate_focus")
+                                                  if state.get(key) == chosen}
                     _commit(new_tree, f"Renamed {chosen!r} to {new_name.strip()!r}.")
                     st.rerun()
                 except GateError as exc:
@@ -319,9 +321,8 @@ with right:
                     help="Names every gate that goes with it, and asks first."):
                 new_tree = tree.copy()
                 gone = new_tree.remove(chosen)
-                for key in ("gate_parent", "gate_focus"):
-                    if state.get(key) in gone:
-                        state[key] = ALL
+                state["gate_pickers_next"] = {key: ALL for key in ("gate_parent", "gate_focus")
+                                              if state.get(key) in gone}
                 _commit(new_tree, f"Deleted {', '.join(gone)}.")
                 st.rerun()
         same = [g.name for g in same_axes]

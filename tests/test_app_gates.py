@@ -145,7 +145,11 @@ def test_rename_and_delete_with_a_confirmation_naming_what_goes(gate_page):
     at = add_range(gate_page, "CD3+", "FL1-A", 1000.0, 1e6)
     at = add_quadrants(at, parent="CD3+")
     at = add_boolean(at, "not T", "not", ["CD3+"])
-    # Rename CD3+: its quadrants' parent and the NOT gate's operand follow.
+    # Rename CD3+ while it is the parent population shown: the pickers follow the new name.
+    at.selectbox(key="gate_focus").set_value("CD3+")  # opens its parent's plot: all events
+    run(at)
+    at.selectbox(key="gate_parent").set_value("CD3+")
+    run(at)
     at.selectbox(key="edit_which").set_value("CD3+")
     run(at)
     at.text_input(key="rename_to_CD3+").input("T cells")
@@ -156,6 +160,7 @@ def test_rename_and_delete_with_a_confirmation_naming_what_goes(gate_page):
     table = gate_table(at)
     assert table.loc["CD4+ CD8-", "parent"] == "T cells" and table.loc["not T", "axes"] == "NOT T cells"
     assert table.loc["T cells", "count"] == 3880
+    assert at.selectbox(key="gate_parent").value == "T cells" and at.selectbox(key="gate_focus").value == "T cells"
     # Delete T cells: the confirmation names the gates nested in it and the boolean gate on it.
     at.selectbox(key="edit_which").set_value("T cells")
     run(at)
@@ -169,6 +174,7 @@ def test_rename_and_delete_with_a_confirmation_naming_what_goes(gate_page):
     at.button(key=f"delete_gate_{PATIENT}_confirm").click()
     run(at)
     assert len(record_of(at).gate_tree) == 0
+    assert at.selectbox(key="gate_parent").value == "(all events)"
     assert "Deleted T cells, CD4+ CD8+, CD4+ CD8-, CD4- CD8+, CD4- CD8-, not T" in at.success[0].value
     # Undo brings all six back.
     at.button(key="undo_gate").click()
