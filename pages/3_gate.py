@@ -222,6 +222,8 @@ elif tool == "Boolean":
                                        "inside the parent population chosen above.")
         gate_name = st.text_input("Gate name", key="gate_name", placeholder="e.g. CD3- CD19+")
         try:
+            if not operands:
+                raise GateError("choose the populations to combine" if len(tree) else "draw gates first")
             preview = boolean_gate(gate_name or "combined", operator, operands, parent_gate)
             trial = tree.copy()
             trial.add(preview)
