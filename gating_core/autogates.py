@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import ndimage
 
-from gating_core.gates import OTHER, Gate, GateError, GateTree
+from gating_core.gates import OTHER, Gate, GateError, GateTree, gate_membership
 
 ALL_EVENTS = "(all events)"
 #: Populations that name no gate (cells no leaf gate claimed). For a gate with children they do
@@ -301,6 +301,9 @@ def fit_gate_tree(template: GateTree, sample, populations, unassigned=UNASSIGNED
         new_gate = gate
         if target is not None:
             targets[gate.name] = target
+        # Only 2-D shapes are fitted; a quadrant split, a range or a boolean gate keeps the
+        # template's definition (its cells still follow this patient's events).
+        if target is not None and gate.is_shape:
             points = gate.display_points(sample)
             voters = parent_mask.copy()
             if template.children(gate.name):
@@ -315,7 +318,7 @@ def fit_gate_tree(template: GateTree, sample, populations, unassigned=UNASSIGNED
                     new_gate = gate
         new_gate = Gate.from_dict(new_gate.to_dict())  # never share a template's objects
         tree.add(new_gate)
-        masks[gate.name] = new_gate.contains(sample) & parent_mask
+        masks[gate.name] = gate_membership(new_gate, sample, masks)
     return AutoGateFit(tree, fitted, masks, targets)
 
 

@@ -10,7 +10,12 @@ the file, so the result is what FlowKit itself would export. The geometry is car
   (262144 when unknown) and M = asinh(T / c) / ln 10, which maps a value to
   ``asinh(x / c) / (M ln 10)``; the vertices are divided by ``M ln 10`` to match;
 * a rectangle includes its upper edge here, GatingML's excludes it: the exported maximum is the
-  next float above ours, so an event on the edge stays inside.
+  next float above ours, so an event on the edge stays inside;
+* a range gate is a GatingML rectangle with one dimension (upper edge as above);
+* the quadrant gates split at one point become one GatingML QuadrantGate (two dividers, one
+  Quadrant per population; "+" is [split, inf), "-" is (-inf, split), as here); gates nested in
+  a quadrant sit under the QuadrantGate and that Quadrant, as GatingML wants;
+* a boolean gate is a GatingML BooleanGate (and / or / not) referring to its operands by path.
 
 The gates apply to the events as the product gated them (compensated when the patient's file
 has a spillover matrix and compensation is on), so the dimensions are written uncompensated.
@@ -95,7 +100,7 @@ def gating_strategy(tree: GateTree, sample=None, *, xml_ids: bool = False):
 def _strategy_and_channels(tree: GateTree, sample, xml_ids: bool):
     """(GatingStrategy, {transform id: $PnN of the channel it transforms})."""
     import flowkit
-    from flowkit import Dimension, gates as fk_gates
+    from flowkit import Dimension, QuadrantDivider, gates as fk_gates
 
     if len(tree) == 0:
         raise GateError("there are no gates to export")
@@ -103,38 +108,85 @@ def _strategy_and_channels(tree: GateTree, sample, xml_ids: bool):
     gate_id = xml_gate_id if xml_ids else str
     transform_ids: dict = {}  # (channel, scale) -> transform id
     channel_of: dict = {}  # transform id -> channel
+    node_path: dict = {}  # gate name -> its node's full path in the strategy, itself included
+    taken = set(tree.names)
+    quadrant_sets = 0
+
+    def axis_of(channel, scale):
+        pnn = _channel_pnn(channel, sample)
+        axis = _Axis(pnn, scale, _channel_top(pnn, sample))
+        if axis.transform is not None:
+            key = (pnn, scale)
+            if key not in transform_ids:
+                # Plain ids (the channel name may hold characters an XML id cannot).
+                transform_ids[key] = f"{scale.kind}_{len(transform_ids) + 1}"
+                channel_of[transform_ids[key]] = pnn
+                strategy.add_transform(transform_ids[key], axis.transform)
+            axis.transform_id = transform_ids[key]
+        return axis
+
+    def upper(axis, value):
+        # ours includes the upper edge, GatingML's excludes it
+        return float(np.nextafter(axis.coordinate(value), np.inf))
+
     for gate in tree.gates:
-        axes = []
-        for channel, scale in ((gate.x_channel, gate.x_scale), (gate.y_channel, gate.y_scale)):
-            pnn = _channel_pnn(channel, sample)
-            axis = _Axis(pnn, scale, _channel_top(pnn, sample))
-            if axis.transform is not None:
-                key = (pnn, scale)
-                if key not in transform_ids:
-                    # Plain ids (the channel name may hold characters an XML id cannot).
-                    transform_ids[key] = f"{scale.kind}_{len(transform_ids) + 1}"
-                    channel_of[transform_ids[key]] = pnn
-                    strategy.add_transform(transform_ids[key], axis.transform)
-                axis.transform_id = transform_ids[key]
-            axes.append(axis)
+        if gate.name in node_path:
+            continue  # a quadrant written with the first gate of its set
+        gate_path = node_path[gate.parent] if gate.parent is not None else ("root",)
         vertices = np.asarray(gate.vertices, dtype=np.float64)
-        if gate.kind == "rectangle":
+        if gate.kind == "quadrant":
+            members = [tree[name] for name in tree.quadrant_set(gate.name)]
+            x_axis, y_axis = axis_of(gate.x_channel, gate.x_scale), axis_of(gate.y_channel, gate.y_scale)
+            (x, y), = vertices
+            dividers = [QuadrantDivider("x_divider", x_axis.pnn, "uncompensated", [x_axis.coordinate(x)],
+                                        x_axis.transform_id),
+                        QuadrantDivider("y_divider", y_axis.pnn, "uncompensated", [y_axis.coordinate(y)],
+                                        y_axis.transform_id)]
+            quadrants = []
+            for member in members:
+                bounds = [(axis.coordinate(v), None) if sign == "+" else (None, axis.coordinate(v))
+                          for axis, v, sign in ((x_axis, x, member.quadrant[0]), (y_axis, y, member.quadrant[1]))]
+                quadrants.append(fk_gates.Quadrant(gate_id(member.name), ["x_divider", "y_divider"], bounds))
+            quadrant_sets += 1
+            set_id = _unused_id(f"Quadrants {quadrant_sets}", taken, gate_id)
+            strategy.add_gate(fk_gates.QuadrantGate(set_id, dividers, quadrants), gate_path=gate_path)
+            for member in members:
+                node_path[member.name] = (*gate_path, set_id, gate_id(member.name))
+            continue
+        if gate.kind == "boolean":
+            refs = [{"ref": gate_id(o), "path": node_path[o][:-1], "complement": False} for o in gate.operands]
+            fk_gate = fk_gates.BooleanGate(gate_id(gate.name), gate.operator, refs)
+        elif gate.kind == "range":
+            axis = axis_of(gate.x_channel, gate.x_scale)
+            (lo, hi), = vertices
+            fk_gate = fk_gates.RectangleGate(gate_id(gate.name), [
+                Dimension(axis.pnn, "uncompensated", axis.transform_id, range_min=axis.coordinate(lo),
+                          range_max=upper(axis, hi))])
+        elif gate.kind == "rectangle":
+            axes = [axis_of(gate.x_channel, gate.x_scale), axis_of(gate.y_channel, gate.y_scale)]
             (x0, y0), (x1, y1) = vertices
             dims = [Dimension(axis.pnn, "uncompensated", axis.transform_id, range_min=axis.coordinate(lo),
-                              range_max=float(np.nextafter(axis.coordinate(hi), np.inf)))
+                              range_max=upper(axis, hi))
                     for axis, lo, hi in ((axes[0], x0, x1), (axes[1], y0, y1))]
             fk_gate = fk_gates.RectangleGate(gate_id(gate.name), dims)
         else:
+            axes = [axis_of(gate.x_channel, gate.x_scale), axis_of(gate.y_channel, gate.y_scale)]
             dims = [Dimension(axis.pnn, "uncompensated", axis.transform_id) for axis in axes]
             points = [[axes[0].coordinate(x), axes[1].coordinate(y)] for x, y in vertices]
             fk_gate = fk_gates.PolygonGate(gate_id(gate.name), dims, points)
-        ancestors = []
-        parent = gate.parent
-        while parent is not None:
-            ancestors.insert(0, gate_id(parent))
-            parent = tree[parent].parent
-        strategy.add_gate(fk_gate, gate_path=("root", *ancestors))
+        strategy.add_gate(fk_gate, gate_path=gate_path)
+        node_path[gate.name] = (*gate_path, gate_id(gate.name))
     return strategy, channel_of
+
+
+def _unused_id(base: str, taken: set, gate_id) -> str:
+    """A QuadrantGate id no gate of the tree has (the quadrants carry the population names)."""
+    name, k = base, 1
+    while name in taken:
+        k += 1
+        name = f"{base} ({k})"
+    taken.add(name)
+    return gate_id(name)
 
 
 def _atomic_write(path: Path, write) -> Path:
@@ -190,6 +242,11 @@ def export_flowjo_workspace(tree: GateTree, path: str | os.PathLike, samples, *,
     samples = list(samples)
     if not samples:
         raise GateError("a FlowJo workspace needs at least one sample")
+    unsupported = [g.name for g in tree.gates if g.kind in ("quadrant", "boolean")]
+    if unsupported:  # FlowKit writes polygon and rectangle gates into workspaces, no others
+        raise GateError(f"the gates cannot be written as a FlowJo workspace: {', '.join(unsupported)} "
+                        f"are quadrant or boolean gates, which FlowKit's workspace writer lacks; "
+                        f"export GatingML instead")
     ids = [workspace_sample_id(s) for s in samples]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:

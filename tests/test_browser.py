@@ -354,3 +354,72 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     wait_idle(page)  # the gate adjusted last is the one shown for adjusting
     page.get_by_text(re.compile(rf"^Monocytes: {new_n:,} events")).wait_for()
     page.screenshot(path=str(artifacts_dir / "9_autogate_after_reload.png"), full_page=True)
+
+
+def test_quadrant_gate_in_the_browser_with_its_tree_and_backgating(app_url, browser, artifacts_dir,
+                                                                   library_with_patients):
+    """Split CD3+ cells into CD4 / CD8 quadrants with the page's controls, see the split on the
+    plot, choose a quadrant in the population tree and see it back-gated on its ancestors' plots."""
+    page = browser.new_page(viewport={"width": 1500, "height": 2600})
+    page.set_default_timeout(120_000)
+    page.goto(app_url)
+    page.get_by_role("heading", name="Data: load patients").first.wait_for()
+    wait_idle(page)
+    open_page(page, "Gate")
+    page.locator(".js-plotly-plot").first.wait_for()
+
+    # A range gate on the CD3 histogram, then quadrants on CD4 / CD8 inside it.
+    page.get_by_text("Range (histogram)", exact=True).click()
+    wait_idle(page)
+    choose(page, "X channel", "CD3 (FL1-A)")
+    before = float(page.get_by_label("CD3 (FL1-A) from").input_value())
+    # Drag a box across the right half of the histogram: the range inputs follow it.
+    histogram = page.locator(".js-plotly-plot").first
+    histogram.scroll_into_view_if_needed()
+    box = histogram.locator(".nsewdrag").first.bounding_box()
+    page.mouse.move(box["x"] + 0.62 * box["width"], box["y"] + 0.5 * box["height"])
+    page.mouse.down()
+    page.mouse.move(box["x"] + 0.99 * box["width"], box["y"] + 0.6 * box["height"], steps=10)
+    page.mouse.up()
+    wait_idle(page)
+    low = float(page.get_by_label("CD3 (FL1-A) from").input_value())
+    high = float(page.get_by_label("CD3 (FL1-A) to").input_value())
+    assert before < low < high
+    page.get_by_label("Gate name").fill("CD3+")
+    page.get_by_label("Gate name").press("Enter")
+    wait_idle(page)
+    page.get_by_role("button", name="Add range gate").click()
+    page.get_by_text("Added gate 'CD3+'").wait_for()
+    wait_idle(page)
+
+    choose(page, "Parent population", "CD3+ (range)")
+    page.get_by_text("Quadrant", exact=True).click()
+    wait_idle(page)
+    choose(page, "X channel", "CD4 (FL3-A)")
+    choose(page, "Y channel", "CD8 (FL6-A)")
+    for label, value in (("Split CD4 (FL3-A) at", "200"), ("Split CD8 (FL6-A) at", "300")):
+        page.get_by_label(label).fill(value)
+        page.get_by_label(label).press("Enter")
+        wait_idle(page)
+    page.get_by_role("button", name="Add quadrant gate").click()
+    page.get_by_text("Added quadrants CD4+ CD8+, CD4+ CD8-, CD4- CD8+, CD4- CD8-.").wait_for()
+    wait_idle(page)
+    gate_plot = page.locator(".js-plotly-plot").first
+    for name in ("CD4+ CD8-", "CD4- CD8+"):
+        assert gate_plot.get_by_text(name, exact=True).count() >= 1
+    # the stored split (two lines) and the next split's dashed preview (two more)
+    assert len(gate_plot.locator(".shapelayer path").all()) == 4
+    page.screenshot(path=str(artifacts_dir / "3c_gate_quadrants.png"), full_page=True)
+
+    from gating_core.library import PatientLibrary
+
+    stored = PatientLibrary(library_with_patients).load_gates("patient_01")
+    quadrants = [g for g in stored["gates"] if g["kind"] == "quadrant"]
+    assert sorted(g["quadrant"] for g in quadrants) == ["++", "+-", "-+", "--"]
+    assert {g["parent"] for g in quadrants} == {"CD3+"}
+
+    # Back-gating CD4+ CD8-: coloured on the CD3 histogram of all events and on CD3+'s CD4 / CD8 plot.
+    choose(page, "Population to back-gate", re.compile(r"CD4\+ CD8- \(quadrant\)$"))
+    page.get_by_text(re.compile(r"^CD4\+ CD8- · on CD3\+ · [0-9,]+ cells")).first.wait_for()
+    page.get_by_text(re.compile(r"^CD3\+ · on \(all events\) · [0-9,]+ cells")).first.wait_for()
+    page.screenshot(path=str(artifacts_dir / "3d_gate_backgating.png"), full_page=True)

@@ -71,10 +71,15 @@ def scatter_panels(panels, x_scale, y_scale, x_range, y_range, x_title, y_title,
     return fig
 
 
-def add_gate_shapes(fig, gates, x_scale=None, y_scale=None, color="#222222"):
-    """Outline gates on a single-panel figure, labelled by name, in the display coordinates of
-    ``x_scale`` / ``y_scale`` (default: each gate's own scales)."""
+def add_gate_shapes(fig, gates, x_scale=None, y_scale=None, color="#222222", focus=None):
+    """Outline polygon and rectangle gates on a single-panel figure, labelled by name, in the
+    display coordinates of ``x_scale`` / ``y_scale`` (default: each gate's own scales). The gate
+    named ``focus`` (the population chosen in the tree) is drawn in the focus colour."""
+    base_color = color
     for gate in gates:
+        if not gate.is_shape:
+            continue  # quadrant splits: add_quadrant_lines; range and boolean gates have no 2-D outline
+        color = FOCUS_COLOR if gate.name == focus else base_color
         if ((x_scale is not None and not x_scale.same_mapping(gate.x_scale))
                 or (y_scale is not None and not y_scale.same_mapping(gate.y_scale))):
             outline = gate.outline(x_scale, y_scale)
@@ -125,4 +130,84 @@ def confidence_histogram(confidence, threshold, height=280):
     # log counts: the few hesitant cells stay visible beside the confident majority
     fig.update_yaxes(title_text="cells (log scale)", type="log")
     fig.update_layout(height=height, margin=dict(l=60, r=20, t=20, b=50), plot_bgcolor="white", bargap=0)
+    return fig
+
+
+QUADRANT_COLOR = "#222222"
+HIGHLIGHT_COLOR = "#D55E00"  # the back-gated population, on top of its ancestors' events
+FOCUS_COLOR = "#D55E00"
+
+
+def add_quadrant_lines(fig, point, labels, x_range, y_range, color=QUADRANT_COLOR, dash=None):
+    """A quadrant split on a single-panel figure: a vertical and a horizontal line through
+    ``point`` (display coordinates of the figure's axes) and each quadrant's label in its corner.
+
+    labels : dict quadrant code ("++", "+-", "-+", "--") -> text (codes left out get no label).
+    """
+    x, y = point
+    line = dict(color=color, width=2, dash=dash)
+    fig.add_shape(type="line", x0=x, x1=x, y0=y_range[0], y1=y_range[1], line=line)
+    fig.add_shape(type="line", x0=x_range[0], x1=x_range[1], y0=y, y1=y, line=line)
+    corners = {"++": (x_range[1], y_range[1], "right", "top"), "+-": (x_range[1], y_range[0], "right", "bottom"),
+               "-+": (x_range[0], y_range[1], "left", "top"), "--": (x_range[0], y_range[0], "left", "bottom")}
+    for code, text in labels.items():
+        cx, cy, xanchor, yanchor = corners[code]
+        fig.add_annotation(x=cx, y=cy, text=f"<b>{text}</b>", showarrow=False, xanchor=xanchor, yanchor=yanchor,
+                           font=dict(color=color, size=12), bgcolor="rgba(255,255,255,0.7)")
+    return fig
+
+
+def range_histogram(values, value_range, scale: AxisScale, title, ranges=(), pending=None, highlight=None,
+                    bins=200, height=420):
+    """Histogram of one channel's display values (the parent population), with range gates.
+
+    ranges : list of (name, low, high) in the figure's display coordinates, shaded and named.
+    pending : (low, high) or None, the range being drawn (dashed).
+    highlight : display values of a population to draw on top (back-gating), or None.
+    """
+    counts, centers = plotting.histogram_1d(np.asarray(values, dtype=float), value_range, bins=bins)
+    fig = go.Figure(go.Scatter(x=centers, y=counts, mode="lines", name="events", line=dict(width=2, shape="hvh",
+                                                                                            color="#555555")))
+    if highlight is not None:
+        hc, _ = plotting.histogram_1d(np.asarray(highlight, dtype=float), value_range, bins=bins)
+        fig.add_trace(go.Scatter(x=centers, y=hc, mode="lines", name="population", fill="tozeroy",
+                                 line=dict(width=1, shape="hvh", color=HIGHLIGHT_COLOR)))
+    for name, lo, hi in ranges:
+        fig.add_vrect(x0=lo, x1=hi, fillcolor="#0072B2", opacity=0.12, line_width=1,
+                      annotation_text=f"<b>{name}</b>", annotation_position="top left")
+    if pending is not None:
+        fig.add_vrect(x0=pending[0], x1=pending[1], fillcolor=FOCUS_COLOR, opacity=0.12,
+                      line=dict(color=FOCUS_COLOR, dash="dash"))
+    xv, xt = plotting.raw_ticks(scale, *value_range)
+    fig.update_xaxes(range=list(value_range), tickvals=xv, ticktext=xt, title_text=title)
+    fig.update_yaxes(title_text="events", rangemode="tozero")
+    fig.update_layout(height=height, margin=dict(l=60, r=20, t=20, b=50), plot_bgcolor="white", showlegend=False,
+                      dragmode="select", selectdirection="h")
+    return fig
+
+
+def backgate_figure(title, x, y, hx, hy, x_scale, y_scale, x_range, y_range, x_title, y_title, population,
+                    height=320, ranges=()):
+    """One ancestor plot of a back-gated population: the plot's events in grey, the population's
+    cells coloured on top. ``x``/``y``: display values of (a subsample of) the plot's events;
+    ``hx``/``hy``: those of the population's cells. ``y`` None: a histogram of ``x`` with the
+    range gates ``ranges`` ((name, low, high), display coordinates) shaded."""
+    if y is None:
+        fig = range_histogram(x, x_range, x_scale, x_title, ranges=ranges, highlight=hx, height=height)
+        fig.data[-1].name = population
+        fig.update_layout(title=dict(text=title, font=dict(size=13)), margin=dict(l=50, r=10, t=40, b=40))
+        return fig
+    fig = go.Figure()
+    fig.add_trace(go.Scattergl(x=x, y=y, mode="markers", name="events", hoverinfo="skip",
+                               marker=dict(size=2, color="#bbbbbb", opacity=0.5)))
+    fig.add_trace(go.Scattergl(x=hx, y=hy, mode="markers", name=population, hoverinfo="skip",
+                               marker=dict(size=3, color=HIGHLIGHT_COLOR, opacity=0.8)))
+    xv, xt = plotting.raw_ticks(x_scale, *x_range)
+    yv, yt = plotting.raw_ticks(y_scale, *y_range)
+    fig.update_xaxes(range=list(x_range), tickvals=xv, ticktext=xt, title_text=x_title, showgrid=True,
+                     gridcolor="#eeeeee", zeroline=False)
+    fig.update_yaxes(range=list(y_range), tickvals=yv, ticktext=yt, title_text=y_title, showgrid=True,
+                     gridcolor="#eeeeee", zeroline=False)
+    fig.update_layout(height=height, margin=dict(l=50, r=10, t=40, b=40), plot_bgcolor="white", showlegend=False,
+                      title=dict(text=title, font=dict(size=13)))
     return fig

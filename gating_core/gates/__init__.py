@@ -1,0 +1,38 @@
+"""Hand-drawn gates, nested gate trees and expert gates imported from FlowJo / GatingML.
+
+A gate is drawn on a 2-D scatter plot whose axes may be transformed (arcsinh, logicle), so its
+geometry lives in the *display* coordinates of the plot it was drawn on. Each gate therefore
+records the :class:`AxisScale` of both axes; testing an event maps the raw channel values through
+the same scales before the point-in-polygon test (FlowUtils' compiled ``points_in_polygon``).
+
+Besides polygons and rectangles a tree holds the gates a lab expects: quadrant gates (one split
+point on two channels, four populations such as "CD4+ CD8-"), 1-D range gates (low/high on one
+channel, drawn on a histogram) and boolean gates (AND / OR / NOT of other gates' populations).
+
+Gates nest: a gate names its parent gate, and an event belongs to a gate only if it also
+belongs to the parent. :meth:`GateTree.labels` flattens the tree into training labels: each
+event gets the name of the leaf gate it falls in, or ``"other"``.
+
+Everything here is plain data (``to_dict`` / ``from_dict``), so trees are stored as JSON.
+
+The package: ``scales`` (AxisScale), ``gate`` (Gate and its constructors), ``tree`` (GateTree,
+memberships, undo history), ``imports`` (FlowJo / GatingML import), ``names`` (safe stems),
+``errors``. Every name is importable from ``gating_core.gates``.
+"""
+
+from gating_core.gates.errors import GateError, GateImportError
+from gating_core.gates.gate import (
+    BOOLEAN_OPERATORS, GATE_KINDS, OTHER, QUADRANTS, Gate, boolean_gate, polygon_gate, quadrant_gates,
+    quadrant_names, range_gate, rectangle_gate,
+)
+from gating_core.gates.imports import apply_gatingml, apply_workspace, gate_name_from_xml, xml_gate_id
+from gating_core.gates.names import safe_stem
+from gating_core.gates.scales import AxisScale, panel_scale, suggest_scale, with_kind
+from gating_core.gates.tree import GateHistory, GateTree, gate_membership
+
+__all__ = [
+    "AxisScale", "BOOLEAN_OPERATORS", "GATE_KINDS", "Gate", "GateError", "GateHistory", "GateImportError",
+    "GateTree", "OTHER", "QUADRANTS", "apply_gatingml", "apply_workspace", "boolean_gate", "gate_membership",
+    "gate_name_from_xml", "panel_scale", "polygon_gate", "quadrant_gates", "quadrant_names", "range_gate",
+    "rectangle_gate", "safe_stem", "suggest_scale", "with_kind", "xml_gate_id",
+]

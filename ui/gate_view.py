@@ -1,0 +1,154 @@
+"""The Gate page's population tree, gate-type tools and back-gating, kept out of the page."""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from gating_core.gates import AxisScale, GateTree
+from ui import cache, charts
+from ui.common import channel_label
+
+ALL = "(all events)"
+TOOLS = ("Lasso / box", "Quadrant", "Range (histogram)", "Boolean")
+OPERATORS = {"and": "AND (in every one)", "or": "OR (in any)", "not": "NOT (outside it)"}
+MAX_BACKGATE_PLOTS = 6
+
+
+def pnn_of(sample, channel: str) -> str:
+    """A gate's channel (a $PnN or a marker) as the $PnN the channel pickers list."""
+    return sample.pnn[sample.channel_index(channel)]
+
+
+def tree_label(tree: GateTree, name: str) -> str:
+    """A population as a line of the tree: indented by depth, with its kind when not a shape."""
+    if name == ALL:
+        return ALL
+    gate = tree[name]
+    kind = "" if gate.is_shape else f" ({gate.kind})"
+    return "\u2003" * tree.depth(name) + ("└ " if gate.parent else "") + name + kind
+
+
+def focus_population(tree: GateTree, sample, name: str) -> dict:
+    """Session-state values that show population ``name`` where it was drawn: its parent's
+    plot on its channels, with the tool of its kind (a range gate: the histogram)."""
+    if name == ALL or name not in tree:
+        return {"gate_parent": ALL}
+    gate = tree[name]
+    out = {"gate_parent": gate.parent or ALL}
+    if gate.kind == "boolean":
+        out["gate_tool"] = "Boolean"
+        return out
+    out["g_x"] = pnn_of(sample, gate.x_channel)
+    if gate.y_channel is not None:
+        out["g_y"] = pnn_of(sample, gate.y_channel)
+    out["gate_tool"] = {"range": "Range (histogram)", "quadrant": "Quadrant"}.get(gate.kind, "Lasso / box")
+    return out
+
+
+def quadrant_labels(tree: GateTree, name: str) -> dict:
+    """Quadrant code -> gate name for the quadrant set of ``name``."""
+    return {tree[n].quadrant: n for n in tree.quadrant_set(name)}
+
+
+def quadrant_sets_on(tree: GateTree, parent, x_ch: str, y_ch: str, sample) -> list[list[str]]:
+    """The quadrant splits drawn on ``parent``'s plot of these two channels (one list each)."""
+    seen, out = set(), []
+    for gate in tree.gates:
+        if (gate.kind == "quadrant" and gate.parent == parent and gate.name not in seen
+                and (pnn_of(sample, gate.x_channel), pnn_of(sample, gate.y_channel)) == (x_ch, y_ch)):
+            members = tree.quadrant_set(gate.name)
+            seen.update(members)
+            out.append(members)
+    return out
+
+
+def ranges_on(tree: GateTree, parent, x_ch: str, sample, scale: AxisScale) -> list[tuple]:
+    """(name, low, high) of the range gates on ``parent``'s histogram of ``x_ch``, in the display
+    coordinates of ``scale``."""
+    out = []
+    for gate in tree.gates:
+        if gate.kind == "range" and gate.parent == parent and pnn_of(sample, gate.x_channel) == x_ch:
+            (lo, hi), = gate.vertices
+            lo, hi = scale.forward(gate.x_scale.inverse(np.array([lo, hi])))
+            out.append((gate.name, float(lo), float(hi)))
+    return out
+
+
+def range_from_selection(selection) -> tuple | None:
+    """(low, high) display coordinates of the latest box dragged across a histogram, or None."""
+    boxes = (selection or {}).get("box") or []
+    if not boxes:
+        return None
+    xs = [float(v) for v in boxes[-1].get("x") or []]
+    if len(xs) != 2 or xs[0] == xs[1]:
+        return None
+    return min(xs), max(xs)
+
+
+def seed_range(state, range_key: str, chart_key: str, scale: AxisScale, raw_limits) -> None:
+    """Set the range inputs ``{range_key}_from`` / ``_to`` (raw units) before they are drawn: to
+    the histogram's range at first, then to each new box dragged across the chart ``chart_key``."""
+    state.setdefault(f"{range_key}_from", float(raw_limits[0]))
+    state.setdefault(f"{range_key}_to", float(raw_limits[1]))
+    chart = state.get(chart_key)
+    dragged = range_from_selection(chart.get("selection") if chart else None)
+    if dragged is not None and state.get(f"{range_key}_dragged") != dragged:
+        state[f"{range_key}_dragged"] = dragged  # applied once: typing afterwards still wins
+        low, high = scale.inverse(np.array(dragged))
+        state[f"{range_key}_from"], state[f"{range_key}_to"] = float(low), float(high)
+
+
+def backgating_section(record, tree: GateTree, masks: dict, default: str | None) -> None:
+    """Back-gating: the chosen population coloured on top of each ancestor plot."""
+    from gating_core.backgating import backgating
+
+    sample = record.sample
+    st.markdown("#### Back-gating")
+    names = tree.names
+    index = names.index(default) if default in names else len(names) - 1
+    name = st.selectbox("Population to back-gate", names, index=index, key="backgate_which",
+                        format_func=lambda n: tree_label(tree, n),
+                        help="Its cells, coloured, on the plot of every gate above it, from all events down.")
+    plots = backgating(tree, name, sample, masks)
+    if not plots:
+        st.caption(f"{name} is a boolean gate of boolean gates: no plot to show it on.")
+        return
+    idx = cache.dots(record.token, sample.n_events, 8000)
+    shown = plots[-MAX_BACKGATE_PLOTS:]
+    if len(plots) > len(shown):
+        st.caption(f"The last {len(shown)} of {len(plots)} plots on the way to {name}.")
+    columns = st.columns(min(len(shown), 3))
+    for i, plot in enumerate(shown):
+        x_all = cache.display_values(record.token, pnn_of(sample, plot.x_channel), plot.x_scale.to_dict(), sample)
+        x_range = plotting_range(x_all)
+        title = f"{plot.gate} · on {plot.parent or ALL} · {plot.count:,} cells"
+        if plot.y_channel is None:
+            (low, high), = tree[plot.gate].vertices
+            fig = charts.backgate_figure(title, x_all[plot.events], None, x_all[plot.highlight], None, plot.x_scale,
+                                         None, x_range, None, channel_label(sample, pnn_of(sample, plot.x_channel)),
+                                         None, name, ranges=[(plot.gate, low, high)])
+        else:
+            y_all = cache.display_values(record.token, pnn_of(sample, plot.y_channel), plot.y_scale.to_dict(),
+                                         sample)
+            y_range = plotting_range(y_all)
+            keep = idx[plot.events[idx]]
+            lit = idx[plot.highlight[idx]]
+            fig = charts.backgate_figure(title, x_all[keep], y_all[keep], x_all[lit], y_all[lit], plot.x_scale,
+                                         plot.y_scale, x_range, y_range,
+                                         channel_label(sample, pnn_of(sample, plot.x_channel)),
+                                         channel_label(sample, pnn_of(sample, plot.y_channel)), name)
+            gate = tree[plot.gate]
+            if gate.kind == "quadrant":
+                charts.add_quadrant_lines(fig, gate.split_point(), quadrant_labels(tree, gate.name), x_range,
+                                          y_range)
+            else:
+                charts.add_gate_shapes(fig, [gate])
+        columns[i % len(columns)].plotly_chart(fig, width="stretch", key=f"backgate_{i}_{name}_{plot.gate}",
+                                               config={"displaylogo": False})
+
+
+def plotting_range(values) -> tuple:
+    from gating_core import plotting
+
+    return plotting.display_range(values)
