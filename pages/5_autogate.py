@@ -232,6 +232,8 @@ else:
     # One plot per parent and pair of axes, in the order of the tree.
     groups = {}
     for gate in auto_tree.gates:
+        if gate.x_channel is None or gate.y_channel is None:
+            continue  # a range (histogram) or boolean gate: no scatter plot of its own
         groups.setdefault((gate.parent, gate.x_channel, gate.y_channel), []).append(gate)
     columns = st.columns(3)
     for i, ((parent_name, _, _), gates) in enumerate(groups.items()):
@@ -240,59 +242,65 @@ else:
                                       + ", ".join(g.name for g in gates)),
                             width="stretch", key=f"ag_tree_{state.ag_chart_version}_{patient}_{i}")
 
-    st.markdown("**Adjust a gate**: redraw it with the lasso or box on its parent's plot, or move a vertex.")
-    last = record.autogates.get("adjusted")
-    which = st.selectbox("Gate to adjust", auto_tree.names, key=f"ag_edit_gate_{patient}",
-                         index=auto_tree.names.index(last) if last in auto_tree.names else 0)
-    edit_gate = auto_tree[which]
-    e1, e2 = st.columns([3, 2])
-    with e1:
-        edit_event = st.plotly_chart(
-            gate_plot(edit_gate.parent, [edit_gate], f"{patient} · {edit_gate.parent or 'all events'} · {which}",
-                      selectable=True, height=480),
-            width="stretch", on_select="rerun", selection_mode=("lasso", "box"),
-            key=f"ag_edit_chart_{state.ag_chart_version}_{patient}_{which}")
-    with e2:
-        in_gate = int(auto_masks[which].sum())
-        parent_n = int(auto_masks[edit_gate.parent].sum()) if edit_gate.parent else sample.n_events
-        st.markdown(f"**{which}**: {in_gate:,} events ({100 * in_gate / max(parent_n, 1):.1f}% of "
-                    f"{edit_gate.parent or 'all events'})")
-        redrawn = shape_from_selection(getattr(edit_event, "selection", None) if edit_event is not None else None)
-        if redrawn is not None:
-            try:
+    # Quadrant, range and boolean gates keep the template's definition (autogates.fit_gate_tree):
+    # only the fitted polygons and rectangles are adjusted here.
+    adjustable = [name for name in auto_tree.names if auto_tree[name].is_shape]
+    if not adjustable:
+        st.caption("No gate of this tree is a polygon or rectangle: nothing to adjust.")
+    else:
+        st.markdown("**Adjust a gate**: redraw it with the lasso or box on its parent's plot, or move a vertex.")
+        last = record.autogates.get("adjusted")
+        which = st.selectbox("Gate to adjust", adjustable, key=f"ag_edit_gate_{patient}",
+                             index=adjustable.index(last) if last in adjustable else 0)
+        edit_gate = auto_tree[which]
+        e1, e2 = st.columns([3, 2])
+        with e1:
+            edit_event = st.plotly_chart(
+                gate_plot(edit_gate.parent, [edit_gate], f"{patient} · {edit_gate.parent or 'all events'} · {which}",
+                          selectable=True, height=480),
+                width="stretch", on_select="rerun", selection_mode=("lasso", "box"),
+                key=f"ag_edit_chart_{state.ag_chart_version}_{patient}_{which}")
+        with e2:
+            in_gate = int(auto_masks[which].sum())
+            parent_n = int(auto_masks[edit_gate.parent].sum()) if edit_gate.parent else sample.n_events
+            st.markdown(f"**{which}**: {in_gate:,} events ({100 * in_gate / max(parent_n, 1):.1f}% of "
+                        f"{edit_gate.parent or 'all events'})")
+            redrawn = shape_from_selection(getattr(edit_event, "selection", None) if edit_event is not None else None)
+            if redrawn is not None:
+                try:
+                    trial = auto_tree.copy()
+                    trial.replace_geometry(which, redrawn["vertices"], redrawn["kind"])
+                    n_new = int(trial.memberships(sample)[which].sum())
+                    if st.button(f"Replace {which} with the selection ({n_new:,} events)", key="ag_redraw"):
+                        store.set_autogates(patient, trial, record.autogates["template"], edited=True, adjusted=which)
+                        state.ag_chart_version += 1
+                        state["ag_gate_message"] = f"Redrew {which}: {in_gate:,} → {n_new:,} events."
+                        st.rerun()
+                except GateError as exc:
+                    st.caption(f"The selection cannot be a gate ({exc}).")
+            corners = edit_gate.vertices
+            if edit_gate.kind == "rectangle":
+                (x0, y0), (x1, y1) = corners
+                corners = [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
+            vertex = st.selectbox("Vertex", list(range(1, len(corners) + 1)), key=f"ag_vertex_{patient}_{which}",
+                                  help="Vertices in the plot's display coordinates, counter-clockwise.")
+            vx, vy = corners[vertex - 1]
+            v1, v2 = st.columns(2)
+            new_x = v1.number_input("x", value=float(vx), format="%.3f", key=f"ag_vx_{patient}_{which}_{vertex}")
+            new_y = v2.number_input("y", value=float(vy), format="%.3f", key=f"ag_vy_{patient}_{which}_{vertex}")
+            if st.button("Move the vertex", key="ag_move_vertex", disabled=(new_x, new_y) == (float(vx), float(vy))):
+                moved = list(corners)
+                moved[vertex - 1] = (new_x, new_y)
                 trial = auto_tree.copy()
-                trial.replace_geometry(which, redrawn["vertices"], redrawn["kind"])
-                n_new = int(trial.memberships(sample)[which].sum())
-                if st.button(f"Replace {which} with the selection ({n_new:,} events)", key="ag_redraw"):
+                try:
+                    trial.replace_geometry(which, moved, "polygon")
+                    n_new = int(trial.memberships(sample)[which].sum())
                     store.set_autogates(patient, trial, record.autogates["template"], edited=True, adjusted=which)
                     state.ag_chart_version += 1
-                    state["ag_gate_message"] = f"Redrew {which}: {in_gate:,} → {n_new:,} events."
+                    state["ag_gate_message"] = f"Moved a vertex of {which}: {in_gate:,} → {n_new:,} events."
                     st.rerun()
-            except GateError as exc:
-                st.caption(f"The selection cannot be a gate ({exc}).")
-        corners = edit_gate.vertices
-        if edit_gate.kind == "rectangle":
-            (x0, y0), (x1, y1) = corners
-            corners = [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
-        vertex = st.selectbox("Vertex", list(range(1, len(corners) + 1)), key=f"ag_vertex_{patient}_{which}",
-                              help="Vertices in the plot's display coordinates, counter-clockwise.")
-        vx, vy = corners[vertex - 1]
-        v1, v2 = st.columns(2)
-        new_x = v1.number_input("x", value=float(vx), format="%.3f", key=f"ag_vx_{patient}_{which}_{vertex}")
-        new_y = v2.number_input("y", value=float(vy), format="%.3f", key=f"ag_vy_{patient}_{which}_{vertex}")
-        if st.button("Move the vertex", key="ag_move_vertex", disabled=(new_x, new_y) == (float(vx), float(vy))):
-            moved = list(corners)
-            moved[vertex - 1] = (new_x, new_y)
-            trial = auto_tree.copy()
-            try:
-                trial.replace_geometry(which, moved, "polygon")
-                n_new = int(trial.memberships(sample)[which].sum())
-                store.set_autogates(patient, trial, record.autogates["template"], edited=True, adjusted=which)
-                state.ag_chart_version += 1
-                state["ag_gate_message"] = f"Moved a vertex of {which}: {in_gate:,} → {n_new:,} events."
-                st.rerun()
-            except GateError as exc:
-                st.error(str(exc))
+                except GateError as exc:
+                    st.error(str(exc))
 
 if record.corrected is not None:
     n_changed = int((np.asarray(record.corrected).astype(str) != np.asarray(result.populations).astype(str)).sum())

@@ -925,6 +925,35 @@ def test_autogate_comes_back_as_editable_gates_in_the_training_hierarchy(trained
     assert store_of(again).patients["new_patient_01"].gate_tree == edited
 
 
+def test_autogate_keeps_range_and_boolean_gates_of_the_template_and_adjusts_only_shapes(trained):
+    from gating_core.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
+    from gating_core.gates import boolean_gate, range_gate
+
+    at = trained
+    store = store_of(at)
+    train = store.patients["patient_02"]
+    scales = {c: store.panel_transform(c) for c in train.sample.pnn}
+    template = tree_from_labels(train.sample, train.labels, SAMPLE_DATA_HIERARCHY, scales)
+    template.add(range_gate("FL3 bright", "FL3-A", 2.0, 10.0, scale=scales["FL3-A"]))
+    template.add(boolean_gate("not T cells", "not", ["T cells"]))
+    store.save_gates("patient_02", template)
+    at = goto(at, "pages/5_autogate.py")
+    at.multiselect(key=f"ag_targets_{store.current_model}").set_value(["new_patient_01"])
+    at.button(key="ag_run").click()
+    at.run()
+    assert not at.exception and not at.error, at.exception
+    record = store.patients["new_patient_01"]
+    tree = GateTree.from_dict(record.autogates["tree"])
+    assert tree["FL3 bright"] == template["FL3 bright"]  # kept as the template defines it
+    assert tree["not T cells"].operands == ["T cells"]
+    masks = tree.memberships(record.sample)
+    table = _gate_table(at)
+    assert table.loc["not T cells", "count"] == int((~masks["T cells"]).sum())
+    assert table.loc["FL3 bright", "count"] == int(masks["FL3 bright"].sum())
+    # only the polygons and rectangles are offered for adjusting
+    assert at.selectbox(key="ag_edit_gate_new_patient_01").options == [g[0] for g in SAMPLE_DATA_HIERARCHY]
+
+
 def test_autogate_with_flat_training_labels_shows_populations_under_all_events(trained):
     at = goto(trained, "pages/5_autogate.py")
     store = store_of(at)
