@@ -6,8 +6,8 @@ from types import SimpleNamespace
 import pandas as pd
 import streamlit as st
 
-from gating_core.app_state import channel_presence, ingest_files, load_folder
 from ui import cache
+from ui.app_state import channel_presence, ingest_files, load_folder
 from ui.common import SAMPLE_DATA, channel_label, get_store, refresh_status, show_messages
 from ui.loading import CLASH_CHOICES, resolve_clashes, take_report
 

@@ -319,7 +319,7 @@ class Store:
 
     def rename_channels(self, name: str, mapping: dict) -> None:
         """Rename a patient's channels ($PnN old -> new); labels, gates and results stay."""
-        from gating_core.app_state import rename_channels
+        from ui.app_state import rename_channels
 
         record = self.patients[name]
         sample = rename_channels(record.sample, mapping)  # ValueError on a clash, before any change

@@ -1,4 +1,4 @@
-"""What the app does with files and patients, without any user-interface code.
+"""What the app does with files and patients, without Streamlit (tests import it without a browser).
 
 :func:`ingest_files` takes uploaded files as ``(name, bytes)`` pairs, writes them under generated
 names into a private work folder (an uploaded name is never used as a path), reads them with the
