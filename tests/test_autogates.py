@@ -12,7 +12,7 @@ from gating_core.autogates import (ALL_EVENTS, MULTICENTER_HIERARCHY, SAMPLE_DAT
                                    tree_from_labels)
 from gating_core.fcs import read_fcs
 from gating_core.gates import AxisScale, GateError, GateTree, panel_scale, polygon_gate, rectangle_gate
-from gating_core.labels import load_labeled_input
+from gating_core.inputs import load_labeled_input
 from ui.app_state import autogate_templates
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from gating_core.classifier import MarginalTransferClassifier
 from gating_core.fcs import Channel, Sample
-from gating_core.labels import load_labeled_input
+from gating_core.inputs import load_labeled_input
 from gating_core.model import ChannelMismatchError, GatingModel, ModelFileError
 from gating_core.synthetic import simulate_patient
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.labels import load_labeled_input
+from gating_core.inputs import load_labeled_input
 from gating_core.model import GatingModel, digest_patient
 
 REPO = Path(__file__).resolve().parent.parent

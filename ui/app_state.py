@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from gating_core.gates import GateImportError, apply_gatingml, apply_workspace, safe_stem
+from gating_core.labels import Provenance
 
 FCS_SUFFIXES = (".fcs", ".lmd")
 LABEL_SUFFIX = ".labels.csv"
@@ -29,7 +30,8 @@ class LoadedPatient:
     """One patient built from uploaded files.
 
     ``labels`` is None for a new (unlabeled) patient; ``label_source`` says where labels came
-    from ("labels CSV", "gated CSV", "FlowJo workspace", "GatingML").
+    from: the short name of their :class:`~gating_core.labels.Provenance` ("labels CSV",
+    "gated CSV", "FlowJo workspace", "GatingML").
     """
 
     name: str
@@ -102,7 +104,8 @@ def ingest_files(files, work_dir, existing=None, compensate: bool = True,
     -------
     IngestReport
     """
-    from gating_core.fcs import FCSError, read_fcs_all
+    from gating_core.fcs import FCSError
+    from gating_core.inputs import read_input
 
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -129,7 +132,8 @@ def ingest_files(files, work_dir, existing=None, compensate: bool = True,
         if kind != "fcs":
             continue
         try:
-            raw_samples = read_fcs_all(path, compensate=False)
+            inputs = read_input(path, compensate=False)  # stored under a generated name: no labels file beside it
+            raw_samples = [patient.sample for patient in inputs]
         except FCSError as exc:
             report.errors.append((file_name, f"{file_name}: {exc.problem}"))
             continue
@@ -152,7 +156,7 @@ def ingest_files(files, work_dir, existing=None, compensate: bool = True,
         if len(raw_samples) > 1:
             report.notes.append((file_name, f"{file_name}: holds {len(raw_samples)} data sets, loaded as "
                                             f"separate patients"))
-        for set_name, problem in getattr(raw_samples, "skipped", []):
+        for set_name, problem in inputs.skipped:
             report.notes.append((file_name, f"{file_name}: data set {set_name} not loaded: {problem}"))
 
     for file_name, kind, path in stored:
@@ -210,22 +214,22 @@ def _attach_labels(file_name, path, fcs_by_stem, existing, report):
             report.errors.append((file_name, _rename_in_message(str(exc), path, file_name)))
             return
         target = getattr(existing[match], "sample", existing[match])
-        report.patients.append(LoadedPatient(match, target, labels, "labels CSV", file_name))
+        report.patients.append(LoadedPatient(match, target, labels, Provenance.SHORT[Provenance.IMPORTED], file_name))
         return
     try:
         labels = read_labels_csv(path, patient.sample.n_events)
     except LabelError as exc:
         report.errors.append((file_name, _rename_in_message(str(exc), path, file_name)))
         return
-    patient.labels, patient.label_source = labels, "labels CSV"
+    patient.labels, patient.label_source = labels, Provenance.SHORT[Provenance.IMPORTED]
 
 
 def _load_gated(file_name, path, taken, report):
-    from gating_core.export import read_gated_csv
+    from gating_core.inputs import read_input
     from gating_core.labels import LabelError
 
     try:
-        sample, populations, _ = read_gated_csv(path)
+        [gated] = read_input(path)  # a gated CSV: one labeled patient
     except LabelError as exc:
         report.errors.append((file_name, _rename_in_message(str(exc), path, file_name)))
         return
@@ -234,9 +238,10 @@ def _load_gated(file_name, path, taken, report):
         return
     name = _unique(safe_stem(file_name, "patient"), taken)
     taken.add(name)
+    sample = gated.sample
     sample.name, sample.path = name, None
-    report.patients.append(LoadedPatient(name, sample, np.asarray(populations).astype(object), "gated CSV",
-                                         file_name))
+    report.patients.append(LoadedPatient(name, sample, np.asarray(gated.labels).astype(object),
+                                         Provenance.short(gated.provenance), file_name))
 
 
 def _apply_workspace(file_name, path, raw_by_file, fcs_by_stem, report):
@@ -251,7 +256,7 @@ def _apply_workspace(file_name, path, raw_by_file, fcs_by_stem, report):
     for fcs_name, labels in labels_by_file.items():
         patient = fcs_by_stem.get(safe_stem(fcs_name).casefold())
         if patient is not None:
-            patient.labels, patient.label_source = labels, "FlowJo workspace"
+            patient.labels, patient.label_source = labels, Provenance.SHORT[Provenance.FLOWJO]
     missing = sorted(set(raw_by_file) - set(labels_by_file))
     if missing:
         report.notes.append((file_name, f"{file_name}: no gates for {', '.join(missing)}"))
@@ -270,7 +275,7 @@ def _apply_gatingml(file_name, path, raw_by_file, fcs_by_stem, report):
         except GateImportError as exc:
             report.errors.append((file_name, f"{file_name}: {exc.problem}"))
             return
-        patient.labels, patient.label_source = labels, "GatingML"
+        patient.labels, patient.label_source = labels, Provenance.SHORT[Provenance.GATINGML]
 
 
 def _rename_in_message(message: str, path: Path, file_name: str) -> str:
@@ -337,31 +342,30 @@ def zip_files(files: dict) -> bytes:
 def load_folder(folder, labeled_pattern: str = "*.fcs", new_subfolder: str = "new") -> IngestReport:
     """Patients from a folder like ``sample_data/``: ``<stem>.fcs`` (+ ``<stem>.labels.csv``) are
     historical when labels are beside them, and ``new/*.fcs`` are new patients."""
-    from gating_core.fcs import FCSError, read_fcs
-    from gating_core.labels import LabelError, load_labeled_input
+    from gating_core.fcs import FCSError
+    from gating_core.inputs import read_input
+    from gating_core.labels import LabelError
+
+    def add(path: Path, shown_as: str, labeled: bool) -> None:
+        try:
+            inputs = read_input(path, compensate=True)
+        except (FCSError, LabelError) as exc:
+            report.errors.append((path.name, str(exc)))
+            return
+        for patient in inputs:
+            labels = np.asarray(patient.labels).astype(object) if labeled and patient.labels is not None else None
+            report.patients.append(LoadedPatient(patient.name, patient.sample, labels,
+                                                 Provenance.short(patient.provenance) if labels is not None else "",
+                                                 shown_as))
 
     folder = Path(folder)
     report = IngestReport()
     for path in sorted(folder.glob(labeled_pattern)):
-        try:
-            if path.with_name(path.stem + LABEL_SUFFIX).exists():
-                sample, labels = load_labeled_input(path)
-                report.patients.append(LoadedPatient(path.stem, sample, np.asarray(labels).astype(object),
-                                                     "labels CSV", path.name))
-            else:
-                sample = read_fcs(path, compensate=True)
-                report.patients.append(LoadedPatient(path.stem, sample, None, "", path.name))
-        except (FCSError, LabelError) as exc:
-            report.errors.append((path.name, str(exc)))
+        add(path, path.name, labeled=True)
     new_dir = folder / new_subfolder
     if new_dir.is_dir():
         for path in sorted(new_dir.glob("*.fcs")):
-            try:
-                sample = read_fcs(path, compensate=True)
-            except FCSError as exc:
-                report.errors.append((path.name, str(exc)))
-                continue
-            report.patients.append(LoadedPatient(path.stem, sample, None, "", f"new/{path.name}"))
+            add(path, f"new/{path.name}", labeled=False)  # new patients: labels beside them are not theirs to use
     if not report.patients and not report.errors:
         report.errors.append((str(folder), f"{folder.name}: no FCS files found"))
     return report

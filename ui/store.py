@@ -20,19 +20,9 @@ from types import SimpleNamespace
 import numpy as np
 
 from gating_core.gates import AxisScale, GateError, GateHistory, GateTree, panel_scale
+from gating_core.labels import Provenance
 
 DEFAULT_LIBRARY = "workspace"
-
-# Label sources as the app shows them -> the library's provenance names.
-_PROVENANCE = {
-    "labels CSV": "imported labels",
-    "gated CSV": "imported gated CSV",
-    "FlowJo workspace": "FlowJo workspace gates",
-    "GatingML": "GatingML gates",
-    "gates drawn": "gates drawn in the app",
-    "auto-gate (reviewed)": "auto-gate accepted after review",
-}
-_SOURCE = {v: k for k, v in _PROVENANCE.items()}
 
 
 def _new_token() -> str:
@@ -202,7 +192,7 @@ class Store:
             record = PatientRecord(
                 name, sample_loader=lambda n=name: library.load_sample(n, compensate=True), n_events=info.n_events,
                 labels_loader=lambda n=name: library.load_labels(n), labeled=info.labeled, channel_names=info.channels,
-                label_source=_SOURCE.get(info.label_provenance or "", info.label_provenance or ""))
+                label_source=Provenance.short(info.label_provenance))
             record.file_name = next((s.get("path", "") for s in info.sources if s.get("role") == "fcs"), "")
             if info.has_gates:
                 try:
@@ -269,7 +259,7 @@ class Store:
         self.patients[name] = record
         self._persist("add patient", self.library.add_patient if self.library is not None else None, sample,
                       None if labels is None else record.labels, name=name,
-                      provenance=_PROVENANCE.get(label_source, "imported labels"), label_source=file_name or None)
+                      provenance=Provenance.from_short(label_source, Provenance.IMPORTED), label_source=file_name or None)
         return record
 
     def set_labels(self, name: str, labels, source: str) -> None:
@@ -277,7 +267,7 @@ class Store:
         record.set_labels(labels, source)
         if self.library is not None:
             self._persist("labels", self.library.set_labels, name, record.labels,
-                          _PROVENANCE.get(source, "gates drawn in the app"), source=source)
+                          Provenance.from_short(source, Provenance.DRAWN), source=source)
 
     def label_versions(self, name: str) -> list[dict]:
         """Every labeling the library keeps for the patient, oldest first (``label_history``)."""
@@ -296,7 +286,7 @@ class Store:
             provenance = next(v["provenance"] for v in self.library.label_history(name) if v["current"])
         except LibraryError as exc:
             raise ValueError(str(exc)) from None
-        record.set_labels(labels, _SOURCE.get(provenance, provenance))
+        record.set_labels(labels, Provenance.short(provenance))
 
     def save_gates(self, name: str, tree: GateTree, push_history: bool = True) -> None:
         record = self.patients[name]

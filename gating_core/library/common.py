@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from gating_core.errors import GatingCoreError
+from gating_core.labels import Provenance  # noqa: F401  (the library's name for it since the start)
 
 
 LIBRARY_ENV = "GATING_LIBRARY"
@@ -26,19 +27,6 @@ CATALOG_NAME = "catalog.sqlite"
 
 
 MAX_NAME_LENGTH = 200
-
-
-class Provenance:
-    """Where a patient's labels came from (stored verbatim in the catalog)."""
-
-    IMPORTED = "imported labels"
-    GATED_CSV = "imported gated CSV"
-    FLOWJO = "FlowJo workspace gates"
-    GATINGML = "GatingML gates"
-    DRAWN = "gates drawn in the app"
-    AUTO_ACCEPTED = "auto-gate accepted after review"
-
-    ALL = (IMPORTED, GATED_CSV, FLOWJO, GATINGML, DRAWN, AUTO_ACCEPTED)
 
 
 class LibraryError(GatingCoreError):

@@ -17,7 +17,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from gating_core.fcs import FCSError, Sample
-from gating_core.library.common import LibraryError, Provenance, _as_labels, _is_utf8, _name_key, _now, _printable, normalise_name
+from gating_core.library.common import (LibraryError, Provenance, _as_labels, _is_utf8, _name_key, _now, _printable,
+                                        normalise_name)
 import gating_core.library.catalog as catalog
 import gating_core.library.storage as storage
 import gating_core.library.common as common
@@ -124,31 +125,13 @@ class ImportMixin:
             raise LibraryError("file not found", path=path)
         if not path.is_file():
             raise LibraryError("is not a file", path=path)
+        from gating_core.inputs import read_input  # the one reader of input files
         from gating_core.labels import LabelError
 
         try:
-            if path.suffix.lower() == ".csv":
-                from gating_core.export import read_gated_csv
-
-                sample, populations, _confidence = read_gated_csv(path)
-                stem = path.name[: -len(".csv")]
-                if stem.casefold().endswith(".gated"):
-                    stem = stem[: -len(".gated")]
-                return [_Staged(stem, sample, populations, Provenance.GATED_CSV, path.name,
-                                [("gated-csv", path)])]
-            labels_path = path.with_name(path.stem + ".labels.csv")
-            if labels_path.exists():
-                from gating_core.labels import load_labeled_input
-
-                # Stored as measured; compensation is applied when training (see load_training_set).
-                sample, labels = load_labeled_input(path, compensate=False)
-                return [_Staged(path.stem, sample, labels, Provenance.IMPORTED, labels_path.name,
-                                [("fcs", path), ("labels", labels_path)])]
-            from gating_core.fcs import read_fcs_all
-
-            samples = read_fcs_all(path, compensate=False)
-            return [_Staged(s.name if len(samples) > 1 else path.stem, s, None, None, None, [("fcs", path)])
-                    for s in samples]
+            # Stored as measured; compensation is applied when training (see load_training_set).
+            return [_Staged(p.name, p.sample, p.labels, p.provenance, p.label_source, p.sources)
+                    for p in read_input(path, compensate=False)]
         except FCSError as exc:
             raise LibraryError(exc.problem, path=exc.path or path) from None
         except LabelError as exc:
