@@ -11,7 +11,8 @@ Modules:
 
 - ``fcs``: reading FCS 2.0/3.0/3.1/3.2 files into :class:`~gating_core.fcs.Sample` objects,
   writing FCS 3.1, and the :class:`~gating_core.fcs.FCSError` raised for unreadable files.
-- ``export``: the one export path (gated CSV, FCS with a population channel, Parquet, h5ad).
+- ``export``: the one export path (gated CSV, FCS with a population channel, Parquet, h5ad);
+  ``gated_table``: the gated CSV / Parquet / h5ad writers and ``read_gated_csv``.
 - ``inputs``: :func:`~gating_core.inputs.read_input`, the one reader of an input file (FCS with
   ``<stem>.labels.csv``, FCS alone, gated CSV) into patients, and ``load_labeled_input``.
 - ``labels``: the labels CSV beside an FCS file, and ``Provenance`` (where labels came from).
