@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gating_core.evaluation import (held_out_evaluation, leave_one_group_out, leave_one_patient_out,  # noqa: E402
                                     novelty_curve, summarize)
-from gating_core.labels import load_labeled_input  # noqa: E402
+from gating_core.inputs import load_labeled_input  # noqa: E402
 from gating_core.synthetic import simulate_centers  # noqa: E402
 
 MULTICENTER = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multicenter"

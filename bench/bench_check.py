@@ -24,7 +24,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gating_core.evaluation import METHOD_SETTINGS, leave_one_patient_out, summarize  # noqa: E402
-from gating_core.labels import load_labeled_input  # noqa: E402
+from gating_core.inputs import load_labeled_input  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -11,8 +11,11 @@ Modules:
 
 - ``fcs``: reading FCS 2.0/3.0/3.1/3.2 files into :class:`~gating_core.fcs.Sample` objects,
   writing FCS 3.1, and the :class:`~gating_core.fcs.FCSError` raised for unreadable files.
-- ``export``: the one export path (gated CSV, FCS with a population channel, Parquet, h5ad).
-- ``labels``: loading expert labels (labels CSV, gated CSV, FlowJo / GatingML gates).
+- ``export``: the one export path (gated CSV, FCS with a population channel, Parquet, h5ad);
+  ``gated_table``: the gated CSV / Parquet / h5ad writers and ``read_gated_csv``.
+- ``inputs``: :func:`~gating_core.inputs.read_input`, the one reader of an input file (FCS with
+  ``<stem>.labels.csv``, FCS alone, gated CSV) into patients, and ``load_labeled_input``.
+- ``labels``: the labels CSV beside an FCS file, and ``Provenance`` (where labels came from).
 - ``interop``: FlowKit samples and AnnData; ``gate_export``: gates as GatingML 2.0 / FlowJo workspace.
 - ``transforms``: per-channel arcsinh / logicle transforms and their defaults.
 - ``features`` / ``classifier`` / ``model``: the marginal-transfer kernel classifier.
@@ -42,7 +45,7 @@ _PUBLIC = {
     "read_fcs": "fcs", "read_fcs_all": "fcs", "write_fcs": "fcs", "fcs_info": "fcs",
     "Sample": "fcs", "Channel": "fcs", "FCSError": "fcs",
     # labels and exports
-    "load_labeled_input": "labels", "LabelError": "labels",
+    "read_input": "inputs", "load_labeled_input": "inputs", "LabelError": "labels", "Provenance": "labels",
     "export_sample": "export", "read_gated_csv": "export", "read_fcs_with_populations": "export",
     # the model
     "GatingModel": "model", "GateResult": "gate_result", "Novelty": "gate_result",

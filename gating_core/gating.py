@@ -122,7 +122,7 @@ def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50
 def digest_file(path, index: int, model: GatingModel) -> PatientDigest:
     """The :class:`PatientDigest` of the ``index``-th training INPUT (FCS with its labels file,
     or a gated CSV), drawn as ``model.fit`` would. Raises FCSError or LabelError."""
-    from gating_core.labels import load_labeled_input
+    from gating_core.inputs import load_labeled_input
 
     sample, labels = load_labeled_input(path, compensate=model.compensate)
     return digest_patient(sample, labels, model.cells_per_patient, model.embedding_cells,

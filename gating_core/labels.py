@@ -1,10 +1,10 @@
 """Per-event population labels of historical (expert-gated) patients.
 
-A labeled input is either an FCS file with ``<stem>.labels.csv`` beside it (header
-``population``, one row per event, in event order), a gated CSV as written by
-:func:`gating_core.export.write_gated_csv`, or an FCS written by
-:func:`gating_core.export.write_fcs_with_populations` (population codes as a channel).
-Every way a labels file can be wrong becomes a :class:`LabelError` naming the file.
+The labels file ``<stem>.labels.csv`` (header ``population``, one row per event, in event
+order) beside an FCS file, and :class:`Provenance`, where a patient's labels came from. Every way
+a labels file can be wrong becomes a :class:`LabelError` naming the file. Reading a labeled
+input (FCS + labels file, gated CSV, FCS with a population channel) is
+:func:`gating_core.inputs.read_input`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 
 from gating_core.errors import GatingCoreError
 
-__all__ = ["LabelError", "labels_path_for", "read_labels_csv", "load_labeled_input"]
+__all__ = ["LabelError", "Provenance", "labels_path_for", "read_labels_csv"]
 
 LABELS_SUFFIX = ".labels.csv"
 POPULATION_COLUMN = "population"
@@ -29,6 +29,33 @@ class LabelError(GatingCoreError, ValueError):
         self.path = str(path)
         self.problem = problem
         super().__init__(f"{Path(self.path).name}: {problem}")
+
+
+class Provenance:
+    """Where a patient's labels came from: the values the patient library stores (verbatim, in
+    its catalog) and, in :attr:`SHORT`, the short name the app shows for each."""
+
+    IMPORTED = "imported labels"
+    GATED_CSV = "imported gated CSV"
+    FLOWJO = "FlowJo workspace gates"
+    GATINGML = "GatingML gates"
+    DRAWN = "gates drawn in the app"
+    AUTO_ACCEPTED = "auto-gate accepted after review"
+
+    ALL = (IMPORTED, GATED_CSV, FLOWJO, GATINGML, DRAWN, AUTO_ACCEPTED)
+
+    SHORT = {IMPORTED: "labels CSV", GATED_CSV: "gated CSV", FLOWJO: "FlowJo workspace", GATINGML: "GatingML",
+             DRAWN: "gates drawn", AUTO_ACCEPTED: "auto-gate (reviewed)"}
+
+    @classmethod
+    def short(cls, provenance: str | None) -> str:
+        """The app's short name of a stored provenance (an unknown one is shown as stored)."""
+        return cls.SHORT.get(provenance or "", provenance or "")
+
+    @classmethod
+    def from_short(cls, short: str, default: str) -> str:
+        """The stored provenance of an app's short name; ``default`` for any other text."""
+        return next((p for p, s in cls.SHORT.items() if s == short), default)
 
 
 def labels_path_for(fcs_path: str | os.PathLike) -> Path:
@@ -108,28 +135,3 @@ def read_labels_csv(path: str | os.PathLike, n_events: int | None) -> np.ndarray
         raise LabelError(path, f"needs a header line 'population'; found {header[:5]}")
     table = _read_csv_table(path, {POPULATION_COLUMN: pa.string()})
     return population_array(path, table.column(POPULATION_COLUMN), n_events)
-
-
-def load_labeled_input(path: str | os.PathLike, compensate: bool = True):
-    """(Sample, populations ndarray[str]) from a labeled input.
-
-    ``path`` ending in ``.csv`` is read as a gated CSV; anything else as an FCS file whose labels
-    are in ``<stem>.labels.csv`` beside it (or, failing that, in a population channel written by
-    :func:`gating_core.export.write_fcs_with_populations`). ``compensate`` applies the FCS
-    spillover matrix when present. Raises LabelError (labels) or FCSError (FCS file).
-    """
-    from .export import POPULATION_KEYWORD, populations_from_sample, read_gated_csv
-    from .fcs import read_fcs
-
-    path = Path(path)
-    if path.suffix.lower() == ".csv":
-        sample, populations, _ = read_gated_csv(path)
-        return sample, populations
-    labels_path = labels_path_for(path)
-    sample = read_fcs(path, compensate=compensate)
-    if labels_path.exists():
-        return sample, read_labels_csv(labels_path, sample.n_events)
-    if POPULATION_KEYWORD in sample.keywords:
-        return populations_from_sample(sample)
-    raise LabelError(labels_path, f"labels file is missing: {path.name} needs {labels_path.name} "
-                                  "beside it (header 'population', one row per event)")

@@ -7,9 +7,10 @@ import pandas as pd
 import streamlit as st
 
 from gating_core import qc
-from gating_core.app_state import channel_presence, ingest_files, load_folder
 from ui import cache, exports
+from ui.app_state import channel_presence
 from ui.common import SAMPLE_DATA, channel_label, get_store, refresh_status, show_messages
+from ui.ingest import ingest_files, load_folder
 from ui.loading import CLASH_CHOICES, resolve_clashes, take_report
 
 store = get_store()

@@ -3,10 +3,10 @@
 import numpy as np
 import streamlit as st
 
-from gating_core.app_state import common_channels
 from gating_core.gates import AxisScale
 from gating_core.plotting import histogram_1d, population_colors
 from ui import cache, charts
+from ui.app_state import common_channels
 from ui.common import channel_label, default_xy, get_store, require_patients, scale_select, transform_editor
 
 store = get_store()

@@ -4,10 +4,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from gating_core.app_state import shape_from_selection
 from gating_core.gates import (AxisScale, GateError, GateTree, boolean_gate, polygon_gate, quadrant_gates,
                                quadrant_names, range_gate, rectangle_gate)
 from ui import cache, charts, gate_view
+from ui.app_state import shape_from_selection
 from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, require_patients,
                        scale_select, show_label_change, transform_editor)
 

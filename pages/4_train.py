@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from gating_core.app_state import common_channels, incompatible_label_sets, label_set_disagreements
+from ui.app_state import common_channels, incompatible_label_sets, label_set_disagreements
 from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcome, job_progress, refresh_status,
                        require_patients)
 from ui.jobs import DONE, format_seconds, jobs_for

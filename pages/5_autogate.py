@@ -3,11 +3,11 @@
 import numpy as np
 import streamlit as st
 
-from gating_core.app_state import autogate_templates, missing_model_channels, shape_from_selection
 from gating_core.autogates import agreement, fit_gate_tree, flat_statistics
 from gating_core.gates import AxisScale, GateError, GateTree, polygon_gate, rectangle_gate, safe_stem
 from gating_core.plotting import population_colors
 from ui import cache, charts, exports
+from ui.app_state import autogate_templates, missing_model_channels, shape_from_selection
 from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, refresh_status,
                        require_patients, scale_select, show_label_change)
 

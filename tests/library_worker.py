@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import gating_core.library.patient_library as patient_library  # noqa: E402
+import gating_core.library.common as library_common  # noqa: E402  (the _checkpoint hook)
 from gating_core.library import LibraryError, PatientLibrary  # noqa: E402
 
 
@@ -41,7 +41,7 @@ def main() -> int:
                 Path(args.marker).write_text(stage)
                 time.sleep(600)
 
-        patient_library._checkpoint = pause
+        library_common._checkpoint = pause
 
     try:
         library = PatientLibrary(args.library)

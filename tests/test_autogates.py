@@ -7,13 +7,13 @@ import pandas as pd
 import pytest
 from scipy.spatial import ConvexHull
 
-from gating_core.app_state import autogate_templates
 from gating_core.autogates import (ALL_EVENTS, MULTICENTER_HIERARCHY, SAMPLE_DATA_HIERARCHY, _trace_outline,
                                    agreement, fit_gate_tree, fit_polygon, flat_statistics, gate_populations,
                                    tree_from_labels)
 from gating_core.fcs import read_fcs
 from gating_core.gates import AxisScale, GateError, GateTree, panel_scale, polygon_gate, rectangle_gate
-from gating_core.labels import load_labeled_input
+from gating_core.inputs import load_labeled_input
+from ui.app_state import autogate_templates
 
 
 @pytest.fixture(scope="module")

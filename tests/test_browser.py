@@ -40,7 +40,7 @@ def free_port() -> int:
 @pytest.fixture
 def library_with_patients(tmp_path, sample_data_dir):
     """A patient library holding three labeled patients, as a lab would have after importing."""
-    from gating_core.labels import load_labeled_input
+    from gating_core.inputs import load_labeled_input
     from gating_core.library import PatientLibrary
 
     path = tmp_path / "library"

@@ -16,7 +16,8 @@ from gating_core.distributed import ClusterError
 from gating_core.errors import GatingCoreError
 from gating_core.fcs import FCSError
 from gating_core.gates import GateError, GateImportError
-from gating_core.labels import LabelError, load_labeled_input
+from gating_core.inputs import load_labeled_input
+from gating_core.labels import LabelError
 from gating_core.library import LibraryError, PatientLibrary
 from gating_core.gate_result import ChannelMismatchError
 from gating_core.model import GatingModel

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from test_fcs_properties import build_dataset
 
 from gating_core import fcs as fcs_module
+from gating_core.fcs import writer as fcs_writer
 from gating_core.cli import main as cli_main
 from gating_core.export import (export_bytes, export_keywords, export_sample, read_fcs_with_populations,
                                 write_fcs_with_populations)
@@ -231,8 +232,8 @@ def test_delimiter_choice_avoids_doubling_when_it_can():
 @pytest.mark.parametrize("candidates", [("/", "#"), ("#", "/")])
 def test_doubled_delimiter_files_read_back_in_both_readers(tmp_path, monkeypatch, candidates):
     # Only '/' and '#' allowed, both in use: '#' sits inside values only, '/' at a boundary.
-    monkeypatch.setattr(fcs_module, "TEXT_DELIMITERS", candidates)
-    monkeypatch.setattr(fcs_module, "_DOUBLING_SAFE", candidates)
+    monkeypatch.setattr(fcs_writer, "TEXT_DELIMITERS", candidates)
+    monkeypatch.setattr(fcs_writer, "_DOUBLING_SAFE", candidates)
     keywords = {"A": "/lead", "B": "x#y", "C": "x##y", "D#E": "F"}
     assert choose_delimiter([t for kv in keywords.items() for t in kv]) == ("#", True)
     path = tmp_path / "doubled.fcs"
@@ -316,8 +317,8 @@ def test_export_round_trips_random_valid_samples(tmp_path, drawn, include_identi
     populations = labels_for(source.n_events) if labeled else None
     with pytest.MonkeyPatch.context() as patch:
         if only_two_delimiters:  # exercise the doubled-delimiter escape (and its refusal)
-            patch.setattr(fcs_module, "TEXT_DELIMITERS", ("/", "~"))
-            patch.setattr(fcs_module, "_DOUBLING_SAFE", ("/", "~"))
+            patch.setattr(fcs_writer, "TEXT_DELIMITERS", ("/", "~"))
+            patch.setattr(fcs_writer, "_DOUBLING_SAFE", ("/", "~"))
         try:
             out = export_sample(tmp_path / "out.fcs", source, populations, include_identifying=include_identifying)
         except FCSError as exc:

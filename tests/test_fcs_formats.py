@@ -277,7 +277,7 @@ def test_byteord_shorter_than_the_values_is_noted(tmp_path, byteord, endian):
 
 
 def test_upload_report_names_a_skipped_data_set(tmp_path):
-    from gating_core.app_state import ingest_files
+    from ui.ingest import ingest_files
 
     good = [np.arange(4, dtype=np.float32), np.arange(4, dtype=np.float32) + 10]
     hist = dict(columns=[np.arange(8, dtype=np.uint64)], datatype="I", widths=[2],

@@ -9,14 +9,13 @@ import numpy as np
 import pytest
 
 from gating_core import plotting
-from gating_core.app_state import (
-    channel_presence, classify, common_channels, ingest_files, rename_channels, shape_from_selection,
-)
 from gating_core.fcs import Channel, Sample, write_fcs
 from gating_core.gates import (
     OTHER, AxisScale, GateError, GateHistory, GateImportError, GateTree, apply_gatingml, apply_workspace,
     polygon_gate, rectangle_gate, safe_stem, suggest_scale,
 )
+from ui.app_state import channel_presence, common_channels, rename_channels, shape_from_selection
+from ui.ingest import classify, ingest_files
 
 
 def grid_sample(name="grid"):
@@ -445,7 +444,8 @@ def test_replace_geometry_on_new_scales_and_statistics_name_channels():
 def test_upload_name_clashes_and_model_channel_check(tmp_path, sample_data_dir):
     from types import SimpleNamespace
 
-    from gating_core.app_state import missing_model_channels, split_name_clashes
+    from ui.app_state import missing_model_channels
+    from ui.ingest import split_name_clashes
 
     data = (sample_data_dir / "new" / "new_patient_01.fcs").read_bytes()
     labels = (sample_data_dir / "patient_01.labels.csv").read_bytes()
@@ -467,7 +467,7 @@ def test_upload_name_clashes_and_model_channel_check(tmp_path, sample_data_dir):
 
 
 def test_label_change_table_and_label_set_checks():
-    from gating_core.app_state import (incompatible_label_sets, label_change_table, label_set_disagreements,
+    from ui.app_state import (incompatible_label_sets, label_change_table, label_set_disagreements,
                                        lost_populations)
 
     before = np.array(["B", "T", "T", "NK", "other"])

@@ -213,7 +213,7 @@ def test_cli_runs_as_a_module_and_honours_the_environment_variable(tmp_path):
 
 
 def test_multicenter_file_round_trip(tmp_path, multicenter_dir):
-    from gating_core.labels import load_labeled_input
+    from gating_core.inputs import load_labeled_input
 
     path = multicenter_dir / "multicenter_01.fcs"
     library = PatientLibrary(tmp_path / "lib")

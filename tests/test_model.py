@@ -9,8 +9,8 @@ import pytest
 
 from gating_core.classifier import MarginalTransferClassifier
 from gating_core.fcs import Channel, Sample
-from gating_core.labels import load_labeled_input
 from gating_core.gate_result import ChannelMismatchError
+from gating_core.inputs import load_labeled_input
 from gating_core.model import GatingModel
 from gating_core.modelfile import ModelFileError
 from gating_core.synthetic import simulate_patient

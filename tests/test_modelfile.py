@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gating_core.errors import GatingCoreError
-from gating_core.labels import load_labeled_input
+from gating_core.inputs import load_labeled_input
 from gating_core.model import GatingModel
 from gating_core.modelfile import ModelFileError
 from gating_core.modelfile import MODEL_MEMBERS, expansion_limit

@@ -206,7 +206,7 @@ def test_classifier_clone_and_params_round_trip():
 
 
 def _sample_cohort(sample_data_dir):
-    from gating_core.labels import load_labeled_input
+    from gating_core.inputs import load_labeled_input
 
     cohort = [load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_*.fcs"))]
     return [s for s, _ in cohort], [y for _, y in cohort]

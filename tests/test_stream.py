@@ -14,7 +14,7 @@ from gating_core.features import content_subsample
 from gating_core.export import GatedTableWriter, export_sample
 from gating_core.fcs import FCSError, read_fcs_all, stream_fcs_all, write_fcs
 from gating_core.gating import _gate_file_whole, gate_file
-from gating_core.labels import load_labeled_input
+from gating_core.inputs import load_labeled_input
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data"
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.labels import load_labeled_input
 from gating_core.digest import digest_patient
+from gating_core.inputs import load_labeled_input
 from gating_core.model import GatingModel
 
 REPO = Path(__file__).resolve().parent.parent

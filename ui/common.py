@@ -194,7 +194,7 @@ def confirm_action(key: str, button_label: str, confirm_label: str, show_details
 
 def show_label_change(before, after) -> None:
     """Before/after counts per population of a label replacement, with what would be lost."""
-    from gating_core.app_state import label_change_table, lost_populations
+    from ui.app_state import label_change_table, lost_populations
 
     table = label_change_table(before, after)
     st.dataframe(table, hide_index=True, width="stretch",

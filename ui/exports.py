@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from gating_core.app_state import zip_files
 from gating_core.plotting import population_table
+from ui.app_state import zip_files
 
 
 def _confidence(record) -> np.ndarray:

@@ -7,7 +7,7 @@ loaded a second time, is said to be there already. No Streamlit here: the Data p
 
 from __future__ import annotations
 
-from gating_core.app_state import free_name, split_name_clashes
+from ui.ingest import free_name, split_name_clashes
 
 CLASH_CHOICES = {"replace": "Replace the loaded patient (its labels, gates and results go)",
                  "keep both": "Keep both (the new one gets another name)", "skip": "Skip this file"}

@@ -13,147 +13,16 @@ import json
 import os
 import tempfile
 import uuid
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 
-from gating_core.gates import AxisScale, GateError, GateHistory, GateTree, panel_scale
+from gating_core.gates import AxisScale, GateError, GateTree, panel_scale
+from gating_core.labels import Provenance
+from ui.patient_record import PatientRecord, StoredResult, _new_token, _novelty_details
 
 DEFAULT_LIBRARY = "workspace"
-
-# Label sources as the app shows them -> the library's provenance names.
-_PROVENANCE = {
-    "labels CSV": "imported labels",
-    "gated CSV": "imported gated CSV",
-    "FlowJo workspace": "FlowJo workspace gates",
-    "GatingML": "GatingML gates",
-    "gates drawn": "gates drawn in the app",
-    "auto-gate (reviewed)": "auto-gate accepted after review",
-}
-_SOURCE = {v: k for k, v in _PROVENANCE.items()}
-
-
-def _new_token() -> str:
-    return uuid.uuid4().hex
-
-
-@dataclass
-class StoredResult:
-    """An auto-gate result read back from the library (same attributes the pages use)."""
-
-    populations: np.ndarray
-    confidence: np.ndarray
-    novelty: object = None
-    counts: dict = field(default_factory=dict)
-    details: dict = field(default_factory=dict)
-
-
-def _novelty_details(result) -> dict:
-    novelty = getattr(result, "novelty", None)
-    if novelty is None:
-        return {}
-    return {"novelty": {"score": float(novelty.score), "threshold": float(novelty.threshold),
-                        "is_novel": bool(novelty.is_novel), "message": str(novelty.message)}}
-
-
-class PatientRecord:
-    """One patient in the session.
-
-    ``labels`` (n_events,) str, or None for a new patient; ``result`` is the latest auto-gate
-    result and ``corrected`` its populations after the user's corrections. ``token`` changes
-    whenever the events change, so caches keyed by it stay correct. ``sample`` and ``labels``
-    may be read lazily from the library.
-    """
-
-    def __init__(self, name, sample=None, *, sample_loader=None, n_events=None, labels=None, labels_loader=None,
-                 labeled=None, label_source="", file_name="", channel_names=None):
-        self.name = name
-        self.channel_names = list(channel_names) if channel_names is not None else list(sample.pnn)
-        self._sample, self._sample_loader = sample, sample_loader
-        self._n_events = n_events if n_events is not None else (sample.n_events if sample is not None else 0)
-        self._labels, self._labels_loader = labels, labels_loader
-        self._labeled = labeled if labeled is not None else labels is not None
-        self.label_source = label_source
-        self.file_name = file_name
-        self.gate_tree = GateTree()
-        self.history = GateHistory()
-        self.result = None
-        self.result_model = ""
-        self.result_loader = None
-        self.corrected = None
-        # the auto-gates fitted to this patient: {"tree": GateTree dict, "template": patient name,
-        # "edited": bool}; kept in the stored auto-gate result's details
-        self.autogates = None
-        self.token = _new_token()
-        self.labels_token = _new_token()
-        self.result_token = _new_token()
-
-    # lazily loaded data --------------------------------------------------------------------
-    @property
-    def sample(self):
-        if self._sample is None and self._sample_loader is not None:
-            self._sample = self._sample_loader()
-        return self._sample
-
-    @property
-    def n_events(self) -> int:
-        return self._n_events
-
-    @property
-    def labels(self):
-        if self._labels is None and self._labeled and self._labels_loader is not None:
-            self._labels = np.asarray(self._labels_loader()).astype(object)
-        return self._labels
-
-    @property
-    def is_labeled(self) -> bool:
-        return self._labeled
-
-    @property
-    def role(self) -> str:
-        return "historical (labeled)" if self.is_labeled else "new"
-
-    def load_result(self):
-        if self.result is None and self.result_loader is not None:
-            loader, self.result_loader = self.result_loader, None
-            self.result = loader()
-            stored = getattr(self.result, "details", None) or {}
-            if isinstance(stored.get("autogates"), dict):
-                self.autogates = stored["autogates"]
-        return self.result
-
-    @property
-    def populations(self):
-        """The populations to show: corrected auto-gate, else auto-gate, else labels."""
-        if self.corrected is not None:
-            return self.corrected
-        if self.load_result() is not None:
-            return self.result.populations
-        return self.labels
-
-    @property
-    def populations_token(self) -> str:
-        """Changes whenever :attr:`populations` may change (cache key)."""
-        return f"{self.token}:{self.labels_token}:{self.result_token}"
-
-    # changes (the Store persists them) -----------------------------------------------------
-    def set_labels(self, labels, source: str) -> None:
-        labels = np.asarray(labels).astype(object)
-        if labels.shape != (self.n_events,):
-            raise ValueError(f"{self.name}: {labels.shape[0]} labels for {self.n_events} events")
-        self._labels, self._labeled, self.label_source = labels, True, source
-        self.labels_token = _new_token()
-
-    def set_result(self, result, model_name: str) -> None:
-        self.result, self.result_model, self.corrected, self.result_loader = result, model_name, None, None
-        self.autogates = None
-        self.result_token = _new_token()
-
-    def set_corrected(self, populations) -> None:
-        self.corrected = np.asarray(populations).astype(object)
-        self.result_token = _new_token()
 
 
 class Store:
@@ -202,7 +71,7 @@ class Store:
             record = PatientRecord(
                 name, sample_loader=lambda n=name: library.load_sample(n, compensate=True), n_events=info.n_events,
                 labels_loader=lambda n=name: library.load_labels(n), labeled=info.labeled, channel_names=info.channels,
-                label_source=_SOURCE.get(info.label_provenance or "", info.label_provenance or ""))
+                label_source=Provenance.short(info.label_provenance))
             record.file_name = next((s.get("path", "") for s in info.sources if s.get("role") == "fcs"), "")
             if info.has_gates:
                 try:
@@ -269,7 +138,7 @@ class Store:
         self.patients[name] = record
         self._persist("add patient", self.library.add_patient if self.library is not None else None, sample,
                       None if labels is None else record.labels, name=name,
-                      provenance=_PROVENANCE.get(label_source, "imported labels"), label_source=file_name or None)
+                      provenance=Provenance.from_short(label_source, Provenance.IMPORTED), label_source=file_name or None)
         return record
 
     def set_labels(self, name: str, labels, source: str) -> None:
@@ -277,7 +146,7 @@ class Store:
         record.set_labels(labels, source)
         if self.library is not None:
             self._persist("labels", self.library.set_labels, name, record.labels,
-                          _PROVENANCE.get(source, "gates drawn in the app"), source=source)
+                          Provenance.from_short(source, Provenance.DRAWN), source=source)
 
     def label_versions(self, name: str) -> list[dict]:
         """Every labeling the library keeps for the patient, oldest first (``label_history``)."""
@@ -296,7 +165,7 @@ class Store:
             provenance = next(v["provenance"] for v in self.library.label_history(name) if v["current"])
         except LibraryError as exc:
             raise ValueError(str(exc)) from None
-        record.set_labels(labels, _SOURCE.get(provenance, provenance))
+        record.set_labels(labels, Provenance.short(provenance))
 
     def save_gates(self, name: str, tree: GateTree, push_history: bool = True) -> None:
         record = self.patients[name]
@@ -319,7 +188,7 @@ class Store:
 
     def rename_channels(self, name: str, mapping: dict) -> None:
         """Rename a patient's channels ($PnN old -> new); labels, gates and results stay."""
-        from gating_core.app_state import rename_channels
+        from ui.app_state import rename_channels
 
         record = self.patients[name]
         sample = rename_channels(record.sample, mapping)  # ValueError on a clash, before any change

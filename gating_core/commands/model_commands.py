@@ -123,7 +123,8 @@ def _model_params(args) -> dict:
 def _load_inputs(paths, compensate: bool):
     """Labeled patients from INPUT paths; returns (samples, labels, errors)."""
     from gating_core.fcs import FCSError
-    from gating_core.labels import LabelError, load_labeled_input
+    from gating_core.inputs import load_labeled_input
+    from gating_core.labels import LabelError
 
     samples, labels, errors = [], [], []
     for path in paths:

@@ -1,4 +1,4 @@
-"""What the app does with files and patients, without any user-interface code.
+"""Uploads into patients, without Streamlit (tests import it without a browser).
 
 :func:`ingest_files` takes uploaded files as ``(name, bytes)`` pairs, writes them under generated
 names into a private work folder (an uploaded name is never used as a path), reads them with the
@@ -8,15 +8,15 @@ not use. The caller (the Streamlit app, or a test) decides where the patients go
 
 from __future__ import annotations
 
-import io
 import uuid
-import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
 from gating_core.gates import GateImportError, apply_gatingml, apply_workspace, safe_stem
+from gating_core.labels import Provenance
+
 
 FCS_SUFFIXES = (".fcs", ".lmd")
 LABEL_SUFFIX = ".labels.csv"
@@ -29,7 +29,8 @@ class LoadedPatient:
     """One patient built from uploaded files.
 
     ``labels`` is None for a new (unlabeled) patient; ``label_source`` says where labels came
-    from ("labels CSV", "gated CSV", "FlowJo workspace", "GatingML").
+    from: the short name of their :class:`~gating_core.labels.Provenance` ("labels CSV",
+    "gated CSV", "FlowJo workspace", "GatingML").
     """
 
     name: str
@@ -102,7 +103,8 @@ def ingest_files(files, work_dir, existing=None, compensate: bool = True,
     -------
     IngestReport
     """
-    from gating_core.fcs import FCSError, read_fcs_all
+    from gating_core.fcs import FCSError
+    from gating_core.inputs import read_input
 
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -129,7 +131,8 @@ def ingest_files(files, work_dir, existing=None, compensate: bool = True,
         if kind != "fcs":
             continue
         try:
-            raw_samples = read_fcs_all(path, compensate=False)
+            inputs = read_input(path, compensate=False)  # stored under a generated name: no labels file beside it
+            raw_samples = [patient.sample for patient in inputs]
         except FCSError as exc:
             report.errors.append((file_name, f"{file_name}: {exc.problem}"))
             continue
@@ -152,7 +155,7 @@ def ingest_files(files, work_dir, existing=None, compensate: bool = True,
         if len(raw_samples) > 1:
             report.notes.append((file_name, f"{file_name}: holds {len(raw_samples)} data sets, loaded as "
                                             f"separate patients"))
-        for set_name, problem in getattr(raw_samples, "skipped", []):
+        for set_name, problem in inputs.skipped:
             report.notes.append((file_name, f"{file_name}: data set {set_name} not loaded: {problem}"))
 
     for file_name, kind, path in stored:
@@ -181,17 +184,6 @@ def split_name_clashes(patients, existing_names):
     return free, clashing
 
 
-def missing_model_channels(model, channels) -> list[str]:
-    """The model's channels that ``channels`` (a patient's :class:`~gating_core.fcs.Channel` list)
-    lacks, matched as the model matches them: same $PnN, else same marker ($PnS),
-    case-insensitively. Empty when the model can gate the patient."""
-    have = {c.pnn.casefold() for c in channels} | {c.pns.casefold() for c in channels if c.pns}
-    markers = list(getattr(model, "channel_markers_", None) or [])
-    markers += [""] * (len(model.channels_) - len(markers))
-    return [pnn for pnn, pns in zip(model.channels_, markers)
-            if pnn.casefold() not in have and not (pns and pns.casefold() in have)]
-
-
 def _attach_labels(file_name, path, fcs_by_stem, existing, report):
     from gating_core.labels import LabelError, read_labels_csv
 
@@ -210,22 +202,22 @@ def _attach_labels(file_name, path, fcs_by_stem, existing, report):
             report.errors.append((file_name, _rename_in_message(str(exc), path, file_name)))
             return
         target = getattr(existing[match], "sample", existing[match])
-        report.patients.append(LoadedPatient(match, target, labels, "labels CSV", file_name))
+        report.patients.append(LoadedPatient(match, target, labels, Provenance.SHORT[Provenance.IMPORTED], file_name))
         return
     try:
         labels = read_labels_csv(path, patient.sample.n_events)
     except LabelError as exc:
         report.errors.append((file_name, _rename_in_message(str(exc), path, file_name)))
         return
-    patient.labels, patient.label_source = labels, "labels CSV"
+    patient.labels, patient.label_source = labels, Provenance.SHORT[Provenance.IMPORTED]
 
 
 def _load_gated(file_name, path, taken, report):
-    from gating_core.export import read_gated_csv
+    from gating_core.inputs import read_input
     from gating_core.labels import LabelError
 
     try:
-        sample, populations, _ = read_gated_csv(path)
+        [gated] = read_input(path)  # a gated CSV: one labeled patient
     except LabelError as exc:
         report.errors.append((file_name, _rename_in_message(str(exc), path, file_name)))
         return
@@ -234,9 +226,10 @@ def _load_gated(file_name, path, taken, report):
         return
     name = _unique(safe_stem(file_name, "patient"), taken)
     taken.add(name)
+    sample = gated.sample
     sample.name, sample.path = name, None
-    report.patients.append(LoadedPatient(name, sample, np.asarray(populations).astype(object), "gated CSV",
-                                         file_name))
+    report.patients.append(LoadedPatient(name, sample, np.asarray(gated.labels).astype(object),
+                                         Provenance.short(gated.provenance), file_name))
 
 
 def _apply_workspace(file_name, path, raw_by_file, fcs_by_stem, report):
@@ -251,7 +244,7 @@ def _apply_workspace(file_name, path, raw_by_file, fcs_by_stem, report):
     for fcs_name, labels in labels_by_file.items():
         patient = fcs_by_stem.get(safe_stem(fcs_name).casefold())
         if patient is not None:
-            patient.labels, patient.label_source = labels, "FlowJo workspace"
+            patient.labels, patient.label_source = labels, Provenance.SHORT[Provenance.FLOWJO]
     missing = sorted(set(raw_by_file) - set(labels_by_file))
     if missing:
         report.notes.append((file_name, f"{file_name}: no gates for {', '.join(missing)}"))
@@ -270,7 +263,7 @@ def _apply_gatingml(file_name, path, raw_by_file, fcs_by_stem, report):
         except GateImportError as exc:
             report.errors.append((file_name, f"{file_name}: {exc.problem}"))
             return
-        patient.labels, patient.label_source = labels, "GatingML"
+        patient.labels, patient.label_source = labels, Provenance.SHORT[Provenance.GATINGML]
 
 
 def _rename_in_message(message: str, path: Path, file_name: str) -> str:
@@ -278,187 +271,33 @@ def _rename_in_message(message: str, path: Path, file_name: str) -> str:
     return message.replace(path.name, file_name).replace(str(path), file_name)
 
 
-# --------------------------------------------------------------------------------------------
-# Channels across patients
-
-
-def channel_presence(samples: dict):
-    """DataFrame: one row per channel name ($PnN, with marker), one column per patient, bool."""
-    import pandas as pd
-
-    names: list[str] = []
-    for sample in samples.values():
-        for ch in sample.pnn:
-            if ch not in names:
-                names.append(ch)
-    table = {patient: [ch in set(s.pnn) for ch in names] for patient, s in samples.items()}
-    frame = pd.DataFrame(table, index=names)
-    frame.index.name = "channel"
-    return frame
-
-
-def common_channels(samples) -> list[str]:
-    """Channel names ($PnN) present in every sample, in the first sample's order."""
-    samples = list(samples)
-    if not samples:
-        return []
-    shared = set(samples[0].pnn)
-    for s in samples[1:]:
-        shared &= set(s.pnn)
-    return [c for c in samples[0].pnn if c in shared]
-
-
-def rename_channels(sample, mapping: dict):
-    """Copy of ``sample`` with channels renamed ($PnN old -> new); events are shared, not copied.
-
-    Raises ValueError when a renamed channel would clash with an existing one.
-    """
-    from gating_core.fcs import Channel, Sample
-
-    new_names = [mapping.get(c.pnn, c.pnn) for c in sample.channels]
-    if len(set(new_names)) != len(new_names):
-        dupes = sorted({n for n in new_names if new_names.count(n) > 1})
-        raise ValueError(f"{sample.name}: renaming would give two channels named {', '.join(dupes)}")
-    channels = [Channel(mapping.get(c.pnn, c.pnn), c.pns, c.range) for c in sample.channels]
-    spill = [mapping.get(c, c) for c in sample.spillover_channels]
-    return Sample(sample.name, sample.events, channels, dict(sample.keywords), sample.spillover, spill,
-                  sample.version, sample.path, sample.compensated)
-
-
-def zip_files(files: dict) -> bytes:
-    """A zip archive (bytes) of ``{archive name: bytes}``."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for name, data in files.items():
-            archive.writestr(name, data)
-    return buffer.getvalue()
-
-
 def load_folder(folder, labeled_pattern: str = "*.fcs", new_subfolder: str = "new") -> IngestReport:
     """Patients from a folder like ``sample_data/``: ``<stem>.fcs`` (+ ``<stem>.labels.csv``) are
     historical when labels are beside them, and ``new/*.fcs`` are new patients."""
-    from gating_core.fcs import FCSError, read_fcs
-    from gating_core.labels import LabelError, load_labeled_input
+    from gating_core.fcs import FCSError
+    from gating_core.inputs import read_input
+    from gating_core.labels import LabelError
+
+    def add(path: Path, shown_as: str, labeled: bool) -> None:
+        try:
+            inputs = read_input(path, compensate=True)
+        except (FCSError, LabelError) as exc:
+            report.errors.append((path.name, str(exc)))
+            return
+        for patient in inputs:
+            labels = np.asarray(patient.labels).astype(object) if labeled and patient.labels is not None else None
+            report.patients.append(LoadedPatient(patient.name, patient.sample, labels,
+                                                 Provenance.short(patient.provenance) if labels is not None else "",
+                                                 shown_as))
 
     folder = Path(folder)
     report = IngestReport()
     for path in sorted(folder.glob(labeled_pattern)):
-        try:
-            if path.with_name(path.stem + LABEL_SUFFIX).exists():
-                sample, labels = load_labeled_input(path)
-                report.patients.append(LoadedPatient(path.stem, sample, np.asarray(labels).astype(object),
-                                                     "labels CSV", path.name))
-            else:
-                sample = read_fcs(path, compensate=True)
-                report.patients.append(LoadedPatient(path.stem, sample, None, "", path.name))
-        except (FCSError, LabelError) as exc:
-            report.errors.append((path.name, str(exc)))
+        add(path, path.name, labeled=True)
     new_dir = folder / new_subfolder
     if new_dir.is_dir():
         for path in sorted(new_dir.glob("*.fcs")):
-            try:
-                sample = read_fcs(path, compensate=True)
-            except FCSError as exc:
-                report.errors.append((path.name, str(exc)))
-                continue
-            report.patients.append(LoadedPatient(path.stem, sample, None, "", f"new/{path.name}"))
+            add(path, f"new/{path.name}", labeled=False)  # new patients: labels beside them are not theirs to use
     if not report.patients and not report.errors:
         report.errors.append((str(folder), f"{folder.name}: no FCS files found"))
     return report
-
-
-def shape_from_selection(selection) -> dict | None:
-    """The latest box or lasso of a plotly chart selection, in the chart's axis coordinates.
-
-    ``selection`` is what ``st.plotly_chart(..., on_select="rerun")`` reports: a mapping with
-    ``"box"`` (list of ``{"x": [x0, x1], "y": [y0, y1]}``) and ``"lasso"`` (list of ``{"x": [...],
-    "y": [...]}``). A lasso wins over a box (a chart reports one kind at a time). Returns
-    ``{"kind": "polygon" | "rectangle", "vertices": [(x, y), ...]}`` or None.
-    """
-    if not selection:
-        return None
-    lasso = selection.get("lasso") or []
-    box = selection.get("box") or []
-    if lasso:
-        last = lasso[-1]
-        xs, ys = list(last.get("x") or []), list(last.get("y") or [])
-        if len(xs) >= 3 and len(xs) == len(ys):
-            return {"kind": "polygon", "vertices": [(float(x), float(y)) for x, y in zip(xs, ys)]}
-    if box:
-        last = box[-1]
-        xs, ys = list(last.get("x") or []), list(last.get("y") or [])
-        if len(xs) == 2 and len(ys) == 2:
-            return {"kind": "rectangle", "vertices": [(float(min(xs)), float(min(ys))), (float(max(xs)), float(max(ys)))]}
-    return None
-
-
-def label_change_table(before, after):
-    """What replacing a patient's labels ``before`` by ``after`` does, population by population.
-
-    Returns a DataFrame with columns ``population``, ``before``, ``after``, ``change`` (counts;
-    ``before`` is all zero when the patient had no labels), populations of either side, the
-    largest first. Shown before the replacement is confirmed.
-    """
-    import pandas as pd
-
-    after_counts = pd.Series(np.asarray(after).astype(str)).value_counts()
-    before_counts = (pd.Series(np.asarray(before).astype(str)).value_counts() if before is not None
-                     else pd.Series(dtype="int64"))
-    names = list(dict.fromkeys([*before_counts.index, *after_counts.index]))
-    table = pd.DataFrame({"population": names,
-                          "before": [int(before_counts.get(n, 0)) for n in names],
-                          "after": [int(after_counts.get(n, 0)) for n in names]})
-    table["change"] = table["after"] - table["before"]
-    return table
-
-
-def lost_populations(before, after) -> list[str]:
-    """Populations the patient has in ``before`` and no longer in ``after`` (learned as nothing,
-    or as "other", by the next training)."""
-    if before is None:
-        return []
-    kept = set(np.asarray(after).astype(str))
-    return sorted(set(np.asarray(before).astype(str)) - kept)
-
-
-def label_set_disagreements(label_sets: dict) -> dict:
-    """Which populations some training patients have and others lack.
-
-    ``label_sets``: patient -> iterable of population names. Returns population -> sorted list
-    of the patients that lack it, for every population not shared by all (empty when all agree).
-    Training on such patients teaches the model that the missing population is "other".
-    """
-    sets = {p: {str(n) for n in names} for p, names in label_sets.items()}
-    every = set().union(*sets.values()) if sets else set()
-    return {pop: sorted(p for p, names in sets.items() if pop not in names)
-            for pop in sorted(every) if any(pop not in names for names in sets.values())}
-
-
-def incompatible_label_sets(label_sets: dict) -> list[str]:
-    """Patients whose labels are not the same kind of labeling as the others': they name a
-    population no other patient has, or lack more than half of all the populations named.
-
-    A patient lacking one or two populations is often biology (a B-cell-depleted patient has no
-    B cells), so that alone only deserves a warning; a patient labeled "Cells" / "other" beside
-    patients labeled with eight populations is a different labeling, and training on both
-    teaches the model that every other population is "other".
-    """
-    sets = {p: {str(n) for n in names} for p, names in label_sets.items()}
-    every = set().union(*sets.values()) if sets else set()
-    odd = []
-    for patient, names in sets.items():
-        others = set().union(*(n for p, n in sets.items() if p != patient)) if len(sets) > 1 else names
-        if names - others or len(every - names) > len(every) / 2:
-            odd.append(patient)
-    return sorted(odd)
-
-
-def autogate_templates(gate_trees: dict, populations) -> list[str]:
-    """Patients whose gate tree can shape an auto-gate result: those with at least one leaf gate
-    named like one of ``populations`` (a model's), most matching leaves first, then by name.
-
-    ``gate_trees``: patient name -> GateTree (the training patients')."""
-    from gating_core.autogates import template_matches
-
-    scored = [(len(template_matches(tree, populations)), name) for name, tree in gate_trees.items() if len(tree)]
-    return [name for n, name in sorted(scored, key=lambda t: (-t[0], t[1])) if n > 0]

@@ -1,0 +1,217 @@
+"""The patients: lookups, their events, channel renames, removal, export.
+
+Part of :class:`~gating_core.library.PatientLibrary` (a mixin: it uses the library's
+``_connect``, ``_file_path`` and its sibling parts through ``self``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from gating_core.fcs import Channel, FCSError, Sample
+from gating_core.library.common import LibraryError, _name_key, _now
+import gating_core.library.catalog as catalog
+import gating_core.library.storage as storage
+import gating_core.library.common as common
+
+
+@dataclass(frozen=True)
+class PatientInfo:
+    """What the catalog knows about one patient (no events loaded)."""
+
+    name: str
+    id: str
+    created_at: str
+    n_events: int
+    n_channels: int
+    channels: list[str]
+    markers: list[str]
+    dtype: str
+    compensated: bool
+    has_spillover: bool
+    labeled: bool
+    label_provenance: str | None
+    label_model_id: str | None
+    populations: dict[str, int]
+    sources: list[dict]
+    has_gates: bool
+    gate_result: dict | None  # latest auto-gate result: id, model_id, status, created_at
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class PatientsMixin:
+    """The patients: lookups, their events, channel renames, removal, export."""
+
+    def _patient_row(self, conn: sqlite3.Connection, name: str) -> sqlite3.Row:
+        if not isinstance(name, str):
+            raise LibraryError(f"patient name must be text, got {type(name).__name__}")
+        row = conn.execute("SELECT * FROM patients WHERE name_key = ?", (_name_key(name),)).fetchone()
+        if row is None:
+            raise LibraryError("not in the library", patient=name)
+        return row
+
+    def __contains__(self, name: str) -> bool:
+        with self._connect() as conn:
+            return conn.execute("SELECT 1 FROM patients WHERE name_key = ?",
+                                (_name_key(str(name)),)).fetchone() is not None
+
+    def __len__(self) -> int:
+        with self._connect() as conn:
+            return conn.execute("SELECT COUNT(*) FROM patients").fetchone()[0]
+
+    def patient_names(self) -> list[str]:
+        """Names of all patients, in the order they were added."""
+        with self._connect() as conn:
+            return [r[0] for r in conn.execute("SELECT name FROM patients ORDER BY created_at, name")]
+
+    def _info(self, conn: sqlite3.Connection, row: sqlite3.Row) -> PatientInfo:
+        channels = conn.execute("SELECT pnn, pns FROM channels WHERE patient_id = ? ORDER BY position",
+                                (row["id"],)).fetchall()
+        labeling = None
+        populations: dict[str, int] = {}
+        if row["current_labeling"] is not None:
+            labeling = conn.execute("SELECT * FROM labelings WHERE id = ?", (row["current_labeling"],)).fetchone()
+            populations = {r["name"]: r["count"] for r in conn.execute(
+                "SELECT name, count FROM populations WHERE labeling_id = ? ORDER BY name", (labeling["id"],))}
+        sources = [{"role": r["role"], "path": r["path"], "sha256": r["sha256"]} for r in conn.execute(
+            "SELECT role, path, sha256 FROM sources WHERE patient_id = ? ORDER BY id", (row["id"],))]
+        has_gates = conn.execute("SELECT 1 FROM gate_sets WHERE patient_id = ? LIMIT 1",
+                                 (row["id"],)).fetchone() is not None
+        result = conn.execute("SELECT id, model_id, status, created_at FROM gate_results WHERE patient_id = ? "
+                              "ORDER BY id DESC LIMIT 1", (row["id"],)).fetchone()
+        return PatientInfo(
+            name=row["name"], id=row["id"], created_at=row["created_at"], n_events=row["n_events"],
+            n_channels=row["n_channels"], channels=[c["pnn"] for c in channels],
+            markers=[c["pns"] for c in channels], dtype=row["dtype"], compensated=bool(row["compensated"]),
+            has_spillover=row["spillover_json"] is not None, labeled=labeling is not None,
+            label_provenance=labeling["provenance"] if labeling else None,
+            label_model_id=labeling["model_id"] if labeling else None, populations=populations,
+            sources=sources, has_gates=has_gates, gate_result=dict(result) if result else None)
+
+    def patients(self) -> list[PatientInfo]:
+        """Every patient, in the order they were added."""
+        with self._connect() as conn, catalog.read_transaction(conn):
+            rows = conn.execute("SELECT * FROM patients ORDER BY created_at, name").fetchall()
+            return [self._info(conn, row) for row in rows]
+
+    def patient(self, name: str) -> PatientInfo:
+        with self._connect() as conn, catalog.read_transaction(conn):
+            return self._info(conn, self._patient_row(conn, name))
+
+    def load_sample(self, name: str, *, compensate: bool = False) -> Sample:
+        """The patient's events as imported: a Sample named by the patient name.
+
+        ``compensate=True`` applies the stored spillover matrix (a no-op without one or when the
+        events were stored compensated).
+        """
+        with self._connect() as conn, catalog.read_transaction(conn):
+            row = self._patient_row(conn, name)
+            channels = [Channel(r["pnn"], r["pns"], r["range"]) for r in conn.execute(
+                "SELECT pnn, pns, range FROM channels WHERE patient_id = ? ORDER BY position", (row["id"],))]
+            relpath = conn.execute("SELECT relpath FROM files WHERE id = ?", (row["events_file"],)).fetchone()[0]
+        events = self._read_file(relpath, row["name"], lambda p: storage.read_events(p, row["n_channels"]))
+        if events.shape[0] != row["n_events"]:
+            raise LibraryError(f"events file holds {events.shape[0]} events, the catalog says {row['n_events']}",
+                               patient=row["name"], path=relpath)
+        spillover = None if row["spillover_json"] is None else np.asarray(json.loads(row["spillover_json"]))
+        sample = Sample(row["name"], events, channels, json.loads(row["keywords_json"]), spillover,
+                        json.loads(row["spillover_channels_json"]), row["fcs_version"] or "3.1", None,
+                        bool(row["compensated"]), notes=json.loads(row["notes_json"]))
+        if not compensate:
+            return sample
+        try:
+            return sample.compensate()
+        except FCSError as exc:
+            raise LibraryError(f"cannot be compensated: {exc.problem}", patient=row["name"]) from None
+
+    def _read_file(self, relpath: str, patient: str, reader):
+        path = self._file_path(relpath)
+        try:
+            return reader(path)
+        except FileNotFoundError:
+            raise LibraryError("data file is missing (removed by another session?)",
+                               patient=patient, path=path) from None
+        except Exception as exc:
+            raise LibraryError(f"data file cannot be read ({exc})", patient=patient, path=path) from None
+
+    def rename_channels(self, name: str, mapping: dict[str, str]) -> list[str]:
+        """Rename channels ($PnN old -> new) in one transaction; events, labels, gates and
+        results are untouched (events are stored by position). Returns the new $PnN list."""
+        with self._connect() as conn, catalog.write_transaction(conn):
+            row = self._patient_row(conn, name)
+            old = [r[0] for r in conn.execute("SELECT pnn FROM channels WHERE patient_id = ? ORDER BY position",
+                                              (row["id"],))]
+            unknown = sorted(set(mapping) - set(old))
+            if unknown:
+                raise LibraryError(f"has no channel named {', '.join(map(repr, unknown))}", patient=row["name"])
+            new = [mapping.get(c, c) for c in old]
+            if any(not isinstance(c, str) or not c.strip() for c in new):
+                raise LibraryError("channel names must be non-empty text", patient=row["name"])
+            if len(set(new)) != len(new):
+                dupes = sorted({c for c in new if new.count(c) > 1})
+                raise LibraryError(f"renaming would give two channels named {', '.join(dupes)}", patient=row["name"])
+            conn.executemany("UPDATE channels SET pnn = ? WHERE patient_id = ? AND position = ?",
+                             [(c, row["id"], i) for i, c in enumerate(new)])
+            spill = [mapping.get(c, c) for c in json.loads(row["spillover_channels_json"])]
+            conn.execute("UPDATE patients SET spillover_channels_json = ? WHERE id = ?", (json.dumps(spill), row["id"]))
+            changed = {k: v for k, v in mapping.items() if k != v}
+            self._audit(conn, "rename channels", row["id"], row["name"], None, {"renamed": changed}, _now())
+            return new
+
+    def remove_patient(self, name: str) -> None:
+        """Remove a patient with its labels, gates and results (its audit entries stay)."""
+        with self._connect() as conn, catalog.write_transaction(conn):
+            row = self._patient_row(conn, name)
+            relpaths = [r[0] for r in conn.execute("SELECT relpath FROM files WHERE patient_id = ?", (row["id"],))]
+            conn.execute("DELETE FROM patients WHERE id = ?", (row["id"],))
+            self._audit(conn, "remove", row["id"], row["name"], None, {"files": len(relpaths)}, _now())
+        # Files go after the commit: a crash here leaves unreferenced files, removed at next open.
+        common._checkpoint("committed-before-unlink")
+        for relpath in relpaths:
+            self._file_path(relpath).unlink(missing_ok=True)
+
+    def export_patient(self, name: str, out: str | os.PathLike, *, include_identifying: bool = False) -> Path:
+        """Write the patient as a gated CSV (default) or, when ``out`` ends in ``.fcs``, as FCS.
+
+        Labels are the current labels (confidence 1) or, for an unlabeled patient, the latest
+        auto-gate result. FCS export of an unlabeled patient without a result writes the events
+        alone. Written by :func:`gating_core.export.export_sample`: identifying keywords (see
+        :mod:`gating_core.library.privacy`) are left out unless ``include_identifying``, and the
+        exported FCS reads back with exactly the stored events.
+        """
+        out = Path(out)
+        sample = self.load_sample(name)
+        populations = self.load_labels(name)
+        confidence = None
+        if populations is None:
+            result = self.load_gate_result(name)
+            if result is not None:
+                populations, confidence = result.populations, result.confidence
+        else:
+            confidence = np.ones(sample.n_events, dtype=np.float32)
+        is_fcs = out.suffix.lower() == ".fcs"
+        if not is_fcs and populations is None:
+            raise LibraryError("has no labels and no auto-gate result; export it as .fcs, or label "
+                               "or auto-gate it first", patient=sample.name)
+        from gating_core.export import export_sample
+
+        try:
+            export_sample(out, sample, populations, confidence, format="fcs" if is_fcs else "csv",
+                          include_identifying=include_identifying)
+        except FCSError as exc:
+            raise LibraryError(exc.problem, path=out, patient=sample.name) from None
+        except OSError as exc:
+            raise LibraryError(f"cannot be written ({exc.strerror or exc})", path=out) from None
+        with self._connect() as conn, catalog.write_transaction(conn):
+            row = self._patient_row(conn, name)
+            self._audit(conn, "export", row["id"], row["name"], None,
+                        {"file": out.name, "format": "fcs" if is_fcs else "gated-csv",
+                         "include_identifying": bool(include_identifying)}, _now())
+        return out

@@ -1,0 +1,219 @@
+""":func:`simulate_patient`: one patient's blood as an uncompensated 9-parameter flow file
+(see the package's docstring for the physics), and :func:`simulate_cohort`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from gating_core.fcs import Channel, Sample
+from gating_core.synthetic.panel import CONDITIONS, FLUORESCENCE_PANEL, MARKERS, POPULATIONS, RANGE_MAX, SCATTER_CHANNELS, _BASE_SPILLOVER, _CONDITION_NAMES, _CONDITION_PROBABILITIES, _ELECTRONIC_SD, _NEG, _PHENOTYPES, _PHOTON_GAIN, _SCATTER_NOISE_SD, _TYPICAL_PROPORTIONS, _as_rng
+
+if TYPE_CHECKING:  # centers imports this module; the annotation alone needs Center
+    from gating_core.synthetic.centers import Center
+
+
+def _spillover_string(matrix: np.ndarray, channels: Sequence[str]) -> str:
+    """FCS 3.1 ``$SPILLOVER`` value: ``k,name1,...,namek,v11,v12,...`` (row-major)."""
+    values = ",".join(f"{v:.6g}" for v in matrix.ravel())
+    return f"{len(channels)},{','.join(channels)},{values}"
+
+
+def simulate_patient(seed, n_events: int = 12000, drift: float = 1.0, variation: float = 1.0,
+                     condition: str | None = None, name: str | None = None,
+                     proportions: Sequence[float] | None = None, center: Center | None = None):
+    """Simulate one patient's (uncompensated) flow cytometry file.
+
+    Parameters
+    ----------
+    seed : int, sequence of int, or numpy Generator
+        Everything random derives from it; the same seed gives the same patient.
+    n_events : int
+        Number of events (cells and debris).
+    drift : float, default 1.0
+        Scale of instrument/staining drift: per-channel multiplicative gain and additive offset.
+        0 disables it; 2-3 makes an unusual patient.
+    variation : float, default 1.0
+        Scale of biological variation: Dirichlet spread of proportions and per-population
+        shifts/widths of marker levels and scatter. 0 gives the canonical phenotypes.
+    condition : str or None
+        One of ``CONDITIONS``; drawn at random (mostly "typical") when None.
+    name : str or None
+        Sample name; defaults to ``"synthetic_<condition>"``.
+    proportions : sequence of float or None
+        Fix the population fractions (in ``POPULATIONS`` order) instead of drawing them.
+    center : Center or None
+        The measuring center (instrument, staining protocol, compensation controls) whose
+        effects every patient of that center shares, on top of the patient's own ``drift``.
+        None (the default) leaves the simulation exactly as without centers.
+
+    Returns
+    -------
+    sample : gating_core.fcs.Sample
+        ``events`` of shape (n_events, 9), float64 holding float32-exact values (so writing
+        and reading back the FCS gives the same numbers); raw detector values, NOT compensated,
+        with ``spillover`` (7, 7) and ``spillover_channels`` set and the ``$SPILLOVER`` keyword.
+    labels : ndarray of shape (n_events,), dtype str
+        Population name per event.
+    """
+    if n_events < 1:
+        raise ValueError(f"n_events must be positive, got {n_events}")
+    if drift < 0 or variation < 0:
+        raise ValueError("drift and variation must be non-negative")
+    rng = _as_rng(seed)
+    if condition is None:
+        condition = _CONDITION_NAMES[rng.choice(len(_CONDITION_NAMES), p=_CONDITION_PROBABILITIES)]
+    if condition not in CONDITIONS:
+        raise ValueError(f"unknown condition {condition!r}; choose from {sorted(CONDITIONS)}")
+
+    # --- population sizes ------------------------------------------------------------------
+    if proportions is None:
+        mean = _TYPICAL_PROPORTIONS * CONDITIONS[condition]
+        if center is not None:
+            mean = mean * center.proportion_shift
+        mean = mean / mean.sum()
+        if variation > 0:
+            concentration = 60.0 / variation ** 2
+            fractions = rng.dirichlet(mean * concentration)
+        else:
+            fractions = mean
+    else:
+        fractions = np.asarray(proportions, dtype=float)
+        if fractions.shape != (len(POPULATIONS),) or np.any(fractions < 0) or fractions.sum() <= 0:
+            raise ValueError(f"proportions must be {len(POPULATIONS)} non-negative numbers")
+        fractions = fractions / fractions.sum()
+    population_index = rng.choice(len(POPULATIONS), size=n_events, p=fractions)
+    labels = np.array(POPULATIONS, dtype=object)[population_index].astype(str)
+
+    # --- true intensities per population -----------------------------------------------------
+    n_fl = len(FLUORESCENCE_PANEL)
+    scatter = np.empty((n_events, 2))
+    fluorochrome = np.empty((n_events, n_fl))
+    for p, pop in enumerate(POPULATIONS):
+        rows = np.flatnonzero(population_index == p)
+        m = rows.size
+        pheno = _PHENOTYPES[pop]
+        # Biology moves each population a little: location and width per patient.
+        fsc_mean = pheno.fsc[0] * np.exp(variation * rng.normal(0, 0.04))
+        ssc_mean = pheno.ssc[0] * np.exp(variation * rng.normal(0, 0.06))
+        width = np.exp(variation * rng.normal(0, 0.08, size=2))
+        if pop == "Debris":
+            # Debris piles up against the FSC threshold: gamma-shaped, not Gaussian.
+            fsc = rng.gamma(1.6, fsc_mean / 1.6 * width[0], size=m)
+            ssc = rng.gamma(1.4, ssc_mean / 1.4 * width[1], size=m) + 0.2 * fsc
+        else:
+            z = rng.standard_normal((m, 2))
+            r = pheno.scatter_corr
+            z[:, 1] = r * z[:, 0] + np.sqrt(1 - r * r) * z[:, 1]
+            fsc = fsc_mean + pheno.fsc[1] * width[0] * z[:, 0]
+            # Side scatter is right-skewed: log-normal around its mean.
+            ssc_log_sd = pheno.ssc[1] / pheno.ssc[0] * width[1]
+            ssc = ssc_mean * np.exp(ssc_log_sd * z[:, 1] - 0.5 * ssc_log_sd ** 2)
+        scatter[rows, 0] = fsc
+        scatter[rows, 1] = ssc
+
+        auto = pheno.autofluorescence + variation * rng.normal(0, 0.05)
+        if center is not None:
+            auto += center.background
+        for j, marker in enumerate(MARKERS):
+            level = pheno.markers.get(marker, _NEG)
+            shift = variation * rng.normal(0, 0.08)
+            spread = np.exp(variation * rng.normal(0, 0.1))
+            if level is _NEG:
+                log_intensity = auto + 0.3 * rng.standard_normal(m)
+            else:
+                log_intensity = level[0] + shift + level[1] * spread * rng.standard_normal(m)
+                if center is not None:
+                    # A center's detector settings compress bright signals towards the
+                    # negatives (a lower PMT voltage): positives lose decades, negatives do not.
+                    log_intensity = auto + (log_intensity - auto) * center.compression[j]
+            fluorochrome[rows, j] = 10.0 ** log_intensity
+
+    # --- instrument: drift, spillover, detector noise ----------------------------------------
+    # Staining/laser drift multiplies a fluorochrome's brightness, which keeps the spillover
+    # matrix valid (compensation stays exact); detector baselines shift additively.
+    fl_gain = np.exp(drift * rng.normal(0, 0.3, size=n_fl))
+    fl_offset = drift * rng.normal(0, 25.0, size=n_fl)
+    scatter_gain = np.exp(drift * rng.normal(0, 0.15, size=2))
+    scatter_offset = drift * rng.normal(0, 2000.0, size=2)
+    # Each day's single-stain controls give a slightly different matrix.
+    off_diagonal = _BASE_SPILLOVER - np.eye(n_fl)
+    spillover = np.eye(n_fl) + off_diagonal * np.exp(rng.normal(0, 0.08, size=off_diagonal.shape))
+
+    electronic_sd = _ELECTRONIC_SD
+    recorded_spillover = spillover
+    if center is not None:
+        fl_gain = fl_gain * center.fl_gain
+        fl_offset = fl_offset + center.fl_offset
+        scatter_gain = scatter_gain * center.scatter_gain
+        electronic_sd = _ELECTRONIC_SD * center.noise
+        # The center's single-stain controls are off by its own factors: the matrix written
+        # to the file (and so the compensation) is not the one the light went through.
+        recorded_spillover = np.eye(n_fl) + (spillover - np.eye(n_fl)) * center.spillover_error
+
+    light = (fluorochrome * fl_gain) @ spillover
+    detector = (light + np.sqrt(_PHOTON_GAIN * light) * rng.standard_normal(light.shape)
+                + electronic_sd * rng.standard_normal(light.shape) + fl_offset)
+    scatter = (scatter * scatter_gain + scatter_offset
+               + _SCATTER_NOISE_SD * rng.standard_normal(scatter.shape))
+    # Scatter is pulse area: never negative; everything saturates at the top of the range.
+    scatter = np.clip(scatter, 0.0, RANGE_MAX - 1)
+    detector = np.minimum(detector, RANGE_MAX - 1)
+
+    # Round to 0.01 before float32 so the stored values do not hinge on the last bit of
+    # platform-dependent exp/log implementations.
+    events = np.round(np.hstack([scatter, detector]), 2).astype(np.float32).astype(np.float64)
+
+    fl_names = [p[0] for p in FLUORESCENCE_PANEL]
+    spillover = np.round(recorded_spillover, 6)
+    name = name or f"synthetic_{condition}"
+    keywords = _keywords(name, condition, spillover, fl_names)
+    channels = ([Channel(c, "", RANGE_MAX) for c in SCATTER_CHANNELS]
+                + [Channel(pnn, marker, RANGE_MAX) for pnn, marker, _ in FLUORESCENCE_PANEL])
+    sample = Sample(name=name, events=events, channels=channels, keywords=keywords,
+                    spillover=spillover, spillover_channels=fl_names, version="3.1", path=None,
+                    compensated=False)
+    return sample, labels
+
+
+def _keywords(name: str, condition: str, spillover: np.ndarray, fl_names: list[str]) -> dict:
+    # Deterministic content only (no clock): the committed sample data must regenerate
+    # byte-for-byte.
+    keywords = {
+        "$CYT": "SimCyt 3L-9C (synthetic)",
+        "$CYTSN": "SIM-0001",
+        "$DATE": "01-JAN-2026",
+        "$SRC": name,
+        "$FIL": f"{name}.fcs",
+        "$COM": "Simulated by gating_core.synthetic; not a real patient",
+        "$SPILLOVER": _spillover_string(spillover, fl_names),
+        "SIM_CONDITION": condition,
+    }
+    for i, (pnn, _marker, fluor) in enumerate(FLUORESCENCE_PANEL, start=len(SCATTER_CHANNELS) + 1):
+        keywords[f"$P{i}F"] = fluor
+    return keywords
+
+
+def simulate_cohort(n_patients: int, seed: int = 0, n_events: int = 12000, drift: float = 1.0,
+                    variation: float = 1.0, conditions: Sequence[str | None] | None = None):
+    """Simulate ``n_patients`` independent patients.
+
+    Patient ``i`` uses the seed ``(seed, i)``, so a cohort's first patients do not change when
+    the cohort grows. ``conditions`` optionally fixes each patient's condition (None = random).
+
+    Returns
+    -------
+    list of (Sample, labels ndarray[str]) with names ``patient_01``, ``patient_02``, ...
+    """
+    if conditions is not None and len(conditions) != n_patients:
+        raise ValueError("conditions must have one entry per patient")
+    cohort = []
+    for i in range(n_patients):
+        condition = None if conditions is None else conditions[i]
+        cohort.append(simulate_patient((seed, i), n_events=n_events, drift=drift,
+                                       variation=variation, condition=condition,
+                                       name=f"patient_{i + 1:02d}"))
+    return cohort

@@ -1,0 +1,171 @@
+"""The app's logic without Streamlit (tests import it without a browser): channels across
+patients, chart selections as gates, label-change tables, gate templates, zip downloads.
+Uploads into patients are :mod:`ui.ingest`.
+"""
+
+from __future__ import annotations
+
+import io
+import zipfile
+
+import numpy as np
+
+
+def missing_model_channels(model, channels) -> list[str]:
+    """The model's channels that ``channels`` (a patient's :class:`~gating_core.fcs.Channel` list)
+    lacks, matched as the model matches them: same $PnN, else same marker ($PnS),
+    case-insensitively. Empty when the model can gate the patient."""
+    have = {c.pnn.casefold() for c in channels} | {c.pns.casefold() for c in channels if c.pns}
+    markers = list(getattr(model, "channel_markers_", None) or [])
+    markers += [""] * (len(model.channels_) - len(markers))
+    return [pnn for pnn, pns in zip(model.channels_, markers)
+            if pnn.casefold() not in have and not (pns and pns.casefold() in have)]
+
+
+def channel_presence(samples: dict):
+    """DataFrame: one row per channel name ($PnN, with marker), one column per patient, bool."""
+    import pandas as pd
+
+    names: list[str] = []
+    for sample in samples.values():
+        for ch in sample.pnn:
+            if ch not in names:
+                names.append(ch)
+    table = {patient: [ch in set(s.pnn) for ch in names] for patient, s in samples.items()}
+    frame = pd.DataFrame(table, index=names)
+    frame.index.name = "channel"
+    return frame
+
+
+def common_channels(samples) -> list[str]:
+    """Channel names ($PnN) present in every sample, in the first sample's order."""
+    samples = list(samples)
+    if not samples:
+        return []
+    shared = set(samples[0].pnn)
+    for s in samples[1:]:
+        shared &= set(s.pnn)
+    return [c for c in samples[0].pnn if c in shared]
+
+
+def rename_channels(sample, mapping: dict):
+    """Copy of ``sample`` with channels renamed ($PnN old -> new); events are shared, not copied.
+
+    Raises ValueError when a renamed channel would clash with an existing one.
+    """
+    from gating_core.fcs import Channel, Sample
+
+    new_names = [mapping.get(c.pnn, c.pnn) for c in sample.channels]
+    if len(set(new_names)) != len(new_names):
+        dupes = sorted({n for n in new_names if new_names.count(n) > 1})
+        raise ValueError(f"{sample.name}: renaming would give two channels named {', '.join(dupes)}")
+    channels = [Channel(mapping.get(c.pnn, c.pnn), c.pns, c.range) for c in sample.channels]
+    spill = [mapping.get(c, c) for c in sample.spillover_channels]
+    return Sample(sample.name, sample.events, channels, dict(sample.keywords), sample.spillover, spill,
+                  sample.version, sample.path, sample.compensated)
+
+
+def zip_files(files: dict) -> bytes:
+    """A zip archive (bytes) of ``{archive name: bytes}``."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+    return buffer.getvalue()
+
+
+def shape_from_selection(selection) -> dict | None:
+    """The latest box or lasso of a plotly chart selection, in the chart's axis coordinates.
+
+    ``selection`` is what ``st.plotly_chart(..., on_select="rerun")`` reports: a mapping with
+    ``"box"`` (list of ``{"x": [x0, x1], "y": [y0, y1]}``) and ``"lasso"`` (list of ``{"x": [...],
+    "y": [...]}``). A lasso wins over a box (a chart reports one kind at a time). Returns
+    ``{"kind": "polygon" | "rectangle", "vertices": [(x, y), ...]}`` or None.
+    """
+    if not selection:
+        return None
+    lasso = selection.get("lasso") or []
+    box = selection.get("box") or []
+    if lasso:
+        last = lasso[-1]
+        xs, ys = list(last.get("x") or []), list(last.get("y") or [])
+        if len(xs) >= 3 and len(xs) == len(ys):
+            return {"kind": "polygon", "vertices": [(float(x), float(y)) for x, y in zip(xs, ys)]}
+    if box:
+        last = box[-1]
+        xs, ys = list(last.get("x") or []), list(last.get("y") or [])
+        if len(xs) == 2 and len(ys) == 2:
+            return {"kind": "rectangle", "vertices": [(float(min(xs)), float(min(ys))), (float(max(xs)), float(max(ys)))]}
+    return None
+
+
+def label_change_table(before, after):
+    """What replacing a patient's labels ``before`` by ``after`` does, population by population.
+
+    Returns a DataFrame with columns ``population``, ``before``, ``after``, ``change`` (counts;
+    ``before`` is all zero when the patient had no labels), populations of either side, the
+    largest first. Shown before the replacement is confirmed.
+    """
+    import pandas as pd
+
+    after_counts = pd.Series(np.asarray(after).astype(str)).value_counts()
+    before_counts = (pd.Series(np.asarray(before).astype(str)).value_counts() if before is not None
+                     else pd.Series(dtype="int64"))
+    names = list(dict.fromkeys([*before_counts.index, *after_counts.index]))
+    table = pd.DataFrame({"population": names,
+                          "before": [int(before_counts.get(n, 0)) for n in names],
+                          "after": [int(after_counts.get(n, 0)) for n in names]})
+    table["change"] = table["after"] - table["before"]
+    return table
+
+
+def lost_populations(before, after) -> list[str]:
+    """Populations the patient has in ``before`` and no longer in ``after`` (learned as nothing,
+    or as "other", by the next training)."""
+    if before is None:
+        return []
+    kept = set(np.asarray(after).astype(str))
+    return sorted(set(np.asarray(before).astype(str)) - kept)
+
+
+def label_set_disagreements(label_sets: dict) -> dict:
+    """Which populations some training patients have and others lack.
+
+    ``label_sets``: patient -> iterable of population names. Returns population -> sorted list
+    of the patients that lack it, for every population not shared by all (empty when all agree).
+    Training on such patients teaches the model that the missing population is "other".
+    """
+    sets = {p: {str(n) for n in names} for p, names in label_sets.items()}
+    every = set().union(*sets.values()) if sets else set()
+    return {pop: sorted(p for p, names in sets.items() if pop not in names)
+            for pop in sorted(every) if any(pop not in names for names in sets.values())}
+
+
+def incompatible_label_sets(label_sets: dict) -> list[str]:
+    """Patients whose labels are not the same kind of labeling as the others': they name a
+    population no other patient has, or lack more than half of all the populations named.
+
+    A patient lacking one or two populations is often biology (a B-cell-depleted patient has no
+    B cells), so that alone only deserves a warning; a patient labeled "Cells" / "other" beside
+    patients labeled with eight populations is a different labeling, and training on both
+    teaches the model that every other population is "other".
+    """
+    sets = {p: {str(n) for n in names} for p, names in label_sets.items()}
+    every = set().union(*sets.values()) if sets else set()
+    odd = []
+    for patient, names in sets.items():
+        others = set().union(*(n for p, n in sets.items() if p != patient)) if len(sets) > 1 else names
+        if names - others or len(every - names) > len(every) / 2:
+            odd.append(patient)
+    return sorted(odd)
+
+
+def autogate_templates(gate_trees: dict, populations) -> list[str]:
+    """Patients whose gate tree can shape an auto-gate result: those with at least one leaf gate
+    named like one of ``populations`` (a model's), most matching leaves first, then by name.
+
+    ``gate_trees``: patient name -> GateTree (the training patients')."""
+    from gating_core.autogates import template_matches
+
+    scored = [(len(template_matches(tree, populations)), name) for name, tree in gate_trees.items() if len(tree)]
+    return [name for n, name in sorted(scored, key=lambda t: (-t[0], t[1])) if n > 0]

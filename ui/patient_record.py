@@ -1,0 +1,132 @@
+"""One patient in the session (:class:`PatientRecord`) and an auto-gate result read back from
+the library (:class:`StoredResult`); :class:`ui.store.Store` holds them."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from gating_core.gates import GateHistory, GateTree
+
+
+def _new_token() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclass
+class StoredResult:
+    """An auto-gate result read back from the library (same attributes the pages use)."""
+
+    populations: np.ndarray
+    confidence: np.ndarray
+    novelty: object = None
+    counts: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)
+
+
+def _novelty_details(result) -> dict:
+    novelty = getattr(result, "novelty", None)
+    if novelty is None:
+        return {}
+    return {"novelty": {"score": float(novelty.score), "threshold": float(novelty.threshold),
+                        "is_novel": bool(novelty.is_novel), "message": str(novelty.message)}}
+
+
+class PatientRecord:
+    """One patient in the session.
+
+    ``labels`` (n_events,) str, or None for a new patient; ``result`` is the latest auto-gate
+    result and ``corrected`` its populations after the user's corrections. ``token`` changes
+    whenever the events change, so caches keyed by it stay correct. ``sample`` and ``labels``
+    may be read lazily from the library.
+    """
+
+    def __init__(self, name, sample=None, *, sample_loader=None, n_events=None, labels=None, labels_loader=None,
+                 labeled=None, label_source="", file_name="", channel_names=None):
+        self.name = name
+        self.channel_names = list(channel_names) if channel_names is not None else list(sample.pnn)
+        self._sample, self._sample_loader = sample, sample_loader
+        self._n_events = n_events if n_events is not None else (sample.n_events if sample is not None else 0)
+        self._labels, self._labels_loader = labels, labels_loader
+        self._labeled = labeled if labeled is not None else labels is not None
+        self.label_source = label_source
+        self.file_name = file_name
+        self.gate_tree = GateTree()
+        self.history = GateHistory()
+        self.result = None
+        self.result_model = ""
+        self.result_loader = None
+        self.corrected = None
+        # the auto-gates fitted to this patient: {"tree": GateTree dict, "template": patient name,
+        # "edited": bool}; kept in the stored auto-gate result's details
+        self.autogates = None
+        self.token = _new_token()
+        self.labels_token = _new_token()
+        self.result_token = _new_token()
+
+    # lazily loaded data --------------------------------------------------------------------
+    @property
+    def sample(self):
+        if self._sample is None and self._sample_loader is not None:
+            self._sample = self._sample_loader()
+        return self._sample
+
+    @property
+    def n_events(self) -> int:
+        return self._n_events
+
+    @property
+    def labels(self):
+        if self._labels is None and self._labeled and self._labels_loader is not None:
+            self._labels = np.asarray(self._labels_loader()).astype(object)
+        return self._labels
+
+    @property
+    def is_labeled(self) -> bool:
+        return self._labeled
+
+    @property
+    def role(self) -> str:
+        return "historical (labeled)" if self.is_labeled else "new"
+
+    def load_result(self):
+        if self.result is None and self.result_loader is not None:
+            loader, self.result_loader = self.result_loader, None
+            self.result = loader()
+            stored = getattr(self.result, "details", None) or {}
+            if isinstance(stored.get("autogates"), dict):
+                self.autogates = stored["autogates"]
+        return self.result
+
+    @property
+    def populations(self):
+        """The populations to show: corrected auto-gate, else auto-gate, else labels."""
+        if self.corrected is not None:
+            return self.corrected
+        if self.load_result() is not None:
+            return self.result.populations
+        return self.labels
+
+    @property
+    def populations_token(self) -> str:
+        """Changes whenever :attr:`populations` may change (cache key)."""
+        return f"{self.token}:{self.labels_token}:{self.result_token}"
+
+    # changes (the Store persists them) -----------------------------------------------------
+    def set_labels(self, labels, source: str) -> None:
+        labels = np.asarray(labels).astype(object)
+        if labels.shape != (self.n_events,):
+            raise ValueError(f"{self.name}: {labels.shape[0]} labels for {self.n_events} events")
+        self._labels, self._labeled, self.label_source = labels, True, source
+        self.labels_token = _new_token()
+
+    def set_result(self, result, model_name: str) -> None:
+        self.result, self.result_model, self.corrected, self.result_loader = result, model_name, None, None
+        self.autogates = None
+        self.result_token = _new_token()
+
+    def set_corrected(self, populations) -> None:
+        self.corrected = np.asarray(populations).astype(object)
+        self.result_token = _new_token()
