@@ -18,6 +18,8 @@ import numpy as np
 
 #: Quantile levels used as landmarks: the body of each channel, clear of the extreme tails.
 LEVELS = (0.02, 0.1, 0.25, 0.5, 0.75, 0.9, 0.98)
+#: GatingModel's ``align`` options.
+ALIGNMENTS = ("none", "quantile")
 #: Smallest gap between consecutive landmarks (standardised units): ties (a channel piled up at
 #: zero) would otherwise give infinite slopes.
 MIN_GAP = 1e-3

@@ -13,16 +13,16 @@ from sklearn.base import BaseEstimator
 
 from gating_core.classifier import SCORE_BLOCK, MarginalTransferClassifier
 from gating_core.cpus import with_blas_threads
-from gating_core.digest import DigestView, digest_patient, find_channel, infer_cell_groups
-from gating_core.features import content_hashes, content_subsample
-from gating_core.gate_result import ChannelMismatchError, GateResult, Novelty, StreamedGate
 from gating_core.alignment import QuantileRegistration, channel_quantiles
+from gating_core.digest import digest_patient, infer_cell_groups
+from gating_core.features import content_subsample
+from gating_core.gate_result import GateResult, Novelty
+from gating_core.preprocessing import ChannelPreprocessing
 from gating_core.priors import apply_prior_ratio, reestimate_prior, training_prior
-from gating_core.transforms import ChannelTransform, default_transform, is_time_like
+from gating_core.streamed_gating import StreamedGating
 
 METHODS = ("marginal", "pooling")
 PRIOR_SHIFTS = ("none", "em")
-ALIGNMENTS = ("none", "quantile")
 DEFAULT_LOSS = "squared"
 DEFAULT_AUGMENT = 4
 #: Weight of the pooled companion in the marginal method's probabilities (see GatingModel).
@@ -33,7 +33,7 @@ DEFAULT_POOLED_WEIGHT = 0.5
 POOLED_ALPHA = 1e-5
 
 
-class GatingModel(BaseEstimator):
+class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     """Automatic gating learned from expert-gated patients.
 
     Parameters
@@ -273,53 +273,6 @@ class GatingModel(BaseEstimator):
         self.groups_ = infer_cell_groups(embedding_cells, names, self.n_embedding_features, self.random_state)
         self.groups_inferred_ = True
 
-    def prepare_digests(self, digests):
-        """Choose channels, transform and standardisation from training digests.
-
-        Returns, per patient, the standardised training cells (m_i, d), the standardised cells
-        its embedding is computed from (e_i, d) and the training cells' labels (m_i,).
-        """
-        patients = [DigestView(d) for d in digests]
-        self._choose_channels(patients)
-        indices = [self._channel_indices(v) for v in patients]
-        embedding_raw = [d.embedding_events[:, i] for d, i in zip(digests, indices)]
-        self._fit_scales(embedding_raw, patients[0])
-        cells = [self._standardise(d.train_events[:, i]) for d, i in zip(digests, indices)]
-        embedding_cells = [self._standardise(r) for r in embedding_raw]
-        self.reference_quantiles_ = None
-        if self.align not in ALIGNMENTS:
-            raise ValueError(f"align must be one of {ALIGNMENTS}, got {self.align!r}")
-        if self.align == "quantile":
-            landmarks = [channel_quantiles(e) for e in embedding_cells]
-            self.reference_quantiles_ = np.mean(landmarks, axis=0)
-            maps = [QuantileRegistration(q, self.reference_quantiles_) for q in landmarks]
-            cells = [m.transform(x) for m, x in zip(maps, cells)]
-            embedding_cells = [m.transform(e) for m, e in zip(maps, embedding_cells)]
-        return cells, embedding_cells, [d.train_labels for d in digests]
-
-    def _fit_scales(self, raw_parts, first):
-        """The transform (unless given) and the standardisation, from raw events on channels_."""
-        if isinstance(self.transform, ChannelTransform):
-            self.transform_ = self.transform
-        else:
-            pooled = np.vstack([r[: 20000] for r in raw_parts])
-            ranges = [first.channels[i].range for i in self._channel_indices(first)]
-            self.transform_ = default_transform(self.channels_, pooled, first.keywords, ranges)
-        pooled = np.vstack([self.transform_.apply(r[content_subsample(r, 5000)]) for r in raw_parts])
-        self.center_ = pooled.mean(axis=0).astype(np.float32)
-        scale = pooled.std(axis=0)
-        self.scale_ = np.where(scale > 0, scale, 1.0).astype(np.float32)
-
-    def standardised_cells(self, sample) -> np.ndarray:
-        """A sample's events on the model's channels as the classifier sees them: transformed,
-        standardised (and registered, with ``align="quantile"``): (n, d)."""
-        sample = self._compensated(sample)
-        indices = self._channel_indices(sample)
-        cells = self._standardise(sample.events[:, indices])
-        if getattr(self, "reference_quantiles_", None) is None:
-            return cells
-        return self._registered(cells, self._chosen_cells(sample.events, indices)[0])
-
     def _classifier_params(self) -> dict:
         return dict(use_embedding=self.method == "marginal", solver=self.solver, n_features=self.n_features,
                     n_embedding_features=self.n_embedding_features, bandwidth_x=self.bandwidth_x,
@@ -328,59 +281,6 @@ class GatingModel(BaseEstimator):
                     augment_shift=self.augment_shift, patient_weighting=self.patient_weighting,
                     cells_per_patient=self.cells_per_patient, embedding_cells=self.embedding_cells,
                     random_state=self.random_state)
-
-    def _compensated(self, sample):
-        from gating_core.interop import as_sample  # a flowkit.Sample or an AnnData is welcome too
-
-        sample = as_sample(sample)
-        if self.compensate and sample.has_spillover and not sample.compensated:
-            return sample.compensate()
-        return sample
-
-    def _choose_channels(self, samples):
-        first = samples[0]
-        if self.channels is not None:
-            wanted = list(self.channels)
-        else:
-            wanted = [c.pnn for c in first.channels if not is_time_like(c.pnn)]
-        kept, markers = [], []
-        for name in wanted:
-            index = find_channel(first, name)
-            if index is None:
-                raise ChannelMismatchError(f"{first.name}: no channel {name!r} (channels: {', '.join(first.pnn)})")
-            channel = first.channels[index]
-            if self.channels is None:
-                if any(find_channel(s, channel.pnn, channel.pns) is None for s in samples[1:]):
-                    continue  # not shared by every training patient
-                column = first.events[: 100000, index]
-                if len(column) and float(np.nanmax(column)) == float(np.nanmin(column)):
-                    continue  # constant: carries nothing
-            kept.append(channel.pnn)
-            markers.append(channel.pns)
-        if not kept:
-            raise ChannelMismatchError("the training patients share no usable channel")
-        self.channels_, self.channel_markers_ = kept, markers
-        for s in samples[1:]:
-            self._channel_indices(s)
-
-    def _channel_indices(self, sample) -> list[int]:
-        indices, missing = [], []
-        for pnn, pns in zip(self.channels_, self.channel_markers_):
-            index = find_channel(sample, pnn, pns)
-            if index is None:
-                missing.append(f"{pnn} ({pns})" if pns and pns != pnn else pnn)
-            indices.append(index)
-        if missing:
-            raise ChannelMismatchError(
-                f"{sample.name}: missing channel{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
-                f"needed by the model (file has: {', '.join(sample.pnn)})")
-        return indices
-
-    def _standardise(self, raw: np.ndarray) -> np.ndarray:
-        out = self.transform_.apply(raw)
-        out -= self.center_
-        out /= self.scale_
-        return out
 
     def _fit_novelty(self):
         embeddings = self._patient_embeddings()
@@ -526,121 +426,6 @@ class GatingModel(BaseEstimator):
             proba *= np.float32(1.0) - weight
             proba += weight * companion.predict_proba(cells, embedding, chunk_size=chunk_size)
         return proba
-
-    @with_blas_threads
-    def gate_chunks(self, sample, chunks, chunk_size=50_000, sink=None) -> "StreamedGate":
-        """Gate one patient whose events arrive in chunks: memory bounded by a few chunks and
-        the ``embedding_cells`` content-chosen cells, whatever the number of events.
-
-        The result equals :meth:`gate` on the whole sample bit for bit: a first pass keeps the
-        rows with the smallest content hashes (the cells :func:`content_subsample` chooses),
-        from which the embedding, registration and prior ratio follow; a second pass scores
-        every chunk.
-
-        Parameters
-        ----------
-        sample : Sample
-            Describes the patient (name, channels, spillover); its ``events`` are not used.
-            The chunks must already be compensated when the model compensates.
-        chunks : callable(chunk_events) -> iterable of (start, events)
-            Called twice (two passes over the file). Yields the events (m, n_channels) in file
-            order, ``m == chunk_events`` except for the last window
-            (:meth:`gating_core.fcs.EventStream.chunks` does).
-        chunk_size : int
-            Events scored at a time (rounded up to whole scoring blocks, as in :meth:`gate`).
-        sink : callable(start, events, codes, confidence) or None
-            Receives each scored chunk: the events as read (m, n_channels), the population
-            codes (m,) int16 into ``populations_`` and the confidences (m,) float32.
-
-        Returns
-        -------
-        StreamedGate (novelty, counts, number of events, mean confidence).
-        """
-        self._check_fitted()
-        if self.compensate and sample.has_spillover and not sample.compensated:
-            raise ValueError(f"{sample.name}: gate_chunks needs compensated chunks (the model compensates)")
-        indices = self._channel_indices(sample)
-        chosen_raw, n = self._content_chosen_rows(chunks, indices, max(SCORE_BLOCK, int(chunk_size)))
-        registration, embedding, chosen = self._patient_frame(chosen_raw, list(range(len(indices))))
-        ratio = self._prior_ratio(chosen, embedding)
-        chunk_size = max(1, -(-int(chunk_size) // SCORE_BLOCK)) * SCORE_BLOCK
-        counts = np.zeros(len(self.populations_), dtype=np.int64)
-        total_confidence, seen = 0.0, 0
-        for start, events in chunks(chunk_size):
-            if start != seen or (len(events) != chunk_size and start + len(events) != n):
-                raise ValueError(f"{sample.name}: chunks must come in order, {chunk_size} events each")
-            cells = self._registered(self._standardised_rows(events, indices), registration)
-            proba = self._proba(cells, embedding, chunk_size)
-            if ratio is not None:
-                apply_prior_ratio(proba, ratio)
-            codes = np.argmax(proba, axis=1).astype(np.int16)
-            confidence = proba[np.arange(len(codes)), codes].astype(np.float32, copy=False)
-            counts += np.bincount(codes, minlength=len(self.populations_))
-            total_confidence += float(confidence.sum(dtype=np.float64))
-            seen += len(events)
-            if sink is not None:
-                sink(start, events, codes, confidence)
-        if seen != n:
-            raise ValueError(f"{sample.name}: the second pass gave {seen} events, the first {n}")
-        return StreamedGate(self.novelty(sample, embedding), {p: int(c) for p, c in zip(self.populations_, counts)},
-                            n, total_confidence / n if n else 0.0, list(self.populations_))
-
-    def _standardised_rows(self, events, indices) -> np.ndarray:
-        """``_standardise(events[:, indices])`` computed on row blocks in parallel (the
-        transform is element-wise, so the result is the same bits)."""
-        from gating_core.fcs import parallel_rows
-
-        cells = np.empty((len(events), len(indices)), dtype=np.float32)
-
-        def run(bounds):
-            lo, hi = bounds
-            cells[lo:hi] = self._standardise(events[lo:hi][:, indices])
-
-        parallel_rows(run, len(events))
-        return cells
-
-    def _content_chosen_rows(self, chunks, indices, chunk_events):
-        """First pass of :meth:`gate_chunks`: the raw rows (model channels, file order) that
-        ``content_subsample(events[:, indices], embedding_cells)`` picks, and the event count.
-
-        Keeps the rows of the smallest hashes seen so far (with ties at the cut, which only
-        identical rows share); when tied rows straddle the final cut (the order-dependent
-        choice ``argpartition`` makes among them), hashes every row once more and lets
-        ``content_subsample``'s own selection decide, so the result is always the same."""
-        k = int(self.embedding_cells)
-        kept_hash = np.empty(0, dtype=np.uint64)
-        kept_index = np.empty(0, dtype=np.int64)
-        kept_rows = None
-        n = 0
-        for start, events in chunks(chunk_events):
-            raw = events[:, indices]
-            kept_hash = np.concatenate([kept_hash, content_hashes(raw)])
-            kept_index = np.concatenate([kept_index, np.arange(start, start + len(raw), dtype=np.int64)])
-            kept_rows = raw if kept_rows is None else np.concatenate([kept_rows, raw])
-            n = start + len(raw)
-            if len(kept_hash) > k:
-                keep = kept_hash <= np.partition(kept_hash, k - 1)[k - 1]
-                kept_hash, kept_index, kept_rows = kept_hash[keep], kept_index[keep], kept_rows[keep]
-        if kept_rows is None:
-            return np.empty((0, len(indices)), dtype=np.float32), 0
-        if n <= k:
-            return kept_rows, n
-        cut = np.partition(kept_hash, k - 1)[k - 1]
-        below = kept_hash < cut
-        tied = kept_hash == cut
-        if int(tied.sum()) == k - int(below.sum()):
-            return kept_rows[below | tied], n
-        # Tied rows straddle the cut: reproduce argpartition's choice on all the hashes.
-        hashes = np.empty(n, dtype=np.uint64)
-        for start, events in chunks(chunk_events):
-            hashes[start:start + len(events)] = content_hashes(events[:, indices])
-        chosen = np.sort(np.argpartition(hashes, k - 1)[:k])
-        del hashes
-        rows = []
-        for start, events in chunks(chunk_events):
-            local = chosen[(chosen >= start) & (chosen < start + len(events))] - start
-            rows.append(events[local][:, indices])
-        return np.concatenate(rows), n
 
     # -- persistence -----------------------------------------------------------------------------
 

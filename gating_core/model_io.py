@@ -21,10 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from gating_core import __version__
-from gating_core.alignment import LEVELS
+from gating_core.alignment import ALIGNMENTS, LEVELS
 from gating_core.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS, MarginalTransferClassifier
 from gating_core.features import MeanEmbedding, ProductRFF
-from gating_core.model import ALIGNMENTS, METHODS, PRIOR_SHIFTS
+from gating_core.model import METHODS, PRIOR_SHIFTS
 from gating_core.modelfile import Fields, ModelFileError, check_scalar, parse_json, read_archive
 from gating_core.transforms import ChannelTransform
 

@@ -11,7 +11,7 @@ import pytest
 from gating_core import plotting
 from gating_core.fcs import Channel, Sample, write_fcs
 from gating_core.gates import (
-    OTHER, AxisScale, GateError, GateHistory, GateImportError, GateTree, apply_gatingml, apply_workspace,
+    OTHER, AxisScale, GateError, GateImportError, GateTree, apply_gatingml, apply_workspace,
     polygon_gate, rectangle_gate, safe_stem, suggest_scale,
 )
 from ui.app_state import channel_presence, common_channels, rename_channels, shape_from_selection
@@ -160,6 +160,8 @@ def test_tree_structure_errors_and_removal_with_undo():
         tree.add(rectangle_gate("Monocytes", "A", "B", (0, 1), (0, 1)))
     with pytest.raises(GateError, match="parent gate 'nope'"):
         tree.add(rectangle_gate("X", "A", "B", (0, 1), (0, 1), parent="nope"))
+    from ui.gate_history import GateHistory  # the page's undo lives with the app
+
     history = GateHistory()
     history.push(tree)
     removed = tree.remove("Lymphocytes")

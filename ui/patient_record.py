@@ -8,7 +8,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gating_core.gates import GateHistory, GateTree
+from gating_core.gates import GateTree
+from ui.gate_history import GateHistory
 
 
 def _new_token() -> str:

@@ -28,10 +28,10 @@ from gating_core.gates.gate import (
 from gating_core.gates.imports import apply_gatingml, apply_workspace, gate_name_from_xml, xml_gate_id
 from gating_core.gates.names import safe_stem
 from gating_core.gates.scales import AxisScale, panel_scale, suggest_scale, with_kind
-from gating_core.gates.tree import GateHistory, GateTree, gate_membership
+from gating_core.gates.tree import GateTree, gate_membership
 
 __all__ = [
-    "AxisScale", "BOOLEAN_OPERATORS", "GATE_KINDS", "Gate", "GateError", "GateHistory", "GateImportError",
+    "AxisScale", "BOOLEAN_OPERATORS", "GATE_KINDS", "Gate", "GateError", "GateImportError",
     "GateTree", "OTHER", "QUADRANTS", "apply_gatingml", "apply_workspace", "boolean_gate", "gate_membership",
     "gate_name_from_xml", "panel_scale", "polygon_gate", "quadrant_gates", "quadrant_names", "range_gate",
     "rectangle_gate", "safe_stem", "suggest_scale", "with_kind", "xml_gate_id",

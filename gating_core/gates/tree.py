@@ -265,23 +265,3 @@ def _same_split(a: Gate, b: Gate) -> bool:
     return (a.kind == b.kind == "quadrant" and a.parent == b.parent and (a.x_channel, a.y_channel) ==
             (b.x_channel, b.y_channel) and a.vertices == b.vertices and a.x_scale.same_mapping(b.x_scale)
             and a.y_scale.same_mapping(b.y_scale))
-
-
-class GateHistory:
-    """Undo stack of gate-tree snapshots (JSON dicts, so snapshots never alias)."""
-
-    def __init__(self, limit: int = 50):
-        self.limit = limit
-        self._snapshots: list[dict] = []
-
-    def push(self, tree: GateTree) -> None:
-        self._snapshots.append(tree.to_dict())
-        del self._snapshots[:-self.limit]
-
-    def can_undo(self) -> bool:
-        return bool(self._snapshots)
-
-    def undo(self) -> GateTree:
-        if not self._snapshots:
-            raise GateError("nothing to undo")
-        return GateTree.from_dict(self._snapshots.pop())

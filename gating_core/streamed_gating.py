@@ -1,0 +1,135 @@
+"""Gating a patient whose events arrive in chunks (GatingModel's streamed half).
+
+:class:`StreamedGating` is mixed into :class:`~gating_core.model.GatingModel`: two passes over
+the chunks -- the content-chosen cells of the embedding first, then scoring -- give exactly what
+:meth:`GatingModel.gate` gives on the whole sample, with memory bounded by a few chunks.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gating_core.classifier import SCORE_BLOCK
+from gating_core.cpus import with_blas_threads
+from gating_core.features import content_hashes
+from gating_core.gate_result import StreamedGate
+from gating_core.priors import apply_prior_ratio
+
+
+class StreamedGating:
+    """:meth:`gate_chunks` and what it needs (a mixin of GatingModel)."""
+
+    @with_blas_threads
+    def gate_chunks(self, sample, chunks, chunk_size=50_000, sink=None) -> "StreamedGate":
+        """Gate one patient whose events arrive in chunks: memory bounded by a few chunks and
+        the ``embedding_cells`` content-chosen cells, whatever the number of events.
+
+        The result equals :meth:`gate` on the whole sample bit for bit: a first pass keeps the
+        rows with the smallest content hashes (the cells :func:`content_subsample` chooses),
+        from which the embedding, registration and prior ratio follow; a second pass scores
+        every chunk.
+
+        Parameters
+        ----------
+        sample : Sample
+            Describes the patient (name, channels, spillover); its ``events`` are not used.
+            The chunks must already be compensated when the model compensates.
+        chunks : callable(chunk_events) -> iterable of (start, events)
+            Called twice (two passes over the file). Yields the events (m, n_channels) in file
+            order, ``m == chunk_events`` except for the last window
+            (:meth:`gating_core.fcs.EventStream.chunks` does).
+        chunk_size : int
+            Events scored at a time (rounded up to whole scoring blocks, as in :meth:`gate`).
+        sink : callable(start, events, codes, confidence) or None
+            Receives each scored chunk: the events as read (m, n_channels), the population
+            codes (m,) int16 into ``populations_`` and the confidences (m,) float32.
+
+        Returns
+        -------
+        StreamedGate (novelty, counts, number of events, mean confidence).
+        """
+        self._check_fitted()
+        if self.compensate and sample.has_spillover and not sample.compensated:
+            raise ValueError(f"{sample.name}: gate_chunks needs compensated chunks (the model compensates)")
+        indices = self._channel_indices(sample)
+        chosen_raw, n = self._content_chosen_rows(chunks, indices, max(SCORE_BLOCK, int(chunk_size)))
+        registration, embedding, chosen = self._patient_frame(chosen_raw, list(range(len(indices))))
+        ratio = self._prior_ratio(chosen, embedding)
+        chunk_size = max(1, -(-int(chunk_size) // SCORE_BLOCK)) * SCORE_BLOCK
+        counts = np.zeros(len(self.populations_), dtype=np.int64)
+        total_confidence, seen = 0.0, 0
+        for start, events in chunks(chunk_size):
+            if start != seen or (len(events) != chunk_size and start + len(events) != n):
+                raise ValueError(f"{sample.name}: chunks must come in order, {chunk_size} events each")
+            cells = self._registered(self._standardised_rows(events, indices), registration)
+            proba = self._proba(cells, embedding, chunk_size)
+            if ratio is not None:
+                apply_prior_ratio(proba, ratio)
+            codes = np.argmax(proba, axis=1).astype(np.int16)
+            confidence = proba[np.arange(len(codes)), codes].astype(np.float32, copy=False)
+            counts += np.bincount(codes, minlength=len(self.populations_))
+            total_confidence += float(confidence.sum(dtype=np.float64))
+            seen += len(events)
+            if sink is not None:
+                sink(start, events, codes, confidence)
+        if seen != n:
+            raise ValueError(f"{sample.name}: the second pass gave {seen} events, the first {n}")
+        return StreamedGate(self.novelty(sample, embedding), {p: int(c) for p, c in zip(self.populations_, counts)},
+                            n, total_confidence / n if n else 0.0, list(self.populations_))
+
+    def _standardised_rows(self, events, indices) -> np.ndarray:
+        """``_standardise(events[:, indices])`` computed on row blocks in parallel (the
+        transform is element-wise, so the result is the same bits)."""
+        from gating_core.fcs import parallel_rows
+
+        cells = np.empty((len(events), len(indices)), dtype=np.float32)
+
+        def run(bounds):
+            lo, hi = bounds
+            cells[lo:hi] = self._standardise(events[lo:hi][:, indices])
+
+        parallel_rows(run, len(events))
+        return cells
+
+    def _content_chosen_rows(self, chunks, indices, chunk_events):
+        """First pass of :meth:`gate_chunks`: the raw rows (model channels, file order) that
+        ``content_subsample(events[:, indices], embedding_cells)`` picks, and the event count.
+
+        Keeps the rows of the smallest hashes seen so far (with ties at the cut, which only
+        identical rows share); when tied rows straddle the final cut (the order-dependent
+        choice ``argpartition`` makes among them), hashes every row once more and lets
+        ``content_subsample``'s own selection decide, so the result is always the same."""
+        k = int(self.embedding_cells)
+        kept_hash = np.empty(0, dtype=np.uint64)
+        kept_index = np.empty(0, dtype=np.int64)
+        kept_rows = None
+        n = 0
+        for start, events in chunks(chunk_events):
+            raw = events[:, indices]
+            kept_hash = np.concatenate([kept_hash, content_hashes(raw)])
+            kept_index = np.concatenate([kept_index, np.arange(start, start + len(raw), dtype=np.int64)])
+            kept_rows = raw if kept_rows is None else np.concatenate([kept_rows, raw])
+            n = start + len(raw)
+            if len(kept_hash) > k:
+                keep = kept_hash <= np.partition(kept_hash, k - 1)[k - 1]
+                kept_hash, kept_index, kept_rows = kept_hash[keep], kept_index[keep], kept_rows[keep]
+        if kept_rows is None:
+            return np.empty((0, len(indices)), dtype=np.float32), 0
+        if n <= k:
+            return kept_rows, n
+        cut = np.partition(kept_hash, k - 1)[k - 1]
+        below = kept_hash < cut
+        tied = kept_hash == cut
+        if int(tied.sum()) == k - int(below.sum()):
+            return kept_rows[below | tied], n
+        # Tied rows straddle the cut: reproduce argpartition's choice on all the hashes.
+        hashes = np.empty(n, dtype=np.uint64)
+        for start, events in chunks(chunk_events):
+            hashes[start:start + len(events)] = content_hashes(events[:, indices])
+        chosen = np.sort(np.argpartition(hashes, k - 1)[:k])
+        del hashes
+        rows = []
+        for start, events in chunks(chunk_events):
+            local = chosen[(chosen >= start) & (chosen < start + len(events))] - start
+            rows.append(events[local][:, indices])
+        return np.concatenate(rows), n
