@@ -181,6 +181,13 @@ class HyperparameterSearch:
     def _score(self, features, stats, folds, excluded) -> np.ndarray:
         """Held-out accuracy of every alpha (averaged as ``objective`` says) over ``folds``,
         training on every patient neither held out nor in ``excluded``."""
+        from threadpoolctl import threadpool_limits
+
+        # Small products and eigendecompositions, many of them: threads only wait on each other.
+        with threadpool_limits(1, user_api="blas"):
+            return self._score_folds(features, stats, folds, excluded)
+
+    def _score_folds(self, features, stats, folds, excluded) -> np.ndarray:
         source, targets, alphas = self.problem.source, self.problem.targets, self.alphas
         fold_scores = []
         for held_out in folds:

@@ -178,8 +178,9 @@ if table is not None and len(table):
     record = store.library.load_check_result() if store.library is not None else None
     belongs = check_matches_model(record, store.models[store.current_model]) if store.models else None
     if belongs:
-        st.caption(f"This check was run on the current model's patients, populations and settings "
-                   f"({record.get('saved_at', '')}).")
+        when = str(record.get("saved_at", ""))[:16].replace("T", " ")
+        st.caption(f"This check was run on the current model's patients, populations and settings"
+                   + (f" ({when} UTC)." if when else "."))
     elif belongs is False:
         st.info("This check was run on other patients, populations or settings than the current model's: "
                 "run it again to check the current model.")
