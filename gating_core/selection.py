@@ -145,18 +145,23 @@ class HyperparameterSearch:
         planned = len(self.x_factors) + (len(self.p_factors) + len(self.x_factors) if self.use_embedding else 0)
         outcome, evaluated = {}, 0
         while any("wants" in r for r in runs.values()):
-            key = min(r["wants"] for r in runs.values() if "wants" in r)
+            # sigma_P = None (pooling) sorts first; a tuple with None cannot be compared with one
+            # holding a float.
+            key = min((r["wants"] for r in runs.values() if "wants" in r),
+                      key=lambda w: (w[0], -1.0 if w[1] is None else w[1]))
             fx, fp = key
             features = problem.features(problem.feature_map(fx * median_x, None if fp is None else fp * median_p))
             stats = problem.statistics(features)
-            for k, r in runs.items():
-                while r.get("wants") == key:
-                    r["scores"][key] = self._score(features, stats, r["folds"], r["excluded"])
-                    try:
-                        r["wants"] = r["search"].send(r["scores"][key])
-                    except StopIteration as done:
-                        del r["wants"]
-                        outcome[k] = done.value
+            asking = [k for k, r in runs.items() if r.get("wants") == key]
+            scores = self._score_runs(features, stats, [runs[k] for k in asking])
+            for k, per_alpha in zip(asking, scores):
+                r = runs[k]
+                r["scores"][key] = per_alpha
+                try:  # a search never asks twice for a pair: it keeps the scores it was given
+                    r["wants"] = r["search"].send(per_alpha)
+                except StopIteration as done:
+                    del r["wants"]
+                    outcome[k] = done.value
             del features, stats
             evaluated += 1
             if progress is not None:
@@ -178,14 +183,26 @@ class HyperparameterSearch:
             progress(1.0)
         return results
 
-    def _score(self, features, stats, folds, excluded) -> np.ndarray:
-        """Held-out accuracy of every alpha (averaged as ``objective`` says) over ``folds``,
-        training on every patient neither held out nor in ``excluded``."""
+    def _score_runs(self, features, stats, runs) -> list:
+        """The scores of one bandwidth pair for each of ``runs``; several runs (the folds of
+        the held-out check) are scored side by side on the CPUs this process may use."""
+        from concurrent.futures import ThreadPoolExecutor
+
         from threadpoolctl import threadpool_limits
 
-        # Small products and eigendecompositions, many of them: threads only wait on each other.
+        from gating_core.classifier import score_threads
+
+        def score(run):
+            return self._score_folds(features, stats, run["folds"], run["excluded"])
+
+        # Small products and eigendecompositions, many of them: BLAS threads only wait on each
+        # other, so each run gets one and the runs share the CPUs (numpy releases the GIL).
+        workers = min(score_threads(), len(runs))
         with threadpool_limits(1, user_api="blas"):
-            return self._score_folds(features, stats, folds, excluded)
+            if workers <= 1:
+                return [score(run) for run in runs]
+            with ThreadPoolExecutor(workers) as pool:
+                return list(pool.map(score, runs))
 
     def _score_folds(self, features, stats, folds, excluded) -> np.ndarray:
         source, targets, alphas = self.problem.source, self.problem.targets, self.alphas
