@@ -211,14 +211,17 @@ class HyperparameterSearch:
             held = set(held_out) | excluded
             values, vectors, projected, mu, t = stats.eigen(
                 [r for r in range(self.problem.n_rows) if int(source[r]) not in held])
-            # Scores for every lambda from one rotation of the held-out features into the
-            # eigenbasis: s(lambda) = (F - mu) V diag(1 / (values + lambda)) V^T B + t.
-            rotated = [((features[i] - mu.astype(np.float32)) @ vectors.astype(np.float32)) for i in held_out]
+            # The coefficients of every lambda side by side, C(lambda) = V diag(1 / (values +
+            # lambda)) V^T B (D x k each), so that each held-out patient's scores for the whole
+            # path are one product: s(lambda) = (F - mu) C(lambda) + t.
+            k = projected.shape[1]
+            path = np.hstack([vectors @ (projected / (values + alpha)[:, None]) for alpha in alphas])
+            offset = (t[None, :] - (mu @ path).reshape(len(alphas), k)).astype(np.float32)
+            path = path.astype(np.float32)
             accuracy = np.zeros((len(alphas), len(held_out)))
-            for a, alpha in enumerate(alphas):
-                weights = (projected / (values + alpha)[:, None]).astype(np.float32)
-                for j, (r, i) in enumerate(zip(rotated, held_out)):
-                    accuracy[a, j] = np.mean(np.argmax(r @ weights + t.astype(np.float32), axis=1) == targets[i])
+            for j, i in enumerate(held_out):
+                scores = (features[i] @ path).reshape(len(features[i]), len(alphas), k) + offset[None]
+                accuracy[:, j] = np.mean(np.argmax(scores, axis=2) == targets[i][:, None], axis=0)
             fold_scores.append(accuracy)
         if self.objective == "mean":
             return np.hstack(fold_scores).mean(axis=1)

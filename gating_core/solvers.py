@@ -53,12 +53,21 @@ class RidgeStatistics:
         ``weights`` (one per patient index, any scale) weigh the patients; default: equal.
         """
         patients = list(patients)
-        w = np.ones(len(patients)) if weights is None else np.asarray(weights, dtype=np.float64)[patients]
-        w = w / w.sum()
-        g = sum(wi * self.gram[i] for wi, i in zip(w, patients))
-        mu = sum(wi * self.feature_mean[i] for wi, i in zip(w, patients))
-        b = sum(wi * self.cross[i] for wi, i in zip(w, patients))
-        t = sum(wi * self.target_mean[i] for wi, i in zip(w, patients))
+        if weights is None and 2 * len(patients) > len(self.gram) and len(set(patients)) == len(patients):
+            # Equal weights over most patients: the totals minus the few left out (a fold).
+            left_out = sorted(set(range(len(self.gram))) - set(patients))
+            total = self._totals()
+            n = len(patients)
+            g, mu, b, t = ((whole - sum((parts[i] for i in left_out), np.zeros_like(whole))) / n
+                           for whole, parts in zip(total, (self.gram, self.feature_mean, self.cross,
+                                                           self.target_mean)))
+        else:
+            w = np.ones(len(patients)) if weights is None else np.asarray(weights, dtype=np.float64)[patients]
+            w = w / w.sum()
+            g = sum(wi * self.gram[i] for wi, i in zip(w, patients))
+            mu = sum(wi * self.feature_mean[i] for wi, i in zip(w, patients))
+            b = sum(wi * self.cross[i] for wi, i in zip(w, patients))
+            t = sum(wi * self.target_mean[i] for wi, i in zip(w, patients))
         g_c = g - np.outer(mu, mu)
         b_c = b - np.outer(mu, t)
         if len(g_c) <= SINGLE_THREAD_EIGEN:
@@ -71,6 +80,15 @@ class RidgeStatistics:
         else:
             values, vectors = eigh(g_c, driver="evd")
         return np.maximum(values, 0.0), vectors, vectors.T @ b_c, mu, t
+
+    def _totals(self):
+        """Sums over every patient of the four statistics, kept until a patient is added."""
+        if getattr(self, "_total_count", None) != len(self.gram):
+            # Accumulated one patient at a time: stacking them would cost N copies at once.
+            self._total = tuple(sum(parts[1:], parts[0].copy()) for parts in (self.gram, self.feature_mean,
+                                                                            self.cross, self.target_mean))
+            self._total_count = len(self.gram)
+        return self._total
 
     def subset(self, rows, class_columns=None):
         """Statistics of ``rows`` only (a new object sharing the per-row arrays); with
