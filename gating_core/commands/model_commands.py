@@ -13,7 +13,7 @@ from gating_core.errors import print_error
 # tests/test_transfer.py checks them against gating_core.evaluation.ALL_METHODS and
 # gating_core.model.DEFAULT_POOLED_WEIGHT.
 EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda", "marginal-alone", "marginal-auto",
-                      "marginal-em", "marginal-quantile")
+                      "marginal-em", "marginal-quantile", "dica-pooling")
 DEFAULT_POOLED_WEIGHT = 0.5
 
 
