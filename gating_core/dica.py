@@ -58,6 +58,12 @@ class DICA:
         from 0.030 (lam=1) to 0.019 (0.01), against KPCA's 0.073.
     epsilon : float, default=1e-3
         eps of the conditional covariance operator (supervised only).
+    variance_weight : float, default=0.01
+        Supervised only: UDICA's numerator Sigma_XX added with this weight. With c classes the
+        supervised term has rank c - 1 (one-hot labels under a linear kernel), so directions
+        beyond the (c-1)-th would be arbitrary vectors of its null space; the small variance
+        term ranks them like UDICA and leaves the first c - 1 nearly unchanged. 0: the paper's
+        term alone.
     cells_per_domain : int or None, default=None
         Cap on the cells used from each domain (a seeded draw); None: all of them.
     random_state : int, default=0
@@ -67,19 +73,23 @@ class DICA:
     bandwidth_ : float
     frequencies_ : ndarray (d, n_features)
     feature_mean_ : ndarray (D,), the mean feature vector of all training cells
+    numerator_ : ndarray (D, D), S: Sigma_XY (Sigma_YY + eps I)^-1 Sigma_YX + variance_weight
+        Sigma_XX, or Sigma_XX (UDICA)
+    domain_variance_ : ndarray (D, D), V: the covariance of the domains' mean features
     projection_ : ndarray (D, m), W, columns normalised so that W^T (V + lam I) W = I
     eigenvalues_ : ndarray (m,), Gamma, decreasing
     classes_ : ndarray (c,) (supervised only)
     """
 
     def __init__(self, n_components=10, supervised=True, n_features=400, bandwidth=None, lam=0.01, epsilon=1e-3,
-                 cells_per_domain=None, random_state=0):
+                 variance_weight=0.01, cells_per_domain=None, random_state=0):
         self.n_components = n_components
         self.supervised = supervised
         self.n_features = n_features
         self.bandwidth = bandwidth
         self.lam = lam
         self.epsilon = epsilon
+        self.variance_weight = variance_weight
         self.cells_per_domain = cells_per_domain
         self.random_state = random_state
 
@@ -109,7 +119,7 @@ class DICA:
             self.classes_ = np.unique(np.concatenate(labels))
         n = sum(len(x) for x in domains)
         total = np.zeros(D)
-        second = np.zeros((D, D)) if not self.supervised else None
+        second = np.zeros((D, D))
         cross = np.zeros((D, len(self.classes_))) if self.supervised else None
         counts = np.zeros(len(self.classes_)) if self.supervised else None
         domain_means = np.empty((len(domains), D))
@@ -121,10 +131,9 @@ class DICA:
                 onehot = labels[i][:, None] == self.classes_[None, :]
                 cross += z.T @ onehot
                 counts += onehot.sum(axis=0)
-            else:
-                second += z.T @ z
+            second += z.T @ z
         self.feature_mean_ = total / n
-        numerator = self._numerator(second, cross, counts, n)
+        self.numerator_ = numerator = self._numerator(second, cross, counts, n)
         centred_means = domain_means - domain_means.mean(axis=0)
         self.domain_variance_ = centred_means.T @ centred_means / len(domains)
         denominator = self.domain_variance_ + self.lam * np.eye(D)
@@ -141,19 +150,19 @@ class DICA:
 
     def _numerator(self, second, cross, counts, n):
         mean = self.feature_mean_
+        sigma_xx = second / n - np.outer(mean, mean)  # the features' covariance
         if not self.supervised:
-            return second / n - np.outer(mean, mean)  # Sigma_XX of the features
+            return sigma_xx
         proportions = counts / n
         sigma_xy = cross / n - np.outer(mean, proportions)
         sigma_yy = np.diag(proportions) - np.outer(proportions, proportions)
         inner = np.linalg.solve(sigma_yy + self.epsilon * np.eye(len(proportions)), sigma_xy.T)
-        return sigma_xy @ inner
+        return sigma_xy @ inner + self.variance_weight * sigma_xx
 
     # -- using it -------------------------------------------------------------------------
     def features(self, cells: np.ndarray) -> np.ndarray:
         """Random Fourier features z(x) of cells (n, d): (n, D), <z(x), z(x')> ~= k(x, x')."""
-        angles = np.asarray(cells, dtype=np.float64) @ self.frequencies_
-        return np.hstack([np.cos(angles), np.sin(angles)]) / np.sqrt(self.n_features)
+        return fourier_features(cells, self.frequencies_)
 
     def transform(self, cells: np.ndarray, chunk_size: int = 50_000) -> np.ndarray:
         """Projected cells W^T (z(x) - mean): (n, m)."""
@@ -191,6 +200,13 @@ class DICA:
     def _draw(self, n, rng):
         return np.sort(rng.choice(n, self.cells_per_domain, replace=False)) if n > self.cells_per_domain \
             else np.arange(n)
+
+
+def fourier_features(cells: np.ndarray, frequencies: np.ndarray) -> np.ndarray:
+    """[cos(x W), sin(x W)] / sqrt(L) of cells (n, d) for frequencies W (d, L): (n, 2L). With
+    W ~ N(0, I / sigma^2), <z(x), z(x')> ~= exp(-||x - x'||^2 / (2 sigma^2))."""
+    angles = np.asarray(cells, dtype=np.float64) @ frequencies
+    return np.hstack([np.cos(angles), np.sin(angles)]) / np.sqrt(frequencies.shape[1])
 
 
 class DICAPooling:
