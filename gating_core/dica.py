@@ -217,12 +217,17 @@ class DICAPooling:
     ``cells_per_patient`` cells); :class:`DICA` is fitted on the training patients, then a
     multinomial logistic regression on the projected cells of all of them pooled.
     ``fit(samples, labels)``, ``predict(sample) -> (n,)`` labels.
+
+    ``features``: "dica" (supervised), "udica" (unsupervised) or "input" (no projection: the
+    standardised channels themselves, the baseline of the paper's Table 2 on the same cells).
     """
 
-    def __init__(self, n_components=20, supervised=True, n_features=300, lam=0.01, cells_per_patient=2000,
+    FEATURES = ("dica", "udica", "input")
+
+    def __init__(self, features="dica", n_components=20, n_features=300, lam=0.01, cells_per_patient=2000,
                  compensate=True, random_state=0):
+        self.features = features
         self.n_components = n_components
-        self.supervised = supervised
         self.n_features = n_features
         self.lam = lam
         self.cells_per_patient = cells_per_patient
@@ -241,9 +246,12 @@ class DICAPooling:
                                   seed=self.preprocessing_.digest_seed(i), compensate=self.compensate)
                    for i, (s, y) in enumerate(zip(samples, labels))]
         cells, _, drawn_labels = self.preprocessing_.prepare_digests(digests)
-        self.dica_ = DICA(n_components=self.n_components, supervised=self.supervised, n_features=self.n_features,
-                          lam=self.lam, random_state=self.random_state).fit(cells, drawn_labels)
-        projected = np.vstack([self.dica_.transform(x) for x in cells])
+        if self.features not in self.FEATURES:
+            raise ValueError(f"features must be one of {self.FEATURES}, got {self.features!r}")
+        self.dica_ = None if self.features == "input" else DICA(
+            n_components=self.n_components, supervised=self.features == "dica", n_features=self.n_features,
+            lam=self.lam, random_state=self.random_state).fit(cells, drawn_labels)
+        projected = np.vstack([self._projected(x) for x in cells])
         self.scale_ = projected.std(axis=0) + 1e-12  # the eigenvectors' scales differ by orders
         self.classifier_ = LogisticRegression(max_iter=1000).fit(projected / self.scale_,
                                                                  np.concatenate(drawn_labels))
@@ -252,7 +260,10 @@ class DICAPooling:
 
     def predict(self, sample) -> np.ndarray:
         cells = self.preprocessing_.standardised_cells(sample)
-        return self.classifier_.predict(self.dica_.transform(cells) / self.scale_)
+        return self.classifier_.predict(self._projected(cells) / self.scale_)
+
+    def _projected(self, cells):
+        return cells if self.dica_ is None else self.dica_.transform(cells)
 
 
 def distributional_variance(domains, kernel="gaussian", bandwidth=None, max_cells=500, random_state=0) -> float:
