@@ -29,6 +29,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve, eigh
 
+from gating_core.cpus import with_blas_threads
 from gating_core.features import median_pairwise_distance
 
 #: Eigenvalues of K_mm below this fraction of the largest are dropped (pseudo-inverse).
@@ -98,6 +99,7 @@ class ImportanceWeightedNystroemKRR:
         self.max_weight_cells = max_weight_cells
         self.random_state = random_state
 
+    @with_blas_threads  # BLAS sized from the free CPUs: oversubscribed, the weight classifier took 50x longer
     def fit(self, cells, labels, new_cells, weights=None):
         """Fit for one new patient.
 
@@ -161,16 +163,18 @@ class ImportanceWeightedNystroemKRR:
                 if len(a) > self.max_weight_cells else a)
         train_part, new_part = draw(x), draw(new)
         frequencies = rng.standard_normal((x.shape[1], self.n_weight_features)) / self.bandwidth_
-        scale = np.concatenate([train_part, new_part]).std(axis=0) + 1e-12
 
         def featurise(a):
             angles = a @ frequencies
-            return np.hstack([a / scale, np.cos(angles), np.sin(angles)])
+            return np.hstack([a, np.cos(angles), np.sin(angles)])
 
+        both = featurise(np.vstack([train_part, new_part]))
+        # Standardised columns: lbfgs converges in ~180 iterations instead of ~300 and the
+        # ratio tracks the true one better (correlation of logs 0.94 against 0.90, the bench).
+        centre, scale = both.mean(axis=0), both.std(axis=0) + 1e-12
         classifier = LogisticRegression(C=1.0, max_iter=1000).fit(
-            featurise(np.vstack([train_part, new_part])),
-            np.r_[np.zeros(len(train_part)), np.ones(len(new_part))])
-        log_odds = classifier.decision_function(featurise(x))
+            (both - centre) / scale, np.r_[np.zeros(len(train_part)), np.ones(len(new_part))])
+        log_odds = classifier.decision_function((featurise(x) - centre) / scale)
         ratio = np.exp(np.clip(log_odds, -50, 50)) * len(train_part) / len(new_part)
         return np.clip(ratio, 0.0, self.max_weight)
 
