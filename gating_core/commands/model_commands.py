@@ -59,7 +59,8 @@ def register(subparsers) -> None:
                           default=["marginal", "pooling", "pooled-logistic", "lda"],
                           help="methods to compare (default: marginal, pooling, pooled-logistic, lda; "
                                "marginal-alone is the marginal model without its pooled companion; marginal-em and "
-                               "marginal-quantile add class-prior re-estimation or quantile registration)")
+                               "marginal-quantile add class-prior re-estimation or quantile registration; dica-pooling is "
+                               "a pooled logistic regression on DICA components, Muandet et al. 2013)")
     evaluate.add_argument("--groups", metavar="FILE|KEYWORD",
                           help="the group (center, batch, run) of each patient: a CSV (patient, group) or an "
                                "FCS keyword such as $CYTSN, $INST or $DATE; default: near-duplicate patients "
