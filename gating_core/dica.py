@@ -109,9 +109,13 @@ class DICA:
             domains = [x[i] for x, i in zip(domains, drawn)]
             labels = None if labels is None else [y[i] for y, i in zip(labels, drawn)]
         d = domains[0].shape[1]
-        self.bandwidth_ = float(self.bandwidth) if self.bandwidth is not None else \
-            median_pairwise_distance(np.vstack([x[: max(1, 2000 // len(domains))] for x in domains]),
-                                     random_state=self.random_state)
+        if self.bandwidth is not None:
+            self.bandwidth_ = float(self.bandwidth)
+        else:  # the median distance over a seeded draw of every domain (cells may come sorted by population)
+            share = max(1, 2000 // len(domains))
+            self.bandwidth_ = median_pairwise_distance(
+                np.vstack([x[rng.choice(len(x), min(share, len(x)), replace=False)] for x in domains]),
+                random_state=self.random_state)
         self.frequencies_ = MeanEmbedding(self.n_features, self.bandwidth_, d,
                                           random_state=self.random_state).frequencies_
         D = 2 * self.n_features
@@ -123,15 +127,19 @@ class DICA:
         cross = np.zeros((D, len(self.classes_))) if self.supervised else None
         counts = np.zeros(len(self.classes_)) if self.supervised else None
         domain_means = np.empty((len(domains), D))
+        chunk = 20_000  # one chunk's features (chunk x D) in memory at a time
         for i, x in enumerate(domains):
-            z = self.features(x)
-            total += z.sum(axis=0)
-            domain_means[i] = z.mean(axis=0)
-            if self.supervised:
-                onehot = labels[i][:, None] == self.classes_[None, :]
-                cross += z.T @ onehot
-                counts += onehot.sum(axis=0)
-            second += z.T @ z
+            domain_sum = np.zeros(D)
+            for start in range(0, len(x), chunk):
+                z = self.features(x[start:start + chunk])
+                domain_sum += z.sum(axis=0)
+                if self.supervised:
+                    onehot = (labels[i][start:start + chunk, None] == self.classes_[None, :]).astype(np.float64)
+                    cross += z.T @ onehot
+                    counts += onehot.sum(axis=0)
+                second += z.T @ z
+            total += domain_sum
+            domain_means[i] = domain_sum / len(x)
         self.feature_mean_ = total / n
         self.numerator_ = numerator = self._numerator(second, cross, counts, n)
         centred_means = domain_means - domain_means.mean(axis=0)
