@@ -54,8 +54,9 @@ class DICA:
     lam : float, default=0.01
         Weight of ||b||^2 against the distributional variance in the denominator (1: the
         paper's K Q K + K). The default, lower, weighs invariance more: on the toy with a batch
-        shift (``toy_domains(shift_sd=1)``) the unseen domains' distributional variance falls
-        from 0.030 (lam=1) to 0.019 (0.01), against KPCA's 0.073.
+        shift (``toy_domains(shift_sd=1)``, 10 seeds, 2 components) the unseen domains'
+        distributional variance is 0.061 at lam=1, 0.051 at 0.1, 0.011 at 0.01 and 0.010 at
+        0.001, against KPCA's 0.080.
     epsilon : float, default=1e-3
         eps of the conditional covariance operator (supervised only).
     variance_weight : float, default=0.01
