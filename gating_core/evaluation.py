@@ -26,7 +26,9 @@ from gating_core.model import GatingModel
 
 METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda")
 #: Every method evaluate can run (METHODS are the default set).
-ALL_METHODS = METHODS + ("marginal-alone", "marginal-auto", "marginal-em", "marginal-quantile")
+ALL_METHODS = METHODS + ("marginal-alone", "marginal-auto", "marginal-em", "marginal-quantile", "dica-pooling")
+#: Methods that are not a GatingModel: fitted per fold, ``predict(sample)`` gives labels.
+PREDICTOR_METHODS = ("lda", "dica-pooling")
 #: GatingModel settings of each kernel method (on top of the user's model parameters).
 METHOD_SETTINGS = {
     "marginal": {"method": "marginal"},
@@ -191,7 +193,7 @@ def _held_out_runs(samples, labels, held_out_sets, methods, model_params, progre
             if refit == "full":
                 say(f"{method}: testing on {names[k]}", (m * len(held_out_sets) + k) / steps)
             for i in held_out_sets[k]:
-                if method == "lda":
+                if method in PREDICTOR_METHODS:
                     predicted, novelty = model.predict(samples[i]), np.nan
                 else:
                     result = model.gate(samples[i])
@@ -207,7 +209,7 @@ def _held_out_runs(samples, labels, held_out_sets, methods, model_params, progre
 def _fold_models(method, samples, labels, held_out_sets, model_params, groups, refit, progress):
     """The fitted model of each fold, lazily for full refits (one at a time in memory)."""
     settings = {**(model_params or {}), **METHOD_SETTINGS.get(method, {})}
-    by_subtraction = refit == "subtract" and method != "lda" and settings.get("solver", "rff") == "rff"
+    by_subtraction = refit == "subtract" and method not in PREDICTOR_METHODS and settings.get("solver", "rff") == "rff"
     if by_subtraction:
         from gating_core.held_out import fold_models
 
@@ -220,6 +222,11 @@ def _fold_models(method, samples, labels, held_out_sets, model_params, groups, r
         progress(f"fold {k + 1} of {len(held_out_sets)}", k / len(held_out_sets))
         if method == "lda":
             yield LDABaseline().fit(train_samples, train_labels)
+        elif method == "dica-pooling":  # DICA (Muandet et al. 2013) on the fold's patients, then pooling
+            from gating_core.dica import DICAPooling
+
+            yield DICAPooling(random_state=(model_params or {}).get("random_state", 0)).fit(train_samples,
+                                                                                          train_labels)
         else:
             train_groups = None if groups is None else [groups[i] for i in train]
             yield GatingModel(**settings).fit(train_samples, train_labels, groups=train_groups)

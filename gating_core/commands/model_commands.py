@@ -13,7 +13,7 @@ from gating_core.errors import print_error
 # tests/test_transfer.py checks them against gating_core.evaluation.ALL_METHODS and
 # gating_core.model.DEFAULT_POOLED_WEIGHT.
 EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda", "marginal-alone", "marginal-auto",
-                      "marginal-em", "marginal-quantile")
+                      "marginal-em", "marginal-quantile", "dica-pooling")
 DEFAULT_POOLED_WEIGHT = 0.5
 
 
@@ -59,7 +59,8 @@ def register(subparsers) -> None:
                           default=["marginal", "pooling", "pooled-logistic", "lda"],
                           help="methods to compare (default: marginal, pooling, pooled-logistic, lda; "
                                "marginal-alone is the marginal model without its pooled companion; marginal-em and "
-                               "marginal-quantile add class-prior re-estimation or quantile registration)")
+                               "marginal-quantile add class-prior re-estimation or quantile registration; dica-pooling is "
+                               "a pooled logistic regression on DICA components, Muandet et al. 2013)")
     evaluate.add_argument("--groups", metavar="FILE|KEYWORD",
                           help="the group (center, batch, run) of each patient: a CSV (patient, group) or an "
                                "FCS keyword such as $CYTSN, $INST or $DATE; default: near-duplicate patients "
