@@ -27,6 +27,13 @@ of 1 only ties a companion probability of 1 for the wrong class). The refined pr
 f clipped to [0, 1] and renormalised; the population is their argmax. The features phi are the
 marginal classifier's (the patient's embedding fixed), i.e. its cell kernel k_X.
 
+A limit, measured: the features are the model's cell kernel k_X, whose bandwidth is wide (about
+the median distance between cells), so delta is smooth over the whole patient. Where the model is
+sure, small residuals move nothing (confirming 20 right cells of a typical patient changes no
+other cell). Where the blend is a tie almost everywhere (a patient far from every training
+one, the marginal model and the companion confidently disagreeing: confidences near 0.5), even
+a confirmation tips ties across the patient, towards the confirmed population.
+
 Cells the reviewer circled keep the label given (the reviewer's word is final, whatever the
 ridge fit gives them); the refinement decides the others. With no corrections the result is the
 model's own gating, exactly.
@@ -40,8 +47,9 @@ import numpy as np
 
 from gating_core.classifier import SCORE_BLOCK
 
-#: lambda of the refinement (in the units of sum over corrected cells of squared errors):
-#: measured on the sample data (bench/bench_refinement.py), see DEFAULT_ALPHA's use there.
+#: lambda of the refinement (units: the SUM over corrected cells of squared errors). On the
+#: sample data (bench/bench_refinement.py) 0.1, 1 and 10 all reached 99% agreement with 25-150
+#: corrected cells where relabeling only needed 175-2074; 1 was never worst.
 DEFAULT_ALPHA = 1.0
 
 
