@@ -598,3 +598,74 @@ def test_a_model_file_with_a_bad_task_similarity_is_refused(further_baselines, t
         np.savez(bad, **arrays)
         with pytest.raises(ModelFileError, match="task_similarity"):
             GatingModel.load(bad)
+
+
+# -- model selection: intercept in the held-out scores, lambda's edge, sigma' (issue 10) --------
+
+def test_held_out_scores_are_those_of_the_fitted_model_intercept_included():
+    from gating_core.selection import HyperparameterSearch
+    from gating_core.solvers import RidgeStatistics
+
+    xs, ys = _blobs(6, n=300, seed=3)
+    # three cells in four of one class: the intercept carries that prior
+    ys = [np.where(np.arange(len(y)) % 4 == 0, y, "neg") for y in ys]
+    search = HyperparameterSearch(xs, ys, MarginalTransferClassifier(n_features=64, cells_per_patient=300),
+                                  cells_per_patient=300, alphas=(1e-4, 1e-2))
+    problem = search.problem
+    features = problem.features(problem.feature_map(problem.median_distance_x, problem.median_distance_p))
+    stats = problem.statistics(features)
+    folds = [[0, 1], [2, 3], [4, 5]]
+    alphas, scores = search._score(features, stats, folds, set())
+    assert {1e-4, 1e-2} <= set(alphas.tolist())  # (extended if an edge was strictly best)
+    for a, alpha in enumerate(alphas):
+        accuracy, without_intercept = [], []
+        for held in folds:
+            rows = [r for r in range(problem.n_rows) if int(problem.source[r]) not in held]
+            coef, intercept = RidgeStatistics.solve(stats.eigen(rows), alpha)
+            for i in held:
+                accuracy.append(np.mean(np.argmax(features[i] @ coef + intercept, axis=1) == problem.targets[i]))
+                without_intercept.append(np.mean(np.argmax(features[i] @ coef, axis=1) == problem.targets[i]))
+        assert scores[a] == pytest.approx(np.mean(accuracy), abs=1e-12)
+        # and the intercept does decide cells here: without it, other cells would be right
+        assert np.mean(without_intercept) != pytest.approx(np.mean(accuracy), abs=1e-6)
+
+
+def test_lambda_grid_is_extended_at_its_edge_and_results_are_unchanged_inside_it():
+    xs, ys = _blobs(6, n=300, seed=0)
+    base = MarginalTransferClassifier(use_embedding=False, n_features=128, cells_per_patient=300)
+    # a grid whose best value is its smallest: the search goes on down by decades
+    narrow = select_hyperparameters(xs, ys, base, cells_per_patient=300, alphas=(10.0, 100.0))
+    tried = sorted({row["alpha"] for row in narrow.table})
+    assert tried[0] < 10.0 and narrow.params["alpha"] < 10.0
+    # inside the grid, the choice is the one the search made before the extension existed
+    # (values recorded from that version on the same data), only the table has the extra rows
+    chosen = select_hyperparameters(xs, ys, MarginalTransferClassifier(n_features=128, cells_per_patient=300),
+                                    cells_per_patient=300)
+    assert chosen.params == {"bandwidth_x": pytest.approx(2.979724448071709), "use_embedding": True,
+                             "bandwidth_p": pytest.approx(0.38545588853961726), "alpha": 0.01,
+                             "bandwidth_embedding": pytest.approx(2.979724448071709)}
+    assert chosen.score == pytest.approx(0.9988888888888888, abs=1e-12)
+
+
+def test_the_embedding_bandwidth_is_selected_when_asked():
+    from gating_core.selection import DEFAULT_EMBEDDING_FACTORS
+
+    x, y = ellipse_task(10, 32, 0)[:2]
+    base = MarginalTransferClassifier(n_features=64, n_embedding_features=32, cells_per_patient=32)
+    fixed = select_hyperparameters(x, y, base, cells_per_patient=32, cv_repeats=1)
+    searched = select_hyperparameters(x, y, base, cells_per_patient=32, cv_repeats=1,
+                                      embedding_factors=DEFAULT_EMBEDDING_FACTORS)
+    assert all("e_factor" not in row for row in fixed.table)
+    factors = {row["e_factor"] for row in searched.table if "e_factor" in row}
+    assert set(DEFAULT_EMBEDDING_FACTORS) <= factors
+    start = fixed.params["bandwidth_embedding"]  # the median distance between cells
+    chosen = searched.params["bandwidth_embedding"] / start
+    assert any(abs(chosen - f) < 1e-9 for f in factors)
+    if searched.params["use_embedding"]:
+        # the chosen sigma' scored best among those tried at the chosen sigma_X, sigma_P
+        best = max(row["cv_accuracy"] for row in searched.table if row.get("e_factor") is not None)
+        assert searched.score == pytest.approx(best) or searched.score >= fixed.score
+    clf = MarginalTransferClassifier(n_features=64, n_embedding_features=32, **{k: searched.params[k] for k in
+                                                        ("bandwidth_x", "bandwidth_p", "alpha", "bandwidth_embedding")},
+                                     use_embedding=searched.params["use_embedding"]).fit(x, y)
+    assert clf.bandwidth_embedding_ == pytest.approx(searched.params["bandwidth_embedding"])
