@@ -20,16 +20,19 @@ cells each needed to reach ``--target`` agreement. Models: trained on all eight 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from gating_core.fcs import read_fcs
-from gating_core.inputs import load_labeled_input
-from gating_core.labels import read_labels_csv
-from gating_core.model import GatingModel
-from gating_core.refinement import DEFAULT_ALPHA, _PatientFrame, refine_gating
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gating_core.fcs import read_fcs  # noqa: E402
+from gating_core.inputs import load_labeled_input  # noqa: E402
+from gating_core.labels import read_labels_csv  # noqa: E402
+from gating_core.model import GatingModel  # noqa: E402
+from gating_core.refinement import DEFAULT_ALPHA, _PatientFrame, refine_gating  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data"
 
