@@ -33,12 +33,13 @@ except ImportError:  # scikit-learn < 1.6: the same check was a private method o
     def validate_data(estimator, X, y="no_validation", **kwargs):
         return estimator._validate_data(X, y, **kwargs)
 
-from gating_core.solvers import RidgeStatistics, fit_temperature, fit_weighted_logistic
+from gating_core.solvers import (RidgeStatistics, fit_temperature, fit_weighted_hinge, fit_weighted_logistic,
+                                 multitask_ridge_solve)
 from gating_core.training_problem import (LandmarkFeatures, TrainingProblem, _seed, cell_features, check_training_set,
                                           embed_cells)
 
 SOLVERS = ("rff", "nystroem", "exact")
-LOSSES = ("squared", "logistic")
+LOSSES = ("squared", "logistic", "hinge")
 PATIENT_WEIGHTINGS = ("uniform", "agnostic")
 SCORE_BLOCK = 2048
 
@@ -93,10 +94,20 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         sigma' of the embedding kernel k'_X; None: the median distance between training cells.
     alpha : float, default=1e-4
         lambda, the penalty on ||f||^2.
-    loss : {"squared", "logistic"}, default="squared"
+    loss : {"squared", "logistic", "hinge"}, default="squared"
         Squared loss on one-hot targets (kernel ridge classification; closed form, and the
-        statistics that make cross-validation a subtraction) or multinomial cross-entropy
-        (iterative; probabilities without a separate calibration).
+        statistics that make cross-validation a subtraction), multinomial cross-entropy
+        (iterative; probabilities without a separate calibration), or the hinge loss of the
+        papers' experiments: a cost-sensitive linear SVM on the features (one-vs-rest, cell
+        costs c_ij = 1/(lambda N n_i); :func:`~gating_core.solvers.fit_weighted_hinge`), a
+        baseline; its margins are calibrated like the ridge scores (refits on held-out groups).
+    task_similarity : float in (0, 1] or None, default=None
+        tau of the multitask kernel k_P(P_i, P_j) = tau for two different training patients,
+        1 for the same one (NIPS 2011 / JMLR 2021 section 7.1), instead of a kernel on the
+        embeddings: each training patient (and augmented copy) is a task, squared loss
+        (:func:`~gating_core.solvers.multitask_ridge_solve`). A new patient has no task of its
+        own, so it is gated by the part shared across tasks. Needs ``use_embedding=False`` and
+        the squared loss. None: no multitask kernel.
     n_augment : int, default=0
         Copies of every training patient with a simulated instrument shift (a random gain and
         offset per channel, in standardised units) added to training as further patients, with
@@ -159,7 +170,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
                  bandwidth_x=None, bandwidth_p=None, bandwidth_embedding=None, alpha=1e-4,
                  loss="squared", n_augment=0, augment_gain=0.08, augment_shift=0.15,
                  patient_weighting="uniform", cells_per_patient=4000, embedding_cells=20000,
-                 calibrate=True, random_state=0):
+                 calibrate=True, random_state=0, task_similarity=None):
         self.use_embedding = use_embedding
         self.solver = solver
         self.n_features = n_features
@@ -177,6 +188,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         self.embedding_cells = embedding_cells
         self.calibrate = calibrate
         self.random_state = random_state
+        self.task_similarity = task_similarity
 
     # -- fitting -----------------------------------------------------------------------------
 
@@ -256,11 +268,11 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         if self.loss == "squared":
             coef, intercept = self._ridge_fit(stats, range(n_rows))
         else:
-            coef, intercept = self._logistic_fit(features, targets, range(n_rows), n_classes, warm=warm_start)
+            coef, intercept = self._iterative_fit(features, targets, range(n_rows), n_classes, warm=warm_start)
         if self.patient_weighting == "agnostic":
             coef, intercept, weights = self._fit_agnostic(problem, stats, features, coef, intercept)
         coef, intercept = coef.astype(np.float32), intercept.astype(np.float32)
-        temperature = self._fit_calibration(problem, stats, features, weights, groups)
+        temperature = self._fit_calibration(problem, stats, features, weights, groups, start=(coef, intercept))
         self._set_fitted(problem, feature_map, coef, intercept, weights, temperature)
         return self
 
@@ -309,6 +321,12 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
                                      ("patient_weighting", self.patient_weighting, PATIENT_WEIGHTINGS)):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if self.task_similarity is not None:
+            if not 0.0 < float(self.task_similarity) <= 1.0:
+                raise ValueError(f"task_similarity must be within (0, 1] or None, got {self.task_similarity!r}")
+            if self.use_embedding or self.loss != "squared":
+                raise ValueError("the multitask kernel (task_similarity) replaces the embedding's kernel and "
+                                 "uses the squared loss: set use_embedding=False and loss='squared'")
         if int(self.n_augment) < 0:
             raise ValueError(f"n_augment must be >= 0, got {self.n_augment!r}")
 
@@ -336,23 +354,30 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         self.temperature_ = temperature
 
     def _ridge_fit(self, stats, rows, weights=None):
+        if self.task_similarity is not None:
+            return multitask_ridge_solve(stats, rows, weights, self.alpha, float(self.task_similarity))
         return RidgeStatistics.solve(stats.eigen(rows, weights), self.alpha)
 
-    def _logistic_fit(self, features, targets, rows, n_classes, weights=None, warm=None):
+    def _iterative_fit(self, features, targets, rows, n_classes, weights=None, warm=None, max_iter=300):
+        """The logistic or hinge loss's L-BFGS fit on training ``rows``."""
         rows = list(rows)
         w = np.ones(len(rows)) if weights is None else np.asarray(weights, dtype=np.float64)[rows]
         w = w / w.sum()
-        return fit_weighted_logistic([features[i] for i in rows], [targets[i] for i in rows], w,
-                                     n_classes, self.alpha, warm=warm)
+        solve = fit_weighted_hinge if self.loss == "hinge" else fit_weighted_logistic
+        return solve([features[i] for i in rows], [targets[i] for i in rows], w, n_classes, self.alpha, warm=warm,
+                     max_iter=max_iter)
 
     def _patient_losses(self, features, targets, coef, intercept):
         losses = np.empty(len(features))
         for i, (f, t) in enumerate(zip(features, targets)):
             scores = f @ coef.astype(np.float32) + intercept.astype(np.float32)
-            if self.loss == "squared":
+            if self.loss in ("squared", "hinge"):
                 onehot = np.zeros_like(scores)
                 onehot[np.arange(len(t)), t] = 1.0
-                losses[i] = float(np.mean(((scores - onehot) ** 2).sum(axis=1)))
+                if self.loss == "squared":
+                    losses[i] = float(np.mean(((scores - onehot) ** 2).sum(axis=1)))
+                else:
+                    losses[i] = float(np.mean(np.maximum(0.0, 1.0 - (2 * onehot - 1) * scores).sum(axis=1)))
             else:
                 z = scores.astype(np.float64)
                 z -= z.max(axis=1, keepdims=True)
@@ -377,11 +402,11 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             if self.loss == "squared":
                 coef, intercept = self._ridge_fit(stats, rows, weights)
             else:
-                coef, intercept = self._logistic_fit(features, targets, rows, len(problem.classes), weights,
-                                                     warm=(coef, intercept))
+                coef, intercept = self._iterative_fit(features, targets, rows, len(problem.classes), weights,
+                                                      warm=(coef, intercept))
         return coef, intercept, q[source] / np.bincount(source)[source]
 
-    def _fit_calibration(self, problem, stats, features, weights, groups=None) -> float:
+    def _fit_calibration(self, problem, stats, features, weights, groups=None, start=None) -> float:
         """Softmax temperature fitted on out-of-group scores.
 
         One scalar keeps the decision (the argmax) unchanged and turns scores into
@@ -402,7 +427,11 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         for held in folds:
             held = set(held)
             rows = [r for r in range(len(features)) if int(source[r]) not in held]
-            coef, intercept = self._ridge_fit(stats, rows, weights)
+            if self.loss == "hinge":  # refit from the full solution: a short path to the fold's
+                coef, intercept = self._iterative_fit(features, problem.targets, rows, len(problem.classes), weights,
+                                                      warm=start, max_iter=100)
+            else:
+                coef, intercept = self._ridge_fit(stats, rows, weights)
             for i in sorted(held):
                 scores.append(features[i] @ coef.astype(np.float32) + intercept.astype(np.float32))
                 held_targets.append(problem.targets[i])

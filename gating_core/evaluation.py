@@ -29,6 +29,8 @@ METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda")
 ALL_METHODS = METHODS + ("marginal-alone", "marginal-auto", "marginal-em", "marginal-quantile", "dica-pooling")
 #: Methods that are not a GatingModel: fitted per fold, ``predict(sample)`` gives labels.
 PREDICTOR_METHODS = ("lda", "dica-pooling")
+# The papers' further baselines (issue 10, item 3).
+ALL_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5")
 #: GatingModel settings of each kernel method (on top of the user's model parameters).
 METHOD_SETTINGS = {
     "marginal": {"method": "marginal"},
@@ -40,6 +42,13 @@ METHOD_SETTINGS = {
     "marginal-em": {"method": "marginal", "prior_shift": "em"},
     "marginal-quantile": {"method": "marginal", "align": "quantile"},
     "pooling": {"method": "pooling"},
+    # The papers' loss: a cost-sensitive linear SVM on the same features (penalty and bandwidths
+    # from the squared loss's selection).
+    "marginal-hinge": {"method": "marginal", "loss": "hinge"},
+    # The multitask kernel k_P = tau between training patients (NIPS 2011 table: 0.01 and 0.5);
+    # a new patient is gated by the part shared across patients.
+    "multitask-0.01": {"method": "multitask", "task_similarity": 0.01},
+    "multitask-0.5": {"method": "multitask", "task_similarity": 0.5},
     # The product's pooling before shift augmentation: one ridge classifier on all cells.
     "pooled-ridge": {"method": "pooling", "n_augment": 0},
     # The plain baseline: logistic loss on the same random features, 1/n_i weights, nothing else.

@@ -21,7 +21,7 @@ from gating_core.preprocessing import ChannelPreprocessing
 from gating_core.priors import apply_prior_ratio, reestimate_prior, training_prior
 from gating_core.streamed_gating import StreamedGating
 
-METHODS = ("marginal", "pooling")
+METHODS = ("marginal", "pooling", "multitask")
 PRIOR_SHIFTS = ("none", "em")
 DEFAULT_LOSS = "squared"
 DEFAULT_AUGMENT = 4
@@ -38,8 +38,12 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
 
     Parameters
     ----------
-    method : {"marginal", "pooling"}, default="marginal"
-        Marginal transfer (the patient's cell distribution is an input) or the pooling baseline.
+    method : {"marginal", "pooling", "multitask"}, default="marginal"
+        Marginal transfer (the patient's cell distribution is an input), the pooling baseline,
+        or the multitask baseline (k_P = ``task_similarity`` between two training patients, 1
+        within one; a new patient is gated by the part shared across patients: see
+        :func:`~gating_core.solvers.multitask_ridge_solve`). Multitask uses the squared loss;
+        its bandwidth and penalty are selected as pooling's.
     channels : list of str or None
         Channels to use ($PnN or $PnS); None: every channel all training patients share, except
         time / event-count channels and constant ones.
@@ -73,6 +77,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     cv_folds, cv_repeats, selection_cells_per_patient, selection_objective :
         model-selection settings (folds hold out whole groups of patients).
     random_state : int
+    task_similarity : float in (0, 1], default=0.5
+        tau of ``method="multitask"`` (ignored by the other methods).
 
     A scikit-learn estimator (``clone``, ``get_params``, ``set_params``) whose parameters are
     exactly those the model file stores. To scikit-learn's model selection one sample is one
@@ -107,7 +113,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                  solver="rff", bandwidth_x=None, bandwidth_p=None, alpha=None, loss=DEFAULT_LOSS,
                  n_augment=DEFAULT_AUGMENT, augment_gain=0.08, augment_shift=0.15, patient_weighting="uniform",
                  pooled_weight=DEFAULT_POOLED_WEIGHT, prior_shift="none", align="none", cv_folds=5, cv_repeats=2,
-                 selection_cells_per_patient=1500, selection_objective="mean", random_state=0):
+                 selection_cells_per_patient=1500, selection_objective="mean", random_state=0,
+                 task_similarity=0.5):
         self.method = method
         self.channels = channels
         self.transform = transform
@@ -134,6 +141,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         self.selection_cells_per_patient = selection_cells_per_patient
         self.selection_objective = selection_objective
         self.random_state = random_state
+        self.task_similarity = task_similarity
 
     # -- training ------------------------------------------------------------------------------
 
@@ -280,7 +288,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                     loss=self.loss, n_augment=self.n_augment, augment_gain=self.augment_gain,
                     augment_shift=self.augment_shift, patient_weighting=self.patient_weighting,
                     cells_per_patient=self.cells_per_patient, embedding_cells=self.embedding_cells,
-                    random_state=self.random_state)
+                    random_state=self.random_state,
+                    task_similarity=self.task_similarity if self.method == "multitask" else None)
 
     def _fit_novelty(self):
         embeddings = self._patient_embeddings()

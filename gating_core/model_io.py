@@ -278,6 +278,8 @@ def _checked_params(path, fields: Fields, accepted, where: str) -> dict:
             out[key] = fields.string(key, choices=ALIGNMENTS)
         elif key == "prior_shift":
             out[key] = fields.string(key, choices=PRIOR_SHIFTS)
+        elif key == "task_similarity":
+            out[key] = fields.number(key, positive=True, within=(0.0, 1.0), nullable=True)
         elif key == "pooled_weight":
             out[key] = "auto" if fields.raw(key) == "auto" else fields.number(key, within=(0.0, 1.0))
         elif key in ("compensate", "select", "use_embedding", "calibrate"):

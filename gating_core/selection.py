@@ -8,9 +8,14 @@ the best value sits on its edge, within the paper's range 1e-2..1e4 of the start
 every bandwidth pair, the whole lambda path costs one eigendecomposition per fold
 (:class:`~gating_core.solvers.RidgeStatistics`), which keeps the default search practical.
 
-The search is coordinate-wise: sigma_X (with lambda), then sigma_P (with lambda), then
-sigma_X again at the chosen sigma_P. The score is the mean over held-out patients of their
-accuracy, averaged over repeated random fold splits.
+The search is coordinate-wise: sigma_X (with lambda), then sigma_P (with lambda), then, when
+asked (``embedding_factors``), the embedding bandwidth sigma' on a small grid around its median
+start (sigma_P follows as the same multiple of the new embeddings' median distance), then
+sigma_X again at the chosen sigma_P. The lambda grid is extended by decades at an edge that is
+strictly best, within ALPHA_LIMITS, at every bandwidth pair. The score is the mean over held-out
+patients of their accuracy, averaged over repeated random fold splits; a held-out patient is
+scored with the fitted intercept, s = F coef + intercept, exactly as the fitted model scores it
+(tests/test_transfer.py checks the two agree).
 
 Folds hold out whole GROUPS (centers, batches, runs; :mod:`gating_core.groups`) when they are
 known or inferred: a sigma_P chosen on folds where every held-out patient's twin is in training
@@ -38,6 +43,11 @@ DEFAULT_ALPHAS = (1e-9, 1e-8, 1e-7, 1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0)
 # k_P = 1 is the simpler model, and the score of a handful of held-out groups is noisy.
 POOLING_MARGIN = 0.001
 FACTOR_LIMITS = (1e-2, 1e4)
+#: Range the lambda grid may be extended over when its best value sits on an edge.
+ALPHA_LIMITS = (1e-12, 1e2)
+#: Grid of sigma' (the embedding kernel k'_X) around its starting point, the median distance
+#: between cells, when the search is asked to select it (``embedding_factors=``).
+DEFAULT_EMBEDDING_FACTORS = (0.5, 1.0, 2.0)
 SEARCH_FEATURES = 256
 
 
@@ -45,9 +55,11 @@ SEARCH_FEATURES = 256
 class SelectionResult:
     """Outcome of :func:`select_hyperparameters`.
 
-    ``params``: the chosen ``bandwidth_x``, ``bandwidth_p`` (None for pooling), ``alpha`` and
-    ``use_embedding`` (False when held-out groups were gated better without the embedding);
-    ``table``: one dict per evaluated (x factor, p factor, alpha) with its CV score.
+    ``params``: the chosen ``bandwidth_x``, ``bandwidth_p`` (None for pooling), ``alpha``,
+    ``bandwidth_embedding`` (sigma'; selected only when asked) and ``use_embedding`` (False when
+    held-out groups were gated better without the embedding); ``table``: one dict per evaluated
+    (x factor, p factor, alpha) with its CV score, and its ``e_factor`` (sigma' / its start)
+    when sigma' was searched.
     """
 
     params: dict
@@ -59,7 +71,8 @@ class SelectionResult:
 
 def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, embedding_samples=None,
                            cv_folds=5, cv_repeats=2, cells_per_patient=1500, x_factors=DEFAULT_X_FACTORS, p_factors=DEFAULT_P_FACTORS,
-                           alphas=DEFAULT_ALPHAS, progress=None, groups=None, objective="mean") -> SelectionResult:
+                           alphas=DEFAULT_ALPHAS, progress=None, groups=None, objective="mean",
+                           embedding_factors=None) -> SelectionResult:
     """Choose sigma_X, sigma_P and lambda for ``base`` by cross-validation over patients.
 
     Parameters
@@ -79,12 +92,17 @@ def select_hyperparameters(samples, labels, base: MarginalTransferClassifier, em
     objective : {"mean", "worst"}
         Score of a setting: the mean held-out patient accuracy, or that of the worst held-out
         group (the agnostic criterion), each averaged over the fold repeats.
+    embedding_factors : sequence of float or None
+        Multiples of the starting sigma' (the median distance between cells) to choose the
+        embedding bandwidth from, after sigma_P (e.g. DEFAULT_EMBEDDING_FACTORS); None: sigma'
+        stays at ``base``'s (its median start when None). Ignored without the embedding or when
+        ``base.bandwidth_embedding`` is set.
     """
     samples, labels = check_training_set(samples, labels)
     if len(samples) < 2:
         raise ValueError("model selection over patients needs at least two labeled patients")
     search = HyperparameterSearch(samples, labels, base, embedding_samples, cv_folds, cv_repeats, cells_per_patient,
-                                  x_factors, p_factors, alphas, groups, objective)
+                                  x_factors, p_factors, alphas, groups, objective, embedding_factors)
     return search.run([()], progress=progress)[0]
 
 
@@ -102,7 +120,7 @@ class HyperparameterSearch:
 
     def __init__(self, samples, labels, base, embedding_samples=None, cv_folds=5, cv_repeats=2,
                  cells_per_patient=1500, x_factors=DEFAULT_X_FACTORS, p_factors=DEFAULT_P_FACTORS,
-                 alphas=DEFAULT_ALPHAS, groups=None, objective="mean"):
+                 alphas=DEFAULT_ALPHAS, groups=None, objective="mean", embedding_factors=None):
         if objective not in ("mean", "worst"):
             raise ValueError(f"objective must be 'mean' or 'worst', got {objective!r}")
         self.groups = list(range(len(samples))) if groups is None else list(groups)
@@ -119,6 +137,19 @@ class HyperparameterSearch:
         self.x_factors, self.p_factors, self.alphas = x_factors, p_factors, alphas
         self.objective = objective
         self.use_embedding = bool(base.use_embedding)
+        searches_e = embedding_factors is not None and self.use_embedding and base.bandwidth_embedding is None
+        self.e_factors = tuple(embedding_factors) if searches_e else None
+        self._problems = {None: self.problem, 1.0: self.problem}
+        self._embedding_samples, self._samples, self._labels, self._groups = embedding_samples, samples, labels, groups
+
+    def problem_at(self, e_factor) -> TrainingProblem:
+        """The training problem whose embeddings use sigma' = e_factor x its start (None: base's)."""
+        if e_factor not in self._problems:
+            probe = MarginalTransferClassifier(**{**self.probe.get_params(),
+                                                  "bandwidth_embedding": e_factor * self.problem.bandwidth_embedding})
+            self._problems[e_factor] = TrainingProblem(probe, self._samples, self._labels, self._embedding_samples,
+                                                       self._groups)
+        return self._problems[e_factor]
 
     def folds(self, excluded) -> list:
         """Held-out patient sets (indices into all patients) of a run without ``excluded``."""
@@ -134,31 +165,29 @@ class HyperparameterSearch:
     def run(self, exclusions, progress=None) -> list:
         """One :class:`SelectionResult` per set of excluded patient indices in ``exclusions``."""
         problem = self.problem
-        median_x, median_p = problem.median_distance_x, problem.median_distance_p
+        median_x = problem.median_distance_x
         runs = {}
         for k, excluded in enumerate(exclusions):
             if problem.n_patients - len(set(excluded)) < 2:
                 raise ValueError("model selection over patients needs at least two labeled patients")
-            search = _coordinate_search(self.x_factors, self.p_factors, self.use_embedding)
+            search = _coordinate_search(self.x_factors, self.p_factors, self.use_embedding, self.e_factors)
             runs[k] = {"search": search, "folds": self.folds(excluded), "excluded": set(excluded),
                        "wants": next(search), "scores": {}}
-        planned = len(self.x_factors) + (len(self.p_factors) + len(self.x_factors) if self.use_embedding else 0)
+        planned = len(self.x_factors) + (len(self.p_factors) + len(self.x_factors) + len(self.e_factors or ())
+                                         if self.use_embedding else 0)
         outcome, evaluated = {}, 0
         while any("wants" in r for r in runs.values()):
-            # sigma_P = None (pooling) sorts first; a tuple with None cannot be compared with one
-            # holding a float.
-            key = min((r["wants"] for r in runs.values() if "wants" in r),
-                      key=lambda w: (w[0], -1.0 if w[1] is None else w[1]))
-            fx, fp = key
-            features = problem.features(problem.feature_map(fx * median_x, None if fp is None else fp * median_p))
-            stats = problem.statistics(features)
+            key = min((r["wants"] for r in runs.values() if "wants" in r), key=_sort_key)
+            fx, fp, fe = key
+            at = self.problem_at(fe)
+            features = at.features(at.feature_map(fx * median_x, None if fp is None else fp * at.median_distance_p))
+            stats = at.statistics(features)
             asking = [k for k, r in runs.items() if r.get("wants") == key]
-            scores = self._score_runs(features, stats, [runs[k] for k in asking])
-            for k, per_alpha in zip(asking, scores):
+            for k, scored in zip(asking, self._score_runs(features, stats, [runs[k] for k in asking])):
                 r = runs[k]
-                r["scores"][key] = per_alpha
-                try:  # a search never asks twice for a pair: it keeps the scores it was given
-                    r["wants"] = r["search"].send(per_alpha)
+                r["scores"][key] = scored
+                try:  # a search never asks twice for a key: it keeps the scores it was given
+                    r["wants"] = r["search"].send(scored[1])
                 except StopIteration as done:
                     del r["wants"]
                     outcome[k] = done.value
@@ -168,24 +197,26 @@ class HyperparameterSearch:
                 progress(min(evaluated / max(planned, 1), 0.99))
         results = []
         for k in range(len(exclusions)):
-            best_x, best_p, embedding_kept = outcome[k]
+            best_x, best_p, best_e, embedding_kept = outcome[k]
             cache = runs[k]["scores"]
-            scores = cache[(best_x, best_p)]
-            table = [{"x_factor": fx, "p_factor": fp, "alpha": float(a), "cv_accuracy": float(s)}
-                     for (fx, fp), values in cache.items() for a, s in zip(self.alphas, values)]
+            alphas, scores = cache[(best_x, best_p, best_e)]
+            table = [{"x_factor": fx, "p_factor": fp, **({} if fe is None else {"e_factor": fe}), "alpha": float(a),
+                      "cv_accuracy": float(v)}
+                     for (fx, fp, fe), (grid, values) in cache.items() for a, v in zip(grid, values)]
+            chosen = self.problem_at(best_e)
             results.append(SelectionResult(
                 params={"bandwidth_x": best_x * median_x,
-                        "bandwidth_p": None if best_p is None else best_p * median_p,
-                        "alpha": float(self.alphas[int(np.argmax(scores))]),
-                        "bandwidth_embedding": problem.bandwidth_embedding, "use_embedding": embedding_kept},
-                score=float(scores.max()), table=table, median_x=median_x, median_p=median_p))
+                        "bandwidth_p": None if best_p is None else best_p * chosen.median_distance_p,
+                        "alpha": float(alphas[int(np.argmax(scores))]),
+                        "bandwidth_embedding": chosen.bandwidth_embedding, "use_embedding": embedding_kept},
+                score=float(scores.max()), table=table, median_x=median_x, median_p=chosen.median_distance_p))
         if progress is not None:
             progress(1.0)
         return results
 
     def _score_runs(self, features, stats, runs) -> list:
-        """The scores of one bandwidth pair for each of ``runs``; several runs (the folds of
-        the held-out check) are scored side by side on the CPUs this process may use."""
+        """:meth:`_score` of one key for each of ``runs``; several runs (the folds of the
+        held-out check) are scored side by side on the CPUs this process may use."""
         from concurrent.futures import ThreadPoolExecutor
 
         from threadpoolctl import threadpool_limits
@@ -193,10 +224,11 @@ class HyperparameterSearch:
         from gating_core.classifier import score_threads
 
         def score(run):
-            return self._score_folds(features, stats, run["folds"], run["excluded"])
+            return self._score(features, stats, run["folds"], run["excluded"])
 
         # Small products and eigendecompositions, many of them: BLAS threads only wait on each
-        # other, so each run gets one and the runs share the CPUs (numpy releases the GIL).
+        # other (beside other work, 12x slower), so each run gets one and the runs share the
+        # CPUs (numpy releases the GIL).
         workers = min(score_threads(), len(runs))
         with threadpool_limits(1, user_api="blas"):
             if workers <= 1:
@@ -204,51 +236,80 @@ class HyperparameterSearch:
             with ThreadPoolExecutor(workers) as pool:
                 return list(pool.map(score, runs))
 
-    def _score_folds(self, features, stats, folds, excluded) -> np.ndarray:
-        source, targets, alphas = self.problem.source, self.problem.targets, self.alphas
-        fold_scores = []
+    def _score(self, features, stats, folds, excluded):
+        """Held-out accuracy of every alpha (averaged as ``objective`` says) over ``folds``,
+        training on every patient neither held out nor in ``excluded``: (alphas, scores).
+
+        The lambda grid starts as ``self.alphas`` and is extended by a decade at an edge while
+        that edge is strictly the best (within ALPHA_LIMITS); each further lambda costs one
+        solve on the folds' eigendecompositions, kept for that purpose.
+        """
+        source, targets = self.problem.source, self.problem.targets
+        rotations = []
         for held_out in folds:
             held = set(held_out) | excluded
             values, vectors, projected, mu, t = stats.eigen(
                 [r for r in range(self.problem.n_rows) if int(source[r]) not in held])
-            # The coefficients of every lambda side by side, C(lambda) = V diag(1 / (values +
-            # lambda)) V^T B (D x k each), so that each held-out patient's scores for the whole
-            # path are one product: s(lambda) = (F - mu) C(lambda) + t.
-            k = projected.shape[1]
-            path = np.hstack([vectors @ (projected / (values + alpha)[:, None]) for alpha in alphas])
-            offset = (t[None, :] - (mu @ path).reshape(len(alphas), k)).astype(np.float32)
-            path = path.astype(np.float32)
-            accuracy = np.zeros((len(alphas), len(held_out)))
-            for j, i in enumerate(held_out):
-                scores = (features[i] @ path).reshape(len(features[i]), len(alphas), k) + offset[None]
-                accuracy[:, j] = np.mean(np.argmax(scores, axis=2) == targets[i][:, None], axis=0)
-            fold_scores.append(accuracy)
-        if self.objective == "mean":
-            return np.hstack(fold_scores).mean(axis=1)
-        return np.min([acc.mean(axis=1) for acc in fold_scores], axis=0)
+            rotations.append((held_out, vectors, values, projected, mu, t))
+
+        def scores_of(alpha) -> float:
+            # s(lambda) = F coef + intercept, coef = V diag(1 / (values + lambda)) V^T B and
+            # intercept = t - mu coef: the fitted model's own scores, one product per patient.
+            fold_scores = []
+            for held_out, vectors, values, projected, mu, t in rotations:
+                coef = vectors @ (projected / (values + alpha)[:, None])
+                intercept = (t - mu @ coef).astype(np.float32)
+                coef = coef.astype(np.float32)
+                fold_scores.append([np.mean(np.argmax(features[i] @ coef + intercept, axis=1) == targets[i])
+                                    for i in held_out])
+            if self.objective == "mean":
+                return float(np.mean(np.concatenate(fold_scores)))
+            return float(np.min([np.mean(f) for f in fold_scores]))
+
+        alphas = sorted(float(a) for a in self.alphas)
+        scores = [scores_of(a) for a in alphas]
+        while len(alphas) >= 2:
+            best = int(np.argmax(scores))
+            if best == 0 and scores[0] > scores[1] and alphas[0] / 10 >= ALPHA_LIMITS[0]:
+                alphas.insert(0, alphas[0] / 10)
+                scores.insert(0, scores_of(alphas[0]))
+            elif best == len(alphas) - 1 and scores[-1] > scores[-2] and alphas[-1] * 10 <= ALPHA_LIMITS[1]:
+                alphas.append(alphas[-1] * 10)
+                scores.append(scores_of(alphas[-1]))
+            else:
+                break
+        return np.array(alphas), np.array(scores)
 
 
-def _coordinate_search(x_factors, p_factors, use_embedding):
-    """The coordinate-wise search as a generator: it yields the (x factor, p factor) it wants
-    scored and receives that pair's score per alpha; it returns (x factor, p factor or None,
-    embedding kept).
+def _sort_key(key):
+    """Order of (x, p, e) factor triples, None (no embedding / sigma' not searched) first."""
+    return tuple((v is not None, v or 0.0) for v in key)
 
-    sigma_X (with lambda), then sigma_P (with lambda), then sigma_X again at the chosen sigma_P;
-    an edge of a grid is extended while it is strictly the best, within FACTOR_LIMITS.
+
+def _coordinate_search(x_factors, p_factors, use_embedding, e_factors=None):
+    """The coordinate-wise search as a generator: it yields the (x factor, p factor, e factor)
+    it wants scored and receives that triple's score per alpha; it returns (x factor, p factor
+    or None, e factor or None, embedding kept).
+
+    sigma_X (with lambda), then sigma_P (with lambda), then sigma' when ``e_factors`` is given,
+    then sigma_X again at the chosen sigma_P (and sigma'); an edge of a grid is extended while
+    it is strictly the best, within FACTOR_LIMITS.
     """
     cache = {}
+    e_start = None if e_factors is None else 1.0
 
-    def score(fx, fp):
-        if (fx, fp) not in cache:
-            cache[(fx, fp)] = yield (fx, fp)
-        return cache[(fx, fp)]
+    def score(fx, fp, fe):
+        if (fx, fp, fe) not in cache:
+            cache[(fx, fp, fe)] = yield (fx, fp, fe)
+        return cache[(fx, fp, fe)]
 
     def search(axis, factors, fixed):
         factors = sorted(factors)
         while True:
             value = {}
             for f in factors:
-                per_alpha = yield from (score(f, fixed) if axis == "x" else score(fixed, f))
+                key = {"x": (f, *fixed), "p": (fixed[0], f, fixed[1]), "e": (*fixed, f)}[axis]
+                per_alpha = yield from score(*key)
                 value[f] = float(per_alpha.max())
             top = max(value.values())
             # Prefer the factor nearest the data-driven start among ties.
@@ -265,18 +326,21 @@ def _coordinate_search(x_factors, p_factors, use_embedding):
                 return best
 
     p_start = 1.0 if use_embedding else None
-    best_x = yield from search("x", x_factors, p_start)
+    best_e = e_start
+    best_x = yield from search("x", x_factors, (p_start, best_e))
     best_p = p_start
     if not use_embedding:
-        return best_x, best_p, False
-    best_p = yield from search("p", p_factors, best_x)
-    best_x = yield from search("x", x_factors, best_p)
+        return best_x, best_p, None, False
+    best_p = yield from search("p", p_factors, (best_x, best_e))
+    if e_factors is not None:
+        best_e = yield from search("e", e_factors, (best_x, best_p))
+    best_x = yield from search("x", x_factors, (best_p, best_e))
     # sigma_P -> infinity is pooling (k_P = 1). When the embedding does not help on held-out
     # GROUPS, the model falls back to it: the patient's distribution then adds only noise.
-    pooled = yield from score(best_x, None)
-    if float(pooled.max()) >= float(cache[(best_x, best_p)].max()) - POOLING_MARGIN:
-        return best_x, None, False
-    return best_x, best_p, True
+    pooled = yield from score(best_x, None, None)
+    if float(pooled.max()) >= float(cache[(best_x, best_p, best_e)].max()) - POOLING_MARGIN:
+        return best_x, None, None, False
+    return best_x, best_p, best_e, True
 
 
 DEFAULT_LOGISTIC_ALPHAS = (1e-5, 1e-4, 1e-3)

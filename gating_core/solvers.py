@@ -4,6 +4,10 @@
   fit on any subset of patients, for any penalty, is a sum and one eigendecomposition
   (model selection, calibration and the held-out check all lean on that);
 - :func:`fit_weighted_logistic`: the multinomial logistic loss with patient weights (L-BFGS);
+- :func:`fit_weighted_hinge`: the cost-sensitive linear SVM (one-vs-rest hinge) with patient
+  weights, the loss of the NIPS 2011 / JMLR 2021 experiments (L-BFGS on a Huber-smoothed hinge);
+- :func:`multitask_ridge_solve`: the squared loss with the multitask kernel k_P = tau off the
+  diagonal (each training patient a task), from the same statistics;
 - :func:`fit_temperature`: the softmax temperature that makes ridge scores probabilities.
 """
 
@@ -150,6 +154,95 @@ def fit_weighted_logistic(features, targets, patient_weights, n_classes, alpha, 
                       options={"maxiter": max_iter, "gtol": 1e-6})
     theta = result.x
     return theta[: dim * k].reshape(dim, k), theta[dim * k:]
+
+
+#: Width h of the Huber-smoothed hinge (Chapelle, Neural Computation 2007): the hinge
+#: max(0, 1 - m) with its kink replaced by a parabola on |1 - m| < h, so that L-BFGS applies.
+HINGE_SMOOTHING = 0.05
+
+
+def fit_weighted_hinge(features, targets, patient_weights, n_classes, alpha, warm=None, max_iter=300,
+                       smoothing=HINGE_SMOOTHING):
+    """Cost-sensitive linear SVM, one-vs-rest, with patient weights and an L2 penalty.
+
+    Minimises sum_i w_i mean_j sum_c hinge(y_ijc s_ijc) + alpha ||W||^2 with s = F W + b
+    (b unpenalised) and y_ijc = +1 for the cell's class, -1 for the others: with w_i = 1/N,
+    the marginal-transfer objective (1/N) sum_i (1/n_i) sum_j loss + lambda ||f||^2 with the
+    hinge loss, i.e. an SVM whose cell costs are c_ij = 1/(lambda N n_i). The hinge is
+    Huber-smoothed over ``smoothing`` (see HINGE_SMOOTHING). Arguments as in
+    :func:`fit_weighted_logistic`; returns W (D, k) and b (k,).
+    """
+    from scipy.optimize import minimize
+
+    f = np.vstack(features).astype(np.float32)
+    t = np.concatenate(targets)
+    cell_w = np.concatenate([np.full(len(x), w / len(x)) for x, w in zip(features, patient_weights)]).astype(np.float32)
+    n, dim = f.shape
+    k = n_classes
+    sign = np.full((n, k), -1.0, dtype=np.float32)
+    sign[np.arange(n), t] = 1.0
+    h = float(smoothing)
+
+    def objective(theta):
+        w = theta[: dim * k].reshape(dim, k).astype(np.float32)
+        b = theta[dim * k:].astype(np.float32)
+        margin = sign * (f @ w + b)
+        gap = 1.0 - margin  # > 0: inside the margin
+        linear = gap > h
+        band = np.abs(gap) <= h
+        loss = np.where(linear, gap, np.where(band, (gap + h) ** 2 / (4 * h), 0.0))
+        d_margin = np.where(linear, -1.0, np.where(band, -(gap + h) / (2 * h), 0.0)).astype(np.float32)
+        value = float(cell_w @ loss.sum(axis=1, dtype=np.float64)) + alpha * float((w.astype(np.float64) ** 2).sum())
+        residual = d_margin * sign * cell_w[:, None]
+        grad_w = (f.T @ residual).astype(np.float64) + 2 * alpha * w
+        grad_b = residual.sum(axis=0).astype(np.float64)
+        return value, np.concatenate([grad_w.ravel(), grad_b])
+
+    if warm is None:
+        theta0 = np.zeros(dim * k + k)
+    else:
+        theta0 = np.concatenate([np.asarray(warm[0], dtype=np.float64).ravel(), np.asarray(warm[1], dtype=np.float64)])
+    result = minimize(objective, theta0, jac=True, method="L-BFGS-B", options={"maxiter": max_iter, "gtol": 1e-6})
+    theta = result.x
+    return theta[: dim * k].reshape(dim, k), theta[dim * k:]
+
+
+def multitask_ridge_solve(stats: RidgeStatistics, rows, weights, alpha: float, tau: float):
+    """Squared loss with the multitask kernel k_P(i, j) = tau + (1 - tau) [i == j]; the shared part.
+
+    Each training row of ``stats`` is a task. With features [phi(x), 1] (the constant carries the
+    intercepts), the kernel is that of the feature map [sqrt(tau) phi, sqrt(1 - tau) phi (x) e_i]:
+    f_i(x) = sqrt(tau) <w, phi(x)> + sqrt(1 - tau) <v_i, phi(x)>, penalty alpha (||w||^2 +
+    sum_i ||v_i||^2), loss sum_i a_i mean_j ||f_i(x_ij) - y_ij||^2 (a_i = ``weights``, normalised).
+    Eliminating each v_i (per-task ridge) leaves a D x D system for the shared w:
+
+        (I + tau sum_i a_i M_i G_i) w = sqrt(tau) sum_i a_i M_i C_i,   M_i = ((1 - tau) a_i G_i + alpha I)^-1
+
+    with G_i, C_i the task's uncentred Gram and cross statistics. A NEW patient has no task of
+    its own (no e_T: its kernel with every training task is tau): its decision function is the
+    shared part, sqrt(tau) <w, [phi(x), 1]>, returned as (coef (D, k), intercept (k,)).
+    tau = 1 is pooling (one task); tau -> 0 leaves the shared part nothing to learn.
+    """
+    if not 0.0 < tau <= 1.0:
+        raise ValueError(f"task similarity tau must be within (0, 1], got {tau!r}")
+    rows = list(rows)
+    a = np.ones(len(rows)) if weights is None else np.asarray(weights, dtype=np.float64)[rows]
+    a = a / a.sum()
+    dim = stats.n_features + 1
+    lhs = np.eye(dim)
+    rhs = np.zeros((dim, stats.n_classes))
+    for ai, r in zip(a, rows):
+        gram = np.empty((dim, dim))
+        gram[:-1, :-1], gram[:-1, -1], gram[-1, :-1], gram[-1, -1] = (stats.gram[r], stats.feature_mean[r],
+                                                                      stats.feature_mean[r], 1.0)
+        cross = np.vstack([stats.cross[r], stats.target_mean[r][None, :]])
+        values, vectors = eigh(gram, driver="evd")
+        values = np.maximum(values, 0.0)
+        shrink = 1.0 / ((1.0 - tau) * ai * values + alpha)  # M_i in G_i's eigenbasis
+        lhs += tau * ai * (vectors * (shrink * values)) @ vectors.T
+        rhs += np.sqrt(tau) * ai * (vectors * shrink) @ (vectors.T @ cross)
+    shared = np.linalg.solve(lhs, rhs) * np.sqrt(tau)
+    return shared[:-1], shared[-1]
 
 
 def fit_temperature(scores, targets) -> float:

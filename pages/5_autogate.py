@@ -113,19 +113,40 @@ with side_col:
     st.plotly_chart(charts.confidence_histogram(confidence, threshold), width="stretch", key="ag_conf")
 
     # Correction: the latest lasso/box selects cells (all events inside the shape, not just dots).
+    # It is kept in the session until used, so that a rerun (or a test) finds it again.
     picked = shape_from_selection(getattr(event, "selection", None) if event is not None else None)
-    shape = None
     if picked is not None:
-        xs_, ys_ = AxisScale.from_dict(x_scale_d), AxisScale.from_dict(y_scale_d)
+        state["ag_pending_shape"] = {**picked, "patient": patient, "x": x_ch, "y": y_ch,
+                                     "x_scale": x_scale_d, "y_scale": y_scale_d, "from_chart": True}
+    elif state.get("ag_pending_shape", {}).get("from_chart"):
+        state.pop("ag_pending_shape")  # the reviewer cleared the selection on the chart
+    pending = state.get("ag_pending_shape")
+    shape = None
+    if pending is not None and (pending.get("patient"), pending.get("x"), pending.get("y")) == (patient, x_ch, y_ch):
+        xs_, ys_ = AxisScale.from_dict(pending["x_scale"]), AxisScale.from_dict(pending["y_scale"])
         try:
-            if picked["kind"] == "polygon":
-                shape = polygon_gate("selection", x_ch, y_ch, picked["vertices"], xs_, ys_)
+            if pending["kind"] == "polygon":
+                shape = polygon_gate("selection", x_ch, y_ch, pending["vertices"], xs_, ys_)
             else:
-                (x0, y0), (x1, y1) = picked["vertices"]
+                (x0, y0), (x1, y1) = pending["vertices"]
                 shape = rectangle_gate("selection", x_ch, y_ch, (x0, x1), (y0, y1), xs_, ys_)
         except GateError:
             shape = None  # a click or a zero-area drag selects nothing
     st.markdown("**Correct cells**")
+    if state.get("ag_correct_message"):
+        st.success(state.pop("ag_correct_message"))
+    # The cells circled so far in this session, with the label given: what the refinement fits.
+    circled = state.setdefault("ag_circled", {}).get(patient)
+    if circled is None and record.corrected is not None:
+        # corrected in an earlier session: the cells that differ from the model's gating stand in
+        differs = np.flatnonzero(np.asarray(record.corrected).astype(str) != np.asarray(result.populations).astype(str))
+        circled = {int(i): str(record.corrected[i]) for i in differs}
+    circled = dict(circled or {})
+    refine_model = store.models.get(record.result_model, model)
+    refine = st.checkbox("Apply corrections to similar cells", key="ag_refine",
+                         help="Refit this patient's gating to every cell corrected so far (JMLR 2021, section 9): "
+                              "cells like the circled ones move with them, not only those circled. "
+                              "Off: only the circled cells change.")
     if shape is None:
         st.caption("Draw a lasso or box around cells on the plot to reassign them.")
     else:
@@ -138,11 +159,24 @@ with side_col:
                               key="ag_to")
         if st.button(f"Reassign {int(inside.sum()):,} cells" + (f" to {to_pop}" if to_pop else ""),
                      key="ag_reassign", disabled=to_pop is None):
-            corrected = populations.astype(object).copy()
-            corrected[inside] = to_pop
-            new_confidence = confidence.copy()
-            new_confidence[inside] = 1.0
+            circled.update({int(i): to_pop for i in np.flatnonzero(inside)})
+            if refine:
+                from gating_core.refinement import refine_gating
+
+                refined = refine_gating(refine_model, sample, list(circled), list(circled.values()))
+                corrected, new_confidence = refined.populations, refined.confidence
+            else:
+                corrected = populations.astype(object).copy()
+                corrected[inside] = to_pop
+                new_confidence = confidence.copy()
+                new_confidence[inside] = 1.0
+            beyond = int(((np.asarray(corrected).astype(str) != populations) & ~inside).sum())
             store.correct(patient, corrected, new_confidence)
+            state["ag_circled"][patient] = circled
+            state.pop("ag_pending_shape", None)
+            state["ag_correct_message"] = (
+                f"Reassigned {int(inside.sum()):,} circled cells to {to_pop}"
+                + (f"; the refinement moved {beyond:,} further similar cells." if refine else "."))
             state.ag_chart_version += 1
             st.rerun()
 

@@ -445,3 +445,227 @@ def test_quantile_registered_model_round_trips_and_ignores_chunking(small_center
         GatingModel.load(tmp_path / "bad.npz")
     with pytest.raises(ValueError, match="align must be one of"):
         GatingModel(select=False, align="warp").fit(samples[:2], labels[:2])
+
+
+# -- further baselines: the hinge loss and the multitask kernel (issue 10, item 3) ---------------
+
+def test_weighted_hinge_is_the_cost_sensitive_svm():
+    from scipy.optimize import minimize
+
+    from gating_core.solvers import fit_weighted_hinge
+
+    rng = np.random.default_rng(1)
+    f = [rng.normal(0, 1, (n, 3)).astype(np.float32) for n in (40, 15)]  # unequal n_i: the costs differ
+    t = [(x[:, 0] - 0.7 * x[:, 1] + 0.3 * rng.normal(size=len(x)) > 0.2).astype(int) for x in f]
+    alpha = 5e-3
+    coef, intercept = fit_weighted_hinge(f, t, np.array([0.5, 0.5]), 2, alpha, smoothing=1e-3, max_iter=5000)
+    # The reference: the SVM's quadratic programme, min alpha ||w||^2 + sum_j c_j xi_j subject to
+    # xi_j >= 0 and xi_j >= 1 - y_j (w x_j + b), with the cell costs c_j = w_i / n_i
+    # (= 1/(lambda N n_i) once divided by lambda), solved by SLSQP on (w, b, xi).
+    x, y = np.vstack(f).astype(np.float64), np.where(np.concatenate(t) == 1, 1.0, -1.0)
+    costs = np.concatenate([np.full(len(v), 0.5 / len(v)) for v in f])
+    n, d = x.shape
+    objective = lambda v: alpha * v[:d] @ v[:d] + costs @ v[d + 1:]
+    margins = {"type": "ineq", "fun": lambda v: v[d + 1:] - 1 + y * (x @ v[:d] + v[d]),
+               "jac": lambda v: np.hstack([(y[:, None] * x), y[:, None], np.eye(n)])}
+    slack = {"type": "ineq", "fun": lambda v: v[d + 1:], "jac": lambda v: np.hstack([np.zeros((n, d + 1)), np.eye(n)])}
+    qp = minimize(objective, np.concatenate([np.zeros(d + 1), np.ones(n)]), method="SLSQP",
+                  jac=lambda v: np.concatenate([2 * alpha * v[:d], [0.0], costs]), constraints=[margins, slack],
+                  options={"maxiter": 1000, "ftol": 1e-12})
+    assert qp.success
+    # one-vs-rest: the column of class 1 is the binary SVM
+    np.testing.assert_allclose(coef[:, 1], qp.x[:d], atol=1e-2)
+    assert intercept[1] == pytest.approx(qp.x[d], abs=1e-2)
+    hinge = lambda w, b: alpha * w @ w + costs @ np.maximum(0, 1 - y * (x @ w + b))
+    assert hinge(coef[:, 1], intercept[1]) == pytest.approx(qp.fun, rel=1e-3)
+
+
+def test_hinge_loss_classifier_gates_and_is_calibrated_on_held_out_patients():
+    xs, ys = _blobs(5, seed=2)
+    clf = MarginalTransferClassifier(loss="hinge", alpha=1e-3, n_features=128, cells_per_patient=300,
+                                     bandwidth_x=1.0, bandwidth_p=1.0).fit(xs, ys)
+    assert clf.temperature_ != 10.0 and clf.temperature_ > 0  # fitted on out-of-patient margins
+    test_x, test_y = _blobs(1, seed=42)
+    assert np.mean(clf.predict(test_x[0]) == test_y[0]) > 0.95
+    np.testing.assert_allclose(clf.predict_proba(test_x[0]).sum(axis=1), 1.0, rtol=1e-5)
+
+
+def _tiny_statistics(rng, n_tasks=3, dim=4, k=2):
+    from gating_core.solvers import RidgeStatistics
+
+    stats = RidgeStatistics(dim, k)
+    features, targets = [], []
+    for n in rng.integers(5, 12, n_tasks):
+        f = rng.normal(size=(n, dim))
+        y = np.eye(k)[rng.integers(0, k, n)]
+        stats.add_patient([f], [y])
+        features.append(f)
+        targets.append(y)
+    return stats, features, targets
+
+
+def test_multitask_solve_equals_ridge_on_the_explicit_multitask_features():
+    from gating_core.solvers import multitask_ridge_solve
+
+    rng = np.random.default_rng(3)
+    stats, features, targets = _tiny_statistics(rng)
+    weights = np.array([0.2, 0.5, 0.3])
+    alpha, tau = 0.05, 0.3
+    coef, intercept = multitask_ridge_solve(stats, range(3), weights, alpha, tau)
+    # explicit feature map [sqrt(tau) z, sqrt(1 - tau) z (x) e_i] with z = [phi, 1], weighted ridge
+    n_tasks, dim = len(features), features[0].shape[1] + 1
+    rows, ys, cell_w = [], [], []
+    for i, (f, y) in enumerate(zip(features, targets)):
+        z = np.hstack([f, np.ones((len(f), 1))])
+        task = np.zeros((len(f), n_tasks * dim))
+        task[:, i * dim:(i + 1) * dim] = np.sqrt(1 - tau) * z
+        rows.append(np.hstack([np.sqrt(tau) * z, task]))
+        ys.append(y)
+        cell_w.append(np.full(len(f), weights[i] / len(f)))
+    big, y, w = np.vstack(rows), np.vstack(ys), np.concatenate(cell_w)
+    theta = np.linalg.solve(big.T @ (w[:, None] * big) + alpha * np.eye(big.shape[1]), big.T @ (w[:, None] * y))
+    shared = np.sqrt(tau) * theta[:dim]  # a new patient: kernel tau with every task, no task of its own
+    np.testing.assert_allclose(coef, shared[:-1], rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(intercept, shared[-1], rtol=1e-8, atol=1e-10)
+
+
+def test_multitask_with_tau_one_is_one_ridge_on_all_tasks_and_tau_is_checked():
+    from gating_core.solvers import multitask_ridge_solve
+
+    rng = np.random.default_rng(4)
+    stats, features, targets = _tiny_statistics(rng)
+    alpha = 0.1
+    coef, intercept = multitask_ridge_solve(stats, [0, 2], None, alpha, 1.0)
+    z = [np.hstack([features[i], np.ones((len(features[i]), 1))]) for i in (0, 2)]
+    gram = sum(0.5 * x.T @ x / len(x) for x in z)
+    cross = sum(0.5 * x.T @ targets[i] / len(x) for x, i in zip(z, (0, 2)))
+    expected = np.linalg.solve(gram + alpha * np.eye(gram.shape[0]), cross)
+    np.testing.assert_allclose(np.vstack([coef, intercept[None]]), expected, rtol=1e-8, atol=1e-10)
+    for tau in (0.0, 1.5):
+        with pytest.raises(ValueError, match="tau"):
+            multitask_ridge_solve(stats, [0, 1], None, alpha, tau)
+    with pytest.raises(ValueError, match="use_embedding=False"):
+        MarginalTransferClassifier(task_similarity=0.5).fit(*_blobs(2, n=50))
+
+
+@pytest.fixture(scope="module")
+def further_baselines(small_centers):
+    from gating_core.model import GatingModel
+
+    samples, labels, _ = small_centers
+    fixed = dict(select=False, n_augment=0, cells_per_patient=1000, bandwidth_x=2.0, alpha=1e-4)
+    return {name: GatingModel(**fixed, **settings).fit(samples[:4], labels[:4])
+            for name, settings in (("hinge", {"loss": "hinge"}),
+                                   ("multitask", {"method": "multitask", "task_similarity": 0.01}))}
+
+
+def test_hinge_and_multitask_models_gate_new_centers_and_survive_save_and_load(further_baselines, small_centers,
+                                                                                tmp_path):
+    from gating_core.model import GatingModel
+
+    samples, labels, _ = small_centers
+    for name, model in further_baselines.items():
+        accuracy = np.mean([np.mean(model.predict(s) == np.asarray(y).astype(str))
+                            for s, y in zip(samples[4:], labels[4:])])
+        assert accuracy > 0.85, (name, accuracy)
+        path = tmp_path / f"{name}.npz"
+        model.save(path)
+        loaded = GatingModel.load(path)
+        assert loaded.get_params() == model.get_params()
+        for s in samples[4:]:
+            np.testing.assert_array_equal(loaded.predict(s), model.predict(s))
+    assert further_baselines["multitask"].classifier_.task_similarity == 0.01
+    assert further_baselines["multitask"].pooled_classifier_ is None  # no embedding, no companion
+    assert further_baselines["hinge"].classifier_.loss == "hinge"
+
+
+def test_a_model_file_with_a_bad_task_similarity_is_refused(further_baselines, tmp_path):
+    import json
+
+    from gating_core.model import GatingModel
+    from gating_core.modelfile import ModelFileError
+
+    path = tmp_path / "multitask.npz"
+    further_baselines["multitask"].save(path)
+    with np.load(path, allow_pickle=False) as data:
+        arrays = {k: data[k] for k in data.files}
+    meta = json.loads(str(arrays["meta"]))
+    text = json.dumps(meta)
+    assert '"task_similarity": 0.01' in text
+    for bad_value in ("2.5", "0"):
+        arrays["meta"] = np.array(text.replace('"task_similarity": 0.01', f'"task_similarity": {bad_value}'))
+        bad = tmp_path / "bad.npz"
+        np.savez(bad, **arrays)
+        with pytest.raises(ModelFileError, match="task_similarity"):
+            GatingModel.load(bad)
+
+
+# -- model selection: intercept in the held-out scores, lambda's edge, sigma' (issue 10) --------
+
+def test_held_out_scores_are_those_of_the_fitted_model_intercept_included():
+    from gating_core.selection import HyperparameterSearch
+    from gating_core.solvers import RidgeStatistics
+
+    xs, ys = _blobs(6, n=300, seed=3)
+    # three cells in four of one class: the intercept carries that prior
+    ys = [np.where(np.arange(len(y)) % 4 == 0, y, "neg") for y in ys]
+    search = HyperparameterSearch(xs, ys, MarginalTransferClassifier(n_features=64, cells_per_patient=300),
+                                  cells_per_patient=300, alphas=(1e-4, 1e-2))
+    problem = search.problem
+    features = problem.features(problem.feature_map(problem.median_distance_x, problem.median_distance_p))
+    stats = problem.statistics(features)
+    folds = [[0, 1], [2, 3], [4, 5]]
+    alphas, scores = search._score(features, stats, folds, set())
+    assert {1e-4, 1e-2} <= set(alphas.tolist())  # (extended if an edge was strictly best)
+    for a, alpha in enumerate(alphas):
+        accuracy, without_intercept = [], []
+        for held in folds:
+            rows = [r for r in range(problem.n_rows) if int(problem.source[r]) not in held]
+            coef, intercept = RidgeStatistics.solve(stats.eigen(rows), alpha)
+            for i in held:
+                accuracy.append(np.mean(np.argmax(features[i] @ coef + intercept, axis=1) == problem.targets[i]))
+                without_intercept.append(np.mean(np.argmax(features[i] @ coef, axis=1) == problem.targets[i]))
+        assert scores[a] == pytest.approx(np.mean(accuracy), abs=1e-12)
+        # and the intercept does decide cells here: without it, other cells would be right
+        assert np.mean(without_intercept) != pytest.approx(np.mean(accuracy), abs=1e-6)
+
+
+def test_lambda_grid_is_extended_at_its_edge_and_results_are_unchanged_inside_it():
+    xs, ys = _blobs(6, n=300, seed=0)
+    base = MarginalTransferClassifier(use_embedding=False, n_features=128, cells_per_patient=300)
+    # a grid whose best value is its smallest: the search goes on down by decades
+    narrow = select_hyperparameters(xs, ys, base, cells_per_patient=300, alphas=(10.0, 100.0))
+    tried = sorted({row["alpha"] for row in narrow.table})
+    assert tried[0] < 10.0 and narrow.params["alpha"] < 10.0
+    # inside the grid, the choice is the one the search made before the extension existed
+    # (values recorded from that version on the same data), only the table has the extra rows
+    chosen = select_hyperparameters(xs, ys, MarginalTransferClassifier(n_features=128, cells_per_patient=300),
+                                    cells_per_patient=300)
+    assert chosen.params == {"bandwidth_x": pytest.approx(2.979724448071709), "use_embedding": True,
+                             "bandwidth_p": pytest.approx(0.38545588853961726), "alpha": 0.01,
+                             "bandwidth_embedding": pytest.approx(2.979724448071709)}
+    assert chosen.score == pytest.approx(0.9988888888888888, abs=1e-12)
+
+
+def test_the_embedding_bandwidth_is_selected_when_asked():
+    from gating_core.selection import DEFAULT_EMBEDDING_FACTORS
+
+    x, y = ellipse_task(10, 32, 0)[:2]
+    base = MarginalTransferClassifier(n_features=64, n_embedding_features=32, cells_per_patient=32)
+    fixed = select_hyperparameters(x, y, base, cells_per_patient=32, cv_repeats=1)
+    searched = select_hyperparameters(x, y, base, cells_per_patient=32, cv_repeats=1,
+                                      embedding_factors=DEFAULT_EMBEDDING_FACTORS)
+    assert all("e_factor" not in row for row in fixed.table)
+    factors = {row["e_factor"] for row in searched.table if "e_factor" in row}
+    assert set(DEFAULT_EMBEDDING_FACTORS) <= factors
+    start = fixed.params["bandwidth_embedding"]  # the median distance between cells
+    chosen = searched.params["bandwidth_embedding"] / start
+    assert any(abs(chosen - f) < 1e-9 for f in factors)
+    if searched.params["use_embedding"]:
+        # the chosen sigma' scored best among those tried at the chosen sigma_X, sigma_P
+        best = max(row["cv_accuracy"] for row in searched.table if row.get("e_factor") is not None)
+        assert searched.score == pytest.approx(best) or searched.score >= fixed.score
+    clf = MarginalTransferClassifier(n_features=64, n_embedding_features=32, **{k: searched.params[k] for k in
+                                                        ("bandwidth_x", "bandwidth_p", "alpha", "bandwidth_embedding")},
+                                     use_embedding=searched.params["use_embedding"]).fit(x, y)
+    assert clf.bandwidth_embedding_ == pytest.approx(searched.params["bandwidth_embedding"])

@@ -14,6 +14,7 @@ from gating_core.errors import print_error
 # gating_core.model.DEFAULT_POOLED_WEIGHT.
 EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda", "marginal-alone", "marginal-auto",
                       "marginal-em", "marginal-quantile", "dica-pooling")
+EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5")
 DEFAULT_POOLED_WEIGHT = 0.5
 
 

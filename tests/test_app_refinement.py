@@ -1,0 +1,143 @@
+"""Auto-gate page: "Apply corrections to similar cells" (gating_core.refinement) in the app."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from gating_core.gates import AxisScale, rectangle_gate
+
+REPO = Path(__file__).resolve().parent.parent
+APP = str(REPO / "app.py")
+LINEAR = {"kind": "linear"}
+
+
+@pytest.fixture
+def autogated(tmp_path, monkeypatch):
+    """The sample data, a quick marginal model of three patients, every new patient auto-gated."""
+    monkeypatch.setenv("GATING_LIBRARY", str(tmp_path / "library"))
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.run()
+    at.button[0].click()  # load the sample data
+    at.run()
+    at.switch_page("pages/4_train.py")
+    at.run()
+    at.multiselect(key="train_patients").set_value(["patient_01", "patient_02", "patient_03"])
+    at.run()
+    at.checkbox(key="train_hand").check()
+    at.run()
+    at.checkbox(key="hp_select").uncheck()
+    at.number_input(key="hp_cells_per_patient").set_value(1500)
+    at.run()
+    at.button(key="train_button").click()
+    at.run()
+    from ui.jobs import jobs_for
+
+    for job in jobs_for(at.session_state["store"].library_path):
+        assert job.wait(600), f"{job.title} did not finish"
+    at.run()
+    at.switch_page("pages/5_autogate.py")
+    at.run()
+    at.button(key="ag_run").click()
+    at.run()
+    assert not at.exception and not at.error
+    return at
+
+
+def lasso_on_errors(record, truth, n_cells=15):
+    """A box on FSC-A / SSC-A around ``n_cells`` cells of the commonest error kind (true A gated
+    as B), as the reviewer would draw it: (box in display coordinates, A, B)."""
+    populations = np.asarray(record.populations).astype(str)
+    wrong = np.flatnonzero(populations != truth)
+    kinds, counts = np.unique(np.char.add(np.char.add(truth[wrong], "|"), populations[wrong]), return_counts=True)
+    true_pop, shown = kinds[np.argmax(counts)].split("|")
+    kind = wrong[(truth[wrong] == true_pop) & (populations[wrong] == shown)]
+    sample = record.sample
+    xy = np.column_stack([sample.events[:, sample.pnn.index("FSC-A")], sample.events[:, sample.pnn.index("SSC-A")]])
+    spread = xy.std(axis=0)
+    nearest = kind[np.argsort((((xy[kind] - xy[kind[0]]) / spread) ** 2).sum(axis=1), kind="stable")[:n_cells]]
+    (x0, y0), (x1, y1) = xy[nearest].min(axis=0), xy[nearest].max(axis=0)
+    return [(float(x0), float(y0)), (float(x1), float(y1))], true_pop, shown
+
+
+def circle(at, patient, vertices):
+    at.session_state["ag_pending_shape"] = {"kind": "rectangle", "vertices": vertices, "patient": patient,
+                                            "x": "FSC-A", "y": "SSC-A", "x_scale": LINEAR, "y_scale": LINEAR}
+    at.run()
+    assert not at.exception, at.exception
+
+
+def inside_box(record, vertices, from_pop):
+    (x0, y0), (x1, y1) = vertices
+    box = rectangle_gate("selection", "FSC-A", "SSC-A", (x0, x1), (y0, y1), AxisScale.from_dict(LINEAR),
+                         AxisScale.from_dict(LINEAR))
+    return box.contains(record.sample) & (np.asarray(record.populations).astype(str) == from_pop)
+
+
+def test_a_correction_with_refinement_moves_similar_cells_and_says_how_many(autogated, sample_data_dir):
+    from gating_core.refinement import refine_gating
+
+    at = autogated
+    store = at.session_state["store"]
+    patient = "new_patient_03"  # measured with strong drift: the three-patient model gets cells wrong
+    at.selectbox(key="ag_patient").set_value(patient)
+    at.run()
+    record = store.patients[patient]
+    truth = pd.read_csv(sample_data_dir / "truth" / f"{patient}.labels.csv")["population"].to_numpy().astype(str)
+    before = np.asarray(record.populations).astype(str).copy()
+    vertices, true_pop, shown = lasso_on_errors(record, truth)
+    circle(at, patient, vertices)
+    inside = inside_box(record, vertices, shown)
+    assert inside.sum() >= 15
+    at.multiselect(key="ag_from").set_value([shown])
+    at.selectbox(key="ag_to").set_value(true_pop)
+    at.checkbox(key="ag_refine").check()
+    at.run()
+    assert at.button(key="ag_reassign").label == f"Reassign {int(inside.sum()):,} cells to {true_pop}"
+    at.button(key="ag_reassign").click()
+    at.run()
+    assert not at.exception and not at.error
+    after = np.asarray(store.patients[patient].populations).astype(str)
+    assert (after[inside] == true_pop).all()
+    further = int(((after != before) & ~inside).sum())
+    assert further > 100  # one small box moved many cells outside it
+    messages = " ".join(s.value for s in at.success)
+    assert f"Reassigned {int(inside.sum()):,} circled cells to {true_pop}; the refinement moved {further:,} " \
+           "further similar cells." in messages
+    # exactly what the library gives for those circled cells, and better than relabeling them only
+    model = store.models[store.current_model]
+    expected = refine_gating(model, record.sample, np.flatnonzero(inside), [true_pop] * int(inside.sum()))
+    np.testing.assert_array_equal(after, expected.populations.astype(str))
+    relabel_only = before.copy()
+    relabel_only[inside] = true_pop
+    assert np.mean(after == truth) > np.mean(relabel_only == truth) + 0.01
+    # the pending lasso is used up: no reassign button until a new one is drawn
+    assert not [b for b in at.button if b.key == "ag_reassign"]
+
+
+def test_without_the_option_only_the_circled_cells_change(autogated, sample_data_dir):
+    at = autogated
+    store = at.session_state["store"]
+    patient = "new_patient_03"
+    at.selectbox(key="ag_patient").set_value(patient)
+    at.run()
+    record = store.patients[patient]
+    truth = pd.read_csv(sample_data_dir / "truth" / f"{patient}.labels.csv")["population"].to_numpy().astype(str)
+    before = np.asarray(record.populations).astype(str).copy()
+    vertices, true_pop, shown = lasso_on_errors(record, truth)
+    circle(at, patient, vertices)
+    inside = inside_box(record, vertices, shown)
+    at.multiselect(key="ag_from").set_value([shown])
+    at.selectbox(key="ag_to").set_value(true_pop)
+    at.run()
+    assert not at.checkbox(key="ag_refine").value
+    at.button(key="ag_reassign").click()
+    at.run()
+    assert not at.exception and not at.error
+    after = np.asarray(store.patients[patient].populations).astype(str)
+    np.testing.assert_array_equal(after != before, inside & (before != true_pop))
+    assert f"Reassigned {int(inside.sum()):,} circled cells to {true_pop}." in " ".join(s.value for s in at.success)
