@@ -246,15 +246,11 @@ class DICAPooling:
     def fit(self, samples, labels):
         from sklearn.linear_model import LogisticRegression
 
-        from gating_core.digest import digest_patient
         from gating_core.model import GatingModel
 
         self.preprocessing_ = GatingModel(compensate=self.compensate, cells_per_patient=self.cells_per_patient,
                                           random_state=self.random_state)
-        digests = [digest_patient(s, y, self.cells_per_patient, self.preprocessing_.embedding_cells,
-                                  seed=self.preprocessing_.digest_seed(i), compensate=self.compensate)
-                   for i, (s, y) in enumerate(zip(samples, labels))]
-        cells, _, drawn_labels = self.preprocessing_.prepare_digests(digests)
+        cells, drawn_labels = self.preprocessing_.standardised_training_cells(samples, labels)
         if self.features not in self.FEATURES:
             raise ValueError(f"features must be one of {self.FEATURES}, got {self.features!r}")
         self.dica_ = None if self.features == "input" else DICA(

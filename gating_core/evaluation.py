@@ -73,10 +73,7 @@ class LDABaseline:
     def fit(self, samples, labels):
         self.preprocessing_ = GatingModel(compensate=self.compensate, cells_per_patient=self.cells_per_patient,
                                           random_state=self.random_state)
-        digests = [digest_patient(s, y, self.cells_per_patient, self.preprocessing_.embedding_cells,
-                                  seed=self.preprocessing_.digest_seed(i), compensate=self.compensate)
-                   for i, (s, y) in enumerate(zip(samples, labels))]
-        cells, _, drawn_labels = self.preprocessing_.prepare_digests(digests)
+        cells, drawn_labels = self.preprocessing_.standardised_training_cells(samples, labels)
         self.lda_ = LinearDiscriminantAnalysis().fit(np.vstack(cells), np.concatenate(drawn_labels))
         self.populations_ = [str(c) for c in self.lda_.classes_]
         return self

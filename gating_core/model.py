@@ -167,6 +167,18 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                    for i, (s, y) in enumerate(zip(samples, labels))]
         return self.fit_digests(digests, progress=progress, groups=groups)
 
+    def standardised_training_cells(self, samples, labels):
+        """Fit the channels, transform and standardisation on these labeled patients, as
+        :meth:`fit` does first, and return each one's seeded draw of training cells as the
+        classifier would see them, with their labels: (list of (m_i, d), list of (m_i,)).
+
+        What the baselines that are not kernel machines (LDA, DICA) train on.
+        """
+        digests = [digest_patient(s, y, self.cells_per_patient, self.embedding_cells, seed=self.digest_seed(i),
+                                  compensate=self.compensate) for i, (s, y) in enumerate(zip(samples, labels))]
+        cells, _, drawn_labels = self.prepare_digests(digests)
+        return cells, drawn_labels
+
     def digest_seed(self, index: int) -> np.random.SeedSequence:
         """Seed of the training-cell draw of the ``index``-th patient (documented, reproducible)."""
         return np.random.SeedSequence([int(self.random_state or 0), 10, int(index)])

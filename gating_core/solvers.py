@@ -121,8 +121,6 @@ def fit_weighted_logistic(features, targets, patient_weights, n_classes, alpha, 
     by L-BFGS. ``features``: list of (n_i, D) float32; ``targets``: list of (n_i,) class
     indices; ``patient_weights``: (N,) summing to 1. Returns W (D, k) and b (k,).
     """
-    from scipy.optimize import minimize
-
     f = np.vstack(features).astype(np.float32)
     t = np.concatenate(targets)
     cell_w = np.concatenate([np.full(len(x), w / len(x)) for x, w in zip(features, patient_weights)]).astype(np.float32)
@@ -146,14 +144,7 @@ def fit_weighted_logistic(features, targets, patient_weights, n_classes, alpha, 
         grad_b = residual.sum(axis=0).astype(np.float64)
         return value, np.concatenate([grad_w.ravel(), grad_b])
 
-    if warm is None:
-        theta0 = np.zeros(dim * k + k)
-    else:
-        theta0 = np.concatenate([np.asarray(warm[0], dtype=np.float64).ravel(), np.asarray(warm[1], dtype=np.float64)])
-    result = minimize(objective, theta0, jac=True, method="L-BFGS-B",
-                      options={"maxiter": max_iter, "gtol": 1e-6})
-    theta = result.x
-    return theta[: dim * k].reshape(dim, k), theta[dim * k:]
+    return _minimise_linear(objective, dim, k, warm, max_iter)
 
 
 #: Width h of the Huber-smoothed hinge (Chapelle, Neural Computation 2007): the hinge
@@ -172,8 +163,6 @@ def fit_weighted_hinge(features, targets, patient_weights, n_classes, alpha, war
     Huber-smoothed over ``smoothing`` (see HINGE_SMOOTHING). Arguments as in
     :func:`fit_weighted_logistic`; returns W (D, k) and b (k,).
     """
-    from scipy.optimize import minimize
-
     f = np.vstack(features).astype(np.float32)
     t = np.concatenate(targets)
     cell_w = np.concatenate([np.full(len(x), w / len(x)) for x, w in zip(features, patient_weights)]).astype(np.float32)
@@ -198,13 +187,7 @@ def fit_weighted_hinge(features, targets, patient_weights, n_classes, alpha, war
         grad_b = residual.sum(axis=0).astype(np.float64)
         return value, np.concatenate([grad_w.ravel(), grad_b])
 
-    if warm is None:
-        theta0 = np.zeros(dim * k + k)
-    else:
-        theta0 = np.concatenate([np.asarray(warm[0], dtype=np.float64).ravel(), np.asarray(warm[1], dtype=np.float64)])
-    result = minimize(objective, theta0, jac=True, method="L-BFGS-B", options={"maxiter": max_iter, "gtol": 1e-6})
-    theta = result.x
-    return theta[: dim * k].reshape(dim, k), theta[dim * k:]
+    return _minimise_linear(objective, dim, k, warm, max_iter)
 
 
 def multitask_ridge_solve(stats: RidgeStatistics, rows, weights, alpha: float, tau: float):
@@ -263,3 +246,17 @@ def fit_temperature(scores, targets) -> float:
 
     result = minimize_scalar(loss, bounds=(np.log(0.1), np.log(1000.0)), method="bounded")
     return float(np.exp(result.x))
+
+
+def _minimise_linear(objective, dim: int, k: int, warm, max_iter: int):
+    """L-BFGS on the flattened (W (dim, k), b (k,)) of a linear model, from zero or ``warm``;
+    ``objective(theta)`` returns the value and gradient. Returns W and b."""
+    from scipy.optimize import minimize
+
+    if warm is None:
+        theta0 = np.zeros(dim * k + k)
+    else:
+        theta0 = np.concatenate([np.asarray(warm[0], dtype=np.float64).ravel(), np.asarray(warm[1], dtype=np.float64)])
+    result = minimize(objective, theta0, jac=True, method="L-BFGS-B", options={"maxiter": max_iter, "gtol": 1e-6})
+    theta = result.x
+    return theta[: dim * k].reshape(dim, k), theta[dim * k:]
