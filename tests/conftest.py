@@ -71,3 +71,11 @@ def sample_data_dir() -> Path:
 def artifacts_dir() -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     return ARTIFACTS
+
+
+@pytest.fixture
+def library(tmp_path, monkeypatch):
+    """A fresh patient library for the app under test (GATING_LIBRARY)."""
+    path = tmp_path / "library"
+    monkeypatch.setenv("GATING_LIBRARY", str(path))
+    return path

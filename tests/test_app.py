@@ -14,34 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from gating_core.fcs import read_fcs, write_fcs
 from gating_core.gates import GateTree, rectangle_gate
-
-REPO = Path(__file__).resolve().parent.parent
-APP = str(REPO / "app.py")
-
-
-@pytest.fixture
-def library(tmp_path, monkeypatch):
-    path = tmp_path / "library"
-    monkeypatch.setenv("GATING_LIBRARY", str(path))
-    return path
-
-
-def start(page: str | None = None) -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.run()
-    assert not at.exception
-    if page:
-        at.switch_page(page)
-        at.run()
-        assert not at.exception
-    return at
-
-
-def goto(at: AppTest, page: str) -> AppTest:
-    at.switch_page(page)
-    at.run()
-    assert not at.exception, at.exception
-    return at
+from apptest_helpers import goto, start, store_of
 
 
 def load_sample_data(at: AppTest) -> AppTest:
@@ -53,10 +26,6 @@ def load_sample_data(at: AppTest) -> AppTest:
 
 def patients_table(at: AppTest) -> pd.DataFrame:
     return at.dataframe[0].value.set_index("patient")
-
-
-def store_of(at: AppTest):
-    return at.session_state["store"]
 
 
 def plotly_spec(at: AppTest, index=0) -> dict:

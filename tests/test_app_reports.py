@@ -12,34 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from gating_core.fcs import read_fcs, write_fcs
 from gating_core.gates import GateTree
-
-REPO = Path(__file__).resolve().parent.parent
-APP = str(REPO / "app.py")
-
-
-@pytest.fixture
-def library(tmp_path, monkeypatch):
-    path = tmp_path / "library"
-    monkeypatch.setenv("GATING_LIBRARY", str(path))
-    return path
-
-
-def start() -> AppTest:
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.run()
-    assert not at.exception
-    return at
-
-
-def goto(at: AppTest, page: str) -> AppTest:
-    at.switch_page(page)
-    at.run()
-    assert not at.exception, at.exception
-    return at
-
-
-def store_of(at: AppTest):
-    return at.session_state["store"]
+from apptest_helpers import goto, start, store_of
 
 
 def frame_with(at: AppTest, column: str) -> pd.DataFrame:
