@@ -77,8 +77,7 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
     params = base._classifier_params()
     fold_params = [dict(params) for _ in kept_sets]
     selections = [{} for _ in kept_sets]
-    wants_search = base.bandwidth_x is None or base.alpha is None or (base.method == "marginal" and base.bandwidth_p is None)
-    if base.select and wants_search:
+    if base.select and base._wants_search():
         from gating_core.selection import HyperparameterSearch
 
         report("Model selection in every fold (cross-validation over patients)", 0.1)
@@ -87,15 +86,7 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
                                       groups=base.groups_, objective=base.selection_objective)
         results = search.run(held_out_sets, progress=lambda f: report(
             "Model selection in every fold (cross-validation over patients)", 0.1 + 0.5 * f))
-        for p, selection, result in zip(fold_params, selections, results):
-            for key in ("bandwidth_x", "bandwidth_p", "alpha"):
-                if p[key] is None:
-                    p[key] = result.params[key]
-            if base.bandwidth_p is None and not result.params["use_embedding"]:
-                p["use_embedding"], p["bandwidth_p"] = False, None
-            selection.update({"params": {k: p[k] for k in ("bandwidth_x", "bandwidth_p", "alpha")},
-                              "embedding_kept": bool(p["use_embedding"]), "cv_accuracy": result.score,
-                              "median_x": result.median_x, "median_p": result.median_p, "table": result.table})
+        selections = [base._apply_selection(p, result) for p, result in zip(fold_params, results)]
     if base.loss == "logistic" and base.alpha is None:
         from gating_core.selection import select_logistic_alpha
 

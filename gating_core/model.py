@@ -204,8 +204,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
 
         params = self._classifier_params()
         self.selection_ = {}
-        wants_search = self.bandwidth_x is None or self.alpha is None or (self.method == "marginal" and self.bandwidth_p is None)
-        if self.select and len(samples) >= 2 and wants_search:
+        if self.select and len(samples) >= 2 and self._wants_search():
             from gating_core.selection import select_hyperparameters
 
             report("Model selection (cross-validation over patients)", 0.15)
@@ -214,15 +213,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                 cv_folds=self.cv_folds, cv_repeats=self.cv_repeats, cells_per_patient=self.selection_cells_per_patient,
                 progress=lambda f: report("Model selection (cross-validation over patients)", 0.15 + 0.65 * f),
                 groups=self.groups_, objective=self.selection_objective)
-            for key in ("bandwidth_x", "bandwidth_p", "alpha"):
-                if params[key] is None:
-                    params[key] = result.params[key]
-            if self.bandwidth_p is None and not result.params["use_embedding"]:
-                params["use_embedding"], params["bandwidth_p"] = False, None
-            self.selection_ = {"params": {k: params[k] for k in ("bandwidth_x", "bandwidth_p", "alpha")},
-                               "embedding_kept": bool(params["use_embedding"]),
-                               "cv_accuracy": result.score, "median_x": result.median_x,
-                               "median_p": result.median_p, "table": result.table}
+            self.selection_ = self._apply_selection(params, result)
         if self.loss == "logistic" and self.alpha is None:
             from gating_core.selection import select_logistic_alpha
 
@@ -250,6 +241,23 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         self._fit_novelty()
         report("Done", 1.0)
         return self
+
+    def _wants_search(self) -> bool:
+        """Whether a hyperparameter is left to model selection."""
+        return self.bandwidth_x is None or self.alpha is None or (self.method == "marginal" and self.bandwidth_p is None)
+
+    def _apply_selection(self, params: dict, result) -> dict:
+        """Fill the classifier ``params`` the user left None from a selection ``result`` (in
+        place; the embedding dropped when selection fell back to pooling) and return the
+        ``selection_`` record."""
+        for key in ("bandwidth_x", "bandwidth_p", "alpha"):
+            if params[key] is None:
+                params[key] = result.params[key]
+        if self.bandwidth_p is None and not result.params["use_embedding"]:
+            params["use_embedding"], params["bandwidth_p"] = False, None
+        return {"params": {k: params[k] for k in ("bandwidth_x", "bandwidth_p", "alpha")},
+                "embedding_kept": bool(params["use_embedding"]), "cv_accuracy": result.score,
+                "median_x": result.median_x, "median_p": result.median_p, "table": result.table}
 
     def _wants_companion(self) -> bool:
         if isinstance(self.pooled_weight, str):

@@ -101,7 +101,7 @@ st.dataframe(table, hide_index=True, width="stretch",
 # version of each patient's events; the details are at the bottom of the page. Patients of the
 # library whose events are not read yet are checked on demand there (reading the whole library
 # to fill a table would cost its size in memory).
-quality = {name: exports.quality(p.token, p) for name, p in store.patients.items() if exports.events_in_memory(p)}
+quality = {name: exports.quality(p.token, p) for name, p in store.patients.items() if p.sample_loaded}
 for name, report in quality.items():
     if report.flags:
         st.warning(f"**QC: {name}**\n" + "\n".join(f"- {flag}" for flag in report.flags),

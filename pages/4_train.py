@@ -175,7 +175,7 @@ adopt_finished_jobs(store)
 
 table = store.evaluation
 if table is not None and len(table):
-    record = store.library.load_check_result() if store.library is not None else None
+    record = store.check_record
     belongs = check_matches_model(record, store.models[store.current_model]) if store.models else None
     if belongs:
         when = str(record.get("saved_at", ""))[:16].replace("T", " ")

@@ -29,3 +29,29 @@ def goto(at: AppTest, page: str) -> AppTest:
 
 def store_of(at: AppTest):
     return at.session_state["store"]
+
+
+def finish_jobs(at: AppTest, timeout: float = 600) -> AppTest:
+    """Wait for the background jobs on this session's library, then let the page show them."""
+    from ui.jobs import jobs_for
+
+    for job in jobs_for(store_of(at).library_path):
+        assert job.wait(timeout), f"{job.title} did not finish"
+    at.run()
+    return at
+
+
+def train_quick_model(at: AppTest, patients=("patient_01", "patient_02", "patient_03")) -> AppTest:
+    """On the Train page, a marginal model of ``patients`` with hyperparameters by hand (no
+    cross-validated selection, 1,500 cells each, so the test stays quick), its job finished."""
+    at = goto(at, "pages/4_train.py")
+    at.multiselect(key="train_patients").set_value(list(patients))
+    at.run()
+    at.checkbox(key="train_hand").check()
+    at.run()
+    at.checkbox(key="hp_select").uncheck()
+    at.number_input(key="hp_cells_per_patient").set_value(1500)
+    at.run()
+    at.button(key="train_button").click()
+    at.run()
+    return finish_jobs(at)

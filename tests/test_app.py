@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from gating_core.fcs import read_fcs, write_fcs
 from gating_core.gates import GateTree, rectangle_gate
-from apptest_helpers import goto, start, store_of
+from apptest_helpers import finish_jobs, goto, start, store_of, train_quick_model
 
 
 def load_sample_data(at: AppTest) -> AppTest:
@@ -238,32 +238,10 @@ def store_scale(at, channel):
 @pytest.fixture
 def trained(library):
     pytest.importorskip("gating_core.model")
-    at = load_sample_data(start())
-    at = goto(at, "pages/4_train.py")
-    at.multiselect(key="train_patients").set_value(["patient_01", "patient_02", "patient_03"])
-    at.run()
-    # hyperparameters by hand: no cross-validated selection, so the test stays quick
-    at.checkbox(key="train_hand").check()
-    at.run()
-    at.checkbox(key="hp_select").uncheck()
-    at.number_input(key="hp_cells_per_patient").set_value(1500)
-    at.run()
-    at.button(key="train_button").click()
-    at.run()
-    finish_jobs(at)
+    at = train_quick_model(load_sample_data(start()))
     assert not at.exception, at.exception
     assert not at.error, [e.value for e in at.error]
     assert at.success and at.success[0].value.startswith("Trained")
-    return at
-
-
-def finish_jobs(at: AppTest, timeout: float = 600) -> AppTest:
-    """Wait for the background jobs on this session's library, then let the page show them."""
-    from ui.jobs import jobs_for
-
-    for job in jobs_for(store_of(at).library_path):
-        assert job.wait(timeout), f"{job.title} did not finish"
-    at.run()
     return at
 
 

@@ -2,46 +2,23 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import pytest
-from streamlit.testing.v1 import AppTest
 
+from apptest_helpers import goto, start, train_quick_model
 from gating_core.gates import AxisScale, rectangle_gate
 
-REPO = Path(__file__).resolve().parent.parent
-APP = str(REPO / "app.py")
 LINEAR = {"kind": "linear"}
 
 
 @pytest.fixture
-def autogated(tmp_path, monkeypatch):
+def autogated(library):
     """The sample data, a quick marginal model of three patients, every new patient auto-gated."""
-    monkeypatch.setenv("GATING_LIBRARY", str(tmp_path / "library"))
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.run()
+    at = start()
     at.button[0].click()  # load the sample data
     at.run()
-    at.switch_page("pages/4_train.py")
-    at.run()
-    at.multiselect(key="train_patients").set_value(["patient_01", "patient_02", "patient_03"])
-    at.run()
-    at.checkbox(key="train_hand").check()
-    at.run()
-    at.checkbox(key="hp_select").uncheck()
-    at.number_input(key="hp_cells_per_patient").set_value(1500)
-    at.run()
-    at.button(key="train_button").click()
-    at.run()
-    from ui.jobs import jobs_for
-
-    for job in jobs_for(at.session_state["store"].library_path):
-        assert job.wait(600), f"{job.title} did not finish"
-    at.run()
-    at.switch_page("pages/5_autogate.py")
-    at.run()
+    at = goto(train_quick_model(at), "pages/5_autogate.py")
     at.button(key="ag_run").click()
     at.run()
     assert not at.exception and not at.error
@@ -78,23 +55,32 @@ def inside_box(record, vertices, from_pop):
     return box.contains(record.sample) & (np.asarray(record.populations).astype(str) == from_pop)
 
 
-def test_a_correction_with_refinement_moves_similar_cells_and_says_how_many(autogated, sample_data_dir):
-    from gating_core.refinement import refine_gating
-
-    at = autogated
-    store = at.session_state["store"]
-    patient = "new_patient_03"  # measured with strong drift: the three-patient model gets cells wrong
+def circle_errors(at, sample_data_dir, patient="new_patient_03"):
+    """Open ``patient`` on the Auto-gate page, circle a box of wrongly gated cells and choose
+    their true population as the target. ``new_patient_03`` is measured with strong drift: the
+    three-patient model gets cells wrong there. Returns (record, truth, populations before,
+    true population, cells inside the box)."""
     at.selectbox(key="ag_patient").set_value(patient)
     at.run()
-    record = store.patients[patient]
+    record = at.session_state["store"].patients[patient]
     truth = pd.read_csv(sample_data_dir / "truth" / f"{patient}.labels.csv")["population"].to_numpy().astype(str)
     before = np.asarray(record.populations).astype(str).copy()
     vertices, true_pop, shown = lasso_on_errors(record, truth)
     circle(at, patient, vertices)
     inside = inside_box(record, vertices, shown)
-    assert inside.sum() >= 15
     at.multiselect(key="ag_from").set_value([shown])
     at.selectbox(key="ag_to").set_value(true_pop)
+    return record, truth, before, true_pop, inside
+
+
+def test_a_correction_with_refinement_moves_similar_cells_and_says_how_many(autogated, sample_data_dir):
+    from gating_core.refinement import refine_gating
+
+    at = autogated
+    store = at.session_state["store"]
+    record, truth, before, true_pop, inside = circle_errors(at, sample_data_dir)
+    patient = record.name
+    assert inside.sum() >= 15
     at.checkbox(key="ag_refine").check()
     at.run()
     assert at.button(key="ag_reassign").label == f"Reassign {int(inside.sum()):,} cells to {true_pop}"
@@ -122,17 +108,8 @@ def test_a_correction_with_refinement_moves_similar_cells_and_says_how_many(auto
 def test_without_the_option_only_the_circled_cells_change(autogated, sample_data_dir):
     at = autogated
     store = at.session_state["store"]
-    patient = "new_patient_03"
-    at.selectbox(key="ag_patient").set_value(patient)
-    at.run()
-    record = store.patients[patient]
-    truth = pd.read_csv(sample_data_dir / "truth" / f"{patient}.labels.csv")["population"].to_numpy().astype(str)
-    before = np.asarray(record.populations).astype(str).copy()
-    vertices, true_pop, shown = lasso_on_errors(record, truth)
-    circle(at, patient, vertices)
-    inside = inside_box(record, vertices, shown)
-    at.multiselect(key="ag_from").set_value([shown])
-    at.selectbox(key="ag_to").set_value(true_pop)
+    record, _, before, true_pop, inside = circle_errors(at, sample_data_dir)
+    patient = record.name
     at.run()
     assert not at.checkbox(key="ag_refine").value
     at.button(key="ag_reassign").click()

@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from gating_core.fcs import read_fcs, write_fcs
 from gating_core.gates import GateTree
-from apptest_helpers import goto, start, store_of
+from apptest_helpers import goto, start, store_of, train_quick_model
 
 
 def frame_with(at: AppTest, column: str) -> pd.DataFrame:
@@ -102,8 +102,6 @@ def gated(library, sample_data_dir):
     pytest.importorskip("gating_core.model")
     from gating_core.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
     from gating_core.gates import panel_scale
-    from ui.jobs import jobs_for
-
     at = start()
     at.button[0].click()
     at.run()
@@ -111,19 +109,7 @@ def gated(library, sample_data_dir):
     record = store.patients["patient_01"]
     scales = {c: panel_scale(c, [record.sample]) for c in record.sample.pnn}
     store.save_gates("patient_01", tree_from_labels(record.sample, record.labels, SAMPLE_DATA_HIERARCHY, scales))
-    at = goto(at, "pages/4_train.py")
-    at.multiselect(key="train_patients").set_value(["patient_01", "patient_02", "patient_03"])
-    at.run()
-    at.checkbox(key="train_hand").check()
-    at.run()
-    at.checkbox(key="hp_select").uncheck()
-    at.number_input(key="hp_cells_per_patient").set_value(1500)
-    at.run()
-    at.button(key="train_button").click()
-    at.run()
-    for job in jobs_for(store.library_path):
-        assert job.wait(600)
-    at.run()
+    at = train_quick_model(at)
     assert not at.exception
     at = goto(at, "pages/5_autogate.py")
     at.multiselect(key=f"ag_targets_{store.current_model}").set_value(["new_patient_02"])

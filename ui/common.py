@@ -252,6 +252,7 @@ def adopt_finished_jobs(store: Store) -> None:
             store.adopt_model(job.result["model"], job.result["model_id"], job.result["name"])
         elif job.kind == "check":
             store.evaluation = job.result
+            store.reload_check_record()
 
 
 def job_progress(store: Store, kind: str, key: str):

@@ -65,13 +65,6 @@ def all_as_zip(records, work_dir) -> bytes:
 # ------------------------------------------------------------------------------------------
 # Quality flags, compensation, batch table and per-patient report (gating_core.qc / .report)
 
-def events_in_memory(record) -> bool:
-    """Whether a patient's events are already read: patients of the library are read lazily,
-    and the Data page checks those on demand rather than reading the whole library.
-    (``PatientRecord`` has no public flag for it; ``ui/store.py`` itself reads ``_sample``.)"""
-    return getattr(record, "_sample", None) is not None or getattr(record, "_sample_loader", None) is None
-
-
 @st.cache_data(max_entries=256, show_spinner=False)
 def quality(token: str, _record):
     """:func:`gating_core.qc.quality_flags` of a patient, once per version of its events."""

@@ -75,6 +75,11 @@ class PatientRecord:
         return self._sample
 
     @property
+    def sample_loaded(self) -> bool:
+        """Whether the events are in memory (patients of the library are read when first used)."""
+        return self._sample is not None or self._sample_loader is None
+
+    @property
     def n_events(self) -> int:
         return self._n_events
 

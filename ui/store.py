@@ -35,6 +35,7 @@ class Store:
         self.model_ids: dict[str, str] = {}
         self.current_model: str | None = None
         self.evaluation = None  # DataFrame from leave_one_patient_out
+        self.check_record = None  # what the shown check was run on: its setup and time, no table
         self.load_errors: list[tuple[str, str]] = []
         self.load_notes: list[tuple[str, str]] = []
         self.warnings: list[str] = []
@@ -85,11 +86,18 @@ class Store:
         for minfo in library.models():
             self._register_stored_model(minfo)
         self.evaluation = None
-        check = library.load_check_result()
+        check = self.reload_check_record()
         if check is not None:
             import pandas as pd
 
             self.evaluation = pd.DataFrame(check["table"])
+
+    def reload_check_record(self) -> dict | None:
+        """Read the library's latest check; keep what it was run on (its setup and time, not
+        its table) as ``check_record``. Returns the whole stored check, or None."""
+        check = self.library.load_check_result() if self.library is not None else None
+        self.check_record = None if check is None else {k: v for k, v in check.items() if k != "table"}
+        return check
 
     def _stored_result(self, name):
         record = self.library.load_gate_result(name)
