@@ -100,8 +100,7 @@ class LabelsMixin:
         info = self.patient(name)
         labels = _as_labels(labels, info.n_events, patient=info.name)
         temp = storage.write_labels_temp(self.tmp_dir, labels)
-        placed = None
-        try:
+        with storage.placing(temp) as placement:
             with self._connect() as conn, catalog.write_transaction(conn):
                 row = self._patient_row(conn, name)
                 if row["id"] != info.id:
@@ -109,18 +108,13 @@ class LabelsMixin:
                 if gate_result_id is not None:
                     conn.execute("UPDATE gate_results SET status = 'accepted' WHERE id = ?", (gate_result_id,))
                 now = _now()
-                labeling_id, placed = self._insert_labeling(conn, row["id"], labels, temp, provenance, source,
-                                                            model_id, gate_result_id, now)
+                labeling_id, placement.placed = self._insert_labeling(
+                    conn, row["id"], labels, temp, provenance, source, model_id, gate_result_id, now)
                 action = "accept auto-gate" if provenance == Provenance.AUTO_ACCEPTED else "set labels"
                 self._audit(conn, action, row["id"], row["name"], model_id,
                             {"provenance": provenance, "source": source, "labeling_id": labeling_id,
                              "populations": _population_counts(labels)}, now)
                 common._checkpoint("files-in-place")
-        except BaseException:
-            temp.path.unlink(missing_ok=True)
-            if placed is not None:
-                placed.unlink(missing_ok=True)
-            raise
         return labeling_id
 
     def restore_labels(self, name: str, labeling_id: int) -> int:

@@ -62,8 +62,7 @@ class ModelsMixin:
             temp = storage.copy_temp(self.tmp_dir, source)
         except OSError as exc:
             raise LibraryError(f"model file cannot be copied ({exc.strerror or exc})", path=source) from None
-        placed = None
-        try:
+        with storage.placing(temp) as placement:
             with self._connect() as conn, catalog.write_transaction(conn):
                 now = _now()
                 model_id = storage.new_id()[:12]
@@ -71,7 +70,7 @@ class ModelsMixin:
                                        (name,)).fetchone()[0]
                 conn.execute("INSERT INTO models (id, name, version, method, file_id, evaluation_json, created_at) "
                              "VALUES (?, ?, ?, ?, '', ?, ?)", (model_id, name, version, method, evaluation_json, now))
-                file_id, placed = self._register_file(conn, None, "model", temp, ".npz", now)
+                file_id, placement.placed = self._register_file(conn, None, "model", temp, ".npz", now)
                 conn.execute("UPDATE models SET file_id = ? WHERE id = ?", (file_id, model_id))
                 for position, patient in enumerate(patients):
                     found = conn.execute("SELECT id, name FROM patients WHERE name_key = ?",
@@ -81,11 +80,6 @@ class ModelsMixin:
                 self._audit(conn, "add model", None, None, model_id,
                             {"name": name, "version": version, "method": method, "training_patients": patients}, now)
                 common._checkpoint("files-in-place")
-        except BaseException:
-            temp.path.unlink(missing_ok=True)
-            if placed is not None:
-                placed.unlink(missing_ok=True)
-            raise
         return model_id
 
     @staticmethod

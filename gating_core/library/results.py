@@ -67,15 +67,14 @@ class ResultsMixin:
         except (TypeError, ValueError) as exc:
             raise LibraryError(f"details cannot be stored as JSON ({exc})", patient=info.name) from None
         temp = storage.write_labels_temp(self.tmp_dir, populations, confidence)
-        placed = None
-        try:
+        with storage.placing(temp) as placement:
             with self._connect() as conn, catalog.write_transaction(conn):
                 row = self._patient_row(conn, name)
                 if conn.execute("SELECT 1 FROM models WHERE id = ?", (model_id,)).fetchone() is None:
                     raise LibraryError(f"model {model_id!r} is not in the library; add it with add_model first",
                                        patient=row["name"])
                 now = _now()
-                file_id, placed = self._register_file(conn, row["id"], "gate-result", temp, ".parquet", now)
+                file_id, placement.placed = self._register_file(conn, row["id"], "gate-result", temp, ".parquet", now)
                 counts = _population_counts(populations)
                 cursor = conn.execute(
                     "INSERT INTO gate_results (patient_id, model_id, file_id, counts_json, details_json, status, "
@@ -85,11 +84,6 @@ class ResultsMixin:
                             {"gate_result_id": cursor.lastrowid, "populations": counts}, now)
                 common._checkpoint("files-in-place")
                 return cursor.lastrowid
-        except BaseException:
-            temp.path.unlink(missing_ok=True)
-            if placed is not None:
-                placed.unlink(missing_ok=True)
-            raise
 
     def load_gate_result(self, name: str) -> GateResultRecord | None:
         """The patient's latest auto-gate result, or None."""

@@ -13,6 +13,7 @@ import os
 import shutil
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +34,28 @@ class TempFile:
     sha256: str
     size: int
     n_rows: int | None = None
+
+
+@dataclass
+class Placement:
+    """Where a :class:`TempFile` went: ``placed`` is set once it is renamed into ``data/``."""
+
+    temp: TempFile
+    placed: Path | None = None
+
+
+@contextmanager
+def placing(temp: TempFile):
+    """Guard a transaction that renames ``temp`` into place: if anything in it fails, the rows
+    roll back, so the temp file and the file it became belong to nobody and are removed."""
+    placement = Placement(temp)
+    try:
+        yield placement
+    except BaseException:
+        temp.path.unlink(missing_ok=True)
+        if placement.placed is not None:
+            placement.placed.unlink(missing_ok=True)
+        raise
 
 
 def new_id() -> str:
