@@ -113,6 +113,20 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
         model.selection_ = selections[f]
         models.append(model)
 
+    companion_base = base._companion_search_base(params) if base._wants_companion() else None
+    for model in models:
+        model.companion_bandwidth_x_ = None
+    if companion_base is not None:
+        from gating_core.selection import HyperparameterSearch
+
+        report("Choosing the pooled companion's bandwidth in every fold", 0.75)
+        search = HyperparameterSearch(cells, drawn, companion_base, embedding_cells, base.cv_folds, base.cv_repeats,
+                                      base.selection_cells_per_patient, groups=base.groups_,
+                                      objective=base.selection_objective)
+        for model, result in zip(models, search.run(held_out_sets)):
+            model.companion_bandwidth_x_ = result.params["bandwidth_x"]
+            model.selection_["companion"] = {"bandwidth_x": result.params["bandwidth_x"], "cv_accuracy": result.score}
+
     report("Fitting the pooled companion in every fold", 0.8)
     companion_params, weights = [], []
     for model, p, kept in zip(models, fold_params, kept_sets):

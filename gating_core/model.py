@@ -60,7 +60,10 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     pooled_weight : float in [0, 1] or "auto", default=0.5
         The marginal method's probabilities are ``(1 - w) p_marginal + w p_pooled``, where
         ``p_pooled`` comes from a companion that ignores the patient's distribution (a logistic
-        regression on the same cell features, every patient weighing the same). The companion
+        regression on cell features of the same kind, every patient weighing the same, no shift
+        augmentation). Its sigma_X is selected for it (by the same cross-validation over groups,
+        without the embedding and without augmentation) rather than borrowed from the marginal
+        model: a pooled model gates a new center best at its own bandwidth. The companion
         is the hedge for patients from centers unlike any training one, where the embedding
         extrapolates; averaging the two beat each alone when whole centers were held out
         (README, "Accuracy on centers the model has never seen"). 0: the marginal model alone.
@@ -100,6 +103,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     pooled_classifier_ : MarginalTransferClassifier or None
         The pooled companion (see ``pooled_weight``); None when there is none.
     pooled_weight_ : float  the companion's weight in use (0 when there is no companion)
+    companion_bandwidth_x_ : float or None  the companion's own selected sigma_X (None: the main model's)
     populations_ : list of str
     training_patients_ : list of str
     selection_ : dict  the chosen parameters and the CV table
@@ -228,8 +232,10 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         report("Fitting the final model", 0.8)
         self.classifier_ = MarginalTransferClassifier(**params).fit(cells, labels, embedding_samples=embedding_cells,
                                                                     groups=self.groups_)
-        self.pooled_classifier_, self.pooled_weight_ = None, 0.0
+        self.pooled_classifier_, self.pooled_weight_, self.companion_bandwidth_x_ = None, 0.0, None
         if self._wants_companion():
+            self.companion_bandwidth_x_ = self._select_companion_bandwidth(cells, labels, embedding_cells, params,
+                                                                           report)
             self.pooled_weight_ = self._choose_pooled_weight(cells, labels, embedding_cells, params, report)
         if self.pooled_weight_ > 0:
             report("Fitting the pooled companion", 0.9)
@@ -285,11 +291,35 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                                             "cv_accuracy": {str(w): s for w, s in result.table.items()}}
         return result.weight
 
-    def _companion_params(self, params: dict) -> dict:
-        """The pooled companion: the main model's cell bandwidth and features, no embedding,
-        logistic loss, no augmentation, every patient weighing the same."""
+    def _companion_params(self, params: dict, bandwidth_x=None) -> dict:
+        """The pooled companion: the main model's features without the embedding, logistic
+        loss, no augmentation, every patient weighing the same; its own selected cell bandwidth
+        (``companion_bandwidth_x_``), else the main model's."""
+        if bandwidth_x is None:
+            bandwidth_x = getattr(self, "companion_bandwidth_x_", None) or self.classifier_.bandwidth_x_
         return {**params, "use_embedding": False, "bandwidth_p": None, "loss": "logistic", "alpha": POOLED_ALPHA,
-                "n_augment": 0, "patient_weighting": "uniform", "bandwidth_x": self.classifier_.bandwidth_x_}
+                "n_augment": 0, "patient_weighting": "uniform", "bandwidth_x": bandwidth_x}
+
+    def _companion_search_base(self, params: dict):
+        """The classifier whose sigma_X the companion's selection chooses, or None when the
+        companion takes the main model's (sigma_X given by the user, or no selection)."""
+        if not self.select or self.bandwidth_x is not None:
+            return None
+        return MarginalTransferClassifier(**{**self._companion_params(params, bandwidth_x=1.0), "bandwidth_x": None})
+
+    def _select_companion_bandwidth(self, cells, labels, embedding_cells, params, report):
+        base = self._companion_search_base(params)
+        if base is None or len(cells) < 2:
+            return None
+        from gating_core.selection import select_hyperparameters
+
+        report("Choosing the pooled companion's bandwidth (cross-validation over groups)", 0.88)
+        result = select_hyperparameters(cells, labels, base, embedding_samples=embedding_cells,
+                                        cv_folds=self.cv_folds, cv_repeats=self.cv_repeats,
+                                        cells_per_patient=self.selection_cells_per_patient, groups=self.groups_,
+                                        objective=self.selection_objective)
+        self.selection_["companion"] = {"bandwidth_x": result.params["bandwidth_x"], "cv_accuracy": result.score}
+        return result.params["bandwidth_x"]
 
     def _set_groups(self, groups, embedding_cells, names):
         if groups is not None:

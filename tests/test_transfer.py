@@ -188,6 +188,30 @@ def test_marginal_probabilities_are_the_weighted_mean_with_the_pooled_companion(
     assert np.mean(blended.predict(samples[4]) == labels[4]) > 0.95
 
 
+def test_selected_companion_is_the_pooled_logistic_model_at_its_own_bandwidth(small_centers):
+    """With selection, the companion's sigma_X is chosen for it (pooled, no augmentation), not
+    borrowed from the marginal model: it is exactly the pooled logistic regression a user would
+    fit, so the blend is never built on a pooled model weaker than the baseline."""
+    from gating_core.model import GatingModel
+
+    samples, labels, centers = small_centers
+    small = dict(n_features=96, cells_per_patient=600, selection_cells_per_patient=300, cv_repeats=1)
+    groups = [centers[s.name] for s in samples[:4]]
+    model = GatingModel(n_augment=1, **small).fit(samples[:4], labels[:4], groups=groups)
+    baseline = GatingModel(method="pooling", loss="logistic", n_augment=0, alpha=1e-5, **small).fit(
+        samples[:4], labels[:4], groups=groups)
+    companion = model.pooled_classifier_
+    assert model.selection_["companion"]["bandwidth_x"] == companion.bandwidth_x_ == model.companion_bandwidth_x_
+    assert companion.bandwidth_x_ == baseline.classifier_.bandwidth_x_
+    new = samples[5]
+    np.testing.assert_allclose(model.standardised_cells(new), baseline.standardised_cells(new))
+    cells, psi = model.standardised_cells(new), model.patient_embedding(new)
+    np.testing.assert_allclose(companion.predict_proba(cells, psi), baseline.predict_proba(new), atol=1e-9)
+    # A sigma_X given by the user is the companion's too, and nothing is selected for it.
+    fixed = GatingModel(n_augment=1, bandwidth_x=2.0, **small).fit(samples[:4], labels[:4], groups=groups)
+    assert fixed.pooled_classifier_.bandwidth_x_ == 2.0 and "companion" not in fixed.selection_
+
+
 def test_pooled_weight_zero_and_pooling_fit_no_companion(small_centers):
     from gating_core.model import GatingModel
 
@@ -263,9 +287,12 @@ def auto_weighted(small_centers):
 
     samples, labels, centers = small_centers
     groups = [centers[s.name] for s in samples]
-    # Two patients of each of three centers: three folds, each holding out a whole center.
+    # Two patients of each of three centers: three folds, each holding out a whole center. The
+    # cell bandwidth is given (the one selection chose here), so the companion shares it and
+    # "auto" keeps a companion on this cohort (0.25); with its own selected sigma_X the companion
+    # is nearly linear here and "auto" drops it (0.0), which leaves no blend to check.
     model = GatingModel(n_augment=1, cells_per_patient=1000, selection_cells_per_patient=600, cv_folds=3,
-                        cv_repeats=1, pooled_weight="auto").fit(samples, labels, groups=groups)
+                        cv_repeats=1, pooled_weight="auto", bandwidth_x=3.85).fit(samples, labels, groups=groups)
     return model
 
 
