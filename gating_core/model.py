@@ -515,7 +515,9 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         """A JSON-friendly summary: method, channels, populations, chosen hyperparameters."""
         self._check_fitted()
         clf = self.classifier_
-        return {"method": self.method, "channels": self.channels_, "markers": self.channel_markers_,
+        return {"method": self.method, "loss": self.loss,
+                "task_similarity": self.task_similarity if self.method == "multitask" else None,
+                "channels": self.channels_, "markers": self.channel_markers_,
                 "populations": self.populations_, "training_patients": self.training_patients_,
                 "bandwidth_x": clf.bandwidth_x_, "bandwidth_p": clf.bandwidth_p_, "alpha": clf.alpha,
                 "n_features": clf.n_features, "cv_accuracy": self.selection_.get("cv_accuracy"),

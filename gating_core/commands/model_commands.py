@@ -16,6 +16,12 @@ EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", 
                       "marginal-em", "marginal-quantile", "dica-pooling")
 EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5")
 DEFAULT_POOLED_WEIGHT = 0.5
+# The choices of ``train`` (gating_core.model.METHODS and gating_core.classifier.LOSSES,
+# checked by tests/test_train_choices.py).
+TRAIN_METHODS = ("marginal", "pooling", "multitask")
+LOSSES = ("squared", "logistic", "hinge")
+DEFAULT_LOSS = "squared"
+DEFAULT_TASK_SIMILARITY = 0.5
 
 
 def register(subparsers) -> None:
@@ -24,8 +30,15 @@ def register(subparsers) -> None:
         description="Train a gating model on labeled patients. INPUT is an FCS file with "
                     "<stem>.labels.csv beside it, or a gated CSV.")
     train.add_argument("--out", required=True, help="model file to write (.npz)")
-    train.add_argument("--method", choices=("marginal", "pooling"), default="marginal",
-                       help="marginal transfer (default) or the pooling baseline")
+    train.add_argument("--method", choices=TRAIN_METHODS, default="marginal",
+                       help="marginal transfer (default), the pooling baseline, or the multitask baseline "
+                            "(k_P = --task-similarity between training patients; NIPS 2011)")
+    train.add_argument("--loss", choices=LOSSES, default=DEFAULT_LOSS,
+                       help="squared (kernel ridge classification, default), logistic (multinomial, its penalty "
+                            "chosen over groups) or hinge (cost-sensitive one-vs-rest SVM)")
+    train.add_argument("--task-similarity", type=_task_similarity, default=DEFAULT_TASK_SIMILARITY, metavar="TAU",
+                       help="tau of --method multitask, within (0, 1]; 1 is pooling "
+                            f"(default {DEFAULT_TASK_SIMILARITY}; the NIPS table used 0.01 and 0.5)")
     train.add_argument("--library", metavar="DIR", help="also train on the labeled patients of this patient library")
     _cluster_options(train, "read and digest the INPUT files")
     _model_options(train)
@@ -113,6 +126,16 @@ def _pooled_weight(text: str):
     return weight
 
 
+def _task_similarity(text: str) -> float:
+    try:
+        tau = float(text)
+    except ValueError:
+        tau = float("nan")
+    if not 0.0 < tau <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number within (0, 1], got {text!r}")
+    return tau
+
+
 def _model_params(args) -> dict:
     params = {"compensate": not args.no_compensation, "select": not args.no_selection,
               "n_features": args.features, "cells_per_patient": args.cells_per_patient, "random_state": args.seed}
@@ -158,7 +181,8 @@ def run_train(args) -> int:
     from gating_core.model import GatingModel
     from gating_core.progress import StageProgress
 
-    model = GatingModel(method=args.method, **_model_params(args))
+    model = GatingModel(method=args.method, loss=args.loss, task_similarity=args.task_similarity,
+                        **_model_params(args))
     compensate = not args.no_compensation
     if args.workers or args.scheduler:
         from gating_core.distributed import ClusterError, digest_files_distributed
@@ -202,7 +226,7 @@ def run_train(args) -> int:
     out = Path(args.out)
     if not out.resolve().parent.exists():
         return _fail(f"folder {out.parent} does not exist")
-    print(f"Training ({args.method}) on {len(digests)} patients, {sum(d.n_events for d in digests):,} events")
+    print(f"Training ({_method_label(args.method, args.loss, args.task_similarity)}) on {len(digests)} patients, {sum(d.n_events for d in digests):,} events")
     try:
         with StageProgress("train") as progress:
             model.fit_digests(digests, progress=progress)
@@ -210,6 +234,7 @@ def run_train(args) -> int:
         return _fail(str(exc))
     model.save(out)
     info = model.describe()
+    print(f"Method: {_method_label(info['method'], info['loss'], info['task_similarity'])}")
     print(f"Channels: {', '.join(info['channels'])}")
     print(f"Populations: {', '.join(info['populations'])}")
     bandwidth_p = "-" if info["bandwidth_p"] is None else f"{info['bandwidth_p']:.4g}"
@@ -218,6 +243,12 @@ def run_train(args) -> int:
         print(f"Cross-validated accuracy over patients: {info['cv_accuracy']:.4f}")
     print(f"Model written to {out}")
     return 0
+
+
+def _method_label(method: str, loss: str, task_similarity: float) -> str:
+    """``marginal``, ``marginal, hinge loss``, ``multitask tau=0.01``: what ``train`` fits."""
+    label = f"multitask tau={task_similarity:g}" if method == "multitask" else method
+    return label if loss == DEFAULT_LOSS else f"{label}, {loss} loss"
 
 
 def run_gate(args) -> int:
