@@ -119,6 +119,9 @@ def _model_options(parser) -> None:
     group.add_argument("--channels", nargs="+", metavar="NAME", help="channels to use ($PnN or marker); default: all shared")
     group.add_argument("--no-compensation", action="store_true", help="ignore spillover matrices in the files")
     group.add_argument("--no-selection", action="store_true", help="skip cross-validated model selection (heuristic bandwidths)")
+    group.add_argument("--select-embedding-bandwidth", action="store_true",
+                       help="also choose the embedding bandwidth sigma' by the cross-validation (default: the "
+                            "median distance between cells)")
     group.add_argument("--features", type=int, default=512, help="random features D (default 512)")
     group.add_argument("--cells-per-patient", type=int, metavar="N",
                        help=f"training cells drawn per patient (default {DEFAULT_CELLS_PER_PATIENT:,}; "
@@ -154,6 +157,7 @@ def _task_similarity(text: str) -> float:
 
 def _model_params(args) -> dict:
     params = {"compensate": not args.no_compensation, "select": not args.no_selection,
+              "select_embedding_bandwidth": args.select_embedding_bandwidth,
               "n_features": args.features, "cells_per_patient": args.cells_per_patient or DEFAULT_CELLS_PER_PATIENT,
               "random_state": args.seed}
     params["pooled_weight"] = _pooled_weight(args.pooled_weight)
@@ -265,6 +269,10 @@ def run_train(args) -> int:
     print(f"Populations: {', '.join(info['populations'])}")
     bandwidth_p = "-" if info["bandwidth_p"] is None else f"{info['bandwidth_p']:.4g}"
     print(f"sigma_X = {info['bandwidth_x']:.4g}, sigma_P = {bandwidth_p}, lambda = {info['alpha']:.1e}")
+    if "bandwidth_embedding" in getattr(model, "selection_", {}):
+        print(f"sigma' (embedding, selected) = {model.selection_['bandwidth_embedding']:.4g}")
+    elif getattr(model, "select_embedding_bandwidth", False) and info["bandwidth_p"] is None:
+        print("sigma' (embedding): not used (the model gates without the patient's embedding)")
     if info["cv_accuracy"] is not None:
         print(f"Cross-validated accuracy over patients: {info['cv_accuracy']:.4f}")
     if args.method == IW_METHOD:
@@ -280,7 +288,8 @@ def _iw_model(args):
     from gating_core.iw_model import IWNystroemGatingModel
 
     for flag, given in (("--loss", args.loss != DEFAULT_LOSS), ("--pooled-weight", args.pooled_weight != DEFAULT_POOLED_WEIGHT),
-                        ("--task-similarity", args.task_similarity != DEFAULT_TASK_SIMILARITY)):
+                        ("--task-similarity", args.task_similarity != DEFAULT_TASK_SIMILARITY),
+                        ("--select-embedding-bandwidth", args.select_embedding_bandwidth)):
         if given:
             return _fail(f"{flag} does not apply to --method {IW_METHOD} (a squared-loss KRR refitted per patient)")
     if args.landmarks < 1:
