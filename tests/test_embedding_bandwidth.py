@@ -74,3 +74,13 @@ def test_the_command_line_asks_for_it(sample_data_dir, tmp_path):
     else:  # the selection fell back to pooling (these simulated patients): sigma' plays no part
         assert "bandwidth_embedding" not in model.selection_
         assert "sigma' (embedding): not used (the model gates without the patient's embedding)" in result.stdout
+
+
+def test_the_check_by_subtraction_is_not_asked_to_select_it(sample_data_dir):
+    """gating_core.held_out does not search sigma': evaluate refuses that pairing by name
+    (and leaves one patient out by full refits when --refit is not given)."""
+    result = subprocess.run([sys.executable, "-m", "gating_core", "evaluate", "--select-embedding-bandwidth",
+                             "--refit", "subtract", *sorted(sample_data_dir.glob("patient_0[1-3].fcs"))],
+                            capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert result.returncode == 2
+    assert "--select-embedding-bandwidth needs --refit full" in result.stderr

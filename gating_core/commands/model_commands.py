@@ -404,6 +404,14 @@ def run_evaluate(args) -> int:
         return _fail("leave-one-patient-out needs at least three labeled patients")
     params = _model_params(args)
     params.pop("compensate", None)
+    # The held-out check by subtraction (gating_core.held_out) does not search sigma' yet: with
+    # --select-embedding-bandwidth every fold is a full refit, which does.
+    patient_refit = args.refit or "subtract"
+    if args.select_embedding_bandwidth:
+        if args.refit == "subtract":
+            return _fail("--select-embedding-bandwidth needs --refit full (the check by subtraction does not "
+                         "select sigma')")
+        patient_refit = "full"
     try:
         groups, origin = _evaluation_groups(args, samples, labels)
     except GroupsError as exc:
@@ -423,7 +431,7 @@ def run_evaluate(args) -> int:
             if args.protocol in ("both", "patient"):
                 tables.append(leave_one_patient_out(samples, labels, methods=args.method, model_params=params,
                                                     progress=progress, groups=groups,
-                                                    refit=args.refit or "subtract"))
+                                                    refit=patient_refit))
     except (ChannelMismatchError, ValueError) as exc:
         return _fail(str(exc))
     table = pd.concat(tables, ignore_index=True)
