@@ -67,7 +67,7 @@ def test_each_choice_trains_saves_loads_and_gates_the_same(choice, sample_data_d
     loaded = GatingModel.load(path)
     for key, value in expected.items():
         assert getattr(loaded, key) == value, key
-        assert loaded.classifier_.get_params()["loss"] == expected["loss"]
+    assert loaded.classifier_.get_params()["loss"] == expected["loss"]
     summary = loaded.describe()
     assert summary["method"] == expected["method"] and summary["loss"] == expected["loss"]
     assert summary["task_similarity"] == expected.get("task_similarity")
