@@ -69,6 +69,7 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
                 result = model.gate_chunks(sample, stream.chunks, chunk_size=chunk_size, sink=sink)
             record.update(events=result.n_events, counts=result.counts, novelty=result.novelty.to_dict(),
                           output=str(output), mean_confidence=float(result.mean_confidence))
+            _add_fit_cost(record, model)
         except FCSError as exc:
             message = str(exc)
             if len(streams) > 1:
@@ -78,6 +79,14 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
             record["error"] = _naming_the_file(fcs_path, exc)
         records.append(record)
     return records + _skipped_records(fcs_path, streams)
+
+
+def _add_fit_cost(record: dict, model) -> None:
+    """A transductive model (``gating_core.iw_model``) refits for each patient: its cost, in
+    seconds, joins the patient's record as ``fit_seconds``."""
+    seconds = getattr(model, "last_fit_seconds_", None)
+    if seconds is not None:
+        record["fit_seconds"] = float(seconds)
 
 
 def _naming_the_file(fcs_path: Path, exc: Exception) -> str:
@@ -113,6 +122,7 @@ def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50
             export_sample(output, sample, result.populations, result.confidence, format=format)
             record.update(events=sample.n_events, counts=result.counts, novelty=result.novelty.to_dict(),
                           output=str(output), mean_confidence=float(result.confidence.mean()) if sample.n_events else 0.0)
+            _add_fit_cost(record, model)
         except (ChannelMismatchError, FCSError, ValueError, OSError) as exc:
             record["error"] = _naming_the_file(fcs_path, exc)
         records.append(record)

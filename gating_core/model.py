@@ -52,6 +52,11 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         Apply a file's spillover matrix before gating.
     select : bool, default=True
         Choose bandwidths and penalty by cross-validation over patients.
+    select_embedding_bandwidth : bool, default=False
+        Also choose the embedding bandwidth sigma' (the kernel k'_X of the mean embedding) by
+        that cross-validation, from ``DEFAULT_EMBEDDING_FACTORS`` x the median distance between
+        cells (JMLR section 8.1 selects it); False: sigma' is that median distance. Only with
+        ``select`` and the marginal method; the choice is ``selection_["bandwidth_embedding"]``.
     n_features, n_embedding_features, cells_per_patient, embedding_cells, solver,
     bandwidth_x, bandwidth_p, alpha, loss, n_augment, augment_gain, augment_shift,
     patient_weighting :
@@ -113,6 +118,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     """
 
     def __init__(self, method="marginal", channels=None, transform="auto", compensate=True, select=True,
+                 select_embedding_bandwidth=False,
                  n_features=512, n_embedding_features=128, cells_per_patient=4000, embedding_cells=20000,
                  solver="rff", bandwidth_x=None, bandwidth_p=None, alpha=None, loss=DEFAULT_LOSS,
                  n_augment=DEFAULT_AUGMENT, augment_gain=0.08, augment_shift=0.15, patient_weighting="uniform",
@@ -124,6 +130,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         self.transform = transform
         self.compensate = compensate
         self.select = select
+        self.select_embedding_bandwidth = select_embedding_bandwidth
         self.n_features = n_features
         self.n_embedding_features = n_embedding_features
         self.cells_per_patient = cells_per_patient
@@ -216,7 +223,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                 cells, labels, MarginalTransferClassifier(**params), embedding_samples=embedding_cells,
                 cv_folds=self.cv_folds, cv_repeats=self.cv_repeats, cells_per_patient=self.selection_cells_per_patient,
                 progress=lambda f: report("Model selection (cross-validation over patients)", 0.15 + 0.65 * f),
-                groups=self.groups_, objective=self.selection_objective)
+                groups=self.groups_, objective=self.selection_objective, embedding_factors=self._embedding_factors())
             self.selection_ = self._apply_selection(params, result)
         if self.loss == "logistic" and self.alpha is None:
             from gating_core.selection import select_logistic_alpha
@@ -252,6 +259,12 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         """Whether a hyperparameter is left to model selection."""
         return self.bandwidth_x is None or self.alpha is None or (self.method == "marginal" and self.bandwidth_p is None)
 
+    def _embedding_factors(self):
+        """The sigma' grid the selection searches (None: sigma' is not selected)."""
+        from gating_core.selection import DEFAULT_EMBEDDING_FACTORS
+
+        return DEFAULT_EMBEDDING_FACTORS if self.select_embedding_bandwidth else None
+
     def _apply_selection(self, params: dict, result) -> dict:
         """Fill the classifier ``params`` the user left None from a selection ``result`` (in
         place; the embedding dropped when selection fell back to pooling) and return the
@@ -261,9 +274,14 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                 params[key] = result.params[key]
         if self.bandwidth_p is None and not result.params["use_embedding"]:
             params["use_embedding"], params["bandwidth_p"] = False, None
-        return {"params": {k: params[k] for k in ("bandwidth_x", "bandwidth_p", "alpha")},
-                "embedding_kept": bool(params["use_embedding"]), "cv_accuracy": result.score,
-                "median_x": result.median_x, "median_p": result.median_p, "table": result.table}
+        record = {"params": {k: params[k] for k in ("bandwidth_x", "bandwidth_p", "alpha")},
+                  "embedding_kept": bool(params["use_embedding"]), "cv_accuracy": result.score,
+                  "median_x": result.median_x, "median_p": result.median_p, "table": result.table}
+        # sigma' only when the search chose it (its table rows carry an e_factor)
+        if params["use_embedding"] and any("e_factor" in row for row in result.table):
+            params["bandwidth_embedding"] = result.params["bandwidth_embedding"]
+            record["bandwidth_embedding"] = float(params["bandwidth_embedding"])
+        return record
 
     def _wants_companion(self) -> bool:
         if isinstance(self.pooled_weight, str):
@@ -545,7 +563,9 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         """A JSON-friendly summary: method, channels, populations, chosen hyperparameters."""
         self._check_fitted()
         clf = self.classifier_
-        return {"method": self.method, "channels": self.channels_, "markers": self.channel_markers_,
+        return {"method": self.method, "loss": self.loss,
+                "task_similarity": self.task_similarity if self.method == "multitask" else None,
+                "channels": self.channels_, "markers": self.channel_markers_,
                 "populations": self.populations_, "training_patients": self.training_patients_,
                 "bandwidth_x": clf.bandwidth_x_, "bandwidth_p": clf.bandwidth_p_, "alpha": clf.alpha,
                 "n_features": clf.n_features, "cv_accuracy": self.selection_.get("cv_accuracy"),

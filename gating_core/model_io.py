@@ -282,7 +282,7 @@ def _checked_params(path, fields: Fields, accepted, where: str) -> dict:
             out[key] = fields.number(key, positive=True, within=(0.0, 1.0), nullable=True)
         elif key == "pooled_weight":
             out[key] = "auto" if fields.raw(key) == "auto" else fields.number(key, within=(0.0, 1.0))
-        elif key in ("compensate", "select", "use_embedding", "calibrate"):
+        elif key in ("compensate", "select", "use_embedding", "calibrate", "select_embedding_bandwidth"):
             out[key] = fields.boolean(key)
         elif key == "random_state":
             out[key] = fields.integer(key, minimum=0, maximum=2 ** 63, nullable=True)

@@ -11,7 +11,8 @@ from ui.app_state import common_channels, incompatible_label_sets, label_set_dis
 from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcome, job_progress, refresh_status,
                        require_patients)
 from ui.jobs import DONE, format_seconds, jobs_for
-from ui.training import check_matches_model, start_check, start_training
+from ui.training import (LOSS_LABELS, METHOD_LABELS, check_matches_model, method_label, method_params, model_kind,
+                         start_check, start_training)
 from ui.models import load_model_bytes, model_bytes, model_channel_labels
 
 store = get_store()
@@ -66,8 +67,8 @@ if disagreements:
         st.warning("Some patients have no cells of a population the others have (this can be biology, "
                    "e.g. a B-cell-depleted patient); their cells are learned as the populations they are "
                    "labeled with.  \n" + lines)
-method = c2.radio("Method", ["marginal", "pooling"], key="train_method", horizontal=True,
-                  format_func=lambda m: {"marginal": "Marginal transfer (recommended)", "pooling": "Pooling"}[m])
+method = c2.radio("Method", list(METHOD_LABELS), key="train_method", horizontal=True, format_func=METHOD_LABELS.get,
+                  help="Multitask: k_P = tau between two training patients (a further baseline; see Advanced).")
 channels_all = common_channels([r.sample for r in records])
 from gating_core.groups import groups_from_keyword, shared_group_keywords  # noqa: E402
 
@@ -88,6 +89,14 @@ def _groups(samples):
         return [s.name for s in samples]
     return groups_from_keyword(samples, group_by)
 
+with st.expander("Advanced: loss and the multitask baseline"):
+    loss = st.radio("Loss", list(LOSS_LABELS), key="train_loss", horizontal=True, format_func=LOSS_LABELS.get,
+                    help="Squared is fastest and the default; hinge and logistic are the papers' other losses, "
+                         "several times slower to train.")
+    task_similarity = st.number_input("Task similarity tau (multitask)", min_value=0.01, max_value=1.0, value=0.5,
+                                      step=0.01, key="train_tau", disabled=method != "multitask",
+                                      help="k_P between two different training patients; 1 is pooling.")
+
 with st.expander("Channels and hyperparameters (automatic unless you change them)"):
     channels = st.multiselect("Channels", channels_all, format_func=lambda c: channel_label(records[0].sample, c),
                               default=[c for c in channels_all if c.lower() != "time"], key="train_channels")
@@ -98,7 +107,7 @@ with st.expander("Channels and hyperparameters (automatic unless you change them
         cols = st.columns(3)
         k = 0
         for name, p in sig.parameters.items():
-            if name in ("self", "method", "channels", "transform", "random_state", "compensate"):
+            if name in ("self", "method", "channels", "transform", "random_state", "compensate", "task_similarity"):
                 continue
             col = cols[k % 3]
             if isinstance(p.default, bool):
@@ -115,6 +124,9 @@ with st.expander("Channels and hyperparameters (automatic unless you change them
             k += 1
 
 
+params.update(method_params(method, loss, task_similarity))
+
+
 def _training_labels(record):
     labels = np.asarray(record.labels).astype(object)
     keep = np.isin(labels.astype(str), pops)
@@ -127,7 +139,8 @@ if st.button("Train model", type="primary", key="train_button",
              disabled=not pops or not train_anyway or training is not None,
              help="One training at a time; it goes on in the background while you use other pages."):
     samples = [r.sample for r in records]
-    start_training(store, name=f"{method}, {len(records)} patients", method=method, channels=channels,
+    start_training(store, name=f"{method_label(method, loss, params.get('task_similarity'))}, {len(records)} patients",
+                   method=method, channels=channels,
                    params=params, samples=samples, labels=[_training_labels(r) for r in records],
                    groups=_groups(samples), training_patients=chosen)
     st.rerun()
@@ -148,7 +161,8 @@ if store.models:
         store.current_model = current
         refresh_status(store)
     model = store.models[current]
-    st.markdown(f"Populations: {', '.join(map(str, model.populations_))}  \n"
+    st.markdown(f"Method: {model_kind(model)}  \n"
+                f"Populations: {', '.join(map(str, model.populations_))}  \n"
                 f"Channels: {', '.join(model_channel_labels(model))}")
     st.download_button("Save model (.npz)", data=lambda: model_bytes(model, store.work_dir),
                        file_name="gating_model.npz", mime="application/octet-stream", key="save_model",

@@ -14,6 +14,39 @@ from pathlib import Path
 from ui.jobs import Job, start_job
 
 
+#: The Train page's choices (gating_core.model.METHODS, gating_core.classifier.LOSSES).
+METHOD_LABELS = {"marginal": "Marginal transfer (recommended)", "pooling": "Pooling",
+                 "multitask": "Multitask (baseline)"}
+LOSS_LABELS = {"squared": "Squared (kernel ridge; default)", "logistic": "Logistic (multinomial)",
+               "hinge": "Hinge (cost-sensitive SVM)"}
+
+
+def method_params(method: str, loss: str, task_similarity: float) -> dict:
+    """GatingModel parameters of the Train page's method, loss and tau choices (tau only
+    matters to the multitask method, so it is passed only then)."""
+    if method not in METHOD_LABELS:
+        raise ValueError(f"method must be one of {tuple(METHOD_LABELS)}, got {method!r}")
+    if loss not in LOSS_LABELS:
+        raise ValueError(f"loss must be one of {tuple(LOSS_LABELS)}, got {loss!r}")
+    params = {"loss": loss}
+    if method == "multitask":
+        if not 0.0 < float(task_similarity) <= 1.0:
+            raise ValueError(f"task similarity must be within (0, 1], got {task_similarity!r}")
+        params["task_similarity"] = float(task_similarity)
+    return params
+
+
+def method_label(method: str, loss: str = "squared", task_similarity=None) -> str:
+    """``marginal``, ``marginal, hinge loss``, ``multitask tau=0.01``: a model's kind in a word or three."""
+    label = f"multitask tau={task_similarity:g}" if method == "multitask" and task_similarity else method
+    return label if loss == "squared" else f"{label}, {loss} loss"
+
+
+def model_kind(model) -> str:
+    """:func:`method_label` of a fitted GatingModel (what the Models list says of it)."""
+    return method_label(model.method, model.loss, model.task_similarity if model.method == "multitask" else None)
+
+
 def start_training(store, *, name: str, method: str, channels, params: dict, samples, labels, groups,
                    training_patients) -> Job:
     """Fit a GatingModel in the background; the job stores it in the library when done and

@@ -16,6 +16,17 @@ EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", 
                       "marginal-em", "marginal-quantile", "dica-pooling")
 EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5")
 DEFAULT_POOLED_WEIGHT = 0.5
+# The choices of ``train`` (gating_core.model.METHODS and gating_core.classifier.LOSSES,
+# checked by tests/test_train_choices.py).
+TRAIN_METHODS = ("marginal", "pooling", "multitask")
+LOSSES = ("squared", "logistic", "hinge")
+DEFAULT_LOSS = "squared"
+DEFAULT_TASK_SIMILARITY = 0.5
+# Importance-weighted Nystroem KRR (gating_core.iw_model): transductive, refitted for each
+# patient at gate time, so its model file keeps training cells (2,000 per patient by default).
+IW_METHOD = "iw-nystroem"
+DEFAULT_CELLS_PER_PATIENT = 4000
+IW_CELLS_PER_PATIENT = 2000
 
 
 def register(subparsers) -> None:
@@ -24,8 +35,20 @@ def register(subparsers) -> None:
         description="Train a gating model on labeled patients. INPUT is an FCS file with "
                     "<stem>.labels.csv beside it, or a gated CSV.")
     train.add_argument("--out", required=True, help="model file to write (.npz)")
-    train.add_argument("--method", choices=("marginal", "pooling"), default="marginal",
-                       help="marginal transfer (default) or the pooling baseline")
+    train.add_argument("--method", choices=TRAIN_METHODS + (IW_METHOD,), default="marginal",
+                       help="marginal transfer (default), the pooling baseline, the multitask baseline "
+                            "(k_P = --task-similarity between training patients; NIPS 2011), or iw-nystroem: "
+                            "importance-weighted Nystroem KRR, refitted by `gate` for each new patient on its own "
+                            "cells (the model file keeps --cells-per-patient training cells each, default "
+                            f"{IW_CELLS_PER_PATIENT:,})")
+    train.add_argument("--landmarks", type=int, default=300, metavar="M",
+                       help="Nystroem landmarks of --method iw-nystroem (default 300)")
+    train.add_argument("--loss", choices=LOSSES, default=DEFAULT_LOSS,
+                       help="squared (kernel ridge classification, default), logistic (multinomial, its penalty "
+                            "chosen over groups) or hinge (cost-sensitive one-vs-rest SVM)")
+    train.add_argument("--task-similarity", type=_task_similarity, default=DEFAULT_TASK_SIMILARITY, metavar="TAU",
+                       help="tau of --method multitask, within (0, 1]; 1 is pooling "
+                            f"(default {DEFAULT_TASK_SIMILARITY}; the NIPS table used 0.01 and 0.5)")
     train.add_argument("--library", metavar="DIR", help="also train on the labeled patients of this patient library")
     _cluster_options(train, "read and digest the INPUT files")
     _model_options(train)
@@ -38,6 +61,10 @@ def register(subparsers) -> None:
                     "$PnN, then population and confidence, one row per event in file order), or "
                     "<stem>.gated.parquet / .fcs / .h5ad with --format.")
     gate.add_argument("--model", required=True, help="model file written by train")
+    gate.add_argument("--method", choices=(IW_METHOD,),
+                      help="insist on a model of this method (iw-nystroem: importance-weighted Nystroem KRR, refitted "
+                           "for each patient from the training cells its file keeps); default: whatever the model "
+                           "file holds")
     gate.add_argument("--out-dir", required=True, help="folder for the gated files")
     gate.add_argument("--chunk-size", type=int, default=50_000,
                       help="events read, gated and written at a time (CSV and Parquet stream the file: bounds memory)")
@@ -92,8 +119,13 @@ def _model_options(parser) -> None:
     group.add_argument("--channels", nargs="+", metavar="NAME", help="channels to use ($PnN or marker); default: all shared")
     group.add_argument("--no-compensation", action="store_true", help="ignore spillover matrices in the files")
     group.add_argument("--no-selection", action="store_true", help="skip cross-validated model selection (heuristic bandwidths)")
+    group.add_argument("--select-embedding-bandwidth", action="store_true",
+                       help="also choose the embedding bandwidth sigma' by the cross-validation (default: the "
+                            "median distance between cells)")
     group.add_argument("--features", type=int, default=512, help="random features D (default 512)")
-    group.add_argument("--cells-per-patient", type=int, default=4000, help="training cells drawn per patient")
+    group.add_argument("--cells-per-patient", type=int, metavar="N",
+                       help=f"training cells drawn per patient (default {DEFAULT_CELLS_PER_PATIENT:,}; "
+                            f"{IW_CELLS_PER_PATIENT:,} for iw-nystroem)")
     group.add_argument("--pooled-weight", default=DEFAULT_POOLED_WEIGHT, metavar="W",
                        help="weight of the pooled companion in the marginal method's probabilities, 0 to 1, or "
                             f"'auto' (chosen by cross-validation over groups; default {DEFAULT_POOLED_WEIGHT}; "
@@ -113,9 +145,21 @@ def _pooled_weight(text: str):
     return weight
 
 
+def _task_similarity(text: str) -> float:
+    try:
+        tau = float(text)
+    except ValueError:
+        tau = float("nan")
+    if not 0.0 < tau <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number within (0, 1], got {text!r}")
+    return tau
+
+
 def _model_params(args) -> dict:
     params = {"compensate": not args.no_compensation, "select": not args.no_selection,
-              "n_features": args.features, "cells_per_patient": args.cells_per_patient, "random_state": args.seed}
+              "select_embedding_bandwidth": args.select_embedding_bandwidth,
+              "n_features": args.features, "cells_per_patient": args.cells_per_patient or DEFAULT_CELLS_PER_PATIENT,
+              "random_state": args.seed}
     params["pooled_weight"] = _pooled_weight(args.pooled_weight)
     if args.channels:
         params["channels"] = args.channels
@@ -158,13 +202,23 @@ def run_train(args) -> int:
     from gating_core.model import GatingModel
     from gating_core.progress import StageProgress
 
-    model = GatingModel(method=args.method, **_model_params(args))
+    if args.method == IW_METHOD:
+        model = _iw_model(args)
+        if isinstance(model, int):
+            return model
+        # what the cluster's digest needs; GatingModel draws the same cells from these
+        digest_params = {k: getattr(model, k) for k in ("compensate", "cells_per_patient", "embedding_cells",
+                                                         "random_state")}
+    else:
+        model = GatingModel(method=args.method, loss=args.loss, task_similarity=args.task_similarity,
+                            **_model_params(args))
+        digest_params = model.get_params()
     compensate = not args.no_compensation
     if args.workers or args.scheduler:
         from gating_core.distributed import ClusterError, digest_files_distributed
 
         try:
-            digests, errors = digest_files_distributed(args.inputs, model.get_params(), workers=args.workers,
+            digests, errors = digest_files_distributed(args.inputs, digest_params, workers=args.workers,
                                                        scheduler=args.scheduler)
         except ClusterError as exc:
             return _fail(str(exc))
@@ -202,7 +256,7 @@ def run_train(args) -> int:
     out = Path(args.out)
     if not out.resolve().parent.exists():
         return _fail(f"folder {out.parent} does not exist")
-    print(f"Training ({args.method}) on {len(digests)} patients, {sum(d.n_events for d in digests):,} events")
+    print(f"Training ({_method_label(args.method, args.loss, args.task_similarity)}) on {len(digests)} patients, {sum(d.n_events for d in digests):,} events")
     try:
         with StageProgress("train") as progress:
             model.fit_digests(digests, progress=progress)
@@ -210,19 +264,50 @@ def run_train(args) -> int:
         return _fail(str(exc))
     model.save(out)
     info = model.describe()
+    print(f"Method: {_method_label(info['method'], info['loss'], info['task_similarity'])}")
     print(f"Channels: {', '.join(info['channels'])}")
     print(f"Populations: {', '.join(info['populations'])}")
     bandwidth_p = "-" if info["bandwidth_p"] is None else f"{info['bandwidth_p']:.4g}"
     print(f"sigma_X = {info['bandwidth_x']:.4g}, sigma_P = {bandwidth_p}, lambda = {info['alpha']:.1e}")
+    if "bandwidth_embedding" in getattr(model, "selection_", {}):
+        print(f"sigma' (embedding, selected) = {model.selection_['bandwidth_embedding']:.4g}")
+    elif getattr(model, "select_embedding_bandwidth", False) and info["bandwidth_p"] is None:
+        print("sigma' (embedding): not used (the model gates without the patient's embedding)")
     if info["cv_accuracy"] is not None:
         print(f"Cross-validated accuracy over patients: {info['cv_accuracy']:.4f}")
+    if args.method == IW_METHOD:
+        print(f"Kept {info['training_cells']:,} training cells and {info['n_landmarks']} landmarks per refit: "
+              "`gate` refits the model for each new patient")
     print(f"Model written to {out}")
     return 0
 
 
+def _iw_model(args):
+    """The IWNystroemGatingModel of ``train --method iw-nystroem``, or an exit status when an
+    option of the kernel models was asked of it."""
+    from gating_core.iw_model import IWNystroemGatingModel
+
+    for flag, given in (("--loss", args.loss != DEFAULT_LOSS), ("--pooled-weight", args.pooled_weight != DEFAULT_POOLED_WEIGHT),
+                        ("--task-similarity", args.task_similarity != DEFAULT_TASK_SIMILARITY),
+                        ("--select-embedding-bandwidth", args.select_embedding_bandwidth)):
+        if given:
+            return _fail(f"{flag} does not apply to --method {IW_METHOD} (a squared-loss KRR refitted per patient)")
+    if args.landmarks < 1:
+        return _fail(f"--landmarks must be a positive number, got {args.landmarks}")
+    return IWNystroemGatingModel(channels=args.channels or None, compensate=not args.no_compensation,
+                                 cells_per_patient=args.cells_per_patient or IW_CELLS_PER_PATIENT,
+                                 n_landmarks=args.landmarks, random_state=args.seed)
+
+
+def _method_label(method: str, loss: str, task_similarity: float) -> str:
+    """``marginal``, ``marginal, hinge loss``, ``multitask tau=0.01``: what ``train`` fits."""
+    label = f"multitask tau={task_similarity:g}" if method == "multitask" else method
+    return label if loss == DEFAULT_LOSS else f"{label}, {loss} loss"
+
+
 def run_gate(args) -> int:
     from gating_core.gating import output_stem
-    from gating_core.model import GatingModel
+    from gating_core.iw_model import IW_METHOD as iw_method, load_any_model
     from gating_core.modelfile import ModelFileError
 
     # Two inputs with one name (from different folders) would overwrite each other's output.
@@ -239,9 +324,16 @@ def run_gate(args) -> int:
         except ImportError:
             return _fail("--format h5ad needs the anndata package: pip install 'gating-core[anndata]'")
     try:
-        model = GatingModel.load(args.model)
+        model = load_any_model(args.model)
     except ModelFileError as exc:
         return _fail(str(exc))
+    transductive = model.method == iw_method
+    if args.method == IW_METHOD and not transductive:
+        return _fail(f"{args.model}: not an {IW_METHOD} model (it holds a {model.method} model); "
+                     f"train one with `train --method {IW_METHOD}`")
+    if transductive and (args.workers or args.scheduler):
+        return _fail(f"{args.model}: an {IW_METHOD} model refits for each patient and gates on this machine; "
+                     "drop --workers / --scheduler")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.workers or args.scheduler:
@@ -275,6 +367,8 @@ def run_gate(args) -> int:
         counts = ", ".join(f"{name} {count:,}" for name, count in record["counts"].items())
         print(f"{record['patient']}: {record['events']:,} events -> {record['output']}")
         print(f"  {counts}")
+        if "fit_seconds" in record:
+            print(f"  {IW_METHOD} refit for this patient: {record['fit_seconds']:.1f} s")
         novelty = record["novelty"]
         prefix = "  WARNING: " if novelty["is_novel"] else "  "
         print(prefix + novelty["message"])
@@ -310,6 +404,14 @@ def run_evaluate(args) -> int:
         return _fail("leave-one-patient-out needs at least three labeled patients")
     params = _model_params(args)
     params.pop("compensate", None)
+    # The held-out check by subtraction (gating_core.held_out) does not search sigma' yet: with
+    # --select-embedding-bandwidth every fold is a full refit, which does.
+    patient_refit = args.refit or "subtract"
+    if args.select_embedding_bandwidth:
+        if args.refit == "subtract":
+            return _fail("--select-embedding-bandwidth needs --refit full (the check by subtraction does not "
+                         "select sigma')")
+        patient_refit = "full"
     try:
         groups, origin = _evaluation_groups(args, samples, labels)
     except GroupsError as exc:
@@ -329,7 +431,7 @@ def run_evaluate(args) -> int:
             if args.protocol in ("both", "patient"):
                 tables.append(leave_one_patient_out(samples, labels, methods=args.method, model_params=params,
                                                     progress=progress, groups=groups,
-                                                    refit=args.refit or "subtract"))
+                                                    refit=patient_refit))
     except (ChannelMismatchError, ValueError) as exc:
         return _fail(str(exc))
     table = pd.concat(tables, ignore_index=True)

@@ -1,0 +1,86 @@
+"""sigma' (the embedding bandwidth) chosen by GatingModel's cross-validation when asked
+(``select_embedding_bandwidth``, ``--select-embedding-bandwidth``; JMLR section 8.1)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gating_core.fcs import read_fcs
+from gating_core.inputs import load_labeled_input
+from gating_core.model import GatingModel
+from gating_core.selection import DEFAULT_EMBEDDING_FACTORS
+
+REPO = Path(__file__).resolve().parent.parent
+QUICK = dict(n_features=64, cells_per_patient=500, selection_cells_per_patient=300, cv_folds=3, cv_repeats=1,
+             n_augment=1)
+
+
+@pytest.fixture(scope="module")
+def patients(sample_data_dir):
+    samples, labels = zip(*(load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_0[1-6].fcs"))))
+    return list(samples), list(labels)
+
+
+def test_sigma_prime_is_selected_stored_and_round_trips(patients, tmp_path, sample_data_dir):
+    plain = GatingModel(**QUICK).fit(*patients)
+    assert "bandwidth_embedding" not in plain.selection_
+    assert not any("e_factor" in row for row in plain.selection_["table"])
+    start = plain.classifier_.bandwidth_embedding_  # the median distance between cells
+
+    # sigma_P given: on these simulated patients the search would otherwise fall back to pooling
+    # (k_P = 1), where sigma' plays no part
+    model = GatingModel(select_embedding_bandwidth=True, bandwidth_p=1.0, **QUICK).fit(*patients)
+    assert model.selection_["embedding_kept"]
+    table = model.selection_["table"]
+    searched = sorted({row["e_factor"] for row in table if "e_factor" in row})
+    assert searched == sorted(DEFAULT_EMBEDDING_FACTORS)
+    chosen = model.selection_["bandwidth_embedding"]
+    assert model.classifier_.bandwidth_embedding_ == chosen
+    # a factor of the median start as the search measured it, on its own smaller draw of cells
+    # (selection_cells_per_patient): within a few percent of the final fit's median
+    assert min(abs(chosen / start / f - 1) for f in DEFAULT_EMBEDDING_FACTORS) < 0.05
+    # the chosen factor scored best among the sigma' rows of the search's last sigma_X, sigma_P
+    chosen_factor = min(DEFAULT_EMBEDDING_FACTORS, key=lambda f: abs(chosen / start - f))
+    at_chosen = [row for row in table if row.get("e_factor") == chosen_factor]
+    assert max(row["cv_accuracy"] for row in at_chosen) == pytest.approx(model.selection_["cv_accuracy"])
+
+    path = tmp_path / "model.npz"
+    model.save(path)
+    loaded = GatingModel.load(path)
+    assert loaded.select_embedding_bandwidth is True
+    assert loaded.selection_["bandwidth_embedding"] == chosen
+    assert loaded.classifier_.bandwidth_embedding_ == chosen
+    sample = read_fcs(sample_data_dir / "new" / "new_patient_01.fcs")
+    np.testing.assert_array_equal(loaded.predict_proba(sample), model.predict_proba(sample))
+
+
+def test_the_command_line_asks_for_it(sample_data_dir, tmp_path):
+    out = tmp_path / "m.npz"
+    result = subprocess.run([sys.executable, "-m", "gating_core", "train", "--select-embedding-bandwidth",
+                             "--features", "64", "--cells-per-patient", "500", "--out", out,
+                             *sorted(sample_data_dir.glob("patient_0[1-4].fcs"))],
+                            capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert result.returncode == 0, result.stderr
+    model = GatingModel.load(out)
+    assert model.select_embedding_bandwidth is True
+    if model.selection_["embedding_kept"]:
+        line = next(l for l in result.stdout.splitlines() if l.startswith("sigma' (embedding, selected) = "))
+        assert float(line.split("= ")[1]) == pytest.approx(model.selection_["bandwidth_embedding"], rel=1e-3)
+    else:  # the selection fell back to pooling (these simulated patients): sigma' plays no part
+        assert "bandwidth_embedding" not in model.selection_
+        assert "sigma' (embedding): not used (the model gates without the patient's embedding)" in result.stdout
+
+
+def test_the_check_by_subtraction_is_not_asked_to_select_it(sample_data_dir):
+    """gating_core.held_out does not search sigma': evaluate refuses that pairing by name
+    (and leaves one patient out by full refits when --refit is not given)."""
+    result = subprocess.run([sys.executable, "-m", "gating_core", "evaluate", "--select-embedding-bandwidth",
+                             "--refit", "subtract", *sorted(sample_data_dir.glob("patient_0[1-3].fcs"))],
+                            capture_output=True, text=True, cwd=REPO, timeout=900)
+    assert result.returncode == 2
+    assert "--select-embedding-bandwidth needs --refit full" in result.stderr
