@@ -82,14 +82,22 @@ def digest_settings(cells_per_patient: int, embedding_cells: int, seed: np.rando
     """The settings a digest is made with, as stored in (and compared against) its file."""
     return {"format": DIGEST_FORMAT, "cells_per_patient": int(cells_per_patient),
             "embedding_cells": int(embedding_cells), "compensate": bool(compensate),
-            "seed_entropy": str(seed.entropy), "seed_spawn_key": [int(k) for k in seed.spawn_key]}
+            "seed_entropy": _entropy(seed.entropy), "seed_spawn_key": [int(k) for k in seed.spawn_key]}
+
+
+def _entropy(entropy):
+    return [int(e) for e in entropy] if isinstance(entropy, (list, tuple, np.ndarray)) else int(entropy)
 
 
 def _settings_key(settings: dict) -> str:
-    """Part of the file name: the settings except the patient's position (its seed), so that a
-    patient has one file per distinct model setting, overwritten when its position changes."""
-    stable = {k: v for k, v in settings.items() if k != "seed_spawn_key"}
-    stable["seed_base"] = settings["seed_spawn_key"][:-1]
+    """Part of the file name: the settings except the patient's position, so that a patient has
+    one file per distinct model setting, overwritten when its position (hence its seed) changes.
+
+    ``GatingModel.digest_seed(i)`` is ``SeedSequence([random_state, 10, i])``: the position is the
+    entropy's last element."""
+    stable = dict(settings)
+    entropy = stable.pop("seed_entropy")
+    stable["seed_base"] = entropy[:-1] if isinstance(entropy, list) else entropy
     text = json.dumps(stable, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
