@@ -12,8 +12,10 @@ its peak memory (Linux VmHWM) is its own:
   patient's events and labels once, digests, stores the digest), then the fit with default
   selection, broken down into the fit's stages (transform and groups, selection, final fit,
   companion, novelty).
-- ``warm``: the same after the cache is full (no events file read).
-- ``+1 patient``: one patient added to the N = 200 library, retrained (one events file read).
+- ``warm``: the library's digests again once the cache is full (no events file read); the fit
+  is not repeated (same digests, same fit: the checksums are compared).
+- ``+1 patient``: one patient added to the largest library, its digests read again (one events
+  file read).
 
 Generated patients (FCS + labels) are kept in ``--files`` (default a folder under the system's
 temp dir) and reused by later runs; the library is rebuilt in a temp dir each run (its import
@@ -114,7 +116,7 @@ def _train_child(library_dir: str, mode: str) -> None:
     model = GatingModel()
     library = PatientLibrary(library_dir, create=False)
     out = {"mode": mode, "usable_cpus": usable_cpus()}
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     if mode == "old":
         samples, labels = library.load_training_set(compensate=model.compensate)
         t1 = time.perf_counter()
@@ -133,11 +135,21 @@ def _train_child(library_dir: str, mode: str) -> None:
     out["events_files_read"] = reads["events"]
     out["checksum"] = _digests_checksum(digests)
     out["peak_load_mb"] = _status_mb("VmHWM")
-    if mode != "old":
+    out["load_cpu_s"] = time.process_time() - cpu0
+    if mode == "cold":
+        import cProfile
+        import pstats
+
         marks = []
-        fit_start = time.perf_counter()
+        profile = cProfile.Profile()
+        fit_start, fit_cpu = time.perf_counter(), time.process_time()
+        profile.enable()
         model.fit_digests(digests, progress=lambda stage, fraction: marks.append((stage, time.perf_counter())))
+        profile.disable()
         fit_end = time.perf_counter()
+        out["fit_cpu_s"] = time.process_time() - fit_cpu
+        cumulative = {f"{Path(k[0]).stem}.{k[2]}": v[3] for k, v in pstats.Stats(profile).stats.items()}
+        out["hotspots"] = {name: cumulative.get(name, 0.0) for name in HOTSPOTS}
         stages: dict[str, float] = {}
         for (stage, at), (_, nxt) in zip(marks, marks[1:] + [("end", fit_end)]):
             stages[stage] = stages.get(stage, 0.0) + nxt - at
@@ -145,6 +157,7 @@ def _train_child(library_dir: str, mode: str) -> None:
         out["stages"] = stages
         out["cv_accuracy"] = model.selection_.get("cv_accuracy")
         out["params"] = model.selection_.get("params")
+        out["selection_patients"] = model.selection_.get("n_patients")
     out["total_s"] = time.perf_counter() - t0
     out["peak_mb"] = _status_mb("VmHWM")
     print(json.dumps(out, default=float))
@@ -158,6 +171,10 @@ def _run_child(library_dir: Path, mode: str) -> dict:
         raise RuntimeError(f"training child ({mode}) failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
 
+
+#: Functions whose cumulative time the cold run reports (cProfile, wall seconds inside the fit).
+HOTSPOTS = ("training_problem.embed_cells", "training_problem.cell_features", "solvers.add_patient", "solvers.eigen",
+            "solvers._minimise_linear", "digest.infer_cell_groups", "selection.run")
 
 STAGE_NAMES = {"Transforming events": "transform+groups", "Model selection (cross-validation over patients)": "selection",
                "Fitting the final model": "final fit", "Fitting the pooled companion": "companion", "Done": "novelty"}
@@ -220,18 +237,21 @@ def main(argv=()) -> int:
         _grow_library(library_dir, pairs[: top + 1])
         added = _run_child(library_dir, "warm")
         results["added"] = added
-        print(f"{top + 1:>4} {'+1':>6}", end="")
-        _print_row_tail = dict(added, mode="+1")
-        print("\r", end="")
-        _print_row(top + 1, _print_row_tail)
+        _print_row(top + 1, dict(added, mode="+1"))
     print("\nfiles = events files read; read/dig/put = reading patients, digesting, storing digests; "
           "load = all of those; peakL = peak RSS after loading, peak = after the fit")
     sizes = sorted(args.sizes)
     base = results[sizes[0]]
+    print("\nCPU seconds (process, all threads) and where the fit's time went (cProfile, cumulative wall s):")
+    for n in sizes:
+        c = results[n]["cold"]
+        spots = ", ".join(f"{k.split('.')[-1]} {v:.1f}" for k, v in c["hotspots"].items())
+        print(f"N={n:>3}: load {c['load_cpu_s']:.1f} CPU s, fit {c['fit_cpu_s']:.1f} CPU s in {c['fit_s']:.1f} s wall; {spots}")
+        print(f"       selection on {c['selection_patients']} patients chose {c['params']}, CV accuracy {c['cv_accuracy']:.4f}")
     for n in sizes:
         c, w = results[n]["cold"], results[n]["warm"]
         line = (f"N={n:>3}: cold {c['total_s']:.1f} s ({c['total_s'] / n:.2f} s/patient, x{c['total_s'] / base['cold']['total_s']:.1f} "
-                f"of N={sizes[0]} for x{n / sizes[0]:.0f} patients), warm {w['total_s']:.1f} s; "
+                f"of N={sizes[0]} for x{n / sizes[0]:.0f} patients), warm load {w['load_s']:.1f} s; "
                 f"shares of cold: load {c['load_s'] / c['total_s']:.0%}")
         for key, name in (("Model selection (cross-validation over patients)", "selection"),
                           ("Fitting the final model", "final fit"), ("Fitting the pooled companion", "companion")):
