@@ -121,10 +121,15 @@ def test_new_labels_settings_or_position_invalidate_and_renames_do_not(tmp_path,
     digests, stats = library_digests(library, MODEL, start=1)
     assert stats.misses == 3
     _assert_same(digests, _fresh_digests(library, MODEL, start=1))
-    # Removing a patient: its stored digests go with prune_digests.
+    assert library_digests(library, MODEL)[1].misses == 3  # back at positions 0, 1, 2
+    # Removing a patient: its stored digests (one per setting) go at the next training.
+    gone = library.patient("p2").id
     library.remove_patient("p2")
-    removed = prune_digests(library)
-    assert len(removed) == 2 and all(library.patient("p0").id not in p.name for p in removed)
+    assert len(list((library.path / DIGEST_DIR).glob(f"{gone}-*.npz"))) == 2
+    digests, stats = library_digests(library, MODEL)
+    assert stats.hits == 2 and [d.name for d in digests] == ["p0", "p1"]
+    assert not list((library.path / DIGEST_DIR).glob(f"{gone}-*.npz"))
+    assert len(list((library.path / DIGEST_DIR).glob("*.npz"))) == 4 and prune_digests(library) == []
 
 
 def test_damaged_or_pickled_digest_files_are_rebuilt_not_trusted(tmp_path, reads):

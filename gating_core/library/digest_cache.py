@@ -194,7 +194,8 @@ def library_digests(library, model, names=None, *, start: int = 0, use_cache: bo
     Each digest comes from ``digests/`` when it matches (see the module docstring), else from
     the patient's events and labels, read one patient at a time (memory: one patient's events,
     not the cohort's) and stored for the next training. Returns the digests in patient order
-    and a :class:`DigestCacheStats`. Raises LibraryError for an unknown or unlabeled patient or
+    and a :class:`DigestCacheStats`. Digests of patients no longer in the library are removed
+    (:func:`prune_digests`). Raises LibraryError for an unknown or unlabeled patient or
     an unreadable data file.
     """
     stats = DigestCacheStats()
@@ -225,6 +226,11 @@ def library_digests(library, model, names=None, *, start: int = 0, use_cache: bo
         digests.append(digest)
         if progress is not None:
             progress(state.name, (i + 1) / len(states))
+    if use_cache:
+        try:
+            prune_digests(library)
+        except OSError:  # a read-only library: stale digests stay, unused
+            pass
     return digests, stats
 
 
