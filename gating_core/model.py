@@ -31,6 +31,8 @@ DEFAULT_AUGMENT = 4
 DEFAULT_POOLED_WEIGHT = 0.5
 #: Penalty of the pooled companion's logistic fit: light, as a user would fit the plain baseline.
 POOLED_ALPHA = 1e-5
+#: Model selection runs on at most this many patients (a seeded draw beyond: selection_patients).
+SELECTION_MAX_PATIENTS = 50
 
 
 class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
@@ -219,12 +221,16 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
             from gating_core.selection import select_hyperparameters
 
             report("Model selection (cross-validation over patients)", 0.15)
+            chosen = self.selection_patients(len(cells))
             result = select_hyperparameters(
-                cells, labels, MarginalTransferClassifier(**params), embedding_samples=embedding_cells,
+                [cells[i] for i in chosen], [labels[i] for i in chosen], MarginalTransferClassifier(**params),
+                embedding_samples=[embedding_cells[i] for i in chosen],
                 cv_folds=self.cv_folds, cv_repeats=self.cv_repeats, cells_per_patient=self.selection_cells_per_patient,
                 progress=lambda f: report("Model selection (cross-validation over patients)", 0.15 + 0.65 * f),
-                groups=self.groups_, objective=self.selection_objective, embedding_factors=self._embedding_factors())
+                groups=[self.groups_[i] for i in chosen], objective=self.selection_objective,
+                embedding_factors=self._embedding_factors())
             self.selection_ = self._apply_selection(params, result)
+            self.selection_["n_patients"] = len(chosen)
         if self.loss == "logistic" and self.alpha is None:
             from gating_core.selection import select_logistic_alpha
 
@@ -254,6 +260,20 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         self._fit_novelty()
         report("Done", 1.0)
         return self
+
+    def selection_patients(self, n_patients: int) -> list[int]:
+        """Indices of the patients the hyperparameter search runs on: all of them up to
+        ``SELECTION_MAX_PATIENTS``, beyond that a seeded draw of that many (sorted).
+
+        Why: the search is 39-45% of a training at up to 50 patients and grows with them; on a
+        seeded half of the patients it chose parameters of the same held-out accuracy where
+        that could be compared with a full search (docs/scaling.md,
+        bench/bench_selection_subset.py). The final fit still uses every patient. Up to
+        ``SELECTION_MAX_PATIENTS`` patients nothing changes."""
+        if n_patients <= SELECTION_MAX_PATIENTS:
+            return list(range(n_patients))
+        rng = np.random.default_rng(np.random.SeedSequence([int(self.random_state or 0), 12]))
+        return sorted(int(i) for i in rng.choice(n_patients, SELECTION_MAX_PATIENTS, replace=False))
 
     def _wants_search(self) -> bool:
         """Whether a hyperparameter is left to model selection."""
@@ -332,10 +352,12 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         from gating_core.selection import select_hyperparameters
 
         report("Choosing the pooled companion's bandwidth (cross-validation over groups)", 0.88)
-        result = select_hyperparameters(cells, labels, base, embedding_samples=embedding_cells,
+        chosen = self.selection_patients(len(cells))
+        result = select_hyperparameters([cells[i] for i in chosen], [labels[i] for i in chosen], base,
+                                        embedding_samples=[embedding_cells[i] for i in chosen],
                                         cv_folds=self.cv_folds, cv_repeats=self.cv_repeats,
-                                        cells_per_patient=self.selection_cells_per_patient, groups=self.groups_,
-                                        objective=self.selection_objective)
+                                        cells_per_patient=self.selection_cells_per_patient,
+                                        groups=[self.groups_[i] for i in chosen], objective=self.selection_objective)
         self.selection_["companion"] = {"bandwidth_x": result.params["bandwidth_x"], "cv_accuracy": result.score}
         return result.params["bandwidth_x"]
 

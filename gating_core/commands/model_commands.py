@@ -197,7 +197,6 @@ def _fail(message: str) -> int:
 
 
 def run_train(args) -> int:
-    from gating_core.digest import digest_patient
     from gating_core.gate_result import ChannelMismatchError
     from gating_core.model import GatingModel
     from gating_core.progress import StageProgress
@@ -213,7 +212,6 @@ def run_train(args) -> int:
         model = GatingModel(method=args.method, loss=args.loss, task_similarity=args.task_similarity,
                             **_model_params(args))
         digest_params = model.get_params()
-    compensate = not args.no_compensation
     if args.workers or args.scheduler:
         from gating_core.distributed import ClusterError, digest_files_distributed
 
@@ -236,16 +234,18 @@ def run_train(args) -> int:
     if args.library:
         from gating_core.library import LibraryError, PatientLibrary
 
+        from gating_core.library.digest_cache import library_digests
+
+        # One patient's events in memory at a time; digests kept in the library, so a retrain
+        # reads only the patients added or relabeled since the last one.
         try:
-            library_samples, library_labels = PatientLibrary(args.library, create=False).load_training_set(
-                compensate=compensate)
+            library_part, cache = library_digests(PatientLibrary(args.library, create=False), model,
+                                                  start=len(digests))
         except LibraryError as exc:
             errors.append(str(exc))
         else:
-            start = len(digests)
-            digests += [digest_patient(s, y, model.cells_per_patient, model.embedding_cells,
-                                       seed=model.digest_seed(start + i), compensate=compensate)
-                        for i, (s, y) in enumerate(zip(library_samples, library_labels))]
+            digests += library_part
+            print(f"Library: {cache.hits} patients from stored digests, {cache.misses} read")
     _check_unique([d.name for d in digests], errors)
     for message in errors:
         print_error(message)
