@@ -10,7 +10,11 @@ validate, then ``plotly.io.to_json``) -- and the serialised figure size sent to 
 Each step is the first time the app sees that state (a control change); the last step goes
 back to a state already seen, which the caches should answer.
 
-Run: ``.venv/bin/python bench/bench_explore.py [--events N]``.
+Then the same control changes as whole page reruns in Streamlit's AppTest (every widget, table
+and figure of the page; the Gate page with a gate tree and its back-gating), which is the
+server's share of what the browser timing test (tests/test_browser_timing.py) logs.
+
+Run: ``.venv/bin/python bench/bench_explore.py [--events N] [--no-pages]``.
 """
 
 from __future__ import annotations
@@ -165,6 +169,7 @@ def run(n_events: int = 1_000_000, seed: int = 7) -> list[tuple[str, Phases]]:
              ("explore: x transform logicle", {"xs": "logicle"}),
              ("explore: view population", {"mode": "population"}),
              ("explore: back to density", {"mode": "density"})]
+    binning_check(sample, {c: scales[c] for c in ("FL1-A", "FL4-A")})
     results = []
     for name, change in steps:
         state.update(change)
@@ -175,6 +180,85 @@ def run(n_events: int = 1_000_000, seed: int = 7) -> list[tuple[str, Phases]]:
         gate_state.update(change)
         results.append((name, gate_run(record, gate_state, scales)))
     return results
+
+
+def binning_check(sample, scales) -> None:
+    """The cached-bin density against numpy.histogram2d on the same million events: identical
+    counts, and what each costs (the bins of a channel once, then a bincount per pair)."""
+    from gating_core import plotting
+
+    x = scales["FL1-A"].forward(sample.events[:, sample.channel_index("FL1-A")]).astype(np.float32)
+    y = scales["FL4-A"].forward(sample.events[:, sample.channel_index("FL4-A")]).astype(np.float32)
+    x_range, y_range = plotting.display_range(x), plotting.display_range(y)
+    start = time.perf_counter()
+    reference = plotting.density_grid(x, y, x_range, y_range, bins=200)
+    t_hist2d = time.perf_counter() - start
+    start = time.perf_counter()
+    x_bins, y_bins = plotting.bin_indices(x, x_range, 200), plotting.bin_indices(y, y_range, 200)
+    t_bins = (time.perf_counter() - start) / 2
+    start = time.perf_counter()
+    grid = plotting.density_from_bins(x_bins, y_bins, x_range, y_range, bins=200)
+    t_count = time.perf_counter() - start
+    same = all(np.array_equal(a, b) for a, b in zip(grid, reference))
+    print(f"binning {sample.n_events:,} events: histogram2d {t_hist2d:.3f} s; bins of one channel {t_bins:.3f} s "
+          f"(cached), then bincount of a pair {t_count:.4f} s ({t_hist2d / t_count:.0f}x less); "
+          f"identical counts: {same}")
+
+
+def page_reruns(n_events: int = 1_000_000, seed: int = 7) -> list[tuple[str, float]]:
+    """Whole page reruns in Streamlit's AppTest (every widget, table and figure of the page, the
+    Gate page with a gate tree from the labels and its back-gating), per control change."""
+    import os
+    import tempfile
+
+    from streamlit.runtime.scriptrunner.script_cache import ScriptCache
+    from streamlit.testing.v1 import AppTest, local_script_runner
+
+    from gating_core.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
+    from gating_core.gates import panel_scale
+    from gating_core.library import PatientLibrary
+    from gating_core.synthetic.patients import simulate_patient
+    from gating_core.synthetic.sample_data import write_labels_csv, write_sample
+
+    # AppTest compiles the page anew on every run; a running server keeps the compiled page
+    shared = ScriptCache()
+    local_script_runner.ScriptCache = lambda: shared
+    out = []
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        sample, labels = simulate_patient(seed, n_events=n_events, name="big_patient")
+        write_sample(tmp / "big_patient.fcs", sample)
+        write_labels_csv(tmp / "big_patient.labels.csv", labels)
+        library = PatientLibrary(tmp / "library")
+        library.import_files([tmp / "big_patient.fcs", tmp / "big_patient.labels.csv"])
+        stored = library.load_sample("big_patient", compensate=True)
+        tree = tree_from_labels(stored, labels, SAMPLE_DATA_HIERARCHY, {c: panel_scale(c, [stored]) for c in stored.pnn})
+        library.save_gates("big_patient", tree.to_dict())
+        os.environ["GATING_LIBRARY"] = str(tmp / "library")
+        at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=600)
+        at.run()
+
+        def timed(name, change=None, page=None):
+            if page:
+                at.switch_page(page)
+            if change:
+                change()
+            start = time.perf_counter()
+            at.run()
+            assert not at.exception, at.exception
+            out.append((name, time.perf_counter() - start))
+
+        timed("explore: first view (reads the patient)", page="pages/2_explore.py")
+        timed("explore: x channel", lambda: at.selectbox(key="ex_x").set_value("FL1-A"))
+        timed("explore: y channel", lambda: at.selectbox(key="ex_y").set_value("FL4-A"))
+        timed("explore: x transform logicle", lambda: at.selectbox(key="ex_xs_FL1-A").set_value("logicle"))
+        timed("explore: view population", lambda: at.radio(key="ex_mode").set_value("population"))
+        timed("explore: view density (seen before)", lambda: at.radio(key="ex_mode").set_value("density"))
+        timed("gate: first view (9 gates)", page="pages/3_gate.py")
+        timed("gate: x channel", lambda: at.selectbox(key="g_x").set_value("FL3-A"))
+        timed("gate: y channel", lambda: at.selectbox(key="g_y").set_value("FL6-A"))
+        timed("gate: parent population", lambda: at.selectbox(key="gate_parent").set_value("T cells"))
+    return out
 
 
 def report(results) -> None:
@@ -191,8 +275,16 @@ def report(results) -> None:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--no-pages", action="store_true", help="skip the whole-page reruns (AppTest)")
     args = parser.parse_args(argv)
     report(run(args.events))
+    if not args.no_pages:
+        reruns = page_reruns(args.events)
+        print("\nwhole page reruns (AppTest, server side):")
+        for name, seconds in reruns:
+            print(f"  {name:42s}{seconds:7.3f} s")
+        changes = [s for name, s in reruns if "first view" not in name and "seen before" not in name]
+        print(f"page reruns on a control change: worst {max(changes):.3f} s, median {float(np.median(changes)):.3f} s")
     return 0
 
 

@@ -4,7 +4,7 @@ import numpy as np
 import streamlit as st
 
 from gating_core.gates import AxisScale
-from gating_core.plotting import histogram_1d, population_colors
+from gating_core.plotting import population_colors
 from ui import cache, charts
 from ui.app_state import common_channels
 from ui.common import channel_label, default_xy, get_store, require_patients, scale_select, transform_editor
@@ -76,7 +76,7 @@ h1, h2 = st.columns([2, 1])
 h_ch = h1.selectbox("Channel", channels, index=xi, format_func=lambda c: channel_label(first, c), key="ex_h")
 h_scale = scale_select(h2, "Transform", h_ch, "ex_hs", store)
 h_range = cache.shared_range(tokens, h_ch, h_scale, samples)
-hist_panels = [{"title": r.name, "hist": histogram_1d(cache.display_values(r.token, h_ch, h_scale, r.sample), h_range)}
+hist_panels = [{"title": r.name, "hist": cache.histogram(r.token, h_ch, h_scale, h_range, 200, r.sample)}
                for r in records]
 st.plotly_chart(charts.histogram_panels(hist_panels, AxisScale.from_dict(h_scale), h_range,
                                         channel_label(first, h_ch)), width="stretch", key="explore_hist")

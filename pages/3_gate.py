@@ -342,16 +342,17 @@ if len(tree):
     with u1:
         leaves = [g.name for g in tree.leaves()]
         st.caption(f"Training labels: {', '.join(leaves)} and `other`.")
-        new_labels = tree.labels(sample, masks)
         current = record.labels if record.is_labeled else None
-        if current is not None and np.array_equal(np.asarray(current).astype(str), new_labels.astype(str)):
+        # the gates' labels are built only when asked for: a million-event comparison per rerun is cached
+        if cache.labels_are_gates(record.token, tree_json, record.labels_token, tree, sample, masks, current):
             st.caption(f"{patient}'s labels are these gates' populations.")
         elif confirm_action(
                 f"gates_to_labels_{patient}", "Use these gates as this patient's labels", "Replace the labels",
                 lambda: (st.markdown(f"**{patient}**: labels now ({record.label_source or 'none'}) and from the "
-                                     "gates, cells per population:"), show_label_change(current, new_labels)),
+                                     "gates, cells per population:"),
+                         show_label_change(current, tree.labels(sample, masks))),
                 help="Shows the population counts before and after, and asks before replacing anything."):
-            store.set_labels(patient, new_labels, "gates drawn")
+            store.set_labels(patient, tree.labels(sample, masks), "gates drawn")
             state["gate_message"] = f"{patient} is now a labeled (historical) patient."
             st.rerun()
         label_versions(store, patient, f"gate_versions_{patient}")

@@ -12,6 +12,7 @@ depend on the machine and its load.
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 
@@ -64,7 +65,7 @@ SCRIPT_STATE_JS = "() => document.querySelector('[data-testid=stApp]')?.getAttri
 
 @pytest.fixture
 def library_with_patients(tmp_path):
-    """A library holding one simulated 1,000,000-event labeled patient (overrides
+    """A library holding one simulated 1,000,000-event labeled patient with a gate tree (overrides
     test_browser's fixture of the same name, which ``app_url`` uses)."""
     from gating_core.library import PatientLibrary
     from gating_core.synthetic.patients import simulate_patient
@@ -76,7 +77,16 @@ def library_with_patients(tmp_path):
     write_sample(files / f"{PATIENT}.fcs", sample)
     write_labels_csv(files / f"{PATIENT}.labels.csv", labels)
     path = tmp_path / "library"
-    PatientLibrary(path).import_files([files / f"{PATIENT}.fcs", files / f"{PATIENT}.labels.csv"])
+    library = PatientLibrary(path)
+    library.import_files([files / f"{PATIENT}.fcs", files / f"{PATIENT}.labels.csv"])
+    # a gate tree drawn from its labels, as a lab would have: the Gate page shows its statistics,
+    # its gates and back-gating, all over a million events
+    from gating_core.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
+    from gating_core.gates import panel_scale
+
+    stored = library.load_sample(PATIENT, compensate=True)
+    tree = tree_from_labels(stored, labels, SAMPLE_DATA_HIERARCHY, {c: panel_scale(c, [stored]) for c in stored.pnn})
+    library.save_gates(PATIENT, tree.to_dict())
     return path
 
 
@@ -88,12 +98,14 @@ class TimingLog:
         self.steps: list[dict] = []
 
     def add(self, step: str, seconds: float, split: dict | None = None) -> None:
-        entry = {"step": step, "seconds": round(seconds, 3)}
+        # the machine is shared: the 1-minute load average says how busy it was at that moment
+        entry = {"step": step, "seconds": round(seconds, 3), "load average": round(os.getloadavg()[0], 1)}
         if split:
             entry.update({k: round(v, 3) for k, v in split.items()})
         self.steps.append(entry)
         parts = ", ".join(f"{k} {v:.2f} s" for k, v in split.items()) if split else ""
-        print(f"[browser timing] {step}: {seconds:.2f} s" + (f" ({parts})" if parts else ""), flush=True)
+        print(f"[browser timing] {step}: {seconds:.2f} s" + (f" ({parts})" if parts else "")
+              + f", load average {entry['load average']}", flush=True)
         text = json.dumps({"n_events": N_EVENTS, "steps": self.steps}, indent=1)
         for path in self.paths:
             path.write_text(text)
