@@ -69,7 +69,7 @@ def serialise(fig, phases: Phases) -> None:
 def explore_run(record, state, scales) -> Phases:
     """One rerun of the Explore page for one patient (``state``: the page's controls)."""
     from gating_core.gates import AxisScale, with_kind
-    from gating_core.plotting import histogram_1d, population_colors
+    from gating_core.plotting import population_colors
     from ui import cache, charts
 
     p = Phases()
@@ -103,7 +103,7 @@ def explore_run(record, state, scales) -> Phases:
             counts = cache.population_counts(record.populations_token, pops)
         colors = population_colors(sorted(counts, key=lambda n: (n.casefold() in ("other", "ungated"), n)))
     with p.phase("histogram"):
-        hist = histogram_1d(cache.display_values(record.token, state["h"], h_scale, sample), h_range)
+        hist = cache.histogram(record.token, state["h"], h_scale, h_range, 200, sample)
     with p.phase("figure"):
         fig = charts.scatter_panels(panels, AxisScale.from_dict(x_scale), AxisScale.from_dict(y_scale), x_range,
                                     y_range, state["x"], state["y"], mode=state["mode"], colors=colors)
@@ -157,8 +157,9 @@ def run(n_events: int = 1_000_000, seed: int = 7) -> list[tuple[str, Phases]]:
     sample = sample.compensate()
     print(f"simulated {sample.n_events:,} events x {len(sample.pnn)} channels in {time.perf_counter() - start:.1f} s")
     scales = {c: panel_scale(c, [sample]) for c in sample.pnn}
-    record = SimpleNamespace(name="big_patient", token=uuid.uuid4().hex, sample=sample, populations=labels,
-                             populations_token=uuid.uuid4().hex)
+    # labels as the app holds them (PatientRecord: an object array)
+    record = SimpleNamespace(name="big_patient", token=uuid.uuid4().hex, sample=sample,
+                             populations=labels.astype(object), populations_token=uuid.uuid4().hex)
     ch = sample.pnn
     # the page's defaults, then one control at a time, as the browser timing test changes them
     state = {"x": ch[0], "y": ch[1], "xs": scales[ch[0]].kind, "ys": scales[ch[1]].kind, "mode": "density",
@@ -232,7 +233,8 @@ def page_reruns(n_events: int = 1_000_000, seed: int = 7) -> list[tuple[str, flo
         library = PatientLibrary(tmp / "library")
         library.import_files([tmp / "big_patient.fcs", tmp / "big_patient.labels.csv"])
         stored = library.load_sample("big_patient", compensate=True)
-        tree = tree_from_labels(stored, labels, SAMPLE_DATA_HIERARCHY, {c: panel_scale(c, [stored]) for c in stored.pnn})
+        scales = {c: panel_scale(c, [stored]) for c in stored.pnn}
+        tree = tree_from_labels(stored, labels, SAMPLE_DATA_HIERARCHY, scales)
         library.save_gates("big_patient", tree.to_dict())
         os.environ["GATING_LIBRARY"] = str(tmp / "library")
         at = AppTest.from_file(str(Path(__file__).resolve().parent.parent / "app.py"), default_timeout=600)

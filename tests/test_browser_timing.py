@@ -51,13 +51,19 @@ new MutationObserver((changes) => {
     window.__scriptStates.push([change.target.getAttribute('data-test-script-state'), performance.now()]);
   }
 }).observe(document, {attributes: true, subtree: true, attributeFilter: ['data-test-script-state']});
+window.__longTasks = [];
+new PerformanceObserver((list) => {
+  for (const task of list.getEntries()) window.__longTasks.push([task.startTime, task.duration]);
+}).observe({type: 'longtask', buffered: true});
 """
 RUN_SPLIT_JS = """
 (since) => {
   const after = window.__scriptStates.filter(([state, t]) => t >= since);
   const started = after.find(([state]) => state === 'running');
   const ended = after.filter(([state]) => state === 'notRunning').pop();
-  return {now: performance.now(), started: started ? started[1] : null, ended: ended ? ended[1] : null};
+  const busy = window.__longTasks.filter(([t]) => t >= since).reduce((sum, [t, d]) => sum + d, 0);
+  return {now: performance.now(), started: started ? started[1] : null, ended: ended ? ended[1] : null,
+          runs: after.filter(([state]) => state === 'running').length, busy: busy};
 }
 """
 SCRIPT_STATE_JS = "() => document.querySelector('[data-testid=stApp]')?.getAttribute('data-test-script-state')"
@@ -103,7 +109,8 @@ class TimingLog:
         if split:
             entry.update({k: round(v, 3) for k, v in split.items()})
         self.steps.append(entry)
-        parts = ", ".join(f"{k} {v:.2f} s" for k, v in split.items()) if split else ""
+        parts = ", ".join(f"{k} {v:.2f} s" if k != "script runs" else f"{v} script runs"
+                          for k, v in split.items()) if split else ""
         print(f"[browser timing] {step}: {seconds:.2f} s" + (f" ({parts})" if parts else "")
               + f", load average {entry['load average']}", flush=True)
         text = json.dumps({"n_events": N_EVENTS, "steps": self.steps}, indent=1)
@@ -134,12 +141,15 @@ def tick_positions(page, index=0):
 
 def run_split(page, since) -> dict:
     """Seconds from the click (``since``, performance.now()) to the script run's start, of the
-    run itself, and from its end to the chart seen redrawn."""
+    run itself (as the browser sees it: its end is read between the browser's own tasks), from
+    its end to the chart seen redrawn; how many script runs; the browser's long tasks (> 50 ms:
+    drawing, parsing) in seconds."""
     marks = page.evaluate(RUN_SPLIT_JS, since)
     if marks["started"] is None or marks["ended"] is None:
         return {}
     return {"to run start": (marks["started"] - since) / 1e3, "script run": (marks["ended"] - marks["started"]) / 1e3,
-            "after run": (marks["now"] - marks["ended"]) / 1e3}
+            "after run": (marks["now"] - marks["ended"]) / 1e3, "script runs": marks["runs"],
+            "browser busy": marks["busy"] / 1e3}
 
 
 def timed_choice(page, log, step, label, option, index=0):

@@ -29,7 +29,7 @@ def shared_range(tokens: tuple, channel: str, scale: dict, _samples) -> tuple:
     return plotting.display_range(values)
 
 
-@st.cache_data(max_entries=256, show_spinner=False)
+@st.cache_data(max_entries=128, show_spinner=False)  # 2 MB each at a million events
 def bin_indices(token: str, channel: str, scale: dict, value_range: tuple, bins: int, _sample) -> np.ndarray:
     """The density / histogram bin of every event of one channel on one axis (int16): binning
     a pair of channels is then one ``bincount``, whichever channel it is paired with."""
