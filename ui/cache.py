@@ -79,7 +79,7 @@ def labels_are_gates(token: str, tree_json: str, labels_token: str, _tree, _samp
 @st.cache_data(max_entries=32, show_spinner=False)
 def population_counts(labels_token: str, _labels) -> dict:
     """Events per population name, most first (ties by name). Counted by hashing (pandas),
-    not by sorting a million strings as ``numpy.unique`` would (0.4 s -> 0.05 s)."""
+    not by sorting a million strings as ``numpy.unique`` would (0.6 s -> 0.1 s at a million)."""
     import pandas as pd
 
     counted = pd.Series(np.asarray(_labels, dtype=object)).value_counts(dropna=False, sort=False)
