@@ -9,6 +9,7 @@ at their transformed positions, so an arcsinh or logicle axis still reads in ins
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -53,6 +54,13 @@ def subsample_indices(n_events: int, max_points: int, seed: int = 0) -> np.ndarr
     """Sorted indices of at most ``max_points`` events, the same for the same (n, max, seed)."""
     if n_events <= max_points:
         return np.arange(n_events)
+    return _drawn_subsample(int(n_events), int(max_points), int(seed)).copy()
+
+
+@functools.lru_cache(maxsize=16)
+def _drawn_subsample(n_events: int, max_points: int, seed: int) -> np.ndarray:
+    # Drawing 500,000 of a million events (a full permutation, then a sort) costs ~50 ms and
+    # every robust axis range of a large patient asks for the same draw: kept once per size.
     rng = np.random.default_rng(seed)
     return np.sort(rng.choice(n_events, size=max_points, replace=False))
 
@@ -93,6 +101,63 @@ def density_grid(x: np.ndarray, y: np.ndarray, x_range, y_range, bins: int = 200
     finite = np.isfinite(x) & np.isfinite(y)
     counts, x_edges, y_edges = np.histogram2d(x[finite], y[finite], bins=bins, range=[list(x_range), list(y_range)])
     return counts.T.astype(np.int64), (x_edges[:-1] + x_edges[1:]) / 2, (y_edges[:-1] + y_edges[1:]) / 2
+
+
+def bin_indices(values: np.ndarray, value_range, bins: int = 200) -> np.ndarray:
+    """The histogram bin of every value, for binning the same channel many times over.
+
+    Bins are those of ``numpy.histogram`` / ``numpy.histogram2d`` with ``range=value_range``:
+    ``bins`` equal bins between ``numpy.linspace`` edges, each closed on the left, the last
+    also on the right, so counting these indices gives exactly their counts.
+
+    Returns
+    -------
+    indices : ndarray (n,), int16 (int32 above 32,766 bins) -- in ``[0, bins)``, or ``bins``
+        for a value outside the range or not finite.
+    """
+    values = np.asarray(values, dtype=np.float64).ravel()
+    edges = np.linspace(float(value_range[0]), float(value_range[1]), bins + 1)
+    lo, hi = edges[0], edges[-1]
+    out = np.full(values.shape, bins, dtype=np.int16 if bins < np.iinfo(np.int16).max else np.int32)
+    with np.errstate(invalid="ignore"):
+        inside = (values >= lo) & (values <= hi)  # NaN is neither
+    kept = values[inside]
+    # Arithmetic bin, then moved by one where rounding put a value across an edge -- what
+    # numpy.histogram does for equal bins; 5x cheaper than searchsorted on the edges.
+    index = ((kept - lo) * (bins / (hi - lo))).astype(np.intp)
+    index[index == bins] = bins - 1
+    index[kept < edges[index]] -= 1
+    index[(kept >= edges[index + 1]) & (index != bins - 1)] += 1
+    out[inside] = index
+    return out
+
+
+def _centers(value_range, bins: int) -> np.ndarray:
+    edges = np.linspace(float(value_range[0]), float(value_range[1]), bins + 1)
+    return (edges[:-1] + edges[1:]) / 2
+
+
+def density_from_bins(x_bins: np.ndarray, y_bins: np.ndarray, x_range, y_range, bins: int = 200, mask=None):
+    """:func:`density_grid` from :func:`bin_indices` of both channels (same bins, same result):
+    one ``numpy.bincount`` instead of a 2-D histogram, 15-25x less time per pair of channels at a
+    million events once each channel's bins are known (``bench/bench_explore.py``).
+
+    mask : optional (n,) bool, the events to count (a parent population).
+    """
+    side = bins + 1  # the last row and column collect the events outside the ranges
+    flat = y_bins.astype(np.int32) * side + x_bins
+    if mask is not None:
+        flat = flat[np.asarray(mask, dtype=bool)]
+    counts = np.bincount(flat, minlength=side * side).reshape(side, side)[:bins, :bins]
+    return counts.astype(np.int64), _centers(x_range, bins), _centers(y_range, bins)
+
+
+def histogram_from_bins(value_bins: np.ndarray, value_range, bins: int = 200, mask=None):
+    """:func:`histogram_1d` from :func:`bin_indices` (same bins, same counts)."""
+    if mask is not None:
+        value_bins = value_bins[np.asarray(mask, dtype=bool)]
+    counts = np.bincount(value_bins, minlength=bins + 1)[:bins]
+    return counts.astype(np.int64), _centers(value_range, bins)
 
 
 def log_density(counts: np.ndarray) -> np.ndarray:

@@ -4,7 +4,7 @@ import numpy as np
 import streamlit as st
 
 from gating_core.gates import AxisScale
-from gating_core.plotting import histogram_1d, population_colors
+from gating_core.plotting import population_colors
 from ui import cache, charts
 from ui.app_state import common_channels
 from ui.common import channel_label, default_xy, get_store, require_patients, scale_select, transform_editor
@@ -31,52 +31,65 @@ if len(channels) < 1:
     st.stop()
 first = samples[0]
 xi, yi = default_xy(channels)
-c1, c2, c3, c4, c5 = st.columns([2, 2, 1.3, 1.3, 1.6])
-x_ch = c1.selectbox("X channel", channels, index=xi, format_func=lambda c: channel_label(first, c), key="ex_x")
-y_ch = c2.selectbox("Y channel", channels, index=yi, format_func=lambda c: channel_label(first, c), key="ex_y")
-x_scale = scale_select(c3, "X transform", x_ch, "ex_xs", store)
-y_scale = scale_select(c4, "Y transform", y_ch, "ex_ys", store)
-has_pops = any(r.populations is not None for r in records)
-mode = c5.radio("Color", ["density", "population"] if has_pops else ["density"], key="ex_mode",
-                help="Population colors need labels, drawn gates or an auto-gate result.")
-
 tokens = tuple(r.token for r in records)
-x_range = cache.shared_range(tokens, x_ch, x_scale, samples)
-y_range = cache.shared_range(tokens, y_ch, y_scale, samples)
 
-panels = []
-all_pops = []
-for r in records:
-    title = f"{r.name} ({r.sample.n_events:,} events)"
-    if mode == "density":
-        grid = cache.density(r.token, "", x_ch, y_ch, x_scale, y_scale, x_range, y_range, 200, r.sample)
-        panels.append({"title": title, "grid": grid})
-    else:
-        idx = cache.dots(r.token, r.sample.n_events)
-        pops = r.populations if r.populations is not None else np.full(r.sample.n_events, "unlabeled", dtype=object)
-        xs = cache.display_values(r.token, x_ch, x_scale, r.sample)[idx]
-        ys = cache.display_values(r.token, y_ch, y_scale, r.sample)[idx]
-        panels.append({"title": title, "x": xs, "y": ys, "populations": np.asarray(pops)[idx]})
-        all_pops.extend(cache.population_counts(r.populations_token, pops))
-colors = population_colors(sorted(set(all_pops), key=lambda p: (p.casefold() in ("other", "ungated"), p)))
-fig = charts.scatter_panels(panels, AxisScale.from_dict(x_scale), AxisScale.from_dict(y_scale), x_range, y_range,
-                            channel_label(first, x_ch), channel_label(first, y_ch), mode=mode, colors=colors)
-st.plotly_chart(fig, width="stretch", key="explore_scatter")
 
-if mode == "population":
-    st.markdown("**Population counts (all events)**")
-    import pandas as pd
+# A fragment: changing a channel, transform or colour reruns this section alone, not the
+# histogram and the editors below (their elements are neither rebuilt nor sent again).
+@st.fragment
+def scatter_section():
+    c1, c2, c3, c4, c5 = st.columns([2, 2, 1.3, 1.3, 1.6])
+    x_ch = c1.selectbox("X channel", channels, index=xi, format_func=lambda c: channel_label(first, c),
+                        key="ex_x")
+    y_ch = c2.selectbox("Y channel", channels, index=yi, format_func=lambda c: channel_label(first, c),
+                        key="ex_y")
+    x_scale = scale_select(c3, "X transform", x_ch, "ex_xs", store)
+    y_scale = scale_select(c4, "Y transform", y_ch, "ex_ys", store)
+    has_pops = any(r.populations is not None for r in records)
+    mode = c5.radio("Color", ["density", "population"] if has_pops else ["density"], key="ex_mode",
+                    help="Population colors need labels, drawn gates or an auto-gate result.")
 
-    table = pd.DataFrame({r.name: pd.Series(cache.population_counts(r.populations_token, r.populations))
-                          for r in records if r.populations is not None}).fillna(0).astype(int)
-    st.dataframe(table, width="stretch")
+    x_range = cache.shared_range(tokens, x_ch, x_scale, samples)
+    y_range = cache.shared_range(tokens, y_ch, y_scale, samples)
+
+    panels = []
+    all_pops = []
+    for r in records:
+        title = f"{r.name} ({r.sample.n_events:,} events)"
+        if mode == "density":
+            grid = cache.density(r.token, "", x_ch, y_ch, x_scale, y_scale, x_range, y_range, 200, r.sample)
+            panels.append({"title": title, "grid": grid})
+        else:
+            idx = cache.dots(r.token, r.sample.n_events)
+            pops = (r.populations if r.populations is not None
+                    else np.full(r.sample.n_events, "unlabeled", dtype=object))
+            xs = cache.display_values(r.token, x_ch, x_scale, r.sample)[idx]
+            ys = cache.display_values(r.token, y_ch, y_scale, r.sample)[idx]
+            panels.append({"title": title, "x": xs, "y": ys, "populations": np.asarray(pops)[idx]})
+            all_pops.extend(cache.population_counts(r.populations_token, pops))
+    colors = population_colors(sorted(set(all_pops), key=lambda p: (p.casefold() in ("other", "ungated"), p)))
+    fig = charts.scatter_panels(panels, AxisScale.from_dict(x_scale), AxisScale.from_dict(y_scale), x_range,
+                                y_range, channel_label(first, x_ch), channel_label(first, y_ch), mode=mode,
+                                colors=colors)
+    st.plotly_chart(fig, width="stretch", key="explore_scatter")
+
+    if mode == "population":
+        st.markdown("**Population counts (all events)**")
+        import pandas as pd
+
+        table = pd.DataFrame({r.name: pd.Series(cache.population_counts(r.populations_token, r.populations))
+                              for r in records if r.populations is not None}).fillna(0).astype(int)
+        st.dataframe(table, width="stretch")
+
+
+scatter_section()
 
 st.subheader("Histogram")
 h1, h2 = st.columns([2, 1])
 h_ch = h1.selectbox("Channel", channels, index=xi, format_func=lambda c: channel_label(first, c), key="ex_h")
 h_scale = scale_select(h2, "Transform", h_ch, "ex_hs", store)
 h_range = cache.shared_range(tokens, h_ch, h_scale, samples)
-hist_panels = [{"title": r.name, "hist": histogram_1d(cache.display_values(r.token, h_ch, h_scale, r.sample), h_range)}
+hist_panels = [{"title": r.name, "hist": cache.histogram(r.token, h_ch, h_scale, h_range, 200, r.sample)}
                for r in records]
 st.plotly_chart(charts.histogram_panels(hist_panels, AxisScale.from_dict(h_scale), h_range,
                                         channel_label(first, h_ch)), width="stretch", key="explore_hist")

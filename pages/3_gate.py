@@ -59,282 +59,296 @@ parent_count = int(parent_mask.sum()) if parent_mask is not None else sample.n_e
 top[3].metric("Events in parent", f"{parent_count:,}",
               help=f"{100 * parent_count / max(sample.n_events, 1):.1f}% of {sample.n_events:,} events")
 
-tool = st.radio("Gate type", gate_view.TOOLS, horizontal=True, key="gate_tool",
-                help="Lasso / box: draw on the plot. Quadrant: one split point, four populations. Range: low / "
-                     "high on a histogram of the X channel. Boolean: AND / OR / NOT of populations.")
-axes = st.columns(4)
-x_ch = axes[0].selectbox("X channel", channels, format_func=lambda c: channel_label(sample, c), key="g_x")
-y_ch = axes[1].selectbox("Y channel", channels, format_func=lambda c: channel_label(sample, c), key="g_y",
-                         disabled=tool == "Range (histogram)")
-x_scale_d = scale_select(axes[2], "X transform", x_ch, "g_xs", store)
-y_scale_d = scale_select(axes[3], "Y transform", y_ch, "g_ys", store)
-x_kind, y_kind = x_scale_d["kind"], y_scale_d["kind"]
+# A fragment: a change of gate type, channel or transform, and a box or lasso drawn on the plot,
+# rerun this part alone: the back-gating plots and tables below are neither rebuilt nor sent to
+# the browser again (each unchanged plot still costs the browser a redraw on a full rerun).
+@st.fragment
+def gating_section():
+    tool = st.radio("Gate type", gate_view.TOOLS, horizontal=True, key="gate_tool",
+                    help="Lasso / box: draw on the plot. Quadrant: one split point, four populations. Range: low / "
+                         "high on a histogram of the X channel. Boolean: AND / OR / NOT of populations.")
+    axes = st.columns(4)
+    x_ch = axes[0].selectbox("X channel", channels, format_func=lambda c: channel_label(sample, c), key="g_x")
+    y_ch = axes[1].selectbox("Y channel", channels, format_func=lambda c: channel_label(sample, c), key="g_y",
+                             disabled=tool == "Range (histogram)")
+    x_scale_d = scale_select(axes[2], "X transform", x_ch, "g_xs", store)
+    y_scale_d = scale_select(axes[3], "Y transform", y_ch, "g_ys", store)
+    x_kind, y_kind = x_scale_d["kind"], y_scale_d["kind"]
 
-tokens = (record.token,)
-x_scale, y_scale = AxisScale.from_dict(x_scale_d), AxisScale.from_dict(y_scale_d)
-x_range = cache.shared_range(tokens, x_ch, x_scale_d, [sample])
-y_range = cache.shared_range(tokens, y_ch, y_scale_d, [sample])
-mask_key = f"{tree_json}|{parent}" if parent_mask is not None else ""
-grid = cache.density(record.token, mask_key, x_ch, y_ch, x_scale_d, y_scale_d, x_range, y_range, 200, sample,
-                     _mask=parent_mask)
-idx = cache.dots(record.token, sample.n_events)
-if parent_mask is not None:
-    idx = idx[parent_mask[idx]]
-xs = cache.display_values(record.token, x_ch, x_scale_d, sample)[idx]
-ys = cache.display_values(record.token, y_ch, y_scale_d, sample)[idx]
-parent_gate = None if parent == ALL else parent
-histogram_view = tool == "Range (histogram)"
-# Every gate on these channels is drawn, mapped onto the current axes when it was drawn on
-# other transforms (a gate keeps the scales it was drawn on, so its cells never change).
-same_axes = [g for g in tree.gates if g.is_shape and gate_view.pnn_of(sample, g.x_channel) == x_ch
-             and gate_view.pnn_of(sample, g.y_channel) == y_ch and g.parent == parent_gate]
-quadrant_sets = gate_view.quadrant_sets_on(tree, parent_gate, x_ch, y_ch, sample)
-raw_x = x_scale.inverse(np.array(x_range))
-raw_y = y_scale.inverse(np.array(y_range))
-x_label, y_label = channel_label(sample, x_ch), channel_label(sample, y_ch)
-pending_range = None
-if histogram_view:
-    # A range gate: drag across the parent's histogram, or type low / high in raw units.
-    r1, r2 = st.columns(2)
-    range_key = f"range_{patient}_{x_ch}"
-    chart_key = f"gate_hist_{state.gate_chart_version}_{patient}_{x_ch}_{x_kind}_{parent}"
-    gate_view.seed_range(state, range_key, chart_key, x_scale, raw_x)
-    range_lo = r1.number_input(f"{x_label} from", key=f"{range_key}_from", format="%.4g")
-    range_hi = r2.number_input(f"{x_label} to", key=f"{range_key}_to", format="%.4g")
-    pending_range = tuple(float(v) for v in x_scale.forward(np.array([range_lo, range_hi])))
-    values = cache.display_values(record.token, x_ch, x_scale_d, sample)
-    fig = charts.range_histogram(values if parent_mask is None else values[parent_mask], x_range, x_scale, x_label,
-                                 ranges=gate_view.ranges_on(tree, parent_gate, x_ch, sample, x_scale),
-                                 pending=pending_range if pending_range[0] < pending_range[1] else None)
-    st.plotly_chart(fig, width="stretch", key=chart_key, on_select="rerun", selection_mode="box",
-                    config={"displaylogo": False})
-    event = None
-else:
-    fig = charts.scatter_panels([{"title": f"{patient} · {parent}", "grid": grid, "x": xs, "y": ys}], x_scale,
-                                y_scale, x_range, y_range, x_label, y_label, mode="density", height=560,
-                                selectable=True)
-    charts.add_gate_shapes(fig, same_axes, x_scale, y_scale, focus=focus)
-    for members in quadrant_sets:
-        first = tree[members[0]]
-        charts.add_quadrant_lines(fig, first.split_point(x_scale, y_scale), gate_view.quadrant_labels(tree, first.name),
-                                  x_range, y_range, color=charts.FOCUS_COLOR if focus in members else "#222222")
-    pending_split = None
+    tokens = (record.token,)
+    x_scale, y_scale = AxisScale.from_dict(x_scale_d), AxisScale.from_dict(y_scale_d)
+    x_range = cache.shared_range(tokens, x_ch, x_scale_d, [sample])
+    y_range = cache.shared_range(tokens, y_ch, y_scale_d, [sample])
+    mask_key = f"{tree_json}|{parent}" if parent_mask is not None else ""
+    grid = cache.density(record.token, mask_key, x_ch, y_ch, x_scale_d, y_scale_d, x_range, y_range, 200, sample,
+                         _mask=parent_mask)
+    idx = cache.dots(record.token, sample.n_events)
+    if parent_mask is not None:
+        idx = idx[parent_mask[idx]]
+    xs = cache.display_values(record.token, x_ch, x_scale_d, sample)[idx]
+    ys = cache.display_values(record.token, y_ch, y_scale_d, sample)[idx]
+    parent_gate = None if parent == ALL else parent
+    histogram_view = tool == "Range (histogram)"
+    # Every gate on these channels is drawn, mapped onto the current axes when it was drawn on
+    # other transforms (a gate keeps the scales it was drawn on, so its cells never change).
+    same_axes = [g for g in tree.gates if g.is_shape and gate_view.pnn_of(sample, g.x_channel) == x_ch
+                 and gate_view.pnn_of(sample, g.y_channel) == y_ch and g.parent == parent_gate]
+    quadrant_sets = gate_view.quadrant_sets_on(tree, parent_gate, x_ch, y_ch, sample)
+    raw_x = x_scale.inverse(np.array(x_range))
+    raw_y = y_scale.inverse(np.array(y_range))
+    x_label, y_label = channel_label(sample, x_ch), channel_label(sample, y_ch)
+    pending_range = None
+    if histogram_view:
+        # A range gate: drag across the parent's histogram, or type low / high in raw units.
+        r1, r2 = st.columns(2)
+        range_key = f"range_{patient}_{x_ch}"
+        chart_key = f"gate_hist_{state.gate_chart_version}_{patient}_{x_ch}_{x_kind}_{parent}"
+        gate_view.seed_range(state, range_key, chart_key, x_scale, raw_x)
+        range_lo = r1.number_input(f"{x_label} from", key=f"{range_key}_from", format="%.4g")
+        range_hi = r2.number_input(f"{x_label} to", key=f"{range_key}_to", format="%.4g")
+        pending_range = tuple(float(v) for v in x_scale.forward(np.array([range_lo, range_hi])))
+        values = cache.display_values(record.token, x_ch, x_scale_d, sample)
+        fig = charts.range_histogram(values if parent_mask is None else values[parent_mask], x_range, x_scale, x_label,
+                                     ranges=gate_view.ranges_on(tree, parent_gate, x_ch, sample, x_scale),
+                                     pending=pending_range if pending_range[0] < pending_range[1] else None)
+        st.plotly_chart(fig, width="stretch", key=chart_key, on_select="rerun", selection_mode="box",
+                        config={"displaylogo": False})
+        event = None
+    else:
+        fig = charts.scatter_panels([{"title": f"{patient} · {parent}", "grid": grid, "x": xs, "y": ys}], x_scale,
+                                    y_scale, x_range, y_range, x_label, y_label, mode="density", height=560,
+                                    selectable=True)
+        charts.add_gate_shapes(fig, same_axes, x_scale, y_scale, focus=focus)
+        for members in quadrant_sets:
+            first = tree[members[0]]
+            charts.add_quadrant_lines(fig, first.split_point(x_scale, y_scale),
+                                      gate_view.quadrant_labels(tree, first.name),
+                                      x_range, y_range, color=charts.FOCUS_COLOR if focus in members else "#222222")
+        pending_split = None
+        if tool == "Quadrant":
+            q1, q2 = st.columns(2)
+            split_key = f"split_{patient}"
+            split_x = q1.number_input(f"Split {x_label} at",
+                                      value=float(x_scale.inverse(np.array([np.mean(x_range)]))[0]),
+                                      key=f"{split_key}_{x_ch}_x", format="%.4g")
+            split_y = q2.number_input(f"Split {y_label} at",
+                                      value=float(y_scale.inverse(np.array([np.mean(y_range)]))[0]),
+                                      key=f"{split_key}_{y_ch}_y", format="%.4g")
+            pending_split = (float(x_scale.forward(np.array([split_x]))[0]),
+                             float(y_scale.forward(np.array([split_y]))[0]))
+            charts.add_quadrant_lines(fig, pending_split, {}, x_range, y_range, color=charts.FOCUS_COLOR, dash="dash")
+        chart_key = f"gate_chart_{state.gate_chart_version}_{patient}_{x_ch}_{y_ch}_{x_kind}_{y_kind}_{parent}"
+        event = st.plotly_chart(fig, width="stretch", key=chart_key, on_select="rerun",
+                                selection_mode=("lasso", "box"),
+                                config={"modeBarButtonsToAdd": ["lasso2d", "select2d"], "displaylogo": False})
+
+    # The latest box or lasso becomes the pending shape (display coordinates of these axes).
+    shape = shape_from_selection(getattr(event, "selection", None) if event is not None else None)
+    if shape is not None:
+        shape.update(patient=patient, x=x_ch, y=y_ch, x_scale=x_scale_d, y_scale=y_scale_d,
+                     parent=None if parent == ALL else parent)
+        state["pending_shape"] = shape
+
+    pending = state.get("pending_shape")
+    if pending and ((pending["patient"], pending["x"], pending["y"]) != (patient, x_ch, y_ch)
+                    or not AxisScale.from_dict(pending["x_scale"]).same_mapping(x_scale)
+                    or not AxisScale.from_dict(pending["y_scale"]).same_mapping(y_scale)):
+        pending = None  # drawn on other axes: its coordinates mean something else here
+
+
+    def _gate_from(shape, name):
+        maker = polygon_gate if shape["kind"] == "polygon" else None
+        xsc, ysc = AxisScale.from_dict(shape["x_scale"]), AxisScale.from_dict(shape["y_scale"])
+        if maker is None:
+            (x0, y0), (x1, y1) = shape["vertices"]
+            return rectangle_gate(name, shape["x"], shape["y"], (x0, x1), (y0, y1), xsc, ysc, shape["parent"])
+        return polygon_gate(name, shape["x"], shape["y"], shape["vertices"], xsc, ysc, shape["parent"])
+
+
+    def _commit(new_tree: GateTree, message: str):
+        store.save_gates(patient, new_tree)
+        state.pop("pending_shape", None)
+        state.gate_chart_version += 1
+        state["gate_message"] = message
+
+
+    def _add(gates, message):
+        try:
+            new_tree = tree.copy()
+            for gate in gates:
+                new_tree.add(gate)
+            _commit(new_tree, message)
+            st.rerun()
+        except GateError as exc:
+            st.error(str(exc))
+
+
+    def _count_line(label, inside):
+        return f"**{label}**: {int(inside.sum()):,} events ({100 * inside.sum() / max(parent_count, 1):.1f}% of parent)"
+
+
+    def _parent_only(inside):
+        return inside & parent_mask if parent_mask is not None else inside
+
+
+    left, right = st.columns([1, 1])
+    with left:
+        st.markdown("#### New gate")
     if tool == "Quadrant":
-        q1, q2 = st.columns(2)
-        split_key = f"split_{patient}"
-        split_x = q1.number_input(f"Split {x_label} at", value=float(x_scale.inverse(np.array([np.mean(x_range)]))[0]),
-                                  key=f"{split_key}_{x_ch}_x", format="%.4g")
-        split_y = q2.number_input(f"Split {y_label} at", value=float(y_scale.inverse(np.array([np.mean(y_range)]))[0]),
-                                  key=f"{split_key}_{y_ch}_y", format="%.4g")
-        pending_split = (float(x_scale.forward(np.array([split_x]))[0]), float(y_scale.forward(np.array([split_y]))[0]))
-        charts.add_quadrant_lines(fig, pending_split, {}, x_range, y_range, color=charts.FOCUS_COLOR, dash="dash")
-    chart_key = f"gate_chart_{state.gate_chart_version}_{patient}_{x_ch}_{y_ch}_{x_kind}_{y_kind}_{parent}"
-    event = st.plotly_chart(fig, width="stretch", key=chart_key, on_select="rerun",
-                            selection_mode=("lasso", "box"),
-                            config={"modeBarButtonsToAdd": ["lasso2d", "select2d"], "displaylogo": False})
-
-# The latest box or lasso becomes the pending shape (display coordinates of these axes).
-shape = shape_from_selection(getattr(event, "selection", None) if event is not None else None)
-if shape is not None:
-    shape.update(patient=patient, x=x_ch, y=y_ch, x_scale=x_scale_d, y_scale=y_scale_d,
-                 parent=None if parent == ALL else parent)
-    state["pending_shape"] = shape
-
-pending = state.get("pending_shape")
-if pending and ((pending["patient"], pending["x"], pending["y"]) != (patient, x_ch, y_ch)
-                or not AxisScale.from_dict(pending["x_scale"]).same_mapping(x_scale)
-                or not AxisScale.from_dict(pending["y_scale"]).same_mapping(y_scale)):
-    pending = None  # drawn on other axes: its coordinates mean something else here
-
-
-def _gate_from(shape, name):
-    maker = polygon_gate if shape["kind"] == "polygon" else None
-    xsc, ysc = AxisScale.from_dict(shape["x_scale"]), AxisScale.from_dict(shape["y_scale"])
-    if maker is None:
-        (x0, y0), (x1, y1) = shape["vertices"]
-        return rectangle_gate(name, shape["x"], shape["y"], (x0, x1), (y0, y1), xsc, ysc, shape["parent"])
-    return polygon_gate(name, shape["x"], shape["y"], shape["vertices"], xsc, ysc, shape["parent"])
-
-
-def _commit(new_tree: GateTree, message: str):
-    store.save_gates(patient, new_tree)
-    state.pop("pending_shape", None)
-    state.gate_chart_version += 1
-    state["gate_message"] = message
-
-
-def _add(gates, message):
-    try:
-        new_tree = tree.copy()
-        for gate in gates:
-            new_tree.add(gate)
-        _commit(new_tree, message)
-        st.rerun()
-    except GateError as exc:
-        st.error(str(exc))
-
-
-def _count_line(label, inside):
-    return f"**{label}**: {int(inside.sum()):,} events ({100 * inside.sum() / max(parent_count, 1):.1f}% of parent)"
-
-
-def _parent_only(inside):
-    return inside & parent_mask if parent_mask is not None else inside
-
-
-left, right = st.columns([1, 1])
-with left:
-    st.markdown("#### New gate")
-if tool == "Quadrant":
-    with left:
-        marker_x = sample.channels[sample.channel_index(x_ch)].pns or x_ch
-        marker_y = sample.channels[sample.channel_index(y_ch)].pns or y_ch
-        n1, n2 = st.columns(2)
-        name_x = n1.text_input("X marker in the names", value=marker_x, key=f"quad_name_x_{x_ch}")
-        name_y = n2.text_input("Y marker in the names", value=marker_y, key=f"quad_name_y_{y_ch}")
-        quad_names = quadrant_names(name_x.strip() or marker_x, name_y.strip() or marker_y)
-        try:
-            preview_gates = quadrant_gates(x_ch, y_ch, pending_split, x_scale, y_scale, parent_gate, quad_names)
-            st.markdown("  \n".join(_count_line(g.name, _parent_only(g.contains(sample))) for g in preview_gates))
-        except GateError as exc:
-            preview_gates = []
-            st.warning(str(exc))
-        if st.button("Add quadrant gate", type="primary", disabled=not preview_gates, key="add_quadrant"):
-            _add(preview_gates, f"Added quadrants {', '.join(g.name for g in preview_gates)}.")
-elif tool == "Range (histogram)":
-    with left:
-        gate_name = st.text_input("Gate name", key="gate_name", placeholder="e.g. CD3+")
-        try:
-            preview = range_gate(gate_name or "range", x_ch, *pending_range, x_scale, parent_gate)
-            st.markdown(_count_line(f"{x_label} from {range_lo:.4g} to {range_hi:.4g}",
-                                    _parent_only(preview.contains(sample))))
-        except GateError as exc:
-            preview = None
-            st.warning(str(exc))
-        if st.button("Add range gate", type="primary", disabled=preview is None, key="add_range"):
-            _add([range_gate(gate_name, x_ch, *pending_range, x_scale, parent_gate)], f"Added gate {gate_name!r}.")
-elif tool == "Boolean":
-    with left:
-        operator = st.selectbox("Combine", list(gate_view.OPERATORS), format_func=gate_view.OPERATORS.get,
-                                key="bool_op")
-        operands = st.multiselect("Populations", tree.names, key="bool_operands",
-                                  help="NOT takes one population; AND / OR two or more. The result is kept "
-                                       "inside the parent population chosen above.")
-        gate_name = st.text_input("Gate name", key="gate_name", placeholder="e.g. CD3- CD19+")
-        try:
-            if not operands:
-                raise GateError("choose the populations to combine" if len(tree) else "draw gates first")
-            preview = boolean_gate(gate_name or "combined", operator, operands, parent_gate)
-            trial = tree.copy()
-            trial.add(preview)
-            st.markdown(_count_line(preview.describe(), trial.memberships(sample)[preview.name]))
-        except GateError as exc:
-            preview = None
-            st.caption(str(exc))
-        if st.button("Add boolean gate", type="primary", disabled=preview is None, key="add_boolean"):
-            _add([boolean_gate(gate_name, operator, operands, parent_gate)], f"Added gate {gate_name!r}.")
-else:
-    with left:
-        try:
-            preview = _gate_from(pending, "selection") if pending else None
-        except GateError as exc:
-            st.warning(f"The selection cannot be a gate: {exc}. Draw it again.")
-            state.pop("pending_shape", None)
-            pending = preview = None
-        if pending:
-            inside = preview.contains(sample)
-            if parent_mask is not None:
-                inside &= parent_mask
-            st.markdown(f"Selection: **{pending['kind']}** → **{int(inside.sum()):,}** events "
-                        f"({100 * inside.sum() / max(parent_count, 1):.1f}% of parent)")
-        else:
-            st.caption("Draw a lasso or box on the plot, or enter a rectangle below.")
-        gate_name = st.text_input("Gate name", key="gate_name", placeholder="e.g. Lymphocytes, CD4 T cells")
-        if st.button("Add gate", type="primary", disabled=not pending, key="add_gate"):
+        with left:
+            marker_x = sample.channels[sample.channel_index(x_ch)].pns or x_ch
+            marker_y = sample.channels[sample.channel_index(y_ch)].pns or y_ch
+            n1, n2 = st.columns(2)
+            name_x = n1.text_input("X marker in the names", value=marker_x, key=f"quad_name_x_{x_ch}")
+            name_y = n2.text_input("Y marker in the names", value=marker_y, key=f"quad_name_y_{y_ch}")
+            quad_names = quadrant_names(name_x.strip() or marker_x, name_y.strip() or marker_y)
             try:
-                new_tree = tree.copy()
-                new_tree.add(_gate_from(pending, gate_name))
-                _commit(new_tree, f"Added gate {gate_name!r}.")
-                st.rerun()
+                preview_gates = quadrant_gates(x_ch, y_ch, pending_split, x_scale, y_scale, parent_gate, quad_names)
+                st.markdown("  \n".join(_count_line(g.name, _parent_only(g.contains(sample))) for g in preview_gates))
             except GateError as exc:
-                st.error(str(exc))
-        with st.expander("Enter a rectangle in raw units"):
-            raw_x = x_scale.inverse(np.array(x_range))
-            raw_y = y_scale.inverse(np.array(y_range))
-            r1, r2 = st.columns(2)
-            # Keyed by patient and channel: numbers typed for one channel never carry over to another.
-            x_label, y_label = channel_label(sample, x_ch), channel_label(sample, y_ch)
-            x_key, y_key = f"rect_{patient}_{x_ch}", f"rect_{patient}_{y_ch}_y"
-            x_lo = r1.number_input(f"{x_label} from", value=float(raw_x[0]), key=f"{x_key}_from", format="%.4g")
-            x_hi = r2.number_input(f"{x_label} to", value=float(raw_x[1]), key=f"{x_key}_to", format="%.4g")
-            y_lo = r1.number_input(f"{y_label} from", value=float(raw_y[0]), key=f"{y_key}_from", format="%.4g")
-            y_hi = r2.number_input(f"{y_label} to", value=float(raw_y[1]), key=f"{y_key}_to", format="%.4g")
-            if st.button("Add rectangle gate", key="add_rect"):
+                preview_gates = []
+                st.warning(str(exc))
+            if st.button("Add quadrant gate", type="primary", disabled=not preview_gates, key="add_quadrant"):
+                _add(preview_gates, f"Added quadrants {', '.join(g.name for g in preview_gates)}.")
+    elif tool == "Range (histogram)":
+        with left:
+            gate_name = st.text_input("Gate name", key="gate_name", placeholder="e.g. CD3+")
+            try:
+                preview = range_gate(gate_name or "range", x_ch, *pending_range, x_scale, parent_gate)
+                st.markdown(_count_line(f"{x_label} from {range_lo:.4g} to {range_hi:.4g}",
+                                        _parent_only(preview.contains(sample))))
+            except GateError as exc:
+                preview = None
+                st.warning(str(exc))
+            if st.button("Add range gate", type="primary", disabled=preview is None, key="add_range"):
+                _add([range_gate(gate_name, x_ch, *pending_range, x_scale, parent_gate)], f"Added gate {gate_name!r}.")
+    elif tool == "Boolean":
+        with left:
+            operator = st.selectbox("Combine", list(gate_view.OPERATORS), format_func=gate_view.OPERATORS.get,
+                                    key="bool_op")
+            operands = st.multiselect("Populations", tree.names, key="bool_operands",
+                                      help="NOT takes one population; AND / OR two or more. The result is kept "
+                                           "inside the parent population chosen above.")
+            gate_name = st.text_input("Gate name", key="gate_name", placeholder="e.g. CD3- CD19+")
+            try:
+                if not operands:
+                    raise GateError("choose the populations to combine" if len(tree) else "draw gates first")
+                preview = boolean_gate(gate_name or "combined", operator, operands, parent_gate)
+                trial = tree.copy()
+                trial.add(preview)
+                st.markdown(_count_line(preview.describe(), trial.memberships(sample)[preview.name]))
+            except GateError as exc:
+                preview = None
+                st.caption(str(exc))
+            if st.button("Add boolean gate", type="primary", disabled=preview is None, key="add_boolean"):
+                _add([boolean_gate(gate_name, operator, operands, parent_gate)], f"Added gate {gate_name!r}.")
+    else:
+        with left:
+            try:
+                preview = _gate_from(pending, "selection") if pending else None
+            except GateError as exc:
+                st.warning(f"The selection cannot be a gate: {exc}. Draw it again.")
+                state.pop("pending_shape", None)
+                pending = preview = None
+            if pending:
+                inside = preview.contains(sample)
+                if parent_mask is not None:
+                    inside &= parent_mask
+                st.markdown(f"Selection: **{pending['kind']}** → **{int(inside.sum()):,}** events "
+                            f"({100 * inside.sum() / max(parent_count, 1):.1f}% of parent)")
+            else:
+                st.caption("Draw a lasso or box on the plot, or enter a rectangle below.")
+            gate_name = st.text_input("Gate name", key="gate_name", placeholder="e.g. Lymphocytes, CD4 T cells")
+            if st.button("Add gate", type="primary", disabled=not pending, key="add_gate"):
                 try:
-                    gate = rectangle_gate(gate_name, x_ch, y_ch, tuple(x_scale.forward(np.array([x_lo, x_hi]))),
-                                          tuple(y_scale.forward(np.array([y_lo, y_hi]))), x_scale, y_scale,
-                                          None if parent == ALL else parent)
                     new_tree = tree.copy()
-                    new_tree.add(gate)
+                    new_tree.add(_gate_from(pending, gate_name))
                     _commit(new_tree, f"Added gate {gate_name!r}.")
                     st.rerun()
                 except GateError as exc:
                     st.error(str(exc))
+            with st.expander("Enter a rectangle in raw units"):
+                raw_x = x_scale.inverse(np.array(x_range))
+                raw_y = y_scale.inverse(np.array(y_range))
+                r1, r2 = st.columns(2)
+                # Keyed by patient and channel: numbers typed for one channel never carry over to another.
+                x_label, y_label = channel_label(sample, x_ch), channel_label(sample, y_ch)
+                x_key, y_key = f"rect_{patient}_{x_ch}", f"rect_{patient}_{y_ch}_y"
+                x_lo = r1.number_input(f"{x_label} from", value=float(raw_x[0]), key=f"{x_key}_from", format="%.4g")
+                x_hi = r2.number_input(f"{x_label} to", value=float(raw_x[1]), key=f"{x_key}_to", format="%.4g")
+                y_lo = r1.number_input(f"{y_label} from", value=float(raw_y[0]), key=f"{y_key}_from", format="%.4g")
+                y_hi = r2.number_input(f"{y_label} to", value=float(raw_y[1]), key=f"{y_key}_to", format="%.4g")
+                if st.button("Add rectangle gate", key="add_rect"):
+                    try:
+                        gate = rectangle_gate(gate_name, x_ch, y_ch, tuple(x_scale.forward(np.array([x_lo, x_hi]))),
+                                              tuple(y_scale.forward(np.array([y_lo, y_hi]))), x_scale, y_scale,
+                                              None if parent == ALL else parent)
+                        new_tree = tree.copy()
+                        new_tree.add(gate)
+                        _commit(new_tree, f"Added gate {gate_name!r}.")
+                        st.rerun()
+                    except GateError as exc:
+                        st.error(str(exc))
 
-with right:
-    st.markdown("#### Gate tree")
-    if state.get("gate_message"):
-        st.success(state.pop("gate_message"))
-    if not len(tree):
-        st.caption("No gates yet for this patient.")
-    else:
-        stats = tree.statistics(sample, masks, channel_label=channel_label)
-        stats["gate"] = ["\u2003" * d + ("└ " if d else "") + g for g, d in zip(stats["gate"], stats["depth"])]
-        st.dataframe(stats.drop(columns=["depth"]), hide_index=True, width="stretch",
-                     column_config={"% of parent": st.column_config.NumberColumn(format="%.1f"),
-                                    "% of total": st.column_config.NumberColumn(format="%.2f"),
-                                    "count": st.column_config.NumberColumn(format="%d")})
-    if st.button("↶ Undo", disabled=not record.history.can_undo(), key="undo_gate"):
-        store.undo_gates(patient)
-        state.gate_chart_version += 1
-        st.rerun()
-    if len(tree):
-        with st.expander("Rename or delete a gate"):
-            chosen = st.selectbox("Gate", tree.names, key="edit_which", format_func=lambda n: gate_view.tree_label(tree, n),
-                                  index=tree.names.index(focus) if focus in tree.names else 0)
-            e1, e2 = st.columns([3, 1])
-            new_name = e1.text_input("New name", key=f"rename_to_{chosen}", value=chosen)
-            if e2.button("Rename", key="rename_gate", disabled=new_name.strip() in ("", chosen)):
-                try:
+    with right:
+        st.markdown("#### Gate tree")
+        if state.get("gate_message"):
+            st.success(state.pop("gate_message"))
+        if not len(tree):
+            st.caption("No gates yet for this patient.")
+        else:
+            stats = tree.statistics(sample, masks, channel_label=channel_label)
+            stats["gate"] = ["\u2003" * d + ("└ " if d else "") + g for g, d in zip(stats["gate"], stats["depth"])]
+            st.dataframe(stats.drop(columns=["depth"]), hide_index=True, width="stretch",
+                         column_config={"% of parent": st.column_config.NumberColumn(format="%.1f"),
+                                        "% of total": st.column_config.NumberColumn(format="%.2f"),
+                                        "count": st.column_config.NumberColumn(format="%d")})
+        if st.button("↶ Undo", disabled=not record.history.can_undo(), key="undo_gate"):
+            store.undo_gates(patient)
+            state.gate_chart_version += 1
+            st.rerun()
+        if len(tree):
+            with st.expander("Rename or delete a gate"):
+                chosen = st.selectbox("Gate", tree.names, key="edit_which",
+                                      format_func=lambda n: gate_view.tree_label(tree, n),
+                                      index=tree.names.index(focus) if focus in tree.names else 0)
+                e1, e2 = st.columns([3, 1])
+                new_name = e1.text_input("New name", key=f"rename_to_{chosen}", value=chosen)
+                if e2.button("Rename", key="rename_gate", disabled=new_name.strip() in ("", chosen)):
+                    try:
+                        new_tree = tree.copy()
+                        new_tree.rename(chosen, new_name)
+                        state["gate_pickers_next"] = {key: new_name.strip() for key in ("gate_parent", "gate_focus")
+                                                      if state.get(key) == chosen}
+                        _commit(new_tree, f"Renamed {chosen!r} to {new_name.strip()!r}.")
+                        st.rerun()
+                    except GateError as exc:
+                        st.error(str(exc))
+                doomed = tree.removal(chosen)
+                if confirm_action(
+                        f"delete_gate_{patient}", f"Delete {chosen}", "Delete them",
+                        lambda: st.warning(f"This deletes {len(doomed)} gate(s): "
+                                           + ", ".join(f"**{n}**" for n in doomed)
+                                           + ". Gates nested in it and boolean gates built on them go with it "
+                                             "(Undo brings them back)."),
+                        help="Names every gate that goes with it, and asks first."):
                     new_tree = tree.copy()
-                    new_tree.rename(chosen, new_name)
-                    state["gate_pickers_next"] = {key: new_name.strip() for key in ("gate_parent", "gate_focus")
-                                                  if state.get(key) == chosen}
-                    _commit(new_tree, f"Renamed {chosen!r} to {new_name.strip()!r}.")
+                    gone = new_tree.remove(chosen)
+                    state["gate_pickers_next"] = {key: ALL for key in ("gate_parent", "gate_focus")
+                                                  if state.get(key) in gone}
+                    _commit(new_tree, f"Deleted {', '.join(gone)}.")
                     st.rerun()
-                except GateError as exc:
-                    st.error(str(exc))
-            doomed = tree.removal(chosen)
-            if confirm_action(
-                    f"delete_gate_{patient}", f"Delete {chosen}", "Delete them",
-                    lambda: st.warning(f"This deletes {len(doomed)} gate(s): " + ", ".join(f"**{n}**" for n in doomed)
-                                       + ". Gates nested in it and boolean gates built on them go with it "
-                                         "(Undo brings them back)."),
-                    help="Names every gate that goes with it, and asks first."):
-                new_tree = tree.copy()
-                gone = new_tree.remove(chosen)
-                state["gate_pickers_next"] = {key: ALL for key in ("gate_parent", "gate_focus")
-                                              if state.get(key) in gone}
-                _commit(new_tree, f"Deleted {', '.join(gone)}.")
-                st.rerun()
-        same = [g.name for g in same_axes]
-        if pending and same:
-            adjust = st.selectbox("Adjust a gate on these axes to the current selection", same, key="adjust_which")
-            if st.button("Replace its shape", key="adjust_gate"):
-                new_tree = tree.copy()
-                new_tree.replace_geometry(adjust, pending["vertices"], pending["kind"], x_scale, y_scale)
-                _commit(new_tree, f"Adjusted {adjust!r} for {patient}.")
-                st.rerun()
+            same = [g.name for g in same_axes]
+            if pending and same:
+                adjust = st.selectbox("Adjust a gate on these axes to the current selection", same, key="adjust_which")
+                if st.button("Replace its shape", key="adjust_gate"):
+                    new_tree = tree.copy()
+                    new_tree.replace_geometry(adjust, pending["vertices"], pending["kind"], x_scale, y_scale)
+                    _commit(new_tree, f"Adjusted {adjust!r} for {patient}.")
+                    st.rerun()
+
+
+gating_section()
 
 if len(tree):
     st.markdown("#### Use the gates")
@@ -342,16 +356,17 @@ if len(tree):
     with u1:
         leaves = [g.name for g in tree.leaves()]
         st.caption(f"Training labels: {', '.join(leaves)} and `other`.")
-        new_labels = tree.labels(sample, masks)
         current = record.labels if record.is_labeled else None
-        if current is not None and np.array_equal(np.asarray(current).astype(str), new_labels.astype(str)):
+        # the gates' labels are built only when asked for: a million-event comparison per rerun is cached
+        if cache.labels_are_gates(record.token, tree_json, record.labels_token, tree, sample, masks, current):
             st.caption(f"{patient}'s labels are these gates' populations.")
         elif confirm_action(
                 f"gates_to_labels_{patient}", "Use these gates as this patient's labels", "Replace the labels",
                 lambda: (st.markdown(f"**{patient}**: labels now ({record.label_source or 'none'}) and from the "
-                                     "gates, cells per population:"), show_label_change(current, new_labels)),
+                                     "gates, cells per population:"),
+                         show_label_change(current, tree.labels(sample, masks))),
                 help="Shows the population counts before and after, and asks before replacing anything."):
-            store.set_labels(patient, new_labels, "gates drawn")
+            store.set_labels(patient, tree.labels(sample, masks), "gates drawn")
             state["gate_message"] = f"{patient} is now a labeled (historical) patient."
             st.rerun()
         label_versions(store, patient, f"gate_versions_{patient}")

@@ -29,14 +29,28 @@ def shared_range(tokens: tuple, channel: str, scale: dict, _samples) -> tuple:
     return plotting.display_range(values)
 
 
+@st.cache_data(max_entries=128, show_spinner=False)  # 2 MB each at a million events
+def bin_indices(token: str, channel: str, scale: dict, value_range: tuple, bins: int, _sample) -> np.ndarray:
+    """The density / histogram bin of every event of one channel on one axis (int16): binning
+    a pair of channels is then one ``bincount``, whichever channel it is paired with."""
+    return plotting.bin_indices(display_values(token, channel, scale, _sample), value_range, bins)
+
+
 @st.cache_data(max_entries=256, show_spinner=False)
 def density(token: str, mask_key: str, x_channel: str, y_channel: str, x_scale: dict, y_scale: dict,
             x_range: tuple, y_range: tuple, bins: int, _sample, _mask=None):
-    x = display_values(token, x_channel, x_scale, _sample)
-    y = display_values(token, y_channel, y_scale, _sample)
-    if _mask is not None:
-        x, y = x[_mask], y[_mask]
-    return plotting.density_grid(x, y, x_range, y_range, bins=bins)
+    """Counts of all events (or the ``_mask`` events, named by ``mask_key``) on a bins x bins
+    grid: :func:`gating_core.plotting.density_grid`'s result, from cached bin indices."""
+    x_bins = bin_indices(token, x_channel, x_scale, tuple(x_range), bins, _sample)
+    y_bins = bin_indices(token, y_channel, y_scale, tuple(y_range), bins, _sample)
+    return plotting.density_from_bins(x_bins, y_bins, x_range, y_range, bins=bins, mask=_mask)
+
+
+@st.cache_data(max_entries=256, show_spinner=False)
+def histogram(token: str, channel: str, scale: dict, value_range: tuple, bins: int, _sample):
+    """:func:`gating_core.plotting.histogram_1d` of all events of one channel, from cached bins."""
+    return plotting.histogram_from_bins(bin_indices(token, channel, scale, tuple(value_range), bins, _sample),
+                                        value_range, bins=bins)
 
 
 @st.cache_data(max_entries=64, show_spinner=False)
@@ -52,7 +66,25 @@ def memberships(token: str, tree_json: str, _sample) -> dict:
 
 
 @st.cache_data(max_entries=32, show_spinner=False)
+def labels_are_gates(token: str, tree_json: str, labels_token: str, _tree, _sample, _masks, _labels) -> bool:
+    """Whether the patient's labels ``_labels`` are exactly the populations its gate tree gives
+    (``tree.labels``). Asked on every rerun of the Gate page, it compares two million-string
+    arrays (~1 s at a million events): kept per (events, tree, labels)."""
+    if _labels is None:
+        return False
+    gated = _tree.labels(_sample, _masks)
+    return bool(np.array_equal(np.asarray(_labels).astype(str), gated.astype(str)))
+
+
+@st.cache_data(max_entries=32, show_spinner=False)
 def population_counts(labels_token: str, _labels) -> dict:
-    names, counts = np.unique(np.asarray(_labels).astype(str), return_counts=True)
-    order = np.argsort(-counts, kind="stable")
-    return {str(names[i]): int(counts[i]) for i in order}
+    """Events per population name, most first (ties by name). Counted by hashing (pandas),
+    not by sorting a million strings as ``numpy.unique`` would (0.6 s -> 0.1 s at a million)."""
+    import pandas as pd
+
+    counted = pd.Series(np.asarray(_labels, dtype=object)).value_counts(dropna=False, sort=False)
+    totals: dict[str, int] = {}
+    for name, count in counted.items():
+        key = str(name)  # as astype(str) names them: None -> "None"
+        totals[key] = totals.get(key, 0) + int(count)
+    return dict(sorted(totals.items(), key=lambda item: (-item[1], item[0])))

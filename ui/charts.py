@@ -41,7 +41,9 @@ def scatter_panels(panels, x_scale, y_scale, x_range, y_range, x_title, y_title,
             counts, xc, yc = panel["grid"]
             top = max(float(np.log10(max(int(p["grid"][0].max()), 10))) for p in panels)
             ticks = [v for v in (0, 0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5) if v <= top]
-            fig.add_trace(go.Heatmap(z=plotting.log_density(counts), x=xc, y=yc, colorscale=DENSITY_COLORS,
+            # float32 log counts: half the bytes sent to the browser, far finer than the colours
+            fig.add_trace(go.Heatmap(z=plotting.log_density(counts).astype(np.float32), x=xc, y=yc,
+                                     colorscale=DENSITY_COLORS,
                                      zmin=0, zmax=top, showscale=col == n, hoverinfo="skip",
                                      colorbar=dict(title="events / bin", tickvals=ticks,
                                                    ticktext=[f"{10 ** v:,.0f}" for v in ticks])),

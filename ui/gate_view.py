@@ -114,41 +114,47 @@ def backgating_section(record, tree: GateTree, masks: dict, default: str | None)
     if not plots:
         st.caption(f"{name} is a boolean gate of boolean gates: no plot to show it on.")
         return
-    idx = cache.dots(record.token, sample.n_events, 8000)
     shown = plots[-MAX_BACKGATE_PLOTS:]
     if len(plots) > len(shown):
         st.caption(f"The last {len(shown)} of {len(plots)} plots on the way to {name}.")
     columns = st.columns(min(len(shown), 3))
+    tree_json = tree.to_json()
     for i, plot in enumerate(shown):
-        x_all = cache.display_values(record.token, pnn_of(sample, plot.x_channel), plot.x_scale.to_dict(), sample)
-        x_range = plotting_range(x_all)
-        title = f"{plot.gate} · on {plot.parent or ALL} · {plot.count:,} cells"
-        if plot.y_channel is None:
-            (low, high), = tree[plot.gate].vertices
-            fig = charts.backgate_figure(title, x_all[plot.events], None, x_all[plot.highlight], None, plot.x_scale,
-                                         None, x_range, None, channel_label(sample, pnn_of(sample, plot.x_channel)),
-                                         None, name, ranges=[(plot.gate, low, high)])
-        else:
-            y_all = cache.display_values(record.token, pnn_of(sample, plot.y_channel), plot.y_scale.to_dict(),
-                                         sample)
-            y_range = plotting_range(y_all)
-            keep = idx[plot.events[idx]]
-            lit = idx[plot.highlight[idx]]
-            fig = charts.backgate_figure(title, x_all[keep], y_all[keep], x_all[lit], y_all[lit], plot.x_scale,
-                                         plot.y_scale, x_range, y_range,
-                                         channel_label(sample, pnn_of(sample, plot.x_channel)),
-                                         channel_label(sample, pnn_of(sample, plot.y_channel)), name)
-            gate = tree[plot.gate]
-            if gate.kind == "quadrant":
-                charts.add_quadrant_lines(fig, gate.split_point(), quadrant_labels(tree, gate.name), x_range,
-                                          y_range)
-            else:
-                charts.add_gate_shapes(fig, [gate])
+        fig = _backgate_figure(record.token, tree_json, name, plot.gate, record, tree, plot)
         columns[i % len(columns)].plotly_chart(fig, width="stretch", key=f"backgate_{i}_{name}_{plot.gate}",
                                                config={"displaylogo": False})
 
 
-def plotting_range(values) -> tuple:
-    from gating_core import plotting
-
-    return plotting.display_range(values)
+@st.cache_resource(max_entries=64, show_spinner=False)
+def _backgate_figure(token: str, tree_json: str, population: str, gate_name: str, _record, _tree, _plot):
+    """The back-gating plot of ``population`` on the plot of ``gate_name``, built once per (events,
+    gate tree, population): Plotly figures cost ~50 ms each to build and the section is drawn on
+    every rerun of the page, whatever control changed. st.plotly_chart only reads the figure."""
+    record, tree, plot, name = _record, _tree, _plot, population
+    sample = record.sample
+    idx = cache.dots(record.token, sample.n_events, 8000)
+    x_pnn, x_scale = pnn_of(sample, plot.x_channel), plot.x_scale.to_dict()
+    x_all = cache.display_values(record.token, x_pnn, x_scale, sample)
+    # cached: not a million-event percentile per plot
+    x_range = cache.shared_range((record.token,), x_pnn, x_scale, [sample])
+    title = f"{plot.gate} · on {plot.parent or ALL} · {plot.count:,} cells"
+    if plot.y_channel is None:
+        (low, high), = tree[plot.gate].vertices
+        return charts.backgate_figure(title, x_all[plot.events], None, x_all[plot.highlight], None, plot.x_scale,
+                                      None, x_range, None, channel_label(sample, pnn_of(sample, plot.x_channel)),
+                                      None, name, ranges=[(plot.gate, low, high)])
+    y_pnn, y_scale = pnn_of(sample, plot.y_channel), plot.y_scale.to_dict()
+    y_all = cache.display_values(record.token, y_pnn, y_scale, sample)
+    y_range = cache.shared_range((record.token,), y_pnn, y_scale, [sample])
+    keep = idx[plot.events[idx]]
+    lit = idx[plot.highlight[idx]]
+    fig = charts.backgate_figure(title, x_all[keep], y_all[keep], x_all[lit], y_all[lit], plot.x_scale,
+                                 plot.y_scale, x_range, y_range,
+                                 channel_label(sample, pnn_of(sample, plot.x_channel)),
+                                 channel_label(sample, pnn_of(sample, plot.y_channel)), name)
+    gate = tree[plot.gate]
+    if gate.kind == "quadrant":
+        charts.add_quadrant_lines(fig, gate.split_point(), quadrant_labels(tree, gate.name), x_range, y_range)
+    else:
+        charts.add_gate_shapes(fig, [gate])
+    return fig
