@@ -15,6 +15,7 @@ from gating_core.errors import print_error
 EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda", "marginal-alone", "marginal-auto",
                       "marginal-em", "marginal-quantile", "dica-pooling")
 EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5")
+EVALUATION_METHODS += ("dica-marginal",)
 DEFAULT_POOLED_WEIGHT = 0.5
 
 
