@@ -28,6 +28,11 @@ def register(subparsers) -> None:
     train.add_argument("--method", choices=("marginal", "pooling"), default="marginal",
                        help="marginal transfer (default) or the pooling baseline")
     train.add_argument("--library", metavar="DIR", help="also train on the labeled patients of this patient library")
+    train.add_argument("--dica", choices=("supervised", "unsupervised"),
+                       help="project the standardised cells onto domain-invariant directions first (DICA, "
+                            "with the labels, or UDICA; Muandet et al. 2013); stored in the model file")
+    train.add_argument("--dica-components", type=int, metavar="K",
+                       help="directions DICA keeps (1-600, default 20; with --dica)")
     _cluster_options(train, "read and digest the INPUT files")
     _model_options(train)
     train.add_argument("inputs", nargs="*", metavar="INPUT")
@@ -159,7 +164,12 @@ def run_train(args) -> int:
     from gating_core.model import GatingModel
     from gating_core.progress import StageProgress
 
-    model = GatingModel(method=args.method, **_model_params(args))
+    if args.dica_components is not None and not args.dica:
+        return _fail("--dica-components needs --dica supervised or --dica unsupervised")
+    if args.dica_components is not None and not 1 <= args.dica_components <= 600:
+        return _fail(f"--dica-components must be within [1, 600], got {args.dica_components}")
+    dica = {"dica": args.dica, "dica_components": args.dica_components or 20} if args.dica else {}
+    model = GatingModel(method=args.method, **_model_params(args), **dica)
     compensate = not args.no_compensation
     if args.workers or args.scheduler:
         from gating_core.distributed import ClusterError, digest_files_distributed
