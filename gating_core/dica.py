@@ -330,3 +330,52 @@ def toy_domains(n_domains=10, n_dims=5, mean_cells=200, shift_sd=0.0, seed=0):
         y = np.where(x[:, 0] + x[:, 1] + 0.1 * rng.standard_normal(n) > 0, "+1", "-1")
         out.append((x, y))
     return out
+
+
+# -- DICA inside a GatingModel (``GatingModel(dica="supervised")``) --------------------------------
+
+#: What ``GatingModel(dica=...)`` accepts (besides None: no projection).
+DICA_MODES = ("supervised", "unsupervised")
+#: L, random frequencies of the projection inside a GatingModel (D = 2L features per cell), as
+#: DICAPooling: every gated event costs O(d L + L m).
+MODEL_DICA_FEATURES = 300
+
+
+def check_dica_settings(mode, n_components) -> None:
+    """Raise ValueError naming the parameter when ``dica`` / ``dica_components`` are invalid."""
+    if mode is not None and mode not in DICA_MODES:
+        raise ValueError(f"dica must be None or one of {DICA_MODES}, got {mode!r}")
+    if isinstance(n_components, bool) or not isinstance(n_components, (int, np.integer)) \
+            or not 1 <= n_components <= 2 * MODEL_DICA_FEATURES:
+        raise ValueError(f"dica_components must be an integer within [1, {2 * MODEL_DICA_FEATURES}], "
+                         f"got {n_components!r}")
+
+
+def fit_cell_projection(cells, labels, mode, n_components, random_state=0) -> DICA:
+    """DICA (``mode`` "supervised") or UDICA ("unsupervised") fitted on training patients'
+    standardised cells (list of (m_i, d), with their labels (m_i,)), its projection rescaled so
+    every component has unit variance over those cells: the classifier's bandwidths and
+    model selection work in standardised units, and the eigenvectors' scales differ by orders.
+    ``transform`` then gives (n, n_components) cells, centred on the training cells' mean."""
+    check_dica_settings(mode, n_components)
+    dica = DICA(n_components=int(n_components), supervised=mode == "supervised", n_features=MODEL_DICA_FEATURES,
+                random_state=random_state).fit(cells, labels if mode == "supervised" else None)
+    spread = np.vstack([dica.transform(x) for x in cells]).std(axis=0)
+    dica.projection_ = dica.projection_ / np.where(spread > 0, spread, 1.0)
+    return dica
+
+
+def cell_projection_from_arrays(frequencies, feature_mean, projection) -> DICA:
+    """A fitted projection from the three arrays a model file stores (frequencies (d, L),
+    feature mean (2L,), projection (2L, m)); raises ValueError when their shapes disagree."""
+    frequencies, feature_mean, projection = (np.asarray(a, dtype=np.float64)
+                                             for a in (frequencies, feature_mean, projection))
+    if frequencies.ndim != 2 or feature_mean.shape != (2 * frequencies.shape[1],) \
+            or projection.ndim != 2 or projection.shape[0] != feature_mean.shape[0] or projection.shape[1] < 1:
+        raise ValueError(f"DICA arrays of shapes {frequencies.shape}, {feature_mean.shape}, {projection.shape} "
+                         "do not fit together ((d, L), (2L,), (2L, m))")
+    if not (np.isfinite(frequencies).all() and np.isfinite(feature_mean).all() and np.isfinite(projection).all()):
+        raise ValueError("DICA arrays hold non-finite values")
+    dica = DICA(n_components=projection.shape[1], n_features=frequencies.shape[1])
+    dica.frequencies_, dica.feature_mean_, dica.projection_ = frequencies, feature_mean, projection
+    return dica

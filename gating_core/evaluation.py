@@ -31,6 +31,8 @@ ALL_METHODS = METHODS + ("marginal-alone", "marginal-auto", "marginal-em", "marg
 PREDICTOR_METHODS = ("lda", "dica-pooling")
 # The papers' further baselines (issue 10, item 3).
 ALL_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5")
+# DICA before marginal transfer (issue 10, item 1): the paper's distributional variant.
+ALL_METHODS += ("dica-marginal",)
 #: GatingModel settings of each kernel method (on top of the user's model parameters).
 METHOD_SETTINGS = {
     "marginal": {"method": "marginal"},
@@ -49,6 +51,9 @@ METHOD_SETTINGS = {
     # a new patient is gated by the part shared across patients.
     "multitask-0.01": {"method": "multitask", "task_similarity": 0.01},
     "multitask-0.5": {"method": "multitask", "task_similarity": 0.5},
+    # Supervised DICA on the fold's training patients, then the default marginal model on the
+    # projected cells: the embedding is of the projected cells (GatingModel's ``dica``).
+    "dica-marginal": {"method": "marginal", "dica": "supervised"},
     # The product's pooling before shift augmentation: one ridge classifier on all cells.
     "pooled-ridge": {"method": "pooling", "n_augment": 0},
     # The plain baseline: logistic loss on the same random features, 1/n_i weights, nothing else.
@@ -216,6 +221,8 @@ def _fold_models(method, samples, labels, held_out_sets, model_params, groups, r
     """The fitted model of each fold, lazily for full refits (one at a time in memory)."""
     settings = {**(model_params or {}), **METHOD_SETTINGS.get(method, {})}
     by_subtraction = refit == "subtract" and method not in PREDICTOR_METHODS and settings.get("solver", "rff") == "rff"
+    # DICA is fitted on labeled cells: from all patients it would see the held-out one's labels.
+    by_subtraction = by_subtraction and settings.get("dica") is None
     if by_subtraction:
         from gating_core.held_out import fold_models
 

@@ -89,6 +89,19 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     random_state : int
     task_similarity : float in (0, 1], default=0.5
         tau of ``method="multitask"`` (ignored by the other methods).
+    dica : {None, "supervised", "unsupervised"}, default=None
+        Domain-invariant component analysis (Muandet et al. 2013; :mod:`gating_core.dica`)
+        after standardisation: DICA (with the expert labels) or UDICA, fitted on the training
+        patients' cells, projects every cell -- training, embedding and gated -- onto
+        ``dica_components`` directions along which the patients' distributions differ least
+        (each scaled to unit variance over the training cells). With ``method="marginal"`` the
+        patient's embedding is of its projected cells (the paper's distributional variant).
+        The projection is fitted once on all training patients, before model selection, so
+        the selection's held-out patients helped shape it (its CV accuracy is optimistic);
+        ``select=False`` leaves the bandwidths to heuristics that suit the projected cells
+        less well than the channels (sample cohort: 0.76 against 0.96 on one patient).
+    dica_components : int, default=20
+        m, the directions kept (1 to 600).
 
     A scikit-learn estimator (``clone``, ``get_params``, ``set_params``) whose parameters are
     exactly those the model file stores. To scikit-learn's model selection one sample is one
@@ -117,6 +130,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     groups_ : list of str  the group of each training patient (given, or inferred)
     groups_inferred_ : bool  True when the groups were found from the embeddings
     novelty_reference_, novelty_threshold_ : float
+    dica_ : DICA or None  the fitted projection (``dica``), (d,) -> (dica_components,)
     """
 
     def __init__(self, method="marginal", channels=None, transform="auto", compensate=True, select=True,
@@ -126,7 +140,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                  n_augment=DEFAULT_AUGMENT, augment_gain=0.08, augment_shift=0.15, patient_weighting="uniform",
                  pooled_weight=DEFAULT_POOLED_WEIGHT, prior_shift="none", align="none", cv_folds=5, cv_repeats=2,
                  selection_cells_per_patient=1500, selection_objective="mean", random_state=0,
-                 task_similarity=0.5):
+                 task_similarity=0.5, dica=None, dica_components=20):
         self.method = method
         self.channels = channels
         self.transform = transform
@@ -155,6 +169,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         self.selection_objective = selection_objective
         self.random_state = random_state
         self.task_similarity = task_similarity
+        self.dica = dica
+        self.dica_components = dica_components
 
     # -- training ------------------------------------------------------------------------------
 
@@ -206,6 +222,9 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         report = progress or (lambda stage, fraction: None)
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
+        from gating_core.dica import check_dica_settings
+
+        check_dica_settings(self.dica, self.dica_components)
         if len(digests) == 0:
             raise ValueError("no training patients")
         if self.method == "marginal" and len(digests) < 2:

@@ -23,6 +23,7 @@ import numpy as np
 from gating_core import __version__
 from gating_core.alignment import ALIGNMENTS, LEVELS
 from gating_core.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS, MarginalTransferClassifier
+from gating_core.dica import DICA_MODES, MODEL_DICA_FEATURES
 from gating_core.features import MeanEmbedding, ProductRFF
 from gating_core.model import METHODS, PRIOR_SHIFTS
 from gating_core.modelfile import Fields, ModelFileError, check_scalar, parse_json, read_archive
@@ -75,6 +76,10 @@ def save_model(model, path) -> None:
                       landmark_projection=clf.landmark_projection_)
     if getattr(model, "reference_quantiles_", None) is not None:
         arrays["reference_quantiles"] = model.reference_quantiles_
+    dica = getattr(model, "dica_", None)
+    if dica is not None:  # the DICA projection after standardisation (GatingModel's ``dica``)
+        arrays.update(dica_frequencies=dica.frequencies_, dica_feature_mean=dica.feature_mean_,
+                      dica_projection=dica.projection_)
     if companion is not None:
         arrays.update(pooled_coef=companion.coef_, pooled_intercept=companion.intercept_,
                       pooled_cell_weights=companion.feature_map_.cell_weights_,
@@ -147,7 +152,9 @@ def model_from_parts(cls, meta, arrays, path="model"):
         path, top.object("classifier"), inspect.signature(MarginalTransferClassifier).parameters))
     fitted = top.object("fitted")
     clf.classes_ = np.asarray(model.populations_)
-    clf.n_features_in_ = fitted.integer("n_features_in", minimum=d, maximum=d)
+    # The classifier sees d standardised channels, or dica_components projected ones.
+    d_cells = d if model.dica is None else model.dica_components
+    clf.n_features_in_ = fitted.integer("n_features_in", minimum=d_cells, maximum=d_cells)
     clf.bandwidth_x_ = fitted.number("bandwidth_x", positive=True)
     clf.bandwidth_p_ = fitted.number("bandwidth_p", positive=True, nullable=True)
     clf.bandwidth_embedding_ = fitted.number("bandwidth_embedding", positive=True)
@@ -176,13 +183,23 @@ def model_from_parts(cls, meta, arrays, path="model"):
                           else np.full(k, 1.0 / k))
     if not (np.all(model.class_prior_ > 0) and abs(model.class_prior_.sum() - 1) < 1e-6):
         raise ModelFileError(path, "model file is inconsistent: array 'class_prior' is not a distribution")
+    model.dica_ = None
+    if model.dica is not None:
+        from gating_core.dica import cell_projection_from_arrays
+
+        n_dica = array("dica_frequencies", d, None).shape[1]
+        model.dica_ = cell_projection_from_arrays(array("dica_frequencies", d, n_dica),
+                                                  array("dica_feature_mean", 2 * n_dica),
+                                                  array("dica_projection", 2 * n_dica, d_cells))
+    elif any(name.startswith("dica_") for name in arrays):
+        raise ModelFileError(path, "model file is inconsistent: DICA arrays in a model without DICA")
     model.reference_quantiles_ = None
     if model.align == "quantile":
-        landmarks = array("reference_quantiles", d, len(LEVELS)).astype(np.float64)
+        landmarks = array("reference_quantiles", d_cells, len(LEVELS)).astype(np.float64)
         if not np.all(np.diff(landmarks, axis=1) > 0):
             raise ModelFileError(path, "model file is inconsistent: 'reference_quantiles' are not increasing")
         model.reference_quantiles_ = landmarks
-    frequencies = array("embedding_frequencies", d, None).astype(np.float64, copy=False)
+    frequencies = array("embedding_frequencies", d_cells, None).astype(np.float64, copy=False)
     n_embedding = frequencies.shape[1]
     if n_embedding < 1:
         raise ModelFileError(path, "model file is inconsistent: no embedding frequencies")
@@ -200,7 +217,7 @@ def model_from_parts(cls, meta, arrays, path="model"):
     clf.embedder_ = embedder
     if clf.solver == "rff":
         fm = ProductRFF.__new__(ProductRFF)
-        fm.cell_weights_ = array("cell_weights", d, n_out).astype(np.float32, copy=False)
+        fm.cell_weights_ = array("cell_weights", d_cells, n_out).astype(np.float32, copy=False)
         fm.offsets_ = array("offsets", n_out).astype(np.float64, copy=False)
         uses_embedding = clf.use_embedding and clf.bandwidth_p_ is not None
         if uses_embedding:
@@ -217,13 +234,13 @@ def model_from_parts(cls, meta, arrays, path="model"):
     else:
         clf.landmark_projection_ = array("landmark_projection", None, n_out).astype(np.float64, copy=False)
         m = clf.landmark_projection_.shape[0]
-        clf.landmark_cells_ = array("landmark_cells", m, d).astype(np.float64, copy=False)
+        clf.landmark_cells_ = array("landmark_cells", m, d_cells).astype(np.float64, copy=False)
         clf.landmark_embeddings_ = array("landmark_embeddings", m, 2 * n_embedding).astype(np.float64, copy=False)
     model.classifier_ = clf
     model.pooled_classifier_, model.pooled_weight_ = None, 0.0
     pooled = top.object("pooled", optional=True)
     if pooled is not None:
-        model.pooled_classifier_ = _pooled_companion(path, pooled, array, clf, d, k)
+        model.pooled_classifier_ = _pooled_companion(path, pooled, array, clf, d_cells, k)
         # Format 2 wrote no fitted weight: its parameter was the weight.
         weight = pooled.number("weight", within=(0.0, 1.0), optional=True)
         if weight is None:
@@ -276,6 +293,10 @@ def _checked_params(path, fields: Fields, accepted, where: str) -> dict:
             out[key] = fields.string(key, choices=("mean", "worst"))
         elif key == "align":
             out[key] = fields.string(key, choices=ALIGNMENTS)
+        elif key == "dica":
+            out[key] = None if fields.raw(key) is None else fields.string(key, choices=DICA_MODES)
+        elif key == "dica_components":
+            out[key] = fields.integer(key, minimum=1, maximum=2 * MODEL_DICA_FEATURES)
         elif key == "prior_shift":
             out[key] = fields.string(key, choices=PRIOR_SHIFTS)
         elif key == "task_similarity":

@@ -99,6 +99,10 @@ MODEL_MEMBERS = {
     "pooled_intercept": Member("f", 1),
     "pooled_cell_weights": Member("f", 2),
     "pooled_offsets": Member("f", 1),
+    # the DICA projection after standardisation (GatingModel's ``dica``)
+    "dica_frequencies": Member("f", 2),
+    "dica_feature_mean": Member("f", 1),
+    "dica_projection": Member("f", 2),
 }
 
 

@@ -32,8 +32,16 @@ class ChannelPreprocessing:
         indices = [self._channel_indices(v) for v in patients]
         embedding_raw = [d.embedding_events[:, i] for d, i in zip(digests, indices)]
         self._fit_scales(embedding_raw, patients[0])
+        self.dica_ = None
         cells = [self._standardise(d.train_events[:, i]) for d, i in zip(digests, indices)]
         embedding_cells = [self._standardise(r) for r in embedding_raw]
+        if getattr(self, "dica", None) is not None:  # DICA after standardisation, before everything else
+            from gating_core.dica import fit_cell_projection
+
+            self.dica_ = fit_cell_projection(cells, [d.train_labels for d in digests], self.dica,
+                                             self.dica_components, self.random_state)
+            cells = [self._invariant(x) for x in cells]
+            embedding_cells = [self._invariant(e) for e in embedding_cells]
         self.reference_quantiles_ = None
         if self.align not in ALIGNMENTS:
             raise ValueError(f"align must be one of {ALIGNMENTS}, got {self.align!r}")
@@ -116,6 +124,24 @@ class ChannelPreprocessing:
         return indices
 
     def _standardise(self, raw: np.ndarray) -> np.ndarray:
+        """Raw events (n, d) on the model's channels -> the cells the classifier sees: (n, d),
+        or (n, dica_components) when the model has a DICA projection."""
+        return self._invariant(self._scaled(raw))
+
+    #: Rows projected at a time by DICA: bounds the (rows, 2L) float64 features in memory, and
+    #: fixed so that a chunk's cells get the same bits whichever path gates it.
+    DICA_BLOCK = 4096
+
+    def _invariant(self, cells: np.ndarray) -> np.ndarray:
+        """Standardised cells (n, d) through the model's DICA projection (``dica``): (n, m)
+        float32; unchanged without one."""
+        dica = getattr(self, "dica_", None)
+        if dica is None:
+            return cells
+        return dica.transform(cells, chunk_size=self.DICA_BLOCK).astype(np.float32)
+
+    def _scaled(self, raw: np.ndarray) -> np.ndarray:
+        """Transformed and standardised events (n, d), before any DICA projection."""
         out = self.transform_.apply(raw)
         out -= self.center_
         out /= self.scale_

@@ -86,10 +86,10 @@ class StreamedGating:
 
         def run(bounds):
             lo, hi = bounds
-            cells[lo:hi] = self._standardise(events[lo:hi][:, indices])
+            cells[lo:hi] = self._scaled(events[lo:hi][:, indices])
 
         parallel_rows(run, len(events))
-        return cells
+        return self._invariant(cells)  # DICA on the whole chunk, as gate() projects it
 
     def _content_chosen_rows(self, chunks, indices, chunk_events):
         """First pass of :meth:`gate_chunks`: the raw rows (model channels, file order) that

@@ -15,6 +15,7 @@ from gating_core.errors import print_error
 EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda", "marginal-alone", "marginal-auto",
                       "marginal-em", "marginal-quantile", "dica-pooling")
 EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5")
+EVALUATION_METHODS += ("dica-marginal",)
 DEFAULT_POOLED_WEIGHT = 0.5
 # The choices of ``train`` (gating_core.model.METHODS and gating_core.classifier.LOSSES,
 # checked by tests/test_train_choices.py).
@@ -50,6 +51,11 @@ def register(subparsers) -> None:
                        help="tau of --method multitask, within (0, 1]; 1 is pooling "
                             f"(default {DEFAULT_TASK_SIMILARITY}; the NIPS table used 0.01 and 0.5)")
     train.add_argument("--library", metavar="DIR", help="also train on the labeled patients of this patient library")
+    train.add_argument("--dica", choices=("supervised", "unsupervised"),
+                       help="project the standardised cells onto domain-invariant directions first (DICA, "
+                            "with the labels, or UDICA; Muandet et al. 2013); stored in the model file")
+    train.add_argument("--dica-components", type=int, metavar="K",
+                       help="directions DICA keeps (1-600, default 20; with --dica)")
     _cluster_options(train, "read and digest the INPUT files")
     _model_options(train)
     train.add_argument("inputs", nargs="*", metavar="INPUT")
@@ -201,7 +207,14 @@ def run_train(args) -> int:
     from gating_core.model import GatingModel
     from gating_core.progress import StageProgress
 
+    if args.dica_components is not None and not args.dica:
+        return _fail("--dica-components needs --dica supervised or --dica unsupervised")
+    if args.dica_components is not None and not 1 <= args.dica_components <= 600:
+        return _fail(f"--dica-components must be within [1, 600], got {args.dica_components}")
+    dica = {"dica": args.dica, "dica_components": args.dica_components or 20} if args.dica else {}
     if args.method == IW_METHOD:
+        if dica:
+            return _fail("--dica is an option of the kernel methods, not of --method iw-nystroem")
         model = _iw_model(args)
         if isinstance(model, int):
             return model
@@ -210,7 +223,7 @@ def run_train(args) -> int:
                                                          "random_state")}
     else:
         model = GatingModel(method=args.method, loss=args.loss, task_similarity=args.task_similarity,
-                            **_model_params(args))
+                            **_model_params(args), **dica)
         digest_params = model.get_params()
     if args.workers or args.scheduler:
         from gating_core.distributed import ClusterError, digest_files_distributed
