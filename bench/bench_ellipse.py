@@ -171,7 +171,7 @@ def main(argv=()) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--grid", action="store_true", help="the whole table (N x n), ours beside the paper's")
     parser.add_argument("--quick", action="store_true",
-                        help="with --grid: one seed, and N = 256 only at n = 8 and 256 (minutes, not an hour)")
+                        help="with --grid: one seed, and N = 256 only at n = 8 and 256 (a fraction of the full run)")
     parser.add_argument("--tasks", type=int, nargs="+", help="numbers of training tasks N")
     parser.add_argument("--points", type=int, nargs="+", help="points per task n")
     parser.add_argument("--seeds", type=int, nargs="+", help=f"data seeds (default {list(DEFAULT_SEEDS)})")
