@@ -26,7 +26,6 @@ cohort depends on its draw.
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from pathlib import Path
@@ -37,10 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gating_core.evaluation import (held_out_evaluation, leave_one_group_out, leave_one_patient_out,  # noqa: E402
                                     novelty_curve, summarize)
-from gating_core.inputs import load_labeled_input  # noqa: E402
 from gating_core.synthetic import simulate_centers  # noqa: E402
+from multicenter_data import MULTICENTER, load_multicenter  # noqa: E402
 
-MULTICENTER = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multicenter"
 METHODS = ("marginal", "marginal-alone", "pooling", "pooled-ridge", "pooled-logistic", "lda")
 
 
@@ -68,12 +66,7 @@ def _timed(title, run, protocol=None):
 
 
 def multicenter(methods, patient_protocol=True):
-    data = [load_labeled_input(p) for p in sorted(MULTICENTER.glob("multicenter_*.fcs"))]
-    samples, labels = [d[0] for d in data], [d[1] for d in data]
-    with open(MULTICENTER / "groups.csv", newline="") as handle:
-        rows = {r["patient"]: r for r in csv.DictReader(handle)}
-    pairs = [rows[s.name]["pair"] for s in samples]
-    batches = [rows[s.name]["batch"] for s in samples]
+    samples, labels, pairs, batches = load_multicenter()
     later = [i for i, b in enumerate(batches) if b == sorted(set(batches))[-1]]
     return pd.concat([
         _timed("multicenter, leave one replicate pair out",

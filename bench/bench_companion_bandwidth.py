@@ -23,7 +23,6 @@ Run: ``python bench/bench_companion_bandwidth.py [--seeds 11,12,13,14] [--no-mul
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from collections import defaultdict
@@ -35,11 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gating_core.classifier import MarginalTransferClassifier  # noqa: E402
 from gating_core.evaluation import METHOD_SETTINGS  # noqa: E402
-from gating_core.inputs import load_labeled_input  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
 from gating_core.synthetic import simulate_centers  # noqa: E402
+from multicenter_data import MULTICENTER, load_multicenter  # noqa: E402
 
-MULTICENTER = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multicenter"
 METHODS = ("default", "previous", "marginal-alone", "pooled-logistic")
 
 
@@ -90,12 +88,7 @@ def main(argv=None) -> int:
     parser.add_argument("--no-patient-protocol", action="store_true", help="skip leave one patient out")
     args = parser.parse_args(argv)
     if not args.no_multicenter and MULTICENTER.exists():
-        data = [load_labeled_input(p) for p in sorted(MULTICENTER.glob("multicenter_*.fcs"))]
-        samples, labels = [d[0] for d in data], [d[1] for d in data]
-        with open(MULTICENTER / "groups.csv", newline="") as handle:
-            rows = {r["patient"]: r for r in csv.DictReader(handle)}
-        pairs = [rows[s.name]["pair"] for s in samples]
-        batches = [rows[s.name]["batch"] for s in samples]
+        samples, labels, pairs, batches = load_multicenter()
         n = len(samples)
         run("multicenter, leave one replicate pair out", samples, labels, pairs,
             [[i for i in range(n) if pairs[i] == p] for p in sorted(set(pairs))])

@@ -21,7 +21,6 @@ Run: ``python bench/bench_family.py OUT.csv [--methods a,b] [--protocols p,q] [-
 from __future__ import annotations
 
 import argparse
-import csv
 import sys
 import time
 from pathlib import Path
@@ -31,20 +30,10 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gating_core.evaluation import held_out_evaluation, leave_one_group_out, summarize  # noqa: E402
-from gating_core.inputs import load_labeled_input  # noqa: E402
+from multicenter_data import MULTICENTER, load_multicenter  # noqa: E402
 
-MULTICENTER = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multicenter"
 METHODS = ("marginal", "pooled-logistic", "lda", "dica-pooling", "dica-marginal", "marginal-hinge",
            "multitask-0.01", "multitask-0.5")
-
-
-def load_multicenter(folder=MULTICENTER):
-    """Samples, labels, replicate pair and batch of every multicenter patient."""
-    data = [load_labeled_input(p) for p in sorted(Path(folder).glob("multicenter_*.fcs"))]
-    samples, labels = [d[0] for d in data], [d[1] for d in data]
-    with open(Path(folder) / "groups.csv", newline="") as handle:
-        rows = {r["patient"]: r for r in csv.DictReader(handle)}
-    return samples, labels, [rows[s.name]["pair"] for s in samples], [rows[s.name]["batch"] for s in samples]
 
 
 PROTOCOLS = ("leave-one-pair-out", "leave-later-batch-out")
