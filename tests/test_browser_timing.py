@@ -159,16 +159,11 @@ def timed_choice(page, log, step, label, option, index=0):
     widget.locator("input").first.click()
     target = page.get_by_role("option", name=option, exact=True).first
     target.wait_for()
-    before = signature(page, index)
-    since = page.evaluate("performance.now()")
-    start = time.perf_counter()
-    target.click()
-    wait_redrawn(page, before, index)
-    log.add(step, time.perf_counter() - start, run_split(page, since))
-    wait_idle(page)
+    timed_click(page, log, step, target, index)
 
 
 def timed_click(page, log, step, locator, index=0):
+    """Click ``locator`` and log the time from the click to chart ``index`` redrawn."""
     before = signature(page, index)
     since = page.evaluate("performance.now()")
     start = time.perf_counter()
