@@ -22,6 +22,7 @@ only when it has several threads), so K workers of one thread use K cores, not K
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import tempfile
 import threading
@@ -54,9 +55,12 @@ def local_cluster(workers: int, threads_per_worker: int = 1, memory_limit="auto"
 
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
+    # Task failures reach the client as exceptions and become the file's error record; what the
+    # private cluster logs on its own (a heartbeat that misses a scheduler already shutting down
+    # on a busy machine) is a traceback on the user's terminal and says nothing about the files.
     return LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
                         host="127.0.0.1", dashboard_address="127.0.0.1:0", memory_limit=memory_limit,
-                        env=dict(WORKER_ENV))
+                        env=dict(WORKER_ENV), silence_logs=logging.CRITICAL)
 
 
 def _load_model_cached(model_bytes: bytes, digest: str):
