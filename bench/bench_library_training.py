@@ -39,16 +39,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from bench_scale import _status_mb  # noqa: E402  (a sibling bench: /proc/self/status fields in MB)
+
 EVENTS = 200_000
 FILES_SEED = 1414
-
-
-def _status_mb(field: str) -> float:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _patient_files(folder: Path, n: int, n_events: int) -> list[tuple[Path, Path]]:

@@ -162,6 +162,17 @@ def timed_choice(page, log, step, label, option, index=0):
     timed_click(page, log, step, target, index)
 
 
+def timed_first_view(page, log, step, page_name, shown_text):
+    """Open ``page_name`` from the sidebar and log the time until ``shown_text`` is on it and the
+    script run has finished."""
+    start = time.perf_counter()
+    page.get_by_test_id("stSidebarNav").get_by_text(page_name, exact=True).click()
+    page.get_by_text(shown_text).first.wait_for(timeout=300_000)
+    page.wait_for_function(f"() => ({SCRIPT_STATE_JS})() === 'notRunning'", timeout=300_000)
+    log.add(step, time.perf_counter() - start)
+    wait_idle(page)
+
+
 def timed_click(page, log, step, locator, index=0):
     """Click ``locator`` and log the time from the click to chart ``index`` redrawn."""
     before = signature(page, index)
@@ -184,12 +195,8 @@ def test_explore_and_gate_on_a_million_events_timed(app_url, browser, artifacts_
     wait_idle(page)
 
     # Explore: the first view reads the patient from the library and bins every event.
-    start = time.perf_counter()
-    page.get_by_test_id("stSidebarNav").get_by_text("Explore", exact=True).click()
-    page.get_by_text(f"{PATIENT} ({N_EVENTS:,} events)").first.wait_for(timeout=300_000)
-    page.wait_for_function(f"() => ({SCRIPT_STATE_JS})() === 'notRunning'", timeout=300_000)
-    log.add("explore: first view (reads the patient, bins all events)", time.perf_counter() - start)
-    wait_idle(page)
+    timed_first_view(page, log, "explore: first view (reads the patient, bins all events)", "Explore",
+                     f"{PATIENT} ({N_EVENTS:,} events)")
     scatter = page.locator(".js-plotly-plot").first
     assert scatter.locator(".xtitle").text_content() == "FSC-A"
     assert scatter.locator(".ytitle").text_content() == "SSC-A"
@@ -212,12 +219,7 @@ def test_explore_and_gate_on_a_million_events_timed(app_url, browser, artifacts_
     page.screenshot(path=str(artifacts_dir / "timing_explore.png"), full_page=True)
 
     # Gate: the density plot of all events, then another X channel.
-    start = time.perf_counter()
-    page.get_by_test_id("stSidebarNav").get_by_text("Gate", exact=True).click()
-    page.get_by_text(f"{PATIENT} · (all events)").first.wait_for(timeout=300_000)
-    page.wait_for_function(f"() => ({SCRIPT_STATE_JS})() === 'notRunning'", timeout=300_000)
-    log.add("gate: first view", time.perf_counter() - start)
-    wait_idle(page)
+    timed_first_view(page, log, "gate: first view", "Gate", f"{PATIENT} · (all events)")
     gate_plot = page.locator(".js-plotly-plot").first
     timed_choice(page, log, "gate: x channel", "X channel", "CD4 (FL3-A)")
     assert gate_plot.locator(".xtitle").text_content() == "CD4 (FL3-A)"
