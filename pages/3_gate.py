@@ -82,11 +82,6 @@ def gating_section():
     mask_key = f"{tree_json}|{parent}" if parent_mask is not None else ""
     grid = cache.density(record.token, mask_key, x_ch, y_ch, x_scale_d, y_scale_d, x_range, y_range, 200, sample,
                          _mask=parent_mask)
-    idx = cache.dots(record.token, sample.n_events)
-    if parent_mask is not None:
-        idx = idx[parent_mask[idx]]
-    xs = cache.display_values(record.token, x_ch, x_scale_d, sample)[idx]
-    ys = cache.display_values(record.token, y_ch, y_scale_d, sample)[idx]
     parent_gate = None if parent == ALL else parent
     histogram_view = tool == "Range (histogram)"
     # Every gate on these channels is drawn, mapped onto the current axes when it was drawn on
@@ -115,7 +110,7 @@ def gating_section():
                         config={"displaylogo": False})
         event = None
     else:
-        fig = charts.scatter_panels([{"title": f"{patient} · {parent}", "grid": grid, "x": xs, "y": ys}], x_scale,
+        fig = charts.scatter_panels([{"title": f"{patient} · {parent}", "grid": grid}], x_scale,
                                     y_scale, x_range, y_range, x_label, y_label, mode="density", height=560,
                                     selectable=True)
         charts.add_gate_shapes(fig, same_axes, x_scale, y_scale, focus=focus)

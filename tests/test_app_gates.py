@@ -201,6 +201,10 @@ def test_the_population_tree_drives_the_plot_and_backgating_colours_ancestors(ga
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     labels = {a["text"] for a in spec["layout"]["annotations"]}
     assert {"<b>CD4+ CD8-</b>", "<b>CD4- CD8+</b>"} <= labels
+    # The density alone: Plotly reports a lasso over a heatmap, so no points are drawn under it
+    # (WebGL points cost the browser half a second per redraw without a GPU).
+    assert [t["type"] for t in spec["data"]] == ["heatmap"]
+    assert spec["layout"]["dragmode"] == "lasso"
     # Choosing the range gate opens the histogram of all events' CD3.
     at.selectbox(key="gate_focus").set_value("CD3+")
     run(at)
