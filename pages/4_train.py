@@ -207,8 +207,10 @@ st.caption("Each group of patients (center, batch or run; chosen above) in turn 
 checking = job_progress(store, "check", "check_job")
 if transductive:
     st.caption("The check does not offer the importance-weighted Nystroem model: it refits for every patient "
-               "it gates, and no held-out path runs it yet. Choose another method above to run the check; gate "
-               "labeled patients with this model on the Auto-gate page to compare with their labels.")
+               "it gates, and no held-out path runs it yet. Choose another method above to run the check.")
+elif dica != "none":
+    st.caption("With DICA the projection is refitted on each fold's training patients (never on the held-out "
+               "one), so each fold is a full training of marginal transfer and of pooling: the check takes longer.")
 if st.button("Run the check", key="lopo_button", disabled=checking is not None or transductive):
     model_params = dict(params)
     if channels:

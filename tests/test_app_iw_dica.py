@@ -191,3 +191,20 @@ def test_model_kind_of_a_dica_model_without_fitting():
 
     model = GatingModel(method="pooling", dica="unsupervised", dica_components=7)
     assert model_kind(model) == "pooling, UDICA (7)"
+
+
+def test_the_check_runs_with_the_dica_chosen_and_belongs_to_the_dica_model(library):
+    at = _train_on_the_page(start(), method="pooling", dica="unsupervised", dica_components=5,
+                            hand={"hp_select": False, "hp_cells_per_patient": 300, "hp_n_features": 32})
+    assert any("each fold is a full training" in c.value for c in at.caption)
+    at.button(key="lopo_button").click()
+    at.run()
+    at = finish_jobs(at)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    store = store_of(at)
+    table = store.evaluation
+    assert sorted(set(table["method"])) == ["lda", "marginal", "pooling"]
+    assert sorted(set(table["patient"])) == ["patient_01", "patient_02", "patient_03"]
+    setup = store.check_record["setup"]["params"]
+    assert (setup["dica"], setup["dica_components"]) == ("unsupervised", 5)
+    assert any("run on the current model's patients" in c.value for c in at.caption)
