@@ -42,7 +42,6 @@ with st.expander("Load a saved model (.npz, as written by this app or `python -m
 if not require_patients(store, labeled=True):
     st.stop()
 
-
 labeled = store.labeled()
 chosen = st.multiselect("Historical patients to learn from", labeled, default=labeled, key="train_patients")
 if len(chosen) < 2:
