@@ -7,11 +7,13 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from gating_core.modelfile import ModelFileError
 from ui.app_state import common_channels, incompatible_label_sets, label_set_disagreements
 from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcome, job_progress, refresh_status,
                        require_patients)
 from ui.jobs import DONE, format_seconds, jobs_for
-from ui.training import (LOSS_LABELS, METHOD_LABELS, check_matches_model, method_label, method_params, model_kind,
+from ui.training import (DEFAULT_DICA_COMPONENTS, DICA_LABELS, IW_METHOD, LOSS_LABELS, METHOD_LABELS,
+                         check_matches_model, is_transductive, method_label, method_params, model_class, model_kind,
                          start_check, start_training)
 from ui.models import load_model_bytes, model_bytes, model_channel_labels
 
@@ -19,24 +21,26 @@ store = get_store()
 st.title("Train a gating model")
 st.caption("Train a model on labeled (historical) patients. **Marginal transfer** looks at each patient's "
            "whole cell distribution as well as each cell, so it adapts to patient-to-patient shift; "
-           "**pooling** treats all cells alike (the classic approach, shown for comparison).")
+           "**pooling** treats all cells alike (the classic approach, shown for comparison); "
+           "**importance-weighted Nystroem** keeps training cells and refits for each new patient, weighting "
+           "them by how alike they are to that patient's cells.")
 
 with st.expander("Load a saved model (.npz, as written by this app or `python -m gating_core train`)"):
     model_file = st.file_uploader("Model file", type=["npz"], key="model_upload")
     if model_file is not None and st.session_state.get("loaded_model_id") != model_file.file_id:
         try:
-            model = load_model_bytes(model_file.getvalue(), store.work_dir)
+            model = load_model_bytes(model_file.getvalue(), store.work_dir, name=model_file.name)
             store.add_model(f"loaded: {model_file.name[:60]}", model)
             refresh_status(store)
             st.session_state["loaded_model_id"] = model_file.file_id
-            st.success(f"Loaded a model for {', '.join(map(str, model.populations_))}.")
-        except Exception as exc:  # ModelFileError and anything else: shown, never raised
+            st.success(f"Loaded a model ({model_kind(model)}) for {', '.join(map(str, model.populations_))}.")
+        except ModelFileError as exc:  # names the file and the problem
+            st.error(str(exc))
+        except Exception as exc:  # anything else: shown, never raised
             st.error(f"{model_file.name}: {exc}")
 
 if not require_patients(store, labeled=True):
     st.stop()
-
-from gating_core.model import GatingModel  # noqa: E402  (after the page shows something)
 
 labeled = store.labeled()
 chosen = st.multiselect("Historical patients to learn from", labeled, default=labeled, key="train_patients")
@@ -68,7 +72,10 @@ if disagreements:
                    "e.g. a B-cell-depleted patient); their cells are learned as the populations they are "
                    "labeled with.  \n" + lines)
 method = c2.radio("Method", list(METHOD_LABELS), key="train_method", horizontal=True, format_func=METHOD_LABELS.get,
-                  help="Multitask: k_P = tau between two training patients (a further baseline; see Advanced).")
+                  help="Multitask: k_P = tau between two training patients (a further baseline; see Advanced). "
+                       "Importance-weighted Nystroem: a kernel ridge fit weighted by p_new/p_train, refitted for "
+                       "every patient it gates (seconds per patient; its model file keeps training cells).")
+transductive = method == IW_METHOD
 channels_all = common_channels([r.sample for r in records])
 from gating_core.groups import groups_from_keyword, shared_group_keywords  # noqa: E402
 
@@ -89,13 +96,28 @@ def _groups(samples):
         return [s.name for s in samples]
     return groups_from_keyword(samples, group_by)
 
-with st.expander("Advanced: loss and the multitask baseline"):
+with st.expander("Advanced: loss, DICA and the multitask baseline"):
+    if transductive:
+        st.caption("The importance-weighted Nystroem model is a squared-loss kernel ridge fit on the channels: "
+                   "the loss and DICA choices are of the other methods.")
     loss = st.radio("Loss", list(LOSS_LABELS), key="train_loss", horizontal=True, format_func=LOSS_LABELS.get,
+                    disabled=transductive,
                     help="Squared is fastest and the default; hinge and logistic are the papers' other losses, "
                          "several times slower to train.")
     task_similarity = st.number_input("Task similarity tau (multitask)", min_value=0.01, max_value=1.0, value=0.5,
                                       step=0.01, key="train_tau", disabled=method != "multitask",
                                       help="k_P between two different training patients; 1 is pooling.")
+    d1, d2 = st.columns([3, 1])
+    dica = d1.radio("Domain-invariant projection (DICA)", list(DICA_LABELS), key="train_dica", horizontal=True,
+                    format_func=DICA_LABELS.get, disabled=transductive,
+                    help="Muandet et al. 2013: project the cells onto directions along which the patients' "
+                         "distributions differ least (DICA keeps those that tell the populations apart). "
+                         "Fitted once on the training patients; the check refits it per fold.")
+    dica_components = d2.number_input("Components", min_value=1, max_value=600, value=DEFAULT_DICA_COMPONENTS,
+                                      step=1, key="train_dica_components", disabled=transductive or dica == "none",
+                                      help="Directions DICA keeps (1 to 600).")
+    if transductive:
+        loss, dica = "squared", "none"
 
 with st.expander("Channels and hyperparameters (automatic unless you change them)"):
     channels = st.multiselect("Channels", channels_all, format_func=lambda c: channel_label(records[0].sample, c),
@@ -103,20 +125,24 @@ with st.expander("Channels and hyperparameters (automatic unless you change them
     hand = st.checkbox("Set hyperparameters by hand", key="train_hand")
     params = {}
     if hand:
-        sig = inspect.signature(GatingModel.__init__)
+        # The chosen method's own parameters (the IW model's have their own widget keys: its
+        # defaults differ from GatingModel's for a parameter of the same name).
+        sig = inspect.signature(model_class(method).__init__)
+        prefix = "hp_iw_" if transductive else "hp_"
         cols = st.columns(3)
         k = 0
         for name, p in sig.parameters.items():
-            if name in ("self", "method", "channels", "transform", "random_state", "compensate", "task_similarity"):
+            if name in ("self", "method", "channels", "transform", "random_state", "compensate", "task_similarity",
+                        "dica", "dica_components"):
                 continue
             col = cols[k % 3]
             if isinstance(p.default, bool):
-                params[name] = col.checkbox(name, value=p.default, key=f"hp_{name}")
+                params[name] = col.checkbox(name, value=p.default, key=f"{prefix}{name}")
             elif isinstance(p.default, (int, float)):
-                params[name] = col.number_input(name, value=p.default, key=f"hp_{name}")
+                params[name] = col.number_input(name, value=p.default, key=f"{prefix}{name}")
             elif p.default is None:
                 value = col.number_input(f"{name} (empty = automatic)", value=None, min_value=0.0, format="%.4g",
-                                         key=f"hp_{name}")
+                                         key=f"{prefix}{name}")
                 if value is not None:
                     params[name] = float(value)
             else:
@@ -124,7 +150,8 @@ with st.expander("Channels and hyperparameters (automatic unless you change them
             k += 1
 
 
-params.update(method_params(method, loss, task_similarity))
+# The choices above first; what was set by hand overrides them (the IW model's defaults).
+params = {**method_params(method, loss, task_similarity, dica, dica_components), **params}
 
 
 def _training_labels(record):
@@ -139,7 +166,8 @@ if st.button("Train model", type="primary", key="train_button",
              disabled=not pops or not train_anyway or training is not None,
              help="One training at a time; it goes on in the background while you use other pages."):
     samples = [r.sample for r in records]
-    start_training(store, name=f"{method_label(method, loss, params.get('task_similarity'))}, {len(records)} patients",
+    kind = method_label(method, loss, params.get("task_similarity"), params.get("dica"), params.get("dica_components"))
+    start_training(store, name=f"{kind}, {len(records)} patients",
                    method=method, channels=channels,
                    params=params, samples=samples, labels=[_training_labels(r) for r in records],
                    groups=_groups(samples), training_patients=chosen)
@@ -176,7 +204,13 @@ st.caption("Each group of patients (center, batch or run; chosen above) in turn 
            "and linear discriminant analysis (LDA, a strong simple baseline) run on the same split, with the "
            "settings chosen above.")
 checking = job_progress(store, "check", "check_job")
-if st.button("Run the check", key="lopo_button", disabled=checking is not None):
+if transductive:
+    st.caption("The check does not offer the importance-weighted Nystroem model: it refits for every patient "
+               "it gates, and no held-out path runs it yet. Choose another method above to run the check.")
+elif dica != "none":
+    st.caption("With DICA the projection is refitted on each fold's training patients (never on the held-out "
+               "one), so each fold is a full training of marginal transfer and of pooling: the check takes longer.")
+if st.button("Run the check", key="lopo_button", disabled=checking is not None or transductive):
     model_params = dict(params)
     if channels:
         model_params["channels"] = channels
@@ -195,6 +229,9 @@ if table is not None and len(table):
         when = str(record.get("saved_at", ""))[:16].replace("T", " ")
         st.caption(f"This check was run on the current model's patients, populations and settings"
                    + (f" ({when} UTC)." if when else "."))
+    elif belongs is False and is_transductive(store.models[store.current_model]):
+        st.info("This check measured marginal transfer, pooling and LDA, not the current model "
+                "(importance-weighted Nystroem, which the check does not offer).")
     elif belongs is False:
         st.info("This check was run on other patients, populations or settings than the current model's: "
                 "run it again to check the current model.")

@@ -10,6 +10,7 @@ from ui import cache, charts, exports
 from ui.app_state import autogate_templates, missing_model_channels, shape_from_selection
 from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, refresh_status,
                        require_patients, scale_select, show_label_change)
+from ui.training import is_transductive, refit_caption
 
 LOW = "low confidence"
 store = get_store()
@@ -43,12 +44,16 @@ if st.button("Run auto-gating", type="primary", disabled=not targets, key="ag_ru
         bar.progress(i / len(targets), text=f"Gating {name} ({i + 1}/{len(targets)})")
         try:
             store.set_result(name, model.gate(store.patients[name].sample), model_name)
+            if is_transductive(model):  # the per-patient refit's cost, shown below
+                state.setdefault("ag_refit_seconds", {}).setdefault(model_name, {})[name] = model.last_fit_seconds_
         except Exception as exc:
             st.error(f"Auto-gating failed for {exc}" if str(exc).startswith(name) else
                      f"{name}: auto-gating failed ({exc})")
     bar.progress(1.0, text="Done")
     state.ag_chart_version += 1
     refresh_status(store)
+if is_transductive(model):
+    st.caption(refit_caption(state.get("ag_refit_seconds", {}).get(model_name, {})))
 
 gated = [n for n, r in store.patients.items() if r.result is not None or r.result_loader is not None]
 if not gated:
@@ -143,10 +148,15 @@ with side_col:
         circled = {int(i): str(record.corrected[i]) for i in differs}
     circled = dict(circled or {})
     refine_model = store.models.get(record.result_model, model)
-    refine = st.checkbox("Apply corrections to similar cells", key="ag_refine",
+    # The refinement refits the kernel model's own features; the IW model has none to refit.
+    refinable = not is_transductive(refine_model)
+    refine = st.checkbox("Apply corrections to similar cells", key="ag_refine", disabled=not refinable,
                          help="Refit this patient's gating to every cell corrected so far (JMLR 2021, section 9): "
                               "cells like the circled ones move with them, not only those circled. "
-                              "Off: only the circled cells change.")
+                              "Off: only the circled cells change.") and refinable
+    if not refinable:
+        st.caption("The importance-weighted Nystroem model does not offer refinement from corrections: "
+                   "only the circled cells change.")
     if shape is None:
         st.caption("Draw a lasso or box around cells on the plot to reassign them.")
     else:

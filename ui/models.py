@@ -16,14 +16,22 @@ def model_bytes(model, work_dir) -> bytes:
         path.unlink(missing_ok=True)
 
 
-def load_model_bytes(data: bytes, work_dir):
-    """A GatingModel from uploaded bytes, written under a generated name first."""
-    from gating_core.model import GatingModel
+def load_model_bytes(data: bytes, work_dir, name: str | None = None):
+    """A GatingModel or an IWNystroemGatingModel (whichever the file holds, read by
+    :func:`gating_core.iw_model.load_any_model`: checked, no pickle) from uploaded bytes,
+    written under a generated name first. A problem is a ModelFileError naming ``name`` (the
+    uploaded file's name, shown only; never a path) rather than the generated one."""
+    from gating_core.iw_model import load_any_model
+    from gating_core.modelfile import ModelFileError
 
     path = Path(work_dir) / f"upload-{uuid.uuid4().hex}.npz"
     path.write_bytes(data)
     try:
-        return GatingModel.load(path)
+        return load_any_model(path)
+    except ModelFileError as exc:
+        if name is None:
+            raise
+        raise ModelFileError(Path(str(name)).name or "model file", exc.problem) from None
     finally:
         path.unlink(missing_ok=True)
 

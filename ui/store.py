@@ -108,11 +108,11 @@ class Store:
                             SimpleNamespace(**novelty) if novelty else None, dict(record.counts), dict(record.details))
 
     def _register_stored_model(self, minfo) -> None:
-        from gating_core.model import GatingModel
+        from gating_core.iw_model import load_any_model  # a GatingModel or an IW Nystroem model file
 
         label = f"{minfo.name} (v{minfo.version})"
         try:
-            model = GatingModel.load(self.library.model_path(minfo.id))
+            model = load_any_model(self.library.model_path(minfo.id))
         except Exception as exc:  # a model file from another version: shown, not fatal
             self.warnings.append(f"model {label} could not be loaded ({exc})")
             return

@@ -16,48 +16,115 @@ from ui.jobs import Job, start_job
 
 #: The Train page's choices (gating_core.model.METHODS, gating_core.classifier.LOSSES).
 METHOD_LABELS = {"marginal": "Marginal transfer (recommended)", "pooling": "Pooling",
-                 "multitask": "Multitask (baseline)"}
+                 "multitask": "Multitask (baseline)",
+                 "iw-nystroem": "Importance-weighted Nystroem (refitted per patient)"}
 LOSS_LABELS = {"squared": "Squared (kernel ridge; default)", "logistic": "Logistic (multinomial)",
                "hinge": "Hinge (cost-sensitive SVM)"}
+#: DICA choices of the kernel methods (GatingModel's ``dica``; "none": no projection).
+DICA_LABELS = {"none": "None (the channels as they are)", "supervised": "DICA (supervised: uses the labels)",
+               "unsupervised": "UDICA (unsupervised)"}
+DEFAULT_DICA_COMPONENTS = 20
+#: The importance-weighted Nystroem model (gating_core.iw_model): a sibling of GatingModel that
+#: keeps training cells and refits for each new patient, with the command line's defaults
+#: (``train --method iw-nystroem``: 2,000 cells per patient, 300 landmarks).
+IW_METHOD = "iw-nystroem"
+IW_DEFAULTS = {"cells_per_patient": 2000, "n_landmarks": 300}
 
 
-def method_params(method: str, loss: str, task_similarity: float) -> dict:
-    """GatingModel parameters of the Train page's method, loss and tau choices (tau only
-    matters to the multitask method, so it is passed only then)."""
+def is_transductive(model) -> bool:
+    """Whether ``model`` refits for each patient it gates (the importance-weighted Nystroem model)."""
+    return getattr(model, "method", None) == IW_METHOD
+
+
+def refit_caption(seconds: dict) -> str:
+    """What the Auto-gate page says of an importance-weighted Nystroem model's per-patient refit:
+    ``seconds`` maps patient names to the refit's seconds (``last_fit_seconds_``)."""
+    head = ("This model refits for each patient it gates (importance-weighted Nystroem KRR: weights "
+            "p_patient/p_train from the patient's own cells, then a weighted fit on the training cells it keeps)")
+    if not seconds:
+        return head + ": the refit's cost per patient is shown here once patients are gated."
+    each = ", ".join(f"{name} {s:.1f} s" for name, s in seconds.items() if s is not None)
+    return f"{head}. Refit per patient: {each}."
+
+
+def model_class(method: str):
+    """The estimator class the Train page's ``method`` trains (imported when asked for)."""
+    if method == IW_METHOD:
+        from gating_core.iw_model import IWNystroemGatingModel
+
+        return IWNystroemGatingModel
+    from gating_core.model import GatingModel
+
+    return GatingModel
+
+
+def method_params(method: str, loss: str, task_similarity: float, dica: str = "none",
+                  dica_components: int = DEFAULT_DICA_COMPONENTS) -> dict:
+    """Model parameters of the Train page's method, loss, tau and DICA choices (tau only matters
+    to the multitask method, so it is passed only then; DICA only when chosen). The
+    importance-weighted Nystroem model has none of these (a squared-loss KRR on the channels):
+    its parameters are :data:`IW_DEFAULTS`, and loss or DICA choices other than the defaults
+    are refused rather than dropped."""
     if method not in METHOD_LABELS:
         raise ValueError(f"method must be one of {tuple(METHOD_LABELS)}, got {method!r}")
     if loss not in LOSS_LABELS:
         raise ValueError(f"loss must be one of {tuple(LOSS_LABELS)}, got {loss!r}")
+    if dica not in DICA_LABELS:
+        raise ValueError(f"DICA must be one of {tuple(DICA_LABELS)}, got {dica!r}")
+    if method == IW_METHOD:
+        if loss != "squared" or dica != "none":
+            raise ValueError("the importance-weighted Nystroem model is a squared-loss KRR on the channels: "
+                             "no other loss, no DICA")
+        return dict(IW_DEFAULTS)
     params = {"loss": loss}
     if method == "multitask":
         if not 0.0 < float(task_similarity) <= 1.0:
             raise ValueError(f"task similarity must be within (0, 1], got {task_similarity!r}")
         params["task_similarity"] = float(task_similarity)
+    if dica != "none":
+        from gating_core.dica import check_dica_settings
+
+        check_dica_settings(dica, int(dica_components))
+        params.update(dica=dica, dica_components=int(dica_components))
     return params
 
 
-def method_label(method: str, loss: str = "squared", task_similarity=None) -> str:
-    """``marginal``, ``marginal, hinge loss``, ``multitask tau=0.01``: a model's kind in a word or three."""
+def method_label(method: str, loss: str = "squared", task_similarity=None, dica=None, dica_components=None) -> str:
+    """``marginal``, ``marginal, hinge loss``, ``multitask tau=0.01``, ``pooling, DICA (20)``,
+    ``iw-nystroem (refitted per patient)``: a model's kind in a word or three."""
+    if method == IW_METHOD:
+        return f"{IW_METHOD} (refitted per patient)"
     label = f"multitask tau={task_similarity:g}" if method == "multitask" and task_similarity else method
-    return label if loss == "squared" else f"{label}, {loss} loss"
+    if loss != "squared":
+        label = f"{label}, {loss} loss"
+    if dica in ("supervised", "unsupervised"):
+        name = "DICA" if dica == "supervised" else "UDICA"
+        label = f"{label}, {name}" + (f" ({dica_components})" if dica_components else "")
+    return label
 
 
 def model_kind(model) -> str:
-    """:func:`method_label` of a fitted GatingModel (what the Models list says of it)."""
-    return method_label(model.method, model.loss, model.task_similarity if model.method == "multitask" else None)
+    """:func:`method_label` of a fitted model (what the Models list says of it)."""
+    if is_transductive(model):
+        return (f"importance-weighted Nystroem KRR, refitted for each patient it gates "
+                f"({model.n_landmarks} landmarks, {len(model.cells_):,} training cells kept)")
+    return method_label(model.method, model.loss, model.task_similarity if model.method == "multitask" else None,
+                        getattr(model, "dica", None), getattr(model, "dica_components", None))
 
 
 def start_training(store, *, name: str, method: str, channels, params: dict, samples, labels, groups,
                    training_patients) -> Job:
-    """Fit a GatingModel in the background; the job stores it in the library when done and
+    """Fit a GatingModel (or, ``method="iw-nystroem"``, an IWNystroemGatingModel) in the
+    background; the job stores it in the library when done and
     returns ``{"model", "model_id", "name", "n_cells"}``."""
     library, work_dir = store.library, Path(store.work_dir)
     samples, labels, training_patients = list(samples), list(labels), list(training_patients)
 
     def work(report):
-        from gating_core.model import GatingModel
-
-        model = GatingModel(method=method, channels=channels or None, **params)
+        if method == IW_METHOD:
+            model = model_class(method)(channels=channels or None, **params)
+        else:
+            model = model_class(method)(method=method, channels=channels or None, **params)
         model.fit(samples, labels, progress=report, groups=groups)
         report("Storing the model in the library", 0.99)  # the last moment a cancel stops it
         model_id = None
@@ -128,6 +195,8 @@ def check_matches_model(record: dict | None, model) -> bool | None:
 
     if not record or "setup" not in record:
         return None
+    if is_transductive(model):
+        return False  # the check runs the kernel methods and LDA; it never measured this model
     params = model.get_params()
     params.pop("method", None)
     setup = record["setup"]

@@ -42,7 +42,8 @@ class ModelsMixin:
 
     def add_model(self, model_file_path: str | os.PathLike, name: str, training_patients: Iterable = (),
                   evaluation: dict | None = None, method: str | None = None) -> str:
-        """Store a model file (the .npz written by ``GatingModel.save``) and what it was trained on.
+        """Store a model file (the .npz written by ``GatingModel.save`` or
+        ``IWNystroemGatingModel.save``) and what it was trained on.
 
         ``training_patients`` are patient names (or Samples); ``evaluation`` is a JSON-able dict
         of figures (a DataFrame is stored as records). Models with the same name get increasing
@@ -115,7 +116,8 @@ class ModelsMixin:
             return self._model_info(conn, row)
 
     def model_path(self, model_id: str) -> Path:
-        """Path of the stored model file; open it with ``GatingModel.load``. Do not modify it."""
+        """Path of the stored model file; open it with ``gating_core.iw_model.load_any_model`` (a
+        GatingModel or an importance-weighted Nystroem model file). Do not modify it."""
         with self._connect() as conn:
             row = conn.execute("SELECT f.relpath FROM models m JOIN files f ON f.id = m.file_id WHERE m.id = ?",
                                (model_id,)).fetchone()
