@@ -33,6 +33,9 @@ PREDICTOR_METHODS = ("lda", "dica-pooling")
 ALL_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5")
 # DICA before marginal transfer (issue 10, item 1): the paper's distributional variant.
 ALL_METHODS += ("dica-marginal",)
+# Importance-weighted Nystroem KRR (issue 10, item 2): refitted for each held-out patient on its
+# own unlabeled cells (gating_core.iw_model), with the command line's defaults.
+ALL_METHODS += ("iw-nystroem",)
 #: GatingModel settings of each kernel method (on top of the user's model parameters).
 METHOD_SETTINGS = {
     "marginal": {"method": "marginal"},
@@ -220,7 +223,8 @@ def _held_out_runs(samples, labels, held_out_sets, methods, model_params, progre
 def _fold_models(method, samples, labels, held_out_sets, model_params, groups, refit, progress):
     """The fitted model of each fold, lazily for full refits (one at a time in memory)."""
     settings = {**(model_params or {}), **METHOD_SETTINGS.get(method, {})}
-    by_subtraction = refit == "subtract" and method not in PREDICTOR_METHODS and settings.get("solver", "rff") == "rff"
+    by_subtraction = (refit == "subtract" and method not in PREDICTOR_METHODS + ("iw-nystroem",)
+                      and settings.get("solver", "rff") == "rff")
     # DICA is fitted on labeled cells: from all patients it would see the held-out one's labels.
     by_subtraction = by_subtraction and settings.get("dica") is None
     if by_subtraction:
@@ -235,6 +239,12 @@ def _fold_models(method, samples, labels, held_out_sets, model_params, groups, r
         progress(f"fold {k + 1} of {len(held_out_sets)}", k / len(held_out_sets))
         if method == "lda":
             yield LDABaseline().fit(train_samples, train_labels)
+        elif method == "iw-nystroem":
+            from gating_core.iw_model import IWNystroemGatingModel
+
+            params = model_params or {}
+            yield IWNystroemGatingModel(channels=params.get("channels"), compensate=params.get("compensate", True),
+                                        random_state=params.get("random_state", 0)).fit(train_samples, train_labels)
         elif method == "dica-pooling":  # DICA (Muandet et al. 2013) on the fold's patients, then pooling
             from gating_core.dica import DICAPooling
 

@@ -16,6 +16,7 @@ EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", 
                       "marginal-em", "marginal-quantile", "dica-pooling")
 EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5")
 EVALUATION_METHODS += ("dica-marginal",)
+EVALUATION_METHODS += ("iw-nystroem",)
 DEFAULT_POOLED_WEIGHT = 0.5
 # The choices of ``train`` (gating_core.model.METHODS and gating_core.classifier.LOSSES,
 # checked by tests/test_train_choices.py).
@@ -94,7 +95,8 @@ def register(subparsers) -> None:
                           help="methods to compare (default: marginal, pooling, pooled-logistic, lda; "
                                "marginal-alone is the marginal model without its pooled companion; marginal-em and "
                                "marginal-quantile add class-prior re-estimation or quantile registration; dica-pooling is "
-                               "a pooled logistic regression on DICA components, Muandet et al. 2013)")
+                               "a pooled logistic regression on DICA components, Muandet et al. 2013; iw-nystroem refits an "
+                               "importance-weighted Nystroem KRR for each held-out patient)")
     evaluate.add_argument("--groups", metavar="FILE|KEYWORD",
                           help="the group (center, batch, run) of each patient: a CSV (patient, group) or an "
                                "FCS keyword such as $CYTSN, $INST or $DATE; default: near-duplicate patients "
