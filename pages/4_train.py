@@ -205,8 +205,9 @@ st.caption("Each group of patients (center, batch or run; chosen above) in turn 
            "settings chosen above.")
 checking = job_progress(store, "check", "check_job")
 if transductive:
-    st.caption("The check does not offer the importance-weighted Nystroem model: it refits for every patient "
-               "it gates, and no held-out path runs it yet. Choose another method above to run the check.")
+    st.caption("The check here does not offer the importance-weighted Nystroem model (it refits for every "
+               "patient it gates); the command line measures it beside the baselines: `gating-core evaluate "
+               "--method iw-nystroem lda ...`. Choose another method above to run the check here.")
 elif dica != "none":
     st.caption("With DICA the projection is refitted on each fold's training patients (never on the held-out "
                "one), so each fold is a full training of marginal transfer and of pooling: the check takes longer.")
