@@ -169,6 +169,10 @@ def test_linear_model_is_linear_throughout_and_survives_save_and_load(linear_mod
         a, b = model.gate(sample), loaded.gate(sample)
         np.testing.assert_array_equal(a.populations, b.populations)
         np.testing.assert_array_equal(a.confidence, b.confidence)
+        # chunked gating (the streaming path's blocks) gives the same answer
+        c = loaded.gate(sample, chunk_size=997)
+        np.testing.assert_array_equal(c.populations, a.populations)
+        np.testing.assert_allclose(c.confidence, a.confidence, rtol=1e-6)
         truth = pd.read_csv(sample_data_dir / "truth" / f"{name}.labels.csv")["population"].to_numpy()
         assert np.mean(a.populations == truth) > (0.95 if name == "new_patient_01" else 0.9)
 
