@@ -33,6 +33,7 @@ except ImportError:  # scikit-learn < 1.6: the same check was a private method o
     def validate_data(estimator, X, y="no_validation", **kwargs):
         return estimator._validate_data(X, y, **kwargs)
 
+from gating_core.features import KERNELS_X, LinearProductFeatures
 from gating_core.solvers import (RidgeStatistics, fit_temperature, fit_weighted_hinge, fit_weighted_logistic,
                                  multitask_ridge_solve)
 from gating_core.training_problem import (LandmarkFeatures, TrainingProblem, _seed, cell_features, check_training_set,
@@ -108,6 +109,14 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         (:func:`~gating_core.solvers.multitask_ridge_solve`). A new patient has no task of its
         own, so it is gated by the part shared across tasks. Needs ``use_embedding=False`` and
         the squared loss. None: no multitask kernel.
+    kernel_x : {"gaussian", "linear"}, default="gaussian"
+        The cell kernels k_X and k'_X. "linear", as in the JMLR flow-cytometry experiment
+        (section 8.5): k'_X(x, x') = <x, x'>, so Psi(P) is the patient's mean cell
+        (:class:`~gating_core.features.LinearMeanEmbedding`, d entries), and the kernel is
+        k_P(Psi, Psi') (<x, x'> + 1) with Gaussian k_P
+        (:class:`~gating_core.features.LinearProductFeatures`; ``n_features`` is the budget
+        D_P (d + 1)); without the embedding, a linear model on [x, 1]. ``bandwidth_x`` and
+        ``bandwidth_embedding`` are then unused. Needs ``solver="rff"``.
     n_augment : int, default=0
         Copies of every training patient with a simulated instrument shift (a random gain and
         offset per channel, in standardised units) added to training as further patients, with
@@ -170,7 +179,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
                  bandwidth_x=None, bandwidth_p=None, bandwidth_embedding=None, alpha=1e-4,
                  loss="squared", n_augment=0, augment_gain=0.08, augment_shift=0.15,
                  patient_weighting="uniform", cells_per_patient=4000, embedding_cells=20000,
-                 calibrate=True, random_state=0, task_similarity=None):
+                 calibrate=True, random_state=0, task_similarity=None, kernel_x="gaussian"):
         self.use_embedding = use_embedding
         self.solver = solver
         self.n_features = n_features
@@ -189,6 +198,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         self.calibrate = calibrate
         self.random_state = random_state
         self.task_similarity = task_similarity
+        self.kernel_x = kernel_x
 
     # -- fitting -----------------------------------------------------------------------------
 
@@ -318,9 +328,13 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
 
     def _check_options(self):
         for name, value, allowed in (("solver", self.solver, SOLVERS), ("loss", self.loss, LOSSES),
-                                     ("patient_weighting", self.patient_weighting, PATIENT_WEIGHTINGS)):
+                                     ("patient_weighting", self.patient_weighting, PATIENT_WEIGHTINGS),
+                                     ("kernel_x", self.kernel_x, KERNELS_X)):
             if value not in allowed:
                 raise ValueError(f"{name} must be one of {allowed}, got {value!r}")
+        if self.kernel_x == "linear" and self.solver != "rff":
+            raise ValueError(f"kernel_x='linear' needs solver='rff' (its features are exact in the cells), "
+                             f"got solver={self.solver!r}")
         if self.task_similarity is not None:
             if not 0.0 < float(self.task_similarity) <= 1.0:
                 raise ValueError(f"task_similarity must be within (0, 1] or None, got {self.task_similarity!r}")
@@ -491,7 +505,9 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         """Ridge scores of the cells ``x`` of ONE patient with embedding ``embedding``, times
         the temperature when ``calibrated``: (n, n_classes) float32."""
         scores = np.empty((len(x), len(self.classes_)), dtype=np.float32)
-        if self.solver == "rff":
+        if isinstance(getattr(self, "feature_map_", None), LinearProductFeatures):
+            self._linear_scores(x, embedding, scores)
+        elif self.solver == "rff":
             self._rff_scores(x, embedding, scores)
         else:
             for start in range(0, len(x), chunk_size):
@@ -501,6 +517,16 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         if calibrated:
             scores *= np.float32(self.temperature_)
         return scores
+
+    def _linear_scores(self, x, embedding, scores):
+        """scores = [x, 1] M(P) for the linear cell kernel: one (d + 1, k) matrix per patient
+        (:meth:`LinearProductFeatures.patient_coefficients`), no per-cell features."""
+        fm = self.feature_map_
+        m = fm.patient_coefficients(fm.patient_phase(embedding if self.use_embedding else None), self.coef_)
+        for start in range(0, len(x), 1 << 16):
+            block = np.asarray(x[start:start + (1 << 16)], dtype=np.float32)
+            np.matmul(block, m[:-1], out=scores[start:start + len(block)])
+            scores[start:start + len(block)] += m[-1]
 
     def _rff_scores(self, x, embedding, scores):
         """scores = cos(x B / sigma_X + phase) (sqrt(2/D) coef), block by block.

@@ -36,6 +36,8 @@ ALL_METHODS += ("dica-marginal",)
 # Importance-weighted Nystroem KRR (issue 10, item 2): refitted for each held-out patient on its
 # own unlabeled cells (gating_core.iw_model), with the command line's defaults.
 ALL_METHODS += ("iw-nystroem",)
+# Linear k_X / k'_X as in the JMLR flow-cytometry experiment (issue 10, item 3).
+ALL_METHODS += ("marginal-linear",)
 #: GatingModel settings of each kernel method (on top of the user's model parameters).
 METHOD_SETTINGS = {
     "marginal": {"method": "marginal"},
@@ -54,6 +56,9 @@ METHOD_SETTINGS = {
     # a new patient is gated by the part shared across patients.
     "multitask-0.01": {"method": "multitask", "task_similarity": 0.01},
     "multitask-0.5": {"method": "multitask", "task_similarity": 0.5},
+    # Linear k_X and k'_X (JMLR section 8.5): the embedding is the mean cell, each patient's gate
+    # linear in the cell, k_P Gaussian on the means; its pooled companion is linear logistic.
+    "marginal-linear": {"method": "marginal", "kernel_x": "linear"},
     # Supervised DICA on the fold's training patients, then the default marginal model on the
     # projected cells: the embedding is of the projected cells (GatingModel's ``dica``).
     "dica-marginal": {"method": "marginal", "dica": "supervised"},

@@ -102,6 +102,13 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         less well than the channels (sample cohort: 0.76 against 0.96 on one patient).
     dica_components : int, default=20
         m, the directions kept (1 to 600).
+    kernel_x : {"gaussian", "linear"}, default="gaussian"
+        The cell kernels (see :class:`MarginalTransferClassifier`). "linear" (the JMLR
+        flow-cytometry experiment): the embedding is the patient's mean standardised cell and
+        each patient's gate is linear in the cell, k_P(Psi, Psi') (<x, x'> + 1); sigma_X and
+        sigma' are not selected (they mean nothing to it). Its pooled companion is kept and is
+        consistent with it: a logistic regression on [x, 1] (a linear logistic model), with no
+        sigma_X to select. Needs ``solver="rff"``.
 
     A scikit-learn estimator (``clone``, ``get_params``, ``set_params``) whose parameters are
     exactly those the model file stores. To scikit-learn's model selection one sample is one
@@ -140,7 +147,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                  n_augment=DEFAULT_AUGMENT, augment_gain=0.08, augment_shift=0.15, patient_weighting="uniform",
                  pooled_weight=DEFAULT_POOLED_WEIGHT, prior_shift="none", align="none", cv_folds=5, cv_repeats=2,
                  selection_cells_per_patient=1500, selection_objective="mean", random_state=0,
-                 task_similarity=0.5, dica=None, dica_components=20):
+                 task_similarity=0.5, dica=None, dica_components=20, kernel_x="gaussian"):
         self.method = method
         self.channels = channels
         self.transform = transform
@@ -171,6 +178,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         self.task_similarity = task_similarity
         self.dica = dica
         self.dica_components = dica_components
+        self.kernel_x = kernel_x
 
     # -- training ------------------------------------------------------------------------------
 
@@ -296,7 +304,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
 
     def _wants_search(self) -> bool:
         """Whether a hyperparameter is left to model selection."""
-        return self.bandwidth_x is None or self.alpha is None or (self.method == "marginal" and self.bandwidth_p is None)
+        wants_x = self.bandwidth_x is None and self.kernel_x != "linear"  # the linear k_X has no sigma_X
+        return wants_x or self.alpha is None or (self.method == "marginal" and self.bandwidth_p is None)
 
     def _embedding_factors(self):
         """The sigma' grid the selection searches (None: sigma' is not selected)."""
@@ -360,7 +369,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     def _companion_search_base(self, params: dict):
         """The classifier whose sigma_X the companion's selection chooses, or None when the
         companion takes the main model's (sigma_X given by the user, or no selection)."""
-        if not self.select or self.bandwidth_x is not None:
+        if not self.select or self.bandwidth_x is not None or self.kernel_x == "linear":
             return None
         return MarginalTransferClassifier(**{**self._companion_params(params, bandwidth_x=1.0), "bandwidth_x": None})
 
@@ -398,7 +407,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                     augment_shift=self.augment_shift, patient_weighting=self.patient_weighting,
                     cells_per_patient=self.cells_per_patient, embedding_cells=self.embedding_cells,
                     random_state=self.random_state,
-                    task_similarity=self.task_similarity if self.method == "multitask" else None)
+                    task_similarity=self.task_similarity if self.method == "multitask" else None,
+                    kernel_x=self.kernel_x)
 
     def _fit_novelty(self):
         embeddings = self._patient_embeddings()
@@ -604,7 +614,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         """A JSON-friendly summary: method, channels, populations, chosen hyperparameters."""
         self._check_fitted()
         clf = self.classifier_
-        return {"method": self.method, "loss": self.loss,
+        return {"method": self.method, "loss": self.loss, "kernel_x": self.kernel_x,
                 "task_similarity": self.task_similarity if self.method == "multitask" else None,
                 "channels": self.channels_, "markers": self.channel_markers_,
                 "populations": self.populations_, "training_patients": self.training_patients_,

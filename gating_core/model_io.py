@@ -24,7 +24,7 @@ from gating_core import __version__
 from gating_core.alignment import ALIGNMENTS, LEVELS
 from gating_core.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS, MarginalTransferClassifier
 from gating_core.dica import DICA_MODES, MODEL_DICA_FEATURES
-from gating_core.features import MeanEmbedding, ProductRFF
+from gating_core.features import KERNELS_X, LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding, ProductRFF
 from gating_core.model import METHODS, PRIOR_SHIFTS
 from gating_core.modelfile import Fields, ModelFileError, check_scalar, parse_json, read_archive
 from gating_core.transforms import ChannelTransform
@@ -63,10 +63,16 @@ def save_model(model, path) -> None:
         "meta": np.array(json.dumps(meta)),
         "center": model.center_, "scale": model.scale_,
         "coef": clf.coef_, "intercept": clf.intercept_,
-        "train_embeddings": clf.train_embeddings_, "embedding_frequencies": clf.embedder_.frequencies_,
+        "train_embeddings": clf.train_embeddings_,
         "novelty_nn": model.novelty_nn_, "class_prior": model.class_prior_,
     }
-    if clf.solver == "rff":
+    if isinstance(clf.embedder_, MeanEmbedding):  # the linear k'_X (mean cell) has no frequencies
+        arrays["embedding_frequencies"] = clf.embedder_.frequencies_
+    if isinstance(getattr(clf, "feature_map_", None), LinearProductFeatures):
+        # kernel_x="linear": the k_P frequencies only (none without the embedding)
+        if clf.feature_map_.embedding_weights_ is not None:
+            arrays.update(embedding_weights=clf.feature_map_.embedding_weights_, offsets=clf.feature_map_.offsets_)
+    elif clf.solver == "rff":
         fm = clf.feature_map_
         arrays.update(cell_weights=fm.cell_weights_, offsets=fm.offsets_)
         if fm.embedding_weights_ is not None:
@@ -81,9 +87,10 @@ def save_model(model, path) -> None:
         arrays.update(dica_frequencies=dica.frequencies_, dica_feature_mean=dica.feature_mean_,
                       dica_projection=dica.projection_)
     if companion is not None:
-        arrays.update(pooled_coef=companion.coef_, pooled_intercept=companion.intercept_,
-                      pooled_cell_weights=companion.feature_map_.cell_weights_,
-                      pooled_offsets=companion.feature_map_.offsets_)
+        arrays.update(pooled_coef=companion.coef_, pooled_intercept=companion.intercept_)
+        if not isinstance(companion.feature_map_, LinearProductFeatures):  # a linear companion is [x, 1] alone
+            arrays.update(pooled_cell_weights=companion.feature_map_.cell_weights_,
+                          pooled_offsets=companion.feature_map_.offsets_)
     path = Path(path)
     tmp = path.with_name(path.name + ".part")
     with open(tmp, "wb") as handle:
@@ -199,23 +206,37 @@ def model_from_parts(cls, meta, arrays, path="model"):
         if not np.all(np.diff(landmarks, axis=1) > 0):
             raise ModelFileError(path, "model file is inconsistent: 'reference_quantiles' are not increasing")
         model.reference_quantiles_ = landmarks
-    frequencies = array("embedding_frequencies", d_cells, None).astype(np.float64, copy=False)
-    n_embedding = frequencies.shape[1]
-    if n_embedding < 1:
-        raise ModelFileError(path, "model file is inconsistent: no embedding frequencies")
+    linear = clf.kernel_x == "linear"
+    if linear and clf.solver != "rff":
+        raise ModelFileError(path, "model description: kernel_x='linear' needs solver='rff'")
+    if linear:  # Psi(P) is the mean cell: d_cells entries, no frequencies
+        if "embedding_frequencies" in arrays or "cell_weights" in arrays:
+            raise ModelFileError(path, "model file is inconsistent: Gaussian kernel arrays in a model with "
+                                       "kernel_x='linear'")
+        embedding_size = d_cells
+    else:
+        frequencies = array("embedding_frequencies", d_cells, None).astype(np.float64, copy=False)
+        n_embedding = frequencies.shape[1]
+        if n_embedding < 1:
+            raise ModelFileError(path, "model file is inconsistent: no embedding frequencies")
+        embedding_size = 2 * n_embedding
     # Training rows: the real patients, then their augmented copies.
     clf.train_embeddings_ = array("train_embeddings", n_patients * (1 + int(clf.n_augment)),
-                                  2 * n_embedding).astype(np.float64, copy=False)
+                                  embedding_size).astype(np.float64, copy=False)
     clf.n_patients_ = n_patients
     clf.coef_ = array("coef", None, k).astype(np.float32, copy=False)
     n_out = clf.coef_.shape[0]
     clf.intercept_ = array("intercept", k).astype(np.float32, copy=False)
-    embedder = MeanEmbedding.__new__(MeanEmbedding)
-    embedder.frequencies_ = frequencies
-    embedder.n_features = n_embedding
-    embedder.bandwidth = clf.bandwidth_embedding_
-    clf.embedder_ = embedder
-    if clf.solver == "rff":
+    if linear:
+        clf.embedder_ = LinearMeanEmbedding(d_cells)
+        clf.feature_map_ = _linear_feature_map(path, array, arrays, clf, d_cells, n_out, "")
+    else:
+        embedder = MeanEmbedding.__new__(MeanEmbedding)
+        embedder.frequencies_ = frequencies
+        embedder.n_features = n_embedding
+        embedder.bandwidth = clf.bandwidth_embedding_
+        clf.embedder_ = embedder
+    if not linear and clf.solver == "rff":
         fm = ProductRFF.__new__(ProductRFF)
         fm.cell_weights_ = array("cell_weights", d_cells, n_out).astype(np.float32, copy=False)
         fm.offsets_ = array("offsets", n_out).astype(np.float64, copy=False)
@@ -231,7 +252,7 @@ def model_from_parts(cls, meta, arrays, path="model"):
         fm.bandwidth_x, fm.bandwidth_p = clf.bandwidth_x_, clf.bandwidth_p_
         fm.scale_ = np.float32(np.sqrt(2.0 / fm.n_features))
         clf.feature_map_ = fm
-    else:
+    elif not linear:
         clf.landmark_projection_ = array("landmark_projection", None, n_out).astype(np.float64, copy=False)
         m = clf.landmark_projection_.shape[0]
         clf.landmark_cells_ = array("landmark_cells", m, d_cells).astype(np.float64, copy=False)
@@ -297,6 +318,8 @@ def _checked_params(path, fields: Fields, accepted, where: str) -> dict:
             out[key] = None if fields.raw(key) is None else fields.string(key, choices=DICA_MODES)
         elif key == "dica_components":
             out[key] = fields.integer(key, minimum=1, maximum=2 * MODEL_DICA_FEATURES)
+        elif key == "kernel_x":
+            out[key] = fields.string(key, choices=KERNELS_X)
         elif key == "prior_shift":
             out[key] = fields.string(key, choices=PRIOR_SHIFTS)
         elif key == "task_similarity":
@@ -322,9 +345,9 @@ def _pooled_companion(path, fields: Fields, array, main: MarginalTransferClassif
     """The pooled companion of a loaded marginal model (see GatingModel.pooled_weight)."""
     companion = MarginalTransferClassifier(**_classifier_params(
         path, fields.object("classifier"), inspect.signature(MarginalTransferClassifier).parameters))
-    if companion.use_embedding or companion.solver != "rff":
+    if companion.use_embedding or companion.solver != "rff" or companion.kernel_x != main.kernel_x:
         raise ModelFileError(path, "model description: the pooled companion must be an 'rff' model "
-                                   "without the patient's embedding")
+                                   "without the patient's embedding, with the main model's kernel_x")
     companion.classes_ = main.classes_
     companion.n_features_in_ = d
     companion.bandwidth_x_ = fields.number("bandwidth_x", positive=True)
@@ -335,6 +358,9 @@ def _pooled_companion(path, fields: Fields, array, main: MarginalTransferClassif
     companion.coef_ = array("pooled_coef", None, k).astype(np.float32, copy=False)
     n_out = companion.coef_.shape[0]
     companion.intercept_ = array("pooled_intercept", k).astype(np.float32, copy=False)
+    if companion.kernel_x == "linear":
+        companion.feature_map_ = _linear_feature_map(path, array, {}, companion, d, n_out, "pooled_")
+        return companion
     fm = ProductRFF.__new__(ProductRFF)
     fm.cell_weights_ = array("pooled_cell_weights", d, n_out).astype(np.float32, copy=False)
     fm.offsets_ = array("pooled_offsets", n_out).astype(np.float64, copy=False)
@@ -344,6 +370,27 @@ def _pooled_companion(path, fields: Fields, array, main: MarginalTransferClassif
     fm.scale_ = np.float32(np.sqrt(2.0 / fm.n_features))
     companion.feature_map_ = fm
     return companion
+
+
+def _linear_feature_map(path, array, arrays, clf, d: int, n_out: int, prefix: str) -> LinearProductFeatures:
+    """The LinearProductFeatures of a loaded kernel_x='linear' classifier: the k_P frequencies
+    and offsets when it uses the embedding, nothing else; ``coef`` must have D_P (d + 1) rows."""
+    fm = LinearProductFeatures.__new__(LinearProductFeatures)
+    fm.n_dims, fm.bandwidth_p = d, clf.bandwidth_p_
+    if clf.use_embedding and clf.bandwidth_p_ is not None:
+        fm.embedding_weights_ = array("embedding_weights", d, None).astype(np.float64, copy=False)
+        fm.n_embedding_features = fm.embedding_weights_.shape[1]
+        fm.offsets_ = array("offsets", fm.n_embedding_features).astype(np.float64, copy=False)
+    else:
+        if "embedding_weights" in arrays:
+            raise ModelFileError(path, "model file is inconsistent: embedding weights in a model that "
+                                       "does not use the patient's embedding")
+        fm.embedding_weights_, fm.offsets_, fm.n_embedding_features = None, None, 1
+    fm.n_features = fm.n_embedding_features * (d + 1)
+    if n_out != fm.n_features:
+        raise ModelFileError(path, f"model file is inconsistent: array {prefix + 'coef'!r} has {n_out} rows, "
+                                   f"expected {fm.n_features} from the linear kernel's features")
+    return fm
 
 
 def _model_params(path, fields: Fields, accepted) -> dict:

@@ -135,9 +135,13 @@ class HyperparameterSearch:
         self.problem = TrainingProblem(self.probe, samples, labels, embedding_samples, groups)
         self.cv_folds, self.cv_repeats = cv_folds, cv_repeats
         self.x_factors, self.p_factors, self.alphas = x_factors, p_factors, alphas
+        linear = getattr(base, "kernel_x", "gaussian") == "linear"
+        if linear:  # sigma_X (and sigma') mean nothing to the linear cell kernel: not searched
+            self.x_factors = (1.0,)
         self.objective = objective
         self.use_embedding = bool(base.use_embedding)
-        searches_e = embedding_factors is not None and self.use_embedding and base.bandwidth_embedding is None
+        searches_e = (embedding_factors is not None and self.use_embedding and base.bandwidth_embedding is None
+                      and not linear)
         self.e_factors = tuple(embedding_factors) if searches_e else None
         self._problems = {None: self.problem, 1.0: self.problem}
         self._embedding_samples, self._samples, self._labels, self._groups = embedding_samples, samples, labels, groups

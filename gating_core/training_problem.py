@@ -14,7 +14,8 @@ import copy
 import numpy as np
 from scipy.linalg import eigh
 
-from gating_core.features import ExactKernel, MeanEmbedding, ProductRFF, content_subsample, median_pairwise_distance
+from gating_core.features import (ExactKernel, LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding, ProductRFF,
+                                   content_subsample, median_pairwise_distance)
 from gating_core.solvers import RidgeStatistics
 
 MAX_SHIFT_SD, MAX_GAIN_SD = 0.5, 0.3
@@ -153,8 +154,12 @@ class TrainingProblem:
         self.median_distance_x = median_pairwise_distance(pooled, random_state=p.random_state)
         self.bandwidth_x = float(p.bandwidth_x or self.median_distance_x)
         self.bandwidth_embedding = float(p.bandwidth_embedding or self.median_distance_x)
-        self.embedder = MeanEmbedding(p.n_embedding_features, self.bandwidth_embedding, d,
-                                      random_state=_seed(p.random_state, 1))
+        self.kernel_x = getattr(p, "kernel_x", "gaussian")
+        if self.kernel_x == "linear":  # linear k'_X: Psi(P) is the mean cell (sigma' unused)
+            self.embedder = LinearMeanEmbedding(d)
+        else:
+            self.embedder = MeanEmbedding(p.n_embedding_features, self.bandwidth_embedding, d,
+                                          random_state=_seed(p.random_state, 1))
         self.embeddings = np.vstack([embed_cells(self.embedder, x, p.embedding_cells) for x in sources])
         self.median_distance_p = median_embedding_distance(self.embeddings[: self.n_patients])
         self.bandwidth_p = float(p.bandwidth_p or self.median_distance_p) if p.use_embedding else None
@@ -171,6 +176,9 @@ class TrainingProblem:
         bandwidths give the same map): a ProductRFF or a :class:`LandmarkFeatures`."""
         if self.solver == "rff":
             embedding_dim = self.embeddings.shape[1] if self.use_embedding else 0
+            if self.kernel_x == "linear":  # sigma_X has no meaning for the linear k_X
+                return LinearProductFeatures(self.n_features, self.n_features_in, embedding_dim, bandwidth_p,
+                                             random_state=_seed(self.random_state, 2))
             return ProductRFF(self.n_features, self.n_features_in, embedding_dim, bandwidth_x, bandwidth_p,
                               random_state=_seed(self.random_state, 2))
         return LandmarkFeatures.from_training(self.cells, self.embeddings, bandwidth_x, bandwidth_p,

@@ -17,6 +17,7 @@ EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", 
 EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5")
 EVALUATION_METHODS += ("dica-marginal",)
 EVALUATION_METHODS += ("iw-nystroem",)
+EVALUATION_METHODS += ("marginal-linear",)
 DEFAULT_POOLED_WEIGHT = 0.5
 # The choices of ``train`` (gating_core.model.METHODS and gating_core.classifier.LOSSES,
 # checked by tests/test_train_choices.py).
@@ -24,6 +25,8 @@ TRAIN_METHODS = ("marginal", "pooling", "multitask")
 LOSSES = ("squared", "logistic", "hinge")
 DEFAULT_LOSS = "squared"
 DEFAULT_TASK_SIMILARITY = 0.5
+# gating_core.features.KERNELS_X (checked by tests/test_linear_kernel.py).
+KERNELS_X = ("gaussian", "linear")
 # Importance-weighted Nystroem KRR (gating_core.iw_model): transductive, refitted for each
 # patient at gate time, so its model file keeps training cells (2,000 per patient by default).
 IW_METHOD = "iw-nystroem"
@@ -51,6 +54,10 @@ def register(subparsers) -> None:
     train.add_argument("--task-similarity", type=_task_similarity, default=DEFAULT_TASK_SIMILARITY, metavar="TAU",
                        help="tau of --method multitask, within (0, 1]; 1 is pooling "
                             f"(default {DEFAULT_TASK_SIMILARITY}; the NIPS table used 0.01 and 0.5)")
+    train.add_argument("--kernel-x", choices=KERNELS_X, default="gaussian",
+                       help="cell kernels k_X and k'_X: gaussian (default) or linear, as in the JMLR flow "
+                            "experiment (the embedding is the patient's mean cell; each patient's gate is linear "
+                            "in the cell; Gaussian kernel on the means)")
     train.add_argument("--library", metavar="DIR", help="also train on the labeled patients of this patient library")
     train.add_argument("--dica", choices=("supervised", "unsupervised"),
                        help="project the standardised cells onto domain-invariant directions first (DICA, "
@@ -225,7 +232,7 @@ def run_train(args) -> int:
                                                          "random_state")}
     else:
         model = GatingModel(method=args.method, loss=args.loss, task_similarity=args.task_similarity,
-                            **_model_params(args), **dica)
+                            kernel_x=args.kernel_x, **_model_params(args), **dica)
         digest_params = model.get_params()
     if args.workers or args.scheduler:
         from gating_core.distributed import ClusterError, digest_files_distributed
@@ -283,7 +290,10 @@ def run_train(args) -> int:
     print(f"Channels: {', '.join(info['channels'])}")
     print(f"Populations: {', '.join(info['populations'])}")
     bandwidth_p = "-" if info["bandwidth_p"] is None else f"{info['bandwidth_p']:.4g}"
-    print(f"sigma_X = {info['bandwidth_x']:.4g}, sigma_P = {bandwidth_p}, lambda = {info['alpha']:.1e}")
+    if info.get("kernel_x") == "linear":  # no sigma_X (or sigma') to report
+        print(f"Cell kernel: linear (embedding = mean cell), sigma_P = {bandwidth_p}, lambda = {info['alpha']:.1e}")
+    else:
+        print(f"sigma_X = {info['bandwidth_x']:.4g}, sigma_P = {bandwidth_p}, lambda = {info['alpha']:.1e}")
     if "bandwidth_embedding" in getattr(model, "selection_", {}):
         print(f"sigma' (embedding, selected) = {model.selection_['bandwidth_embedding']:.4g}")
     elif getattr(model, "select_embedding_bandwidth", False) and info["bandwidth_p"] is None:
@@ -304,6 +314,7 @@ def _iw_model(args):
 
     for flag, given in (("--loss", args.loss != DEFAULT_LOSS), ("--pooled-weight", args.pooled_weight != DEFAULT_POOLED_WEIGHT),
                         ("--task-similarity", args.task_similarity != DEFAULT_TASK_SIMILARITY),
+                        ("--kernel-x", args.kernel_x != "gaussian"),
                         ("--select-embedding-bandwidth", args.select_embedding_bandwidth)):
         if given:
             return _fail(f"{flag} does not apply to --method {IW_METHOD} (a squared-loss KRR refitted per patient)")
