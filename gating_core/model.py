@@ -73,7 +73,10 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         model: a pooled model gates a new center best at its own bandwidth. The companion
         is the hedge for patients from centers unlike any training one, where the embedding
         extrapolates; averaging the two beat each alone when whole centers were held out
-        (README, "Accuracy on centers the model has never seen"). 0: the marginal model alone.
+        (README, "Accuracy on centers the model has never seen"). That w holds for a patient
+        within the embedding's reach; beyond it the marginal model's share fades with k_P
+        (:meth:`companion_weight`), so a patient far from every training patient is gated by
+        the companion. 0: the marginal model alone (nothing fades then).
         "auto": w from (0, 0.25, 0.5, 0.75, 1) by cross-validation over groups
         (:func:`~gating_core.selection.select_pooled_weight`), 0.5 unless another weight wins
         on held-out groups by more than 0.2 points (and 0.5 when ``select=False`` or there are
@@ -129,7 +132,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     class_prior_ : ndarray (k,)  population shares of the training patients (each weighing the same)
     pooled_classifier_ : MarginalTransferClassifier or None
         The pooled companion (see ``pooled_weight``); None when there is none.
-    pooled_weight_ : float  the companion's weight in use (0 when there is no companion)
+    pooled_weight_ : float  the companion's weight for patients within the embedding's reach (0 when there
+        is no companion; per patient see :meth:`companion_weight`)
     companion_bandwidth_x_ : float or None  the companion's own selected sigma_X (None: the main model's)
     populations_ : list of str
     training_patients_ : list of str
@@ -546,14 +550,45 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
 
     def _proba(self, cells, embedding, chunk_size) -> np.ndarray:
         """Probabilities of standardised cells of one patient: the marginal model's, blended
-        with the pooled companion's (``pooled_weight``) when there is one."""
+        with the pooled companion's (:meth:`companion_weight`) when there is one."""
         proba = self.classifier_.predict_proba(cells, embedding, chunk_size=chunk_size)
         companion = getattr(self, "pooled_classifier_", None)
         if companion is not None:
-            weight = np.float32(self.pooled_weight_)
+            weight = np.float32(self.companion_weight(embedding))
             proba *= np.float32(1.0) - weight
             proba += weight * companion.predict_proba(cells, embedding, chunk_size=chunk_size)
         return proba
+
+    def embedding_support(self, embedding) -> float:
+        """How far the marginal model's training reaches to a patient of embedding Psi (2L,):
+        k_P(Psi, Psi_i) = exp(-||Psi - Psi_i||^2 / (2 sigma_P^2)) for the nearest real training
+        patient i, in [0, 1]; 1 when the model does not use the embedding (k_P = 1).
+
+        The kernel machine's decision for a patient is a sum over training patients weighted
+        by k_P, so it fades as k_P does; its random-feature approximation does not fade, it
+        turns to noise. Trained on one replicate pair (sigma_P then chosen narrow) and asked
+        to gate eight patients of another batch at 2-4 sigma_P away, the marginal model alone
+        gated them at 0.12-0.22 accuracy (README, "Accuracy on centers the model has never
+        seen")."""
+        self._check_fitted()
+        clf = self.classifier_
+        if not clf.use_embedding or clf.bandwidth_p_ is None or embedding is None:
+            return 1.0
+        train = self._patient_embeddings()
+        nearest = float(np.min(((train - np.asarray(embedding, dtype=np.float64)) ** 2).sum(axis=1)))
+        return float(np.exp(-nearest / (2.0 * float(clf.bandwidth_p_) ** 2)))
+
+    def companion_weight(self, embedding) -> float:
+        """The pooled companion's share of the blend for a patient of embedding Psi:
+        ``1 - (1 - pooled_weight_) * s`` with s = :meth:`embedding_support`. Among patients
+        like the training ones (s = 1) it is ``pooled_weight_``; as a patient leaves what
+        the embedding was trained on, the marginal model's share fades with k_P, as the
+        exact kernel machine's would, and the gates become the pooled companion's. 0 when
+        there is no companion."""
+        if getattr(self, "pooled_classifier_", None) is None:
+            return 0.0
+        keep = 1.0 - float(self.pooled_weight_)
+        return 1.0 - keep * self.embedding_support(embedding)
 
     # -- persistence -----------------------------------------------------------------------------
 

@@ -37,12 +37,22 @@ def test_ridge_step_by_hand_on_one_cell():
         refinement_coef(np.ones((1, 2)), np.ones((1, 1)), 0.0)
 
 
+class EvenBlendModel(GatingModel):
+    """The even blend of marginal model and companion for every patient, however far from the
+    training ones (GatingModel fades the marginal model's share with k_P; on the drifted patient
+    it then gates 0.975 and leaves nothing to mend)."""
+
+    def embedding_support(self, embedding) -> float:
+        return 1.0
+
+
 @pytest.fixture(scope="module")
 def weak_model(sample_data_dir):
-    # three patients, no selection, no augmentation: quick, and wrong on the drifted patient
+    # three patients, no selection, no augmentation, the even blend: quick, and wrong on the
+    # drifted patient (0.82 measured)
     cohort = [load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_*.fcs"))[:3]]
     samples, labels = zip(*cohort)
-    return GatingModel(random_state=0, select=False, n_augment=0).fit(list(samples), list(labels))
+    return EvenBlendModel(random_state=0, select=False, n_augment=0).fit(list(samples), list(labels))
 
 
 @pytest.fixture(scope="module")
