@@ -215,53 +215,62 @@ class HyperparameterSearch:
         return results
 
     def _score_runs(self, features, stats, runs) -> list:
-        """:meth:`_score` of one key for each of ``runs``; several runs (the folds of the
-        held-out check) are scored side by side on the CPUs this process may use."""
+        """:meth:`_score` of one key for each of ``runs``.
+
+        Runs that train a fold on the same patients share its decomposition and held-out
+        scores (:class:`_SharedFolds`): in the held-out check, the inner fold of the run without
+        patient k that holds out patient j trains on what the run without j trains on when it
+        holds out k (80 folds over 8 patients are 42 distinct training sets). The distinct
+        training sets are decomposed and scored on the starting lambda grid side by side on the
+        CPUs this process may use; each run then reads its scores, identical to what it would
+        compute alone (the same rows, the same arithmetic, in one BLAS thread).
+        """
         from concurrent.futures import ThreadPoolExecutor
 
         from threadpoolctl import threadpool_limits
 
         from gating_core.classifier import score_threads
 
-        def score(run):
-            return self._score(features, stats, run["folds"], run["excluded"])
+        shared = _SharedFolds(features, stats, self.problem)
+        scored_on = {}  # training set (as the patients left out) -> the patients scored on it
+        for run in runs:
+            for held_out in run["folds"]:
+                scored_on.setdefault(frozenset(held_out) | frozenset(run["excluded"]), set()).update(held_out)
+        grid = sorted(float(a) for a in self.alphas)
+
+        def prepare(held):
+            shared.prepare(held, sorted(scored_on[held]), grid)
 
         # Small products and eigendecompositions, many of them: BLAS threads only wait on each
-        # other (beside other work, 12x slower), so each run gets one and the runs share the
+        # other (beside other work, 12x slower), so each task gets one and the tasks share the
         # CPUs (numpy releases the GIL).
-        workers = min(score_threads(), len(runs))
+        ordered = sorted(scored_on, key=sorted)
+        workers = min(score_threads(), len(ordered))
         with threadpool_limits(1, user_api="blas"):
             if workers <= 1:
-                return [score(run) for run in runs]
-            with ThreadPoolExecutor(workers) as pool:
-                return list(pool.map(score, runs))
+                for held in ordered:
+                    prepare(held)
+            else:
+                with ThreadPoolExecutor(workers) as pool:
+                    list(pool.map(prepare, ordered))
+            return [self._score(features, stats, run["folds"], run["excluded"], shared) for run in runs]
 
-    def _score(self, features, stats, folds, excluded):
+    def _score(self, features, stats, folds, excluded, shared=None):
         """Held-out accuracy of every alpha (averaged as ``objective`` says) over ``folds``,
         training on every patient neither held out nor in ``excluded``: (alphas, scores).
 
         The lambda grid starts as ``self.alphas`` and is extended by a decade at an edge while
         that edge is strictly the best (within ALPHA_LIMITS); each further lambda costs one
-        solve on the folds' eigendecompositions, kept for that purpose.
+        solve per fold on the fold's eigendecomposition. ``shared``: the :class:`_SharedFolds`
+        of these features (None: a fresh one).
         """
-        source, targets = self.problem.source, self.problem.targets
-        rotations = []
-        for held_out in folds:
-            held = set(held_out) | excluded
-            values, vectors, projected, mu, t = stats.eigen(
-                [r for r in range(self.problem.n_rows) if int(source[r]) not in held])
-            rotations.append((held_out, vectors, values, projected, mu, t))
+        shared = _SharedFolds(features, stats, self.problem) if shared is None else shared
+        trained_without = [frozenset(held_out) | frozenset(excluded) for held_out in folds]
 
         def scores_of(alpha) -> float:
-            # s(lambda) = F coef + intercept, coef = V diag(1 / (values + lambda)) V^T B and
-            # intercept = t - mu coef: the fitted model's own scores, one product per patient.
-            fold_scores = []
-            for held_out, vectors, values, projected, mu, t in rotations:
-                coef = vectors @ (projected / (values + alpha)[:, None])
-                intercept = (t - mu @ coef).astype(np.float32)
-                coef = coef.astype(np.float32)
-                fold_scores.append([np.mean(np.argmax(features[i] @ coef + intercept, axis=1) == targets[i])
-                                    for i in held_out])
+            # s(lambda) = F coef + intercept: the fitted model's own scores (_SharedFolds.accuracy).
+            fold_scores = [[shared.accuracy(held, i, alpha) for i in held_out]
+                           for held_out, held in zip(folds, trained_without)]
             if self.objective == "mean":
                 return float(np.mean(np.concatenate(fold_scores)))
             return float(np.min([np.mean(f) for f in fold_scores]))
@@ -279,6 +288,62 @@ class HyperparameterSearch:
             else:
                 break
         return np.array(alphas), np.array(scores)
+
+
+class _SharedFolds:
+    """Ridge fits of one feature set on training sets named by the patients they leave out,
+    and the held-out accuracy of each patient under each fit, each computed once.
+
+    A training set's fit depends only on the patients it leaves out (its rows are every row
+    whose patient is not left out, in order), so every run and fold that trains on it reads
+    the same numbers. Decompositions and coefficients are dropped once the starting grid is
+    scored (a decomposition is D x D; a lambda beyond the grid, rarely asked, decomposes
+    again, to the same result).
+    Safe to fill from several threads: a value computed twice is the same value.
+    """
+
+    def __init__(self, features, stats, problem):
+        self.features, self.stats, self.problem = features, stats, problem
+        self.rotations, self.coefs, self.accuracies = {}, {}, {}
+        self.n_decompositions = 0  # how many eigendecompositions were computed (for tests)
+
+    def rotation(self, held):
+        """``stats.eigen`` of every row whose patient is not in ``held`` (a frozenset)."""
+        if held not in self.rotations:
+            source = self.problem.source
+            self.rotations[held] = self.stats.eigen([r for r in range(self.problem.n_rows)
+                                                     if int(source[r]) not in held])
+            self.n_decompositions += 1
+        return self.rotations[held]
+
+    def prepare(self, held, patients, alphas):
+        """Decompose the training set without ``held`` and score ``patients`` at ``alphas``;
+        keep the scores only (memory stays a few floats per training set, however many)."""
+        for alpha in alphas:
+            for i in patients:
+                self.accuracy(held, i, alpha)
+            self.coefs.pop((held, alpha), None)
+        self.rotations.pop(held, None)
+
+    def coefficients(self, held, alpha):
+        """(coef (D, k) float32, intercept (k,) float32) of the fit without ``held`` at ``alpha``."""
+        key = (held, alpha)
+        if key not in self.coefs:
+            values, vectors, projected, mu, t = self.rotation(held)
+            coef = vectors @ (projected / (values + alpha)[:, None])
+            intercept = (t - mu @ coef).astype(np.float32)
+            self.coefs[key] = (coef.astype(np.float32), intercept)
+        return self.coefs[key]
+
+    def accuracy(self, held, patient, alpha):
+        """Accuracy on real patient ``patient`` of the fit without ``held`` at ``alpha``, scored
+        with the intercept, s = F coef + intercept, as the fitted model scores it."""
+        key = (held, patient, alpha)
+        if key not in self.accuracies:
+            coef, intercept = self.coefficients(held, alpha)
+            scores = self.features[patient] @ coef + intercept
+            self.accuracies[key] = np.mean(np.argmax(scores, axis=1) == self.problem.targets[patient])
+        return self.accuracies[key]
 
 
 def _sort_key(key):
