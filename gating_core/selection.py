@@ -26,6 +26,7 @@ real patients are scored.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,6 +50,9 @@ ALPHA_LIMITS = (1e-12, 1e2)
 #: between cells, when the search is asked to select it (``embedding_factors=``).
 DEFAULT_EMBEDDING_FACTORS = (0.5, 1.0, 2.0)
 SEARCH_FEATURES = 256
+#: The decompositions of one key's training sets are kept while the key is scored up to this
+#: size (a lambda beyond the grid then reuses them); beyond, each is dropped once scored.
+ROTATIONS_KEPT_BYTES = 256 * 2 ** 20
 
 
 @dataclass
@@ -120,7 +124,11 @@ class HyperparameterSearch:
 
     def __init__(self, samples, labels, base, embedding_samples=None, cv_folds=5, cv_repeats=2,
                  cells_per_patient=1500, x_factors=DEFAULT_X_FACTORS, p_factors=DEFAULT_P_FACTORS,
-                 alphas=DEFAULT_ALPHAS, groups=None, objective="mean", embedding_factors=None):
+                 alphas=DEFAULT_ALPHAS, groups=None, objective="mean", embedding_factors=None, problem_from=None):
+        """Arguments as in :func:`select_hyperparameters`; ``problem_from``: a TrainingProblem
+        of the same patients that drew and embedded them as this search would (another search's,
+        e.g. the marginal model's for its pooled companion): :func:`problem_view` of it is used
+        instead of drawing and embedding every patient again."""
         if objective not in ("mean", "worst"):
             raise ValueError(f"objective must be 'mean' or 'worst', got {objective!r}")
         self.groups = list(range(len(samples))) if groups is None else list(groups)
@@ -132,7 +140,8 @@ class HyperparameterSearch:
         self.probe = MarginalTransferClassifier(**{**base.get_params(), "cells_per_patient": cells_per_patient,
                                                    "n_features": min(base.n_features, SEARCH_FEATURES)})
         # The embeddings come from all cells (or the caller's choice), as at gating time.
-        self.problem = TrainingProblem(self.probe, samples, labels, embedding_samples, groups)
+        self.problem = (TrainingProblem(self.probe, samples, labels, embedding_samples, groups) if problem_from is None
+                        else problem_view(problem_from, self.probe))
         self.cv_folds, self.cv_repeats = cv_folds, cv_repeats
         self.x_factors, self.p_factors, self.alphas = x_factors, p_factors, alphas
         self.objective = objective
@@ -231,12 +240,14 @@ class HyperparameterSearch:
 
         from gating_core.classifier import score_threads
 
-        shared = _SharedFolds(features, stats, self.problem)
         scored_on = {}  # training set (as the patients left out) -> the patients scored on it
         for run in runs:
             for held_out in run["folds"]:
                 scored_on.setdefault(frozenset(held_out) | frozenset(run["excluded"]), set()).update(held_out)
         grid = sorted(float(a) for a in self.alphas)
+        width = features[0].shape[1]
+        shared = _SharedFolds(features, stats, self.problem,
+                              keep_rotations=len(scored_on) * width * width * 8 <= ROTATIONS_KEPT_BYTES)
 
         def prepare(held):
             shared.prepare(held, sorted(scored_on[held]), grid)
@@ -296,14 +307,15 @@ class _SharedFolds:
 
     A training set's fit depends only on the patients it leaves out (its rows are every row
     whose patient is not left out, in order), so every run and fold that trains on it reads
-    the same numbers. Decompositions and coefficients are dropped once the starting grid is
-    scored (a decomposition is D x D; a lambda beyond the grid, rarely asked, decomposes
-    again, to the same result).
+    the same numbers. Coefficients are dropped once the starting grid is scored, and so are
+    the decompositions (D x D each) unless ``keep_rotations``: a lambda beyond the grid, rarely
+    asked, then decomposes again, to the same result.
     Safe to fill from several threads: a value computed twice is the same value.
     """
 
-    def __init__(self, features, stats, problem):
+    def __init__(self, features, stats, problem, keep_rotations=True):
         self.features, self.stats, self.problem = features, stats, problem
+        self.keep_rotations = keep_rotations
         self.rotations, self.coefs, self.accuracies = {}, {}, {}
         self.n_decompositions = 0  # how many eigendecompositions were computed (for tests)
 
@@ -318,12 +330,13 @@ class _SharedFolds:
 
     def prepare(self, held, patients, alphas):
         """Decompose the training set without ``held`` and score ``patients`` at ``alphas``;
-        keep the scores only (memory stays a few floats per training set, however many)."""
+        keep the scores (and the decomposition if ``keep_rotations``)."""
         for alpha in alphas:
             for i in patients:
                 self.accuracy(held, i, alpha)
             self.coefs.pop((held, alpha), None)
-        self.rotations.pop(held, None)
+        if not self.keep_rotations:
+            self.rotations.pop(held, None)
 
     def coefficients(self, held, alpha):
         """(coef (D, k) float32, intercept (k,) float32) of the fit without ``held`` at ``alpha``."""
@@ -344,6 +357,39 @@ class _SharedFolds:
             scores = self.features[patient] @ coef + intercept
             self.accuracies[key] = np.mean(np.argmax(scores, axis=1) == self.problem.targets[patient])
         return self.accuracies[key]
+
+
+def problem_view(problem: TrainingProblem, estimator: MarginalTransferClassifier) -> TrainingProblem:
+    """``problem`` under ``estimator``'s settings without drawing or embedding again: what
+    ``TrainingProblem(estimator, ...)`` builds from the same patients, when ``estimator`` draws
+    and embeds them as ``problem``'s estimator did (same ``cells_per_patient``,
+    ``embedding_cells``, ``n_embedding_features``, ``bandwidth_embedding`` and
+    ``random_state``) and either augments them as it did or not at all.
+
+    Without augmentation (``n_augment=0``, the pooled companion) only the real patients' rows
+    are kept: the cells are drawn before any copy is made, so they are the same cells. The
+    solver, feature count, embedding switch and bandwidths are ``estimator``'s.
+    """
+    expected_embedding = float(estimator.bandwidth_embedding or problem.median_distance_x)
+    if (problem.random_state != estimator.random_state or problem.embedder.bandwidth != expected_embedding
+            or problem.embedder.n_features != int(estimator.n_embedding_features)
+            or max(len(x) for x in problem.cells) > int(estimator.cells_per_patient)):
+        raise ValueError("problem_view needs a problem drawn and embedded as the estimator would draw and embed")
+    out = copy.copy(problem)
+    if int(estimator.n_augment) == 0 and problem.n_rows > problem.n_patients:
+        n = problem.n_patients
+        out.cells, out.embeddings, out.source = problem.cells[:n], problem.embeddings[:n], problem.source[:n]
+        if problem.labels is not None:
+            out.labels, out.targets = problem.labels[:n], problem.targets[:n]
+        out.parent_rows = np.arange(n)
+        out.augment_gain = out.augment_shift = None
+    elif problem.n_rows != problem.n_patients * (1 + int(estimator.n_augment)):
+        raise ValueError(f"problem_view: the problem holds {problem.n_rows} rows for {problem.n_patients} patients, "
+                         f"not {1 + int(estimator.n_augment)} per patient")
+    out.solver, out.n_features, out.use_embedding = estimator.solver, estimator.n_features, estimator.use_embedding
+    out.bandwidth_x = float(estimator.bandwidth_x or problem.median_distance_x)
+    out.bandwidth_p = float(estimator.bandwidth_p or problem.median_distance_p) if estimator.use_embedding else None
+    return out
 
 
 def _sort_key(key):
