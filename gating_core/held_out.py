@@ -4,8 +4,14 @@ Leaving patients out of a ridge problem removes their statistics from a sum
 (:class:`~gating_core.solvers.RidgeStatistics`). :func:`fold_models` digests every patient
 once, computes the random features and statistics of every patient once per bandwidth pair,
 and fits each fold -- model selection included, over the fold's own training patients -- from
-sums of the others' statistics. Leaving one patient out of ten then costs about one training
-instead of ten.
+sums of the others' statistics. Each fold searches on the patients training on its patients
+would search on (all of them up to ``SELECTION_MAX_PATIENTS``, beyond that the same seeded
+draw among them: :meth:`GatingModel.selection_patients`). The folds' searches run in step and
+share what depends only on the patients trained on: an inner fold of the search without
+patient a that holds out b trains on what the search without b trains on when it holds out a,
+and is decomposed and scored once (:class:`~gating_core.selection.HyperparameterSearch`). The
+pooled companion's search and fits take views of the marginal model's problems (the same
+cells, drawn and embedded once: :func:`~gating_core.selection.problem_view`).
 
 What the folds share, and a full refit would not: the channels, transform and standardisation,
 the grid's starting points (median distances between cells and between patients' embeddings)
