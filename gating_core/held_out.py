@@ -185,8 +185,9 @@ class _SharedProblems:
         Folds that share bandwidths share one feature set, computed once (and freed before the
         next). With the logistic loss, every fold starts from the fit on all patients, which
         differs from each fold by the held-out patients only. The folds of one feature set are
-        fitted side by side on the usable CPUs, one BLAS thread each; each fold's result does
-        not depend on the others, so the order of fitting changes nothing.
+        fitted side by side on the usable CPUs, one BLAS thread each (a fold alone takes BLAS's
+        threads); each fold's result does not depend on the others, so the order of fitting
+        changes nothing.
         """
         from concurrent.futures import ThreadPoolExecutor
 
@@ -221,12 +222,13 @@ class _SharedProblems:
                     warm_start=warm)
 
             workers = min(score_threads(), len(folds))
-            with threadpool_limits(1, user_api="blas"):
-                if workers <= 1:
-                    results = [fit(f) for f in folds]
-                else:
-                    with ThreadPoolExecutor(workers) as pool:
-                        results = list(pool.map(fit, folds))
+            if workers <= 1:
+                # One fold alone (a bandwidth no other fold chose: a cold start, as long as a
+                # training's fit) takes BLAS's threads, as the fit on all patients does.
+                results = [fit(f) for f in folds]
+            else:
+                with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
+                    results = list(pool.map(fit, folds))
             for f, model in zip(folds, results):
                 fitted[f] = model
             features = stats = None  # freed before the next bandwidths' features
