@@ -11,7 +11,9 @@ share what depends only on the patients trained on: an inner fold of the search 
 patient a that holds out b trains on what the search without b trains on when it holds out a,
 and is decomposed and scored once (:class:`~gating_core.selection.HyperparameterSearch`). The
 pooled companion's search and fits take views of the marginal model's problems (the same
-cells, drawn and embedded once: :func:`~gating_core.selection.problem_view`).
+cells, drawn and embedded once: :func:`~gating_core.selection.problem_view`). Leaving one
+patient out of 8-10 then costs 2.5-3 trainings in CPU time (``bench/bench_check.py``), where
+full refits cost one per fold.
 
 What the folds share, and a full refit would not: the channels, transform and standardisation,
 the grid's starting points (median distances between cells and between patients' embeddings)
