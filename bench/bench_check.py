@@ -6,6 +6,11 @@ and, unless ``--no-full``, the check by full refits (one training per fold). Pri
 the ratios check / training (issue 14's target: at most 2) and the accuracies of both checks
 per patient, so that what subtraction changes is visible beside what it saves.
 
+Both wall time and this process's CPU time (all its threads) are printed: on a machine shared
+with other CPU-bound work the wall-time ratio moves with the load (training sizes its BLAS
+threads from the idle CPUs, the check's fold pools from the usable ones), the CPU-time ratio
+much less. The 1-minute load average at the start of each cohort is printed with it.
+
 Cohorts: the bundled sample data (8 labeled patients) and the shared multicenter samples
 (10 patients) when present.
 
@@ -15,6 +20,7 @@ Run: ``python bench/bench_check.py [--no-full] [--methods marginal,pooled-logist
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -49,14 +55,16 @@ def main(argv=None) -> int:
     for name, samples, labels in cohorts():
         for method in methods:
             settings = METHOD_SETTINGS[method]
-            start = time.perf_counter()
+            load = os.getloadavg()[0]
+            start, cpu = time.perf_counter(), time.process_time()
             GatingModel(**settings).fit(samples, labels)
-            train_s = time.perf_counter() - start
-            start = time.perf_counter()
+            train_s, train_cpu = time.perf_counter() - start, time.process_time() - cpu
+            start, cpu = time.perf_counter(), time.process_time()
             fast = leave_one_patient_out(samples, labels, methods=(method,), refit="subtract")
-            fast_s = time.perf_counter() - start
-            line = (f"{name}, {method}, {len(samples)} patients: training {train_s:.1f} s; check by subtraction "
-                    f"{fast_s:.1f} s (x{fast_s / train_s:.2f} one training)")
+            fast_s, fast_cpu = time.perf_counter() - start, time.process_time() - cpu
+            line = (f"{name}, {method}, {len(samples)} patients (load {load:.1f}): training {train_s:.1f} s "
+                    f"({train_cpu:.1f} CPU s); check by subtraction {fast_s:.1f} s ({fast_cpu:.1f} CPU s): "
+                    f"x{fast_s / train_s:.2f} one training in time, x{fast_cpu / train_cpu:.2f} in CPU time")
             if not args.no_full:
                 start = time.perf_counter()
                 full = leave_one_patient_out(samples, labels, methods=(method,), refit="full")

@@ -4,8 +4,16 @@ Leaving patients out of a ridge problem removes their statistics from a sum
 (:class:`~gating_core.solvers.RidgeStatistics`). :func:`fold_models` digests every patient
 once, computes the random features and statistics of every patient once per bandwidth pair,
 and fits each fold -- model selection included, over the fold's own training patients -- from
-sums of the others' statistics. Leaving one patient out of ten then costs about one training
-instead of ten.
+sums of the others' statistics. Each fold searches on the patients training on its patients
+would search on (all of them up to ``SELECTION_MAX_PATIENTS``, beyond that the same seeded
+draw among them: :meth:`GatingModel.selection_patients`). The folds' searches run in step and
+share what depends only on the patients trained on: an inner fold of the search without
+patient a that holds out b trains on what the search without b trains on when it holds out a,
+and is decomposed and scored once (:class:`~gating_core.selection.HyperparameterSearch`). The
+pooled companion's search and fits take views of the marginal model's problems (the same
+cells, drawn and embedded once: :func:`~gating_core.selection.problem_view`). Leaving one
+patient out of 8-10 then costs 2.5-3 trainings in CPU time (``bench/bench_check.py``), where
+full refits cost one per fold.
 
 What the folds share, and a full refit would not: the channels, transform and standardisation,
 the grid's starting points (median distances between cells and between patients' embeddings)
@@ -28,6 +36,7 @@ from gating_core.cpus import with_blas_threads
 from gating_core.digest import digest_patient
 from gating_core.model import METHODS, GatingModel
 from gating_core.priors import training_prior
+from gating_core.selection import problem_view
 from gating_core.training_problem import TrainingProblem
 
 
@@ -77,6 +86,11 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
     params = base._classifier_params()
     fold_params = [dict(params) for _ in kept_sets]
     selections = [{} for _ in kept_sets]
+    # Each fold's searches run on the seeded subset of its training patients that training on
+    # them would search on (GatingModel.selection_patients): all of them up to 50.
+    searched_sets = [[kept[j] for j in base.selection_patients(len(kept))] for kept in kept_sets]
+    search_exclusions = [sorted(set(range(len(samples))) - set(searched)) for searched in searched_sets]
+    search = None
     if base.select and base._wants_search():
         from gating_core.selection import HyperparameterSearch
 
@@ -84,9 +98,11 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
         search = HyperparameterSearch(cells, drawn, MarginalTransferClassifier(**params), embedding_cells,
                                       base.cv_folds, base.cv_repeats, base.selection_cells_per_patient,
                                       groups=base.groups_, objective=base.selection_objective)
-        results = search.run(held_out_sets, progress=lambda f: report(
+        results = search.run(search_exclusions, progress=lambda f: report(
             "Model selection in every fold (cross-validation over patients)", 0.1 + 0.5 * f))
         selections = [base._apply_selection(p, result) for p, result in zip(fold_params, results)]
+        for selection, searched in zip(selections, searched_sets):
+            selection["n_patients"] = len(searched)
     if base.loss == "logistic" and base.alpha is None:
         from gating_core.selection import select_logistic_alpha
 
@@ -120,10 +136,13 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
         from gating_core.selection import HyperparameterSearch
 
         report("Choosing the pooled companion's bandwidth in every fold", 0.75)
-        search = HyperparameterSearch(cells, drawn, companion_base, embedding_cells, base.cv_folds, base.cv_repeats,
-                                      base.selection_cells_per_patient, groups=base.groups_,
-                                      objective=base.selection_objective)
-        for model, result in zip(models, search.run(held_out_sets)):
+        # The companion's cells are the main search's real patients' (same draw): its problem
+        # is a view of the main search's, not a second draw and embedding of every patient.
+        companion_search = HyperparameterSearch(cells, drawn, companion_base, embedding_cells, base.cv_folds,
+                                                base.cv_repeats, base.selection_cells_per_patient, groups=base.groups_,
+                                                objective=base.selection_objective,
+                                                problem_from=None if search is None else search.problem)
+        for model, result in zip(models, companion_search.run(search_exclusions)):
             model.companion_bandwidth_x_ = result.params["bandwidth_x"]
             model.selection_["companion"] = {"bandwidth_x": result.params["bandwidth_x"], "cv_accuracy": result.score}
 
@@ -168,8 +187,9 @@ class _SharedProblems:
         Folds that share bandwidths share one feature set, computed once (and freed before the
         next). With the logistic loss, every fold starts from the fit on all patients, which
         differs from each fold by the held-out patients only. The folds of one feature set are
-        fitted side by side on the usable CPUs, one BLAS thread each; each fold's result does
-        not depend on the others, so the order of fitting changes nothing.
+        fitted side by side on the usable CPUs, one BLAS thread each (a fold alone takes BLAS's
+        threads); each fold's result does not depend on the others, so the order of fitting
+        changes nothing.
         """
         from concurrent.futures import ThreadPoolExecutor
 
@@ -204,12 +224,13 @@ class _SharedProblems:
                     warm_start=warm)
 
             workers = min(score_threads(), len(folds))
-            with threadpool_limits(1, user_api="blas"):
-                if workers <= 1:
-                    results = [fit(f) for f in folds]
-                else:
-                    with ThreadPoolExecutor(workers) as pool:
-                        results = list(pool.map(fit, folds))
+            if workers <= 1:
+                # One fold alone (a bandwidth no other fold chose: a cold start, as long as a
+                # training's fit) takes BLAS's threads, as the fit on all patients does.
+                results = [fit(f) for f in folds]
+            else:
+                with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
+                    results = list(pool.map(fit, folds))
             for f, model in zip(folds, results):
                 fitted[f] = model
             features = stats = None  # freed before the next bandwidths' features
@@ -224,16 +245,34 @@ class _SharedProblems:
     def _problem(self, params) -> TrainingProblem:
         key = self._problem_key(params)
         if key not in self._problems:
-            self._problems[key] = TrainingProblem(MarginalTransferClassifier(**params), self.cells, self.labels,
-                                                  self.embedding_cells, self.groups)
+            # A problem that drew and embedded the patients alike (the marginal model's, for the
+            # pooled companion or for folds whose selection fell back to pooling) gives a view.
+            estimator = MarginalTransferClassifier(**params)
+            alike = [problem for other, problem in self._problems.items()
+                     if self._draw_key(other) == self._draw_key(key)
+                     and (self._augment_key(other) == self._augment_key(key) or int(params["n_augment"]) == 0)]
+            self._problems[key] = (problem_view(alike[0], estimator) if alike else
+                                   TrainingProblem(estimator, self.cells, self.labels, self.embedding_cells,
+                                                   self.groups))
         return self._problems[key]
+
+    _KEY_FIELDS = ("solver", "n_features", "use_embedding", "n_embedding_features", "bandwidth_embedding",
+                   "cells_per_patient", "embedding_cells", "n_augment", "augment_gain", "augment_shift", "random_state")
+
+    @classmethod
+    def _draw_key(cls, key) -> tuple:
+        """The fields of a problem key that decide the cells drawn and the embeddings."""
+        return tuple(key[cls._KEY_FIELDS.index(k)] for k in ("n_embedding_features", "bandwidth_embedding",
+                                                               "cells_per_patient", "embedding_cells", "random_state"))
+
+    @classmethod
+    def _augment_key(cls, key) -> tuple:
+        return tuple(key[cls._KEY_FIELDS.index(k)] for k in ("n_augment", "augment_gain", "augment_shift"))
 
     @staticmethod
     def _problem_key(params) -> tuple:
         # What a TrainingProblem depends on besides the bandwidths (which its features take).
-        return tuple(str(params.get(k)) for k in ("solver", "n_features", "use_embedding", "n_embedding_features",
-                                                  "bandwidth_embedding", "cells_per_patient", "embedding_cells",
-                                                  "n_augment", "augment_gain", "augment_shift", "random_state"))
+        return tuple(str(params.get(k)) for k in _SharedProblems._KEY_FIELDS)
 
     def _feature_key(self, params) -> tuple:
         """The problem's key and the bandwidths (sigma_X, sigma_P or None) of the features; a

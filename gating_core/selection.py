@@ -26,6 +26,7 @@ real patients are scored.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,6 +50,9 @@ ALPHA_LIMITS = (1e-12, 1e2)
 #: between cells, when the search is asked to select it (``embedding_factors=``).
 DEFAULT_EMBEDDING_FACTORS = (0.5, 1.0, 2.0)
 SEARCH_FEATURES = 256
+#: The decompositions of one key's training sets are kept while the key is scored up to this
+#: size (a lambda beyond the grid then reuses them); beyond, each is dropped once scored.
+ROTATIONS_KEPT_BYTES = 256 * 2 ** 20
 
 
 @dataclass
@@ -120,7 +124,11 @@ class HyperparameterSearch:
 
     def __init__(self, samples, labels, base, embedding_samples=None, cv_folds=5, cv_repeats=2,
                  cells_per_patient=1500, x_factors=DEFAULT_X_FACTORS, p_factors=DEFAULT_P_FACTORS,
-                 alphas=DEFAULT_ALPHAS, groups=None, objective="mean", embedding_factors=None):
+                 alphas=DEFAULT_ALPHAS, groups=None, objective="mean", embedding_factors=None, problem_from=None):
+        """Arguments as in :func:`select_hyperparameters`; ``problem_from``: a TrainingProblem
+        of the same patients that drew and embedded them as this search would (another search's,
+        e.g. the marginal model's for its pooled companion): :func:`problem_view` of it is used
+        instead of drawing and embedding every patient again."""
         if objective not in ("mean", "worst"):
             raise ValueError(f"objective must be 'mean' or 'worst', got {objective!r}")
         self.groups = list(range(len(samples))) if groups is None else list(groups)
@@ -132,7 +140,8 @@ class HyperparameterSearch:
         self.probe = MarginalTransferClassifier(**{**base.get_params(), "cells_per_patient": cells_per_patient,
                                                    "n_features": min(base.n_features, SEARCH_FEATURES)})
         # The embeddings come from all cells (or the caller's choice), as at gating time.
-        self.problem = TrainingProblem(self.probe, samples, labels, embedding_samples, groups)
+        self.problem = (TrainingProblem(self.probe, samples, labels, embedding_samples, groups) if problem_from is None
+                        else problem_view(problem_from, self.probe))
         self.cv_folds, self.cv_repeats = cv_folds, cv_repeats
         self.x_factors, self.p_factors, self.alphas = x_factors, p_factors, alphas
         linear = getattr(base, "kernel_x", "gaussian") == "linear"
@@ -219,53 +228,64 @@ class HyperparameterSearch:
         return results
 
     def _score_runs(self, features, stats, runs) -> list:
-        """:meth:`_score` of one key for each of ``runs``; several runs (the folds of the
-        held-out check) are scored side by side on the CPUs this process may use."""
+        """:meth:`_score` of one key for each of ``runs``.
+
+        Runs that train a fold on the same patients share its decomposition and held-out
+        scores (:class:`_SharedFolds`): in the held-out check, the inner fold of the run without
+        patient k that holds out patient j trains on what the run without j trains on when it
+        holds out k (80 folds over 8 patients are 42 distinct training sets). The distinct
+        training sets are decomposed and scored on the starting lambda grid side by side on the
+        CPUs this process may use; each run then reads its scores, identical to what it would
+        compute alone (the same rows, the same arithmetic, in one BLAS thread).
+        """
         from concurrent.futures import ThreadPoolExecutor
 
         from threadpoolctl import threadpool_limits
 
         from gating_core.classifier import score_threads
 
-        def score(run):
-            return self._score(features, stats, run["folds"], run["excluded"])
+        scored_on = {}  # training set (as the patients left out) -> the patients scored on it
+        for run in runs:
+            for held_out in run["folds"]:
+                scored_on.setdefault(frozenset(held_out) | frozenset(run["excluded"]), set()).update(held_out)
+        grid = sorted(float(a) for a in self.alphas)
+        width = features[0].shape[1]
+        shared = _SharedFolds(features, stats, self.problem,
+                              keep_rotations=len(scored_on) * width * width * 8 <= ROTATIONS_KEPT_BYTES)
+
+        def prepare(held):
+            shared.prepare(held, sorted(scored_on[held]), grid)
 
         # Small products and eigendecompositions, many of them: BLAS threads only wait on each
-        # other (beside other work, 12x slower), so each run gets one and the runs share the
+        # other (beside other work, 12x slower), so each task gets one and the tasks share the
         # CPUs (numpy releases the GIL).
-        workers = min(score_threads(), len(runs))
+        ordered = sorted(scored_on, key=sorted)
+        workers = min(score_threads(), len(ordered))
         with threadpool_limits(1, user_api="blas"):
             if workers <= 1:
-                return [score(run) for run in runs]
-            with ThreadPoolExecutor(workers) as pool:
-                return list(pool.map(score, runs))
+                for held in ordered:
+                    prepare(held)
+            else:
+                with ThreadPoolExecutor(workers) as pool:
+                    list(pool.map(prepare, ordered))
+            return [self._score(features, stats, run["folds"], run["excluded"], shared) for run in runs]
 
-    def _score(self, features, stats, folds, excluded):
+    def _score(self, features, stats, folds, excluded, shared=None):
         """Held-out accuracy of every alpha (averaged as ``objective`` says) over ``folds``,
         training on every patient neither held out nor in ``excluded``: (alphas, scores).
 
         The lambda grid starts as ``self.alphas`` and is extended by a decade at an edge while
         that edge is strictly the best (within ALPHA_LIMITS); each further lambda costs one
-        solve on the folds' eigendecompositions, kept for that purpose.
+        solve per fold on the fold's eigendecomposition. ``shared``: the :class:`_SharedFolds`
+        of these features (None: a fresh one).
         """
-        source, targets = self.problem.source, self.problem.targets
-        rotations = []
-        for held_out in folds:
-            held = set(held_out) | excluded
-            values, vectors, projected, mu, t = stats.eigen(
-                [r for r in range(self.problem.n_rows) if int(source[r]) not in held])
-            rotations.append((held_out, vectors, values, projected, mu, t))
+        shared = _SharedFolds(features, stats, self.problem) if shared is None else shared
+        trained_without = [frozenset(held_out) | frozenset(excluded) for held_out in folds]
 
         def scores_of(alpha) -> float:
-            # s(lambda) = F coef + intercept, coef = V diag(1 / (values + lambda)) V^T B and
-            # intercept = t - mu coef: the fitted model's own scores, one product per patient.
-            fold_scores = []
-            for held_out, vectors, values, projected, mu, t in rotations:
-                coef = vectors @ (projected / (values + alpha)[:, None])
-                intercept = (t - mu @ coef).astype(np.float32)
-                coef = coef.astype(np.float32)
-                fold_scores.append([np.mean(np.argmax(features[i] @ coef + intercept, axis=1) == targets[i])
-                                    for i in held_out])
+            # s(lambda) = F coef + intercept: the fitted model's own scores (_SharedFolds.accuracy).
+            fold_scores = [[shared.accuracy(held, i, alpha) for i in held_out]
+                           for held_out, held in zip(folds, trained_without)]
             if self.objective == "mean":
                 return float(np.mean(np.concatenate(fold_scores)))
             return float(np.min([np.mean(f) for f in fold_scores]))
@@ -283,6 +303,97 @@ class HyperparameterSearch:
             else:
                 break
         return np.array(alphas), np.array(scores)
+
+
+class _SharedFolds:
+    """Ridge fits of one feature set on training sets named by the patients they leave out,
+    and the held-out accuracy of each patient under each fit, each computed once.
+
+    A training set's fit depends only on the patients it leaves out (its rows are every row
+    whose patient is not left out, in order), so every run and fold that trains on it reads
+    the same numbers. Coefficients are dropped once the starting grid is scored, and so are
+    the decompositions (D x D each) unless ``keep_rotations``: a lambda beyond the grid, rarely
+    asked, then decomposes again, to the same result.
+    Safe to fill from several threads: a value computed twice is the same value.
+    """
+
+    def __init__(self, features, stats, problem, keep_rotations=True):
+        self.features, self.stats, self.problem = features, stats, problem
+        self.keep_rotations = keep_rotations
+        self.rotations, self.coefs, self.accuracies = {}, {}, {}
+        self.n_decompositions = 0  # how many eigendecompositions were computed (for tests)
+
+    def rotation(self, held):
+        """``stats.eigen`` of every row whose patient is not in ``held`` (a frozenset)."""
+        if held not in self.rotations:
+            source = self.problem.source
+            self.rotations[held] = self.stats.eigen([r for r in range(self.problem.n_rows)
+                                                     if int(source[r]) not in held])
+            self.n_decompositions += 1
+        return self.rotations[held]
+
+    def prepare(self, held, patients, alphas):
+        """Decompose the training set without ``held`` and score ``patients`` at ``alphas``;
+        keep the scores (and the decomposition if ``keep_rotations``)."""
+        for alpha in alphas:
+            for i in patients:
+                self.accuracy(held, i, alpha)
+            self.coefs.pop((held, alpha), None)
+        if not self.keep_rotations:
+            self.rotations.pop(held, None)
+
+    def coefficients(self, held, alpha):
+        """(coef (D, k) float32, intercept (k,) float32) of the fit without ``held`` at ``alpha``."""
+        key = (held, alpha)
+        if key not in self.coefs:
+            values, vectors, projected, mu, t = self.rotation(held)
+            coef = vectors @ (projected / (values + alpha)[:, None])
+            intercept = (t - mu @ coef).astype(np.float32)
+            self.coefs[key] = (coef.astype(np.float32), intercept)
+        return self.coefs[key]
+
+    def accuracy(self, held, patient, alpha):
+        """Accuracy on real patient ``patient`` of the fit without ``held`` at ``alpha``, scored
+        with the intercept, s = F coef + intercept, as the fitted model scores it."""
+        key = (held, patient, alpha)
+        if key not in self.accuracies:
+            coef, intercept = self.coefficients(held, alpha)
+            scores = self.features[patient] @ coef + intercept
+            self.accuracies[key] = np.mean(np.argmax(scores, axis=1) == self.problem.targets[patient])
+        return self.accuracies[key]
+
+
+def problem_view(problem: TrainingProblem, estimator: MarginalTransferClassifier) -> TrainingProblem:
+    """``problem`` under ``estimator``'s settings without drawing or embedding again: what
+    ``TrainingProblem(estimator, ...)`` builds from the same patients, when ``estimator`` draws
+    and embeds them as ``problem``'s estimator did (same ``cells_per_patient``,
+    ``embedding_cells``, ``n_embedding_features``, ``bandwidth_embedding`` and
+    ``random_state``) and either augments them as it did or not at all.
+
+    Without augmentation (``n_augment=0``, the pooled companion) only the real patients' rows
+    are kept: the cells are drawn before any copy is made, so they are the same cells. The
+    solver, feature count, embedding switch and bandwidths are ``estimator``'s.
+    """
+    expected_embedding = float(estimator.bandwidth_embedding or problem.median_distance_x)
+    if (problem.random_state != estimator.random_state or problem.embedder.bandwidth != expected_embedding
+            or problem.embedder.n_features != int(estimator.n_embedding_features)
+            or max(len(x) for x in problem.cells) > int(estimator.cells_per_patient)):
+        raise ValueError("problem_view needs a problem drawn and embedded as the estimator would draw and embed")
+    out = copy.copy(problem)
+    if int(estimator.n_augment) == 0 and problem.n_rows > problem.n_patients:
+        n = problem.n_patients
+        out.cells, out.embeddings, out.source = problem.cells[:n], problem.embeddings[:n], problem.source[:n]
+        if problem.labels is not None:
+            out.labels, out.targets = problem.labels[:n], problem.targets[:n]
+        out.parent_rows = np.arange(n)
+        out.augment_gain = out.augment_shift = None
+    elif problem.n_rows != problem.n_patients * (1 + int(estimator.n_augment)):
+        raise ValueError(f"problem_view: the problem holds {problem.n_rows} rows for {problem.n_patients} patients, "
+                         f"not {1 + int(estimator.n_augment)} per patient")
+    out.solver, out.n_features, out.use_embedding = estimator.solver, estimator.n_features, estimator.use_embedding
+    out.bandwidth_x = float(estimator.bandwidth_x or problem.median_distance_x)
+    out.bandwidth_p = float(estimator.bandwidth_p or problem.median_distance_p) if estimator.use_embedding else None
+    return out
 
 
 def _sort_key(key):

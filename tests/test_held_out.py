@@ -130,3 +130,85 @@ def test_bad_held_out_sets_are_refused(cohort):
         fold_models(samples, labels, [[0, 1, 2, 3, 4]], {"n_features": 64})
     with pytest.raises(ValueError, match="refit must be one of"):
         leave_one_patient_out(samples, labels, methods=("lda",), refit="sometimes")
+
+
+def test_runs_that_train_on_the_same_patients_share_one_decomposition(cohort, monkeypatch):
+    # Leaving patient a out and holding out b in an inner fold trains on what leaving b out and
+    # holding out a does: one eigendecomposition per distinct training set and key, and every
+    # run's result is what it gives when run alone.
+    from gating_core.solvers import RidgeStatistics
+
+    samples, labels, groups = cohort
+    cells, embedding_cells, drawn = _standardised(samples, labels)
+    base = MarginalTransferClassifier(n_features=64)
+    exclusions = [(i,) for i in range(6)]
+    alone = [HyperparameterSearch(cells, drawn, base, embedding_cells, cells_per_patient=300).run([excluded])[0]
+             for excluded in exclusions]
+    decomposed = []
+    eigen = RidgeStatistics.eigen
+    monkeypatch.setattr(RidgeStatistics, "eigen", lambda self, rows, weights=None: (
+        decomposed.append((self, tuple(rows))) or eigen(self, rows, weights)))
+    search = HyperparameterSearch(cells, drawn, base, embedding_cells, cells_per_patient=300)
+    together = search.run(exclusions)
+    for one, other in zip(together, alone):
+        assert one.params == other.params and one.table == other.table and one.score == other.score
+    # Every (features, training rows) pair decomposed once, though the runs' folds repeat them.
+    distinct = {(id(stats), rows) for stats, rows in decomposed}  # (the list keeps each stats alive)
+    assert len(decomposed) == len(distinct)
+    folds = sum(len(search.folds(excluded)) for excluded in exclusions)
+    keys = len({(row["x_factor"], row["p_factor"]) for result in together for row in result.table})
+    assert len(decomposed) < folds * keys
+
+
+def test_a_problem_view_is_what_a_fresh_problem_builds(cohort):
+    # The pooled companion's problem, taken from the marginal model's (augmented) problem.
+    from gating_core.selection import problem_view
+
+    samples, labels, groups = cohort
+    cells, embedding_cells, drawn = _standardised(samples, labels)
+    main = MarginalTransferClassifier(n_features=64, cells_per_patient=300, n_augment=2)
+    companion = MarginalTransferClassifier(n_features=64, cells_per_patient=300, use_embedding=False, n_augment=0,
+                                           loss="logistic", bandwidth_x=1.5)
+    problem = TrainingProblem(main, cells, drawn, embedding_cells, groups)
+    view, fresh = problem_view(problem, companion), TrainingProblem(companion, cells, drawn, embedding_cells, groups)
+    assert view.n_rows == fresh.n_rows == 6 and problem.n_rows == 18
+    for name in ("cells", "labels", "targets"):
+        for a, b in zip(getattr(view, name), getattr(fresh, name)):
+            np.testing.assert_array_equal(a, b)
+    for name in ("embeddings", "source", "classes", "parent_rows", "class_columns"):
+        np.testing.assert_array_equal(getattr(view, name), getattr(fresh, name))
+    for name in ("median_distance_x", "median_distance_p", "bandwidth_x", "bandwidth_p", "bandwidth_embedding",
+                 "use_embedding", "augment_gain", "augment_shift", "n_patients"):
+        assert getattr(view, name) == getattr(fresh, name), name
+    for a, b in zip(view.features(view.feature_map(1.5, None)), fresh.features(fresh.feature_map(1.5, None))):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="drawn and embedded"):
+        problem_view(problem, MarginalTransferClassifier(n_features=64, cells_per_patient=300, random_state=3))
+
+
+def test_a_fold_searches_on_the_seeded_subset_that_training_on_its_patients_would(cohort, monkeypatch):
+    # GatingModel.fit searches on at most SELECTION_MAX_PATIENTS patients (a seeded draw); so
+    # does each fold, among its own training patients. A patient outside that draw trains the
+    # fold's model but its labels never reach the fold's selection.
+    import gating_core.model
+
+    monkeypatch.setattr(gating_core.model, "SELECTION_MAX_PATIENTS", 3)
+    samples, labels, groups = cohort
+    settings = {"n_features": 128, "cells_per_patient": 1000, "selection_cells_per_patient": 400}
+    first = fold_models(samples, labels, [[2]], settings, groups)[0]
+    kept = [0, 1, 3, 4, 5]
+    searched = [kept[j] for j in first.selection_patients(len(kept))]
+    assert len(searched) == 3 and first.selection_["n_patients"] == 3
+    outside = next(i for i in kept if i not in searched)
+    scrambled = list(labels)
+    scrambled[outside] = np.random.default_rng(1).permutation(labels[outside])
+    second = fold_models(samples, scrambled, [[2]], settings, groups)[0]
+    assert first.selection_["params"] == second.selection_["params"]
+    assert first.selection_["table"] == second.selection_["table"]
+    assert first.selection_["companion"] == second.selection_["companion"]
+    assert not np.array_equal(first.classifier_.coef_, second.classifier_.coef_)
+    # Without the cap, all five training patients are searched on: another selection.
+    monkeypatch.setattr(gating_core.model, "SELECTION_MAX_PATIENTS", 50)
+    everyone = fold_models(samples, labels, [[2]], settings, groups)[0]
+    assert everyone.selection_["n_patients"] == 5
+    assert everyone.selection_["table"] != first.selection_["table"]
