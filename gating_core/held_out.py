@@ -257,13 +257,15 @@ class _SharedProblems:
         return self._problems[key]
 
     _KEY_FIELDS = ("solver", "n_features", "use_embedding", "n_embedding_features", "bandwidth_embedding",
-                   "cells_per_patient", "embedding_cells", "n_augment", "augment_gain", "augment_shift", "random_state")
+                   "cells_per_patient", "embedding_cells", "n_augment", "augment_gain", "augment_shift", "random_state",
+                   "kernel_x")
 
     @classmethod
     def _draw_key(cls, key) -> tuple:
         """The fields of a problem key that decide the cells drawn and the embeddings."""
         return tuple(key[cls._KEY_FIELDS.index(k)] for k in ("n_embedding_features", "bandwidth_embedding",
-                                                               "cells_per_patient", "embedding_cells", "random_state"))
+                                                               "cells_per_patient", "embedding_cells", "random_state",
+                                                               "kernel_x"))
 
     @classmethod
     def _augment_key(cls, key) -> tuple:

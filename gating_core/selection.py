@@ -374,9 +374,16 @@ def problem_view(problem: TrainingProblem, estimator: MarginalTransferClassifier
     are kept: the cells are drawn before any copy is made, so they are the same cells. The
     solver, feature count, embedding switch and bandwidths are ``estimator``'s.
     """
-    expected_embedding = float(estimator.bandwidth_embedding or problem.median_distance_x)
-    if (problem.random_state != estimator.random_state or problem.embedder.bandwidth != expected_embedding
-            or problem.embedder.n_features != int(estimator.n_embedding_features)
+    kernel_x = getattr(estimator, "kernel_x", "gaussian")
+    if kernel_x != getattr(problem, "kernel_x", "gaussian"):
+        raise ValueError("problem_view needs a problem embedded with the estimator's cell kernel")
+    if kernel_x == "linear":  # Psi is the mean cell: no bandwidth, no frequencies to compare
+        embedded_alike = True
+    else:
+        expected_embedding = float(estimator.bandwidth_embedding or problem.median_distance_x)
+        embedded_alike = (problem.embedder.bandwidth == expected_embedding
+                          and problem.embedder.n_features == int(estimator.n_embedding_features))
+    if (problem.random_state != estimator.random_state or not embedded_alike
             or max(len(x) for x in problem.cells) > int(estimator.cells_per_patient)):
         raise ValueError("problem_view needs a problem drawn and embedded as the estimator would draw and embed")
     out = copy.copy(problem)
