@@ -113,3 +113,27 @@ def test_evaluate_leaves_whole_groups_out_and_prints_valid_json(tmp_path):
     summary = {(s["protocol"], s["method"]) for s in document["summary"]}
     assert ("leave-one-group-out", "marginal") in summary and ("leave-one-patient-out", "lda") in summary
     assert document["novelty_curve"]
+
+
+def test_one_group_for_every_training_patient_keeps_replicate_twins_together():
+    """Given one group for all patients (a single center or batch), selection folds are drawn
+    from near-duplicate clusters found within it, not patient by patient: replicate twins never
+    validate each other. Several given groups are kept as they are."""
+    import dataclasses
+
+    from gating_core.model import GatingModel
+
+    twins, labels = [], []
+    for seed in (3, 8, 21):  # three patients, each measured twice (two halves of its events)
+        sample, truth = simulate_patient(seed, n_events=4000, name=f"patient_{seed}")
+        for half, cut in (("a", slice(0, 2000)), ("b", slice(2000, 4000))):
+            twins.append(dataclasses.replace(sample, name=f"patient_{seed}{half}", events=sample.events[cut]))
+            labels.append(np.asarray(truth)[cut])
+    settings = dict(select=False, n_features=64, cells_per_patient=500, embedding_cells=2000)
+    model = GatingModel(**settings).fit(twins, labels, groups=["center_A"] * 6)
+    assert model.groups_inferred_
+    assert model.groups_[0::2] == model.groups_[1::2]  # each twin beside its pair
+    assert len(set(model.groups_)) == 3 and all(g.startswith("center_A/") for g in model.groups_)
+    given = ["center_A"] * 4 + ["center_B"] * 2
+    model = GatingModel(**settings).fit(twins, labels, groups=given)
+    assert model.groups_ == given and not model.groups_inferred_
