@@ -114,14 +114,23 @@ class RidgeStatistics:
         return coef, t - mu @ coef
 
 
+def stacked_rows(features) -> np.ndarray:
+    """All rows' features as one (sum n_i, D) float32 array: the ``stacked`` store of a
+    :class:`~gating_core.training_problem.RowFeatures` as it is (no copy), else the list stacked."""
+    stacked = getattr(features, "stacked", None)
+    if stacked is not None and stacked.dtype == np.float32:
+        return stacked
+    return np.vstack(list(features)).astype(np.float32)
+
+
 def fit_weighted_logistic(features, targets, patient_weights, n_classes, alpha, warm=None, max_iter=300):
     """Multinomial logistic regression with patient weights and an L2 penalty.
 
     Minimises sum_i w_i mean_j CE(softmax(F_ij W + b), Y_ij) + alpha ||W||^2 (b unpenalised)
-    by L-BFGS. ``features``: list of (n_i, D) float32; ``targets``: list of (n_i,) class
-    indices; ``patient_weights``: (N,) summing to 1. Returns W (D, k) and b (k,).
+    by L-BFGS. ``features``: list of (n_i, D) float32 (or a stored RowFeatures); ``targets``:
+    list of (n_i,) class indices; ``patient_weights``: (N,) summing to 1. Returns W (D, k) and b (k,).
     """
-    f = np.vstack(features).astype(np.float32)
+    f = stacked_rows(features)
     t = np.concatenate(targets)
     cell_w = np.concatenate([np.full(len(x), w / len(x)) for x, w in zip(features, patient_weights)]).astype(np.float32)
     n, dim = f.shape
@@ -163,7 +172,7 @@ def fit_weighted_hinge(features, targets, patient_weights, n_classes, alpha, war
     Huber-smoothed over ``smoothing`` (see HINGE_SMOOTHING). Arguments as in
     :func:`fit_weighted_logistic`; returns W (D, k) and b (k,).
     """
-    f = np.vstack(features).astype(np.float32)
+    f = stacked_rows(features)
     t = np.concatenate(targets)
     cell_w = np.concatenate([np.full(len(x), w / len(x)) for x, w in zip(features, patient_weights)]).astype(np.float32)
     n, dim = f.shape
