@@ -212,3 +212,23 @@ def test_gating_model_is_the_model_the_code_fitted_before_the_change(digests):
         BEFORE["pooled_coef_abs_sum"], rel=1e-6)
     assert float(np.abs(got["embeddings"]).sum()) == pytest.approx(BEFORE["embeddings_abs_sum"], rel=1e-9)
     assert got["temperature"] == pytest.approx(BEFORE["temperature"], rel=1e-6)
+
+
+def test_infer_cell_groups_embeds_every_cell_of_each_patient_as_before(patients, monkeypatch):
+    import gating_core.groups as groups
+    from gating_core.digest import infer_cell_groups
+    from gating_core.features import median_pairwise_distance
+
+    samples, _ = patients
+    cells = [samples[0], samples[0][:-7] + 0.01, *samples[1:]]  # a near-duplicate pair, sizes differ
+    seen = {}
+    real = groups.infer_groups
+    monkeypatch.setattr(groups, "infer_groups", lambda e, names: seen.setdefault("e", e) is not None and real(e, names))
+    monkeypatch.setenv("GATING_SCORE_THREADS", "2")
+    names = [f"p{i}" for i in range(len(cells))]
+    got = infer_cell_groups(cells, names, 24, random_state=5)
+    pooled = np.vstack([e[:500] for e in cells])
+    embedder = MeanEmbedding(24, median_pairwise_distance(pooled), pooled.shape[1],
+                             random_state=np.random.SeedSequence([5, 11]))
+    np.testing.assert_array_equal(seen["e"], np.vstack([embedder.transform(e) for e in cells]))
+    assert got == real(seen["e"], names) and got[0] == got[1] and len(set(got)) == len(cells) - 1
