@@ -232,3 +232,41 @@ def test_infer_cell_groups_embeds_every_cell_of_each_patient_as_before(patients,
                              random_state=np.random.SeedSequence([5, 11]))
     np.testing.assert_array_equal(seen["e"], np.vstack([embedder.transform(e) for e in cells]))
     assert got == real(seen["e"], names) and got[0] == got[1] and len(set(got)) == len(cells) - 1
+
+
+def test_ridge_statistics_keep_float32_rows_and_give_the_float64_values_of_before():
+    from gating_core.solvers import PerRowMatrices, RidgeStatistics
+
+    rng = np.random.default_rng(8)
+    dim, k = 24, 3
+    stats = RidgeStatistics(dim, k)
+    rows = []
+    for n in (50, 70, 64, 90, 33, 41):
+        f = rng.standard_normal((n, dim)).astype(np.float32)
+        y = np.eye(k, dtype=np.float32)[rng.integers(0, k, n)]
+        stats.add_patient([f], [y])
+        rows.append((f, y))
+    stats.add_patient([rows[0][0], rows[1][0]], [rows[0][1], rows[1][1]])  # two chunks: summed in float64
+    # what add_patient stored before: float64 arrays divided at once
+    before = RidgeStatistics(dim, k)
+    for f, y in rows:
+        n = len(f)
+        before.gram.append(np.zeros((dim, dim)) + (f.T @ f).astype(np.float64) / n)
+        before.cross.append(np.zeros((dim, k)) + (f.T @ y).astype(np.float64) / n)
+    before.gram.append(stats.gram[6]), before.cross.append(stats.cross[6])
+    before.feature_mean, before.target_mean = stats.feature_mean, stats.target_mean
+    assert stats.gram._entries[0][0].dtype == np.float32 and isinstance(stats.gram._entries[6], np.ndarray)
+    for i in range(7):
+        np.testing.assert_array_equal(stats.gram[i], before.gram[i])
+        assert stats.gram[i].dtype == np.float64
+    np.testing.assert_array_equal(stats.gram[1], (rows[1][0].T @ rows[1][0]).astype(np.float64) / 70)
+    for patients, weights in ((range(7), None), ([0, 2, 3, 4, 5, 6], None), ([1, 4], None),
+                              (range(7), np.arange(1.0, 8.0))):
+        for a, b in zip(stats.eigen(patients, weights), before.eigen(patients, weights)):
+            np.testing.assert_array_equal(a, b)
+    sub, sub_before = stats.subset([5, 1, 6], [0, 2]), before.subset([5, 1, 6], [0, 2])
+    assert isinstance(sub.gram, PerRowMatrices) and sub.gram._entries[0] is stats.gram._entries[5]
+    for i in range(3):
+        np.testing.assert_array_equal(sub.cross[i], sub_before.cross[i])
+    for a, b in zip(sub.eigen(range(3)), sub_before.eigen(range(3))):
+        np.testing.assert_array_equal(a, b)
