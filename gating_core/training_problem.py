@@ -72,7 +72,7 @@ def embed_patients(embedder: MeanEmbedding, samples, max_cells: int) -> np.ndarr
     Row i is exactly ``embed_cells(embedder, samples[i], max_cells)``. The patients are embedded
     side by side on :func:`~gating_core.classifier.score_threads` threads (numpy's cos and sin
     release the GIL), each with one BLAS thread, whatever the pool size, so the result does not
-    depend on the number of threads; on a worker thread (already inside a pool) serially.
+    depend on the number of threads; on a thread of a ``concurrent.futures`` pool, serially.
     Within :func:`shared_embeddings`, a patient embedded before is not embedded again.
     """
     from threadpoolctl import threadpool_limits
@@ -92,7 +92,9 @@ def embed_patients(embedder: MeanEmbedding, samples, max_cells: int) -> np.ndarr
     def run(i):
         out[i] = embed_cells(embedder, samples[i], max_cells)
 
-    in_pool = threading.current_thread() is not threading.main_thread()
+    # A pool thread (ours, or any concurrent.futures pool) already holds one CPU's worth of work:
+    # no second pool inside it. Other threads (the app's script thread) may start one.
+    in_pool = threading.current_thread().name.startswith("ThreadPoolExecutor")
     workers = 1 if in_pool else max(1, min(score_threads(), len(todo)))
     with threadpool_limits(1, user_api="blas"):
         if workers <= 1:

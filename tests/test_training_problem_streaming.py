@@ -274,3 +274,25 @@ def test_ridge_statistics_keep_float32_rows_and_give_the_float64_values_of_befor
         np.testing.assert_array_equal(sub.cross[i], sub_before.cross[i])
     for a, b in zip(sub.eigen(range(3)), sub_before.eigen(range(3))):
         np.testing.assert_array_equal(a, b)
+
+
+def test_embed_patients_starts_no_pool_inside_a_pool_thread(patients, monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    samples, _ = patients
+    monkeypatch.setenv("GATING_SCORE_THREADS", "3")
+    started = []
+    real_init = ThreadPoolExecutor.__init__
+
+    def recording_init(self, *args, **kwargs):
+        started.append(args)
+        real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(ThreadPoolExecutor, "__init__", recording_init)
+    embedder = MeanEmbedding(16, 1.1, samples[0].shape[1], random_state=2)
+    with ThreadPoolExecutor(1) as outer:
+        inside = outer.submit(embed_patients, embedder, samples, 800).result()
+    assert started == [(1,)]  # the outer pool only: serial inside it
+    outside = embed_patients(embedder, samples, 800)
+    assert started[-1] == (3,)  # the main thread: a pool of GATING_SCORE_THREADS
+    np.testing.assert_array_equal(inside, outside)
