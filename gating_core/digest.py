@@ -65,11 +65,14 @@ def infer_cell_groups(embedding_cells, names, n_embedding_features=128, random_s
     """
     from gating_core.features import median_pairwise_distance
     from gating_core.groups import infer_groups
+    from gating_core.training_problem import embed_patients
 
     pooled = np.vstack([e[:500] for e in embedding_cells])
     embedder = MeanEmbedding(n_embedding_features, median_pairwise_distance(pooled), pooled.shape[1],
                              random_state=np.random.SeedSequence([int(random_state or 0), 11]))
-    return infer_groups(np.vstack([embedder.transform(e) for e in embedding_cells]), names)
+    # every cell of each patient (max_cells = the largest patient), on the usable CPUs
+    embeddings = embed_patients(embedder, embedding_cells, max(len(e) for e in embedding_cells))
+    return infer_groups(embeddings, names)
 
 
 def find_channel(sample, pnn: str, pns: str = "") -> int | None:

@@ -233,6 +233,13 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         ``train --workers`` builds the digests on a Dask cluster, where the files are, and
         calls this; the result is identical to :meth:`fit` on the same files.
         """
+        from gating_core.training_problem import shared_embeddings
+
+        # Selection, the final fit and the companion embed the same patients: each once.
+        with shared_embeddings():
+            return self._fit_digests(digests, progress, groups)
+
+    def _fit_digests(self, digests, progress=None, groups=None):
         report = progress or (lambda stage, fraction: None)
         if self.method not in METHODS:
             raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")

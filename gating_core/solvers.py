@@ -29,7 +29,8 @@ class RidgeStatistics:
     """
 
     def __init__(self, n_features: int, n_classes: int):
-        self.gram, self.feature_mean, self.cross, self.target_mean = [], [], [], []
+        self.gram, self.cross = PerRowMatrices(), PerRowMatrices()
+        self.feature_mean, self.target_mean = [], []
         self.n_features, self.n_classes = n_features, n_classes
 
     def add_patient(self, feature_chunks, target_chunks) -> int:
@@ -38,15 +39,24 @@ class RidgeStatistics:
         b = np.zeros((self.n_features, self.n_classes))
         s = np.zeros(self.n_features)
         t = np.zeros(self.n_classes)
-        n = 0
+        n = chunks = 0
         for f, y in zip(feature_chunks, target_chunks):
-            g += (f.T @ f).astype(np.float64)
-            b += (f.T @ y).astype(np.float64)
+            g_chunk, b_chunk = f.T @ f, f.T @ y
+            g += g_chunk.astype(np.float64)
+            b += b_chunk.astype(np.float64)
             s += f.sum(axis=0, dtype=np.float64)
             t += y.sum(axis=0, dtype=np.float64)
             n += len(f)
-        self.gram.append(g / n)
-        self.cross.append(b / n)
+            chunks += 1
+        if chunks == 1 and g_chunk.dtype == np.float32 and b_chunk.dtype == np.float32:
+            # One float32 product: kept as it is (half the memory: 1 MB a row at D = 512, 1 GB
+            # for 200 patients x 5 copies) and divided on reading, which gives the same float64
+            # values as dividing now (0 + x is x exactly).
+            self.gram.append((g_chunk, n))
+            self.cross.append((b_chunk, n))
+        else:
+            self.gram.append(g / n)
+            self.cross.append(b / n)
         self.feature_mean.append(s / n)
         self.target_mean.append(t / n)
         return len(self.gram) - 1
@@ -87,8 +97,13 @@ class RidgeStatistics:
         """Sums over every patient of the four statistics, kept until a patient is added."""
         if getattr(self, "_total_count", None) != len(self.gram):
             # Accumulated one patient at a time: stacking them would cost N copies at once.
-            self._total = tuple(sum(parts[1:], parts[0].copy()) for parts in (self.gram, self.feature_mean,
-                                                                            self.cross, self.target_mean))
+            totals = []
+            for parts in (self.gram, self.feature_mean, self.cross, self.target_mean):
+                total = parts[0].copy()
+                for i in range(1, len(parts)):
+                    total += parts[i]
+                totals.append(total)
+            self._total = tuple(totals)
             self._total_count = len(self.gram)
         return self._total
 
@@ -97,9 +112,9 @@ class RidgeStatistics:
         ``class_columns``, of those target columns only (the classes a subset still holds)."""
         rows = [int(r) for r in rows]
         out = RidgeStatistics(self.n_features, self.n_classes if class_columns is None else len(class_columns))
-        out.gram = [self.gram[r] for r in rows]
+        out.gram = self.gram.take(rows)
         out.feature_mean = [self.feature_mean[r] for r in rows]
-        out.cross = [self.cross[r] if class_columns is None else self.cross[r][:, class_columns] for r in rows]
+        out.cross = self.cross.take(rows, class_columns)
         out.target_mean = [self.target_mean[r] if class_columns is None else self.target_mean[r][class_columns]
                            for r in rows]
         return out
@@ -126,14 +141,61 @@ def _one_blas_thread():
     return _BLAS_CONTROLLER[0].limit(limits=1, user_api="blas")
 
 
+class PerRowMatrices:
+    """A list of per-row matrices of :class:`RidgeStatistics`: each entry a float64 array, or a
+    (float32 sum, count) pair read as ``sum.astype(float64) / count``.
+
+    Reading an entry gives a float64 array (a new one for a pair); :meth:`take` selects rows
+    (and columns) without reading them.
+    """
+
+    def __init__(self, entries=()):
+        self._entries = list(entries)
+
+    def append(self, entry) -> None:
+        self._entries.append(entry)
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __getitem__(self, i):
+        entry = self._entries[i]
+        if isinstance(entry, tuple):
+            raw, n = entry
+            return raw.astype(np.float64) / n
+        return entry
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
+
+    def take(self, rows, columns=None) -> "PerRowMatrices":
+        """Entries ``rows`` (shared, not copied); with ``columns``, those columns of each."""
+        if columns is None:
+            return PerRowMatrices(self._entries[r] for r in rows)
+        out = PerRowMatrices()
+        for r in rows:
+            entry = self._entries[r]
+            out.append((entry[0][:, columns], entry[1]) if isinstance(entry, tuple) else entry[:, columns])
+        return out
+
+
+def stacked_rows(features) -> np.ndarray:
+    """All rows' features as one (sum n_i, D) float32 array: the ``stacked`` store of a
+    :class:`~gating_core.training_problem.RowFeatures` as it is (no copy), else the list stacked."""
+    stacked = getattr(features, "stacked", None)
+    if stacked is not None and stacked.dtype == np.float32:
+        return stacked
+    return np.vstack(list(features)).astype(np.float32)
+
+
 def fit_weighted_logistic(features, targets, patient_weights, n_classes, alpha, warm=None, max_iter=300):
     """Multinomial logistic regression with patient weights and an L2 penalty.
 
     Minimises sum_i w_i mean_j CE(softmax(F_ij W + b), Y_ij) + alpha ||W||^2 (b unpenalised)
-    by L-BFGS. ``features``: list of (n_i, D) float32; ``targets``: list of (n_i,) class
-    indices; ``patient_weights``: (N,) summing to 1. Returns W (D, k) and b (k,).
+    by L-BFGS. ``features``: list of (n_i, D) float32 (or a stored RowFeatures); ``targets``:
+    list of (n_i,) class indices; ``patient_weights``: (N,) summing to 1. Returns W (D, k) and b (k,).
     """
-    f = np.vstack(features).astype(np.float32)
+    f = stacked_rows(features)
     t = np.concatenate(targets)
     cell_w = np.concatenate([np.full(len(x), w / len(x)) for x, w in zip(features, patient_weights)]).astype(np.float32)
     n, dim = f.shape
@@ -175,7 +237,7 @@ def fit_weighted_hinge(features, targets, patient_weights, n_classes, alpha, war
     Huber-smoothed over ``smoothing`` (see HINGE_SMOOTHING). Arguments as in
     :func:`fit_weighted_logistic`; returns W (D, k) and b (k,).
     """
-    f = np.vstack(features).astype(np.float32)
+    f = stacked_rows(features)
     t = np.concatenate(targets)
     cell_w = np.concatenate([np.full(len(x), w / len(x)) for x, w in zip(features, patient_weights)]).astype(np.float32)
     n, dim = f.shape

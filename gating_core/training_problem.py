@@ -9,7 +9,11 @@ features or Nystroem / exact landmarks), and the simulated instrument shifts of 
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
+import hashlib
+import threading
 
 import numpy as np
 from scipy.linalg import eigh
@@ -26,6 +30,86 @@ def embed_cells(embedder: MeanEmbedding, x, max_cells: int) -> np.ndarray:
     content (:func:`content_subsample`): ndarray of shape (2L,)."""
     x = np.asarray(x)
     return embedder.transform(x[content_subsample(x, max_cells)])
+
+
+#: The embeddings computed within :func:`shared_embeddings` (None outside it): cache key -> Psi.
+_SHARED_EMBEDDINGS: contextvars.ContextVar = contextvars.ContextVar("shared_embeddings", default=None)
+
+
+@contextlib.contextmanager
+def shared_embeddings():
+    """Within the block, every :class:`TrainingProblem` reuses the embeddings already computed
+    for the same cells under the same embedder (frequencies) instead of computing them again.
+
+    A training builds several problems from the same patients: model selection's, the final
+    fit's, the pooled companion's selection and fit. Where two of them embed identical cells
+    (same draw, same augmentation shift) with the same sigma', the result is the same array, so
+    it is computed once. The key is the cells' bytes and the embedder's frequencies, so a
+    different sigma' (selection draws fewer cells, hence another median start) or another
+    augmentation draw is simply another entry: nothing is reused that would differ. Nested
+    blocks share the outer block's cache; it is dropped when the outermost block ends.
+    """
+    if _SHARED_EMBEDDINGS.get() is not None:
+        yield
+        return
+    token = _SHARED_EMBEDDINGS.set({})
+    try:
+        yield
+    finally:
+        _SHARED_EMBEDDINGS.reset(token)
+
+
+def _embedding_key(embedder: MeanEmbedding, x: np.ndarray, max_cells: int) -> tuple:
+    h = hashlib.blake2b(digest_size=16)
+    h.update(np.ascontiguousarray(embedder.frequencies_).tobytes())
+    x = np.ascontiguousarray(x)
+    h.update(x.tobytes())
+    return (h.hexdigest(), x.shape, x.dtype.str, int(max_cells))
+
+
+def embed_patients(embedder: MeanEmbedding, samples, max_cells: int) -> np.ndarray:
+    """Psi of each patient's cells (list of (n_i, d)): ndarray of shape (n_patients, 2L).
+
+    Row i is exactly ``embed_cells(embedder, samples[i], max_cells)``. The patients are embedded
+    side by side on :func:`~gating_core.classifier.score_threads` threads (numpy's cos and sin
+    release the GIL), each with one BLAS thread, whatever the pool size, so the result does not
+    depend on the number of threads; on a thread of a ``concurrent.futures`` pool, serially.
+    Within :func:`shared_embeddings`, a patient embedded before is not embedded again.
+    """
+    from threadpoolctl import threadpool_limits
+
+    from gating_core.classifier import score_threads
+
+    cache = _SHARED_EMBEDDINGS.get()
+    keys = [None] * len(samples) if cache is None else [_embedding_key(embedder, x, max_cells) for x in samples]
+    out = np.empty((len(samples), 2 * embedder.n_features))
+    todo = []
+    for i, key in enumerate(keys):
+        if key is not None and key in cache:
+            out[i] = cache[key]
+        else:
+            todo.append(i)
+
+    def run(i):
+        out[i] = embed_cells(embedder, samples[i], max_cells)
+
+    # A pool thread (ours, or any concurrent.futures pool) already holds one CPU's worth of work:
+    # no second pool inside it. Other threads (the app's script thread) may start one.
+    in_pool = threading.current_thread().name.startswith("ThreadPoolExecutor")
+    workers = 1 if in_pool else max(1, min(score_threads(), len(todo)))
+    with threadpool_limits(1, user_api="blas"):
+        if workers <= 1:
+            for i in todo:
+                run(i)
+        else:
+            from concurrent.futures import ThreadPoolExecutor
+
+            with ThreadPoolExecutor(workers) as pool:
+                list(pool.map(run, todo))
+    if cache is not None:
+        for i in todo:
+            cache.setdefault(keys[i], out[i].copy())
+    return out
 
 
 def cell_features(feature_map, x, embedding, use_embedding=True, out=None) -> np.ndarray:
@@ -157,10 +241,11 @@ class TrainingProblem:
         self.kernel_x = getattr(p, "kernel_x", "gaussian")
         if self.kernel_x == "linear":  # linear k'_X: Psi(P) is the mean cell (sigma' unused)
             self.embedder = LinearMeanEmbedding(d)
+            self.embeddings = np.vstack([embed_cells(self.embedder, x, p.embedding_cells) for x in sources])
         else:
             self.embedder = MeanEmbedding(p.n_embedding_features, self.bandwidth_embedding, d,
                                           random_state=_seed(p.random_state, 1))
-        self.embeddings = np.vstack([embed_cells(self.embedder, x, p.embedding_cells) for x in sources])
+            self.embeddings = embed_patients(self.embedder, sources, p.embedding_cells)
         self.median_distance_p = median_embedding_distance(self.embeddings[: self.n_patients])
         self.bandwidth_p = float(p.bandwidth_p or self.median_distance_p) if p.use_embedding else None
         self.parent_rows = np.arange(len(self.cells))  # see subset()
@@ -188,6 +273,13 @@ class TrainingProblem:
     def features(self, feature_map) -> list:
         """Features of every training row under ``feature_map``: list of (m_r, D) float32."""
         return [cell_features(feature_map, x, psi, self.use_embedding) for x, psi in zip(self.cells, self.embeddings)]
+
+    def row_features(self, feature_map, store: bool = False) -> "RowFeatures":
+        """The rows' features as :meth:`features` gives them, without holding them all as a list
+        of separate arrays: recomputed whenever a row is read (``store=False``: memory of one
+        row), or written once into one (sum m_r, D) float32 array (``store=True``: what an
+        iterative solver reads at every step, with no second stacked copy)."""
+        return RowFeatures(self, feature_map, store)
 
     def subset(self, patients):
         """The same problem without every real patient not in ``patients`` (and their augmented
@@ -223,11 +315,68 @@ class TrainingProblem:
         return [(t[:, None] == np.arange(k)[None, :]).astype(np.float32) for t in self.targets]
 
     def statistics(self, features) -> RidgeStatistics:
-        """The ridge problem's per-row sufficient statistics for ``features``."""
-        stats = RidgeStatistics(features[0].shape[1], len(self.classes))
-        for f, onehot in zip(features, self.onehots()):
+        """The ridge problem's per-row sufficient statistics for ``features`` (a list, or
+        :meth:`row_features`: then one row's features and one-hot targets are held at a time)."""
+        k = len(self.classes)
+        stats = None
+        for r in range(len(features)):
+            f = features[r]
+            if stats is None:
+                stats = RidgeStatistics(f.shape[1], k)
+            onehot = (self.targets[r][:, None] == np.arange(k)[None, :]).astype(np.float32)
             stats.add_patient([f], [onehot])
         return stats
+
+
+class RowFeatures:
+    """The features of a :class:`TrainingProblem`'s rows under one feature map, as a sequence:
+    ``features[r]`` is ``cell_features(feature_map, problem.cells[r], problem.embeddings[r], ...)``,
+    exactly what :meth:`TrainingProblem.features` lists.
+
+    With ``store=False`` nothing is kept: a row is computed whenever it is read (a pass over
+    the rows holds one row's (m_r, D) features). With ``store=True`` every row is computed once
+    into ``stacked`` (sum m_r, D) float32 and read as a view of it.
+
+    Attributes
+    ----------
+    bounds : ndarray of shape (n_rows + 1,)   row r is ``stacked[bounds[r]:bounds[r + 1]]``
+    stacked : ndarray of shape (bounds[-1], D) float32, or None (``store=False``)
+    """
+
+    def __init__(self, problem: TrainingProblem, feature_map, store: bool = False):
+        self.problem, self.feature_map = problem, feature_map
+        self.bounds = np.concatenate([[0], np.cumsum([len(x) for x in problem.cells])]).astype(np.int64)
+        self.stacked = None
+        if store:
+            first = self._compute(0)
+            self.stacked = np.empty((int(self.bounds[-1]), first.shape[1]), dtype=np.float32)
+            self.stacked[: self.bounds[1]] = first
+            for r in range(1, len(self)):
+                lo, hi = self.bounds[r], self.bounds[r + 1]
+                if isinstance(feature_map, LandmarkFeatures):
+                    self.stacked[lo:hi] = self._compute(r)
+                else:  # written in place: no (m_r, D) temporary
+                    cell_features(feature_map, problem.cells[r], problem.embeddings[r], problem.use_embedding,
+                                  out=self.stacked[lo:hi])
+
+    def _compute(self, r: int) -> np.ndarray:
+        p = self.problem
+        return cell_features(self.feature_map, p.cells[r], p.embeddings[r], p.use_embedding)
+
+    def __len__(self) -> int:
+        return len(self.bounds) - 1
+
+    def __getitem__(self, r):
+        r = int(r)
+        if not -len(self) <= r < len(self):
+            raise IndexError(f"row {r} of {len(self)}")
+        r %= len(self)
+        if self.stacked is not None:
+            return self.stacked[self.bounds[r]:self.bounds[r + 1]]
+        return self._compute(r)
+
+    def __iter__(self):
+        return (self[r] for r in range(len(self)))
 
 
 def shift_spread(embedding_cells, groups=None):
