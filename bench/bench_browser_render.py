@@ -1,0 +1,107 @@
+"""Benchmark: what the browser spends drawing each kind of scatter figure the app sends.
+
+The app's figures are built by ``ui.charts`` from one simulated patient: a density heatmap
+(Explore, Gate, Auto-gate), the same with a layer of invisible points under it (what the Gate
+page sent before session 7 to carry lasso selection, as WebGL or as SVG points), and Explore's
+population view (up to 20,000 coloured WebGL dots). Each figure is drawn with Plotly's own
+``newPlot`` in the Chromium the browser tests use (headless, no GPU: WebGL is drawn in
+software), ``--repeats`` times, from a blank plot to the first frame after it; the printed
+figures are the milliseconds of each repeat and each figure's median as a ratio to the heatmap
+alone, measured in the same run.
+
+Run: ``.venv/bin/python bench/bench_browser_render.py [--repeats 5] [--dots 20000]``. Needs
+``/usr/bin/chromium`` (``make chromium``) and Playwright.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gating_core import plotting  # noqa: E402
+from gating_core.gates import AxisScale  # noqa: E402
+from gating_core.synthetic.patients import simulate_patient  # noqa: E402
+from ui import charts  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
+
+DRAW_JS = """(spec) => { const t0 = performance.now(); Plotly.purge('g');
+  return Plotly.newPlot('g', spec.data, spec.layout, {displaylogo: false}).then(() =>
+    new Promise((done) => requestAnimationFrame(() => setTimeout(() => done(performance.now() - t0), 0)))); }"""
+
+
+def figures(n_dots: int) -> dict:
+    """The figures to draw, as Plotly JSON dicts, from one simulated 200,000-event patient."""
+    import plotly.graph_objects as go
+
+    sample, labels = simulate_patient(14, n_events=200_000, name="render")
+    x, y = (sample.events[:, sample.channel_index(c)] for c in ("FSC-A", "SSC-A"))
+    scale = AxisScale.from_dict({"kind": "linear"})
+    x_range, y_range = plotting.display_range([x]), plotting.display_range([y])
+    grid = plotting.density_grid(x, y, x_range, y_range, 200)
+    dots = plotting.subsample_indices(len(x), n_dots, seed=0)
+    panel = {"title": "render", "grid": grid}
+    density = charts.scatter_panels([panel], scale, scale, x_range, y_range, "FSC-A", "SSC-A", mode="density",
+                                     height=560, selectable=True)
+    out = {"density (Gate, Explore)": density}
+    for name, trace, count in (("density + invisible WebGL layer (Gate before)", go.Scattergl, n_dots),
+                               ("density + 2,000 invisible SVG points", go.Scatter, 2000)):
+        fig = go.Figure(density)
+        keep = dots[:count]
+        fig.add_trace(trace(x=x[keep], y=y[keep], mode="markers", showlegend=False, hoverinfo="skip",
+                            marker=dict(size=2, opacity=0.0)))
+        out[name] = fig
+    colours = plotting.population_colors(sorted(set(np.asarray(labels).astype(str))))
+    population = {"title": "render", "x": x[dots], "y": y[dots], "populations": np.asarray(labels)[dots]}
+    out[f"population view, {n_dots:,} WebGL dots (Explore)"] = charts.scatter_panels(
+        [population], scale, scale, x_range, y_range, "FSC-A", "SSC-A", mode="population", colors=colours,
+        height=560)
+    return {name: fig.to_plotly_json() for name, fig in out.items()}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--dots", type=int, default=20_000)
+    args = parser.parse_args(argv)
+    if not Path(CHROMIUM).exists():
+        print(f"{CHROMIUM} not found: run `make chromium` first")
+        return 1
+    import plotly
+    from playwright.sync_api import sync_playwright
+
+    bundle = Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    specs = figures(args.dots)
+    with tempfile.TemporaryDirectory() as tmp:
+        page_file = Path(tmp) / "render.html"
+        page_file.write_text("<html><body><div id='g' style='width:1200px;height:560px'></div><script>"
+                             + bundle.read_text() + "</script></body></html>")
+        with sync_playwright() as pw:
+            browser = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                         args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage"])
+            page = browser.new_page(viewport={"width": 1500, "height": 900})
+            page.goto(page_file.as_uri())
+            page.evaluate(DRAW_JS, next(iter(specs.values())))  # warm-up: Plotly's first plot
+            medians = {}
+            print(f"load average {os.getloadavg()[0]:.1f}; ms per newPlot, {args.repeats} repeats")
+            for name, spec in specs.items():
+                times = [page.evaluate(DRAW_JS, spec) for _ in range(args.repeats)]
+                medians[name] = float(np.median(times))
+                print(f"  {name:52s} {' '.join(f'{t:6.0f}' for t in times)}   median {medians[name]:6.0f}")
+            browser.close()
+    base = next(iter(medians.values()))
+    print("median, as a ratio to the density heatmap alone:")
+    for name, median in medians.items():
+        print(f"  {name:52s} x{median / base:.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
