@@ -1,7 +1,6 @@
 """Gate: a population tree of lasso / box, quadrant, range and boolean gates; back-gating."""
 
 import numpy as np
-import pandas as pd
 import streamlit as st
 
 from gating_core.gates import (AxisScale, GateError, GateTree, boolean_gate, polygon_gate, quadrant_gates,

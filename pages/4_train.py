@@ -228,7 +228,7 @@ if table is not None and len(table):
     belongs = check_matches_model(record, store.models[store.current_model]) if store.models else None
     if belongs:
         when = str(record.get("saved_at", ""))[:16].replace("T", " ")
-        st.caption(f"This check was run on the current model's patients, populations and settings"
+        st.caption("This check was run on the current model's patients, populations and settings"
                    + (f" ({when} UTC)." if when else "."))
     elif belongs is False and is_transductive(store.models[store.current_model]):
         st.info("This check measured marginal transfer, pooling and LDA, not the current model "

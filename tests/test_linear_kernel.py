@@ -22,7 +22,7 @@ from gating_core.inputs import load_labeled_input
 from gating_core.model import GatingModel
 from gating_core.modelfile import ModelFileError
 from gating_core.selection import DEFAULT_EMBEDDING_FACTORS, select_hyperparameters
-from gating_core.training_problem import cell_features, embed_cells
+from gating_core.training_problem import cell_features
 
 REPO = Path(__file__).resolve().parent.parent
 
