@@ -174,3 +174,20 @@ def with_blas_threads(function):
             return function(*args, **kwargs)
 
     return wrapper
+
+
+def run_side_by_side(function, items, workers: int) -> list:
+    """``[function(item) for item in items]``, on up to ``workers`` threads, BLAS limited to one
+    thread throughout: each item is one CPU's worth of numpy work (numpy releases the GIL), and
+    BLAS threads inside a pool of threads only wait on each other. Serially when
+    ``workers <= 1``. Results in the order of ``items``."""
+    from threadpoolctl import threadpool_limits
+
+    items = list(items)
+    with threadpool_limits(1, user_api="blas"):
+        if workers <= 1 or len(items) <= 1:
+            return [function(item) for item in items]
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(min(workers, len(items))) as pool:
+            return list(pool.map(function, items))

@@ -238,11 +238,10 @@ class HyperparameterSearch:
         CPUs this process may use; each run then reads its scores, identical to what it would
         compute alone (the same rows, the same arithmetic, in one BLAS thread).
         """
-        from concurrent.futures import ThreadPoolExecutor
-
         from threadpoolctl import threadpool_limits
 
         from gating_core.classifier import score_threads
+        from gating_core.cpus import run_side_by_side
 
         scored_on = {}  # training set (as the patients left out) -> the patients scored on it
         for run in runs:
@@ -261,13 +260,8 @@ class HyperparameterSearch:
         # CPUs (numpy releases the GIL).
         ordered = sorted(scored_on, key=sorted)
         workers = min(score_threads(), len(ordered))
+        run_side_by_side(prepare, ordered, workers)
         with threadpool_limits(1, user_api="blas"):
-            if workers <= 1:
-                for held in ordered:
-                    prepare(held)
-            else:
-                with ThreadPoolExecutor(workers) as pool:
-                    list(pool.map(prepare, ordered))
             return [self._score(features, stats, run["folds"], run["excluded"], shared) for run in runs]
 
     def _score(self, features, stats, folds, excluded, shared=None):

@@ -76,9 +76,8 @@ def embed_patients(embedder: MeanEmbedding, samples, max_cells: int) -> np.ndarr
     depend on the number of threads; on a thread of a ``concurrent.futures`` pool, serially.
     Within :func:`shared_embeddings`, a patient embedded before is not embedded again.
     """
-    from threadpoolctl import threadpool_limits
-
     from gating_core.classifier import score_threads
+    from gating_core.cpus import run_side_by_side
 
     cache = _SHARED_EMBEDDINGS.get()
     keys = [None] * len(samples) if cache is None else [_embedding_key(embedder, x, max_cells) for x in samples]
@@ -97,15 +96,7 @@ def embed_patients(embedder: MeanEmbedding, samples, max_cells: int) -> np.ndarr
     # no second pool inside it. Other threads (the app's script thread) may start one.
     in_pool = threading.current_thread().name.startswith("ThreadPoolExecutor")
     workers = 1 if in_pool else max(1, min(score_threads(), len(todo)))
-    with threadpool_limits(1, user_api="blas"):
-        if workers <= 1:
-            for i in todo:
-                run(i)
-        else:
-            from concurrent.futures import ThreadPoolExecutor
-
-            with ThreadPoolExecutor(workers) as pool:
-                list(pool.map(run, todo))
+    run_side_by_side(run, todo, workers)
     if cache is not None:
         for i in todo:
             cache.setdefault(keys[i], out[i].copy())

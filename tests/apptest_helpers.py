@@ -41,9 +41,11 @@ def finish_jobs(at: AppTest, timeout: float = 600) -> AppTest:
     return at
 
 
-def train_quick_model(at: AppTest, patients=("patient_01", "patient_02", "patient_03")) -> AppTest:
+def train_quick_model(at: AppTest, patients=("patient_01", "patient_02", "patient_03"),
+                      pooled_weight=None) -> AppTest:
     """On the Train page, a marginal model of ``patients`` with hyperparameters by hand (no
-    cross-validated selection, 1,500 cells each, so the test stays quick), its job finished."""
+    cross-validated selection, 1,500 cells each, so the test stays quick; the companion's
+    ``pooled_weight`` when given), its job finished."""
     at = goto(at, "pages/4_train.py")
     at.multiselect(key="train_patients").set_value(list(patients))
     at.run()
@@ -51,7 +53,37 @@ def train_quick_model(at: AppTest, patients=("patient_01", "patient_02", "patien
     at.run()
     at.checkbox(key="hp_select").uncheck()
     at.number_input(key="hp_cells_per_patient").set_value(1500)
+    if pooled_weight is not None:
+        at.number_input(key="hp_pooled_weight").set_value(pooled_weight)
     at.run()
     at.button(key="train_button").click()
     at.run()
     return finish_jobs(at)
+
+
+def train_on_the_page(at: AppTest, choices=(), hand=None,
+                      patients=("patient_01", "patient_02", "patient_03")) -> AppTest:
+    """The sample data loaded, ``patients`` chosen on the Train page, then ``choices`` made in
+    order ((widget key, value): a str for a radio, a number for a number input; a rerun after
+    each), hyperparameters set by hand (``hand``: widget key -> value, a bool for a checkbox),
+    trained, and the job finished without an error."""
+    at.button[0].click()  # the Data page's sample-data button
+    at.run()
+    at = goto(at, "pages/4_train.py")
+    at.multiselect(key="train_patients").set_value(list(patients))
+    at.run()
+    for key, value in choices:
+        (at.radio(key=key) if isinstance(value, str) else at.number_input(key=key)).set_value(value)
+        at.run()
+    at.checkbox(key="train_hand").check()
+    at.run()
+    for key, value in (hand or {}).items():
+        (at.checkbox(key=key) if isinstance(value, bool) else at.number_input(key=key)).set_value(value)
+    at.run()
+    at.button(key="train_button").click()
+    at.run()
+    at = finish_jobs(at)
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    assert at.success and at.success[0].value.startswith("Trained")
+    return at

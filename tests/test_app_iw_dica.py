@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from apptest_helpers import finish_jobs, goto, start, store_of
+from apptest_helpers import finish_jobs, goto, start, store_of, train_on_the_page
 from ui.training import (IW_DEFAULTS, is_transductive, method_label, method_params, model_kind, refit_caption)
 
 
@@ -50,31 +50,10 @@ def test_the_app_trains_iw_models_with_the_command_lines_defaults():
 def _train_on_the_page(at, method=None, dica=None, dica_components=None, hand=None):
     """Sample data loaded, patients 01-03 chosen, the choices made, hyperparameters by hand
     (``hand``: widget key -> value), trained; the page after the job."""
-    at.button[0].click()  # the Data page's sample-data button
-    at.run()
-    at = goto(at, "pages/4_train.py")
-    at.multiselect(key="train_patients").set_value(["patient_01", "patient_02", "patient_03"])
-    at.run()
-    if method:
-        at.radio(key="train_method").set_value(method)
-        at.run()
+    choices = [("train_method", method)] if method else []
     if dica:
-        at.radio(key="train_dica").set_value(dica)
-        at.run()
-        at.number_input(key="train_dica_components").set_value(dica_components)
-    at.checkbox(key="train_hand").check()
-    at.run()
-    for key, value in (hand or {}).items():
-        widget = at.checkbox(key=key) if isinstance(value, bool) else at.number_input(key=key)
-        widget.set_value(value)
-    at.run()
-    at.button(key="train_button").click()
-    at.run()
-    at = finish_jobs(at)
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
-    assert at.success and at.success[0].value.startswith("Trained")
-    return at
+        choices += [("train_dica", dica), ("train_dica_components", dica_components)]
+    return train_on_the_page(at, choices, hand)
 
 
 def test_supervised_dica_picked_on_the_train_page(library, sample_data_dir):

@@ -14,11 +14,13 @@ LINEAR = {"kind": "linear"}
 
 @pytest.fixture
 def autogated(library):
-    """The sample data, a quick marginal model of three patients, every new patient auto-gated."""
+    """The sample data, a quick marginal model of three patients, every new patient auto-gated.
+    The model has no pooled companion: with one, new_patient_03 (strong drift, far from the
+    three) is gated mostly by the companion and leaves too few errors to correct."""
     at = start()
     at.button[0].click()  # load the sample data
     at.run()
-    at = goto(train_quick_model(at), "pages/5_autogate.py")
+    at = goto(train_quick_model(at, pooled_weight=0.0), "pages/5_autogate.py")
     at.button(key="ag_run").click()
     at.run()
     assert not at.exception and not at.error

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from apptest_helpers import finish_jobs, goto, start, store_of
+from apptest_helpers import start, store_of, train_on_the_page
 from ui.training import method_label, method_params
 
 
@@ -23,31 +23,9 @@ def test_method_params_pass_tau_only_to_multitask():
 
 
 def _train_on_the_page(at, method=None, loss=None, tau=None):
-    at.button[0].click()  # the Data page's sample-data button
-    at.run()
-    at = goto(at, "pages/4_train.py")
-    at.multiselect(key="train_patients").set_value(["patient_01", "patient_02", "patient_03"])
-    at.run()
-    if method:
-        at.radio(key="train_method").set_value(method)
-        at.run()
-    if loss:
-        at.radio(key="train_loss").set_value(loss)
-    if tau is not None:
-        at.number_input(key="train_tau").set_value(tau)
-    at.checkbox(key="train_hand").check()
-    at.run()
-    at.checkbox(key="hp_select").uncheck()
-    at.number_input(key="hp_cells_per_patient").set_value(500)
-    at.number_input(key="hp_n_features").set_value(64)
-    at.run()
-    at.button(key="train_button").click()
-    at.run()
-    at = finish_jobs(at)
-    assert not at.exception, at.exception
-    assert not at.error, [e.value for e in at.error]
-    assert at.success and at.success[0].value.startswith("Trained")
-    return at
+    choices = [(key, value) for key, value in (("train_method", method), ("train_loss", loss), ("train_tau", tau))
+               if value is not None]
+    return train_on_the_page(at, choices, {"hp_select": False, "hp_cells_per_patient": 500, "hp_n_features": 64})
 
 
 def test_hinge_loss_picked_on_the_train_page_trains_a_hinge_model(library):
