@@ -12,7 +12,7 @@ from ui.app_state import common_channels, incompatible_label_sets, label_set_dis
 from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcome, job_progress, refresh_status,
                        require_patients)
 from ui.jobs import DONE, format_seconds, jobs_for
-from ui.training import (DEFAULT_DICA_COMPONENTS, DICA_LABELS, IW_METHOD, LOSS_LABELS, METHOD_LABELS,
+from ui.training import (DEFAULT_DICA_COMPONENTS, DICA_LABELS, IW_METHOD, KERNEL_LABELS, LOSS_LABELS, METHOD_LABELS,
                          check_matches_model, is_transductive, method_label, method_params, model_class, model_kind,
                          start_check, start_training)
 from ui.models import load_model_bytes, model_bytes, model_channel_labels
@@ -96,7 +96,7 @@ def _groups(samples):
         return [s.name for s in samples]
     return groups_from_keyword(samples, group_by)
 
-with st.expander("Advanced: loss, DICA and the multitask baseline"):
+with st.expander("Advanced: loss, DICA, cell kernel and the multitask baseline"):
     if transductive:
         st.caption("The importance-weighted Nystroem model is a squared-loss kernel ridge fit on the channels: "
                    "the loss and DICA choices are of the other methods.")
@@ -116,8 +116,13 @@ with st.expander("Advanced: loss, DICA and the multitask baseline"):
     dica_components = d2.number_input("Components", min_value=1, max_value=600, value=DEFAULT_DICA_COMPONENTS,
                                       step=1, key="train_dica_components", disabled=transductive or dica == "none",
                                       help="Directions DICA keeps (1 to 600).")
+    kernel_x = st.radio("Cell kernel", list(KERNEL_LABELS), key="train_kernel", horizontal=True,
+                        format_func=KERNEL_LABELS.get, disabled=transductive,
+                        help="Linear: each patient's gate is linear in the cell and the patient is seen through "
+                             "its mean cell (the JMLR flow experiment); coarser than the Gaussian kernel on "
+                             "these populations (README).")
     if transductive:
-        loss, dica = "squared", "none"
+        loss, dica, kernel_x = "squared", "none", "gaussian"
 
 with st.expander("Channels and hyperparameters (automatic unless you change them)"):
     channels = st.multiselect("Channels", channels_all, format_func=lambda c: channel_label(records[0].sample, c),
@@ -151,7 +156,7 @@ with st.expander("Channels and hyperparameters (automatic unless you change them
 
 
 # The choices above first; what was set by hand overrides them (the IW model's defaults).
-params = {**method_params(method, loss, task_similarity, dica, dica_components), **params}
+params = {**method_params(method, loss, task_similarity, dica, dica_components, kernel_x), **params}
 
 
 def _training_labels(record):

@@ -4,6 +4,7 @@ reach the model a user trains in the app, its library copy and its summary."""
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from apptest_helpers import start, store_of, train_on_the_page
@@ -53,3 +54,22 @@ def test_multitask_with_its_tau_on_the_train_page(library):
     assert (model.method, model.loss, model.task_similarity) == ("multitask", "squared", 0.01)
     assert model.classifier_.task_similarity == 0.01 and not model.classifier_.use_embedding
     assert any("Method: multitask tau=0.01" in m.value for m in at.markdown)
+
+
+def test_the_linear_cell_kernel_picked_on_the_train_page(library, sample_data_dir):
+    assert method_params("marginal", "squared", 0.5, kernel_x="linear") == {"loss": "squared", "kernel_x": "linear"}
+    assert method_params("marginal", "squared", 0.5) == {"loss": "squared"}
+    assert method_label("marginal", kernel_x="linear") == "marginal, linear kernel"
+    with pytest.raises(ValueError, match="cell kernel"):
+        method_params("marginal", "squared", 0.5, kernel_x="cubic")
+    with pytest.raises(ValueError, match="its own kernel"):
+        method_params("iw-nystroem", "squared", 0.5, kernel_x="linear")
+    at = train_on_the_page(start(), [("train_kernel", "linear")],
+                           {"hp_select": False, "hp_cells_per_patient": 500, "hp_n_features": 128})
+    store = store_of(at)
+    model = store.model()
+    assert model.kernel_x == "linear" and model.classifier_.kernel_x == "linear"
+    assert any("Method: marginal, linear kernel" in m.value for m in at.markdown)
+    truth = pd.read_csv(sample_data_dir / "truth" / "new_patient_01.labels.csv")["population"].to_numpy().astype(str)
+    accuracy = np.mean(model.predict(store.patients["new_patient_01"].sample) == truth)
+    assert accuracy > 0.99  # 1.0 measured

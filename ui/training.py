@@ -24,6 +24,8 @@ LOSS_LABELS = {"squared": "Squared (kernel ridge; default)", "logistic": "Logist
 DICA_LABELS = {"none": "None (the channels as they are)", "supervised": "DICA (supervised: uses the labels)",
                "unsupervised": "UDICA (unsupervised)"}
 DEFAULT_DICA_COMPONENTS = 20
+#: The cell kernels k_X / k'_X of the kernel methods (GatingModel's ``kernel_x``).
+KERNEL_LABELS = {"gaussian": "Gaussian (default)", "linear": "Linear (JMLR flow experiment: Psi the mean cell)"}
 #: The importance-weighted Nystroem model (gating_core.iw_model): a sibling of GatingModel that
 #: keeps training cells and refits for each new patient, with the command line's defaults
 #: (``train --method iw-nystroem``: 2,000 cells per patient, 300 landmarks).
@@ -59,22 +61,24 @@ def model_class(method: str):
 
 
 def method_params(method: str, loss: str, task_similarity: float, dica: str = "none",
-                  dica_components: int = DEFAULT_DICA_COMPONENTS) -> dict:
-    """Model parameters of the Train page's method, loss, tau and DICA choices (tau only matters
-    to the multitask method, so it is passed only then; DICA only when chosen). The
-    importance-weighted Nystroem model has none of these (a squared-loss KRR on the channels):
-    its parameters are :data:`IW_DEFAULTS`, and loss or DICA choices other than the defaults
-    are refused rather than dropped."""
+                  dica_components: int = DEFAULT_DICA_COMPONENTS, kernel_x: str = "gaussian") -> dict:
+    """Model parameters of the Train page's method, loss, tau, DICA and cell-kernel choices
+    (tau only matters to the multitask method, so it is passed only then; DICA and the linear
+    kernel only when chosen). The importance-weighted Nystroem model has none of these (a
+    squared-loss KRR on the channels): its parameters are :data:`IW_DEFAULTS`, and loss, DICA
+    or kernel choices other than the defaults are refused rather than dropped."""
     if method not in METHOD_LABELS:
         raise ValueError(f"method must be one of {tuple(METHOD_LABELS)}, got {method!r}")
     if loss not in LOSS_LABELS:
         raise ValueError(f"loss must be one of {tuple(LOSS_LABELS)}, got {loss!r}")
     if dica not in DICA_LABELS:
         raise ValueError(f"DICA must be one of {tuple(DICA_LABELS)}, got {dica!r}")
+    if kernel_x not in KERNEL_LABELS:
+        raise ValueError(f"the cell kernel must be one of {tuple(KERNEL_LABELS)}, got {kernel_x!r}")
     if method == IW_METHOD:
-        if loss != "squared" or dica != "none":
+        if loss != "squared" or dica != "none" or kernel_x != "gaussian":
             raise ValueError("the importance-weighted Nystroem model is a squared-loss KRR on the channels: "
-                             "no other loss, no DICA")
+                             "no other loss, no DICA, its own kernel")
         return dict(IW_DEFAULTS)
     params = {"loss": loss}
     if method == "multitask":
@@ -86,12 +90,16 @@ def method_params(method: str, loss: str, task_similarity: float, dica: str = "n
 
         check_dica_settings(dica, int(dica_components))
         params.update(dica=dica, dica_components=int(dica_components))
+    if kernel_x != "gaussian":
+        params["kernel_x"] = kernel_x
     return params
 
 
-def method_label(method: str, loss: str = "squared", task_similarity=None, dica=None, dica_components=None) -> str:
+def method_label(method: str, loss: str = "squared", task_similarity=None, dica=None, dica_components=None,
+                 kernel_x="gaussian") -> str:
     """``marginal``, ``marginal, hinge loss``, ``multitask tau=0.01``, ``pooling, DICA (20)``,
-    ``iw-nystroem (refitted per patient)``: a model's kind in a word or three."""
+    ``marginal, linear kernel``, ``iw-nystroem (refitted per patient)``: a model's kind in a
+    word or three."""
     if method == IW_METHOD:
         return f"{IW_METHOD} (refitted per patient)"
     label = f"multitask tau={task_similarity:g}" if method == "multitask" and task_similarity else method
@@ -100,6 +108,8 @@ def method_label(method: str, loss: str = "squared", task_similarity=None, dica=
     if dica in ("supervised", "unsupervised"):
         name = "DICA" if dica == "supervised" else "UDICA"
         label = f"{label}, {name}" + (f" ({dica_components})" if dica_components else "")
+    if kernel_x == "linear":
+        label = f"{label}, linear kernel"
     return label
 
 
@@ -109,7 +119,8 @@ def model_kind(model) -> str:
         return (f"importance-weighted Nystroem KRR, refitted for each patient it gates "
                 f"({model.n_landmarks} landmarks, {len(model.cells_):,} training cells kept)")
     return method_label(model.method, model.loss, model.task_similarity if model.method == "multitask" else None,
-                        getattr(model, "dica", None), getattr(model, "dica_components", None))
+                        getattr(model, "dica", None), getattr(model, "dica_components", None),
+                        getattr(model, "kernel_x", "gaussian"))
 
 
 def start_training(store, *, name: str, method: str, channels, params: dict, samples, labels, groups,
