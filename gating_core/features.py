@@ -189,8 +189,8 @@ class LinearMeanEmbedding:
     (standardised) cells, a d-vector. The JMLR flow-cytometry experiment (Blanchard et al.,
     2021, section 8.5) uses linear k_X and k'_X with a Gaussian k_P; the text of that section
     could not be read here (only the paper's abstract was reachable), so the Gaussian k_P on
-    Psi and its bandwidth (median heuristic, then cross-validation over groups, as for the
-    Gaussian kernels) follow the brief and the rest of this module, not a quoted setting.
+    Psi and its bandwidth (median heuristic, then cross-validation over groups) follow this
+    module's Gaussian kernels, not a quoted setting.
 
     Parameters
     ----------

@@ -191,11 +191,8 @@ class _SharedProblems:
         threads); each fold's result does not depend on the others, so the order of fitting
         changes nothing.
         """
-        from concurrent.futures import ThreadPoolExecutor
-
-        from threadpoolctl import threadpool_limits
-
         from gating_core.classifier import score_threads
+        from gating_core.cpus import run_side_by_side
 
         fitted = [None] * len(fold_params)
         keys = [self._feature_key(p) for p in fold_params]
@@ -229,8 +226,7 @@ class _SharedProblems:
                 # training's fit) takes BLAS's threads, as the fit on all patients does.
                 results = [fit(f) for f in folds]
             else:
-                with threadpool_limits(1, user_api="blas"), ThreadPoolExecutor(workers) as pool:
-                    results = list(pool.map(fit, folds))
+                results = run_side_by_side(fit, folds, workers)
             for f, model in zip(folds, results):
                 fitted[f] = model
             features = stats = None  # freed before the next bandwidths' features

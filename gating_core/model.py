@@ -446,6 +446,13 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         # "seen before" looks like; beyond the farthest of those (with a margin) is new.
         self.novelty_threshold_ = float(max(1.5, 1.25 * nn.max() / self.novelty_reference_))
 
+    def _nearest_training_patient(self, embedding) -> tuple[int, float]:
+        """(index, squared Euclidean distance) of the real training patient whose embedding is
+        nearest Psi (what novelty and the companion's share per patient both measure)."""
+        squared = ((self._patient_embeddings() - np.asarray(embedding, dtype=np.float64)) ** 2).sum(axis=1)
+        nearest = int(np.argmin(squared))
+        return nearest, float(squared[nearest])
+
     def _patient_embeddings(self) -> np.ndarray:
         """Embeddings of the real training patients (augmented copies excluded)."""
         return self.classifier_.train_embeddings_[: len(self.training_patients_)]
@@ -491,9 +498,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         self._check_fitted()
         if embedding is None:
             embedding = self.patient_embedding(sample)
-        distances = np.sqrt(((self._patient_embeddings() - embedding) ** 2).sum(axis=1))
-        nearest = int(np.argmin(distances))
-        score = float(distances[nearest] / self.novelty_reference_)
+        nearest, squared = self._nearest_training_patient(embedding)
+        score = float(np.sqrt(squared) / self.novelty_reference_)
         is_novel = bool(score > self.novelty_threshold_)
         name = getattr(sample, "name", "this patient")
         if is_novel:
@@ -590,9 +596,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         clf = self.classifier_
         if not clf.use_embedding or clf.bandwidth_p_ is None or embedding is None:
             return 1.0
-        train = self._patient_embeddings()
-        nearest = float(np.min(((train - np.asarray(embedding, dtype=np.float64)) ** 2).sum(axis=1)))
-        return float(np.exp(-nearest / (2.0 * float(clf.bandwidth_p_) ** 2)))
+        squared = self._nearest_training_patient(embedding)[1]
+        return float(np.exp(-squared / (2.0 * float(clf.bandwidth_p_) ** 2)))
 
     def companion_weight(self, embedding) -> float:
         """The pooled companion's share of the blend for a patient of embedding Psi:

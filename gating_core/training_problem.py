@@ -300,22 +300,19 @@ class TrainingProblem:
             out.class_columns = np.searchsorted(self.classes, out.classes)
         return out
 
-    def onehots(self) -> list:
-        """One-hot targets of every training row: list of (m_r, n_classes) float32."""
-        k = len(self.classes)
-        return [(t[:, None] == np.arange(k)[None, :]).astype(np.float32) for t in self.targets]
+    def onehot(self, r: int) -> np.ndarray:
+        """One-hot targets of training row ``r``: (m_r, n_classes) float32."""
+        return (self.targets[r][:, None] == np.arange(len(self.classes))[None, :]).astype(np.float32)
 
     def statistics(self, features) -> RidgeStatistics:
         """The ridge problem's per-row sufficient statistics for ``features`` (a list, or
         :meth:`row_features`: then one row's features and one-hot targets are held at a time)."""
-        k = len(self.classes)
         stats = None
         for r in range(len(features)):
             f = features[r]
             if stats is None:
-                stats = RidgeStatistics(f.shape[1], k)
-            onehot = (self.targets[r][:, None] == np.arange(k)[None, :]).astype(np.float32)
-            stats.add_patient([f], [onehot])
+                stats = RidgeStatistics(f.shape[1], len(self.classes))
+            stats.add_patient([f], [self.onehot(r)])
         return stats
 
 
