@@ -340,10 +340,8 @@ class _SharedFolds:
         """(coef (D, k) float32, intercept (k,) float32) of the fit without ``held`` at ``alpha``."""
         key = (held, alpha)
         if key not in self.coefs:
-            values, vectors, projected, mu, t = self.rotation(held)
-            coef = vectors @ (projected / (values + alpha)[:, None])
-            intercept = (t - mu @ coef).astype(np.float32)
-            self.coefs[key] = (coef.astype(np.float32), intercept)
+            coef, intercept = RidgeStatistics.solve(self.rotation(held), alpha)
+            self.coefs[key] = (coef.astype(np.float32), intercept.astype(np.float32))
         return self.coefs[key]
 
     def accuracy(self, held, patient, alpha):
