@@ -161,7 +161,8 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
     bandwidth_x_, bandwidth_p_, bandwidth_embedding_ : float (bandwidth_p_ None for pooling)
     embedder_ : MeanEmbedding
     train_embeddings_ : ndarray of shape (n_patients * (1 + n_augment), 2L)
-        Embeddings of the training patients, then of their augmented copies.
+        Embeddings of the training patients, then of their augmented copies (without the
+        embedding, ``use_embedding=False``, a copy holds its source patient's: nothing reads it).
     n_patients_ : int
         Real training patients (the first rows of ``train_embeddings_``).
     patient_source_ : ndarray of shape (n_patients * (1 + n_augment),)

@@ -41,7 +41,7 @@ from gating_core.digest import digest_patient
 from gating_core.features import MeanEmbedding, content_subsample, median_pairwise_distance
 from gating_core.gate_result import GateResult, Novelty
 from gating_core.iw_nystroem import ImportanceWeightedNystroemKRR
-from gating_core.modelfile import Fields, Member, ModelFileError, parse_json, read_archive
+from gating_core.modelfile import Fields, Member, ModelFileError, archive_array, parse_json, read_archive
 from gating_core.preprocessing import ChannelPreprocessing
 from gating_core.streamed_gating import StreamedGating
 
@@ -352,14 +352,7 @@ def _from_parts(cls, path, top: Fields, arrays) -> IWNystroemGatingModel:
     model.novelty_threshold_ = novelty.number("threshold", positive=True, allow_inf=True)
 
     def array(name, *shape):
-        if name not in arrays:
-            raise ModelFileError(path, f"model file is incomplete (no array {name!r})")
-        value = arrays[name]
-        if len(value.shape) != len(shape) or any(w is not None and g != w for g, w in zip(value.shape, shape)):
-            expected = "(" + ", ".join("n" if s is None else str(s) for s in shape) + ")"
-            raise ModelFileError(path, f"model file is inconsistent: array {name!r} has shape {value.shape}, "
-                                       f"expected {expected} from its description")
-        return value
+        return archive_array(path, arrays, name, *shape)
 
     model.center_ = array("center", d).astype(np.float32)
     model.scale_ = array("scale", d).astype(np.float32)

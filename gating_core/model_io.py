@@ -26,7 +26,7 @@ from gating_core.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS, Marginal
 from gating_core.dica import DICA_MODES, MODEL_DICA_FEATURES
 from gating_core.features import KERNELS_X, LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding, ProductRFF
 from gating_core.model import METHODS, PRIOR_SHIFTS
-from gating_core.modelfile import Fields, ModelFileError, check_scalar, parse_json, read_archive
+from gating_core.modelfile import Fields, ModelFileError, archive_array, check_scalar, parse_json, read_archive
 from gating_core.transforms import ChannelTransform
 
 MODEL_FORMAT = "gating_core.model"
@@ -168,16 +168,7 @@ def model_from_parts(cls, meta, arrays, path="model"):
     clf.temperature_ = fitted.number("temperature", positive=True, within=(0, 1e6))
 
     def array(name, *shape):
-        """The named array, its shape checked; None in ``shape`` takes any length there."""
-        if name not in arrays:
-            raise ModelFileError(path, f"model file is incomplete (no array {name!r})")
-        value = arrays[name]
-        if len(value.shape) != len(shape) or any(want is not None and got != want
-                                                 for got, want in zip(value.shape, shape)):
-            expected = "(" + ", ".join("n" if s is None else str(s) for s in shape) + ")"
-            raise ModelFileError(path, f"model file is inconsistent: array {name!r} has shape "
-                                       f"{value.shape}, expected {expected} from its description")
-        return value
+        return archive_array(path, arrays, name, *shape)
 
     k, n_patients = len(model.populations_), len(model.training_patients_)
     model.center_ = array("center", d).astype(np.float32, copy=False)

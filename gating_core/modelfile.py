@@ -117,6 +117,20 @@ def _mb(n: int) -> str:
 
 # -- the archive -----------------------------------------------------------------------------
 
+def archive_array(path, arrays: dict, name: str, *shape) -> np.ndarray:
+    """``arrays[name]`` with its shape checked against the model description's ``shape``
+    (None takes any length there); a ModelFileError when it is missing or shaped otherwise."""
+    if name not in arrays:
+        raise ModelFileError(path, f"model file is incomplete (no array {name!r})")
+    value = arrays[name]
+    if len(value.shape) != len(shape) or any(want is not None and got != want
+                                             for got, want in zip(value.shape, shape)):
+        expected = "(" + ", ".join("n" if s is None else str(s) for s in shape) + ")"
+        raise ModelFileError(path, f"model file is inconsistent: array {name!r} has shape "
+                                   f"{value.shape}, expected {expected} from its description")
+    return value
+
+
 def read_archive(path, schema: dict = MODEL_MEMBERS) -> dict:
     """The arrays of ``schema`` that the ``.npz`` at ``path`` holds, read within the limits above.
 

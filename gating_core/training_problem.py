@@ -222,7 +222,7 @@ class TrainingProblem:
             self.augment_shift = shift_sd if p.augment_shift == "auto" else np.full(d, float(p.augment_shift))
             cells, train_y, sources, self.source = augment_patients(
                 cells, train_y, sources, int(p.n_augment), self.augment_gain, self.augment_shift,
-                random_state=_seed(p.random_state, 5))
+                random_state=_seed(p.random_state, 5), shift_embedding_cells=bool(p.use_embedding))
         self.cells, self.labels = cells, train_y
         self.targets = None if train_y is None else [np.searchsorted(self.classes, y) for y in train_y]
         pooled = np.vstack([x[:500] for x in cells[: self.n_patients]])
@@ -236,7 +236,13 @@ class TrainingProblem:
         else:
             self.embedder = MeanEmbedding(p.n_embedding_features, self.bandwidth_embedding, d,
                                           random_state=_seed(p.random_state, 1))
-            self.embeddings = embed_patients(self.embedder, sources, p.embedding_cells)
+            if p.use_embedding:
+                self.embeddings = embed_patients(self.embedder, sources, p.embedding_cells)
+            else:
+                # k_P = 1: no row's features read its embedding. Only the real patients' are
+                # kept (novelty reads them); an augmented copy takes its source's.
+                self.embeddings = embed_patients(self.embedder, sources[: self.n_patients],
+                                                 p.embedding_cells)[self.source]
         self.median_distance_p = median_embedding_distance(self.embeddings[: self.n_patients])
         self.bandwidth_p = float(p.bandwidth_p or self.median_distance_p) if p.use_embedding else None
         self.parent_rows = np.arange(len(self.cells))  # see subset()
@@ -389,13 +395,16 @@ def shift_spread(embedding_cells, groups=None):
     return np.minimum(gain, MAX_GAIN_SD), np.minimum(shift, MAX_SHIFT_SD)
 
 
-def augment_patients(cells, labels, embedding_cells, n_copies, gain_sd, shift_sd, random_state=0):
+def augment_patients(cells, labels, embedding_cells, n_copies, gain_sd, shift_sd, random_state=0,
+                     shift_embedding_cells=True):
     """Add ``n_copies`` shifted copies of every patient, as further patients.
 
     Each copy multiplies each channel by exp(N(0, gain_sd^2)) and adds N(0, shift_sd^2)
     (``gain_sd``, ``shift_sd``: scalars or per-channel arrays), the same draw for its training
     cells and its embedding cells, and keeps the source's labels: an instrument or staining
-    shift moves the cells and the expert's gates together.
+    shift moves the cells and the expert's gates together. ``shift_embedding_cells=False``
+    (a model without the embedding) gives each copy its source's embedding cells, unshifted
+    and not copied; the draws, hence the copies' training cells, are the same.
 
     Returns the lists extended (real patients first, then copies in source order) and the
     source index of every entry.
@@ -409,7 +418,8 @@ def augment_patients(cells, labels, embedding_cells, n_copies, gain_sd, shift_sd
             gain = np.exp(rng.normal(0.0, 1.0, d) * gain_sd).astype(np.float32)
             shift = (rng.normal(0.0, 1.0, d) * shift_sd).astype(np.float32)
             out_x.append(cells[i] * gain + shift)
-            out_e.append(np.asarray(embedding_cells[i], dtype=np.float32) * gain + shift)
+            out_e.append(np.asarray(embedding_cells[i], dtype=np.float32) * gain + shift if shift_embedding_cells
+                         else embedding_cells[i])
             if out_y is not None:
                 out_y.append(labels[i])
             source.append(i)
