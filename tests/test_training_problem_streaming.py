@@ -172,7 +172,7 @@ def _summary(model):
             "companion": model.selection_.get("companion"), "coef": model.classifier_.coef_,
             "intercept": model.classifier_.intercept_, "temperature": model.classifier_.temperature_,
             "pooled_coef": model.pooled_classifier_.coef_, "pooled_intercept": model.pooled_classifier_.intercept_,
-            "embeddings": model.classifier_.train_embeddings_}
+            "embeddings": model.classifier_.train_embeddings_, "source": model.classifier_.patient_source_}
 
 
 def test_gating_model_is_the_same_with_shared_embeddings_and_threads_as_without(digests, monkeypatch):
@@ -189,11 +189,14 @@ def test_gating_model_is_the_same_with_shared_embeddings_and_threads_as_without(
 
 def test_gating_model_fit_counts_each_embedding_once(digests, counted_embeddings):
     model = _small_model().fit_digests(digests)
-    # 6 patients x 3 rows (2 copies) at the final fit's sigma', and as many at selection's
-    # (fewer cells drawn: another median start); the companion's selection and fit reuse them;
-    # 6 for the grouping of patients (its own bandwidth). Before: 6 + 18 + 18 + 6 + 6 = 54.
+    # Selection drops the embedding on this cohort, so the final fit embeds its 6 real patients
+    # only (its 12 augmented copies take their source's embedding, which nothing reads); 18 at
+    # selection's sigma' (fewer cells drawn: another median start, copies included, as the
+    # embedding is still a candidate there); the companion's selection and fit reuse them; 6 for
+    # the grouping of patients (its own bandwidth). Before: 6 + 18 + 18 + 6 + 6 = 54, then 42.
     assert model.selection_["n_patients"] == 6 and model.pooled_classifier_ is not None
-    assert counted_embeddings["n"] == 42
+    assert model.selection_["params"]["bandwidth_p"] is None
+    assert counted_embeddings["n"] == 30
 
 
 #: Figures of the model above produced by the code before this change (commit 357c07f):
@@ -202,7 +205,8 @@ def test_gating_model_fit_counts_each_embedding_once(digests, counted_embeddings
 BEFORE = {"params": {"bandwidth_x": 2.0927244654161243, "bandwidth_p": None, "alpha": 0.001},
           "companion_bandwidth_x": 8.370897861664497, "coef_abs_sum": 86.71447934786556,
           "coef_00": -0.04663757607340813, "pooled_coef_abs_sum": 1144.0747502510712,
-          "embeddings_abs_sum": 78.77749956008287, "temperature": 16.824193460950255}
+          "embeddings_abs_sum": 78.77749956008287, "real_embeddings_abs_sum": 26.10633342704141,
+          "temperature": 16.824193460950255}
 
 
 def test_gating_model_is_the_model_the_code_fitted_before_the_change(digests):
@@ -214,7 +218,11 @@ def test_gating_model_is_the_model_the_code_fitted_before_the_change(digests):
     assert float(got["coef"][0, 0]) == pytest.approx(BEFORE["coef_00"], rel=1e-5)
     assert float(np.abs(got["pooled_coef"].astype(np.float64)).sum()) == pytest.approx(
         BEFORE["pooled_coef_abs_sum"], rel=1e-6)
-    assert float(np.abs(got["embeddings"]).sum()) == pytest.approx(BEFORE["embeddings_abs_sum"], rel=1e-9)
+    # The real patients' embeddings are as before; since c7cd231 a model without the embedding
+    # no longer embeds its augmented copies: each holds its source patient's.
+    embeddings, source = got["embeddings"], got["source"]
+    assert float(np.abs(embeddings[:6]).sum()) == pytest.approx(BEFORE["real_embeddings_abs_sum"], rel=1e-9)
+    np.testing.assert_array_equal(embeddings[6:], embeddings[source[6:]])
     assert got["temperature"] == pytest.approx(BEFORE["temperature"], rel=1e-6)
 
 
