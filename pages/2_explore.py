@@ -34,6 +34,8 @@ if len(channels) < 1:
 first = samples[0]
 xi, yi = default_xy(channels)
 tokens = tuple(r.token for r in records)
+# the Color choice -> ui.charts.scatter_panels' mode
+CHART_MODES = {"density": "density", "population": "population bins", "population dots": "population"}
 
 
 # A fragment: changing a channel, transform or colour reruns this section alone, not the
@@ -81,7 +83,7 @@ def scatter_section():
             panels.append({"title": title, "x": xs, "y": ys,
                            "populations": np.asarray(populations[r.name])[idx]})
     fig = charts.scatter_panels(panels, AxisScale.from_dict(x_scale), AxisScale.from_dict(y_scale), x_range,
-                                y_range, channel_label(first, x_ch), channel_label(first, y_ch), mode=mode,
+                                y_range, channel_label(first, x_ch), channel_label(first, y_ch), mode=CHART_MODES[mode],
                                 colors=colors)
     st.plotly_chart(fig, width="stretch", key="explore_scatter")
 

@@ -27,13 +27,13 @@ def scatter_panels(panels, x_scale, y_scale, x_range, y_range, x_title, y_title,
                    colors=None, height=460, selectable=False):
     """Side-by-side scatter projections sharing both axes.
 
-    mode : "density" (pseudocolour of all events), "population" (all events binned, each bin
-        in the colour of the population holding most of its events: one image per panel) or
-        "population dots" (a display subsample of dots, one WebGL trace per population).
+    mode : "density" (pseudocolour of all events), "population bins" (all events binned, each
+        bin in the colour of the population holding most of its events: one image per panel) or
+        "population" (a display subsample of dots, one WebGL trace per population).
     panels : list of dicts with ``title`` and ``grid`` = (counts, xc, yc) for density mode;
         ``grid`` = (counts per population (n_populations, bins, bins), xc, yc) and
-        ``populations`` (the names of ``counts``' first axis) for population mode; ``x``, ``y``,
-        ``populations`` (display subsample) for population dots.
+        ``populations`` (the names of ``counts``' first axis) for population bins; ``x``, ``y``,
+        ``populations`` (display subsample) for population (dots).
     colors : dict population name -> ``#rrggbb``; its order is the legend's.
     selectable : the lasso is the drag mode. A density plot needs no points under it for
         that: Plotly reports the drawn lasso or box over a heatmap too, and the gate is the
@@ -56,7 +56,7 @@ def scatter_panels(panels, x_scale, y_scale, x_range, y_range, x_title, y_title,
                                      colorbar=dict(title="events / bin", tickvals=ticks,
                                                    ticktext=[f"{10 ** v:,.0f}" for v in ticks])),
                           row=1, col=col)
-        elif mode == "population":
+        elif mode == "population bins":
             if col == 1:
                 top = max(int(p["grid"][0].sum(axis=0).max()) for p in panels)
             fig.add_trace(_population_image(panel, colors, top), row=1, col=col)
@@ -73,7 +73,7 @@ def scatter_panels(panels, x_scale, y_scale, x_range, y_range, x_title, y_title,
                               row=1, col=col)
                 shown_legend.add(name)
     legend = dict(itemsizing="constant", title="population")
-    if mode == "population":
+    if mode == "population bins":
         # Plotly ties an image's axes to square pixels by default: panels would shrink unevenly
         fig.update_xaxes(scaleanchor=False)
         fig.update_yaxes(scaleanchor=False)
