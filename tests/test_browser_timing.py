@@ -217,6 +217,7 @@ def test_explore_and_gate_on_a_million_events_timed(app_url, browser, artifacts_
     types = page.evaluate("() => document.querySelectorAll('.js-plotly-plot')[0].data.map((t) => t.type)")
     assert types.count("image") == 1 and set(types) == {"image", "scatter"}, types
     page.get_by_text("Population counts (all events)").wait_for()
+    scatter.screenshot(path=str(artifacts_dir / "timing_explore_population.png"))
     # a control change inside the population view: the new channel's bins, then one seen before
     timed_choice(page, log, "explore: population view, y channel", "Y channel", "CD4 (FL3-A)")
     assert scatter.locator(".ytitle").text_content() == "CD4 (FL3-A)"
