@@ -5,11 +5,12 @@ The app's figures are built by ``ui.charts`` from one simulated patient: a densi
 page sent before session 7 to carry lasso selection, as WebGL or as SVG points), Explore's
 population view as it was (up to 20,000 coloured WebGL dots; Auto-gate's plot still) and as it
 is (every event binned, each bin in its majority population's colour: one PNG image), beside the
-same picture sent as an RGBA array, as a discrete-colour heatmap, and with hover text per bin. Each figure is drawn with Plotly's own
-``newPlot`` in the Chromium the browser tests use (headless, no GPU: WebGL is drawn in
-software), ``--repeats`` times, from a blank plot to the first frame after it; the printed
-figures are the milliseconds of each repeat and each figure's median as a ratio to the heatmap
-alone, measured in the same run.
+same picture sent as an RGBA array, as a discrete-colour heatmap, and with hover text per bin.
+Each figure is serialised as ``st.plotly_chart`` sends it and drawn with Plotly's own ``newPlot``
+in the Chromium the browser tests use (headless, no GPU: WebGL is drawn in software),
+``--repeats`` times, from a blank plot to the first frame after it; the printed figures are the
+milliseconds of each repeat, the JSON's size, and each figure's median as a ratio to the heatmap
+alone and (population views) to the 20,000 dots, measured in the same run.
 
 Run: ``.venv/bin/python bench/bench_browser_render.py [--repeats 5] [--dots 20000]``. Needs
 ``/usr/bin/chromium`` (``make chromium``) and Playwright.
