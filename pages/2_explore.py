@@ -11,8 +11,10 @@ from ui.common import channel_label, default_xy, get_store, require_patients, sc
 
 store = get_store()
 st.title("Explore the cells")
-st.caption("Look at any two channels. Pseudocolor density bins every event; population view draws a "
-           f"random subsample of up to {cache.MAX_DOTS:,} dots per patient (counts always use all events). "
+st.caption("Look at any two channels. Pseudocolor density bins every event; population view bins every "
+           "event too and colours each bin by the population holding most of its events, paler where the "
+           "bin holds few events. Population dots draw a random subsample of up to "
+           f"{cache.MAX_DOTS:,} events per patient (counts always use all events). "
            "Patients shown side by side share their axes, so shifts between patients are visible.")
 if not require_patients(store):
     st.stop()
@@ -32,6 +34,8 @@ if len(channels) < 1:
 first = samples[0]
 xi, yi = default_xy(channels)
 tokens = tuple(r.token for r in records)
+# the Color choice -> ui.charts.scatter_panels' mode
+CHART_MODES = {"density": "density", "population": "population bins", "population dots": "population"}
 
 
 # A fragment: changing a channel, transform or colour reruns this section alone, not the
@@ -46,34 +50,44 @@ def scatter_section():
     x_scale = scale_select(c3, "X transform", x_ch, "ex_xs", store)
     y_scale = scale_select(c4, "Y transform", y_ch, "ex_ys", store)
     has_pops = any(r.populations is not None for r in records)
-    mode = c5.radio("Color", ["density", "population"] if has_pops else ["density"], key="ex_mode",
-                    help="Population colors need labels, drawn gates or an auto-gate result.")
+    mode = c5.radio("Color", ["density", "population", "population dots"] if has_pops else ["density"],
+                    key="ex_mode", help="Population colors need labels, drawn gates or an auto-gate result. "
+                    "Population dots: a random subsample of events as dots, slower to draw.")
 
     x_range = cache.shared_range(tokens, x_ch, x_scale, samples)
     y_range = cache.shared_range(tokens, y_ch, y_scale, samples)
 
     panels = []
-    all_pops = []
+    populations = {}
+    if mode != "density":
+        for r in records:
+            populations[r.name] = (r.populations if r.populations is not None
+                                   else np.full(r.sample.n_events, "unlabeled", dtype=object))
+    all_pops = {p for r in records if mode != "density"
+                for p in cache.population_counts(r.populations_token, populations[r.name])}
+    colors = population_colors(sorted(all_pops, key=lambda p: (p.casefold() in ("other", "ungated"), p)))
+    names = tuple(colors)  # the colour order: a bin's tie goes to the population listed first
     for r in records:
         title = f"{r.name} ({r.sample.n_events:,} events)"
         if mode == "density":
             grid = cache.density(r.token, "", x_ch, y_ch, x_scale, y_scale, x_range, y_range, 200, r.sample)
             panels.append({"title": title, "grid": grid})
+        elif mode == "population":
+            grid = cache.population_grid(r.token, r.populations_token, names, x_ch, y_ch, x_scale, y_scale,
+                                         x_range, y_range, 200, r.sample, populations[r.name])
+            panels.append({"title": title, "grid": grid, "populations": names})
         else:
             idx = cache.dots(r.token, r.sample.n_events)
-            pops = (r.populations if r.populations is not None
-                    else np.full(r.sample.n_events, "unlabeled", dtype=object))
             xs = cache.display_values(r.token, x_ch, x_scale, r.sample)[idx]
             ys = cache.display_values(r.token, y_ch, y_scale, r.sample)[idx]
-            panels.append({"title": title, "x": xs, "y": ys, "populations": np.asarray(pops)[idx]})
-            all_pops.extend(cache.population_counts(r.populations_token, pops))
-    colors = population_colors(sorted(set(all_pops), key=lambda p: (p.casefold() in ("other", "ungated"), p)))
+            panels.append({"title": title, "x": xs, "y": ys,
+                           "populations": np.asarray(populations[r.name])[idx]})
     fig = charts.scatter_panels(panels, AxisScale.from_dict(x_scale), AxisScale.from_dict(y_scale), x_range,
-                                y_range, channel_label(first, x_ch), channel_label(first, y_ch), mode=mode,
+                                y_range, channel_label(first, x_ch), channel_label(first, y_ch), mode=CHART_MODES[mode],
                                 colors=colors)
     st.plotly_chart(fig, width="stretch", key="explore_scatter")
 
-    if mode == "population":
+    if mode != "density":
         st.markdown("**Population counts (all events)**")
         import pandas as pd
 

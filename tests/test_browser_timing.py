@@ -2,7 +2,8 @@
 
 The patient is simulated (``gating_core.synthetic``), written as FCS 3.1 with its labels CSV and
 imported into a fresh library the app opens. The test changes the X channel, the Y channel, an
-axis transform and the colour view on Explore, and the X channel on Gate, and checks each time
+axis transform and the colour view on Explore (density, population bins -- a channel changed
+there too -- and population dots), and the X channel on Gate, and checks each time
 that the chart shows what was asked for. How long each re-render took (from the click to the
 chart redrawn with the script run finished) goes to a timing log -- ``browser_timing.json`` in
 the test's tmp dir and in ``test-artifacts/``, and stdout -- never to an assertion: the figures
@@ -212,7 +213,19 @@ def test_explore_and_gate_on_a_million_events_timed(app_url, browser, artifacts_
     timed_click(page, log, "explore: view population", radio.get_by_text("population", exact=True))
     legend = set(scatter.locator(".legendtext").all_text_contents())
     assert {"B cells", "CD4 T cells", "Monocytes", "other"} <= legend, legend
+    # every event binned: one image, the other traces are the legend's empty entries
+    types = page.evaluate("() => document.querySelectorAll('.js-plotly-plot')[0].data.map((t) => t.type)")
+    assert types.count("image") == 1 and set(types) == {"image", "scatter"}, types
     page.get_by_text("Population counts (all events)").wait_for()
+    scatter.screenshot(path=str(artifacts_dir / "timing_explore_population.png"))
+    # a control change inside the population view: the new channel's bins, then one seen before
+    timed_choice(page, log, "explore: population view, y channel", "Y channel", "CD4 (FL3-A)")
+    assert scatter.locator(".ytitle").text_content() == "CD4 (FL3-A)"
+    timed_choice(page, log, "explore: population view, y channel back (seen before)", "Y channel", "CD19 (FL4-A)")
+    # the old population view, for comparison in the same run: 20,000 WebGL dots
+    timed_click(page, log, "explore: view population dots", radio.get_by_text("population dots", exact=True))
+    assert set(scatter.locator(".legendtext").all_text_contents()) == legend
+    assert "scattergl" in page.evaluate("() => document.querySelectorAll('.js-plotly-plot')[0].data.map((t) => t.type)")
     timed_click(page, log, "explore: view density (seen before)", radio.get_by_text("density", exact=True))
     assert scatter.locator(".legendtext").count() == 0
     timed_choice(page, log, "explore: x channel back to FSC-A", "X channel", "FSC-A")

@@ -27,8 +27,14 @@ def scatter_panels(panels, x_scale, y_scale, x_range, y_range, x_title, y_title,
                    colors=None, height=460, selectable=False):
     """Side-by-side scatter projections sharing both axes.
 
-    panels : list of dicts with ``title`` and either ``grid`` = (counts, xc, yc) for density
-        mode or ``x``, ``y``, ``populations`` (display subsample) for population mode.
+    mode : "density" (pseudocolour of all events), "population bins" (all events binned, each
+        bin in the colour of the population holding most of its events: one image per panel) or
+        "population" (a display subsample of dots, one WebGL trace per population).
+    panels : list of dicts with ``title`` and ``grid`` = (counts, xc, yc) for density mode;
+        ``grid`` = (counts per population (n_populations, bins, bins), xc, yc) and
+        ``populations`` (the names of ``counts``' first axis) for population bins; ``x``, ``y``,
+        ``populations`` (display subsample) for population (dots).
+    colors : dict population name -> ``#rrggbb``; its order is the legend's.
     selectable : the lasso is the drag mode. A density plot needs no points under it for
         that: Plotly reports the drawn lasso or box over a heatmap too, and the gate is the
         drawn path. (An invisible WebGL layer of 20,000 dots used to be drawn for it; it cost
@@ -50,6 +56,10 @@ def scatter_panels(panels, x_scale, y_scale, x_range, y_range, x_title, y_title,
                                      colorbar=dict(title="events / bin", tickvals=ticks,
                                                    ticktext=[f"{10 ** v:,.0f}" for v in ticks])),
                           row=1, col=col)
+        elif mode == "population bins":
+            if col == 1:
+                top = max(int(p["grid"][0].sum(axis=0).max()) for p in panels)
+            fig.add_trace(_population_image(panel, colors, top), row=1, col=col)
         else:
             pops = np.asarray(panel["populations"]).astype(str)
             for name in colors:
@@ -62,11 +72,51 @@ def scatter_panels(panels, x_scale, y_scale, x_range, y_range, x_title, y_title,
                                            hovertemplate=f"{name}<extra></extra>"),
                               row=1, col=col)
                 shown_legend.add(name)
+    legend = dict(itemsizing="constant", title="population")
+    if mode == "population bins":
+        # Plotly ties an image's axes to square pixels by default: panels would shrink unevenly
+        fig.update_xaxes(scaleanchor=False)
+        fig.update_yaxes(scaleanchor=False)
+        # the legend names the colours; its entries are empty traces, so clicking one would hide nothing
+        legend.update(itemclick=False, itemdoubleclick=False)
+        for name, color in colors.items():
+            if any(name in p["populations"] for p in panels):
+                # no point to draw (x, y None), but a legend entry in the population's colour
+                fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
+                                         marker=dict(size=10, color=color, symbol="square")), row=1, col=1)
     _axes(fig, x_scale, y_scale, x_range, y_range, x_title, y_title, n_cols=max(n, 1))
     fig.update_layout(height=height, margin=dict(l=60, r=20, t=40, b=50), plot_bgcolor="white",
-                      legend=dict(itemsizing="constant", title="population"),
-                      dragmode="lasso" if selectable else "zoom")
+                      legend=legend, dragmode="lasso" if selectable else "zoom")
     return fig
+
+
+def _png_data_uri(rgba: np.ndarray) -> str:
+    """An RGBA uint8 image (row 0 at the top) as a PNG data URI: ~15 KB for a 200 x 200 view,
+    against ~200 KB as a typed array; the browser decodes it natively."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(rgba), mode="RGBA").save(buffer, format="PNG", compress_level=1)
+    return "data:image/png;base64," + base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _population_image(panel, colors, top):
+    """One panel of the population view: :func:`gating_core.plotting.population_image` drawn as
+    an image spanning the density view's bins (so both views share axes). An image, not 20,000
+    WebGL dots: the browser draws it without WebGL (bench/bench_browser_render.py)."""
+    counts, xc, yc = panel["grid"]
+    names = list(panel["populations"])
+    rgba = plotting.population_image(counts, [colors[name] for name in names], top=top)
+    dx = float(xc[1] - xc[0]) if len(xc) > 1 else 1.0
+    dy = float(yc[1] - yc[0]) if len(yc) > 1 else 1.0
+    # No hover text: a text per filled bin (~20,000 at a million events) costs the server ~0.1 s
+    # a panel to build and serialise and makes its JSON ~10x larger (bench/bench_browser_render.py)
+    # on a y axis that is not reversed Plotly draws the image's first row at the bottom (y0)
+    return go.Image(source=_png_data_uri(rgba), x0=float(xc[0]), dx=dx, y0=float(yc[0]), dy=dy,
+                    hoverinfo="skip", name=panel["title"])
 
 
 def add_gate_shapes(fig, gates, x_scale=None, y_scale=None, color="#222222", focus=None):

@@ -1,0 +1,95 @@
+"""Explore's population view through Streamlit's AppTest: every event binned, one image per
+patient, the picture exactly the majority population of each bin of the patient's labels, and
+a new picture when the labels change; the dots remain as an option."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+
+import numpy as np
+from PIL import Image
+
+from gating_core import plotting
+from gating_core.gates import AxisScale
+from apptest_helpers import goto, start, store_of
+
+
+def _spec(at):
+    return json.loads(at.get("plotly_chart")[0].proto.spec)
+
+
+def _decoded(image_trace) -> np.ndarray:
+    header, data = image_trace["source"].split(",", 1)
+    assert header == "data:image/png;base64"
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(data))).convert("RGBA"))
+
+
+def _expected_picture(records, x_ch, y_ch, names, colors):
+    """The first patient's population image, computed afresh from all events of every patient
+    (linear axes: the page's default for scatter channels), with the page's shared range and
+    shared full-colour count."""
+    values = [[r.sample.events[:, r.sample.channel_index(c)].astype(np.float32) for r in records]
+              for c in (x_ch, y_ch)]
+    x_range, y_range = plotting.display_range(values[0]), plotting.display_range(values[1])
+    grids = []
+    for r, x, y in zip(records, *values):
+        pops = np.asarray(r.populations).astype(str)
+        grids.append(np.stack([plotting.density_grid(x[pops == n], y[pops == n], x_range, y_range, 200)[0]
+                               for n in names]))
+    top = max(int(g.sum(axis=0).max()) for g in grids)
+    return plotting.population_image(grids[0], [colors[n] for n in names], top=top), grids[0], x_range, y_range
+
+
+def test_population_view_is_one_image_per_patient_of_every_event(library):
+    at = start()
+    at.button[0].click()  # the Data page's sample-data button
+    at.run()
+    at = goto(at, "pages/2_explore.py")
+    assert at.radio(key="ex_mode").options == ["density", "population", "population dots"]
+    at.radio(key="ex_mode").set_value("population")
+    at.run()
+    assert not at.exception, at.exception
+    store = store_of(at)
+    chosen = at.multiselect(key="explore_patients").value
+    spec = _spec(at)
+    images = [t for t in spec["data"] if t["type"] == "image"]
+    assert len(images) == len(chosen) == 3
+    assert [t.get("xaxis", "x") for t in images] == ["x", "x2", "x3"]
+    legend = [t for t in spec["data"] if t["type"] == "scatter"]
+    assert all(t["x"] == [None] and t["y"] == [None] for t in legend)  # legend entries only, nothing drawn
+    names = [t["name"] for t in legend]
+    assert not [t for t in spec["data"] if t["type"] not in ("image", "scatter")]
+
+    # the first panel's picture is exactly the majority population of each bin of all its events
+    records = [store.patients[n] for n in chosen]
+    assert all(r.populations is not None for r in records)
+    x_ch, y_ch = at.selectbox(key="ex_x").value, at.selectbox(key="ex_y").value
+    assert at.selectbox(key=f"ex_xs_{x_ch}").value == at.selectbox(key=f"ex_ys_{y_ch}").value == "linear"
+    colors = {t["name"]: t["marker"]["color"] for t in legend}
+    assert colors == plotting.population_colors(names)
+    want, counts, x_range, y_range = _expected_picture(records, x_ch, y_ch, names, colors)
+    got = _decoded(images[0])
+    assert got.shape == (200, 200, 4)
+    np.testing.assert_array_equal(got, want)
+    assert counts.sum() > 0.99 * records[0].n_events  # all events counted, not a subsample
+    # the image spans the density view's bins: the same x / y bin centres
+    _, x_centers, y_centers = plotting.density_grid(np.zeros(1), np.zeros(1), x_range, y_range, 200)
+    assert (images[0]["x0"], images[0]["y0"]) == (x_centers[0], y_centers[0])
+    assert np.isclose(images[0]["dx"], x_centers[1] - x_centers[0])
+    assert np.isclose(images[0]["dy"], y_centers[1] - y_centers[0])
+
+    # new labels (as drawn gates give): the next run draws them, not the cached old picture
+    store.set_labels(records[0].name, np.full(records[0].n_events, names[0], dtype=object), "gates drawn")
+    at.run()
+    assert not at.exception, at.exception
+    got = _decoded([t for t in _spec(at)["data"] if t["type"] == "image"][0])
+    want = _expected_picture(records, x_ch, y_ch, names, colors)[0]
+    assert not np.array_equal(got, _decoded(images[0]))
+    np.testing.assert_array_equal(got, want)
+
+    at.radio(key="ex_mode").set_value("population dots")
+    at.run()
+    assert not at.exception, at.exception
+    assert {t["type"] for t in _spec(at)["data"]} == {"scattergl"}
