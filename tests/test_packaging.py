@@ -78,7 +78,7 @@ def test_dependencies_extras_and_console_script():
     assert {"numpy", "scipy", "scikit-learn", "pandas", "pyarrow", "flowio", "flowutils", "flowkit"} <= names
     assert not names & {"streamlit", "plotly", "dask", "anndata"}  # optional: extras only
     extras = project["optional-dependencies"]
-    assert {re.split(r"[<>=]", d)[0] for d in extras["app"]} == {"streamlit", "plotly"}
+    assert {re.split(r"[<>=]", d)[0] for d in extras["app"]} == {"streamlit", "plotly", "pillow"}
     assert extras["dask"] == ["dask[distributed]>=2024.8"]
     assert any(d.startswith("anndata") for d in extras["test"])
     assert project["scripts"] == {"gating-core": "gating_core.cli:main"}
