@@ -551,7 +551,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         """
         from concurrent.futures import ThreadPoolExecutor
 
-        from threadpoolctl import threadpool_limits
+        from gating_core.cpus import one_blas_thread
 
         fm = self.feature_map_
         phase = fm.patient_phase(embedding if self.use_embedding else None)
@@ -570,7 +570,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
 
         bounds = [(lo, min(lo + SCORE_BLOCK, len(x))) for lo in range(0, len(x), SCORE_BLOCK)]
         threads = max(1, min(score_threads(), len(bounds)))
-        with threadpool_limits(1):
+        with one_blas_thread():
             if threads == 1:
                 for b in bounds:
                     run(b)

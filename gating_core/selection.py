@@ -238,10 +238,8 @@ class HyperparameterSearch:
         CPUs this process may use; each run then reads its scores, identical to what it would
         compute alone (the same rows, the same arithmetic, in one BLAS thread).
         """
-        from threadpoolctl import threadpool_limits
-
         from gating_core.classifier import score_threads
-        from gating_core.cpus import run_side_by_side
+        from gating_core.cpus import one_blas_thread, run_side_by_side
 
         scored_on = {}  # training set (as the patients left out) -> the patients scored on it
         for run in runs:
@@ -261,7 +259,7 @@ class HyperparameterSearch:
         ordered = sorted(scored_on, key=sorted)
         workers = min(score_threads(), len(ordered))
         run_side_by_side(prepare, ordered, workers)
-        with threadpool_limits(1, user_api="blas"):
+        with one_blas_thread():
             return [self._score(features, stats, run["folds"], run["excluded"], shared) for run in runs]
 
     def _score(self, features, stats, folds, excluded, shared=None):

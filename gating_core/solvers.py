@@ -16,6 +16,8 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import eigh
 
+from gating_core.cpus import one_blas_thread
+
 #: Eigendecompositions up to this width run on one BLAS thread (see RidgeStatistics.eigen).
 SINGLE_THREAD_EIGEN = 512
 
@@ -87,7 +89,7 @@ class RidgeStatistics:
         if len(g_c) <= SINGLE_THREAD_EIGEN:
             # A few-hundred-wide eigendecomposition gains nothing from threads, and beside other
             # CPU-bound work their waiting made it 12x slower (0.35 s against 0.03 s at 256).
-            with _one_blas_thread():
+            with one_blas_thread():
                 values, vectors = eigh(g_c, driver="evd")
         else:
             values, vectors = eigh(g_c, driver="evd")
@@ -125,20 +127,6 @@ class RidgeStatistics:
         values, vectors, projected, mu, t = eigen
         coef = vectors @ (projected / (values + alpha)[:, None])
         return coef, t - mu @ coef
-
-
-_BLAS_CONTROLLER = []
-
-
-def _one_blas_thread():
-    """BLAS limited to one thread inside the block. The controller is found once: a fresh
-    ``threadpool_limits`` scans the loaded libraries each time (1 ms, a seventh of a 256-wide
-    eigendecomposition, which the held-out check runs thousands of)."""
-    if not _BLAS_CONTROLLER:
-        from threadpoolctl import ThreadpoolController
-
-        _BLAS_CONTROLLER.append(ThreadpoolController())
-    return _BLAS_CONTROLLER[0].limit(limits=1, user_api="blas")
 
 
 class PerRowMatrices:

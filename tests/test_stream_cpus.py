@@ -103,3 +103,28 @@ def test_scoring_pool_is_sized_from_usable_cpus(monkeypatch):
     assert score_threads() == 3
     monkeypatch.setenv("GATING_SCORE_THREADS", "2")
     assert score_threads() == 2
+
+
+def test_one_blas_thread_limits_blas_and_scans_the_libraries_once():
+    if cpus.current_blas_threads() is None:
+        pytest.skip("no BLAS loaded")
+    before = cpus.current_blas_threads()
+    with cpus.one_blas_thread():
+        assert cpus.current_blas_threads() == 1
+        controller = cpus._blas_controller[0][1]
+    assert cpus.current_blas_threads() == before  # restored on leaving the block
+    with cpus.one_blas_thread():
+        assert cpus._blas_controller[0][1] is controller  # found once per process, not per call
+        assert cpus.current_blas_threads() == 1
+
+
+def test_the_cgroup_quota_is_read_again_only_after_a_while(monkeypatch):
+    reads = []
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda *a, **k: reads.append(1) or 1.5)
+    monkeypatch.setattr(cpus, "_cgroup_reading", [])
+    monkeypatch.delenv("GATING_CPUS", raising=False)
+    assert cpus.usable_cpus() == 1 and cpus.usable_cpus() == 1
+    assert len(reads) == 1
+    monkeypatch.setattr(cpus, "CGROUP_READING_SECONDS", 0.0)
+    assert cpus.usable_cpus() == 1
+    assert len(reads) == 2

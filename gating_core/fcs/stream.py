@@ -123,9 +123,9 @@ def parallel_rows(function, n_rows: int, max_block: int = 262_144, min_block: in
         return
     from concurrent.futures import ThreadPoolExecutor
 
-    from threadpoolctl import threadpool_limits
+    from gating_core.cpus import one_blas_thread
 
-    with threadpool_limits(1), ThreadPoolExecutor(threads) as pool:
+    with one_blas_thread(), ThreadPoolExecutor(threads) as pool:
         list(pool.map(function, bounds))
 
 
