@@ -66,7 +66,7 @@ class CellResult:
 def cell_error(n_tasks: int, n_points: int, seed: int, use_embedding: bool = True, *, loss: str = "squared",
                n_embedding_features: int = 128, select_embedding: bool = False, solver: str = "rff",
                n_features: int = 512, fresh_points: int = FRESH_POINTS, test_tasks: int = TEST_TASKS,
-               cv_repeats: int = 2) -> CellResult:
+               cv_repeats: int = 2, density: str = "area") -> CellResult:
     """Marginal transfer (or pooling: ``use_embedding=False``) on one (N, n) cell of the table.
 
     Parameters
@@ -87,11 +87,14 @@ def cell_error(n_tasks: int, n_points: int, seed: int, use_embedding: bool = Tru
         D of the final model (the search uses at most 256).
     fresh_points : int
         Points of each test task the error is measured on (never in its embedding).
+    density : {"area", "chord"}
+        How a task's points spread over its ellipse (:func:`~gating_core.synthetic.ellipse_task`):
+        uniform in area, or as the authors' generator draws them.
     """
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
-    train_x, train_y = ellipse_task(n_tasks, n_points, rng)
-    test_x, test_y = ellipse_task(test_tasks, n_points + fresh_points, rng)
+    train_x, train_y = ellipse_task(n_tasks, n_points, rng, density=density)
+    test_x, test_y = ellipse_task(test_tasks, n_points + fresh_points, rng, density=density)
     base = MarginalTransferClassifier(use_embedding=use_embedding, solver=solver, n_features=n_features,
                                       n_embedding_features=n_embedding_features, cells_per_patient=n_points,
                                       calibrate=False, random_state=0)
@@ -343,7 +346,8 @@ def product_bandwidths(samples, labels, n_points: int) -> dict:
 
 def authors_cell_error(n_tasks: int, n_points: int, seed: int, loss: str = "squared-hinge", *,
                        bandwidths_from="search", bandwidths=AUTHORS_BANDWIDTHS, costs=AUTHORS_COSTS, rounds=2,
-                       fresh_points: int = FRESH_POINTS, test_tasks: int = TEST_TASKS) -> CellResult:
+                       fresh_points: int = FRESH_POINTS, test_tasks: int = TEST_TASKS,
+                       density: str = "area") -> CellResult:
     """One (N, n) cell with the authors' protocol; the same data and test protocol as
     :func:`cell_error` (same seed, same tasks, error on each test task's fresh points).
 
@@ -361,8 +365,8 @@ def authors_cell_error(n_tasks: int, n_points: int, seed: int, loss: str = "squa
         raise ValueError(f"loss must be one of {AUTHORS_LOSSES}, not {loss!r}")
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
-    train_x, train_y = ellipse_task(n_tasks, n_points, rng)
-    test_x, test_y = ellipse_task(test_tasks, n_points + fresh_points, rng)
+    train_x, train_y = ellipse_task(n_tasks, n_points, rng, density=density)
+    test_x, test_y = ellipse_task(test_tasks, n_points + fresh_points, rng, density=density)
     if bandwidths_from == "search":
         chosen = authors_select(train_x, train_y, loss, bandwidths, costs, rounds=rounds)
     else:
@@ -429,6 +433,8 @@ def main(argv=()) -> int:
     parser.add_argument("--solver", choices=("rff", "nystroem", "exact"), default="rff")
     parser.add_argument("--features", type=int, default=512, help="D of the final model")
     parser.add_argument("--fresh-points", type=int, default=FRESH_POINTS)
+    parser.add_argument("--density", choices=("area", "chord"), default="area",
+                        help="points uniform over each ellipse's area, or spread as the authors' generator does")
     parser.add_argument("--authors", choices=AUTHORS_LOSSES,
                         help="the authors' protocol with this loss instead of the product (marginal transfer only)")
     parser.add_argument("--authors-bandwidths", choices=("search", "product"), default="search",
@@ -445,13 +451,13 @@ def main(argv=()) -> int:
                     result = authors_cell_error(n_tasks, n_points, seed, args.authors,
                                                 bandwidths_from=args.authors_bandwidths,
                                                 bandwidths=AUTHORS_BANDWIDTHS[::args.authors_grid_step],
-                                                fresh_points=args.fresh_points)
+                                                fresh_points=args.fresh_points, density=args.density)
                     chosen = ", ".join(f"{k} {v:.3g}" for k, v in result.params.items())
                     print(f"seed {seed}: {result.error:.2%}  ({chosen})  [{result.seconds:.0f} s]", flush=True)
         return 0
     options = dict(loss=args.loss, n_embedding_features=args.embedding_frequencies,
                    select_embedding=args.select_embedding, solver=args.solver, n_features=args.features,
-                   fresh_points=args.fresh_points)
+                   fresh_points=args.fresh_points, density=args.density)
     if args.grid:
         seeds = args.seeds or ((DEFAULT_SEEDS[0],) if args.quick else DEFAULT_SEEDS)
         tasks, points = args.tasks or GRID_TASKS, args.points or GRID_POINTS
