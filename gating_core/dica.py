@@ -249,7 +249,7 @@ class DICAPooling:
         from gating_core.model import GatingModel
 
         self.preprocessing_ = GatingModel(compensate=self.compensate, cells_per_patient=self.cells_per_patient,
-                                          random_state=self.random_state)
+                                          random_state=self.random_state, class_balance=0.0)
         cells, drawn_labels = self.preprocessing_.standardised_training_cells(samples, labels)
         if self.features not in self.FEATURES:
             raise ValueError(f"features must be one of {self.FEATURES}, got {self.features!r}")

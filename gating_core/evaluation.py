@@ -62,20 +62,23 @@ METHOD_SETTINGS = {
     # Supervised DICA on the fold's training patients, then the default marginal model on the
     # projected cells: the embedding is of the projected cells (GatingModel's ``dica``).
     "dica-marginal": {"method": "marginal", "dica": "supervised"},
-    # The product's pooling before shift augmentation: one ridge classifier on all cells.
-    "pooled-ridge": {"method": "pooling", "n_augment": 0},
+    # The product's pooling before shift augmentation: one ridge classifier on all cells
+    # (uniformly drawn, as it was).
+    "pooled-ridge": {"method": "pooling", "n_augment": 0, "class_balance": 0.0},
     # The plain baseline: logistic loss on the same random features, 1/n_i weights, nothing else.
-    # A fixed light penalty: the baseline as a user would fit it, without a penalty search.
+    # A fixed light penalty: the baseline as a user would fit it, without a penalty search;
+    # uniformly drawn training cells.
     "pooled-logistic": {"method": "pooling", "loss": "logistic", "n_augment": 0,
-                        "patient_weighting": "uniform", "alpha": 1e-5},
+                        "patient_weighting": "uniform", "alpha": 1e-5, "class_balance": 0.0},
 }
 
 
 class LDABaseline:
     """LDA on the transformed, standardised channels, trained on all patients' cells pooled.
 
-    Each training patient contributes the same seeded draw of cells as in GatingModel (a
-    :class:`~gating_core.digest.PatientDigest`); channels and transform are chosen the same way.
+    Each training patient contributes the same seeded uniform draw of cells as a GatingModel
+    with ``class_balance=0`` (a :class:`~gating_core.digest.PatientDigest`); channels and
+    transform are chosen the same way.
     """
 
     def __init__(self, cells_per_patient=4000, compensate=True, random_state=0):
@@ -85,7 +88,7 @@ class LDABaseline:
 
     def fit(self, samples, labels):
         self.preprocessing_ = GatingModel(compensate=self.compensate, cells_per_patient=self.cells_per_patient,
-                                          random_state=self.random_state)
+                                          random_state=self.random_state, class_balance=0.0)
         cells, drawn_labels = self.preprocessing_.standardised_training_cells(samples, labels)
         self.lda_ = LinearDiscriminantAnalysis().fit(np.vstack(cells), np.concatenate(drawn_labels))
         self.populations_ = [str(c) for c in self.lda_.classes_]

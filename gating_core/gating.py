@@ -13,7 +13,7 @@ import numpy as np
 
 from gating_core.export import EXPORT_SUFFIXES, GatedTableWriter, export_sample
 from gating_core.fcs import FCSError, read_fcs_all, stream_fcs_all
-from gating_core.digest import PatientDigest, digest_patient
+from gating_core.digest import PatientDigest
 from gating_core.gate_result import ChannelMismatchError
 from gating_core.model import GatingModel
 
@@ -135,5 +135,4 @@ def digest_file(path, index: int, model: GatingModel) -> PatientDigest:
     from gating_core.inputs import load_labeled_input
 
     sample, labels = load_labeled_input(path, compensate=model.compensate)
-    return digest_patient(sample, labels, model.cells_per_patient, model.embedding_cells,
-                          seed=model.digest_seed(index), compensate=model.compensate)
+    return model.digest(sample, labels, index)

@@ -33,7 +33,6 @@ import copy
 
 from gating_core.classifier import MarginalTransferClassifier
 from gating_core.cpus import with_blas_threads
-from gating_core.digest import digest_patient
 from gating_core.model import METHODS, GatingModel
 from gating_core.priors import training_prior
 from gating_core.selection import problem_view
@@ -75,8 +74,7 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
         if len(samples) - len(held) < 2:
             raise ValueError("every fold needs at least two training patients")
     report("Preparing channels", 0.0)
-    digests = [digest_patient(s, y, base.cells_per_patient, base.embedding_cells, seed=base.digest_seed(i),
-                              compensate=base.compensate) for i, (s, y) in enumerate(zip(samples, labels))]
+    digests = [base.digest(s, y, i) for i, (s, y) in enumerate(zip(samples, labels))]
     report("Transforming events", 0.05)
     cells, embedding_cells, drawn = base.prepare_digests(digests)
     names = [d.name for d in digests]

@@ -126,14 +126,19 @@ class IWNystroemGatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator)
         """Seed of the ``index``-th patient's cell draw (GatingModel's, so the same cells)."""
         return np.random.SeedSequence([int(self.random_state or 0), 10, int(index)])
 
+    def digest(self, sample, labels, index: int):
+        """The ``index``-th training patient's :class:`~gating_core.digest.PatientDigest`, as
+        :meth:`fit` draws it (uniformly: the density ratio is fitted on cells as they come)."""
+        return digest_patient(sample, labels, self.cells_per_patient, self.embedding_cells,
+                              seed=self.digest_seed(index), compensate=self.compensate)
+
     def fit(self, samples, labels, progress=None, groups=None):
         """Keep the preprocessing and each patient's seeded cells (samples: list of Sample,
         labels: list of (n_events_i,) population names). ``groups`` is accepted for the
         common interface and not used: nothing is selected across patients."""
         if len(samples) != len(labels):
             raise ValueError(f"{len(samples)} patients but {len(labels)} label arrays")
-        digests = [digest_patient(s, y, self.cells_per_patient, self.embedding_cells, seed=self.digest_seed(i),
-                                  compensate=self.compensate) for i, (s, y) in enumerate(zip(samples, labels))]
+        digests = [self.digest(s, y, i) for i, (s, y) in enumerate(zip(samples, labels))]
         return self.fit_digests(digests, progress=progress, groups=groups)
 
     def fit_digests(self, digests, progress=None, groups=None):

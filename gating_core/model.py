@@ -29,6 +29,8 @@ DEFAULT_AUGMENT = 4
 #: "auto" (chosen by cross-validation over groups) is an option: measured on held-out centers
 #: it did no better than the even blend (README, "Measured").
 DEFAULT_POOLED_WEIGHT = 0.5
+#: Population balance of each patient's training-cell draw (see GatingModel's class_balance).
+DEFAULT_CLASS_BALANCE = 0.0
 #: Penalty of the pooled companion's logistic fit: light, as a user would fit the plain baseline.
 POOLED_ALPHA = 1e-5
 #: Model selection runs on at most this many patients (a seeded draw beyond: selection_patients).
@@ -105,6 +107,13 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         less well than the channels (sample cohort: 0.76 against 0.96 on one patient).
     dica_components : int, default=20
         m, the directions kept (1 to 600).
+    class_balance : float in [0, 1], default=DEFAULT_CLASS_BALANCE
+        How each patient's ``cells_per_patient`` training cells are drawn: 0 uniformly (each
+        population in proportion to its share of the events), 1 the same number of cells from
+        every population as far as its cells go, in between shares proportional to
+        ``count ** (1 - class_balance)`` (:func:`~gating_core.digest.training_rows`). A rare
+        population (B or NK cells at 0.5%) brings 20 of 4,000 cells to a uniform draw, too few
+        for the model to draw its boundary on a center it has not seen.
     kernel_x : {"gaussian", "linear"}, default="gaussian"
         The cell kernels (see :class:`MarginalTransferClassifier`). "linear" (the JMLR
         flow-cytometry experiment): the embedding is the patient's mean standardised cell and
@@ -152,7 +161,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                  n_augment=DEFAULT_AUGMENT, augment_gain=0.08, augment_shift=0.15, patient_weighting="uniform",
                  pooled_weight=DEFAULT_POOLED_WEIGHT, prior_shift="none", align="none", cv_folds=5, cv_repeats=2,
                  selection_cells_per_patient=1500, selection_objective="mean", random_state=0,
-                 task_similarity=0.5, dica=None, dica_components=20, kernel_x="gaussian"):
+                 task_similarity=0.5, dica=None, dica_components=20, kernel_x="gaussian",
+                 class_balance=DEFAULT_CLASS_BALANCE):
         self.method = method
         self.channels = channels
         self.transform = transform
@@ -184,6 +194,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         self.dica = dica
         self.dica_components = dica_components
         self.kernel_x = kernel_x
+        self.class_balance = class_balance
 
     # -- training ------------------------------------------------------------------------------
 
@@ -205,9 +216,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
             raise ValueError(f"{len(samples)} patients but {len(labels)} label arrays")
         if progress is not None:
             progress("Preparing channels", 0.0)
-        digests = [digest_patient(s, y, self.cells_per_patient, self.embedding_cells,
-                                  seed=self.digest_seed(i), compensate=self.compensate)
-                   for i, (s, y) in enumerate(zip(samples, labels))]
+        digests = [self.digest(s, y, i) for i, (s, y) in enumerate(zip(samples, labels))]
         return self.fit_digests(digests, progress=progress, groups=groups)
 
     def standardised_training_cells(self, samples, labels):
@@ -217,14 +226,21 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
 
         What the baselines that are not kernel machines (LDA, DICA) train on.
         """
-        digests = [digest_patient(s, y, self.cells_per_patient, self.embedding_cells, seed=self.digest_seed(i),
-                                  compensate=self.compensate) for i, (s, y) in enumerate(zip(samples, labels))]
+        digests = [self.digest(s, y, i) for i, (s, y) in enumerate(zip(samples, labels))]
         cells, _, drawn_labels = self.prepare_digests(digests)
         return cells, drawn_labels
 
     def digest_seed(self, index: int) -> np.random.SeedSequence:
         """Seed of the training-cell draw of the ``index``-th patient (documented, reproducible)."""
         return np.random.SeedSequence([int(self.random_state or 0), 10, int(index)])
+
+    def digest(self, sample, labels, index: int):
+        """The :class:`~gating_core.digest.PatientDigest` of the ``index``-th training patient,
+        drawn as :meth:`fit` draws it (``cells_per_patient``, ``class_balance``,
+        ``embedding_cells``, compensation, seed :meth:`digest_seed`)."""
+        return digest_patient(sample, labels, self.cells_per_patient, self.embedding_cells,
+                              seed=self.digest_seed(index), compensate=self.compensate,
+                              class_balance=self.class_balance)
 
     @with_blas_threads  # BLAS sized from the free CPUs: no stalls beside other CPU-bound work
     def fit_digests(self, digests, progress=None, groups=None):

@@ -313,6 +313,8 @@ def _checked_params(path, fields: Fields, accepted, where: str) -> dict:
             out[key] = fields.string(key, choices=KERNELS_X)
         elif key == "prior_shift":
             out[key] = fields.string(key, choices=PRIOR_SHIFTS)
+        elif key == "class_balance":
+            out[key] = fields.number(key, within=(0.0, 1.0))
         elif key == "task_similarity":
             out[key] = fields.number(key, positive=True, within=(0.0, 1.0), nullable=True)
         elif key == "pooled_weight":
@@ -385,7 +387,10 @@ def _linear_feature_map(path, array, arrays, clf, d: int, n_out: int, prefix: st
 
 
 def _model_params(path, fields: Fields, accepted) -> dict:
-    return _checked_params(path, fields, accepted, "model parameter")
+    params = _checked_params(path, fields, accepted, "model parameter")
+    # Files written before class_balance existed drew their training cells uniformly.
+    params.setdefault("class_balance", 0.0)
+    return params
 
 
 def _classifier_params(path, fields: Fields, accepted) -> dict:

@@ -268,6 +268,8 @@ BAD_DESCRIPTIONS = {
     "not JSON": lambda m: "{'format': 'gating_core.model'",
     "too long": lambda m: " " * 1_000_001 + json.dumps(m),
     "random_state negative": _set(["params", "random_state"], -1),
+    "class_balance above 1": _set(["params", "class_balance"], 1.5),
+    "class_balance a string": _set(["params", "class_balance"], "balanced"),
     "unknown extra parameter kind": _set(["params", "alpha"], {"a": 1}),
 }
 
@@ -282,6 +284,18 @@ def test_bad_model_descriptions_are_model_file_errors(model_bytes, tmp_path, cas
     _save(path, arrays)
     with pytest.raises(ModelFileError, match="bad.npz"):
         GatingModel.load(path)
+
+
+def test_a_file_written_before_class_balance_loads_as_a_uniform_draw(model_bytes, tmp_path):
+    def drop(meta):
+        del meta["params"]["class_balance"]
+
+    arrays = _with_meta(model_bytes, drop)
+    _save(tmp_path / "old.npz", arrays)
+    assert GatingModel.load(tmp_path / "old.npz").class_balance == 0.0
+    with_it = _with_meta(model_bytes, _set(["params", "class_balance"], 0.75))
+    _save(tmp_path / "new.npz", with_it)
+    assert GatingModel.load(tmp_path / "new.npz").class_balance == 0.75
 
 
 def test_missing_solver_arrays_are_named(model_bytes, tmp_path):

@@ -11,7 +11,7 @@ from gating_core.errors import print_error
 
 # Kept here rather than imported so that the command line starts without numpy and scikit-learn;
 # tests/test_transfer.py checks them against gating_core.evaluation.ALL_METHODS and
-# gating_core.model.DEFAULT_POOLED_WEIGHT.
+# gating_core.model.DEFAULT_POOLED_WEIGHT; tests/test_class_balance.py DEFAULT_CLASS_BALANCE.
 EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda", "marginal-alone", "marginal-auto",
                       "marginal-em", "marginal-quantile", "dica-pooling")
 EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5")
@@ -19,6 +19,7 @@ EVALUATION_METHODS += ("dica-marginal",)
 EVALUATION_METHODS += ("iw-nystroem",)
 EVALUATION_METHODS += ("marginal-linear",)
 DEFAULT_POOLED_WEIGHT = 0.5
+DEFAULT_CLASS_BALANCE = 0.0
 # The choices of ``train`` (gating_core.model.METHODS and gating_core.classifier.LOSSES,
 # checked by tests/test_train_choices.py).
 TRAIN_METHODS = ("marginal", "pooling", "multitask")
@@ -141,6 +142,10 @@ def _model_options(parser) -> None:
     group.add_argument("--cells-per-patient", type=int, metavar="N",
                        help=f"training cells drawn per patient (default {DEFAULT_CELLS_PER_PATIENT:,}; "
                             f"{IW_CELLS_PER_PATIENT:,} for iw-nystroem)")
+    group.add_argument("--class-balance", type=_class_balance, default=DEFAULT_CLASS_BALANCE, metavar="B",
+                       help="how each patient's training cells are drawn: 0 uniformly, 1 the same number from every "
+                            "population (as far as its cells go), in between shares proportional to count^(1-B) "
+                            f"(default {DEFAULT_CLASS_BALANCE:g})")
     group.add_argument("--pooled-weight", default=DEFAULT_POOLED_WEIGHT, metavar="W",
                        help="weight of the pooled companion in the marginal method's probabilities, 0 to 1, or "
                             f"'auto' (chosen by cross-validation over groups; default {DEFAULT_POOLED_WEIGHT}; "
@@ -160,6 +165,16 @@ def _pooled_weight(text: str):
     return weight
 
 
+def _class_balance(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number within [0, 1], got {text!r}")
+    return value
+
+
 def _task_similarity(text: str) -> float:
     try:
         tau = float(text)
@@ -174,7 +189,7 @@ def _model_params(args) -> dict:
     params = {"compensate": not args.no_compensation, "select": not args.no_selection,
               "select_embedding_bandwidth": args.select_embedding_bandwidth,
               "n_features": args.features, "cells_per_patient": args.cells_per_patient or DEFAULT_CELLS_PER_PATIENT,
-              "random_state": args.seed}
+              "class_balance": args.class_balance, "random_state": args.seed}
     params["pooled_weight"] = _pooled_weight(args.pooled_weight)
     if args.channels:
         params["channels"] = args.channels
@@ -230,6 +245,7 @@ def run_train(args) -> int:
         # what the cluster's digest needs; GatingModel draws the same cells from these
         digest_params = {k: getattr(model, k) for k in ("compensate", "cells_per_patient", "embedding_cells",
                                                          "random_state")}
+        digest_params["class_balance"] = 0.0  # its draw is uniform
     else:
         model = GatingModel(method=args.method, loss=args.loss, task_similarity=args.task_similarity,
                             kernel_x=args.kernel_x, **_model_params(args), **dica)
@@ -315,6 +331,7 @@ def _iw_model(args):
     for flag, given in (("--loss", args.loss != DEFAULT_LOSS), ("--pooled-weight", args.pooled_weight != DEFAULT_POOLED_WEIGHT),
                         ("--task-similarity", args.task_similarity != DEFAULT_TASK_SIMILARITY),
                         ("--kernel-x", args.kernel_x != "gaussian"),
+                        ("--class-balance", args.class_balance != DEFAULT_CLASS_BALANCE),
                         ("--select-embedding-bandwidth", args.select_embedding_bandwidth)):
         if given:
             return _fail(f"{flag} does not apply to --method {IW_METHOD} (a squared-loss KRR refitted per patient)")

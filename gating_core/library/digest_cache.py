@@ -38,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.digest import PatientDigest, digest_patient
+from gating_core.digest import PatientDigest
 from gating_core.fcs import Channel
 from gating_core.library.common import LibraryError
 import gating_core.library.catalog as catalog
@@ -78,11 +78,14 @@ class _PatientState:
 
 
 def digest_settings(cells_per_patient: int, embedding_cells: int, seed: np.random.SeedSequence,
-                    compensate: bool) -> dict:
+                    compensate: bool, class_balance: float = 0.0) -> dict:
     """The settings a digest is made with, as stored in (and compared against) its file."""
-    return {"format": DIGEST_FORMAT, "cells_per_patient": int(cells_per_patient),
-            "embedding_cells": int(embedding_cells), "compensate": bool(compensate),
-            "seed_entropy": _entropy(seed.entropy), "seed_spawn_key": [int(k) for k in seed.spawn_key]}
+    settings = {"format": DIGEST_FORMAT, "cells_per_patient": int(cells_per_patient),
+                "embedding_cells": int(embedding_cells), "compensate": bool(compensate),
+                "seed_entropy": _entropy(seed.entropy), "seed_spawn_key": [int(k) for k in seed.spawn_key]}
+    if class_balance:  # absent for the uniform draw, so digests stored before it stay valid
+        settings["class_balance"] = float(class_balance)
+    return settings
 
 
 def _entropy(entropy):
@@ -207,7 +210,7 @@ def library_digests(library, model, names=None, *, start: int = 0, use_cache: bo
     digests = []
     for i, state in enumerate(states):
         settings = digest_settings(model.cells_per_patient, model.embedding_cells, model.digest_seed(start + i),
-                                   model.compensate)
+                                   model.compensate, getattr(model, "class_balance", 0.0))
         path = digest_path(library, state.id, settings)
         digest = None
         if use_cache:
@@ -262,8 +265,7 @@ def _digest_from_files(library, state: _PatientState, model, settings: dict, ind
     if sample.n_events != state.n_events:
         raise LibraryError("was replaced by another session while training read it", patient=state.name)
     read_done = time.perf_counter()
-    digest = digest_patient(sample, labels, model.cells_per_patient, model.embedding_cells,
-                            seed=model.digest_seed(index), compensate=model.compensate)
+    digest = model.digest(sample, labels, index)
     stats.read_seconds += read_done - began
     stats.digest_seconds += time.perf_counter() - read_done
     return digest
