@@ -80,7 +80,7 @@ def test_the_library_keeps_a_digest_per_class_balance(tmp_path):
     seed = np.random.SeedSequence([0, 10, 0])
     assert "class_balance" not in digest_settings(500, 1500, seed, True)  # digests stored before it stay valid
     assert digest_settings(500, 1500, seed, True, 1.0)["class_balance"] == 1.0
-    uniform, _ = library_digests(library, GatingModel(cells_per_patient=500, embedding_cells=1500))
+    uniform, _ = library_digests(library, GatingModel(cells_per_patient=500, embedding_cells=1500, class_balance=0.0))
     balanced, stats = library_digests(library, GatingModel(cells_per_patient=500, embedding_cells=1500,
                                                            class_balance=1.0))
     assert stats.misses == 2  # a different draw: not served from the uniform draw's files

@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 
 import gating_core.library.storage as storage
-from gating_core.digest import digest_patient
 from gating_core.library import PatientLibrary
 from gating_core.library.digest_cache import DIGEST_DIR, digest_path, digest_settings, library_digests, prune_digests
 from gating_core.library.common import Provenance
@@ -47,8 +46,7 @@ def _add(library, i, n_events=3000):
 def _fresh_digests(library, model, start=0):
     """What training drew before the cache: every patient read, then digested."""
     samples, labels = library.load_training_set(compensate=model.compensate)
-    return [digest_patient(s, y, model.cells_per_patient, model.embedding_cells, seed=model.digest_seed(start + i),
-                           compensate=model.compensate) for i, (s, y) in enumerate(zip(samples, labels))]
+    return [model.digest(s, y, start + i) for i, (s, y) in enumerate(zip(samples, labels))]
 
 
 def _assert_same(got, expected):
@@ -139,7 +137,8 @@ def test_damaged_or_pickled_digest_files_are_rebuilt_not_trusted(tmp_path, reads
     expected, _ = library_digests(library, MODEL)
     info = library.patient("p0")
     path = digest_path(library, info.id, digest_settings(MODEL.cells_per_patient, MODEL.embedding_cells,
-                                                         MODEL.digest_seed(0), MODEL.compensate))
+                                                         MODEL.digest_seed(0), MODEL.compensate,
+                                                         MODEL.class_balance))
     assert path.is_file()
     path.write_bytes(path.read_bytes()[:200])  # truncated
     digests, stats = library_digests(library, MODEL)
@@ -153,7 +152,7 @@ def test_damaged_or_pickled_digest_files_are_rebuilt_not_trusted(tmp_path, reads
     _assert_same(digests, expected)
     # A digest whose arrays do not fit the patient (here: another patient's file) is refused too.
     other = digest_path(library, library.patient("p1").id, digest_settings(
-        MODEL.cells_per_patient, MODEL.embedding_cells, MODEL.digest_seed(1), MODEL.compensate))
+        MODEL.cells_per_patient, MODEL.embedding_cells, MODEL.digest_seed(1), MODEL.compensate, MODEL.class_balance))
     path.write_bytes(other.read_bytes())
     assert library_digests(library, MODEL)[1].misses == 1
 

@@ -50,8 +50,7 @@ def test_digests_keep_what_training_needs_and_only_that(sample_data_dir):
     other, other_labels = load_labeled_input(sample_data_dir / "patient_02.fcs")
     fitted = GatingModel(method="pooling", select=False, cells_per_patient=1000, embedding_cells=3000).fit(
         [sample, other], [labels, other_labels])
-    digests = [digest_patient(s, y, 1000, 3000, seed=model.digest_seed(i)) for i, (s, y) in
-               enumerate([(sample, labels), (other, other_labels)])]
+    digests = [model.digest(s, y, i) for i, (s, y) in enumerate([(sample, labels), (other, other_labels)])]
     model.fit_digests(digests)
     np.testing.assert_array_equal(model.classifier_.coef_, fitted.classifier_.coef_)
 
