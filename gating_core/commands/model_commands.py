@@ -117,6 +117,11 @@ def register(subparsers) -> None:
                                "of one training (the held-out cells still shape the shared standardisation); "
                                "'full' refits a model per fold from its training files alone (one training per "
                                "fold). Default: subtract when leaving one patient out, full when leaving a group out")
+    evaluate.add_argument("--seeds", type=int, nargs="+", metavar="S",
+                          help="repeat every protocol with each of these model seeds (the training cells drawn, "
+                               "the random features, the selection folds) and report, per method, the mean and "
+                               "spread over seeds and in how many seeds it had the best mean and the best worst "
+                               "patient (default: the one --seed)")
     evaluate.add_argument("--csv", metavar="FILE", help="also write the per-patient table as CSV")
     evaluate.add_argument("--json", action="store_true", help="print the tables as JSON")
     _model_options(evaluate)
@@ -433,7 +438,8 @@ def _evaluation_groups(args, samples, labels):
 def run_evaluate(args) -> int:
     import pandas as pd
 
-    from gating_core.evaluation import leave_one_group_out, leave_one_patient_out, novelty_curve, summarize
+    from gating_core.evaluation import (leave_one_group_out, leave_one_patient_out, novelty_curve,
+                                        repeat_over_seeds, summarize, summarize_seeds)
     from gating_core.groups import GroupsError
     from gating_core.gate_result import ChannelMismatchError
     from gating_core.progress import StageProgress
@@ -460,31 +466,36 @@ def run_evaluate(args) -> int:
     except GroupsError as exc:
         return _fail(str(exc))
     distinct = sorted(set(groups))
-    tables = []
+    singletons = len(distinct) == len(samples)
+    if args.protocol == "group" and len(distinct) < 2:
+        return _fail(f"leave-one-group-out needs two or more groups; groups {origin}: {distinct}")
+    seeds = sorted(set(args.seeds)) if args.seeds else None
+
+    def protocols(model_params, progress):
+        tables = []
+        if args.protocol in ("both", "group") and len(distinct) >= 2 and not (singletons and args.protocol == "both"):
+            tables.append(leave_one_group_out(samples, labels, groups, methods=args.method, model_params=model_params,
+                                              progress=progress, refit=args.refit or "full"))
+        if args.protocol in ("both", "patient"):
+            tables.append(leave_one_patient_out(samples, labels, methods=args.method, model_params=model_params,
+                                                progress=progress, groups=groups, refit=patient_refit))
+        return pd.concat(tables, ignore_index=True)
+
     try:
         with StageProgress("evaluate") as progress:
-            singletons = len(distinct) == len(samples)
-            if args.protocol in ("both", "group"):
-                if len(distinct) >= 2 and not (singletons and args.protocol == "both"):
-                    tables.append(leave_one_group_out(samples, labels, groups, methods=args.method,
-                                                      model_params=params, progress=progress,
-                                                      refit=args.refit or "full"))
-                elif args.protocol == "group":
-                    return _fail(f"leave-one-group-out needs two or more groups; groups {origin}: {distinct}")
-            if args.protocol in ("both", "patient"):
-                tables.append(leave_one_patient_out(samples, labels, methods=args.method, model_params=params,
-                                                    progress=progress, groups=groups,
-                                                    refit=patient_refit))
+            table = (protocols(params, progress) if seeds is None else
+                     repeat_over_seeds(lambda p: protocols(p, progress), seeds, params))
     except (ChannelMismatchError, ValueError) as exc:
         return _fail(str(exc))
-    table = pd.concat(tables, ignore_index=True)
     summary = summarize(table)
+    over_seeds = None if seeds is None else summarize_seeds(table)
     curve = novelty_curve(table) if "marginal" in args.method else None
     if args.csv:
         table.to_csv(args.csv, index=False)
     if args.json:
         document = {"groups": dict(zip([s.name for s in samples], groups)), "groups_origin": origin,
                     "patients": table.to_dict(orient="records"), "summary": summary.to_dict(orient="records"),
+                    "summary_over_seeds": [] if over_seeds is None else over_seeds.to_dict(orient="records"),
                     "novelty_curve": [] if curve is None else curve.astype({"novelty_bin": str}).to_dict(orient="records")}
         print_json(document, indent=None)
         return 0
@@ -493,15 +504,21 @@ def run_evaluate(args) -> int:
         print(f"Groups {origin}: " + ", ".join(f"{g} ({groups.count(g)})" for g in distinct))
         if singletons and args.protocol == "both":
             print("Every patient is its own group: leaving one group out is leaving one patient out.")
+        seed_column = ["seed"] if seeds is not None else []
         for protocol, part in table.groupby("protocol", sort=False):
             print()
             print(f"{protocol}, per patient")
-            shown = part[["held_out", "patient", "method", "accuracy", "macro_f1", "novelty"] + f1_columns].rename(
-                columns={c: c[3:] for c in f1_columns})
+            shown = part[seed_column + ["held_out", "patient", "method", "accuracy", "macro_f1", "novelty"]
+                         + f1_columns].rename(columns={c: c[3:] for c in f1_columns})
             print(shown.to_string(index=False))
         print()
-        print("Summary (mean and worst patient, per protocol)")
+        print("Summary (mean and worst patient, per protocol" + (" and seed)" if seeds else ")"))
         print(summary.to_string(index=False))
+        if over_seeds is not None:
+            print()
+            print(f"Over the seeds {seeds}: mean (sd) of each seed's mean and worst patient; best_mean_in / "
+                  "best_worst_in: seeds in which the method had the best mean / worst patient")
+            print(over_seeds.to_string(index=False))
         if curve is not None:
             print()
             print("Accuracy against novelty (novelty of the marginal model; all protocols)")
