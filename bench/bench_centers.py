@@ -35,7 +35,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gating_core.evaluation import (held_out_evaluation, leave_one_group_out, leave_one_patient_out,  # noqa: E402
-                                    novelty_curve, summarize)
+                                    novelty_curve, repeat_over_seeds, summarize, summarize_seeds)
 from gating_core.synthetic import simulate_centers  # noqa: E402
 from multicenter_data import MULTICENTER, load_multicenter  # noqa: E402
 
@@ -101,12 +101,28 @@ def main(argv=None) -> int:
                         help="skip the leave-one-patient-out protocols (the group protocols only)")
     parser.add_argument("--csv", help="write every per-patient row here")
     parser.add_argument("--cohorts", metavar="SEEDS", help="comma-separated seeds: other simulated cohorts only")
+    parser.add_argument("--model-seeds", metavar="SEEDS",
+                        help="with --cohorts: repeat each cohort with these model seeds (comma-separated) and print "
+                             "the mean over them of each seed's mean / worst patient, and the seeds each method led")
     args = parser.parse_args(argv)
     if args.cohorts:
         for seed in (int(s) for s in args.cohorts.split(",")):
             cohort, centers = simulate_centers(4, 3, seed=seed, n_events=6000, strength=2.0)
             samples, labels = [c[0] for c in cohort], [c[1] for c in cohort]
             methods = tuple(args.methods.split(",")) if args.methods else METHODS
+            if args.model_seeds:
+                groups = [centers[x.name] for x in samples]
+                table = repeat_over_seeds(lambda p: leave_one_group_out(samples, labels, groups, methods=methods,
+                                                                        model_params=p),
+                                          [int(s) for s in args.model_seeds.split(",")])
+                if args.csv:
+                    table.assign(cohort=seed).to_csv(args.csv, mode="a", index=False, header=not Path(args.csv).exists())
+                over = summarize_seeds(table).set_index("method")
+                print(f"seed {seed}: " + ", ".join(
+                    f"{m} {over.loc[m, 'mean_accuracy']:.4f} / {over.loc[m, 'worst_accuracy']:.4f} "
+                    f"(sd {over.loc[m, 'mean_accuracy_sd']:.4f} / {over.loc[m, 'worst_accuracy_sd']:.4f}; led "
+                    f"{over.loc[m, 'best_mean_in']} / {over.loc[m, 'best_worst_in']})" for m in methods), flush=True)
+                continue
             summary = summarize(leave_one_group_out(samples, labels, [centers[x.name] for x in samples],
                                                     methods=methods)).set_index("method")
             print(f"seed {seed}: " + ", ".join(f"{m} {summary.loc[m, 'mean_accuracy']:.4f} / "

@@ -1,0 +1,233 @@
+"""The default's two parts on unseen groups, and what else was tried in their place (issue 9).
+
+The default gates a patient with ``(1 - w) p_marginal + w p_companion``: the marginal model
+(ridge on the product features, shift augmentation) and its pooled companion (logistic, no
+augmentation: exactly the pooled-logistic baseline). Whether a change to either part, or to the
+way they are combined, beats the pooled-logistic baseline in mean AND worst patient is a
+question about every fold at once; refitting the product for every idea is slow. This bench
+fits each fold once, keeps every held-out patient's probabilities from both parts and from
+alternative marginal models fitted on the same cells, and scores combinations of them offline.
+
+``run`` (one folder of ``.npz`` files, one per fold; existing folds are skipped):
+
+- ``multicenter``: the shared data's folds -- each replicate pair left out, each batch left
+  out (both ways) and each patient left out (its twin in training; full refits), the groups
+  given to training being the pairs, as in ``bench_centers.py``;
+- ``sim:SEED``: ``simulate_centers(4, 3, seed=SEED, strength=2.0)`` (6,000 events a patient,
+  10,000 for seed 11), each center left out.
+
+Alternative marginal models fitted on the fold's cells with the fold's selected bandwidths:
+``logistic`` (the logistic loss, lambda 1e-5, with augmentation), ``logistic-plain`` (the same
+without augmentation), ``wide`` (1,024 features). The held-out patients' standardised cells are
+kept (float16) for the transductive rules below.
+
+``score`` prints mean / worst accuracy (``--metric macro-f1``: macro-F1) per protocol for:
+``default`` (reproduces ``evaluate``), ``companion`` (= pooled-logistic), ``marginal`` (alone),
+each alternative alone and in the default's blend, ``companion-when-pooling`` (the companion
+alone where selection dropped the embedding), ``geometric`` (blend of log-probabilities) and
+``knn-smooth`` (each cell's blended probabilities averaged over its 10 nearest neighbours
+among 20,000 of the patient's own cells: the cluster assumption, applied transductively),
+``em`` (the patient's population shares re-estimated by EM from its own cells, Saerens et al.
+2002) and, for a model trained on population-balanced draws, ``prior-corrected`` (posteriors
+moved back to the training patients' own shares; ``-sqrt``: half way, in log).
+
+Run: ``python bench/bench_blend_parts.py run multicenter sim:11 sim:12 sim:13 sim:14 --out DIR``
+then ``python bench/bench_blend_parts.py score DIR [--metric macro-f1]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gating_core.classifier import MarginalTransferClassifier  # noqa: E402
+from gating_core.model import GatingModel  # noqa: E402
+
+ALTERNATIVES = ("logistic", "logistic-plain", "wide")
+
+
+def alternative_params(name: str, fitted: MarginalTransferClassifier) -> dict:
+    base = fitted.get_params()
+    if name == "logistic":
+        return {**base, "loss": "logistic", "alpha": 1e-5}
+    if name == "logistic-plain":
+        return {**base, "loss": "logistic", "alpha": 1e-5, "n_augment": 0}
+    if name == "wide":
+        return {**base, "n_features": 2 * base["n_features"]}
+    raise ValueError(f"unknown alternative {name!r}")
+
+
+def multicenter_folds():
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from multicenter_data import load_multicenter
+
+    samples, labels, pairs, batches = load_multicenter()
+    n = len(samples)
+    folds = [(f"multicenter-pair-{p}", [i for i in range(n) if pairs[i] == p]) for p in sorted(set(pairs))]
+    folds += [(f"multicenter-batch-{b}", [i for i in range(n) if batches[i] == b]) for b in sorted(set(batches))]
+    folds += [(f"multicenter-patient-{i + 1:02d}", [i]) for i in range(n)]
+    return samples, labels, pairs, folds
+
+
+def simulated_folds(seed: int):
+    from gating_core.synthetic import simulate_centers
+
+    cohort, centers = simulate_centers(4, 3, seed=seed, n_events=10000 if seed == 11 else 6000, strength=2.0)
+    samples, labels = [c[0] for c in cohort], [c[1] for c in cohort]
+    groups = [centers[s.name] for s in samples]
+    folds = [(f"sim{seed}-{c}", [i for i in range(len(samples)) if groups[i] == c]) for c in sorted(set(groups))]
+    return samples, labels, groups, folds
+
+
+def run_fold(path: Path, train, test, groups, alternatives, class_balance=0.0) -> None:
+    model = GatingModel(random_state=0, class_balance=class_balance)
+    digests = [model.digest(s, y, i) for i, (s, y) in enumerate(train)]
+    model.fit_digests(digests, groups=groups)
+    cells, embedding_cells, labels = model.prepare_digests(digests)
+    fitted = {name: MarginalTransferClassifier(**alternative_params(name, model.classifier_)).fit(
+        cells, labels, embedding_samples=embedding_cells, groups=model.groups_) for name in alternatives}
+    populations = list(model.populations_)
+    arrays, patients = {}, []
+    for sample, truth in test:
+        compensated = model._compensated(sample)
+        indices = model._channel_indices(compensated)
+        _, embedding, _ = model._patient_frame(compensated.events, indices)
+        x = model._standardise(compensated.events[:, indices])
+        key = sample.name
+        arrays[f"{key}/truth"] = np.array([populations.index(v) if v in populations else -1
+                                           for v in np.asarray(truth).astype(str)], dtype=np.int16)
+        arrays[f"{key}/cells"] = x.astype(np.float16)
+        arrays[f"{key}/marginal"] = model.classifier_.predict_proba(x, embedding).astype(np.float16)
+        arrays[f"{key}/companion"] = model.pooled_classifier_.predict_proba(x, embedding).astype(np.float16)
+        for name, clf in fitted.items():
+            arrays[f"{key}/{name}"] = clf.predict_proba(x, embedding).astype(np.float16)
+        patients.append({"name": key, "companion_weight": model.companion_weight(embedding),
+                         "novelty": model.novelty(sample, embedding).score})
+    # The prior the model learned under (its drawn cells) and the training patients' own one.
+    true_prior = [[float(np.mean(np.asarray(y).astype(str) == c)) for c in populations] for _, y in train]
+    meta = {"populations": populations, "embedding_kept": bool(model.selection_.get("embedding_kept", True)),
+            "class_prior": model.class_prior_.tolist(), "true_prior": np.mean(true_prior, axis=0).tolist(),
+            "class_balance": float(model.class_balance),
+            "params": model.selection_.get("params"), "patients": patients, "alternatives": list(alternatives)}
+    np.savez(path, meta=json.dumps(meta, default=float), **arrays)
+
+
+def run(datasets, out: Path, alternatives, class_balance=0.0) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    for dataset in datasets:
+        if dataset == "multicenter":
+            samples, labels, groups, folds = multicenter_folds()
+        elif dataset.startswith("sim:"):
+            samples, labels, groups, folds = simulated_folds(int(dataset[4:]))
+        else:
+            raise SystemExit(f"unknown data set {dataset!r}: multicenter or sim:SEED")
+        for tag, held in folds:
+            path = out / f"{tag}.npz"
+            if path.exists():
+                continue
+            start = time.time()
+            train = [i for i in range(len(samples)) if i not in held]
+            run_fold(path, [(samples[i], labels[i]) for i in train], [(samples[i], labels[i]) for i in held],
+                     [groups[i] for i in train], alternatives, class_balance)
+            print(f"{tag}: {time.time() - start:.0f} s", flush=True)
+
+
+# -- scoring ---------------------------------------------------------------------------------------
+
+def protocol_of(tag: str) -> str:
+    return tag.rsplit("-", 1)[0] if tag.startswith("multicenter") else tag.split("-", 1)[0]
+
+
+def knn_smooth(cells, proba, k=10, reference=20000, seed=0):
+    from sklearn.neighbors import NearestNeighbors
+
+    rng = np.random.default_rng(seed)
+    ref = rng.choice(len(cells), min(reference, len(cells)), replace=False)
+    _, nearest = NearestNeighbors(n_neighbors=k).fit(cells[ref]).kneighbors(cells)
+    return proba[ref][nearest].mean(axis=1)
+
+
+def combinations(meta, patient, parts) -> dict:
+    w = patient["companion_weight"]
+    marginal, companion = parts["marginal"], parts["companion"]
+    default = (1 - w) * marginal + w * companion
+    out = {"default": default, "companion": companion, "marginal": marginal,
+           "companion-when-pooling": default if meta["embedding_kept"] else companion,
+           "geometric": np.exp((1 - w) * np.log(marginal + 1e-6) + w * np.log(companion + 1e-6)),
+           "knn-smooth": knn_smooth(parts["cells"], default)}
+    from gating_core.priors import apply_prior_ratio, reestimate_prior
+
+    drawn, true = np.asarray(meta["class_prior"]), np.maximum(np.asarray(meta["true_prior"]), 1e-6)
+    if meta.get("class_balance", 0.0) > 0:  # a population-balanced draw: its prior, corrected
+        out["prior-corrected"] = apply_prior_ratio(default.copy(), (true / drawn).astype(np.float32))
+        out["prior-corrected-sqrt"] = apply_prior_ratio(default.copy(), np.sqrt(true / drawn).astype(np.float32))
+    out["em"] = apply_prior_ratio(default.copy(), (reestimate_prior(default[::10], drawn) / drawn).astype(np.float32))
+    for name in meta["alternatives"]:
+        out[name] = parts[name]
+        out[f"{name} + companion"] = (1 - w) * parts[name] + w * companion
+    return out
+
+
+def patient_score(proba, truth, metric: str) -> float:
+    predicted = np.argmax(proba, axis=1)
+    if metric == "accuracy":
+        return float(np.mean(predicted == truth))
+    f1 = []
+    for c in np.unique(truth[truth >= 0]):
+        tp = np.sum((predicted == c) & (truth == c))
+        f1.append(2 * tp / (np.sum(predicted == c) + np.sum(truth == c)))
+    return float(np.mean(f1))
+
+
+def score(folder: Path, metric: str) -> None:
+    results = {}  # protocol -> combination -> [per-patient scores]
+    for path in sorted(folder.glob("*.npz")):
+        archive = np.load(path)
+        meta = json.loads(str(archive["meta"]))
+        for patient in meta["patients"]:
+            prefix = patient["name"] + "/"
+            parts = {key[len(prefix):]: archive[key].astype(np.float32) for key in archive.files
+                     if key.startswith(prefix) and key != prefix + "truth"}
+            truth = archive[prefix + "truth"]
+            for name, proba in combinations(meta, patient, parts).items():
+                results.setdefault(protocol_of(path.stem), {}).setdefault(name, []).append(
+                    patient_score(proba, truth, metric))
+    protocols = list(results)
+    names = list(next(iter(results.values()))) if results else []
+    print(f"{metric}: mean / worst held-out patient")
+    print(f"{'':26s}" + "".join(f"{p:>26s}" for p in protocols))
+    for name in names:
+        cells = [results[p].get(name) for p in protocols]
+        print(f"{name:26s}" + "".join(f"{np.mean(c):>17.4f} / {np.min(c):.4f}" if c else " " * 26 for c in cells))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run_parser = sub.add_parser("run", help="fit every fold once and keep the held-out probabilities")
+    run_parser.add_argument("datasets", nargs="+", help="multicenter and/or sim:SEED")
+    run_parser.add_argument("--out", required=True, type=Path)
+    run_parser.add_argument("--class-balance", type=float, default=0.0,
+                            help="GatingModel's class_balance for every fold (default 0, the uniform draw)")
+    run_parser.add_argument("--alternatives", default=",".join(ALTERNATIVES),
+                            help=f"comma-separated, from {', '.join(ALTERNATIVES)} (empty: none)")
+    score_parser = sub.add_parser("score", help="mean / worst of each combination per protocol")
+    score_parser.add_argument("folder", type=Path)
+    score_parser.add_argument("--metric", choices=("accuracy", "macro-f1"), default="accuracy")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        run(args.datasets, args.out, [a for a in args.alternatives.split(",") if a], args.class_balance)
+    else:
+        score(args.folder, args.metric)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
