@@ -80,7 +80,7 @@ def training_rows(labels, n: int, rng: np.random.Generator, class_balance: float
         return np.arange(len(labels))
     if not class_balance:
         return np.sort(rng.choice(len(labels), n, replace=False))
-    names, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
+    _, codes, counts = np.unique(labels, return_inverse=True, return_counts=True)
     allocation = population_allocation(counts, n, class_balance)
     rows = [rng.choice(np.flatnonzero(codes == c), int(a), replace=False) for c, a in enumerate(allocation) if a]
     return np.sort(np.concatenate(rows))

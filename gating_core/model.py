@@ -112,8 +112,9 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         population in proportion to its share of the events), 1 the same number of cells from
         every population as far as its cells go, in between shares proportional to
         ``count ** (1 - class_balance)`` (:func:`~gating_core.digest.training_rows`). A rare
-        population (B or NK cells at 0.5%) brings 20 of 4,000 cells to a uniform draw, too few
-        for the model to draw its boundary on a center it has not seen.
+        population (B or NK cells at 0.5%) brings 20 of 4,000 cells to a uniform draw. Measured
+        on held-out centers, 1 raised macro-F1 where populations are rare and lowered accuracy
+        on the real data's batch protocol (README, "The method, as built"): an option.
     kernel_x : {"gaussian", "linear"}, default="gaussian"
         The cell kernels (see :class:`MarginalTransferClassifier`). "linear" (the JMLR
         flow-cytometry experiment): the embedding is the patient's mean standardised cell and
@@ -687,6 +688,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         self._check_fitted()
         clf = self.classifier_
         return {"method": self.method, "loss": self.loss, "kernel_x": self.kernel_x,
+                "class_balance": float(self.class_balance),
                 "task_similarity": self.task_similarity if self.method == "multitask" else None,
                 "channels": self.channels_, "markers": self.channel_markers_,
                 "populations": self.populations_, "training_patients": self.training_patients_,

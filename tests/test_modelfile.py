@@ -293,9 +293,11 @@ def test_a_file_written_before_class_balance_loads_as_a_uniform_draw(model_bytes
     arrays = _with_meta(model_bytes, drop)
     _save(tmp_path / "old.npz", arrays)
     assert GatingModel.load(tmp_path / "old.npz").class_balance == 0.0
+    assert GatingModel.load(tmp_path / "old.npz").describe()["class_balance"] == 0.0
     with_it = _with_meta(model_bytes, _set(["params", "class_balance"], 0.75))
     _save(tmp_path / "new.npz", with_it)
     assert GatingModel.load(tmp_path / "new.npz").class_balance == 0.75
+    assert GatingModel.load(tmp_path / "new.npz").describe()["class_balance"] == 0.75
 
 
 def test_missing_solver_arrays_are_named(model_bytes, tmp_path):

@@ -319,6 +319,8 @@ def run_train(args) -> int:
         print(f"sigma' (embedding, selected) = {model.selection_['bandwidth_embedding']:.4g}")
     elif getattr(model, "select_embedding_bandwidth", False) and info["bandwidth_p"] is None:
         print("sigma' (embedding): not used (the model gates without the patient's embedding)")
+    if info.get("class_balance"):
+        print(f"Training cells: population-balanced draw (class_balance = {info['class_balance']:g})")
     if info["cv_accuracy"] is not None:
         print(f"Cross-validated accuracy over patients: {info['cv_accuracy']:.4f}")
     if args.method == IW_METHOD:
