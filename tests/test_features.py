@@ -58,6 +58,25 @@ def test_embeddings_of_identical_samples_coincide_and_differ_for_shifted_ones():
     assert np.linalg.norm(embedder.transform(shifted) - embedder.transform(x)) > 0.05
 
 
+def test_mean_embedding_is_the_float64_embedding_to_1e_9_whatever_the_layout_and_chunks():
+    # Cosines in float32 for speed: the embedding must stay the float64 formula's, and the
+    # same cells must give the same bits through any layout or chunking the paths use.
+    rng = np.random.default_rng(5)
+    x = rng.normal(scale=1.5, size=(30_000, 12))
+    embedder = MeanEmbedding(128, 0.6, 12, random_state=2)  # narrow sigma': phases up to ~100
+    phases = x @ embedder.frequencies_
+    reference = np.concatenate([np.cos(phases).mean(axis=0), np.sin(phases).mean(axis=0)]) / np.sqrt(128)
+    psi = embedder.transform(x)
+    assert np.abs(psi - reference).max() < 1e-9
+    assert np.abs(reference).max() > 1e-3  # the tolerance is far below the entries themselves
+    np.testing.assert_array_equal(embedder.transform(np.asfortranarray(x)), psi)
+    np.testing.assert_array_equal(embedder.transform(np.hstack([x, x])[:, :12]), psi)  # a strided view
+    np.testing.assert_array_equal(embedder.transform(x.astype(np.float32)),
+                                  embedder.transform(x.astype(np.float32).astype(np.float64)))
+    chunked = embedder.transform(x, chunk_size=7_000)
+    np.testing.assert_allclose(chunked, psi, rtol=0, atol=1e-15)
+
+
 def test_content_subsample_is_invariant_to_cell_order():
     rng = np.random.default_rng(5)
     x = rng.normal(size=(10000, 4)).astype(np.float32)
