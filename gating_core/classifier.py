@@ -255,7 +255,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             stats = problem.statistics(features) if self.loss == "squared" else None
         return self.fit_prepared(problem, feature_map, features, stats, patient_groups)
 
-    def fit_prepared(self, problem, feature_map, features, stats=None, groups=None, warm_start=None):
+    def fit_prepared(self, problem, feature_map, features, stats=None, groups=None, warm_start=None, gtol=None):
         """Fit from a :class:`TrainingProblem` already built: what :meth:`fit` does once the
         features are computed.
 
@@ -273,6 +273,9 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             Center / batch / run of each real patient (calibration holds out whole groups).
         warm_start : (coef (D, k), intercept (k,)) or None
             Starting point of the logistic loss's iterations (ignored by the squared loss).
+        gtol : float or None
+            Where the logistic or hinge loss's L-BFGS stops (largest gradient entry); None:
+            :data:`gating_core.solvers.LBFGS_GTOL`, as :meth:`fit` does.
 
         Returns
         -------
@@ -287,7 +290,8 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         if self.loss == "squared":
             coef, intercept = self._ridge_fit(stats, range(n_rows))
         else:
-            coef, intercept = self._iterative_fit(features, targets, range(n_rows), n_classes, warm=warm_start)
+            coef, intercept = self._iterative_fit(features, targets, range(n_rows), n_classes, warm=warm_start,
+                                                  gtol=gtol)
         if self.patient_weighting == "agnostic":
             coef, intercept, weights = self._fit_agnostic(problem, stats, features, coef, intercept)
         coef, intercept = coef.astype(np.float32), intercept.astype(np.float32)
@@ -381,7 +385,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             return multitask_ridge_solve(stats, rows, weights, self.alpha, float(self.task_similarity))
         return RidgeStatistics.solve(stats.eigen(rows, weights), self.alpha)
 
-    def _iterative_fit(self, features, targets, rows, n_classes, weights=None, warm=None, max_iter=300):
+    def _iterative_fit(self, features, targets, rows, n_classes, weights=None, warm=None, max_iter=300, gtol=None):
         """The logistic or hinge loss's L-BFGS fit on training ``rows``."""
         rows = list(rows)
         w = np.ones(len(rows)) if weights is None else np.asarray(weights, dtype=np.float64)[rows]
@@ -391,7 +395,9 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             chosen = features  # every row in order: the solver reads the stacked store, no copy
         else:
             chosen = [features[i] for i in rows]
-        return solve(chosen, [targets[i] for i in rows], w, n_classes, self.alpha, warm=warm, max_iter=max_iter)
+        tolerance = {} if gtol is None else {"gtol": gtol}
+        return solve(chosen, [targets[i] for i in rows], w, n_classes, self.alpha, warm=warm, max_iter=max_iter,
+                     **tolerance)
 
     def _patient_losses(self, features, targets, coef, intercept):
         losses = np.empty(len(features))

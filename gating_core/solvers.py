@@ -176,7 +176,12 @@ def stacked_rows(features) -> np.ndarray:
     return np.vstack(list(features)).astype(np.float32)
 
 
-def fit_weighted_logistic(features, targets, patient_weights, n_classes, alpha, warm=None, max_iter=300):
+#: L-BFGS stops when no entry of the gradient exceeds this (scipy's ``gtol``).
+LBFGS_GTOL = 1e-6
+
+
+def fit_weighted_logistic(features, targets, patient_weights, n_classes, alpha, warm=None, max_iter=300,
+                          gtol=LBFGS_GTOL):
     """Multinomial logistic regression with patient weights and an L2 penalty.
 
     Minimises sum_i w_i mean_j CE(softmax(F_ij W + b), Y_ij) + alpha ||W||^2 (b unpenalised)
@@ -206,7 +211,7 @@ def fit_weighted_logistic(features, targets, patient_weights, n_classes, alpha, 
         grad_b = residual.sum(axis=0).astype(np.float64)
         return value, np.concatenate([grad_w.ravel(), grad_b])
 
-    return _minimise_linear(objective, dim, k, warm, max_iter)
+    return _minimise_linear(objective, dim, k, warm, max_iter, gtol)
 
 
 #: Width h of the Huber-smoothed hinge (Chapelle, Neural Computation 2007): the hinge
@@ -215,7 +220,7 @@ HINGE_SMOOTHING = 0.05
 
 
 def fit_weighted_hinge(features, targets, patient_weights, n_classes, alpha, warm=None, max_iter=300,
-                       smoothing=HINGE_SMOOTHING):
+                       smoothing=HINGE_SMOOTHING, gtol=LBFGS_GTOL):
     """Cost-sensitive linear SVM, one-vs-rest, with patient weights and an L2 penalty.
 
     Minimises sum_i w_i mean_j sum_c hinge(y_ijc s_ijc) + alpha ||W||^2 with s = F W + b
@@ -249,7 +254,7 @@ def fit_weighted_hinge(features, targets, patient_weights, n_classes, alpha, war
         grad_b = residual.sum(axis=0).astype(np.float64)
         return value, np.concatenate([grad_w.ravel(), grad_b])
 
-    return _minimise_linear(objective, dim, k, warm, max_iter)
+    return _minimise_linear(objective, dim, k, warm, max_iter, gtol)
 
 
 def multitask_ridge_solve(stats: RidgeStatistics, rows, weights, alpha: float, tau: float):
@@ -310,15 +315,16 @@ def fit_temperature(scores, targets) -> float:
     return float(np.exp(result.x))
 
 
-def _minimise_linear(objective, dim: int, k: int, warm, max_iter: int):
+def _minimise_linear(objective, dim: int, k: int, warm, max_iter: int, gtol: float = None):
     """L-BFGS on the flattened (W (dim, k), b (k,)) of a linear model, from zero or ``warm``;
-    ``objective(theta)`` returns the value and gradient. Returns W and b."""
+    ``objective(theta)`` returns the value and gradient; it stops when no gradient entry
+    exceeds ``gtol`` (default :data:`LBFGS_GTOL`). Returns W and b."""
     from scipy.optimize import minimize
 
     if warm is None:
         theta0 = np.zeros(dim * k + k)
     else:
         theta0 = np.concatenate([np.asarray(warm[0], dtype=np.float64).ravel(), np.asarray(warm[1], dtype=np.float64)])
-    result = minimize(objective, theta0, jac=True, method="L-BFGS-B", options={"maxiter": max_iter, "gtol": 1e-6})
+    result = minimize(objective, theta0, jac=True, method="L-BFGS-B", options={"maxiter": max_iter, "gtol": LBFGS_GTOL if gtol is None else gtol})
     theta = result.x
     return theta[: dim * k].reshape(dim, k), theta[dim * k:]

@@ -212,3 +212,29 @@ def test_a_fold_searches_on_the_seeded_subset_that_training_on_its_patients_woul
     everyone = fold_models(samples, labels, [[2]], settings, groups)[0]
     assert everyone.selection_["n_patients"] == 5
     assert everyone.selection_["table"] != first.selection_["table"]
+
+
+def test_logistic_folds_started_from_everyone_stop_at_the_fold_tolerance_and_predict_alike(cohort, monkeypatch):
+    import gating_core.held_out as held_out
+    from gating_core import solvers
+
+    samples, labels, groups = cohort
+    cells, embedding_cells, drawn = _standardised(samples, labels)
+    params = {**MarginalTransferClassifier().get_params(), "cells_per_patient": 1000, "n_features": 128,
+              "bandwidth_x": 2.0, "bandwidth_p": None, "alpha": 1e-5, "n_augment": 0, "loss": "logistic"}
+    kept_sets = [[1, 2, 3, 4, 5], [0, 1, 2, 3, 4]]
+    calls, minimise = [], solvers._minimise_linear
+
+    def spy(objective, dim, k, warm, max_iter, gtol=None):
+        calls.append((warm is not None, gtol))
+        return minimise(objective, dim, k, warm, max_iter, gtol)
+
+    monkeypatch.setattr(solvers, "_minimise_linear", spy)
+    loose = _SharedProblems(cells, drawn, embedding_cells, groups).fit_folds([params, params], kept_sets)
+    assert calls == [(False, solvers.LBFGS_GTOL), (True, held_out.FOLD_GTOL), (True, held_out.FOLD_GTOL)]  # everyone, then the folds
+    monkeypatch.setattr(held_out, "FOLD_GTOL", solvers.LBFGS_GTOL)
+    tight = _SharedProblems(cells, drawn, embedding_cells, groups).fit_folds([params, params], kept_sets)
+    for held, a, b in zip((0, 5), loose, tight):
+        assert not np.array_equal(a.coef_, b.coef_)  # the tolerance did stop the loose fit earlier
+        agreement = np.mean(a.predict(cells[held]) == b.predict(cells[held]))
+        assert agreement > 0.998, agreement
