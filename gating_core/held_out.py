@@ -38,7 +38,7 @@ from gating_core.priors import training_prior
 from gating_core.selection import problem_view
 from gating_core.training_problem import TrainingProblem
 
-#: Where a fold's logistic fit stops when it starts from the fit on all patients (the product's
+#: Where a fold's logistic (or hinge) fit stops when it starts from the fit on all patients (the product's
 #: fits stop at solvers.LBFGS_GTOL = 1e-6). That start differs from the fold's optimum by the
 #: held-out patients only; stopping at 1e-5 took the multicenter check's fold fits from 50-69
 #: iterations to 19-41 and left every held-out patient's accuracy within 1e-4 of the tighter

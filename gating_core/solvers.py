@@ -315,7 +315,7 @@ def fit_temperature(scores, targets) -> float:
     return float(np.exp(result.x))
 
 
-def _minimise_linear(objective, dim: int, k: int, warm, max_iter: int, gtol: float = None):
+def _minimise_linear(objective, dim: int, k: int, warm, max_iter: int, gtol: float | None = None):
     """L-BFGS on the flattened (W (dim, k), b (k,)) of a linear model, from zero or ``warm``;
     ``objective(theta)`` returns the value and gradient; it stops when no gradient entry
     exceeds ``gtol`` (default :data:`LBFGS_GTOL`). Returns W and b."""
