@@ -325,6 +325,7 @@ def _minimise_linear(objective, dim: int, k: int, warm, max_iter: int, gtol: flo
         theta0 = np.zeros(dim * k + k)
     else:
         theta0 = np.concatenate([np.asarray(warm[0], dtype=np.float64).ravel(), np.asarray(warm[1], dtype=np.float64)])
-    result = minimize(objective, theta0, jac=True, method="L-BFGS-B", options={"maxiter": max_iter, "gtol": LBFGS_GTOL if gtol is None else gtol})
+    options = {"maxiter": max_iter, "gtol": LBFGS_GTOL if gtol is None else gtol}
+    result = minimize(objective, theta0, jac=True, method="L-BFGS-B", options=options)
     theta = result.x
     return theta[: dim * k].reshape(dim, k), theta[dim * k:]
