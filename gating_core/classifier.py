@@ -34,8 +34,8 @@ except ImportError:  # scikit-learn < 1.6: the same check was a private method o
         return estimator._validate_data(X, y, **kwargs)
 
 from gating_core.features import KERNELS_X, LinearProductFeatures
-from gating_core.solvers import (RidgeStatistics, fit_temperature, fit_weighted_hinge, fit_weighted_logistic,
-                                 multitask_ridge_solve)
+from gating_core.solvers import (LBFGS_GTOL, RidgeStatistics, fit_temperature, fit_weighted_hinge,
+                                 fit_weighted_logistic, multitask_ridge_solve)
 from gating_core.training_problem import (LandmarkFeatures, TrainingProblem, _seed, cell_features, check_training_set,
                                           embed_cells)
 
@@ -395,9 +395,8 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             chosen = features  # every row in order: the solver reads the stacked store, no copy
         else:
             chosen = [features[i] for i in rows]
-        tolerance = {} if gtol is None else {"gtol": gtol}
         return solve(chosen, [targets[i] for i in rows], w, n_classes, self.alpha, warm=warm, max_iter=max_iter,
-                     **tolerance)
+                     gtol=LBFGS_GTOL if gtol is None else gtol)
 
     def _patient_losses(self, features, targets, coef, intercept):
         losses = np.empty(len(features))

@@ -315,17 +315,16 @@ def fit_temperature(scores, targets) -> float:
     return float(np.exp(result.x))
 
 
-def _minimise_linear(objective, dim: int, k: int, warm, max_iter: int, gtol: float | None = None):
+def _minimise_linear(objective, dim: int, k: int, warm, max_iter: int, gtol: float):
     """L-BFGS on the flattened (W (dim, k), b (k,)) of a linear model, from zero or ``warm``;
     ``objective(theta)`` returns the value and gradient; it stops when no gradient entry
-    exceeds ``gtol`` (default :data:`LBFGS_GTOL`). Returns W and b."""
+    exceeds ``gtol``. Returns W and b."""
     from scipy.optimize import minimize
 
     if warm is None:
         theta0 = np.zeros(dim * k + k)
     else:
         theta0 = np.concatenate([np.asarray(warm[0], dtype=np.float64).ravel(), np.asarray(warm[1], dtype=np.float64)])
-    options = {"maxiter": max_iter, "gtol": LBFGS_GTOL if gtol is None else gtol}
-    result = minimize(objective, theta0, jac=True, method="L-BFGS-B", options=options)
+    result = minimize(objective, theta0, jac=True, method="L-BFGS-B", options={"maxiter": max_iter, "gtol": gtol})
     theta = result.x
     return theta[: dim * k].reshape(dim, k), theta[dim * k:]

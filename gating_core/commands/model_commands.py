@@ -170,24 +170,22 @@ def _pooled_weight(text: str):
     return weight
 
 
-def _class_balance(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be a number within [0, 1], got {text!r}")
-    return value
+def _unit_interval(zero_allowed: bool):
+    """An argparse type: a number within [0, 1] (or (0, 1] when 0 is not allowed)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = float("nan")
+        if not (0.0 <= value if zero_allowed else 0.0 < value) or not value <= 1.0:
+            low = "[" if zero_allowed else "("
+            raise argparse.ArgumentTypeError(f"must be a number within {low}0, 1], got {text!r}")
+        return value
+    return parse
 
 
-def _task_similarity(text: str) -> float:
-    try:
-        tau = float(text)
-    except ValueError:
-        tau = float("nan")
-    if not 0.0 < tau <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be a number within (0, 1], got {text!r}")
-    return tau
+_class_balance = _unit_interval(zero_allowed=True)
+_task_similarity = _unit_interval(zero_allowed=False)
 
 
 def _model_params(args) -> dict:
