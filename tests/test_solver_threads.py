@@ -14,7 +14,7 @@ from gating_core import cpus, solvers
 
 
 def _problem(seed=0, patients=3, cells=7000, dim=24, k=4):
-    """Row counts that end inside a block (7,000 x 3 = 21,000 rows: two full blocks and a part)."""
+    """Row counts that end inside a block (7,000 x 3 = 21,000 rows)."""
     rng = np.random.default_rng(seed)
     centers = rng.normal(size=(k, dim)).astype(np.float32)
     features, targets = [], []
@@ -57,7 +57,12 @@ def test_the_blocked_objective_is_the_whole_objective():
     seen = {}
 
     def capture(objective, dim, k, warm, max_iter, gtol):
-        seen["value"], seen["grad"] = objective(np.concatenate([w.ravel(), b]))
+        theta = objective.centred(w, b)
+        back = objective.model(theta)
+        np.testing.assert_allclose(back[0], w, rtol=0, atol=0)
+        np.testing.assert_allclose(back[1], b, rtol=0, atol=1e-12)
+        seen["value"], seen["grad"] = objective(theta)
+        seen["centre"] = objective.centre
         return np.zeros((dim, k)), np.zeros(k)
 
     original = solvers._minimise_linear
@@ -66,6 +71,12 @@ def test_the_blocked_objective_is_the_whole_objective():
         solvers.fit_weighted_logistic(features, targets, weights, 3, alpha)
     finally:
         solvers._minimise_linear = original
-    assert len(solvers._RowBlocks(None, len(t), alpha, 6, 3).slices) == 3
+    blocks = solvers._RowBlocks(None, np.vstack(features), cell_w.astype(np.float32), alpha, 3)
+    assert len(blocks.slices) == -(-18000 // solvers.SOLVER_BLOCK_ROWS) > 1
+    np.testing.assert_allclose(seen["centre"], cell_w @ f / cell_w.sum(), rtol=1e-5)
+    # The value is the model's; the gradient is taken in the centred coordinates (W, c), b = c - m W.
     assert seen["value"] == pytest.approx(value, rel=1e-5)
-    np.testing.assert_allclose(seen["grad"][:18].reshape(6, 3), grad_w, rtol=1e-4, atol=1e-7)
+    grad_b = ((p - onehot) * cell_w[:, None]).sum(axis=0)
+    np.testing.assert_allclose(seen["grad"][18:], grad_b, rtol=1e-4, atol=1e-8)
+    np.testing.assert_allclose(seen["grad"][:18].reshape(6, 3), grad_w - np.outer(seen["centre"], grad_b),
+                               rtol=1e-4, atol=1e-7)
