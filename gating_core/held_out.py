@@ -31,6 +31,8 @@ from __future__ import annotations
 
 import copy
 
+import numpy as np
+
 from gating_core.classifier import MarginalTransferClassifier
 from gating_core.cpus import with_blas_threads
 from gating_core.model import METHODS, GatingModel
@@ -201,7 +203,10 @@ class _SharedProblems:
 
         fitted = [None] * len(fold_params)
         keys = [self._feature_key(p) for p in fold_params]
-        for key in sorted(set(keys)):
+        starts = {}  # feature key -> (coef, intercept) of the fit on all patients
+        # Bandwidths most folds chose first: a bandwidth only one fold chose starts from the fit
+        # on all patients at the nearest bandwidth computed before it, not from zero.
+        for key in sorted(set(keys), key=lambda key: (-keys.count(key), key)):
             folds = [f for f in range(len(fold_params)) if keys[f] == key]
             params = fold_params[folds[0]]
             problem = self._problem(params)
@@ -214,7 +219,9 @@ class _SharedProblems:
                 everyone = self._with_bandwidths(problem.subset(range(problem.n_patients)), key)
                 start = MarginalTransferClassifier(**params).fit_prepared(everyone, feature_map, features, None,
                                                                            self.groups)
-                start = (start.coef_, start.intercept_)
+                start = starts[key] = (start.coef_, start.intercept_)
+            elif not squared:
+                start = self._nearest_start(starts, key)
 
             def fit(f):
                 sub = self._with_bandwidths(problem.subset(kept_sets[f]), key)
@@ -236,6 +243,21 @@ class _SharedProblems:
                 fitted[f] = model
             features = stats = None  # freed before the next bandwidths' features
         return fitted
+
+    @staticmethod
+    def _nearest_start(starts: dict, key):
+        """The fit on all patients at the bandwidths nearest ``key``'s (log ratio), among those
+        of the same problem and feature count; None when there is none. Features at nearby
+        bandwidths share their random directions and phases, so that fit is closer to the
+        fold's solution than zero is."""
+        alike = [other for other in starts if other[:-2] == key[:-2] and (other[-1] is None) == (key[-1] is None)]
+        if not alike:
+            return None
+
+        def distance(other):
+            return sum(abs(np.log(a / b)) for a, b in zip(other[-2:], key[-2:]) if a is not None)
+
+        return starts[min(alike, key=distance)]
 
     @staticmethod
     def _with_bandwidths(problem, key):

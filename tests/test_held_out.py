@@ -238,3 +238,30 @@ def test_logistic_folds_started_from_everyone_stop_at_the_fold_tolerance_and_pre
         assert not np.array_equal(a.coef_, b.coef_)  # the tolerance did stop the loose fit earlier
         agreement = np.mean(a.predict(cells[held]) == b.predict(cells[held]))
         assert agreement > 0.998, agreement
+
+
+def test_a_bandwidth_one_fold_chose_starts_from_the_nearest_fit_on_everyone(cohort, monkeypatch):
+    from gating_core import solvers
+
+    samples, labels, groups = cohort
+    cells, embedding_cells, drawn = _standardised(samples, labels)
+    params = {**MarginalTransferClassifier().get_params(), "cells_per_patient": 1000, "n_features": 128,
+              "bandwidth_x": 2.0, "bandwidth_p": None, "alpha": 1e-5, "n_augment": 0, "loss": "logistic"}
+    alone = {**params, "bandwidth_x": 2.5}
+    far = {**params, "bandwidth_x": 8.0, "n_features": 64}  # another feature count: never a start
+    kept_sets = [[1, 2, 3, 4, 5], [0, 2, 3, 4, 5], [0, 1, 3, 4, 5], [0, 1, 2, 4, 5]]
+    calls, minimise = [], solvers._minimise_linear
+
+    def spy(objective, dim, k, warm, max_iter, gtol=None):
+        calls.append((dim, None if warm is None else np.asarray(warm[0]).copy()))
+        return minimise(objective, dim, k, warm, max_iter, gtol)
+
+    monkeypatch.setattr(solvers, "_minimise_linear", spy)
+    problems = _SharedProblems(cells, drawn, embedding_cells, groups)
+    fitted = problems.fit_folds([alone, params, far, params], kept_sets)
+    # The bandwidth two folds chose first: its fit on everyone (cold), then those two folds from it;
+    # then the fold at 2.5 from that fit; the fold with 64 features, which no fit shares, cold.
+    assert [warm is None for _, warm in calls] == [True, False, False, False, True]
+    assert [dim for dim, _ in calls] == [128, 128, 128, 128, 64]
+    np.testing.assert_array_equal(calls[1][1], calls[3][1])  # the 2.5 fold started where the 2.0 folds did
+    assert fitted[0].bandwidth_x_ == 2.5 and fitted[2].bandwidth_x_ == 8.0
