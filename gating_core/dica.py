@@ -35,6 +35,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import eigh
 
+from gating_core.cpus import one_blas_thread
 from gating_core.features import MeanEmbedding, median_pairwise_distance
 
 
@@ -147,7 +148,10 @@ class DICA:
         self.domain_variance_ = centred_means.T @ centred_means / len(domains)
         denominator = self.domain_variance_ + self.lam * np.eye(D)
         m = int(min(self.n_components, D))
-        values, vectors = eigh((numerator + numerator.T) / 2, denominator, subset_by_index=[D - m, D - 1])
+        # One BLAS thread: LAPACK's result moves in the last bits with the thread count (which
+        # follows the load average), and a refit must give the same projection.
+        with one_blas_thread():
+            values, vectors = eigh((numerator + numerator.T) / 2, denominator, subset_by_index=[D - m, D - 1])
         order = np.argsort(values)[::-1]
         vectors = vectors[:, order]
         # Eigenvectors are defined up to sign: make each one's largest entry positive, so that

@@ -170,3 +170,22 @@ def test_dica_pooling_in_evaluation():
     assert list(table["method"].unique()) == ["dica-pooling"] and len(table) == 3
     assert table["accuracy"].min() >= 0.85, table[["patient", "accuracy"]]
     assert table["novelty"].isna().all()
+
+
+@pytest.mark.parametrize("supervised", [True, False])
+def test_the_projection_does_not_depend_on_the_blas_thread_count(supervised):
+    """Training sizes BLAS from the load average, so two fits of the same patients may run on
+    one thread or two; they must give the same projection (LAPACK's generalised eigensolver
+    moved it by 5e-15 between 1 and 2 threads)."""
+    from gating_core import cpus
+
+    if cpus.current_blas_threads() is None:
+        pytest.skip("no BLAS loaded")
+    domains, labels, _, _ = _split(0)
+    projections = []
+    for threads in (1, 2, 1):
+        with cpus.blas_threads(threads):
+            projections.append(DICA(n_components=4, supervised=supervised).fit(
+                domains, labels if supervised else None).projection_)
+    np.testing.assert_array_equal(projections[0], projections[1])
+    np.testing.assert_array_equal(projections[0], projections[2])
