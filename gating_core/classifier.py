@@ -33,6 +33,7 @@ except ImportError:  # scikit-learn < 1.6: the same check was a private method o
     def validate_data(estimator, X, y="no_validation", **kwargs):
         return estimator._validate_data(X, y, **kwargs)
 
+from gating_core.cpus import one_blas_thread
 from gating_core.features import KERNELS_X, LinearProductFeatures
 from gating_core.solvers import (LBFGS_GTOL, RidgeStatistics, fit_temperature, fit_weighted_hinge,
                                  fit_weighted_logistic, multitask_ridge_solve)
@@ -463,9 +464,10 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
                                                       warm=start, max_iter=100)
             else:
                 coef, intercept = self._ridge_fit(stats, rows, weights)
-            for i in sorted(held):
-                scores.append(features[i] @ coef.astype(np.float32) + intercept.astype(np.float32))
-                held_targets.append(problem.targets[i])
+            with one_blas_thread():  # a small product's bits depend on BLAS's thread count
+                for i in sorted(held):
+                    scores.append(features[i] @ coef.astype(np.float32) + intercept.astype(np.float32))
+                    held_targets.append(problem.targets[i])
         return fit_temperature(scores, held_targets)
 
     # -- features and prediction ------------------------------------------------------------
@@ -555,8 +557,6 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         folded into the weights so that no extra pass over the features is needed.
         """
         from concurrent.futures import ThreadPoolExecutor
-
-        from gating_core.cpus import one_blas_thread
 
         fm = self.feature_map_
         phase = fm.patient_phase(embedding if self.use_embedding else None)

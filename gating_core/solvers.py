@@ -63,6 +63,18 @@ class RidgeStatistics:
         self.target_mean.append(t / n)
         return len(self.gram) - 1
 
+    @classmethod
+    def concatenate(cls, parts) -> "RidgeStatistics":
+        """One RidgeStatistics holding the rows of ``parts`` in order (all of one D and k)."""
+        out = cls(parts[0].n_features, parts[0].n_classes)
+        for part in parts:
+            for r in range(len(part.feature_mean)):
+                out.gram.append(part.gram._entries[r])
+                out.cross.append(part.cross._entries[r])
+                out.feature_mean.append(part.feature_mean[r])
+                out.target_mean.append(part.target_mean[r])
+        return out
+
     def eigen(self, patients, weights=None):
         """Eigendecomposition of the centred Gram matrix of ``patients``.
 

@@ -1,4 +1,5 @@
-"""The iterative solvers (logistic, hinge) fit the same model on any number of threads.
+"""A fit is the same bits on any number of BLAS threads: the iterative solvers (logistic,
+hinge), and the default model as a whole.
 
 Before their objective was summed over fixed row blocks, BLAS threaded the whole product and
 the fitted coefficients moved by about 2e-4 between one and two threads: a model trained from
@@ -80,3 +81,28 @@ def test_the_blocked_objective_is_the_whole_objective():
     np.testing.assert_allclose(seen["grad"][18:], grad_b, rtol=1e-4, atol=1e-8)
     np.testing.assert_allclose(seen["grad"][:18].reshape(6, 3), grad_w - np.outer(seen["centre"], grad_b),
                                rtol=1e-4, atol=1e-7)
+
+
+def test_the_default_model_is_the_same_bits_on_one_or_two_blas_threads(sample_data_dir, monkeypatch):
+    """Training sizes BLAS from the load average (cpus.idle_cpus), so the same command may run on
+    one thread today and two tomorrow. Small products (a patient's cells times the feature
+    weights, calibration scores), F^T F and the solvers' sums all moved with it by 1e-9 to 1e-3
+    before they were pinned to one BLAS thread per worker; the gates must not."""
+    if cpus.current_blas_threads() is None or cpus.current_blas_threads() < 2:
+        pytest.skip("BLAS runs one thread here")
+    from gating_core.fcs import read_fcs
+    from gating_core.inputs import load_labeled_input
+    from gating_core.model import GatingModel
+
+    samples, labels = zip(*(load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_0[1-6].fcs"))))
+    new = read_fcs(sample_data_dir / "new" / "new_patient_01.fcs")
+    fitted = {}
+    for threads in (1, 2):
+        monkeypatch.setattr(cpus, "idle_cpus", lambda usable=None, load=None, threads=threads: threads)
+        model = GatingModel(cells_per_patient=1000).fit(list(samples), list(labels))
+        fitted[threads] = (model, model.predict_proba(new))
+    (one, p1), (two, p2) = fitted[1], fitted[2]
+    assert one.selection_ == two.selection_
+    assert one.classifier_.temperature_ == two.classifier_.temperature_
+    np.testing.assert_array_equal(one.pooled_classifier_.coef_, two.pooled_classifier_.coef_)
+    np.testing.assert_array_equal(p1, p2)
