@@ -21,6 +21,11 @@ Alternative marginal models fitted on the fold's cells with the fold's selected 
 without augmentation), ``wide`` (1,024 features). The held-out patients' standardised cells are
 kept (float16) for the transductive rules below.
 
+Further models (``--alternatives``, session 10; :data:`EXTRAS`): ``companion-linear`` (the
+companion on [its random features, x / sqrt(d)]: a Gaussian + linear kernel), ``lda`` (its
+posteriors, blended with the default's at 0.25 and 0.5), ``marginal-plus-linear`` (the
+marginal model with x / sqrt(d) appended), each scored alone and in the default's blend.
+
 ``score`` prints mean / worst accuracy (``--metric macro-f1``: macro-F1) per protocol for:
 ``default`` (reproduces ``evaluate``), ``companion`` (= pooled-logistic), ``marginal`` (alone),
 each alternative alone and in the default's blend, ``companion-when-pooling`` (the companion
@@ -51,6 +56,67 @@ from gating_core.classifier import MarginalTransferClassifier  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
 
 ALTERNATIVES = ("logistic", "logistic-plain", "wide")
+#: Alternatives that are not a MarginalTransferClassifier refit (session 10): fitted by
+#: :func:`fit_extra` on the fold's cells, each a predict_proba(x, embedding) callable.
+#: ``companion-linear``: the pooled companion's logistic model (same random features, cells,
+#: 1/N patient weights, penalty) on [its random Fourier features of x, x / sqrt(d)]: the sum
+#: kernel k_Gauss(x, x') + <x, x'> / d, both parts about 1 on the diagonal of standardised cells.
+#: ``companion-linear-x1``: the same with x unscaled (<x, x'>, d times more weight on the linear
+#: part for the same penalty). ``companion-rff``: the refit without the linear columns (a check
+#: that the refit reproduces the companion). ``lda``: scikit-learn's LDA on the fold model's
+#: training cells (the same seeded class_balance=0 draws and standardisation as the ``lda``
+#: baseline of evaluation.py), its posteriors.
+#: ``marginal-plus-linear``: the default's marginal model (same product features, augmented
+#: copies, weights, penalty, calibration) with x / sqrt(d) appended to its features: the kernel
+#: k_P k_X + <x, x'> / d (a pooled linear part beside the patient-dependent Gaussian one).
+#: ``marginal-refit``: the same refit without the linear columns (the check).
+EXTRAS = ("companion-linear", "companion-linear-x1", "companion-rff", "lda", "marginal-plus-linear",
+          "marginal-refit")
+MARGINAL_EXTRAS = ("marginal-plus-linear", "marginal-refit")
+
+
+class AppendedLinear:
+    """A ProductRFF's features with the cells themselves, scaled, appended: (n, D + d)."""
+
+    def __init__(self, feature_map, scale):
+        self.feature_map, self.scale = feature_map, scale
+
+    def patient_phase(self, embedding):
+        return self.feature_map.patient_phase(embedding)
+
+    def transform(self, x, phase, out=None):
+        f = self.feature_map.transform(x, phase)
+        if self.scale is None:
+            return f
+        return np.hstack([f, np.asarray(x, dtype=np.float32) * np.float32(self.scale)])
+
+
+def fit_marginal_extra(name, model, cells, labels, embedding_cells):
+    from gating_core.training_problem import TrainingProblem, cell_features
+
+    base = model.classifier_
+    clf = MarginalTransferClassifier(**base.get_params())
+    problem = TrainingProblem(clf, cells, labels, embedding_cells, model.groups_)
+    fm = AppendedLinear(problem.feature_map(problem.bandwidth_x, problem.bandwidth_p),
+                        1.0 / np.sqrt(base.n_features_in_) if name == "marginal-plus-linear" else None)
+
+    class Rows:  # computed when read: all rows at once would take N x 5 x 4000 x (D + d) floats
+        def __len__(self):
+            return len(problem.cells)
+
+        def __getitem__(self, r):
+            return cell_features(fm, problem.cells[r], problem.embeddings[r], True)
+
+    features = Rows()
+    clf.fit_prepared(problem, fm, features, problem.statistics(features), model.groups_)
+    coef, intercept, temperature = clf.coef_, clf.intercept_, np.float32(clf.temperature_)
+
+    def proba(x, embedding):
+        s = (cell_features(fm, x, embedding, True) @ coef + intercept) * temperature
+        s -= s.max(axis=1, keepdims=True)
+        np.exp(s, out=s)
+        return s / s.sum(axis=1, keepdims=True)
+    return proba
 
 
 def alternative_params(name: str, fitted: MarginalTransferClassifier) -> dict:
@@ -62,6 +128,53 @@ def alternative_params(name: str, fitted: MarginalTransferClassifier) -> dict:
     if name == "wide":
         return {**base, "n_features": 2 * base["n_features"]}
     raise ValueError(f"unknown alternative {name!r}")
+
+
+def fit_extra(name, model, cells, labels, embedding_cells):
+    """One of :data:`EXTRAS` fitted on the fold's cells: a callable (x, embedding) -> proba
+    (n, k) in ``model.populations_`` order."""
+    populations = [str(c) for c in model.classifier_.classes_]
+    if name in MARGINAL_EXTRAS:
+        return fit_marginal_extra(name, model, cells, labels, embedding_cells)
+    if name == "lda":
+        from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+
+        lda = LinearDiscriminantAnalysis().fit(np.vstack(cells), np.concatenate(labels).astype(str))
+        order = [list(lda.classes_).index(c) if c in lda.classes_ else -1 for c in populations]
+
+        def lda_proba(x, embedding):
+            p = lda.predict_proba(x)
+            return np.stack([p[:, j] if j >= 0 else np.zeros(len(x)) for j in order], axis=1)
+        return lda_proba
+    from gating_core.solvers import fit_weighted_logistic
+    from gating_core.training_problem import TrainingProblem, cell_features
+
+    companion = model.pooled_classifier_
+    if companion is None:
+        raise ValueError("the fold's model has no pooled companion")
+    fm = companion.feature_map_
+    scale = {"companion-linear": 1.0 / np.sqrt(companion.n_features_in_), "companion-linear-x1": 1.0,
+             "companion-rff": None}[name]
+
+    def features(x):
+        f = cell_features(fm, x, None, use_embedding=False)
+        if scale is None:
+            return f
+        return np.hstack([f, np.asarray(x, dtype=np.float32) * np.float32(scale)])
+
+    problem = TrainingProblem(companion, cells, labels, embedding_cells, model.groups_)
+    assert [str(c) for c in problem.classes] == populations
+    rows = [features(x) for x in problem.cells]
+    weights = np.full(len(rows), 1.0 / len(rows))
+    coef, intercept = fit_weighted_logistic(rows, problem.targets, weights, len(populations), companion.alpha)
+    coef, intercept = coef.astype(np.float32), intercept.astype(np.float32)
+
+    def proba(x, embedding):
+        s = features(x) @ coef + intercept
+        s -= s.max(axis=1, keepdims=True)
+        np.exp(s, out=s)
+        return s / s.sum(axis=1, keepdims=True)
+    return proba
 
 
 def multicenter_folds():
@@ -92,7 +205,10 @@ def run_fold(path: Path, train, test, groups, alternatives, class_balance=0.0) -
     model.fit_digests(digests, groups=groups)
     cells, embedding_cells, labels = model.prepare_digests(digests)
     fitted = {name: MarginalTransferClassifier(**alternative_params(name, model.classifier_)).fit(
-        cells, labels, embedding_samples=embedding_cells, groups=model.groups_) for name in alternatives}
+        cells, labels, embedding_samples=embedding_cells, groups=model.groups_)
+        for name in alternatives if name not in EXTRAS}
+    fitted.update({name: fit_extra(name, model, cells, labels, embedding_cells)
+                   for name in alternatives if name in EXTRAS})
     populations = list(model.populations_)
     arrays, patients = {}, []
     for sample, truth in test:
@@ -107,7 +223,8 @@ def run_fold(path: Path, train, test, groups, alternatives, class_balance=0.0) -
         arrays[f"{key}/marginal"] = model.classifier_.predict_proba(x, embedding).astype(np.float16)
         arrays[f"{key}/companion"] = model.pooled_classifier_.predict_proba(x, embedding).astype(np.float16)
         for name, clf in fitted.items():
-            arrays[f"{key}/{name}"] = clf.predict_proba(x, embedding).astype(np.float16)
+            proba = clf(x, embedding) if callable(clf) else clf.predict_proba(x, embedding)
+            arrays[f"{key}/{name}"] = proba.astype(np.float16)
         patients.append({"name": key, "companion_weight": model.companion_weight(embedding),
                          "novelty": model.novelty(sample, embedding).score})
     # The prior the model learned under (its drawn cells) and the training patients' own one.
@@ -154,14 +271,15 @@ def knn_smooth(cells, proba, k=10, reference=20000, seed=0):
     return proba[ref][nearest].mean(axis=1)
 
 
-def combinations(meta, patient, parts) -> dict:
+def combinations(meta, patient, parts, fast=False) -> dict:
     w = patient["companion_weight"]
     marginal, companion = parts["marginal"], parts["companion"]
     default = (1 - w) * marginal + w * companion
     out = {"default": default, "companion": companion, "marginal": marginal,
            "companion-when-pooling": default if meta["embedding_kept"] else companion,
-           "geometric": np.exp((1 - w) * np.log(marginal + 1e-6) + w * np.log(companion + 1e-6)),
-           "knn-smooth": knn_smooth(parts["cells"], default)}
+           "geometric": np.exp((1 - w) * np.log(marginal + 1e-6) + w * np.log(companion + 1e-6))}
+    if not fast:
+        out["knn-smooth"] = knn_smooth(parts["cells"], default)
     from gating_core.priors import apply_prior_ratio, reestimate_prior
 
     drawn, true = np.asarray(meta["class_prior"]), np.maximum(np.asarray(meta["true_prior"]), 1e-6)
@@ -171,7 +289,17 @@ def combinations(meta, patient, parts) -> dict:
     out["em"] = apply_prior_ratio(default.copy(), (reestimate_prior(default[::10], drawn) / drawn).astype(np.float32))
     for name in meta["alternatives"]:
         out[name] = parts[name]
-        out[f"{name} + companion"] = (1 - w) * parts[name] + w * companion
+        if name == "lda":  # the default's probabilities blended with LDA's posteriors
+            for share in (0.25, 0.5):
+                out[f"default + lda {share}"] = (1 - share) * default + share * parts[name]
+        elif name in MARGINAL_EXTRAS:  # a marginal model in place of the default's, the same w
+            out[f"{name} + companion"] = (1 - w) * parts[name] + w * companion
+            if "companion-linear" in parts:
+                out[f"{name} + companion-linear"] = (1 - w) * parts[name] + w * parts["companion-linear"]
+        elif name in EXTRAS:  # a companion in place of the default's, the same weight w
+            out[f"marginal + {name}"] = (1 - w) * marginal + w * parts[name]
+        else:
+            out[f"{name} + companion"] = (1 - w) * parts[name] + w * companion
     return out
 
 
@@ -186,7 +314,7 @@ def patient_score(proba, truth, metric: str) -> float:
     return float(np.mean(f1))
 
 
-def score(folder: Path, metric: str) -> None:
+def score(folder: Path, metric: str, fast=False) -> None:
     results = {}  # protocol -> combination -> [per-patient scores]
     for path in sorted(folder.glob("*.npz")):
         archive = np.load(path)
@@ -196,7 +324,7 @@ def score(folder: Path, metric: str) -> None:
             parts = {key[len(prefix):]: archive[key].astype(np.float32) for key in archive.files
                      if key.startswith(prefix) and key != prefix + "truth"}
             truth = archive[prefix + "truth"]
-            for name, proba in combinations(meta, patient, parts).items():
+            for name, proba in combinations(meta, patient, parts, fast).items():
                 results.setdefault(protocol_of(path.stem), {}).setdefault(name, []).append(
                     patient_score(proba, truth, metric))
     protocols = list(results)
@@ -217,15 +345,16 @@ def main(argv=None) -> int:
     run_parser.add_argument("--class-balance", type=float, default=0.0,
                             help="GatingModel's class_balance for every fold (default 0, the uniform draw)")
     run_parser.add_argument("--alternatives", default=",".join(ALTERNATIVES),
-                            help=f"comma-separated, from {', '.join(ALTERNATIVES)} (empty: none)")
+                            help=f"comma-separated, from {', '.join(ALTERNATIVES + EXTRAS)} (empty: none)")
     score_parser = sub.add_parser("score", help="mean / worst of each combination per protocol")
     score_parser.add_argument("folder", type=Path)
     score_parser.add_argument("--metric", choices=("accuracy", "macro-f1"), default="accuracy")
+    score_parser.add_argument("--fast", action="store_true", help="skip knn-smooth (a neighbour search per patient)")
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args.datasets, args.out, [a for a in args.alternatives.split(",") if a], args.class_balance)
     else:
-        score(args.folder, args.metric)
+        score(args.folder, args.metric, args.fast)
     return 0
 
 
