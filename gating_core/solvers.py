@@ -76,10 +76,37 @@ class RidgeStatistics:
         return out
 
     def eigen(self, patients, weights=None):
-        """Eigendecomposition of the centred Gram matrix of ``patients``.
+        """Eigendecomposition of the centred Gram matrix of ``patients``, for :meth:`solve` at
+        any penalty.
 
         ``weights`` (one per patient index, any scale) weigh the patients; default: equal.
         """
+        g_c, b_c, mu, t = self._centred(patients, weights)
+        if len(g_c) <= SINGLE_THREAD_EIGEN:
+            # A few-hundred-wide eigendecomposition gains nothing from threads, and beside other
+            # CPU-bound work their waiting made it 12x slower (0.35 s against 0.03 s at 256).
+            with one_blas_thread():
+                values, vectors = eigh(g_c, driver="evd")
+        else:
+            values, vectors = eigh(g_c, driver="evd")
+        return np.maximum(values, 0.0), vectors, vectors.T @ b_c, mu, t
+
+    def fit(self, patients, alpha: float, weights=None):
+        """Coefficients (D, k) and intercept (k,) of the ridge fit on ``patients`` at one penalty
+        ``alpha`` > 0: :meth:`solve` of :meth:`eigen`, by a Cholesky factorisation (15x faster
+        than the eigendecomposition at D = 513: 1.5 ms against 22 ms; a fit and its
+        calibration's five folds are six of them). Same solution up to rounding (1e-10)."""
+        from scipy.linalg import cho_factor, cho_solve
+
+        g_c, b_c, mu, t = self._centred(patients, weights)
+        g_c[np.diag_indices_from(g_c)] += alpha
+        with one_blas_thread():
+            coef = cho_solve(cho_factor(g_c, lower=True, check_finite=False), b_c, check_finite=False)
+        return coef, t - mu @ coef
+
+    def _centred(self, patients, weights=None):
+        """The centred Gram (D, D) and cross (D, k) statistics of ``patients``, and the means of
+        their features (D,) and targets (k,)."""
         patients = list(patients)
         if weights is None and 2 * len(patients) > len(self.gram) and len(set(patients)) == len(patients):
             # Equal weights over most patients: the totals minus the few left out (a fold).
@@ -96,16 +123,7 @@ class RidgeStatistics:
             mu = sum(wi * self.feature_mean[i] for wi, i in zip(w, patients))
             b = sum(wi * self.cross[i] for wi, i in zip(w, patients))
             t = sum(wi * self.target_mean[i] for wi, i in zip(w, patients))
-        g_c = g - np.outer(mu, mu)
-        b_c = b - np.outer(mu, t)
-        if len(g_c) <= SINGLE_THREAD_EIGEN:
-            # A few-hundred-wide eigendecomposition gains nothing from threads, and beside other
-            # CPU-bound work their waiting made it 12x slower (0.35 s against 0.03 s at 256).
-            with one_blas_thread():
-                values, vectors = eigh(g_c, driver="evd")
-        else:
-            values, vectors = eigh(g_c, driver="evd")
-        return np.maximum(values, 0.0), vectors, vectors.T @ b_c, mu, t
+        return g - np.outer(mu, mu), b - np.outer(mu, t), mu, t
 
     def _totals(self):
         """Sums over every patient of the four statistics, kept until a patient is added."""

@@ -542,6 +542,28 @@ def _tiny_statistics(rng, n_tasks=3, dim=4, k=2):
     return stats, features, targets
 
 
+def test_the_one_penalty_ridge_fit_is_the_weighted_ridge_solution():
+    """RidgeStatistics.fit (a Cholesky solve) against the closed form on the stacked cells:
+    minimise sum_i a_i mean_j ||F_ij W + b - Y_ij||^2 + alpha ||W||^2, b free."""
+    rng = np.random.default_rng(5)
+    stats, features, targets = _tiny_statistics(rng, n_tasks=4)
+    alpha = 0.05
+    for rows, weights in (([0, 1, 2], None), ([0, 1, 2, 3], np.array([0.1, 0.2, 0.3, 0.4])), ([1, 3], None)):
+        a = np.ones(len(rows)) if weights is None else weights[rows]
+        a = a / a.sum()
+        cell_w = np.concatenate([np.full(len(features[r]), ai / len(features[r])) for ai, r in zip(a, rows)])
+        f, y = np.vstack([features[r] for r in rows]), np.vstack([targets[r] for r in rows])
+        mu, t = cell_w @ f, cell_w @ y
+        fc = f - mu
+        expected = np.linalg.solve(fc.T @ (fc * cell_w[:, None]) + alpha * np.eye(f.shape[1]),
+                                   fc.T @ ((y - t) * cell_w[:, None]))
+        coef, intercept = stats.fit(rows, alpha, weights)
+        np.testing.assert_allclose(coef, expected, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(intercept, t - mu @ expected, rtol=1e-9, atol=1e-12)
+        eigen_coef, eigen_intercept = type(stats).solve(stats.eigen(rows, weights), alpha)
+        np.testing.assert_allclose(coef, eigen_coef, rtol=1e-9, atol=1e-12)
+
+
 def test_multitask_solve_equals_ridge_on_the_explicit_multitask_features():
     from gating_core.solvers import multitask_ridge_solve
 
