@@ -32,7 +32,9 @@ each alternative alone and in the default's blend, ``companion-when-pooling`` (t
 alone where selection dropped the embedding), ``geometric`` (blend of log-probabilities) and
 ``knn-smooth`` (each cell's blended probabilities averaged over its 10 nearest neighbours
 among 20,000 of the patient's own cells: the cluster assumption, applied transductively),
-``em`` (the patient's population shares re-estimated by EM from its own cells, Saerens et al.
+``entropy-weight`` (the companion's share h_m / (h_m + h_c) from the two parts' mean entropy
+on the patient's cells; ``+ fade``: averaged with the default's weight; ``surer model``: the part
+with the lower entropy alone), ``em`` (the patient's population shares re-estimated by EM from its own cells, Saerens et al.
 2002) and, for a model trained on population-balanced draws, ``prior-corrected`` (posteriors
 moved back to the training patients' own shares; ``-sqrt``: half way, in log).
 
@@ -271,6 +273,11 @@ def knn_smooth(cells, proba, k=10, reference=20000, seed=0):
     return proba[ref][nearest].mean(axis=1)
 
 
+def mean_entropy(proba) -> float:
+    p = np.clip(proba, 1e-9, 1.0)
+    return float(-(p * np.log(p)).sum(axis=1).mean())
+
+
 def combinations(meta, patient, parts, fast=False) -> dict:
     w = patient["companion_weight"]
     marginal, companion = parts["marginal"], parts["companion"]
@@ -278,6 +285,14 @@ def combinations(meta, patient, parts, fast=False) -> dict:
     out = {"default": default, "companion": companion, "marginal": marginal,
            "companion-when-pooling": default if meta["embedding_kept"] else companion,
            "geometric": np.exp((1 - w) * np.log(marginal + 1e-6) + w * np.log(companion + 1e-6))}
+    # The companion's share from the two models' confidence on this patient's own cells: the
+    # larger, the less sure the marginal model is (mean entropy of its probabilities).
+    h_marginal, h_companion = mean_entropy(marginal), mean_entropy(companion)
+    share = h_marginal / max(h_marginal + h_companion, 1e-12)
+    out["entropy-weight"] = (1 - share) * marginal + share * companion
+    both = 0.5 * (share + w)
+    out["entropy-weight + fade"] = (1 - both) * marginal + both * companion
+    out["surer model"] = marginal if h_marginal < h_companion else companion
     if not fast:
         out["knn-smooth"] = knn_smooth(parts["cells"], default)
     from gating_core.priors import apply_prior_ratio, reestimate_prior
