@@ -384,9 +384,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
     def _ridge_fit(self, stats, rows, weights=None):
         if self.task_similarity is not None:
             return multitask_ridge_solve(stats, rows, weights, self.alpha, float(self.task_similarity))
-        if self.alpha > 0:
-            return stats.fit(rows, self.alpha, weights)
-        return RidgeStatistics.solve(stats.eigen(rows, weights), self.alpha)
+        return stats.fit(rows, self.alpha, weights)
 
     def _iterative_fit(self, features, targets, rows, n_classes, weights=None, warm=None, max_iter=300, gtol=None):
         """The logistic or hinge loss's L-BFGS fit on training ``rows``."""

@@ -20,6 +20,10 @@ from gating_core.cpus import one_blas_thread
 
 #: Eigendecompositions up to this width run on one BLAS thread (see RidgeStatistics.eigen).
 SINGLE_THREAD_EIGEN = 512
+#: A ridge fit at one penalty factorises (Cholesky) when the penalty is at least this times the
+#: centred Gram's mean diagonal, else it decomposes (see RidgeStatistics.fit). Float32 Grams
+#: carry rounding of about 1e-7 of their scale: 1e-3 leaves it four orders below the penalty.
+CHOLESKY_MIN_PENALTY = 1e-3
 
 
 class RidgeStatistics:
@@ -81,7 +85,10 @@ class RidgeStatistics:
 
         ``weights`` (one per patient index, any scale) weigh the patients; default: equal.
         """
-        g_c, b_c, mu, t = self._centred(patients, weights)
+        return self._decomposed(*self._centred(patients, weights))
+
+    @staticmethod
+    def _decomposed(g_c, b_c, mu, t):
         if len(g_c) <= SINGLE_THREAD_EIGEN:
             # A few-hundred-wide eigendecomposition gains nothing from threads, and beside other
             # CPU-bound work their waiting made it 12x slower (0.35 s against 0.03 s at 256).
@@ -93,16 +100,28 @@ class RidgeStatistics:
 
     def fit(self, patients, alpha: float, weights=None):
         """Coefficients (D, k) and intercept (k,) of the ridge fit on ``patients`` at one penalty
-        ``alpha`` > 0: :meth:`solve` of :meth:`eigen`, by a Cholesky factorisation (15x faster
-        than the eigendecomposition at D = 513: 1.5 ms against 22 ms; a fit and its
-        calibration's five folds are six of them). Same solution up to rounding (1e-10)."""
-        from scipy.linalg import cho_factor, cho_solve
+        ``alpha``: :meth:`solve` of :meth:`eigen`, by a Cholesky factorisation where ``alpha``
+        dominates the Gram matrix's rounding (15x faster than the eigendecomposition at
+        D = 513: 1.5 ms against 22 ms; a fit and its calibration's five folds are six of them;
+        the same solution to 1e-10).
+
+        The Gram matrices are float32 sums, so the centred Gram's smallest eigenvalues are
+        rounding, some of them negative; :meth:`eigen` clips those at zero. Below
+        ``CHOLESKY_MIN_PENALTY`` times the mean diagonal the penalty would not hide them (the
+        factorisation fails, or answers along those directions differently): eigen then."""
+        from scipy.linalg import LinAlgError, cho_factor, cho_solve
 
         g_c, b_c, mu, t = self._centred(patients, weights)
-        g_c[np.diag_indices_from(g_c)] += alpha
-        with one_blas_thread():
-            coef = cho_solve(cho_factor(g_c, lower=True, check_finite=False), b_c, check_finite=False)
-        return coef, t - mu @ coef
+        diagonal = np.diag_indices_from(g_c)
+        if alpha >= CHOLESKY_MIN_PENALTY * max(float(np.mean(g_c[diagonal])), 0.0) and alpha > 0:
+            g_c[diagonal] += alpha
+            try:
+                with one_blas_thread():
+                    coef = cho_solve(cho_factor(g_c, lower=True, check_finite=False), b_c, check_finite=False)
+                return coef, t - mu @ coef
+            except LinAlgError:
+                g_c[diagonal] -= alpha
+        return self.solve(self._decomposed(g_c, b_c, mu, t), alpha)
 
     def _centred(self, patients, weights=None):
         """The centred Gram (D, D) and cross (D, k) statistics of ``patients``, and the means of

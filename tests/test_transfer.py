@@ -564,6 +564,24 @@ def test_the_one_penalty_ridge_fit_is_the_weighted_ridge_solution():
         np.testing.assert_allclose(coef, eigen_coef, rtol=1e-9, atol=1e-12)
 
 
+def test_a_penalty_below_the_grams_rounding_takes_the_eigendecomposition():
+    """Duplicate float32 feature columns make the centred Gram singular up to rounding; at a
+    penalty far below that rounding the Cholesky route would fail or differ, so the fit is the
+    eigendecomposition's (negative rounding eigenvalues clipped at zero), to the bit."""
+    from gating_core.solvers import RidgeStatistics
+
+    rng = np.random.default_rng(9)
+    stats = RidgeStatistics(6, 2)
+    for _ in range(3):
+        f = rng.normal(size=(40, 3)).astype(np.float32)
+        stats.add_patient([np.hstack([f, f])], [np.eye(2, dtype=np.float32)[rng.integers(0, 2, 40)]])
+    for alpha in (1e-12, 1e-9):
+        coef, intercept = stats.fit([0, 1, 2], alpha)
+        expected = RidgeStatistics.solve(stats.eigen([0, 1, 2]), alpha)
+        np.testing.assert_array_equal(coef, expected[0])
+        np.testing.assert_array_equal(intercept, expected[1])
+
+
 def test_multitask_solve_equals_ridge_on_the_explicit_multitask_features():
     from gating_core.solvers import multitask_ridge_solve
 
