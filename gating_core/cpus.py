@@ -147,14 +147,19 @@ def _recent_cgroup_limit() -> float | None:
 
 def idle_cpus(usable: int | None = None, load: float | None = None) -> int:
     """Usable CPUs not already kept busy by other work, judged by the 1-minute load average
-    (``load`` replaces it for testing): at least 1, at most :func:`usable_cpus`."""
+    (``load`` replaces it for testing): at least 1, at most :func:`usable_cpus`.
+
+    The load counts this process's own work too (about 1 while it computes), hence the + 1;
+    a CPU counts as busy once more than half of one is taken. Rounding down instead made a
+    training run on an otherwise idle 2-CPU machine (load 1.1: itself and a little background)
+    take one BLAS thread of two. The fitted model does not depend on the count."""
     usable = usable_cpus() if usable is None else usable
     if load is None:
         try:
             load = os.getloadavg()[0]
         except (AttributeError, OSError):
             return usable
-    return max(1, min(usable, math.floor(usable - load + 1 + 1e-9)))
+    return max(1, min(usable, math.floor(usable - load + 1.5)))
 
 
 def current_blas_threads() -> int | None:

@@ -74,6 +74,8 @@ def test_usable_cpus_follows_this_process_affinity():
 def test_idle_cpus_leaves_the_busy_ones():
     assert cpus.idle_cpus(usable=2, load=0.2) == 2
     assert cpus.idle_cpus(usable=2, load=1.0) == 2   # our own run counts in the load
+    assert cpus.idle_cpus(usable=2, load=1.4) == 2   # ... with a little background beside it
+    assert cpus.idle_cpus(usable=2, load=1.6) == 1   # more than half a CPU taken by others
     assert cpus.idle_cpus(usable=2, load=2.5) == 1
     assert cpus.idle_cpus(usable=8, load=4.0) == 5
     assert cpus.idle_cpus(usable=2, load=11.0) == 1
