@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 from scipy.linalg import cho_factor, cho_solve, eigh
 
-from gating_core.cpus import with_blas_threads
+from gating_core.cpus import one_blas_thread
 from gating_core.features import median_pairwise_distance
 
 #: Eigenvalues of K_mm below this fraction of the largest are dropped (pseudo-inverse).
@@ -99,7 +99,6 @@ class ImportanceWeightedNystroemKRR:
         self.max_weight_cells = max_weight_cells
         self.random_state = random_state
 
-    @with_blas_threads  # BLAS sized from the free CPUs: oversubscribed, the weight classifier took 50x longer
     def fit(self, cells, labels, new_cells, weights=None):
         """Fit for one new patient.
 
@@ -111,6 +110,15 @@ class ImportanceWeightedNystroemKRR:
         weights : ndarray (n,) or None; given weights (e.g. the true density ratio in a
             simulation) instead of estimating them
         """
+        # One BLAS thread: the refit is part of gating, and the same file must be gated the same
+        # whatever the load (on two threads, sized from the load average, the weight classifier
+        # and the solve moved a cell's confidence by 4e-3); beside other work two threads were
+        # also slower (oversubscribed, the weight classifier took 50x longer; on the sample data
+        # under load 2: 8.1-9.8 s a patient against 3.5 s on one).
+        with one_blas_thread():
+            return self._fit(cells, labels, new_cells, weights)
+
+    def _fit(self, cells, labels, new_cells, weights):
         x, new = self._checked(cells, new_cells)
         labels = np.asarray(labels)
         if labels.shape != (len(x),):

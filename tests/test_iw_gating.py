@@ -194,3 +194,20 @@ def test_evaluate_refits_iw_nystroem_on_each_fold_beside_the_baselines(monkeypat
     # measured 1.0000, 0.9983, 1.0000 (LDA in the same run: 0.9993, 1.0000, 0.9990)
     assert iw["accuracy"].min() >= 0.99, iw["accuracy"]
     assert iw["novelty"].notna().all()
+
+
+def test_the_refit_gates_the_same_on_one_or_two_blas_threads(small_model, sample_data_dir, monkeypatch):
+    """The per-patient refit is part of gating: the same file gates the same whatever BLAS's
+    thread count (sized from the load average elsewhere; a cell's confidence moved by 4e-3)."""
+    from gating_core import cpus
+
+    if cpus.current_blas_threads() is None or cpus.current_blas_threads() < 2:
+        pytest.skip("BLAS runs one thread here")
+    sample = read_fcs(sample_data_dir / "new" / "new_patient_01.fcs")
+    gated = []
+    for threads in (2, 1):
+        monkeypatch.setattr(cpus, "idle_cpus", lambda usable=None, load=None, threads=threads: threads)
+        with cpus.blas_threads(threads):
+            gated.append(small_model.gate(sample))
+    np.testing.assert_array_equal(gated[0].populations, gated[1].populations)
+    np.testing.assert_array_equal(gated[0].confidence, gated[1].confidence)
