@@ -18,7 +18,8 @@ alternative marginal models fitted on the same cells, and scores combinations of
 
 Alternative marginal models fitted on the fold's cells with the fold's selected bandwidths:
 ``logistic`` (the logistic loss, lambda 1e-5, with augmentation), ``logistic-plain`` (the same
-without augmentation), ``wide`` (1,024 features). The held-out patients' standardised cells are
+without augmentation), ``wide`` (1,024 features), ``companion-sx`` / ``wider-sx`` (the marginal
+model at the companion's selected sigma_X / at the wider of the two models' sigma_X). The held-out patients' standardised cells are
 kept (float16) for the transductive rules below.
 
 Further models (``--alternatives``, session 10; :data:`EXTRAS`): ``companion-linear`` (the
@@ -57,7 +58,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gating_core.classifier import MarginalTransferClassifier  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
 
-ALTERNATIVES = ("logistic", "logistic-plain", "wide")
+ALTERNATIVES = ("logistic", "logistic-plain", "wide", "companion-sx", "wider-sx")
+#: What ``run`` fits when ``--alternatives`` is not given (the tables of session 9).
+DEFAULT_ALTERNATIVES = ("logistic", "logistic-plain", "wide")
 #: Alternatives that are not a MarginalTransferClassifier refit (session 10): fitted by
 #: :func:`fit_extra` on the fold's cells, each a predict_proba(x, embedding) callable.
 #: ``companion-linear``: the pooled companion's logistic model (same random features, cells,
@@ -121,8 +124,13 @@ def fit_marginal_extra(name, model, cells, labels, embedding_cells):
     return proba
 
 
-def alternative_params(name: str, fitted: MarginalTransferClassifier) -> dict:
+def alternative_params(name: str, fitted: MarginalTransferClassifier, model=None) -> dict:
     base = fitted.get_params()
+    if name in ("companion-sx", "wider-sx"):
+        # The marginal model at the companion's selected sigma_X (or the wider of the two), its
+        # own sigma_P and penalty: does its narrower choice cost it on new centers?
+        companion = getattr(model, "companion_bandwidth_x_", None) or fitted.bandwidth_x_
+        return {**base, "bandwidth_x": companion if name == "companion-sx" else max(companion, fitted.bandwidth_x_)}
     if name == "logistic":
         return {**base, "loss": "logistic", "alpha": 1e-5}
     if name == "logistic-plain":
@@ -206,7 +214,7 @@ def run_fold(path: Path, train, test, groups, alternatives, class_balance=0.0) -
     digests = [model.digest(s, y, i) for i, (s, y) in enumerate(train)]
     model.fit_digests(digests, groups=groups)
     cells, embedding_cells, labels = model.prepare_digests(digests)
-    fitted = {name: MarginalTransferClassifier(**alternative_params(name, model.classifier_)).fit(
+    fitted = {name: MarginalTransferClassifier(**alternative_params(name, model.classifier_, model)).fit(
         cells, labels, embedding_samples=embedding_cells, groups=model.groups_)
         for name in alternatives if name not in EXTRAS}
     fitted.update({name: fit_extra(name, model, cells, labels, embedding_cells)
@@ -359,7 +367,7 @@ def main(argv=None) -> int:
     run_parser.add_argument("--out", required=True, type=Path)
     run_parser.add_argument("--class-balance", type=float, default=0.0,
                             help="GatingModel's class_balance for every fold (default 0, the uniform draw)")
-    run_parser.add_argument("--alternatives", default=",".join(ALTERNATIVES),
+    run_parser.add_argument("--alternatives", default=",".join(DEFAULT_ALTERNATIVES),
                             help=f"comma-separated, from {', '.join(ALTERNATIVES + EXTRAS)} (empty: none)")
     score_parser = sub.add_parser("score", help="mean / worst of each combination per protocol")
     score_parser.add_argument("folder", type=Path)
