@@ -231,7 +231,8 @@ def test_logistic_folds_started_from_everyone_stop_at_the_fold_tolerance_and_pre
 
     monkeypatch.setattr(solvers, "_minimise_linear", spy)
     loose = _SharedProblems(cells, drawn, embedding_cells, groups).fit_folds([params, params], kept_sets)
-    assert calls == [(False, solvers.LBFGS_GTOL), (True, held_out.FOLD_GTOL), (True, held_out.FOLD_GTOL)]  # everyone, then the folds
+    # everyone (only the folds' starting point: fitted to their tolerance), then the folds
+    assert calls == [(False, held_out.FOLD_GTOL), (True, held_out.FOLD_GTOL), (True, held_out.FOLD_GTOL)]
     monkeypatch.setattr(held_out, "FOLD_GTOL", solvers.LBFGS_GTOL)
     tight = _SharedProblems(cells, drawn, embedding_cells, groups).fit_folds([params, params], kept_sets)
     for held, a, b in zip((0, 5), loose, tight):
