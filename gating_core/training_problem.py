@@ -273,8 +273,16 @@ class TrainingProblem:
                                               random_state=_seed(self.random_state, 3))
 
     def features(self, feature_map) -> list:
-        """Features of every training row under ``feature_map``: list of (m_r, D) float32."""
-        return [cell_features(feature_map, x, psi, self.use_embedding) for x, psi in zip(self.cells, self.embeddings)]
+        """Features of every training row under ``feature_map``: list of (m_r, D) float32.
+
+        Rows are computed side by side on the threads BLAS was allowed here (the cosines are
+        one thread's work each; a row's values do not depend on the thread that computes it)."""
+        from gating_core.cpus import current_blas_threads, run_side_by_side
+
+        rows = range(len(self.cells))
+        return run_side_by_side(lambda r: cell_features(feature_map, self.cells[r], self.embeddings[r],
+                                                        self.use_embedding),
+                                rows, min(len(rows), current_blas_threads() or 1))
 
     def row_features(self, feature_map, store: bool = False) -> "RowFeatures":
         """The rows' features as :meth:`features` gives them, without holding them all as a list
@@ -356,16 +364,22 @@ class RowFeatures:
         self.bounds = np.concatenate([[0], np.cumsum([len(x) for x in problem.cells])]).astype(np.int64)
         self.stacked = None
         if store:
+            from gating_core.cpus import current_blas_threads, run_side_by_side
+
             first = self._compute(0)
             self.stacked = np.empty((int(self.bounds[-1]), first.shape[1]), dtype=np.float32)
             self.stacked[: self.bounds[1]] = first
-            for r in range(1, len(self)):
+
+            def write(r):  # each row into its own slice: rows side by side, the same bits
                 lo, hi = self.bounds[r], self.bounds[r + 1]
                 if isinstance(feature_map, LandmarkFeatures):
                     self.stacked[lo:hi] = self._compute(r)
                 else:  # written in place: no (m_r, D) temporary
                     cell_features(feature_map, problem.cells[r], problem.embeddings[r], problem.use_embedding,
                                   out=self.stacked[lo:hi])
+
+            rows = range(1, len(self))
+            run_side_by_side(write, rows, min(len(rows), current_blas_threads() or 1))
 
     def _compute(self, r: int) -> np.ndarray:
         p = self.problem
