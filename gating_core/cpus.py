@@ -18,8 +18,8 @@ import os
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["usable_cpus", "idle_cpus", "affinity_cpus", "cgroup_cpu_limit", "parse_cpu_max", "parse_cfs_quota",
-           "blas_threads", "with_blas_threads", "one_blas_thread"]
+__all__ = ["allowed_workers", "usable_cpus", "idle_cpus", "affinity_cpus", "cgroup_cpu_limit", "parse_cpu_max",
+           "parse_cfs_quota", "blas_threads", "with_blas_threads", "one_blas_thread"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: Seconds a reading of this process's cgroup quota is reused: the scoring pool asks for the
@@ -217,6 +217,13 @@ def one_blas_thread():
 
         _blas_controller[:] = [(pid, ThreadpoolController())]
     return _blas_controller[0][1].limit(limits=1, user_api="blas")
+
+
+def allowed_workers(n_items: int) -> int:
+    """Threads for ``n_items`` items of one-CPU numpy work here: the BLAS threads allowed at
+    this point (sized by :func:`blas_threads`; 1 inside a pool of our own threads), at most
+    one per item, at least 1."""
+    return max(1, min(n_items, current_blas_threads() or 1))
 
 
 def run_side_by_side(function, items, workers: int) -> list:

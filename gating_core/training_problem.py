@@ -277,12 +277,11 @@ class TrainingProblem:
 
         Rows are computed side by side on the threads BLAS was allowed here (the cosines are
         one thread's work each; a row's values do not depend on the thread that computes it)."""
-        from gating_core.cpus import current_blas_threads, run_side_by_side
+        from gating_core.cpus import allowed_workers, run_side_by_side
 
-        rows = range(len(self.cells))
         return run_side_by_side(lambda r: cell_features(feature_map, self.cells[r], self.embeddings[r],
                                                         self.use_embedding),
-                                rows, min(len(rows), current_blas_threads() or 1))
+                                range(len(self.cells)), allowed_workers(len(self.cells)))
 
     def row_features(self, feature_map, store: bool = False) -> "RowFeatures":
         """The rows' features as :meth:`features` gives them, without holding them all as a list
@@ -331,7 +330,7 @@ class TrainingProblem:
         own threads), each row's products on one BLAS thread: the statistics are the same bits
         on any number of threads (BLAS's threaded F^T F moved by 1e-3 in float32 between one
         thread and two, and the fitted model's probabilities by 1e-6)."""
-        from gating_core.cpus import current_blas_threads, run_side_by_side
+        from gating_core.cpus import allowed_workers, run_side_by_side
 
         def row(r):
             f = features[r]
@@ -339,8 +338,7 @@ class TrainingProblem:
             one.add_patient([f], [self.onehot(r)])
             return one
 
-        rows = range(len(features))
-        parts = run_side_by_side(row, rows, min(len(rows), current_blas_threads() or 1))
+        parts = run_side_by_side(row, range(len(features)), allowed_workers(len(features)))
         return RidgeStatistics.concatenate(parts) if parts else None
 
 
@@ -364,7 +362,7 @@ class RowFeatures:
         self.bounds = np.concatenate([[0], np.cumsum([len(x) for x in problem.cells])]).astype(np.int64)
         self.stacked = None
         if store:
-            from gating_core.cpus import current_blas_threads, run_side_by_side
+            from gating_core.cpus import allowed_workers, run_side_by_side
 
             first = self._compute(0)
             self.stacked = np.empty((int(self.bounds[-1]), first.shape[1]), dtype=np.float32)
@@ -378,8 +376,7 @@ class RowFeatures:
                     cell_features(feature_map, problem.cells[r], problem.embeddings[r], problem.use_embedding,
                                   out=self.stacked[lo:hi])
 
-            rows = range(1, len(self))
-            run_side_by_side(write, rows, min(len(rows), current_blas_threads() or 1))
+            run_side_by_side(write, range(1, len(self)), allowed_workers(len(self) - 1))
 
     def _compute(self, r: int) -> np.ndarray:
         p = self.problem

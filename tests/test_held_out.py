@@ -225,9 +225,9 @@ def test_logistic_folds_started_from_everyone_stop_at_the_fold_tolerance_and_pre
     kept_sets = [[1, 2, 3, 4, 5], [0, 1, 2, 3, 4]]
     calls, minimise = [], solvers._minimise_linear
 
-    def spy(objective, dim, k, warm, max_iter, gtol=None):
+    def spy(objective, warm, max_iter, gtol=None):
         calls.append((warm is not None, gtol))
-        return minimise(objective, dim, k, warm, max_iter, gtol)
+        return minimise(objective, warm, max_iter, gtol)
 
     monkeypatch.setattr(solvers, "_minimise_linear", spy)
     loose = _SharedProblems(cells, drawn, embedding_cells, groups).fit_folds([params, params], kept_sets)
@@ -253,9 +253,9 @@ def test_a_bandwidth_one_fold_chose_starts_from_the_nearest_fit_on_everyone(coho
     kept_sets = [[1, 2, 3, 4, 5], [0, 2, 3, 4, 5], [0, 1, 3, 4, 5], [0, 1, 2, 4, 5]]
     calls, minimise = [], solvers._minimise_linear
 
-    def spy(objective, dim, k, warm, max_iter, gtol=None):
-        calls.append((dim, None if warm is None else np.asarray(warm[0]).copy()))
-        return minimise(objective, dim, k, warm, max_iter, gtol)
+    def spy(objective, warm, max_iter, gtol=None):
+        calls.append((objective.dim, None if warm is None else np.asarray(warm[0]).copy()))
+        return minimise(objective, warm, max_iter, gtol)
 
     monkeypatch.setattr(solvers, "_minimise_linear", spy)
     problems = _SharedProblems(cells, drawn, embedding_cells, groups)

@@ -57,14 +57,14 @@ def test_the_blocked_objective_is_the_whole_objective():
 
     seen = {}
 
-    def capture(objective, dim, k, warm, max_iter, gtol):
+    def capture(objective, warm, max_iter, gtol):
         theta = objective.centred(w, b)
         back = objective.model(theta)
         np.testing.assert_allclose(back[0], w, rtol=0, atol=0)
         np.testing.assert_allclose(back[1], b, rtol=0, atol=1e-12)
         seen["value"], seen["grad"] = objective(theta)
         seen["centre"] = objective.centre
-        return np.zeros((dim, k)), np.zeros(k)
+        return np.zeros((objective.dim, objective.k)), np.zeros(objective.k)
 
     original = solvers._minimise_linear
     solvers._minimise_linear = capture
