@@ -19,7 +19,6 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
-from sklearn.metrics import f1_score
 
 from gating_core.digest import digest_patient, infer_cell_groups
 from gating_core.model import GatingModel
@@ -109,15 +108,27 @@ def infer_patient_groups(samples, labels, random_state=0) -> list[str]:
 
 
 def patient_scores(truth, predicted, populations) -> dict:
-    """Accuracy, macro-F1 and F1 of each population for one patient."""
+    """Accuracy, macro-F1 (over the populations present in ``truth``) and F1 of each population
+    for one patient; a population absent from ``truth`` has F1 NaN.
+
+    F1 = 2 TP / (|truth = p| + |predicted = p|), 0 when both are empty: scikit-learn's
+    ``f1_score`` with ``zero_division=0``, from one confusion count on integer codes (string
+    labels made f1_score about 1 s per 65,000-event patient, a tenth of the held-out check)."""
     truth = np.asarray(truth).astype(str)
     predicted = np.asarray(predicted).astype(str)
-    present = sorted(set(truth.tolist()))
-    row = {"accuracy": float(np.mean(truth == predicted)),
-           "macro_f1": float(f1_score(truth, predicted, labels=present, average="macro", zero_division=0))}
-    per_population = f1_score(truth, predicted, labels=list(populations), average=None, zero_division=0)
-    for name, value in zip(populations, per_population):
-        row[f"f1:{name}"] = float(value) if name in present else np.nan
+    names, codes = np.unique(np.concatenate([truth, predicted]), return_inverse=True)
+    true_codes, predicted_codes = codes[: len(truth)], codes[len(truth):]
+    k = len(names)
+    hits = np.bincount(true_codes[true_codes == predicted_codes], minlength=k)
+    true_sum, predicted_sum = np.bincount(true_codes, minlength=k), np.bincount(predicted_codes, minlength=k)
+    denominator = true_sum + predicted_sum
+    f1 = np.where(denominator > 0, 2.0 * hits / np.maximum(denominator, 1), 0.0)
+    index = {str(name): j for j, name in enumerate(names)}
+    present = true_sum > 0
+    row = {"accuracy": float(np.mean(truth == predicted)), "macro_f1": float(np.mean(f1[present]))}
+    for name in populations:
+        j = index.get(str(name))
+        row[f"f1:{name}"] = float(f1[j]) if j is not None and present[j] else np.nan
     return row
 
 

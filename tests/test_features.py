@@ -94,6 +94,15 @@ def test_median_pairwise_distance_of_a_known_configuration():
     assert median_pairwise_distance(square) == pytest.approx(1.0)
 
 
+
+def test_median_pairwise_distance_leaves_out_repeated_rows_and_large_offsets_stay_exact():
+    # Far from the origin the Gram form |x|^2 + |y|^2 - 2<x, y> loses the distances to
+    # cancellation; from the differences they are exact. Repeated rows (distance 0) are left out.
+    points = np.array([[1e8, 0.0], [1e8, 0.0], [1e8 + 3.0, 0.0], [1e8, 4.0]])
+    # distances: 0 (left out), 3, 4, 3, 4, 5 -> median of (3, 3, 4, 4, 5) is 4
+    assert median_pairwise_distance(points) == 4.0
+    assert median_pairwise_distance(np.zeros((5, 3))) == 1.0  # no positive distance: the fallback
+
 def _decision_gap(solver, n_features, data):
     xs, ys, xt = data
     common = dict(bandwidth_x=0.4, bandwidth_p=0.5, bandwidth_embedding=0.5, alpha=1e-3, calibrate=False,
