@@ -243,7 +243,9 @@ def fit_weighted_logistic(features, targets, patient_weights, n_classes, alpha, 
     k = n_classes
 
     def block(rows, w, b):
-        z = f[rows] @ w + b
+        x = f[rows]
+        z = x @ w
+        z += b
         z -= z.max(axis=1, keepdims=True)
         np.exp(z, out=z)
         z /= z.sum(axis=1, keepdims=True)
@@ -251,7 +253,9 @@ def fit_weighted_logistic(features, targets, patient_weights, n_classes, alpha, 
         value = -float(cell_w[rows] @ np.log(z[picked] + 1e-30))
         z[picked] -= 1.0
         z *= cell_w[rows, None]  # the residual (p - onehot) * cell weight
-        return value, f[rows].T @ z, z.sum(axis=0, dtype=np.float64)
+        # (R^T X)^T rather than X^T R: the same sums, and BLAS runs the (k, n) x (n, D) form
+        # about a quarter faster for k of a few classes.
+        return value, (z.T @ x).T, z.sum(axis=0, dtype=np.float64)
 
     return _minimise_linear(_RowBlocks(block, f, cell_w, alpha, k), warm, max_iter, gtol)
 
