@@ -37,6 +37,9 @@ ALL_METHODS += ("dica-marginal",)
 ALL_METHODS += ("iw-nystroem",)
 # Linear k_X / k'_X as in the JMLR flow-cytometry experiment (issue 10, item 3).
 ALL_METHODS += ("marginal-linear",)
+# The worst patient (issue 9, item 4): the agnostic patient weighting, and selection on the worst
+# held-out group instead of the mean.
+ALL_METHODS += ("marginal-agnostic", "marginal-select-worst")
 #: GatingModel settings of each kernel method (on top of the user's model parameters).
 METHOD_SETTINGS = {
     "marginal": {"method": "marginal"},
@@ -58,6 +61,10 @@ METHOD_SETTINGS = {
     # Linear k_X and k'_X (JMLR section 8.5): the embedding is the mean cell, each patient's gate
     # linear in the cell, k_P Gaussian on the means; its pooled companion is linear logistic.
     "marginal-linear": {"method": "marginal", "kernel_x": "linear"},
+    # Exponentiated-gradient patient weights towards the worst mixture of training patients.
+    "marginal-agnostic": {"method": "marginal", "patient_weighting": "agnostic"},
+    # Every hyperparameter chosen for the worst held-out group of the cross-validation.
+    "marginal-select-worst": {"method": "marginal", "selection_objective": "worst"},
     # Supervised DICA on the fold's training patients, then the default marginal model on the
     # projected cells: the embedding is of the projected cells (GatingModel's ``dica``).
     "dica-marginal": {"method": "marginal", "dica": "supervised"},

@@ -50,3 +50,23 @@ def test_summarize_seeds_counts_ties_for_each_method():
     assert over.loc["a", "best_mean_in"] == 2 and over.loc["b", "best_mean_in"] == 2
     assert over.loc["a", "mean_accuracy"] == pytest.approx(np.mean([0.9, 0.7, 0.6]))
     assert over.loc["b", "worst_accuracy_sd"] == pytest.approx(np.std([0.8, 0.7, 0.8], ddof=1))
+
+
+def test_the_worst_patient_methods_fit_what_their_names_say(sample_data_dir):
+    from gating_core.evaluation import _fold_models
+    from gating_core.inputs import load_labeled_input
+
+    data = [load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_0[1-3].fcs"))]
+    samples, labels = [d[0] for d in data], [d[1] for d in data]
+    fitted = {}
+    for method in ("marginal-agnostic", "marginal-select-worst"):
+        model = next(_fold_models(method, samples, labels, [[0]], {"cv_folds": 2, "cv_repeats": 1}, None, "full",
+                                  lambda *a: None))
+        fitted[method] = model
+    agnostic = fitted["marginal-agnostic"]
+    assert agnostic.patient_weighting == "agnostic" and agnostic.selection_objective == "mean"
+    # The exponentiated-gradient weights moved away from uniform over the two training patients.
+    weights = agnostic.classifier_.patient_weights_[:2]
+    assert not np.allclose(weights, weights[0])
+    worst = fitted["marginal-select-worst"]
+    assert worst.selection_objective == "worst" and worst.patient_weighting == "uniform"

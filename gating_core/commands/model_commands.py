@@ -18,6 +18,7 @@ EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5")
 EVALUATION_METHODS += ("dica-marginal",)
 EVALUATION_METHODS += ("iw-nystroem",)
 EVALUATION_METHODS += ("marginal-linear",)
+EVALUATION_METHODS += ("marginal-agnostic", "marginal-select-worst")
 DEFAULT_POOLED_WEIGHT = 0.5
 DEFAULT_CLASS_BALANCE = 0.0
 # The choices of ``train`` (gating_core.model.METHODS and gating_core.classifier.LOSSES,
@@ -104,7 +105,9 @@ def register(subparsers) -> None:
                                "marginal-alone is the marginal model without its pooled companion; marginal-em and "
                                "marginal-quantile add class-prior re-estimation or quantile registration; dica-pooling is "
                                "a pooled logistic regression on DICA components, Muandet et al. 2013; iw-nystroem refits an "
-                               "importance-weighted Nystroem KRR for each held-out patient)")
+                               "importance-weighted Nystroem KRR for each held-out patient; marginal-agnostic weighs training "
+                               "patients towards the worst mixture, marginal-select-worst chooses every hyperparameter "
+                               "for the worst held-out group)")
     evaluate.add_argument("--groups", metavar="FILE|KEYWORD",
                           help="the group (center, batch, run) of each patient: a CSV (patient, group) or an "
                                "FCS keyword such as $CYTSN, $INST or $DATE; default: near-duplicate patients "
