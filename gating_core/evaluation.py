@@ -40,6 +40,9 @@ ALL_METHODS += ("marginal-linear",)
 # The worst patient (issue 9, item 4): the agnostic patient weighting, and selection on the worst
 # held-out group instead of the mean.
 ALL_METHODS += ("marginal-agnostic", "marginal-select-worst")
+# The marginal model without its second fit at the narrower cell bandwidth (the default before
+# session 12): what that fit adds.
+ALL_METHODS += ("marginal-single-bandwidth",)
 #: GatingModel settings of each kernel method (on top of the user's model parameters).
 METHOD_SETTINGS = {
     "marginal": {"method": "marginal"},
@@ -63,6 +66,7 @@ METHOD_SETTINGS = {
     "marginal-linear": {"method": "marginal", "kernel_x": "linear"},
     # Exponentiated-gradient patient weights towards the worst mixture of training patients.
     "marginal-agnostic": {"method": "marginal", "patient_weighting": "agnostic"},
+    "marginal-single-bandwidth": {"method": "marginal", "bandwidth_x_hedge": None},
     # Every hyperparameter chosen for the worst held-out group of the cross-validation.
     "marginal-select-worst": {"method": "marginal", "selection_objective": "worst"},
     # Supervised DICA on the fold's training patients, then the default marginal model on the

@@ -134,7 +134,14 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
         model.classifier_ = clf
         model.groups_ = [base.groups_[i] for i in kept]
         model.selection_ = selections[f]
+        model.hedge_classifier_ = None
         models.append(model)
+    hedges = [base._hedge_params(p, selection) for p, selection in zip(fold_params, selections)]
+    hedged = [f for f, h in enumerate(hedges) if h is not None]
+    if hedged:
+        report("Fitting every fold's second model (the narrower cell bandwidth)", 0.7)
+        for f, clf in zip(hedged, problems.fit_folds([hedges[f] for f in hedged], [kept_sets[f] for f in hedged])):
+            models[f].hedge_classifier_ = clf
 
     companion_base = base._companion_search_base(params) if base._wants_companion() else None
     for model in models:

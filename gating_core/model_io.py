@@ -32,7 +32,8 @@ from gating_core.transforms import ChannelTransform
 MODEL_FORMAT = "gating_core.model"
 # 2: the pooled companion of the marginal method (files of format 1 load without one).
 # 3: the companion's weight as fitted (pooled_weight="auto"); format-2 files use their parameter.
-MODEL_FORMAT_VERSION = 3
+# 4: the marginal model's second fit, bandwidth_x_hedge (files of formats 1-3 load without one).
+MODEL_FORMAT_VERSION = 4
 
 
 def save_model(model, path) -> None:
@@ -59,6 +60,10 @@ def save_model(model, path) -> None:
     if companion is not None:
         meta["pooled"] = {"classifier": companion.get_params(), "bandwidth_x": companion.bandwidth_x_,
                           "temperature": companion.temperature_, "weight": float(model.pooled_weight_)}
+    hedge = getattr(model, "hedge_classifier_", None)
+    if hedge is not None:
+        _check_hedge_shares_embedding(hedge, clf)
+        meta["hedge"] = {"bandwidth_x": hedge.bandwidth_x_, "temperature": hedge.temperature_}
     arrays = {
         "meta": np.array(json.dumps(meta)),
         "center": model.center_, "scale": model.scale_,
@@ -91,6 +96,11 @@ def save_model(model, path) -> None:
         if not isinstance(companion.feature_map_, LinearProductFeatures):  # a linear companion is [x, 1] alone
             arrays.update(pooled_cell_weights=companion.feature_map_.cell_weights_,
                           pooled_offsets=companion.feature_map_.offsets_)
+    if hedge is not None:
+        arrays.update(hedge_coef=hedge.coef_, hedge_intercept=hedge.intercept_,
+                      hedge_cell_weights=hedge.feature_map_.cell_weights_, hedge_offsets=hedge.feature_map_.offsets_)
+        if hedge.feature_map_.embedding_weights_ is not None:
+            arrays["hedge_embedding_weights"] = hedge.feature_map_.embedding_weights_
     path = Path(path)
     tmp = path.with_name(path.name + ".part")
     with open(tmp, "wb") as handle:
@@ -228,27 +238,19 @@ def model_from_parts(cls, meta, arrays, path="model"):
         embedder.bandwidth = clf.bandwidth_embedding_
         clf.embedder_ = embedder
     if not linear and clf.solver == "rff":
-        fm = ProductRFF.__new__(ProductRFF)
-        fm.cell_weights_ = array("cell_weights", d_cells, n_out).astype(np.float32, copy=False)
-        fm.offsets_ = array("offsets", n_out).astype(np.float64, copy=False)
         uses_embedding = clf.use_embedding and clf.bandwidth_p_ is not None
-        if uses_embedding:
-            fm.embedding_weights_ = array("embedding_weights", 2 * n_embedding, n_out).astype(np.float64, copy=False)
-        elif "embedding_weights" in arrays:
-            raise ModelFileError(path, "model file is inconsistent: embedding weights in a model that "
-                                       "does not use the patient's embedding")
-        else:
-            fm.embedding_weights_ = None
-        fm.n_features = n_out
-        fm.bandwidth_x, fm.bandwidth_p = clf.bandwidth_x_, clf.bandwidth_p_
-        fm.scale_ = np.float32(np.sqrt(2.0 / fm.n_features))
-        clf.feature_map_ = fm
+        clf.feature_map_ = _rff_map(path, array, arrays, "", d_cells, n_out, 2 * n_embedding if uses_embedding else 0,
+                                    clf.bandwidth_x_, clf.bandwidth_p_)
     elif not linear:
         clf.landmark_projection_ = array("landmark_projection", None, n_out).astype(np.float64, copy=False)
         m = clf.landmark_projection_.shape[0]
         clf.landmark_cells_ = array("landmark_cells", m, d_cells).astype(np.float64, copy=False)
         clf.landmark_embeddings_ = array("landmark_embeddings", m, 2 * n_embedding).astype(np.float64, copy=False)
     model.classifier_ = clf
+    hedge = top.object("hedge", optional=True)
+    model.hedge_classifier_ = None if hedge is None else _hedge_model(path, hedge, array, arrays, clf, d_cells, k)
+    if hedge is None and any(name.startswith("hedge_") for name in arrays):
+        raise ModelFileError(path, "model file is inconsistent: hedge arrays in a model without a hedge")
     model.pooled_classifier_, model.pooled_weight_ = None, 0.0
     pooled = top.object("pooled", optional=True)
     if pooled is not None:
@@ -315,6 +317,8 @@ def _checked_params(path, fields: Fields, accepted, where: str) -> dict:
             out[key] = fields.string(key, choices=PRIOR_SHIFTS)
         elif key == "class_balance":
             out[key] = fields.number(key, within=(0.0, 1.0))
+        elif key == "bandwidth_x_hedge":
+            out[key] = fields.number(key, positive=True, within=(0.0, 1.0), nullable=True)
         elif key == "task_similarity":
             out[key] = fields.number(key, positive=True, within=(0.0, 1.0), nullable=True)
         elif key == "pooled_weight":
@@ -354,15 +358,58 @@ def _pooled_companion(path, fields: Fields, array, main: MarginalTransferClassif
     if companion.kernel_x == "linear":
         companion.feature_map_ = _linear_feature_map(path, array, {}, companion, d, n_out, "pooled_")
         return companion
-    fm = ProductRFF.__new__(ProductRFF)
-    fm.cell_weights_ = array("pooled_cell_weights", d, n_out).astype(np.float32, copy=False)
-    fm.offsets_ = array("pooled_offsets", n_out).astype(np.float64, copy=False)
-    fm.embedding_weights_ = None
-    fm.n_features = n_out
-    fm.bandwidth_x, fm.bandwidth_p = companion.bandwidth_x_, None
-    fm.scale_ = np.float32(np.sqrt(2.0 / fm.n_features))
-    companion.feature_map_ = fm
+    companion.feature_map_ = _rff_map(path, array, {}, "pooled_", d, n_out, 0, companion.bandwidth_x_, None)
     return companion
+
+
+def _check_hedge_shares_embedding(hedge, main) -> None:
+    """The file stores one embedding map and one set of training embeddings, the main model's:
+    the second fit (the same patients, draw and seed) must have the same ones."""
+    if not (isinstance(hedge.embedder_, MeanEmbedding) and isinstance(main.embedder_, MeanEmbedding)
+            and np.array_equal(hedge.embedder_.frequencies_, main.embedder_.frequencies_)
+            and np.array_equal(hedge.train_embeddings_, main.train_embeddings_)):
+        raise ValueError("the second fit does not share the main model's embedding: cannot be saved")
+
+
+def _hedge_model(path, fields: Fields, array, arrays, main: MarginalTransferClassifier, d: int, k: int):
+    """The marginal model's second fit (GatingModel.bandwidth_x_hedge): the main model's settings,
+    embedding map and training embeddings, its own sigma_X and weights."""
+    if not (main.solver == "rff" and main.kernel_x == "gaussian"):
+        raise ModelFileError(path, "model description: a second fit needs an 'rff' model with the Gaussian "
+                                   "cell kernel")
+    hedge = MarginalTransferClassifier(**main.get_params())
+    hedge.bandwidth_x = hedge.bandwidth_x_ = fields.number("bandwidth_x", positive=True)
+    hedge.temperature_ = fields.number("temperature", positive=True, within=(0, 1e6))
+    for name in ("classes_", "n_features_in_", "bandwidth_p_", "bandwidth_embedding_", "embedder_",
+                 "train_embeddings_", "n_patients_"):
+        setattr(hedge, name, getattr(main, name))
+    hedge.coef_ = array("hedge_coef", None, k).astype(np.float32, copy=False)
+    n_out = hedge.coef_.shape[0]
+    hedge.intercept_ = array("hedge_intercept", k).astype(np.float32, copy=False)
+    embedding_rows = main.train_embeddings_.shape[1] if main.feature_map_.embedding_weights_ is not None else 0
+    hedge.feature_map_ = _rff_map(path, array, arrays, "hedge_", d, n_out, embedding_rows, hedge.bandwidth_x_,
+                                  hedge.bandwidth_p_)
+    return hedge
+
+
+def _rff_map(path, array, arrays, prefix: str, d: int, n_out: int, embedding_rows: int, bandwidth_x, bandwidth_p):
+    """The ProductRFF stored under ``prefix``: cell weights (d, D) and offsets (D,), and embedding
+    weights (``embedding_rows``, D) when it uses the patient's embedding (``embedding_rows`` > 0;
+    such weights in ``arrays`` otherwise are an inconsistency)."""
+    fm = ProductRFF.__new__(ProductRFF)
+    fm.cell_weights_ = array(prefix + "cell_weights", d, n_out).astype(np.float32, copy=False)
+    fm.offsets_ = array(prefix + "offsets", n_out).astype(np.float64, copy=False)
+    if embedding_rows:
+        fm.embedding_weights_ = array(prefix + "embedding_weights", embedding_rows, n_out).astype(np.float64, copy=False)
+    elif prefix + "embedding_weights" in arrays:
+        raise ModelFileError(path, "model file is inconsistent: embedding weights in a model that "
+                                   "does not use the patient's embedding")
+    else:
+        fm.embedding_weights_ = None
+    fm.n_features = n_out
+    fm.bandwidth_x, fm.bandwidth_p = bandwidth_x, bandwidth_p
+    fm.scale_ = np.float32(np.sqrt(2.0 / fm.n_features))
+    return fm
 
 
 def _linear_feature_map(path, array, arrays, clf, d: int, n_out: int, prefix: str) -> LinearProductFeatures:

@@ -99,6 +99,12 @@ MODEL_MEMBERS = {
     "pooled_intercept": Member("f", 1),
     "pooled_cell_weights": Member("f", 2),
     "pooled_offsets": Member("f", 1),
+    # the marginal model's second fit at the hedge bandwidth (format 4)
+    "hedge_coef": Member("f", 2),
+    "hedge_intercept": Member("f", 1),
+    "hedge_cell_weights": Member("f", 2),
+    "hedge_offsets": Member("f", 1),
+    "hedge_embedding_weights": Member("f", 2),
     # the DICA projection after standardisation (GatingModel's ``dica``)
     "dica_frequencies": Member("f", 2),
     "dica_feature_mean": Member("f", 1),

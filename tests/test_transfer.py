@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from modelfile_helpers import rewrite_model_file
 
 from gating_core.classifier import MarginalTransferClassifier
 from gating_core.solvers import fit_weighted_logistic
@@ -257,11 +258,7 @@ def test_companion_survives_save_and_load_and_older_files_load_without_it(blende
     meta = json.loads(str(arrays["meta"]))
 
     def rewrite(name, meta, drop=()):
-        out = tmp_path / name
-        members = {k: v for k, v in arrays.items() if k not in drop}
-        members["meta"] = np.array(json.dumps(meta))
-        np.savez_compressed(out, **members)
-        return out
+        return rewrite_model_file(arrays, tmp_path / name, meta, drop)
 
     # A format-1 file has no companion: it gates with the marginal model alone.
     old = {k: v for k, v in meta.items() if k != "pooled"}

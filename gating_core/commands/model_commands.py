@@ -19,6 +19,7 @@ EVALUATION_METHODS += ("dica-marginal",)
 EVALUATION_METHODS += ("iw-nystroem",)
 EVALUATION_METHODS += ("marginal-linear",)
 EVALUATION_METHODS += ("marginal-agnostic", "marginal-select-worst")
+EVALUATION_METHODS += ("marginal-single-bandwidth",)
 DEFAULT_POOLED_WEIGHT = 0.5
 DEFAULT_CLASS_BALANCE = 0.0
 # The choices of ``train`` (gating_core.model.METHODS and gating_core.classifier.LOSSES,
@@ -158,6 +159,9 @@ def _model_options(parser) -> None:
                        help="weight of the pooled companion in the marginal method's probabilities, 0 to 1, or "
                             f"'auto' (chosen by cross-validation over groups; default {DEFAULT_POOLED_WEIGHT}; "
                             "0: the marginal model alone)")
+    group.add_argument("--single-bandwidth", action="store_true",
+                       help="fit the marginal model at the selected cell bandwidth only (default: also at half the "
+                            "larger of it and the median distance between cells, gating with the mean of the two)")
     group.add_argument("--seed", type=int, default=0, help="random seed (results are reproducible)")
 
 
@@ -197,6 +201,8 @@ def _model_params(args) -> dict:
               "n_features": args.features, "cells_per_patient": args.cells_per_patient or DEFAULT_CELLS_PER_PATIENT,
               "class_balance": args.class_balance, "random_state": args.seed}
     params["pooled_weight"] = _pooled_weight(args.pooled_weight)
+    if args.single_bandwidth:
+        params["bandwidth_x_hedge"] = None
     if args.channels:
         params["channels"] = args.channels
     return params
@@ -340,7 +346,8 @@ def _iw_model(args):
                         ("--task-similarity", args.task_similarity != DEFAULT_TASK_SIMILARITY),
                         ("--kernel-x", args.kernel_x != "gaussian"),
                         ("--class-balance", args.class_balance != DEFAULT_CLASS_BALANCE),
-                        ("--select-embedding-bandwidth", args.select_embedding_bandwidth)):
+                        ("--select-embedding-bandwidth", args.select_embedding_bandwidth),
+                        ("--single-bandwidth", args.single_bandwidth)):
         if given:
             return _fail(f"{flag} does not apply to --method {IW_METHOD} (a squared-loss KRR refitted per patient)")
     if args.landmarks < 1:
