@@ -66,6 +66,7 @@ METHOD_SETTINGS = {
     "marginal-linear": {"method": "marginal", "kernel_x": "linear"},
     # Exponentiated-gradient patient weights towards the worst mixture of training patients.
     "marginal-agnostic": {"method": "marginal", "patient_weighting": "agnostic"},
+    # One fit of the marginal model, at the selected sigma_X (session 11's default).
     "marginal-single-bandwidth": {"method": "marginal", "bandwidth_x_hedge": None},
     # Every hyperparameter chosen for the worst held-out group of the cross-validation.
     "marginal-select-worst": {"method": "marginal", "selection_objective": "worst"},

@@ -108,7 +108,8 @@ def register(subparsers) -> None:
                                "a pooled logistic regression on DICA components, Muandet et al. 2013; iw-nystroem refits an "
                                "importance-weighted Nystroem KRR for each held-out patient; marginal-agnostic weighs training "
                                "patients towards the worst mixture, marginal-select-worst chooses every hyperparameter "
-                               "for the worst held-out group)")
+                               "for the worst held-out group; marginal-single-bandwidth fits the marginal model at the "
+                               "selected cell bandwidth only, as before session 12)")
     evaluate.add_argument("--groups", metavar="FILE|KEYWORD",
                           help="the group (center, batch, run) of each patient: a CSV (patient, group) or an "
                                "FCS keyword such as $CYTSN, $INST or $DATE; default: near-duplicate patients "
