@@ -535,22 +535,33 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             scores[r] = self._patient_scores(x, self.embed(x), chunk_size, calibrated)
         return scores
 
-    def _patient_scores(self, x, embedding, chunk_size, calibrated):
+    def _patient_scores(self, x, embedding, chunk_size, calibrated, extra=None):
         """Ridge scores of the cells ``x`` of ONE patient with embedding ``embedding``, times
-        the temperature when ``calibrated``: (n, n_classes) float32."""
-        scores = np.empty((len(x), len(self.classes_)), dtype=np.float32)
+        the temperature when ``calibrated``: (n, n_classes) float32. With ``extra`` (D, k2):
+        also phi(P, x) @ extra, (n, k2) float32, returned after the scores."""
+        k = len(self.classes_)
+        width = k + (0 if extra is None else extra.shape[1])
+        out = np.empty((len(x), width), dtype=np.float32)
+        scores = out[:, :k] if extra is not None else out
+        fused = False
         if isinstance(getattr(self, "feature_map_", None), LinearProductFeatures):
             self._linear_scores(x, embedding, scores)
         elif self.solver == "rff":
-            self._rff_scores(x, embedding, scores)
+            # The features of every block projected on the coefficients and on ``extra`` at once.
+            self._rff_scores(x, embedding, out, extra)
+            fused = True
         else:
             for start in range(0, len(x), chunk_size):
                 chunk = x[start:start + chunk_size]
                 np.matmul(self._features(chunk, embedding), self.coef_, out=scores[start:start + len(chunk)])
+        if extra is not None and not fused:
+            with one_blas_thread():
+                for lo in range(0, len(x), SCORE_BLOCK):
+                    np.matmul(self._features(x[lo:lo + SCORE_BLOCK], embedding), extra, out=out[lo:lo + SCORE_BLOCK, k:])
         scores += self.intercept_
         if calibrated:
             scores *= np.float32(self.temperature_)
-        return scores
+        return scores if extra is None else (scores, out[:, k:])
 
     def _linear_scores(self, x, embedding, scores):
         """scores = [x, 1] M(P) for the linear cell kernel: one (d + 1, k) matrix per patient
@@ -562,8 +573,9 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             np.matmul(block, m[:-1], out=scores[start:start + len(block)])
             scores[start:start + len(block)] += m[-1]
 
-    def _rff_scores(self, x, embedding, scores):
-        """scores = cos(x B / sigma_X + phase) (sqrt(2/D) coef), block by block.
+    def _rff_scores(self, x, embedding, scores, extra=None):
+        """scores = cos(x B / sigma_X + phase) (sqrt(2/D) coef), block by block; with ``extra``
+        (D, k2), ``scores`` (n, k + k2) gets the features' projection on it in its last columns.
 
         Blocks of SCORE_BLOCK cells keep the (block, D) feature matrix inside the CPU cache, so
         the matmul, cosine and projection run at compute speed rather than memory speed; blocks
@@ -576,7 +588,8 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         fm = self.feature_map_
         phase = fm.patient_phase(embedding if self.use_embedding else None)
         weights = np.vstack([fm.cell_weights_, phase[None, :]]).astype(np.float32)
-        projection = (self.coef_ * fm.scale_).astype(np.float32)
+        projection = self.coef_ if extra is None else np.hstack([self.coef_, extra])
+        projection = (projection * fm.scale_).astype(np.float32)
         d = x.shape[1]
 
         def run(bounds):
@@ -618,11 +631,16 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         Arguments as in :meth:`ridge_scores`: ``groups`` gives each cell's patient (None: one
         patient), or ``embedding`` the embedding of the one patient ``X`` belongs to.
         """
-        scores = self._scores(X, embedding, chunk_size, groups, calibrated=True)
-        scores -= scores.max(axis=1, keepdims=True)
-        np.exp(scores, out=scores)
-        scores /= scores.sum(axis=1, keepdims=True)
-        return scores
+        return _softmax(self._scores(X, embedding, chunk_size, groups, calibrated=True))
+
+    def predict_proba_and_project(self, X, embedding, extra):
+        """Probabilities of one patient's cells ``X`` (n, d) with embedding Psi (2L,), and their
+        features projected on ``extra`` (D, k2): phi(P, x) @ extra, (n, k2) float32, from the
+        same features where the solver allows (random features: one set serves both)."""
+        check_is_fitted(self)
+        scores, projected = self._patient_scores(self._check_cells(X), embedding, 50_000, True,
+                                                 np.asarray(extra, dtype=np.float32))
+        return _softmax(scores), projected
 
     def predict(self, X, embedding=None, chunk_size=50_000, *, groups=None):
         """Class of each cell: (n_cells,). Arguments as in :meth:`ridge_scores`."""
@@ -634,6 +652,14 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         if x.ndim != 2 or x.shape[1] != self.n_features_in_:
             raise ValueError(f"expected cells with {self.n_features_in_} channels, got shape {x.shape}")
         return x
+
+
+def _softmax(scores: np.ndarray) -> np.ndarray:
+    """Row-wise softmax of class scores, in place; returns them."""
+    scores -= scores.max(axis=1, keepdims=True)
+    np.exp(scores, out=scores)
+    scores /= scores.sum(axis=1, keepdims=True)
+    return scores
 
 
 def _is_patient_list(X) -> bool:

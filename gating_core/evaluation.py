@@ -43,6 +43,8 @@ ALL_METHODS += ("marginal-agnostic", "marginal-select-worst")
 # The marginal model without its second fit at the narrower cell bandwidth (the default before
 # session 12): what that fit adds.
 ALL_METHODS += ("marginal-single-bandwidth",)
+# The default without self-training at gating time (session 12's default).
+ALL_METHODS += ("marginal-no-self-training",)
 #: GatingModel settings of each kernel method (on top of the user's model parameters).
 METHOD_SETTINGS = {
     "marginal": {"method": "marginal"},
@@ -68,6 +70,8 @@ METHOD_SETTINGS = {
     "marginal-agnostic": {"method": "marginal", "patient_weighting": "agnostic"},
     # One fit of the marginal model, at the selected sigma_X (session 11's default).
     "marginal-single-bandwidth": {"method": "marginal", "bandwidth_x_hedge": None},
+    # The default without its self-training step at gating time (session 12's default).
+    "marginal-no-self-training": {"method": "marginal", "self_training": False},
     # Every hyperparameter chosen for the worst held-out group of the cross-validation.
     "marginal-select-worst": {"method": "marginal", "selection_objective": "worst"},
     # Supervised DICA on the fold's training patients, then the default marginal model on the

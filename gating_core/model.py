@@ -17,10 +17,11 @@ from gating_core.classifier import SCORE_BLOCK, MarginalTransferClassifier
 from gating_core.cpus import with_blas_threads
 from gating_core.alignment import QuantileRegistration, channel_quantiles
 from gating_core.digest import digest_patient, infer_cell_groups
-from gating_core.features import content_subsample
+from gating_core.features import content_hashes, content_subsample
 from gating_core.gate_result import GateResult, Novelty
 from gating_core.preprocessing import ChannelPreprocessing
-from gating_core.priors import apply_prior_ratio, reestimate_prior, training_prior
+from gating_core.priors import reestimate_prior, training_prior
+from gating_core.self_training import PatientAdjustment, self_training_coef
 from gating_core.streamed_gating import StreamedGating
 
 METHODS = ("marginal", "pooling", "multitask")
@@ -142,6 +143,18 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         sigma' are not selected (they mean nothing to it). Its pooled companion is kept and is
         consistent with it: a logistic regression on [x, 1] (a linear logistic model), with no
         sigma_X to select. Needs ``solver="rff"``.
+    self_training : bool, default=True
+        At gating time, move each patient's gates towards its own confident cells
+        (:mod:`gating_core.self_training`): the more confident half of every population the
+        model finds among the patient's content-chosen cells, at most 300 cells a population,
+        become pseudo-labels, and a ridge fit of their residuals on the marginal classifier's
+        features (the refinement of JMLR section 9, with the model's labels instead of a
+        reviewer's) is added to the final probabilities. No label of the patient is used. On
+        patients of held-out centers it raised mean and worst-patient accuracy over three seeds
+        on every protocol measured (README, "Measured"). It costs one pass over the content-chosen
+        cells and a few more columns in the scoring product (``bench/bench_self_training.py``).
+        Only ``method="marginal"`` with ``solver="rff"``; the baselines gate as fitted. Model
+        files written before it load with False.
 
     A scikit-learn estimator (``clone``, ``get_params``, ``set_params``) whose parameters are
     exactly those the model file stores. To scikit-learn's model selection one sample is one
@@ -185,7 +198,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                  pooled_weight=DEFAULT_POOLED_WEIGHT, prior_shift="none", align="none", cv_folds=5, cv_repeats=2,
                  selection_cells_per_patient=1500, selection_objective="mean", random_state=0,
                  task_similarity=0.5, dica=None, dica_components=20, kernel_x="gaussian",
-                 class_balance=DEFAULT_CLASS_BALANCE, bandwidth_x_hedge=DEFAULT_BANDWIDTH_X_HEDGE):
+                 class_balance=DEFAULT_CLASS_BALANCE, bandwidth_x_hedge=DEFAULT_BANDWIDTH_X_HEDGE,
+                 self_training=True):
         self.method = method
         self.channels = channels
         self.transform = transform
@@ -219,6 +233,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         self.kernel_x = kernel_x
         self.class_balance = class_balance
         self.bandwidth_x_hedge = bandwidth_x_hedge
+        self.self_training = self_training
 
     # -- training ------------------------------------------------------------------------------
 
@@ -585,7 +600,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         indices = self._channel_indices(sample)
         events = sample.events
         registration, embedding, chosen = self._patient_frame(events, indices)
-        ratio = self._prior_ratio(chosen, embedding)
+        adjust = self._patient_adjustment(chosen, embedding)
         n = sample.n_events
         # Chunks are whole multiples of the scoring block, so every cell is scored in the same
         # block whatever chunk_size is: results are bitwise independent of it.
@@ -594,9 +609,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         confidence = np.empty(n, dtype=np.float32)
         for start in range(0, n, chunk_size):
             cells = self._registered(self._standardise(events[start:start + chunk_size][:, indices]), registration)
-            proba = self._proba(cells, embedding, chunk_size)
-            if ratio is not None:
-                apply_prior_ratio(proba, ratio)
+            proba = self._adjusted_proba(cells, embedding, chunk_size, adjust)
             best = np.argmax(proba, axis=1)
             codes[start:start + len(cells)] = best
             confidence[start:start + len(cells)] = proba[np.arange(len(best)), best]
@@ -618,9 +631,33 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         indices = self._channel_indices(sample)
         registration, embedding, chosen = self._patient_frame(sample.events, indices)
         cells = self._registered(self._standardise(sample.events[:, indices]), registration)
-        proba = self._proba(cells, embedding, 50_000)
+        return self._adjusted_proba(cells, embedding, 50_000, self._patient_adjustment(chosen, embedding))
+
+    def _adjusted_proba(self, cells, embedding, chunk_size, adjust: PatientAdjustment) -> np.ndarray:
+        """The final probabilities of standardised (registered) cells of one patient: the blend
+        (:meth:`_proba`), then ``adjust`` (its prior ratio and self-training step)."""
+        if adjust.coef is None:
+            return adjust(self._proba(cells, embedding, chunk_size))
+        return adjust(*self._proba(cells, embedding, chunk_size, project=adjust.coef))
+
+    def _patient_adjustment(self, chosen, embedding) -> PatientAdjustment:
+        """What gating this patient does after the blend (:class:`~gating_core.self_training.PatientAdjustment`):
+        the EM prior ratio (``prior_shift="em"``) and the self-training step (``self_training``),
+        both from its content-chosen cells ``chosen`` (m, d), standardised and registered."""
         ratio = self._prior_ratio(chosen, embedding)
-        return proba if ratio is None else apply_prior_ratio(proba, ratio)
+        if not self._self_trains() or len(chosen) == 0:
+            return PatientAdjustment(ratio)
+        # In the order of their content hashes: the pseudo-labels drawn (and every bit of the
+        # fit) then do not depend on the order of the patient's events.
+        chosen = chosen[np.argsort(content_hashes(chosen), kind="stable")]
+        proba = PatientAdjustment(ratio)(self._proba(chosen, embedding, 50_000))
+        coef = self_training_coef(self.classifier_._features(chosen, embedding), proba, random_state=self.random_state)
+        return PatientAdjustment(ratio, coef)
+
+    def _self_trains(self) -> bool:
+        """Whether gating takes the self-training step: ``self_training`` on a marginal model of
+        random features (the baselines, pooling and multitask, are left as they are)."""
+        return bool(getattr(self, "self_training", False)) and self.method == "marginal" and self.solver == "rff"
 
     def _prior_ratio(self, chosen, embedding):
         """New prior / training prior of this patient (``prior_shift="em"``), else None.
@@ -634,11 +671,16 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         prior = reestimate_prior(self._proba(chosen, embedding, 50_000), self.class_prior_)
         return (prior / self.class_prior_).astype(np.float32)
 
-    def _proba(self, cells, embedding, chunk_size) -> np.ndarray:
+    def _proba(self, cells, embedding, chunk_size, project=None):
         """Probabilities of standardised cells of one patient: the marginal model's (the mean of
         its two fits when it has a second, ``bandwidth_x_hedge``), blended with the pooled
-        companion's (:meth:`companion_weight`) when there is one."""
-        proba = self.classifier_.predict_proba(cells, embedding, chunk_size=chunk_size)
+        companion's (:meth:`companion_weight`) when there is one. With ``project`` (D, k2), also
+        the marginal classifier's features of the cells projected on it, from the same
+        features: (probabilities, projection)."""
+        if project is None:
+            proba = self.classifier_.predict_proba(cells, embedding, chunk_size=chunk_size)
+        else:
+            proba, projected = self.classifier_.predict_proba_and_project(cells, embedding, project)
         hedge = getattr(self, "hedge_classifier_", None)
         if hedge is not None:
             proba += hedge.predict_proba(cells, embedding, chunk_size=chunk_size)
@@ -648,7 +690,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
             weight = np.float32(self.companion_weight(embedding))
             proba *= np.float32(1.0) - weight
             proba += weight * companion.predict_proba(cells, embedding, chunk_size=chunk_size)
-        return proba
+        return proba if project is None else (proba, projected)
 
     def embedding_support(self, embedding) -> float:
         """How far the marginal model's training reaches to a patient of embedding Psi (2L,):
@@ -749,6 +791,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                 "pooled_weight": float(self.pooled_weight_) if getattr(self, "pooled_classifier_", None) else 0.0,
                 "second_bandwidth_x": (self.hedge_classifier_.bandwidth_x_
                                        if getattr(self, "hedge_classifier_", None) is not None else None),
+                "self_training": self._self_trains(),
                 "transform": self.transform_.to_dict()}
 
 

@@ -33,7 +33,8 @@ MODEL_FORMAT = "gating_core.model"
 # 2: the pooled companion of the marginal method (files of format 1 load without one).
 # 3: the companion's weight as fitted (pooled_weight="auto"); format-2 files use their parameter.
 # 4: the marginal model's second fit, bandwidth_x_hedge (files of formats 1-3 load without one).
-MODEL_FORMAT_VERSION = 4
+# 5: self-training at gating time (GatingModel.self_training; files of formats 1-4 gate without it).
+MODEL_FORMAT_VERSION = 5
 
 
 def save_model(model, path) -> None:
@@ -323,7 +324,8 @@ def _checked_params(path, fields: Fields, accepted, where: str) -> dict:
             out[key] = fields.number(key, positive=True, within=(0.0, 1.0), nullable=True)
         elif key == "pooled_weight":
             out[key] = "auto" if fields.raw(key) == "auto" else fields.number(key, within=(0.0, 1.0))
-        elif key in ("compensate", "select", "use_embedding", "calibrate", "select_embedding_bandwidth"):
+        elif key in ("compensate", "select", "use_embedding", "calibrate", "select_embedding_bandwidth",
+                     "self_training"):
             out[key] = fields.boolean(key)
         elif key == "random_state":
             out[key] = fields.integer(key, minimum=0, maximum=2 ** 63, nullable=True)
@@ -437,6 +439,8 @@ def _model_params(path, fields: Fields, accepted) -> dict:
     params = _checked_params(path, fields, accepted, "model parameter")
     # Files written before class_balance existed drew their training cells uniformly.
     params.setdefault("class_balance", 0.0)
+    # Files written before self-training existed gate as they did.
+    params.setdefault("self_training", False)
     return params
 
 

@@ -18,7 +18,8 @@ expansion on the corrected cells, delta(x) = sum_i a_i k_X(x, x_i): cells near t
 What f0 is here -- the blend with the pooled companion
 -------------------------------------------------------
 A :class:`~gating_core.model.GatingModel` gates with BLENDED probabilities,
-``(1 - w) p_marginal + w p_pooled`` (then the EM prior ratio when ``prior_shift="em"``). This
+``(1 - w) p_marginal + w p_pooled`` (then the EM prior ratio when ``prior_shift="em"``, then
+the self-training step of :mod:`gating_core.self_training` when ``self_training``). This
 module refines THAT function: f0(x) is the vector of the model's final probabilities of cell x
 (what :meth:`GatingModel.gate` takes the argmax of), and the squared loss to the one-hot label is
 the Brier loss. Refining the marginal scores alone and re-blending would leave a confidently
@@ -103,6 +104,16 @@ def refinement_coef(features, residuals, alpha) -> np.ndarray:
     return np.linalg.solve(phi.T @ phi + alpha * np.eye(d), phi.T @ r)
 
 
+def corrected_probabilities(f0, shift) -> np.ndarray:
+    """f = f0 + phi B clipped to [0, 1] and renormalised: probabilities (n, k) float32 from the
+    model's own (f0, (n, k)) and the correction phi B of the same cells (``shift``, (n, k))."""
+    f = f0 + shift
+    np.clip(f, 0.0, 1.0, out=f)
+    total = f.sum(axis=1, keepdims=True)
+    # A cell pushed to zero everywhere keeps the model's own probabilities (no information).
+    return np.where(total > 0, f / np.where(total > 0, total, 1.0), f0).astype(np.float32, copy=False)
+
+
 def refine_gating(model, sample, cells, labels, alpha=DEFAULT_ALPHA, chunk_size=50_000,
                   base=None) -> RefinedGating:
     """Refit one patient's gating to a reviewer's corrections (see the module's docstring).
@@ -158,12 +169,7 @@ def refine_gating(model, sample, cells, labels, alpha=DEFAULT_ALPHA, chunk_size=
     for start in range(0, n, chunk_size):
         rows = np.arange(start, min(start + chunk_size, n))
         f0, phi = frame.scores_and_features(rows)
-        f = f0 + phi @ coef32
-        np.clip(f, 0.0, 1.0, out=f)
-        total = f.sum(axis=1, keepdims=True)
-        # A cell pushed to zero everywhere keeps the model's own probabilities (no information).
-        f = np.where(total > 0, f / np.where(total > 0, total, 1.0), f0)
-        probabilities[rows] = f
+        probabilities[rows] = corrected_probabilities(f0, phi @ coef32)
     probabilities[cells] = 0.0
     probabilities[cells, codes] = 1.0  # circled cells: the reviewer's label, with certainty
     best = np.argmax(probabilities, axis=1)
@@ -198,17 +204,11 @@ class _PatientFrame:
         self.events = sample.events
         self.n_events = len(self.events)
         self.registration, self.embedding, chosen = model._patient_frame(self.events, self.indices)
-        self.ratio = model._prior_ratio(chosen, self.embedding)
+        self.adjustment = model._patient_adjustment(chosen, self.embedding)
 
     def scores_and_features(self, rows, features=True):
         """f0 (the model's final probabilities, (r, k)) and phi(P_T, x) ((r, D)) of events ``rows``."""
-        from gating_core.priors import apply_prior_ratio
-
         model = self.model
         cells = model._registered(model._standardise(self.events[rows][:, self.indices]), self.registration)
-        proba = model._proba(cells, self.embedding, max(1, len(cells)))
-        if self.ratio is not None:
-            apply_prior_ratio(proba, self.ratio)
-        if not features:
-            return proba, None
-        return proba, model.classifier_._features(cells, self.embedding)
+        proba = model._adjusted_proba(cells, self.embedding, max(1, len(cells)), self.adjustment)
+        return proba, model.classifier_._features(cells, self.embedding) if features else None

@@ -13,7 +13,7 @@ from gating_core.classifier import SCORE_BLOCK
 from gating_core.cpus import with_blas_threads
 from gating_core.features import content_hashes
 from gating_core.gate_result import StreamedGate
-from gating_core.priors import apply_prior_ratio
+from gating_core.self_training import PatientAdjustment
 
 
 class StreamedGating:
@@ -54,7 +54,7 @@ class StreamedGating:
         indices = self._channel_indices(sample)
         chosen_raw, n = self._content_chosen_rows(chunks, indices, max(SCORE_BLOCK, int(chunk_size)))
         registration, embedding, chosen = self._patient_frame(chosen_raw, list(range(len(indices))))
-        ratio = self._prior_ratio(chosen, embedding)
+        adjust = self._patient_adjustment(chosen, embedding)
         chunk_size = max(1, -(-int(chunk_size) // SCORE_BLOCK)) * SCORE_BLOCK
         counts = np.zeros(len(self.populations_), dtype=np.int64)
         total_confidence, seen = 0.0, 0
@@ -62,9 +62,7 @@ class StreamedGating:
             if start != seen or (len(events) != chunk_size and start + len(events) != n):
                 raise ValueError(f"{sample.name}: chunks must come in order, {chunk_size} events each")
             cells = self._registered(self._standardised_rows(events, indices), registration)
-            proba = self._proba(cells, embedding, chunk_size)
-            if ratio is not None:
-                apply_prior_ratio(proba, ratio)
+            proba = self._adjusted_proba(cells, embedding, chunk_size, adjust)
             codes = np.argmax(proba, axis=1).astype(np.int16)
             confidence = proba[np.arange(len(codes)), codes].astype(np.float32, copy=False)
             counts += np.bincount(codes, minlength=len(self.populations_))
@@ -76,6 +74,15 @@ class StreamedGating:
             raise ValueError(f"{sample.name}: the second pass gave {seen} events, the first {n}")
         return StreamedGate(self.novelty(sample, embedding), {p: int(c) for p, c in zip(self.populations_, counts)},
                             n, total_confidence / n if n else 0.0, list(self.populations_))
+
+    def _patient_adjustment(self, chosen, frame) -> PatientAdjustment:
+        """What scoring does to the model's probabilities of this patient: by default its prior
+        ratio (``_prior_ratio``) alone; GatingModel adds its self-training step."""
+        return PatientAdjustment(self._prior_ratio(chosen, frame))
+
+    def _adjusted_proba(self, cells, frame, chunk_size, adjust: PatientAdjustment) -> np.ndarray:
+        """The model's probabilities of a chunk's cells (``_proba``), then ``adjust``."""
+        return adjust(self._proba(cells, frame, chunk_size))
 
     def _standardised_rows(self, events, indices) -> np.ndarray:
         """``_standardise(events[:, indices])`` computed on row blocks in parallel (the

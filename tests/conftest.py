@@ -63,6 +63,17 @@ def multicenter_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def three_centers():
+    """A small simulated cohort of three centers x two patients (2,500 events each):
+    (samples, labels, center of each patient)."""
+    from gating_core.synthetic import simulate_centers
+
+    cohort, center_of = simulate_centers(3, 2, seed=5, n_events=2500, strength=1.5)
+    samples = [c[0] for c in cohort]
+    return samples, [c[1] for c in cohort], [center_of[s.name] for s in samples]
+
+
+@pytest.fixture(scope="session")
 def sample_data_dir() -> Path:
     return SAMPLE_DATA
 

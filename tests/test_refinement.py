@@ -48,11 +48,12 @@ class EvenBlendModel(GatingModel):
 
 @pytest.fixture(scope="module")
 def weak_model(sample_data_dir):
-    # three patients, no selection, no augmentation, the even blend: quick, and wrong on the
-    # drifted patient (0.82 measured)
+    # three patients, no selection, no augmentation, the even blend, no self-training: quick, and
+    # wrong on the drifted patient (0.82 measured; with self-training 0.87, see below)
     cohort = [load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_*.fcs"))[:3]]
     samples, labels = zip(*cohort)
-    return EvenBlendModel(random_state=0, select=False, n_augment=0).fit(list(samples), list(labels))
+    return EvenBlendModel(random_state=0, select=False, n_augment=0, self_training=False).fit(list(samples),
+                                                                                             list(labels))
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +101,27 @@ def test_correcting_a_few_cells_fixes_many_similar_ones(weak_model, drifted):
     # population B keeps most of its true members: the correction moved A's cells, not B's
     was_b = (truth == shown) & (before == shown)
     assert np.mean(after[was_b] == shown) > 0.95
+
+
+def test_corrections_start_from_the_self_trained_gating(weak_model, drifted):
+    """With self-training (the default) the reviewer corrects the self-trained gating: measured,
+    0.8682 before and 0.9484 after the same ten corrections (1,147 cells moved beyond them),
+    against 0.8190 and 0.9638 (1,733) without it: the step's more confident errors move less."""
+    sample, truth = drifted
+    weak_model.self_training = True
+    try:
+        base = weak_model.gate(sample)
+        before = np.asarray(base.populations).astype(str)
+        cells, true_pop, _ = worst_error_cells(weak_model, sample, truth, before, 10)
+        refined = refine_gating(weak_model, sample, cells, [true_pop] * len(cells), base=base)
+        np.testing.assert_allclose(refine_gating(weak_model, sample, [], []).probabilities,
+                                   weak_model.predict_proba(sample), atol=1e-6)
+    finally:
+        weak_model.self_training = False
+    after = np.asarray(refined.populations).astype(str)
+    assert 0.85 < np.mean(before == truth) < 0.9
+    assert np.mean(after == truth) > np.mean(before == truth) + 0.05 and np.mean(after == truth) > 0.94
+    assert refined.n_changed_beyond > 500
 
 
 def test_no_corrections_leave_the_gating_unchanged(weak_model, drifted):

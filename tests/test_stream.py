@@ -182,11 +182,11 @@ def test_failure_while_writing_removes_the_partial_file(sample_model, tmp_path, 
     calls = {"n": 0}
     original = GatingModel._proba
 
-    def failing(self, cells, embedding, chunk_size):
+    def failing(self, cells, embedding, chunk_size, **kwargs):
         calls["n"] += 1
         if calls["n"] == 4:  # after some chunks were written
             raise OSError("disk full")
-        return original(self, cells, embedding, chunk_size)
+        return original(self, cells, embedding, chunk_size, **kwargs)
 
     monkeypatch.setattr(GatingModel, "_proba", failing)
     out = tmp_path / "out"

@@ -164,7 +164,9 @@ def blended(small_centers):
     from gating_core.model import GatingModel
 
     samples, labels, _ = small_centers
-    return GatingModel(select=False, n_augment=1, cells_per_patient=1500).fit(samples[:4], labels[:4])
+    # Without the self-training step: these tests follow the blend itself (tests/test_self_training.py).
+    return GatingModel(select=False, n_augment=1, cells_per_patient=1500, self_training=False).fit(samples[:4],
+                                                                                                   labels[:4])
 
 
 def test_marginal_probabilities_are_the_weighted_mean_with_the_pooled_companion(blended, small_centers):
@@ -228,7 +230,8 @@ def test_pooled_weight_zero_and_pooling_fit_no_companion(small_centers):
     from gating_core.model import GatingModel
 
     samples, labels, _ = small_centers
-    alone = GatingModel(select=False, n_augment=0, pooled_weight=0.0, cells_per_patient=800).fit(samples[:3], labels[:3])
+    alone = GatingModel(select=False, n_augment=0, pooled_weight=0.0, cells_per_patient=800,
+                        self_training=False).fit(samples[:3], labels[:3])
     assert alone.pooled_classifier_ is None and alone.describe()["pooled_weight"] == 0.0
     new = samples[4]
     np.testing.assert_array_equal(
@@ -300,7 +303,8 @@ def auto_weighted(small_centers):
     # "auto" keeps a companion on this cohort (0.25); with its own selected sigma_X the companion
     # is nearly linear here and "auto" drops it (0.0), which leaves no blend to check.
     model = GatingModel(n_augment=1, cells_per_patient=1000, selection_cells_per_patient=600, cv_folds=3,
-                        cv_repeats=1, pooled_weight="auto", bandwidth_x=3.85).fit(samples, labels, groups=groups)
+                        cv_repeats=1, pooled_weight="auto", bandwidth_x=3.85,
+                        self_training=False).fit(samples, labels, groups=groups)
     return model
 
 

@@ -20,6 +20,7 @@ EVALUATION_METHODS += ("iw-nystroem",)
 EVALUATION_METHODS += ("marginal-linear",)
 EVALUATION_METHODS += ("marginal-agnostic", "marginal-select-worst")
 EVALUATION_METHODS += ("marginal-single-bandwidth",)
+EVALUATION_METHODS += ("marginal-no-self-training",)
 DEFAULT_POOLED_WEIGHT = 0.5
 DEFAULT_CLASS_BALANCE = 0.0
 # The choices of ``train`` (gating_core.model.METHODS and gating_core.classifier.LOSSES,
@@ -109,7 +110,8 @@ def register(subparsers) -> None:
                                "importance-weighted Nystroem KRR for each held-out patient; marginal-agnostic weighs training "
                                "patients towards the worst mixture, marginal-select-worst chooses every hyperparameter "
                                "for the worst held-out group; marginal-single-bandwidth fits the marginal model at the "
-                               "selected cell bandwidth only, as before session 12)")
+                               "selected cell bandwidth only, as before session 12; marginal-no-self-training gates "
+                               "without the self-training step, as before session 13)")
     evaluate.add_argument("--groups", metavar="FILE|KEYWORD",
                           help="the group (center, batch, run) of each patient: a CSV (patient, group) or an "
                                "FCS keyword such as $CYTSN, $INST or $DATE; default: near-duplicate patients "
@@ -163,6 +165,9 @@ def _model_options(parser) -> None:
     group.add_argument("--single-bandwidth", action="store_true",
                        help="fit the marginal model at the selected cell bandwidth only (default: also at half the "
                             "larger of it and the median distance between cells, gating with the mean of the two)")
+    group.add_argument("--no-self-training", action="store_true",
+                       help="gate each patient with the model as trained (default: the marginal model's gates then "
+                            "follow the patient's own confident cells, a self-training step at gating time)")
     group.add_argument("--seed", type=int, default=0, help="random seed (results are reproducible)")
 
 
@@ -204,6 +209,8 @@ def _model_params(args) -> dict:
     params["pooled_weight"] = _pooled_weight(args.pooled_weight)
     if args.single_bandwidth:
         params["bandwidth_x_hedge"] = None
+    if args.no_self_training:
+        params["self_training"] = False
     if args.channels:
         params["channels"] = args.channels
     return params
@@ -331,6 +338,9 @@ def run_train(args) -> int:
         print(f"Training cells: population-balanced draw (class_balance = {info['class_balance']:g})")
     if info["cv_accuracy"] is not None:
         print(f"Cross-validated accuracy over patients: {info['cv_accuracy']:.4f}")
+    if info.get("self_training"):
+        print("Gating: each patient's gates follow its own confident cells (self-training; "
+              "--no-self-training turns it off)")
     if args.method == IW_METHOD:
         print(f"Kept {info['training_cells']:,} training cells and {info['n_landmarks']} landmarks per refit: "
               "`gate` refits the model for each new patient")
@@ -348,7 +358,8 @@ def _iw_model(args):
                         ("--kernel-x", args.kernel_x != "gaussian"),
                         ("--class-balance", args.class_balance != DEFAULT_CLASS_BALANCE),
                         ("--select-embedding-bandwidth", args.select_embedding_bandwidth),
-                        ("--single-bandwidth", args.single_bandwidth)):
+                        ("--single-bandwidth", args.single_bandwidth),
+                        ("--no-self-training", args.no_self_training)):
         if given:
             return _fail(f"{flag} does not apply to --method {IW_METHOD} (a squared-loss KRR refitted per patient)")
     if args.landmarks < 1:
