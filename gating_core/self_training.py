@@ -20,8 +20,9 @@ confident core move towards it and a moved boundary follows the patient's cells.
 patient's true labels is used.
 
 The cells come from the patient's content-chosen cells (the embedding's), so the adjustment is
-the same whatever the chunking and costs one pass over at most ``embedding_cells`` cells, plus
-one more set of features for every gated cell.
+the same whatever the chunking and costs one pass over at most ``embedding_cells`` cells; for
+every gated cell the correction phi B comes from the features the marginal classifier scores it
+with (k more columns in the scoring product, :meth:`MarginalTransferClassifier.predict_proba_and_project`).
 """
 
 from __future__ import annotations
