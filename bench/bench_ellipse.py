@@ -402,9 +402,9 @@ def _percent(value) -> str:
 def print_grid(tasks, points, seeds, **options) -> dict:
     """The table, one line per cell as it finishes; returns (N, n) -> run_cell's dict."""
     print(f"== JMLR ellipse table: marginal transfer test error (%), mean over seeds {list(seeds)}, "
-          f"{TEST_TASKS} test tasks, error on {options.get('fresh_points', FRESH_POINTS)} fresh points each ==",
-          flush=True)
-    print(f"{'N':>4} {'n':>4} | {'ours':>6} {'min-max':>13} | {'paper':>6} {'diff':>6} | {'pooling':>7} | time",
+          f"{options.get('test_tasks', TEST_TASKS)} test tasks, error on {options.get('fresh_points', FRESH_POINTS)} "
+          f"fresh points each ==", flush=True)
+    print(f"{'N':>4} {'n':>4} | {'ours':>6} {'s.e.':>5} {'min-max':>13} | {'paper':>6} {'diff':>6} | {'pooling':>7} | time",
           flush=True)
     table = {}
     for n_tasks in tasks:
@@ -413,8 +413,11 @@ def print_grid(tasks, points, seeds, **options) -> dict:
             table[(n_tasks, n_points)] = cell
             ours, paper = float(np.mean(cell["marginal"])), PAPER.get((n_tasks, n_points))
             spread = f"{_percent(min(cell['marginal']))}-{_percent(max(cell['marginal']))}"
+            # Standard error of the mean over seeds (each seed: new tasks, new test tasks).
+            error = float(np.std(cell["marginal"], ddof=1) / np.sqrt(len(seeds))) if len(seeds) > 1 else None
             diff = "-" if paper is None else f"{100 * (ours - paper):+.2f}"
-            print(f"{n_tasks:>4} {n_points:>4} | {_percent(ours):>6} {spread:>13} | {_percent(paper):>6} {diff:>6} | "
+            print(f"{n_tasks:>4} {n_points:>4} | {_percent(ours):>6} {_percent(error):>5} {spread:>13} | "
+                  f"{_percent(paper):>6} {diff:>6} | "
                   f"{_percent(float(np.mean(cell['pooling']))):>7} | {cell['seconds']:.0f} s", flush=True)
     return table
 
@@ -433,6 +436,8 @@ def main(argv=()) -> int:
     parser.add_argument("--solver", choices=("rff", "nystroem", "exact"), default="rff")
     parser.add_argument("--features", type=int, default=512, help="D of the final model")
     parser.add_argument("--fresh-points", type=int, default=FRESH_POINTS)
+    parser.add_argument("--test-tasks", type=int, default=TEST_TASKS,
+                        help="test tasks per seed (a task's error depends on its angle: more tasks, less noise)")
     parser.add_argument("--density", choices=("area", "chord"), default="area",
                         help="points uniform over each ellipse's area, or spread as the authors' generator does")
     parser.add_argument("--authors", choices=AUTHORS_LOSSES,
@@ -451,13 +456,14 @@ def main(argv=()) -> int:
                     result = authors_cell_error(n_tasks, n_points, seed, args.authors,
                                                 bandwidths_from=args.authors_bandwidths,
                                                 bandwidths=AUTHORS_BANDWIDTHS[::args.authors_grid_step],
-                                                fresh_points=args.fresh_points, density=args.density)
+                                                fresh_points=args.fresh_points, density=args.density,
+                                                test_tasks=args.test_tasks)
                     chosen = ", ".join(f"{k} {v:.3g}" for k, v in result.params.items())
                     print(f"seed {seed}: {result.error:.2%}  ({chosen})  [{result.seconds:.0f} s]", flush=True)
         return 0
     options = dict(loss=args.loss, n_embedding_features=args.embedding_frequencies,
                    select_embedding=args.select_embedding, solver=args.solver, n_features=args.features,
-                   fresh_points=args.fresh_points, density=args.density)
+                   fresh_points=args.fresh_points, density=args.density, test_tasks=args.test_tasks)
     if args.grid:
         seeds = args.seeds or ((DEFAULT_SEEDS[0],) if args.quick else DEFAULT_SEEDS)
         tasks, points = args.tasks or GRID_TASKS, args.points or GRID_POINTS
@@ -472,7 +478,7 @@ def main(argv=()) -> int:
     seeds = args.seeds or DEFAULT_SEEDS
     for n_tasks in args.tasks or (64,):
         for n_points in args.points or (256,):
-            print(f"== Ellipse task, N = {n_tasks} training tasks, n = {n_points}, {TEST_TASKS} test tasks, "
+            print(f"== Ellipse task, N = {n_tasks} training tasks, n = {n_points}, {args.test_tasks} test tasks, "
                   f"error on {args.fresh_points} fresh points each ==", flush=True)
             paper = PAPER.get((n_tasks, n_points))
             for seed in seeds:

@@ -195,7 +195,10 @@ def scoring_ceiling(model_path: Path) -> dict:
         cos_rate = 3 * sum(b.size for b in blocks) / (time.perf_counter() - t)
 
     model = GatingModel.load(model_path)
-    scorers = [model.classifier_] + ([model.pooled_classifier_] if getattr(model, "pooled_classifier_", None) else [])
+    # Every fit whose features each gated cell needs: the marginal model, its second-bandwidth
+    # fit (a model trained with sigma_X selected) and the pooled companion.
+    scorers = [c for c in (model.classifier_, getattr(model, "hedge_classifier_", None),
+                           getattr(model, "pooled_classifier_", None)) if c is not None]
     d, k = len(model.channels_), len(model.populations_)
     flops = sum(2 * (d + 1) * c.coef_.shape[0] + 2 * c.coef_.shape[0] * k for c in scorers)
     cosines = sum(c.coef_.shape[0] for c in scorers)

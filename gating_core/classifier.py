@@ -35,7 +35,7 @@ except ImportError:  # scikit-learn < 1.6: the same check was a private method o
 
 from gating_core.cpus import one_blas_thread
 from gating_core.features import KERNELS_X, LinearProductFeatures
-from gating_core.solvers import (LBFGS_GTOL, RidgeStatistics, fit_temperature, fit_weighted_hinge,
+from gating_core.solvers import (LBFGS_GTOL, fit_temperature, fit_weighted_hinge,
                                  fit_weighted_logistic, multitask_ridge_solve)
 from gating_core.training_problem import (LandmarkFeatures, TrainingProblem, _seed, cell_features, check_training_set,
                                           embed_cells)

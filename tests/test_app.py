@@ -13,7 +13,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from gating_core.fcs import read_fcs, write_fcs
-from gating_core.gates import GateTree, rectangle_gate
+from gating_core.gates import GateTree
 from apptest_helpers import finish_jobs, goto, start, store_of, train_quick_model
 
 
@@ -167,8 +167,6 @@ def test_gate_nested_rectangles_stats_undo_copy_labels_and_persist(library):
     at.run()
     assert not at.exception and not at.error
     cd3 = sample.events[:, sample.channel_index("FL1-A")]
-    fl3 = sample.events[:, sample.channel_index("FL3-A")]
-    lo_y = max(-1e6, float(np.sinh(np.arcsinh(-1e6 / 150)) * 150))
     expected_cd3 = cells & (cd3 >= 1000 * (1 - 1e-9)) & (cd3 <= 1e6)
     stats = at.dataframe[0].value
     row = stats[stats["gate"].str.contains("CD3")].iloc[0]
@@ -212,7 +210,6 @@ def test_gate_from_a_lasso_selection(library):
     spec = plotly_spec(at)
     x_range, y_range = spec["layout"]["xaxis"]["range"], spec["layout"]["yaxis"]["range"]
     xm, ym = np.mean(x_range), np.mean(y_range)
-    scale = at.session_state  # noqa: F841
     at.session_state["pending_shape"] = {
         "kind": "polygon", "vertices": [(x_range[0], y_range[0]), (xm, y_range[0]), (xm, ym), (x_range[0], ym)],
         "patient": "patient_01", "x": "FSC-A", "y": "SSC-A", "parent": None,
@@ -647,7 +644,7 @@ def test_typed_rectangle_numbers_follow_the_channel(library):
 
 
 def test_autogate_targets_compatible_patients_and_accept_asks(trained, sample_data_dir):
-    from gating_core.fcs import Channel, Sample
+    from gating_core.fcs import Sample
 
     at = trained
     store = store_of(at)

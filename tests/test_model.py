@@ -1,8 +1,6 @@
 """GatingModel: training, gating, novelty, channel matching, safe save/load."""
 
-import io
 import json
-import zipfile
 
 import numpy as np
 import pytest

@@ -31,6 +31,7 @@ def test_train_on_a_library_equals_training_on_the_files(sample_data_dir, tmp_pa
     from_library = run_cli("train", "--library", library, "--out", tmp_path / "lib.npz")
     from_files = run_cli("train", "--out", tmp_path / "files.npz", *inputs)
     assert from_library.returncode == 0, from_library.stderr
+    assert from_files.returncode == 0, from_files.stderr
     assert "Training (marginal) on 4 patients, 48,000 events" in from_library.stdout
     a, b = _arrays(tmp_path / "lib.npz"), _arrays(tmp_path / "files.npz")
     for key in a:
