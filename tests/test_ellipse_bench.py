@@ -53,6 +53,19 @@ def test_grid_prints_ours_beside_the_paper(capsys):
     assert bench_ellipse.PAPER[(256, 256)] == 0.0127 and bench_ellipse.PAPER[(64, 256)] == 0.0722
 
 
+def test_pca_axis_reference_reads_the_rule_off_the_embedding_points(smallest_cell):
+    # Same test tasks as cell_error's for the seed (the training draw is consumed first).
+    reference = bench_ellipse.pca_axis_error(16, 8, 2021)
+    assert reference == pytest.approx(0.1073, abs=1e-12)
+    assert reference < smallest_cell[True].error
+    # More points pin the axis down: 40 test tasks at n = 256 (docs/ellipse.md: 1.38% over ten seeds).
+    assert bench_ellipse.pca_axis_error(16, 256, 2021, test_tasks=40) < 0.03
+    # A task whose axis is known exactly is labeled without error (the rule is the side of the axis).
+    x, y, angles = bench_ellipse.ellipse_task(1, 4000, 5, return_angles=True)
+    normal = np.array([-np.sin(angles[0]), np.cos(angles[0])])
+    assert np.array_equal((x[0] @ normal) > 0, y[0] == 1)
+
+
 # -- the authors' protocol (docs/ellipse.md, "The authors' protocol, measured") ---------------------
 
 def test_authors_feature_map_approximates_the_product_kernel():
