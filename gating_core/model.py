@@ -562,7 +562,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     def _chosen_cells(self, events, indices):
         """The patient's registration (or None) and its content-chosen cells, registered."""
         raw = events[:, indices]
-        chosen = self._standardise(raw[content_subsample(raw, self.embedding_cells)])
+        chosen = self._standardise(raw[content_subsample(raw, self.embedding_cells, parallel=True)])
         if getattr(self, "reference_quantiles_", None) is None:
             return None, chosen
         registration = QuantileRegistration(channel_quantiles(chosen), self.reference_quantiles_)

@@ -113,7 +113,7 @@ class StreamedGating:
         n = 0
         for start, events in chunks(chunk_events):
             raw = events[:, indices]
-            kept_hash = np.concatenate([kept_hash, content_hashes(raw)])
+            kept_hash = np.concatenate([kept_hash, content_hashes(raw, parallel=True)])
             kept_index = np.concatenate([kept_index, np.arange(start, start + len(raw), dtype=np.int64)])
             kept_rows = raw if kept_rows is None else np.concatenate([kept_rows, raw])
             n = start + len(raw)
@@ -132,7 +132,7 @@ class StreamedGating:
         # Tied rows straddle the cut: reproduce argpartition's choice on all the hashes.
         hashes = np.empty(n, dtype=np.uint64)
         for start, events in chunks(chunk_events):
-            hashes[start:start + len(events)] = content_hashes(events[:, indices])
+            hashes[start:start + len(events)] = content_hashes(events[:, indices], parallel=True)
         chosen = np.sort(np.argpartition(hashes, k - 1)[:k])
         del hashes
         rows = []

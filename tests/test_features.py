@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from gating_core.classifier import MarginalTransferClassifier
-from gating_core.features import content_subsample
+from gating_core.features import content_hashes, content_subsample
 from gating_core.features import (ExactKernel, MeanEmbedding, ProductRFF, exact_embedding_inner,
                                   median_pairwise_distance)
 from gating_core.synthetic import ellipse_task
@@ -86,6 +86,16 @@ def test_content_subsample_is_invariant_to_cell_order():
     assert len(chosen) == 500
     assert chosen == chosen_after_shuffle
     np.testing.assert_array_equal(content_subsample(x[:100], 500), np.arange(100))
+
+
+def test_content_hashes_in_parallel_blocks_are_the_same_bits():
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(70_001, 5)).astype(np.float32)  # several blocks, the last one short
+    serial = content_hashes(x)
+    np.testing.assert_array_equal(content_hashes(x, parallel=True), serial)
+    np.testing.assert_array_equal(content_subsample(x, 2_000, parallel=True), content_subsample(x, 2_000))
+    # A row's hash is its own: the same row anywhere gets the same hash, two rows differ.
+    assert serial[3] == content_hashes(x[3:4])[0] and len(np.unique(serial)) == len(x)
 
 
 def test_median_pairwise_distance_of_a_known_configuration():

@@ -8,7 +8,7 @@ from gating_core.fcs import read_fcs
 from gating_core.inputs import load_labeled_input
 from gating_core.labels import read_labels_csv
 from gating_core.model import GatingModel
-from gating_core.refinement import _PatientFrame, refine_gating, refinement_coef
+from gating_core.refinement import _PatientFrame, corrected_probabilities, refine_gating, refinement_coef
 
 
 def test_ridge_step_is_the_minimiser_in_primal_and_dual_form():
@@ -161,3 +161,16 @@ def test_bad_corrections_are_refused_with_a_clear_error(weak_model, drifted):
         refine_gating(weak_model, sample, [sample.n_events], ["Debris"])
     with pytest.raises(ValueError, match="2 corrected cells but 1 labels"):
         refine_gating(weak_model, sample, [0, 1], ["Debris"])
+
+
+def test_corrected_probabilities_clip_renormalise_and_keep_a_cell_pushed_to_zero():
+    f0 = np.array([[0.5, 0.3, 0.2], [0.1, 0.1, 0.8], [0.6, 0.2, 0.2]], dtype=np.float32)
+    shift = np.array([[0.1, -0.5, 0.0], [-1.0, -1.0, -1.0], [0.0, 0.0, 0.0]], dtype=np.float32)
+    before = f0.copy()
+    f = corrected_probabilities(f0, shift)
+    assert f.dtype == np.float32
+    # Row 0: (0.6, 0 (clipped), 0.2) / 0.8; row 1: every class pushed below zero keeps f0; row 2: unchanged.
+    np.testing.assert_allclose(f[0], [0.75, 0.0, 0.25], rtol=1e-6)
+    np.testing.assert_array_equal(f[1], f0[1])
+    np.testing.assert_allclose(f[2], f0[2], rtol=1e-6)
+    np.testing.assert_array_equal(f0, before)  # the model's own probabilities untouched
