@@ -12,7 +12,8 @@ gives. Two reviews run side by side from the model's gating:
 
 Printed: the curve (corrected cells -> agreement with the truth) for both, and the corrected
 cells each needed to reach ``--target`` agreement. Models: trained on all eight sample patients
-(the product's defaults) and on three (select=False, no augmentation: a weak model, many errors).
+(the product's defaults), on three (select=False, no augmentation), and on the same three as
+the marginal model alone (no companion, no self-training: a weak model, many errors).
 
     python bench/bench_refinement.py [--patients new_patient_03] [--per-round 25] [--alpha 1.0]
 """
@@ -100,6 +101,11 @@ def main(argv=None):
         "8 patients, defaults": lambda: GatingModel(random_state=0).fit(samples, labels),
         "3 patients, select=False, n_augment=0": lambda: GatingModel(random_state=0, select=False, n_augment=0).fit(
             samples[:3], labels[:3]),
+        # The same without the companion and self-training, which rescue that model on this patient:
+        # a model with many errors, as a reviewer meets on a patient unlike the training ones.
+        "3 patients, marginal model alone (select=False, n_augment=0, pooled_weight=0, self_training=False)":
+            lambda: GatingModel(random_state=0, select=False, n_augment=0, pooled_weight=0,
+                                self_training=False).fit(samples[:3], labels[:3]),
     }
     for model_name, build in models.items():
         start = time.perf_counter()
