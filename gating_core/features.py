@@ -174,8 +174,8 @@ def content_hashes(x: np.ndarray, parallel: bool = False) -> np.ndarray:
     """The hash of each row's float32 values that :func:`content_subsample` ranks: (n,) uint64.
 
     Each row's hash depends on that row alone, so it can be computed chunk by chunk, and with
-    ``parallel`` on row blocks side by side (the same bits; for gating, where a file's hashes
-    are a tenth of the gating step, not inside other pools)."""
+    ``parallel`` on row blocks side by side (the same bits; for gating a file, where hashing
+    every event costs several percent of the gating step, not from inside other pools)."""
     if parallel:
         from gating_core.fcs.stream import parallel_rows
 

@@ -108,27 +108,24 @@ class StreamedGating:
         ``content_subsample``'s own selection decide, so the result is always the same."""
         k = int(self.embedding_cells)
         kept_hash = np.empty(0, dtype=np.uint64)
-        kept_index = np.empty(0, dtype=np.int64)
         kept_rows = None
         n = 0
         cut = None  # the k-th smallest hash kept so far, once k rows are kept
         for start, events in chunks(chunk_events):
             raw = events[:, indices]
             hashes = content_hashes(raw, parallel=True)
-            rows = np.arange(start, start + len(raw), dtype=np.int64)
             n = start + len(raw)
             if cut is not None:
                 # A row above the cut can never be among the k smallest (k kept rows are at or
                 # below it): dropped before the copies, the same rows survive.
                 below = hashes <= cut
-                hashes, rows, raw = hashes[below], rows[below], raw[below]
+                hashes, raw = hashes[below], raw[below]
             kept_hash = np.concatenate([kept_hash, hashes])
-            kept_index = np.concatenate([kept_index, rows])
             kept_rows = raw if kept_rows is None else np.concatenate([kept_rows, raw])
             if len(kept_hash) >= k:
                 cut = np.partition(kept_hash, k - 1)[k - 1]
                 keep = kept_hash <= cut
-                kept_hash, kept_index, kept_rows = kept_hash[keep], kept_index[keep], kept_rows[keep]
+                kept_hash, kept_rows = kept_hash[keep], kept_rows[keep]
         if kept_rows is None:
             return np.empty((0, len(indices)), dtype=np.float32), 0
         if n <= k:
