@@ -20,6 +20,7 @@ right on patients the model had not seen, and the calibration never changes the 
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -271,7 +272,8 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             stats = problem.statistics(features) if self.loss == "squared" else None
         return self.fit_prepared(problem, feature_map, features, stats, patient_groups)
 
-    def fit_prepared(self, problem, feature_map, features, stats=None, groups=None, warm_start=None, gtol=None):
+    def fit_prepared(self, problem, feature_map, features, stats=None, groups=None, warm_start=None, gtol=None,
+                     curvature=None):
         """Fit from a :class:`TrainingProblem` already built: what :meth:`fit` does once the
         features are computed.
 
@@ -292,6 +294,9 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         gtol : float or None
             Where the logistic or hinge loss's L-BFGS stops (largest gradient entry); None:
             :data:`gating_core.solvers.LBFGS_GTOL`, as :meth:`fit` does.
+        curvature : ndarray of shape (k, D + 1, D + 1) or None
+            The logistic loss's curvature near the solution (:func:`gating_core.solvers.logistic_curvature`),
+            with ``warm_start``: preconditions its iterations (the same stopping rule).
 
         Returns
         -------
@@ -307,7 +312,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             coef, intercept = self._ridge_fit(stats, range(n_rows))
         else:
             coef, intercept = self._iterative_fit(features, targets, range(n_rows), n_classes, warm=warm_start,
-                                                  gtol=gtol)
+                                                  gtol=gtol, curvature=curvature)
         if self.patient_weighting == "agnostic":
             coef, intercept, weights = self._fit_agnostic(problem, stats, features, coef, intercept)
         coef, intercept = coef.astype(np.float32), intercept.astype(np.float32)
@@ -401,12 +406,17 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             return multitask_ridge_solve(stats, rows, weights, self.alpha, float(self.task_similarity))
         return stats.fit(rows, self.alpha, weights)
 
-    def _iterative_fit(self, features, targets, rows, n_classes, weights=None, warm=None, max_iter=300, gtol=None):
-        """The logistic or hinge loss's L-BFGS fit on training ``rows``."""
+    def _iterative_fit(self, features, targets, rows, n_classes, weights=None, warm=None, max_iter=300, gtol=None,
+                       curvature=None):
+        """The logistic or hinge loss's L-BFGS fit on training ``rows`` (``curvature``: the
+        logistic loss's preconditioner, :func:`~gating_core.solvers.fit_weighted_logistic`)."""
         rows = list(rows)
         w = np.ones(len(rows)) if weights is None else np.asarray(weights, dtype=np.float64)[rows]
         w = w / w.sum()
-        solve = fit_weighted_hinge if self.loss == "hinge" else fit_weighted_logistic
+        if self.loss == "hinge":
+            solve = fit_weighted_hinge
+        else:
+            solve = functools.partial(fit_weighted_logistic, curvature=curvature)
         if getattr(features, "stacked", None) is not None and rows == list(range(len(features))):
             chosen = features  # every row in order: the solver reads the stacked store, no copy
         else:

@@ -57,7 +57,7 @@ def test_the_blocked_objective_is_the_whole_objective():
 
     seen = {}
 
-    def capture(objective, warm, max_iter, gtol):
+    def capture(objective, warm, max_iter, gtol, curvature=None):
         theta = objective.centred(w, b)
         back = objective.model(theta)
         np.testing.assert_allclose(back[0], w, rtol=0, atol=0)
