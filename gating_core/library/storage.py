@@ -21,6 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from gating_core.parquet_columns import repeating_columns
+
 TEMP_SUFFIX = ".part"
 # A temp file whose writer is still alive is left alone unless it is older than this.
 STALE_TEMP_SECONDS = 24 * 3600
@@ -113,7 +115,7 @@ def write_events_temp(tmp_dir: Path, events: np.ndarray, pnn: list[str]) -> Temp
     table = pa.Table.from_arrays(columns, names=names)
     path = temp_path(tmp_dir)
     try:
-        pq.write_table(table, path, compression="zstd")
+        pq.write_table(table, path, compression="zstd", use_dictionary=repeating_columns(table))
         return _finish(path, events.shape[0])
     except BaseException:
         path.unlink(missing_ok=True)
