@@ -611,7 +611,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         weights = np.vstack([fm.cell_weights_, phase[None, :]]).astype(np.float32)
         projection = self.coef_ if extra is None else np.hstack([self.coef_, extra])
         projection = (projection * fm.scale_).astype(np.float32)
-        d, k = x.shape[1], len(self.coef_[0])
+        d, k = x.shape[1], self.coef_.shape[1]
 
         def run(bounds):
             lo, hi = bounds

@@ -178,40 +178,6 @@ def test_parquet_export_holds_the_gated_csv_columns_exactly(raw_patient, tmp_pat
     assert np.array_equal(table.column("confidence").to_numpy(), confidence.astype(np.float32))
 
 
-def _dictionary_encoded(path) -> dict:
-    """Column name -> whether its first row group is dictionary-encoded."""
-    meta = pq.ParquetFile(path).metadata
-    group = meta.row_group(0)
-    return {meta.schema.column(i).name: any("DICTIONARY" in e for e in group.column(i).encodings)
-            for i in range(meta.num_columns)}
-
-
-def test_parquet_dictionary_encodes_populations_and_repeating_channels_only(raw_patient, tmp_path):
-    """Arrow would dictionary-encode every column; on float channels of distinct values that
-    makes the write 7x slower and the file 1.5x larger, on integer-valued channels it halves it."""
-    from gating_core.gated_table import GatedTableWriter
-
-    events = raw_patient.events.copy()
-    events[:, 1] = np.floor(events[:, 1] / 256)  # 10-bit values, as older instruments record them
-    sample = Sample("p", events, raw_patient.channels, raw_patient.keywords)
-    populations = np.where(events[:, 0] > 90_000, "big", "small")
-    confidence = np.linspace(0, 1, sample.n_events)
-    assert len(np.unique(events[:, 0])) > 0.9 * sample.n_events  # the simulator's floats do not repeat
-    whole = tmp_path / "whole.parquet"
-    export_sample(whole, sample, populations, confidence)
-    streamed = tmp_path / "streamed.parquet"
-    with GatedTableWriter(streamed, sample, "parquet") as writer:
-        for lo in range(0, sample.n_events, 5000):
-            writer.write(events[lo:lo + 5000], populations[lo:lo + 5000], confidence[lo:lo + 5000])
-    for path in (whole, streamed):
-        encoded = _dictionary_encoded(path)
-        expected = {name: name in (sample.pnn[1], "population") for name in sample.pnn + ["population", "confidence"]}
-        assert encoded == expected, path.name
-        table = pq.read_table(path)
-        assert np.array_equal(table.column(sample.pnn[1]).to_numpy(), events[:, 1])
-        assert table.column("population").to_pylist() == populations.tolist()
-
-
 # ------------------------------------------------------------------------------------ gate --format, --json
 
 def run_cli(*args):
