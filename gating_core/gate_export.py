@@ -221,7 +221,7 @@ def workspace_sample_id(sample) -> str:
 
 
 def export_flowjo_workspace(tree: GateTree, path: str | os.PathLike, samples, *, group_name: str = "All Samples",
-                            include_identifying: bool = False) -> Path:
+                            include_identifying: bool = False, keep_keywords=()) -> Path:
     """Write the gate tree, applied to ``samples``, as a FlowJo 10 workspace (.wsp) via FlowKit.
 
     Parameters
@@ -229,8 +229,9 @@ def export_flowjo_workspace(tree: GateTree, path: str | os.PathLike, samples, *,
     tree : the gates (the same for every sample).
     path : the .wsp file to write.
     samples : the patients (:class:`~gating_core.fcs.Sample`) the workspace lists; each is named
-        by its FCS file name (:func:`workspace_sample_id`) and carries its keywords, without
-        those that may identify a person unless ``include_identifying``.
+        by its FCS file name (:func:`workspace_sample_id`) and carries the keywords an FCS
+        export of it would (:func:`gating_core.export.export_keywords`): only those needed to
+        read the data, plus ``keep_keywords``, or every keyword with ``include_identifying``.
 
     Re-import with :func:`gating_core.gates.apply_workspace`. Raises GateError when the gates
     cannot be expressed in a workspace (one channel drawn on two different scales).
@@ -261,7 +262,7 @@ def export_flowjo_workspace(tree: GateTree, path: str | os.PathLike, samples, *,
             # stand-in's XML element is rewritten as FlowJo's fasinh below.
             strategy.transformations[transform_id] = stand_in(transform)
             fasinh_by_channel[channel_of[transform_id]] = transform
-    fk_samples = [flowkit_sample_via_fcs(s, i, include_identifying) for s, i in zip(samples, ids)]
+    fk_samples = [flowkit_sample_via_fcs(s, i, include_identifying, keep_keywords) for s, i in zip(samples, ids)]
     session = flowkit.Session(gating_strategy=strategy, fcs_samples=fk_samples)
     buffer = io.BytesIO()
     try:

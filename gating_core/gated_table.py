@@ -354,16 +354,18 @@ def write_gated_parquet(path: str | os.PathLike, sample: Sample, populations, co
 
 
 def write_gated_h5ad(path: str | os.PathLike, sample: Sample, populations=None, confidence=None, *,
-                     include_identifying: bool = False) -> None:
+                     include_identifying: bool = False, keep_keywords=()) -> None:
     """The gated patient as an AnnData ``.h5ad`` (layout of :func:`gating_core.interop.to_anndata`);
-    keywords that may identify a person are left out unless ``include_identifying``."""
+    ``uns["keywords"]`` holds only the keywords needed to read the data (the allow-list of
+    :mod:`gating_core.library.privacy`) and those named in ``keep_keywords``, or every keyword
+    with ``include_identifying``; ``uns["dropped_keywords"]`` counts the ones left out."""
     from .interop import to_anndata
 
     path = Path(path)
     if populations is not None:
         populations, confidence = _check_lengths(sample, populations, confidence, path)
     adata = to_anndata(sample, populations=populations, confidence=confidence,
-                       include_identifying=include_identifying)
+                       include_identifying=include_identifying, keep_keywords=keep_keywords)
     tmp = _atomic_target(path)
     try:
         adata.write_h5ad(tmp)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.export import EXPORT_SUFFIXES, GatedTableWriter, export_sample
+from gating_core.export import EXPORT_SUFFIXES, GatedTableWriter, dropped_keyword_count, export_sample
 from gating_core.fcs import FCSError, read_fcs_all, stream_fcs_all
 from gating_core.digest import PatientDigest
 from gating_core.gate_result import ChannelMismatchError
@@ -29,7 +29,8 @@ def output_stem(sample_name: str) -> str:
 STREAMED_FORMATS = ("csv", "parquet")
 
 
-def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, format: str = "csv") -> list[dict]:
+def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, format: str = "csv", *,
+              include_identifying: bool = False, keep_keywords=()) -> list[dict]:
     """Gate every data set of one FCS file; write ``<out_dir>/<stem>.gated.csv`` for each
     (``.gated.parquet`` / ``.gated.fcs`` / ``.gated.h5ad`` for the other ``format`` values of
     :func:`~gating_core.export.export_sample`).
@@ -39,15 +40,19 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
     compensated, scored and written before the next is read, so memory stays bounded
     whatever the file size; the gated CSV is byte-identical to
     ``export_sample(..., model.gate(read_fcs(...)))``. FCS and h5ad outputs need every
-    population before the first byte (codes, data type) and read the patient whole.
+    population before the first byte (codes, data type) and read the patient whole; they keep
+    the keywords of :func:`~gating_core.export.export_sample`'s policy (``include_identifying``,
+    ``keep_keywords``).
 
     Returns one record per data set: ``file``, ``patient``, ``events``, ``counts``,
-    ``novelty`` (dict), ``output`` (path) or, when the file cannot be gated, ``error`` (the
+    ``novelty`` (dict), ``output`` (path), for FCS and h5ad ``dropped_keywords`` (how many
+    keywords the export left out) or, when the file cannot be gated, ``error`` (the
     message naming the file and the problem). Never raises for a bad input file; a file that
     fails part way leaves no output file behind.
     """
     if format not in STREAMED_FORMATS:
-        return _gate_file_whole(model, fcs_path, out_dir, chunk_size, format)
+        return _gate_file_whole(model, fcs_path, out_dir, chunk_size, format,
+                                include_identifying=include_identifying, keep_keywords=keep_keywords)
     fcs_path = Path(fcs_path)
     out_dir = Path(out_dir)
     try:
@@ -104,7 +109,8 @@ def _skipped_records(fcs_path: Path, data_sets) -> list[dict]:
             for name, problem in getattr(data_sets, "skipped", [])]
 
 
-def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, format: str = "csv") -> list[dict]:
+def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, format: str = "csv", *,
+                     include_identifying: bool = False, keep_keywords=()) -> list[dict]:
     """:func:`gate_file` reading each data set whole (FCS and h5ad outputs; the reference the
     streamed path is tested against)."""
     fcs_path = Path(fcs_path)
@@ -119,9 +125,14 @@ def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50
         try:
             result = model.gate(sample, chunk_size=chunk_size)
             output = out_dir / f"{output_stem(sample.name)}.gated{EXPORT_SUFFIXES[format]}"
-            export_sample(output, sample, result.populations, result.confidence, format=format)
+            export_sample(output, sample, result.populations, result.confidence, format=format,
+                          include_identifying=include_identifying, keep_keywords=keep_keywords)
             record.update(events=sample.n_events, counts=result.counts, novelty=result.novelty.to_dict(),
                           output=str(output), mean_confidence=float(result.confidence.mean()) if sample.n_events else 0.0)
+            dropped = dropped_keyword_count(sample, format=format, include_identifying=include_identifying,
+                                            keep_keywords=keep_keywords)
+            if dropped is not None:
+                record["dropped_keywords"] = dropped
             _add_fit_cost(record, model)
         except (ChannelMismatchError, FCSError, ValueError, OSError) as exc:
             record["error"] = _naming_the_file(fcs_path, exc)

@@ -142,7 +142,7 @@ def from_flowkit(fk_sample, *, name: str | None = None) -> Sample:
                   version=str(getattr(fk_sample, "version", "3.1") or "3.1"), path=None, compensated=False)
 
 
-def to_flowkit(sample: Sample, *, include_identifying: bool = True):
+def to_flowkit(sample: Sample, *, include_identifying: bool = True, keep_keywords=()):
     """A ``flowkit.Sample`` holding exactly ``sample``'s events, channels, keywords and spillover.
 
     The sample goes through the product's one export path (an FCS 3.1 file in a temporary
@@ -152,8 +152,9 @@ def to_flowkit(sample: Sample, *, include_identifying: bool = True):
     ``metadata["spillover"]`` (compensate with
     ``fk.apply_compensation(fk.metadata["spillover"])``, FlowKit's own step).
 
-    ``include_identifying`` keeps the keywords that may identify a person (default: kept, as
-    this is an in-memory conversion; pass False before sharing the result).
+    ``include_identifying`` keeps every keyword (default: kept, as this is an in-memory
+    conversion); pass False before sharing the result to keep only those needed to read the
+    data (:mod:`gating_core.library.privacy`) and the ones named in ``keep_keywords``.
 
     Raises ValueError for a sample that is already compensated: FlowKit keeps raw events and
     compensates them itself, so convert the sample as read (``read_fcs(..., compensate=False)``).
@@ -161,18 +162,20 @@ def to_flowkit(sample: Sample, *, include_identifying: bool = True):
     if sample.compensated:
         raise ValueError(f"{sample.name}: the sample is already compensated; FlowKit keeps raw events and "
                          "compensates them itself, so convert the sample as read (compensate=False)")
-    return flowkit_sample_via_fcs(sample, sample.name, include_identifying)
+    return flowkit_sample_via_fcs(sample, sample.name, include_identifying, keep_keywords)
 
 
-def flowkit_sample_via_fcs(sample: Sample, sample_id: str, include_identifying: bool):
-    """``flowkit.Sample(sample_id)`` read from ``sample`` exported as FCS (the one export path)."""
+def flowkit_sample_via_fcs(sample: Sample, sample_id: str, include_identifying: bool, keep_keywords=()):
+    """``flowkit.Sample(sample_id)`` read from ``sample`` exported as FCS (the one export path,
+    with its keyword policy)."""
     import flowkit
 
     from gating_core.export import export_sample
 
     with tempfile.TemporaryDirectory(prefix="gating-core-flowkit-") as folder:
         path = Path(folder) / "sample.fcs"
-        export_sample(path, sample, format="fcs", include_identifying=include_identifying)
+        export_sample(path, sample, format="fcs", include_identifying=include_identifying,
+                      keep_keywords=keep_keywords)
         # subsample=0: FlowKit's default draws 10,000 events for its plots at load time.
         return flowkit.Sample(str(path), sample_id=sample_id, subsample=0)
 
@@ -198,7 +201,8 @@ def _decode_key(key: str) -> str:
     return key.replace("%2F", "/").replace("%25", "%")
 
 
-def to_anndata(sample: Sample, result=None, *, populations=None, confidence=None, include_identifying: bool = True):
+def to_anndata(sample: Sample, result=None, *, populations=None, confidence=None, include_identifying: bool = True,
+               keep_keywords=()):
     """One patient as an ``anndata.AnnData``: the layout scverse tools (scanpy, pytometry) read.
 
     * ``X``: the events, (n_events, n_channels), float32 or float64 as read (no copy).
@@ -207,7 +211,9 @@ def to_anndata(sample: Sample, result=None, *, populations=None, confidence=None
     * ``obs``: one row per event in file order (index ``"0"``, ``"1"``, ...); ``population``
       (categorical) and ``confidence`` (float32) when a gating result is given.
     * ``uns``: ``name``, ``fcs_version``, ``compensated``, ``keywords`` (dict; a ``/`` in a
-      keyword name is written ``%2F`` because h5ad cannot store it), ``spillover`` and
+      keyword name is written ``%2F`` because h5ad cannot store it), ``dropped_keywords`` (how
+      many keywords the keyword policy left out; 0 with ``include_identifying``) and
+      ``keyword_policy`` (the policy in words), ``spillover`` and
       ``spillover_channels`` when the sample has a spillover matrix, and ``gating``
       (``populations``, ``novelty``) when ``result`` is a :class:`~gating_core.gate_result.GateResult`.
 
@@ -216,13 +222,17 @@ def to_anndata(sample: Sample, result=None, *, populations=None, confidence=None
     sample : Sample
     result : GateResult from ``GatingModel.gate``, or None.
     populations, confidence : per-event arrays, instead of ``result``.
-    include_identifying : keep keywords that may identify a person (default True: an in-memory
-        conversion; the h5ad export of :func:`~gating_core.export.export_sample` leaves them out).
+    include_identifying : keep every keyword (default True: an in-memory conversion). With
+        False only those needed to read the data are kept (the allow-list of
+        :mod:`gating_core.library.privacy`, as the h5ad export of
+        :func:`~gating_core.export.export_sample` does by default), plus ``keep_keywords``.
+    keep_keywords : names of further keywords to keep (case-insensitive; ``$PnV`` for every
+        channel's).
     """
     anndata = _require_anndata()
     import pandas as pd
 
-    from gating_core.library.privacy import is_identifying
+    from gating_core.library.privacy import policy_note, split_keywords
 
     if result is not None:
         populations = result.populations if populations is None else populations
@@ -243,10 +253,12 @@ def to_anndata(sample: Sample, result=None, *, populations=None, confidence=None
     ranges = [np.nan if c.range is None else float(c.range) for c in sample.channels]
     var = pd.DataFrame({"pnn": sample.pnn, "pns": sample.pns, "range": ranges},
                        index=pd.Index(sample.pnn, dtype=object))
-    keywords = {_encode_key(str(k)): str(v) for k, v in sample.keywords.items()
-                if include_identifying or not is_identifying(str(k))}
+    kept, dropped = split_keywords({str(k): v for k, v in sample.keywords.items()},
+                                   include_identifying=include_identifying, keep_keywords=keep_keywords)
+    keywords = {_encode_key(k): str(v) for k, v in kept.items()}
     uns = {"name": sample.name, "fcs_version": sample.version or "", "compensated": bool(sample.compensated),
-           "keywords": keywords}
+           "keywords": keywords, "dropped_keywords": len(dropped),
+           "keyword_policy": policy_note(include_identifying=include_identifying, keep_keywords=keep_keywords)}
     if sample.spillover is not None:
         uns["spillover"] = np.asarray(sample.spillover, dtype=np.float64)
         uns["spillover_channels"] = list(sample.spillover_channels)

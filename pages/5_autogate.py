@@ -374,13 +374,18 @@ e[0].download_button("Gated CSV", data=lambda: exports.gated_csv(record.populati
 e[1].download_button("FCS with population channel",
                      data=lambda: exports.gated_fcs(record.populations_token, record, store.work_dir),
                      file_name=f"{patient}.gated.fcs", mime="application/octet-stream", key="dl_fcs",
-                     help="The events exactly as read, plus a population channel. Keywords that may identify "
-                          "a person (names, ids, dates, serial numbers) are left out.")
+                     help="The events exactly as read, plus a population channel. Only the keywords needed to "
+                          "read the data are kept (channels and their settings, time step, spillover, "
+                          "cytometer model, volume); names, ids, dates, serial numbers and any other keyword "
+                          "are left out.")
 gated_records = [store.patients[n] for n in gated]
 e[2].download_button("Statistics (CSV, all gated patients)", data=lambda: exports.statistics_csv(gated_records),
                      file_name="population_statistics.csv", mime="text/csv", key="dl_stats")
 e[3].download_button(f"All {len(gated)} patients (zip)", data=lambda: exports.all_as_zip(gated_records, store.work_dir),
                      file_name="gated_patients.zip", mime="application/zip", key="dl_zip")
+keyword_note = exports.fcs_keyword_note(record)
+if keyword_note:
+    st.caption(keyword_note)
 
 st.subheader("Reports", anchor="reports")
 st.caption("The batch table: every patient x population with its parent, count, % of parent and % of total "

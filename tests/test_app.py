@@ -273,6 +273,9 @@ def test_train_lopo_autogate_correct_accept_export(trained, sample_data_dir):
     at.run()
     assert not result.novelty.is_novel
     assert not at.warning and "resembles the training patients" in at.success[0].value
+    # the download area says how many keywords the FCS download leaves out ($CYTSN, $DATE, $SRC,
+    # $FIL, $COM and SIM_CONDITION of the sample data), not which
+    assert any("The FCS download leaves out 6 keywords" in c.value for c in at.caption)
     stats = at.dataframe[0].value.set_index("population")
     counts = pd.Series(result.populations.astype(str)).value_counts()
     assert stats["count"].to_dict() == counts.to_dict()

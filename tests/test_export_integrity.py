@@ -2,7 +2,8 @@
 
 * every export path round-trips: read(export(read(f))) == read(f) on every channel, with a
   $TIMESTEP time channel, $PnG gains and $PnE log channels in the source;
-* one identifying-keyword policy for the library, the CLI and the app's downloads;
+* one keyword policy for the library, the CLI and the app's downloads: only the keywords
+  needed to read the data (an allow-list, ``gating_core.library.privacy``) unless asked;
 * keyword names and values holding the TEXT delimiter export and read back identically.
 
 Sources are written byte by byte with the test writer of ``test_fcs_properties``.
@@ -32,8 +33,11 @@ IDENTIFYING = {"$SRC": "Jane Roe", "$FIL": "roe_jane.fcs", "$DATE": "01-MAR-2024
                "$INST": "St Elsewhere", "$BTIM": "09:12:00", "$ETIM": "09:14:31", "$CYTSN": "R6603450",
                "$PLATENAME": "ROE plate", "$WELLID": "A01", "SAMPLE ID": "S-0042", "PATIENT ID": "MRN-889977",
                "CASE NUMBER": "C-17", "TUBE NAME": "Roe tube 1", "EXPORT USER NAME": "jdoe"}
-# ... and what describes the measurement (carried).
-HARMLESS = {"$CYT": "LSRFortessa", "CREATOR": "BD FACSDiva Software Version 8.0.1", "$P1V": "350"}
+# ... what describes the measurement (carried) ...
+HARMLESS = {"$CYT": "LSRFortessa", "$P1V": "350"}
+# ... and what is harmless but not needed to read the data (left out like any keyword not on
+# the allow-list).
+NOT_NEEDED = {"CREATOR": "BD FACSDiva Software Version 8.0.1"}
 PNN = ["FSC-A", "Time", "FL1-A", "SSC-A"]
 
 
@@ -43,7 +47,8 @@ def fortessa_like(path, n=300, seed=0, extra=None, delimiter="/", pnn=None):
     rng = np.random.default_rng(seed)
     columns = [rng.integers(0, 2 ** 16, n, dtype=np.uint64), np.sort(rng.integers(0, 2 ** 20, n, dtype=np.uint64)),
                rng.integers(0, 1024, n, dtype=np.uint64), rng.integers(0, 2 ** 16, n, dtype=np.uint64)]
-    keywords = {"$TIMESTEP": "0.01", "$P1G": "2.5", "$P3E": "4,1", "$P4G": "1.7", **HARMLESS, **(extra or {})}
+    keywords = {"$TIMESTEP": "0.01", "$P1G": "2.5", "$P3E": "4,1", "$P4G": "1.7", **HARMLESS, **NOT_NEEDED,
+                **(extra or {})}
     path.write_bytes(build_dataset(columns, datatype="I", widths=[4, 4, 2, 4], pnn=pnn or PNN,
                                    ranges=[2 ** 16, 2 ** 20, 1024, 2 ** 16], extra=keywords,
                                    delimiter=delimiter))
@@ -109,11 +114,15 @@ def test_labeled_exports_round_trip_every_channel(tmp_path):
 def test_exported_file_declares_linear_values():
     # the keywords an export carries never ask a reader to transform again
     sample = types.SimpleNamespace(keywords={"$TIMESTEP": "0.01", "$P1G": "2.5", "$P1E": "4,1", "$P1R": "1024",
-                                             "$SPILL": "1,FSC-A,1", "$P9V": "1", **HARMLESS},
+                                             "$SPILL": "1,FSC-A,1", "$P9V": "1", **HARMLESS, **NOT_NEEDED},
                                    channels=[fcs_module.Channel("FSC-A"), fcs_module.Channel("Time")],
                                    spillover=None, compensated=False)
     keywords = export_keywords(sample)
-    assert keywords == {"$TIMESTEP": "1", "$CYT": "LSRFortessa", "CREATOR": HARMLESS["CREATOR"], "$P1V": "350"}
+    policy = keywords.pop("GATING_KEYWORD_POLICY")
+    # CREATOR is left out (not needed to read the data) and counted; the layout keywords and
+    # $P9V (no such channel) are not the policy's doing
+    assert keywords == {"$TIMESTEP": "1", "$CYT": "LSRFortessa", "$P1V": "350", "GATING_DROPPED_KEYWORDS": "1"}
+    assert "left out" in policy
 
 
 # ---------------------------------------------------------------------------- 2. privacy
@@ -124,9 +133,10 @@ def _record(sample, populations, token):
 
 
 def assert_private(path, source, labels=None):
-    """No identifying keyword, the harmless ones kept, the events exact."""
+    """Only keywords on the allow-list, the measurement's kept, the events exact."""
     back = read_fcs(path)
     assert not set(IDENTIFYING) & set(back.keywords)
+    assert not set(NOT_NEEDED) & set(back.keywords)
     assert not [k for k in back.keywords if is_identifying(k)]
     assert {k: back.keywords.get(k) for k in HARMLESS} == HARMLESS
     if labels is not None:
@@ -207,7 +217,8 @@ def test_keywords_holding_the_delimiter_export_and_read_back(tmp_path):
     library = PatientLibrary(tmp_path / "lib")
     library.import_files([source_path])
     out = tmp_path / "slashes_out.fcs"
-    assert cli_main(["library", "--path", str(library.path), "export", "slashes", "--out", str(out)]) == 0
+    keep = [option for key in DELIMITER_KEYWORDS for option in ("--keep-keyword", key)]
+    assert cli_main(["library", "--path", str(library.path), "export", "slashes", "--out", str(out), *keep]) == 0
     back = read_fcs(out)
     assert_same_events(back, source)
     flow = flowio.FlowData(str(out))
@@ -343,6 +354,8 @@ def test_export_round_trips_random_valid_samples(tmp_path, drawn, include_identi
         assert flowio.FlowData(str(out)).text[key.lower()] == value
     kept = set(IDENTIFYING) & set(back.keywords)
     assert kept == (set(IDENTIFYING) & set(source.keywords) if include_identifying else set())
+    if not include_identifying:
+        assert not [k for k in back.keywords if is_identifying(k)]
 
 
 # ---------------------------------------------------------------------------- real files

@@ -143,14 +143,16 @@ def test_to_anndata_layout_and_h5ad_round_trip(small_model, raw_patient, tmp_pat
     assert np.array_equal(again.populations, result.populations)
 
 
-def test_h5ad_export_leaves_identifying_keywords_out(raw_patient, tmp_path):
+def test_h5ad_export_keeps_only_keywords_needed_to_read_the_data(raw_patient, tmp_path):
     anndata = pytest.importorskip("anndata")
 
     populations = np.where(raw_patient.events[:, 0] > 90_000, "big", "small")
     export_sample(tmp_path / "p.h5ad", raw_patient, populations)
-    keywords = anndata.read_h5ad(tmp_path / "p.h5ad").uns["keywords"]
+    uns = anndata.read_h5ad(tmp_path / "p.h5ad").uns
+    keywords = uns["keywords"]
     assert "$CYT" in keywords and "$SPILLOVER" in keywords
-    assert not {"$FIL", "$DATE", "$SRC", "$CYTSN", "$COM"} & set(keywords)
+    assert not {"$FIL", "$DATE", "$SRC", "$CYTSN", "$COM", "SIM_CONDITION"} & set(keywords)
+    assert uns["dropped_keywords"] == 6
 
 
 def test_keyword_names_with_a_slash_survive_h5ad(tmp_path):
@@ -324,9 +326,9 @@ def test_flowjo_workspace_export_reimports_with_zero_mismatched_events(compensat
     text = path.read_text(encoding="utf-8")
     assert "transforms:fasinh" in text and "transforms:logicle" in text
     assert 'name="CD4+ T cells"' in text  # FlowJo shows the names as drawn
-    # The workspace carries each sample's keywords, but not those that may identify a person.
+    # The workspace carries each sample's keywords needed to read the data, no others.
     assert "$CYT" in text
-    for keyword in ("$FIL", "$DATE", "$SRC", "$CYTSN"):
+    for keyword in ("$FIL", "$DATE", "$SRC", "$CYTSN", "$COM", "SIM_CONDITION"):
         assert f'name="{keyword}"' not in text
 
 
@@ -373,7 +375,11 @@ def test_library_export_gates_writes_gatingml_and_flowjo_files(sample_data_dir, 
         out = tmp_path / f"gates.{suffix}"
         result = run_cli("library", "--path", tmp_path / "lib", "export-gates", "patient_01", "--out", out)
         assert result.returncode == 0, result.stderr
-        assert result.stdout.strip() == f"wrote 5 gate(s) of patient_01 to {out}"
+        written = f"wrote 5 gate(s) of patient_01 to {out}"
+        if suffix == "wsp":  # the workspace carries the keywords an FCS export would, and says what it left out
+            written += ("\n  dropped 6 keywords not needed to read the data; --include-identifying or "
+                        "--keep-keyword NAME to keep them")
+        assert result.stdout.strip() == written
         if suffix == "xml":
             labels = apply_gatingml(out, compensated)
         else:

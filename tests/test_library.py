@@ -20,6 +20,7 @@ from gating_core.library import (
     LibraryError,
     PatientLibrary,
     Provenance,
+    identifying_keys,
     is_identifying,
     normalise_name,
     strip_identifying,
@@ -33,7 +34,8 @@ PNS = ["", "", "CD4", "CD8"]
 IDENTIFYING = {"$SRC": "Jane Roe", "$FIL": "roe_jane_2024-03-01.fcs", "$SMNO": "S-0042",
                "$OP": "Dr Operator", "PATIENT ID": "MRN-889977", "$DATE": "01-MAR-2024", "$BTIM": "09:12:00",
                "$CYTSN": "R66034500123"}
-HARMLESS = {"$CYT": "FACSCanto II", "$SYS": "Windows 10", "CREATOR": "test suite"}
+HARMLESS = {"$CYT": "FACSCanto II", "$P1V": "400"}
+NOT_NEEDED = {"$SYS": "Windows 10", "CREATOR": "test suite"}  # harmless, but not needed to read the data
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -51,7 +53,7 @@ def write_patient(folder: Path, stem: str, n: int = 400, seed: int = 0, labels: 
     """Write ``<stem>.fcs`` (and ``<stem>.labels.csv``); return (path, events, labels)."""
     events, y = synthetic_events(n, seed)
     path = folder / f"{stem}.fcs"
-    write_fcs(path, events, PNN, PNS, {**IDENTIFYING, **HARMLESS, **(keywords or {})})
+    write_fcs(path, events, PNN, PNS, {**IDENTIFYING, **HARMLESS, **NOT_NEEDED, **(keywords or {})})
     if labels:
         (folder / f"{stem}.labels.csv").write_text("population\n" + "\n".join(y) + "\n")
     return path, events, y
@@ -542,18 +544,22 @@ def test_a_damaged_or_missing_catalog_is_reported_and_nothing_is_deleted(tmp_pat
 
 # ---------------------------------------------------------------------------- privacy
 
-def test_identifying_keywords_are_recognised():
+def test_only_keywords_needed_to_read_the_data_are_not_identifying():
+    # an allow-list: whatever is not needed to read the data may identify a person
     for key in ["$SRC", "$FIL", "$SMNO", "$OP", "$PATIENTID", "PATIENT ID", "Patient_Name", "$EXPFILENAME",
                 "EXPORT USER NAME", "DOB", "$INST", "$COM", "SUBJECT ID", "donor",
-                # judged identifying with issue 11: times of acquisition, device and plate ids,
-                # free-text sample / case / tube fields
                 "$BTIM", "$ETIM", "$CYTSN", "$PLATENAME", "$PLATEID", "$WELLID", "SAMPLE ID",
-                "CASE NUMBER", "TUBE NAME", "EXPERIMENT NAME", "$LAST_MODIFIED", "CST BASELINE DATE"]:
+                "CASE NUMBER", "TUBE NAME", "EXPERIMENT NAME", "$LAST_MODIFIED", "CST BASELINE DATE",
+                # names no list of identifying keywords foresees
+                "NAME", "PIN", "FINAL PIN", "VIAL ID", "CD AGE", "COLLECTED", "ACQ START", "LOGIN NAME",
+                # harmless, but not needed to read the data
+                "CREATOR", "$SYS", "LASER1NAME", "$UNSTAINEDINFO"]:
         assert is_identifying(key), key
-    for key in ["$CYT", "$P1N", "$SPILLOVER", "$TOT", "$TIMESTEP", "CREATOR", "$SYS", "LASER1NAME",
-                "$P1V", "GATING_POPULATION_0"]:
+    for key in ["$CYT", "$P1N", "$P12S", "$SPILLOVER", "SPILL", "$COMP", "$TOT", "$TIMESTEP", "$VOL", "$P1V",
+                "$p3f", "$P2CALIBRATION", "$UNSTAINEDCENTERS", "GATING_POPULATION_0", "GATING_DROPPED_KEYWORDS"]:
         assert not is_identifying(key), key
-    assert strip_identifying({"$SRC": "a", "$CYT": "b"}) == {"$CYT": "b"}
+    assert strip_identifying({"$SRC": "a", "$CYT": "b", "CREATOR": "c"}) == {"$CYT": "b"}
+    assert identifying_keys({"$SRC": "a", "$CYT": "b", "CREATOR": "c"}) == ["$SRC", "CREATOR"]
 
 
 def test_fcs_export_leaves_identifying_keywords_out_unless_asked(tmp_path, capsys):
@@ -570,12 +576,14 @@ def test_fcs_export_leaves_identifying_keywords_out_unless_asked(tmp_path, capsy
     assert "MRN-889977" not in plain.read_bytes().decode("latin-1")
     for key, value in HARMLESS.items():
         assert keywords[key] == value
+    assert not set(NOT_NEEDED) & set(keywords)
+    assert "dropped 10 keywords not needed to read the data" in capsys.readouterr().out
 
     full = tmp_path / "full.fcs"
     assert cli_main(["library", "--path", str(library.path), "export", "private", "--out", str(full),
                      "--include-identifying"]) == 0
     keywords = read_fcs(full).keywords
-    for key, value in IDENTIFYING.items():
+    for key, value in {**IDENTIFYING, **NOT_NEEDED}.items():
         assert keywords[key] == value
     np.testing.assert_array_equal(read_fcs(full).events, events)
     exports = [e["details"] for e in library.audit_log("private") if e["action"] == "export"]

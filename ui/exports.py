@@ -31,11 +31,24 @@ def gated_csv(token: str, _record, _work_dir) -> bytes:
 
 @st.cache_data(max_entries=16, show_spinner="Writing the FCS file…")
 def gated_fcs(token: str, _record, _work_dir) -> bytes:
-    """The "FCS with population channel" download: identifying keywords left out
+    """The "FCS with population channel" download: only the keywords needed to read the data
     (:func:`gating_core.export.export_sample`'s default policy)."""
     from gating_core.export import export_bytes
 
     return export_bytes(_record.sample, _record.populations, format="fcs", work_dir=_work_dir)
+
+
+def fcs_keyword_note(record) -> str | None:
+    """What the FCS download leaves out, in one line (None when it leaves nothing out)."""
+    from gating_core.export import dropped_keyword_count
+
+    dropped = dropped_keyword_count(record.sample)
+    if not dropped:
+        return None
+    noun = "keyword" if dropped == 1 else "keywords"
+    return (f"The FCS download leaves out {dropped} {noun} of the source file not needed to read the data "
+            f"(they may identify a person; their names are not listed). The library keeps them: "
+            f"`library export --out F.fcs --include-identifying` or `--keep-keyword NAME` writes them.")
 
 
 @st.cache_data(max_entries=32, show_spinner=False)

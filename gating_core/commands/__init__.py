@@ -26,3 +26,28 @@ def json_safe(value):
 def print_json(document, *, indent: int | None = 2, ensure_ascii: bool = True) -> None:
     """Print ``document`` as one valid JSON document (see :func:`json_safe`)."""
     print(json.dumps(json_safe(document), indent=indent, ensure_ascii=ensure_ascii, allow_nan=False))
+
+
+# What an export keeps by default, for the help of every option that changes it.
+DEFAULT_KEYWORDS_HELP = ("only the keywords needed to read the data: data layout, channel names, markers and "
+                         "settings ($PnN, $PnS, $PnV, ...), $TIMESTEP, spillover, $CYT, $VOL")
+
+
+def _keyword_name(text: str) -> str:
+    import argparse
+
+    if not text.strip():
+        raise argparse.ArgumentTypeError("needs a keyword name")
+    return text.strip()
+
+
+def add_keyword_options(parser, what: str) -> None:
+    """``--include-identifying`` and ``--keep-keyword NAME`` (repeatable) for an export into ``what``."""
+    parser.add_argument("--include-identifying", action="store_true",
+                        help=f"keep every keyword of the source in {what}, including those that may identify a "
+                             f"person (names, ids, dates, serial numbers, free text); default: "
+                             f"{DEFAULT_KEYWORDS_HELP}")
+    parser.add_argument("--keep-keyword", action="append", default=[], metavar="NAME", dest="keep_keywords",
+                        type=_keyword_name,
+                        help=f"also keep this keyword in {what} (case-insensitive; $PnV keeps every channel's "
+                             f"$P1V, $P2V, ...); repeatable")

@@ -1,7 +1,8 @@
 """``python -m gating_core library [--path DIR] ACTION ...``: the patient library from the shell.
 
 Actions: ``import FILE...``, ``list [--json]``, ``show PATIENT [--json]``,
-``export PATIENT --out F [--include-identifying]``, ``export-gates PATIENT --out F.xml|F.wsp``,
+``export PATIENT --out F [--include-identifying] [--keep-keyword NAME]``,
+``export-gates PATIENT --out F.xml|F.wsp``,
 ``remove PATIENT``, ``models [--json]``,
 ``audit [--patient P] [--json]``, ``check``.
 """
@@ -12,7 +13,7 @@ import argparse
 import json
 import sys
 
-from gating_core.commands import print_json
+from gating_core.commands import DEFAULT_KEYWORDS_HELP, add_keyword_options, print_json
 from gating_core.errors import print_error
 
 
@@ -44,11 +45,12 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_show)
 
-    p = actions.add_parser("export", parents=[path_after], help="write a patient as gated CSV, or FCS when --out ends in .fcs")
+    p = actions.add_parser("export", parents=[path_after], help="write a patient as gated CSV, or FCS when --out ends in .fcs",
+                           description="Write a patient as a gated CSV (no keywords), or as FCS when --out ends in "
+                                       ".fcs; an FCS export keeps " + DEFAULT_KEYWORDS_HELP + ".")
     p.add_argument("patient")
     p.add_argument("--out", required=True, metavar="FILE")
-    p.add_argument("--include-identifying", action="store_true",
-                   help="keep keywords that may identify a person ($SRC, $FIL, patient ids, ...) in an FCS export")
+    add_keyword_options(p, "an FCS export")
     p.set_defaults(func=_export)
 
     p = actions.add_parser("export-gates", parents=[path_after],
@@ -56,8 +58,7 @@ def register(subparsers) -> None:
                                 "workspace (--out F.wsp)")
     p.add_argument("patient")
     p.add_argument("--out", required=True, metavar="FILE", help="F.xml (GatingML 2.0) or F.wsp (FlowJo 10)")
-    p.add_argument("--include-identifying", action="store_true",
-                   help="keep keywords that may identify a person in a FlowJo workspace")
+    add_keyword_options(p, "a FlowJo workspace")
     p.set_defaults(func=_export_gates)
 
     p = actions.add_parser("remove", parents=[path_after], help="remove a patient (its audit entries stay)")
@@ -155,9 +156,24 @@ def _show(args) -> int:
 
 @_guard
 def _export(args) -> int:
+    from pathlib import Path
+
+    from gating_core.library.privacy import dropped_note
+
+    is_fcs = Path(args.out).suffix.lower() == ".fcs"
+    if (args.include_identifying or args.keep_keywords) and not is_fcs:
+        print_error("--include-identifying and --keep-keyword apply to an FCS export (--out F.fcs): "
+                    "a gated CSV carries no keywords")
+        return 2
     library = _open(args)
-    out = library.export_patient(args.patient, args.out, include_identifying=args.include_identifying)
+    out = library.export_patient(args.patient, args.out, include_identifying=args.include_identifying,
+                                 keep_keywords=args.keep_keywords)
     print(f"wrote {out}")
+    if is_fcs:
+        # the count export_patient recorded in the audit log (and wrote into the file)
+        [entry] = library.audit_log(args.patient, limit=1)
+        if entry["details"].get("dropped_keywords"):
+            print("  " + dropped_note(entry["details"]["dropped_keywords"]))
     return 0
 
 
@@ -182,13 +198,22 @@ def _export_gates(args) -> int:
     try:
         tree = GateTree.from_dict(stored)
         if out.suffix.lower() == ".wsp":
-            export_flowjo_workspace(tree, out, [sample], include_identifying=args.include_identifying)
+            export_flowjo_workspace(tree, out, [sample], include_identifying=args.include_identifying,
+                                    keep_keywords=args.keep_keywords)
         else:
             export_gatingml(tree, out, sample)
     except GateError as exc:
         print_error(f"{args.patient}: {exc}")
         return 1
     print(f"wrote {len(tree)} gate(s) of {args.patient} to {out}")
+    if out.suffix.lower() == ".wsp":
+        from gating_core.export import dropped_keyword_count
+        from gating_core.library.privacy import dropped_note
+
+        dropped = dropped_keyword_count(sample, include_identifying=args.include_identifying,
+                                        keep_keywords=args.keep_keywords)
+        if dropped:
+            print("  " + dropped_note(dropped))
     return 0
 
 

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from gating_core.commands import print_json
+from gating_core.commands import DEFAULT_KEYWORDS_HELP, add_keyword_options, print_json
 from gating_core.errors import print_error
 
 # Kept here rather than imported so that the command line starts without numpy and scikit-learn;
@@ -89,7 +89,9 @@ def register(subparsers) -> None:
     _cluster_options(gate, "gate files in parallel")
     gate.add_argument("--format", choices=("csv", "parquet", "fcs", "h5ad"), default="csv",
                       help="output per patient: gated CSV (default), Parquet (same columns, typed), FCS with a "
-                           "population channel, or AnnData .h5ad (needs the anndata package)")
+                           "population channel, or AnnData .h5ad (needs the anndata package). CSV and Parquet "
+                           "carry no keywords; FCS and h5ad keep " + DEFAULT_KEYWORDS_HELP)
+    add_keyword_options(gate, "an FCS or h5ad output")
     gate.add_argument("--json", action="store_true",
                       help="print one JSON document (a list, one record per patient) instead of text")
     gate.add_argument("fcs", nargs="+", metavar="FCS")
@@ -377,6 +379,7 @@ def _method_label(method: str, loss: str, task_similarity: float) -> str:
 
 def run_gate(args) -> int:
     from gating_core.gating import output_stem
+    from gating_core.library.privacy import dropped_note
     from gating_core.iw_model import IW_METHOD as iw_method, load_any_model
     from gating_core.modelfile import ModelFileError
 
@@ -388,6 +391,9 @@ def run_gate(args) -> int:
     if clashes:
         return _fail("these inputs would write the same gated CSV; rename one or gate them into "
                      "separate folders: " + "; ".join(" and ".join(paths) for paths in clashes))
+    if (args.include_identifying or args.keep_keywords) and args.format not in ("fcs", "h5ad"):
+        return _fail("--include-identifying and --keep-keyword apply to --format fcs and h5ad: "
+                     f"a gated {'CSV' if args.format == 'csv' else 'Parquet'} file carries no keywords")
     if args.format == "h5ad":
         try:
             import anndata  # noqa: F401
@@ -412,7 +418,8 @@ def run_gate(args) -> int:
         try:
             records = gate_files_distributed(args.model, args.fcs, out_dir, workers=args.workers,
                                              scheduler=args.scheduler, chunk_size=args.chunk_size,
-                                             format=args.format)
+                                             format=args.format, include_identifying=args.include_identifying,
+                                             keep_keywords=args.keep_keywords)
         except ClusterError as exc:
             return _fail(str(exc))
     else:
@@ -425,7 +432,8 @@ def run_gate(args) -> int:
 
             iterator = tqdm(args.fcs, desc="gate", unit="file", file=sys.stderr, leave=False)
         for path in iterator:
-            records.extend(gate_file(model, path, out_dir, chunk_size=args.chunk_size, format=args.format))
+            records.extend(gate_file(model, path, out_dir, chunk_size=args.chunk_size, format=args.format,
+                                     include_identifying=args.include_identifying, keep_keywords=args.keep_keywords))
     failed = sum("error" in record for record in records)
     if args.json:
         print_json(records)
@@ -442,6 +450,8 @@ def run_gate(args) -> int:
         novelty = record["novelty"]
         prefix = "  WARNING: " if novelty["is_novel"] else "  "
         print(prefix + novelty["message"])
+        if record.get("dropped_keywords"):
+            print("  " + dropped_note(record["dropped_keywords"]))
     return 1 if failed else 0
 
 

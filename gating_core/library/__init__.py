@@ -21,10 +21,10 @@ from gating_core.library.models import ModelInfo
 from gating_core.library.patient_library import PatientLibrary
 from gating_core.library.patients import PatientInfo
 from gating_core.library.results import GateResultRecord
-from gating_core.library.privacy import identifying_keys, is_identifying, strip_identifying
+from gating_core.library.privacy import identifying_keys, is_allowed, is_identifying, strip_identifying
 
 __all__ = [
     "DEFAULT_LIBRARY", "LIBRARY_ENV", "GateResultRecord", "LibraryError", "ModelInfo", "PatientInfo",
     "PatientLibrary", "Provenance", "default_library_path", "normalise_name", "identifying_keys",
-    "is_identifying", "strip_identifying",
+    "is_allowed", "is_identifying", "strip_identifying",
 ]

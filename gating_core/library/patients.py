@@ -177,14 +177,17 @@ class PatientsMixin:
         for relpath in relpaths:
             self._file_path(relpath).unlink(missing_ok=True)
 
-    def export_patient(self, name: str, out: str | os.PathLike, *, include_identifying: bool = False) -> Path:
+    def export_patient(self, name: str, out: str | os.PathLike, *, include_identifying: bool = False,
+                       keep_keywords=()) -> Path:
         """Write the patient as a gated CSV (default) or, when ``out`` ends in ``.fcs``, as FCS.
 
         Labels are the current labels (confidence 1) or, for an unlabeled patient, the latest
         auto-gate result. FCS export of an unlabeled patient without a result writes the events
-        alone. Written by :func:`gating_core.export.export_sample`: identifying keywords (see
-        :mod:`gating_core.library.privacy`) are left out unless ``include_identifying``, and the
-        exported FCS reads back with exactly the stored events.
+        alone. Written by :func:`gating_core.export.export_sample`: an FCS export keeps only the
+        keywords needed to read the data (see :mod:`gating_core.library.privacy`), plus
+        ``keep_keywords``, or every keyword with ``include_identifying``; it reads back with
+        exactly the stored events. The audit entry records how many keywords were left out
+        (``dropped_keywords``), never which.
         """
         out = Path(out)
         sample = self.load_sample(name)
@@ -200,18 +203,24 @@ class PatientsMixin:
         if not is_fcs and populations is None:
             raise LibraryError("has no labels and no auto-gate result; export it as .fcs, or label "
                                "or auto-gate it first", patient=sample.name)
-        from gating_core.export import export_sample
+        from gating_core.export import dropped_keyword_count, export_sample
+        from gating_core.library.privacy import keep_names
 
+        keep_keywords = keep_names(keep_keywords)
         try:
             export_sample(out, sample, populations, confidence, format="fcs" if is_fcs else "csv",
-                          include_identifying=include_identifying)
+                          include_identifying=include_identifying, keep_keywords=keep_keywords)
         except FCSError as exc:
             raise LibraryError(exc.problem, path=out, patient=sample.name) from None
         except OSError as exc:
             raise LibraryError(f"cannot be written ({exc.strerror or exc})", path=out) from None
         with self._connect() as conn, catalog.write_transaction(conn):
             row = self._patient_row(conn, name)
-            self._audit(conn, "export", row["id"], row["name"], None,
-                        {"file": out.name, "format": "fcs" if is_fcs else "gated-csv",
-                         "include_identifying": bool(include_identifying)}, _now())
+            details = {"file": out.name, "format": "fcs" if is_fcs else "gated-csv",
+                       "include_identifying": bool(include_identifying)}
+            if is_fcs:
+                details["keep_keywords"] = list(keep_keywords)
+                details["dropped_keywords"] = dropped_keyword_count(
+                    sample, include_identifying=include_identifying, keep_keywords=keep_keywords)
+            self._audit(conn, "export", row["id"], row["name"], None, details, _now())
         return out

@@ -1,105 +1,172 @@
-"""Which FCS keywords can identify a person, and how exports leave them out.
+"""Which FCS keywords an export keeps: an allow-list of what is needed to read the data.
 
 The library keeps every keyword of an imported file (the lab may need them to trace a sample),
-but anything that leaves the product -- ``library export``, the app's download buttons and its
-zip, the Python API's :func:`gating_core.export.export_sample` -- drops the keywords listed here
-unless the caller asks for them (``include_identifying=True``, ``--include-identifying``). The
-list errs on the side of dropping: losing an operator name in an export costs nothing, leaking
-a patient name costs a lot. The yardstick is the HIPAA Safe Harbor list of identifiers (names,
-dates other than the year, record / account / device numbers, any other unique code) applied to
-what instruments and LIMS actually write into FCS files.
+but anything that leaves the product -- ``library export``, ``gate --format fcs / h5ad``, the
+app's download buttons, a FlowJo workspace, the Python API's
+:func:`gating_core.export.export_sample` -- keeps only the keywords listed here. Everything else
+is left out unless the caller asks: ``include_identifying=True`` (``--include-identifying``)
+keeps every keyword, ``keep_keywords=[...]`` (``--keep-keyword NAME``) keeps the named ones.
 
-Left out of exports, and why:
+Why an allow-list: instruments, LIMS and labs write whatever they like into FCS files
+(``CD SEROCONVERSION DATAE``, ``CD AGE``, ``VIAL ID``, ``FINAL PIN``, ``NAME``, ``HOSPITAL
+NUMBER``, ``COLLECTED``, ...). No list of identifying names can foresee them all; a list of the
+keywords needed to read and interpret the events can be complete. Losing a harmless keyword in
+an export costs a ``--keep-keyword``; leaking a patient's record number costs a lot.
 
-* names and free text that labs fill with patient or study data: ``$SRC`` (specimen source),
-  ``$SMNO`` (specimen number), ``$CELLS``, ``$COM``, ``$PROJ``, ``$EXP`` (investigator),
-  ``$OP`` / operator / user names (``EXPORT USER NAME``), ``$INST`` (institution),
-  ``$LAST_MODIFIER``; vendor keywords such as ``SAMPLE ID``, ``SAMPLE NAME``, ``PATIENT ID``,
-  ``CASE NUMBER``, ``TUBE NAME``, ``EXPERIMENT NAME``, accession numbers, MRN, birth dates;
-* file names (``$FIL``, ``FILENAME``, ``$EXPFILENAME``): often built from patient names or
-  record numbers;
-* dates and times of acquisition or export: ``$DATE``, ``$BTIM``, ``$ETIM``,
-  ``$LAST_MODIFIED``, ``EXPORT TIME`` and any keyword whose name contains ``DATE`` (a date of
-  service is an identifier; a start time pins the sample to one run of one instrument);
-* instrument and plate identifiers: ``$CYTSN`` (serial number: a device identifier that,
-  with a date, narrows the sample down to one lab and one run), ``$PLATENAME``, ``$PLATEID``,
-  ``$WELLID`` (plate maps in the LIMS link a well to a patient), file ``GUID`` s.
+Kept, and why:
 
-Kept: instrument model (``$CYT``), software (``CREATOR``, ``$SYS``), acquisition settings
-(voltages, lasers, ``$TIMESTEP``, spillover), which describe the measurement, not the person.
+* the data layout (``$BEGINDATA``, ``$ENDDATA``, ``$BEGINANALYSIS``, ``$ENDANALYSIS``,
+  ``$BEGINSTEXT``, ``$ENDSTEXT``, ``$BYTEORD``, ``$DATATYPE``, ``$MODE``, ``$NEXTDATA``, ``$PAR``,
+  ``$TOT``): needed to read the file at all (an exported FCS gets them fresh from the writer);
+* per channel ``$PnN`` (name), ``$PnS`` (marker), ``$PnB``, ``$PnE``, ``$PnR``, ``$PnG`` (how the
+  values are stored and scaled), ``$PnV`` (voltage), ``$PnD`` (display hint), ``$PnT`` (detector
+  type), ``$PnF`` (filter), ``$PnO`` (laser power), ``$PnL`` (wavelength), ``$PnP`` (percent
+  light), ``$PnCALIBRATION`` (conversion to units such as MESF) and FCS 3.2's ``$PnTYPE``,
+  ``$PnFEATURE``, ``$PnANALYTE``, ``$PnTAG``, ``$PnDET``: what each channel measures and the
+  instrument settings it was measured with -- they describe the measurement, not the person;
+* ``$TIMESTEP``: the time channel's unit;
+* spillover (``$SPILLOVER``, ``SPILL``, ``$SPILL``, ``$COMP``): needed to compensate;
+* ``$CYT``: the cytometer model (a product name, shared by every lab that owns one);
+* ``$VOL``: the volume measured, needed to turn counts into cells per microlitre;
+* ``$UNSTAINEDCENTERS``: the autofluorescence already subtracted from each channel, needed to
+  interpret the values (numbers only; its free-text companion ``$UNSTAINEDINFO`` is left out);
+* the product's own keywords: ``GATING_POPULATION_CHANNEL``, ``GATING_POPULATION_COUNT`` and
+  ``GATING_POPULATION_<code>`` (the population channel's codes and names) and
+  ``GATING_DROPPED_KEYWORDS`` / ``GATING_KEYWORD_POLICY`` (what this policy left out, below).
 
-Matching ignores case, a leading ``$`` and any spaces, underscores, dashes or dots, so that
-``$PATIENTID``, ``PATIENT ID`` and ``Patient_Id`` are one keyword; a keyword whose normalised
-name contains one of :data:`IDENTIFYING_FRAGMENTS` (``PATIENT``, ``SAMPLE``, ``TUBE``, ``DATE``,
-...) is identifying too, so a vendor's variant of a listed keyword is caught as well.
+Left out by default, among others: ``$CYTSN`` (instrument serial number), ``$DATE``, ``$BTIM``,
+``$ETIM``, ``$LAST_MODIFIED``, ``$LAST_MODIFIER``, ``$FIL``, ``$SRC``, ``$OP``, ``$INST``,
+``$COM``, ``$PROJ``, ``$SMNO``, ``$EXP``, ``$CELLS``, ``$PLATEID``, ``$PLATENAME``, ``$WELLID``,
+``$SYS``, ``CREATOR``, every vendor or lab keyword, and channel keywords not named above.
+
+An export says what it left out by a COUNT only (``GATING_DROPPED_KEYWORDS`` in an FCS file,
+``uns["dropped_keywords"]`` in an h5ad file, a line from the command line and the app), never by
+the names: a name can identify or disclose as much as a value (``PATIENT JANE DOE``, or
+``CD SEROCONVERSION DATAE``, which discloses an infection).
+
+Matching ignores case and a leading ``$`` (FCS readers fold both: ``$CYT`` and ``cyt`` are one
+keyword); nothing else is folded, so ``$CYT SN`` is not ``$CYT``.
 """
 
 from __future__ import annotations
 
 import re
+from typing import Callable, Iterable
 
-# Standard FCS keywords (FCS 3.1 table of keywords) that name a person, a place, a free-text
-# note, a file name, a date or time, or an instrument or plate identifier.
-STANDARD_IDENTIFYING = (
-    "$SRC",          # specimen source: often the patient name or number
-    "$FIL",          # original file name
-    "$SMNO",         # specimen (sample) number
-    "$OP",           # operator name
-    "$EXP",          # investigator name
-    "$INST",         # institution (with a date, narrows a patient down)
-    "$COM",          # free-text comment
-    "$DATE",         # date of acquisition (a date of service under HIPAA)
-    "$BTIM",         # clock time acquisition began (with $DATE: one run)
-    "$ETIM",         # clock time acquisition ended
-    "$LAST_MODIFIED",  # date and time of the last change
-    "$LAST_MODIFIER",  # person who changed the file
-    "$CELLS",        # free-text description of the specimen
-    "$PROJ",         # project names often carry study or subject codes
-    "$CYTSN",        # instrument serial number (a device identifier)
-    "$PLATENAME",    # plate name: plate maps link wells to patients
-    "$PLATEID",
-    "$WELLID",       # well of the plate the sample was in
-)
+# Standard keywords an export keeps (names without the '$', upper case).
+LAYOUT_KEYWORDS = ("BEGINANALYSIS", "ENDANALYSIS", "BEGINSTEXT", "ENDSTEXT", "BEGINDATA", "ENDDATA",
+                   "BYTEORD", "DATATYPE", "MODE", "NEXTDATA", "PAR", "TOT")
+MEASUREMENT_KEYWORDS = ("TIMESTEP", "SPILLOVER", "SPILL", "COMP", "CYT", "VOL", "UNSTAINEDCENTERS")
+# Per-channel keywords $Pn<suffix> an export keeps.
+CHANNEL_SUFFIXES = ("N", "S", "B", "E", "R", "G", "V", "D", "T", "F", "O", "L", "P", "CALIBRATION",
+                    "TYPE", "FEATURE", "ANALYTE", "TAG", "DET")
 
-# Vendor and lab keywords seen in the wild (BD FACSDiva, Beckman Kaluza, Cytek, custom LIMS
-# exports) whose name says what they hold.
-VENDOR_IDENTIFYING = (
-    "PATIENT ID", "PATIENTID", "PATIENT", "PATIENT NAME", "$PATIENTID", "$PATIENT",
-    "SAMPLE ID", "SAMPLE NAME", "SUBJECT", "SUBJECT ID", "DONOR", "DONOR ID",
-    "$EXPFILENAME", "EXPORT USER NAME", "EXPORT TIME", "USER", "USERNAME", "OPERATOR",
-    "TUBE NAME", "EXPERIMENT NAME", "CASE ID", "CASE NUMBER", "ACCESSION", "MRN",
-    "DOB", "BIRTHDATE", "DATE OF BIRTH", "FILENAME", "ORIGINAL FILENAME", "$ORIGINALFILENAME",
-    "GUID", "$GUID", "SPECIMEN", "BARCODE",
-)
+#: The keywords an FCS export adds to say what it left out.
+DROPPED_KEYWORD = "GATING_DROPPED_KEYWORDS"
+POLICY_KEYWORD = "GATING_KEYWORD_POLICY"
+# The product's own keywords (population channel of gating_core.export, the two above).
+PRODUCT_KEYWORDS = re.compile(r"GATING_(POPULATION_(CHANNEL|COUNT|\d+)|DROPPED_KEYWORDS|KEYWORD_POLICY)")
 
-# Any keyword whose normalised name contains one of these is treated as identifying too.
-IDENTIFYING_FRAGMENTS = (
-    "PATIENT", "SUBJECT", "DONOR", "BIRTH", "MRN", "ACCESSION", "OPERATOR", "USER",
-    "FILENAME", "PHYSICIAN", "DOCTOR", "ADDRESS", "PHONE", "EMAIL", "SSN", "INSURANCE",
-    "SAMPLE", "SPECIMEN", "CASE", "TUBE", "EXPERIMENT", "DATE", "PLATE", "WELL", "BARCODE",
-)
+#: What the default policy keeps, in words (an export's GATING_KEYWORD_POLICY; no '$' or '/':
+#: some readers drop or split on them).
+POLICY_NOTE = ("keywords not needed to read the data are left out (kept: data layout, channel "
+               "descriptions and settings, time step, spillover, cytometer model, volume); "
+               "the count is in GATING_DROPPED_KEYWORDS, the names are not listed")
+ALL_KEPT_NOTE = "every keyword kept on request"
+KEPT_ON_REQUEST_NOTE = "; keywords named by the user kept on request"
+
+_ALLOWED = frozenset(LAYOUT_KEYWORDS + MEASUREMENT_KEYWORDS)
+_CHANNEL = re.compile(r"P\d+(" + "|".join(sorted(CHANNEL_SUFFIXES, key=len, reverse=True)) + r")")
 
 
-def _normalise(keyword: str) -> str:
-    return re.sub(r"[\s_.\-]+", "", keyword.lstrip("$")).upper()
+def _fold(keyword: str) -> str:
+    return str(keyword).lstrip("$").upper()
 
 
-_EXACT = frozenset(_normalise(k) for k in STANDARD_IDENTIFYING + VENDOR_IDENTIFYING)
+def is_allowed(keyword: str) -> bool:
+    """True when an export keeps ``keyword`` by default (see the module docstring)."""
+    key = _fold(keyword)
+    return key in _ALLOWED or bool(_CHANNEL.fullmatch(key)) or bool(PRODUCT_KEYWORDS.fullmatch(key))
 
 
 def is_identifying(keyword: str) -> bool:
-    """True when an FCS keyword may identify a person (see the module docstring)."""
-    key = _normalise(keyword)
-    if key in _EXACT:
-        return True
-    return any(fragment in key for fragment in IDENTIFYING_FRAGMENTS)
+    """True when ``keyword`` may identify a person: every keyword that is not on the allow-list."""
+    return not is_allowed(keyword)
+
+
+def keep_names(keep_keywords: Iterable[str] | str | None) -> tuple[str, ...]:
+    """``keep_keywords`` as a tuple of names (one name given as a string is one name)."""
+    if keep_keywords is None:
+        return ()
+    if isinstance(keep_keywords, str):
+        return (keep_keywords,)
+    return tuple(str(k) for k in keep_keywords)
+
+
+def keep_matcher(keep_keywords: Iterable[str] | str | None = ()) -> Callable[[str], bool]:
+    """A test for the keywords a caller asked to keep (``keep_keywords``).
+
+    Names match ignoring case and a leading ``$``; ``$PnX`` (``n`` for the channel number, e.g.
+    ``$PnV`` or ``PnDET``) matches that keyword of every channel as well as the literal name.
+    Raises ValueError for an empty name.
+    """
+    names: set[str] = set()
+    suffixes: set[str] = set()
+    for name in keep_names(keep_keywords):
+        key = _fold(name.strip())
+        if not key:
+            raise ValueError(f"keyword to keep {name!r} is empty")
+        names.add(key)
+        channel = re.fullmatch(r"\$?P[nN]([A-Za-z][A-Za-z0-9_]*)", str(name).strip())
+        if channel:
+            suffixes.add(channel.group(1).upper())
+    pattern = re.compile(r"P\d+(" + "|".join(map(re.escape, sorted(suffixes))) + ")") if suffixes else None
+
+    def wanted(keyword: str) -> bool:
+        key = _fold(keyword)
+        return key in names or (pattern is not None and pattern.fullmatch(key) is not None)
+
+    return wanted
+
+
+def split_keywords(keywords: dict, *, include_identifying: bool = False,
+                   keep_keywords: Iterable[str] | str | None = ()) -> tuple[dict, list[str]]:
+    """``(kept, dropped names)``: ``keywords`` split by the export policy.
+
+    ``include_identifying`` keeps every keyword; ``keep_keywords`` keeps the named ones (see
+    :func:`keep_matcher`) beside the allow-list.
+    """
+    if include_identifying:
+        return dict(keywords), []
+    wanted = keep_matcher(keep_keywords)
+    kept, dropped = {}, []
+    for key, value in keywords.items():
+        if is_allowed(key) or wanted(key):
+            kept[key] = value
+        else:
+            dropped.append(key)
+    return kept, dropped
+
+
+def policy_note(*, include_identifying: bool = False, keep_keywords: Iterable[str] | str | None = ()) -> str:
+    """The policy in words, as an export records it (``GATING_KEYWORD_POLICY``)."""
+    if include_identifying:
+        return ALL_KEPT_NOTE
+    return POLICY_NOTE + (KEPT_ON_REQUEST_NOTE if keep_names(keep_keywords) else "")
+
+
+def dropped_note(count: int) -> str:
+    """The one line the command line prints for an export that left ``count`` keywords out."""
+    noun = "keyword" if count == 1 else "keywords"
+    return (f"dropped {count} {noun} not needed to read the data; "
+            f"--include-identifying or --keep-keyword NAME to keep them")
 
 
 def strip_identifying(keywords: dict[str, str]) -> dict[str, str]:
-    """Copy of ``keywords`` without the identifying ones."""
-    return {k: v for k, v in keywords.items() if not is_identifying(k)}
+    """Copy of ``keywords`` with only the allowed ones."""
+    return split_keywords(keywords)[0]
 
 
 def identifying_keys(keywords: dict[str, str]) -> list[str]:
-    """The keys of ``keywords`` that :func:`is_identifying` flags, in their order."""
-    return [k for k in keywords if is_identifying(k)]
+    """The keys of ``keywords`` an export leaves out by default, in their order."""
+    return split_keywords(keywords)[1]
