@@ -26,8 +26,8 @@ class PatientDigest:
     ``cells_per_patient`` events (the cells the solver sees; every patient weighs the same),
     uniform or stratified by population (:func:`training_rows`);
     ``embedding_events``: at most ``embedding_cells`` events chosen by content hash (the cells
-    the patient's embedding is computed from, independent of event order). Events are
-    compensated when the model compensates, on all channels of the file.
+    the patient's embedding is computed from: the same cells whatever the event order). Events
+    are compensated when the model compensates, on all channels of the file.
     """
 
     name: str

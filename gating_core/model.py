@@ -602,8 +602,12 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         registration, embedding, chosen = self._patient_frame(events, indices)
         adjust = self._patient_adjustment(chosen, embedding)
         n = sample.n_events
-        # Chunks are whole multiples of the scoring block, so every cell is scored in the same
-        # block whatever chunk_size is: results are bitwise independent of it.
+        # Chunks are whole multiples of the scoring block, so with random features (the default
+        # solver) every cell is scored in the same block whatever chunk_size is: results are
+        # bitwise independent of it. The linear cell kernel (products of up to 65,536 rows from
+        # the chunk's start) and the Nystroem / exact solvers (one product per chunk) put a cell
+        # in another product when chunk_size changes, which BLAS may round differently:
+        # independent of chunk_size to float32 rounding only.
         chunk_size = max(1, -(-int(chunk_size) // SCORE_BLOCK)) * SCORE_BLOCK
         codes = np.empty(n, dtype=np.int16)
         confidence = np.empty(n, dtype=np.float32)
@@ -647,8 +651,9 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         ratio = self._prior_ratio(chosen, embedding)
         if not self._self_trains() or len(chosen) == 0:
             return PatientAdjustment(ratio)
-        # In the order of their content hashes: the pseudo-labels drawn (and every bit of the
-        # fit) then do not depend on the order of the patient's events.
+        # In the order of their content hashes: the pseudo-labels drawn (and, for the same
+        # embedding and prior ratio, every bit of the fit) then do not depend on the order of
+        # the patient's events.
         chosen = chosen[np.argsort(content_hashes(chosen), kind="stable")]
         proba = PatientAdjustment(ratio)(self._proba(chosen, embedding, 50_000))
         coef = self_training_coef(self.classifier_._features(chosen, embedding), proba, random_state=self.random_state)

@@ -24,7 +24,8 @@ class StreamedGating:
         """Gate one patient whose events arrive in chunks: memory bounded by a few chunks and
         the ``embedding_cells`` content-chosen cells, whatever the number of events.
 
-        The result equals :meth:`gate` on the whole sample bit for bit: a first pass keeps the
+        The result equals :meth:`gate` on the whole sample with the same ``chunk_size`` bit for
+        bit (any ``chunk_size`` with random features, see :meth:`gate`): a first pass keeps the
         rows with the smallest content hashes (the cells :func:`content_subsample` chooses),
         from which the embedding, registration and prior ratio follow; a second pass scores
         every chunk.

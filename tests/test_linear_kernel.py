@@ -169,10 +169,17 @@ def test_linear_model_is_linear_throughout_and_survives_save_and_load(linear_mod
         a, b = model.gate(sample), loaded.gate(sample)
         np.testing.assert_array_equal(a.populations, b.populations)
         np.testing.assert_array_equal(a.confidence, b.confidence)
-        # chunked gating (the streaming path's blocks) gives the same answer
+        # chunked gating (the streaming path's blocks) gives the same answer to float32
+        # rounding: the linear kernel scores a chunk in products of up to 65,536 rows, so chunks
+        # of 2,048 put the cells in other product blocks, which BLAS may round differently (a
+        # float32 ulp on a few cells seen). The same labels wherever the two best probabilities
+        # are further apart than that.
         c = loaded.gate(sample, chunk_size=997)
-        np.testing.assert_array_equal(c.populations, a.populations)
         np.testing.assert_allclose(c.confidence, a.confidence, rtol=1e-6)
+        top2 = np.sort(loaded.predict_proba(sample), axis=1)[:, -2:]
+        clear = top2[:, 1] - top2[:, 0] > 2e-6
+        assert clear.mean() > 0.99
+        np.testing.assert_array_equal(c.populations[clear], a.populations[clear])
         truth = pd.read_csv(sample_data_dir / "truth" / f"{name}.labels.csv")["population"].to_numpy()
         assert np.mean(a.populations == truth) > (0.95 if name == "new_patient_01" else 0.9)
 

@@ -44,7 +44,13 @@ def test_the_second_fit_is_at_half_the_larger_of_the_selected_bandwidth_and_the_
     expected = ((1 - w) * (main.predict_proba(cells, psi) + second.predict_proba(cells, psi)) / 2
                 + w * hedged.pooled_classifier_.predict_proba(cells, psi))
     np.testing.assert_allclose(hedged.predict_proba(new), expected, atol=1e-6)
-    np.testing.assert_array_equal(hedged.predict(new), np.asarray(hedged.populations_)[expected.argmax(axis=1)])
+    # The labels are those probabilities' argmax wherever rounding within that 1e-6 cannot swap
+    # the two best (the blend here is float32 arithmetic, the expectation float64's).
+    top2 = np.sort(expected, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 2e-6
+    assert clear.mean() > 0.99
+    np.testing.assert_array_equal(hedged.predict(new)[clear],
+                                  np.asarray(hedged.populations_)[expected.argmax(axis=1)][clear])
 
 
 def test_the_second_fit_survives_save_and_older_files_gate_with_one(hedged, three_centers, tmp_path):

@@ -124,17 +124,34 @@ def test_array_form_gives_exactly_the_list_form_model(settings):
                                                              centers=cell_centers[order])
     _assert_same_fit(by_list, interleaved)
 
-    # Prediction per patient (list form: one call per patient) and by groups agree exactly.
+    # Prediction per patient (list form: one call per patient) and by groups agree exactly:
+    # grouping hands each patient's rows, in their order, to the same code as one call.
     stacked = np.vstack(train_x[3:] + test_x)
     owner = np.concatenate([np.full(len(x), i) for i, x in enumerate(train_x[3:] + test_x)])
     per_patient = np.vstack([by_list.predict_proba(x) for x in train_x[3:] + test_x])
     np.testing.assert_array_equal(by_array.predict_proba(stacked, groups=owner), per_patient)
     np.testing.assert_array_equal(by_array.predict(stacked, groups=owner),
                                   np.concatenate([by_list.predict(x) for x in train_x[3:] + test_x]))
-    # Rows come back in input order whatever the grouping's order.
+    # Rows come back in input order whatever the grouping's order. Shuffled, each patient's
+    # cells reach the float32 products in another order, and a BLAS kernel may round a row by
+    # its position in the block (AVX-512 kernels do: logits 1-2 float32 ulps apart): the same
+    # values to float32 rounding. Logits to 1e-6 of their scale, hence probabilities to half
+    # that (a softmax moves by at most half its largest logit change); seen: 2e-6 on logits of
+    # 10, 3e-7 on probabilities (SkylakeX), none on Haswell. Labels the same wherever the two
+    # best logits are further apart than that rounding.
     shuffled = np.random.default_rng(0).permutation(len(stacked))
-    np.testing.assert_array_equal(by_array.predict_proba(stacked[shuffled], groups=owner[shuffled]),
-                                  per_patient[shuffled])
+    logits = np.vstack([by_list.decision_function(x) for x in train_x[3:] + test_x])[shuffled]
+    scale = float(np.abs(logits).max())
+    assert scale > 1.0
+    np.testing.assert_allclose(by_array.decision_function(stacked[shuffled], groups=owner[shuffled]), logits,
+                               rtol=0, atol=1e-6 * scale)
+    np.testing.assert_allclose(by_array.predict_proba(stacked[shuffled], groups=owner[shuffled]),
+                               per_patient[shuffled], rtol=0, atol=0.5e-6 * scale)
+    top2 = np.sort(logits, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 2e-6 * scale
+    assert clear.mean() > 0.99
+    np.testing.assert_array_equal(by_array.predict(stacked[shuffled], groups=owner[shuffled])[clear],
+                                  by_list.classes_[np.argmax(logits, axis=1)][clear])
     assert np.mean(by_array.predict(test_x[0]) == labels[5]) > 0.95
 
 

@@ -74,8 +74,9 @@ def test_each_choice_trains_saves_loads_and_gates_the_same(choice, sample_data_d
     if expected["method"] != "marginal":
         assert loaded.classifier_.use_embedding is False and loaded.pooled_classifier_ is None
 
-    # The same model fitted in this process (the library, not the command line) gates exactly
-    # as the file does, and so does that model after its own save / load.
+    # The same model fitted in this process (the library, not the command line) gates as the
+    # file does (probabilities to 1e-6), and that model after its own save / load exactly as
+    # itself (the same arrays through the same code).
     samples, labels = zip(*(load_labeled_input(p) for p in inputs))
     fitted = GatingModel(**expected, **SMALL_PARAMS).fit(list(samples), list(labels))
     again_path = tmp_path / "again.npz"
@@ -85,7 +86,11 @@ def test_each_choice_trains_saves_loads_and_gates_the_same(choice, sample_data_d
     reference = fitted.predict_proba(new)
     np.testing.assert_array_equal(again.predict_proba(new), reference)
     np.testing.assert_allclose(loaded.predict_proba(new), reference, rtol=0, atol=1e-6)
-    np.testing.assert_array_equal(loaded.predict(new), fitted.predict(new))
+    # ... so the same labels wherever a difference within that 1e-6 cannot swap the two best.
+    top2 = np.sort(reference, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 2e-6
+    assert clear.mean() > 0.99
+    np.testing.assert_array_equal(loaded.predict(new)[clear], fitted.predict(new)[clear])
 
     out = tmp_path / "gated"
     new_files = sorted((sample_data_dir / "new").glob("new_patient_0[12].fcs"))

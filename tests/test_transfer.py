@@ -420,7 +420,13 @@ def test_prior_shift_em_gates_with_adjusted_probabilities(blended, small_centers
     expected = apply_prior_ratio(plain.copy(), (prior / blended.class_prior_).astype(np.float32))
     np.testing.assert_allclose(em.predict_proba(new), expected, atol=1e-6)
     result = em.gate(new, chunk_size=700)
-    np.testing.assert_array_equal(result.populations, np.asarray(em.populations_)[expected.argmax(axis=1)])
+    # The gated labels are those probabilities' argmax wherever a difference within that 1e-6
+    # cannot swap the two best.
+    top2 = np.sort(expected, axis=1)[:, -2:]
+    clear = top2[:, 1] - top2[:, 0] > 2e-6
+    assert clear.mean() > 0.99
+    np.testing.assert_array_equal(result.populations[clear],
+                                  np.asarray(em.populations_)[expected.argmax(axis=1)][clear])
     # An option, not the default: here it moves accuracy from 0.97 to 0.92 (measured), because
     # the posteriors are not calibrated on a new center; it must not do worse than that.
     assert np.mean(result.populations == labels[4]) > 0.9

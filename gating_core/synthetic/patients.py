@@ -164,7 +164,7 @@ def simulate_patient(seed, n_events: int = 12000, drift: float = 1.0, variation:
     detector = np.minimum(detector, RANGE_MAX - 1)
 
     # Round to 0.01 before float32 so the stored values do not hinge on the last bit of
-    # platform-dependent exp/log implementations.
+    # platform-dependent exp/log implementations or BLAS kernels (the spillover product).
     events = np.round(np.hstack([scatter, detector]), 2).astype(np.float32).astype(np.float64)
 
     fl_names = [p[0] for p in FLUORESCENCE_PANEL]
