@@ -27,7 +27,6 @@ every field checked; a problem is a :class:`~gating_core.modelfile.ModelFileErro
 from __future__ import annotations
 
 import json
-import os
 import platform
 import time
 from dataclasses import dataclass
@@ -298,10 +297,9 @@ class IWNystroemGatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator)
                   "cells": self.cells_, "labels": self.labels_, "train_embeddings": self.train_embeddings_,
                   "embedding_frequencies": self.embedder_.frequencies_}
         path = Path(path)
-        tmp = path.with_name(path.name + ".part")
-        with open(tmp, "wb") as handle:
-            np.savez_compressed(handle, **arrays)
-        os.replace(tmp, path)
+        from gating_core.model_io import _write_atomically
+
+        _write_atomically(path, arrays)
 
     @classmethod
     def load(cls, path) -> "IWNystroemGatingModel":

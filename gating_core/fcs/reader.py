@@ -182,6 +182,19 @@ def _skipped_notes(skipped) -> list[str]:
     return [f"data set {name} skipped: {problem}" for name, problem in skipped]
 
 
+def data_set_names(path: str | os.PathLike) -> list[str]:
+    """The names :func:`read_fcs_all` gives the data sets of ``path`` (``<stem>``, or
+    ``<stem>#k`` when there are several), from the HEADER and TEXT segments only; an empty list
+    when the file cannot be read at all."""
+    path = Path(path)
+    try:
+        with _open(path) as fh:
+            entries = _walk_layouts(fh, path, os.fstat(fh.fileno()).st_size)
+    except FCSError:
+        return []
+    return _names(path, len(entries))
+
+
 def fcs_info(path: str | os.PathLike) -> dict:
     """Describe an FCS file without reading its events (offsets and sizes are validated).
 
