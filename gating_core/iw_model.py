@@ -384,7 +384,11 @@ def model_file_format(path) -> str:
     """The format tag of a model file (``gating_core.model`` or ``gating_core.iw_model``),
     reading its description only; a ModelFileError when it has none."""
     path = Path(path)
-    arrays = read_archive(path, {"meta": IW_MEMBERS["meta"]})
+    from gating_core.modelfile import MODEL_MEMBERS
+
+    # Any member of either format may be there (the loader then checks its own); only the
+    # description is read.
+    arrays = read_archive(path, {**MODEL_MEMBERS, **IW_MEMBERS}, only=("meta",))
     if "meta" not in arrays:
         raise ModelFileError(path, "not a gating model file (no model description inside)")
     return str(parse_json(path, str(arrays["meta"])).get("format"))
