@@ -148,7 +148,7 @@ def test_a_model_with_an_unknown_array_is_refused(model_file, tmp_path):
     _gate_refuses(path, tmp_path, "'extra.npy'")
 
 
-def test_an_unknown_object_array_named_like_a_model_array_elsewhere_is_refused(model_file, tmp_path):
+def test_an_array_of_the_other_model_format_is_refused(model_file, tmp_path):
     """An array of the other model format (an iw-nystroem file's training cells) does not belong
     in this one either."""
     path = _with_extra(model_file, tmp_path, "cells.npy", _npy(np.zeros((4, 2))))
