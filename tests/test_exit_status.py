@@ -142,3 +142,12 @@ def test_a_failed_model_save_leaves_no_part_file(model_file, tmp_path):
         model.save(target)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["taken"]
     shutil.rmtree(target)
+
+
+def test_train_with_a_good_out_writes_the_model_and_exits_0(tmp_path):
+    out = tmp_path / "m.npz"
+    result = run_cli("train", "--no-selection", "--features", "64", "--cells-per-patient", "300", "--out", out,
+                     *PATIENTS)
+    assert result.returncode == 0, result.stderr
+    assert f"Model written to {out}" in result.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npz"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_fcs_properties import build_dataset
+from test_fcs_properties import build_dataset, build_fcs
 
 from gating_core.fcs import FCSError, fcs_info, read_fcs, read_fcs_all, stream_fcs_all, write_fcs
 
@@ -104,6 +104,36 @@ def test_streamed_reads_refuse_before_the_first_chunk(tmp_path):
     path.write_bytes(_cut_with_header_in_text(build_dataset(cols, datatype="F"), cut=8, into_text=30))
     with pytest.raises(FCSError, match="cut.fcs: .*the file is truncated"):
         stream_fcs_all(path)
+
+
+def test_a_file_cut_between_data_sets_reports_the_missing_one(tmp_path):
+    """$NEXTDATA points at or past the end of the cut file: the data sets before it are read,
+    the missing one is listed as truncated (not just noted)."""
+    first = [np.arange(10, dtype=np.float32)] * 2
+    blob = build_fcs(dict(columns=first, datatype="F"), dict(columns=first, datatype="F"))
+    boundary = int(re.search(rb"\$NEXTDATA.(\d+)", blob).group(1))
+    for cut in (boundary, boundary + 30):
+        path = tmp_path / "two.fcs"
+        path.write_bytes(blob[:cut])
+        samples = read_fcs_all(path)
+        assert [s.name for s in samples] == ["two#1"]
+        np.testing.assert_array_equal(samples[0].events, np.column_stack(first))
+        if cut == boundary:
+            assert samples.skipped == [("two#2", f"$NEXTDATA of data set 1 points to byte {boundary} but the "
+                                                 f"file has only {boundary} bytes: the file is truncated")]
+        else:
+            assert samples.skipped[0][0] == "two#2" and "truncated" in samples.skipped[0][1]
+        assert [s.sample.name for s in stream_fcs_all(path)] == ["two#1"]
+        assert "truncated" in fcs_info(path)["datasets"][1]["error"]
+
+
+def test_a_real_multi_data_set_file_cut_between_data_sets(fcs_corpus, tmp_path):
+    source = (fcs_corpus / "GuavaMuse/Guava Muse.fcs").read_bytes()
+    path = tmp_path / "guava.fcs"
+    path.write_bytes(source[:6477524])  # the fourth data set's HEADER starts here
+    samples = read_fcs_all(path)
+    assert [s.n_events for s in samples] == [108, 50081, 111496]
+    assert samples.skipped and samples.skipped[0][0] == "guava#4" and "truncated" in samples.skipped[0][1]
 
 
 # -- offsets that cannot be the DATA segment -------------------------------------------------------

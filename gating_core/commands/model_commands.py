@@ -338,6 +338,7 @@ def run_train(args) -> int:
         return 1
     if not digests:
         return _usage("no labeled patients given (INPUT files or --library)")
+    out = Path(args.out)
     print(f"Training ({_method_label(args.method, args.loss, args.task_similarity)}) on {len(digests)} patients, {sum(d.n_events for d in digests):,} events")
     try:
         with StageProgress("train") as progress:
