@@ -28,10 +28,19 @@ COMMANDS = {
 }
 
 
+#: The exit status of every command (shown by --help).
+EXIT_STATUS = ("exit status: 0 done; 1 a file or folder named on the command line (input or output) is "
+               "missing, unreadable, damaged or unsuitable, or the work failed (with several input files: "
+               "any of them); 2 the command line is wrong: a usage error, a value out of range, options "
+               "that do not go together or that need a package not installed; "
+               "130 interrupted.")
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=_program_name(),
         description="Automatic gating of flow cytometry data by marginal transfer learning.",
+        epilog=EXIT_STATUS,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -45,6 +54,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
         module = importlib.import_module(f"gating_core.commands.{module_name}")
         module.register(subparsers)
         registered.add(module_name)
+    for command in subparsers.choices.values():
+        command.epilog = command.epilog or EXIT_STATUS
     return parser
 
 
@@ -64,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except (GatingCoreError, OSError, UnicodeError) as exc:
         # A bad input (damaged file, unreadable path, file name that is not UTF-8, ...): one
-        # line naming the file and the problem, no traceback. Programming errors still show one.
+        # line naming the file and the problem, no traceback, exit status 1 (EXIT_STATUS).
+        # Programming errors still show one.
         if isinstance(exc, BrokenPipeError):
             return _broken_pipe()
         print(f"error: {printable(describe_error(exc))}", file=sys.stderr)

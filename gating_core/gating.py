@@ -6,7 +6,6 @@ training INPUT to what training needs.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
@@ -17,12 +16,32 @@ from gating_core.digest import PatientDigest
 from gating_core.gate_result import ChannelMismatchError
 from gating_core.model import GatingModel
 
-_UNSAFE = re.compile(r"[^A-Za-z0-9._+-]+")
-
-
 def output_stem(sample_name: str) -> str:
-    """File-system-safe stem for a patient: ``"Guava Muse#2"`` -> ``"Guava_Muse_2"``."""
-    return _UNSAFE.sub("_", sample_name).strip("._") or "patient"
+    """File-system-safe stem for a patient (:func:`gating_core.gates.names.safe_name`): Unicode
+    letters and digits kept, every other run of characters one ``_``: ``"Guava Muse#2"`` ->
+    ``"Guava_Muse_2"``, ``"patient ü 東京 03"`` -> ``"patient_ü_東京_03"``."""
+    from gating_core.gates.names import safe_name
+
+    return safe_name(sample_name, "patient")
+
+
+def output_name_clashes(fcs_paths, format: str = "csv") -> list[list[str]]:
+    """Groups of inputs whose data sets would write the same output file in one folder (the
+    same name, or names that differ only in case, which many file systems do not tell apart).
+
+    The data sets of each file are named from its TEXT segments, as :func:`gate_file` names
+    them; each clash lists ``"<file>"`` or ``"<file> (data set <name>)"``."""
+    from gating_core.fcs.reader import data_set_names
+
+    suffix = f".gated{EXPORT_SUFFIXES[format]}"
+    writers: dict[str, list[str]] = {}
+    for path in fcs_paths:
+        names = data_set_names(path) or [Path(path).stem]
+        for name in names:
+            output = (output_stem(name) + suffix).casefold()
+            label = str(path) if len(names) == 1 else f"{path} (data set {name})"
+            writers.setdefault(output, []).append(label)
+    return [labels for labels in writers.values() if len(labels) > 1]
 
 
 #: Output formats :func:`gate_file` writes chunk by chunk (the others need the whole patient).

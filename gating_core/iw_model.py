@@ -27,7 +27,6 @@ every field checked; a problem is a :class:`~gating_core.modelfile.ModelFileErro
 from __future__ import annotations
 
 import json
-import os
 import platform
 import time
 from dataclasses import dataclass
@@ -298,10 +297,9 @@ class IWNystroemGatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator)
                   "cells": self.cells_, "labels": self.labels_, "train_embeddings": self.train_embeddings_,
                   "embedding_frequencies": self.embedder_.frequencies_}
         path = Path(path)
-        tmp = path.with_name(path.name + ".part")
-        with open(tmp, "wb") as handle:
-            np.savez_compressed(handle, **arrays)
-        os.replace(tmp, path)
+        from gating_core.model_io import _write_atomically
+
+        _write_atomically(path, arrays)
 
     @classmethod
     def load(cls, path) -> "IWNystroemGatingModel":
@@ -386,7 +384,11 @@ def model_file_format(path) -> str:
     """The format tag of a model file (``gating_core.model`` or ``gating_core.iw_model``),
     reading its description only; a ModelFileError when it has none."""
     path = Path(path)
-    arrays = read_archive(path, {"meta": IW_MEMBERS["meta"]})
+    from gating_core.modelfile import MODEL_MEMBERS
+
+    # Any member of either format may be there (the loader then checks its own); only the
+    # description is read.
+    arrays = read_archive(path, {**MODEL_MEMBERS, **IW_MEMBERS}, only=("meta",))
     if "meta" not in arrays:
         raise ModelFileError(path, "not a gating model file (no model description inside)")
     return str(parse_json(path, str(arrays["meta"])).get("format"))

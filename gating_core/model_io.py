@@ -103,10 +103,20 @@ def save_model(model, path) -> None:
         if hedge.feature_map_.embedding_weights_ is not None:
             arrays["hedge_embedding_weights"] = hedge.feature_map_.embedding_weights_
     path = Path(path)
+    _write_atomically(path, arrays)
+
+
+def _write_atomically(path: Path, arrays: dict) -> None:
+    """``arrays`` as a compressed .npz at ``path``: written beside it as ``<name>.part``, then
+    renamed; nothing is left behind when either step fails (``path`` a folder, a full disk)."""
     tmp = path.with_name(path.name + ".part")
-    with open(tmp, "wb") as handle:
-        np.savez_compressed(handle, **arrays)
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as handle:
+            np.savez_compressed(handle, **arrays)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def load_model(cls, path):

@@ -5,15 +5,17 @@ what the file declares before it decompresses anything:
 
 1. the zip's central directory is small (at most ``MAX_DIRECTORY_BYTES``, ``MAX_ENTRIES``
    entries), checked on the end-of-directory records before :mod:`zipfile` parses it;
-2. only the members named in the schema (a table ``name -> Member``) are read; other members
-   are ignored without being decompressed; a name that appears twice is refused;
+2. only the members named in the schema (a table ``name -> Member``) may be there: any other
+   member (a pickle, an extra or oversized array, a folder) is refused by its name from the zip
+   directory, never decompressed; a name that appears twice is refused;
 3. each member's ``.npy`` header is parsed from the zip stream (no data read): dtype kind,
    item size and number of dimensions must match the schema; object, structured and
    sub-array dtypes are refused; the declared uncompressed size in the zip directory must
    equal header + prod(shape) * itemsize exactly;
 4. the sum of the declared uncompressed sizes must stay within the limits below, before any
-   array is allocated. The zip reader stops at the declared size and checks the CRC, so a
-   deflate stream that inflates further than it declares is refused, not followed.
+   array is allocated. Each member is inflated here, never past its declared size plus one
+   byte: a deflate stream that would inflate further than its zip header declares is refused,
+   not followed, and so is one that ends early or whose CRC differs.
 
 Limits (a model is a few MB: an ``rff`` model with D=512 is about 1 MB, the ``exact`` solver's
 ``landmark_projection`` is n_landmarks^2 float64, 288 MB for 6,000 landmarks):
@@ -137,11 +139,13 @@ def archive_array(path, arrays: dict, name: str, *shape) -> np.ndarray:
     return value
 
 
-def read_archive(path, schema: dict = MODEL_MEMBERS) -> dict:
+def read_archive(path, schema: dict = MODEL_MEMBERS, only=None) -> dict:
     """The arrays of ``schema`` that the ``.npz`` at ``path`` holds, read within the limits above.
 
-    Returns ``{name: ndarray}`` (native byte order); members not in ``schema`` are not read.
-    Raises :class:`ModelFileError` for anything else than a well-formed archive.
+    Returns ``{name: ndarray}`` (native byte order). A member not in ``schema`` is refused
+    (never decompressed); ``only``: the names to read (default all), the others are checked
+    by name and left unread. Raises :class:`ModelFileError` for anything else than a
+    well-formed archive.
     """
     path = Path(path)
     handle = open_input(path, ModelFileError, "is a folder, not a model file")
@@ -151,7 +155,8 @@ def read_archive(path, schema: dict = MODEL_MEMBERS) -> dict:
             _check_directory(path, handle, size)
             with zipfile.ZipFile(handle) as archive:
                 members = _plan(path, archive, schema, size)
-                return {name: _read_member(path, archive, info, schema[name]) for name, info in members.items()}
+                return {name: _read_member(path, handle, size, info, schema[name])
+                        for name, info in members.items() if only is None or name in only}
         except ModelFileError:
             raise
         except (zipfile.BadZipFile, zipfile.LargeZipFile, zlib.error, struct.error, EOFError, OSError,
@@ -206,7 +211,10 @@ def _plan(path, archive: zipfile.ZipFile, schema: dict, file_size: int) -> dict:
         seen.add(info.filename)
         name = info.filename[:-4] if info.filename.endswith(".npy") else None
         if name not in schema:
-            continue  # not an array of ours: never decompressed
+            # Not an array of a model file (a pickle, an extra array, a folder): refused from its
+            # name in the directory, never decompressed.
+            raise ModelFileError(path, f"not a gating model file: it holds a member {info.filename!r} "
+                                       f"({info.file_size:,} bytes) that no model file has; refused unread")
         if info.flag_bits & 0x1:
             raise ModelFileError(path, f"member {info.filename!r} is encrypted")
         if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
@@ -225,38 +233,125 @@ def _plan(path, archive: zipfile.ZipFile, schema: dict, file_size: int) -> dict:
     return members
 
 
-def _read_member(path, archive: zipfile.ZipFile, info: zipfile.ZipInfo, spec: Member) -> np.ndarray:
-    name = info.filename
-    with archive.open(info) as stream:
-        try:
-            version = np.lib.format.read_magic(stream)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream, max_header_size=MAX_HEADER_BYTES)
-            elif version == (2, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream, max_header_size=MAX_HEADER_BYTES)
-            else:
-                raise ValueError(f"unsupported .npy version {version}")
-        except Exception as exc:  # noqa: BLE001 - numpy parses the header text with ast / tokenize, which raise
-            # assorted types on garbage (ValueError, SyntaxError, tokenize.TokenError, RecursionError, ...)
-            raise ModelFileError(path, f"member {name!r} has no valid array header ({str(exc)[:200]})") from None
-        header_bytes = stream.tell()
-        _check_dtype(path, name, dtype, shape, spec)
-        count = math.prod(shape)
-        expected = header_bytes + count * dtype.itemsize
-        if expected != info.file_size:
-            raise ModelFileError(path, f"member {name!r} declares shape {shape} of {dtype.str} ({expected:,} bytes) "
-                                       f"but the zip directory says {info.file_size:,} bytes: damaged or forged")
-        out = np.empty(count, dtype=dtype)
-        raw = out.view(np.uint8)
-        position = 0
-        while position < raw.size:
-            data = stream.read(min(READ_CHUNK, raw.size - position))
+class _MemberReader:
+    """The uncompressed bytes of one zip member, inflated here from its compressed bytes, never
+    more than its declared size: :meth:`read` stops there, :meth:`finish` then checks that the
+    stream ends exactly there (inflating at most one byte more) and that the CRC matches."""
+
+    def __init__(self, path, handle, file_size: int, info: zipfile.ZipInfo):
+        self.path, self.name, self.info = path, info.filename, info
+        handle.seek(info.header_offset)
+        local = handle.read(30)
+        if len(local) != 30 or local[:4] != b"PK\x03\x04":
+            raise ModelFileError(path, f"member {self.name!r} has no valid local zip header: damaged")
+        name_length, extra_length = struct.unpack("<HH", local[26:30])
+        stored_name = handle.read(name_length)
+        expected_name = info.orig_filename.encode("utf-8" if info.flag_bits & 0x800 else "cp437")
+        if stored_name != expected_name:
+            raise ModelFileError(path, f"member {self.name!r} is named {stored_name[:60]!r} in its local zip "
+                                       "header: damaged or forged")
+        self._handle = handle
+        self._position = info.header_offset + 30 + name_length + extra_length
+        self._compressed_left = info.compress_size
+        if self._position + info.compress_size > file_size:
+            raise ModelFileError(path, f"member {self.name!r} claims {info.compress_size:,} compressed bytes "
+                                       f"past the end of the file: damaged")
+        if info.compress_type == zipfile.ZIP_STORED and info.compress_size != info.file_size:
+            raise ModelFileError(path, f"member {self.name!r} is stored uncompressed in {info.compress_size:,} "
+                                       f"bytes but declares {info.file_size:,}: damaged or forged")
+        self._inflater = zlib.decompressobj(-15) if info.compress_type == zipfile.ZIP_DEFLATED else None
+        self._declared = info.file_size
+        self._produced = 0
+        self._crc = 0
+
+    def _compressed(self, n: int = READ_CHUNK) -> bytes:
+        """Up to ``n`` more of the member's compressed (or stored) bytes."""
+        n = min(n, self._compressed_left)
+        if n <= 0:
+            return b""
+        self._handle.seek(self._position)
+        data = self._handle.read(n)
+        self._position += len(data)
+        self._compressed_left = self._compressed_left - len(data) if data else 0
+        return data
+
+    def _inflate(self, limit: int) -> bytes:
+        """Up to ``limit`` bytes more of the member (fewer at its end)."""
+        if self._inflater is None:
+            return self._compressed(limit)
+        out = []
+        wanted = limit
+        while wanted > 0 and not self._inflater.eof:
+            source = self._inflater.unconsumed_tail or self._compressed()
+            if not source:
+                break
+            data = self._inflater.decompress(source, wanted)
+            out.append(data)
+            wanted -= len(data)
+        return b"".join(out)
+
+    def read(self, n: int = -1) -> bytes:
+        n = self._declared - self._produced if n is None or n < 0 else min(n, self._declared - self._produced)
+        parts = []
+        while n > 0:
+            data = self._inflate(min(n, READ_CHUNK))
             if not data:
-                raise ModelFileError(path, f"member {name!r} is truncated ({position:,} of {raw.size:,} data bytes)")
-            raw[position:position + len(data)] = np.frombuffer(data, dtype=np.uint8)
-            position += len(data)
-        if stream.read(1):
-            raise ModelFileError(path, f"member {name!r} holds more data than its header declares")
+                break
+            parts.append(data)
+            n -= len(data)
+            self._produced += len(data)
+            self._crc = zlib.crc32(data, self._crc)
+        return b"".join(parts)
+
+    def finish(self) -> None:
+        """After the declared bytes: the member must end here and its CRC must match."""
+        if self._produced != self._declared:
+            raise ModelFileError(self.path, f"member {self.name!r} is truncated ({self._produced:,} of "
+                                            f"{self._declared:,} declared bytes)")
+        if self._inflater is not None:
+            if self._inflate(1):
+                raise ModelFileError(self.path, f"member {self.name!r} inflates beyond the {self._declared:,} "
+                                                "bytes its zip header declares: damaged or forged; refused")
+            if not self._inflater.eof:
+                raise ModelFileError(self.path, f"member {self.name!r} is truncated (its compressed data ends "
+                                                "before the deflate stream does)")
+        if self._crc != self.info.CRC:
+            raise ModelFileError(self.path, f"member {self.name!r} fails its CRC check: damaged")
+
+
+def _read_member(path, handle, file_size: int, info: zipfile.ZipInfo, spec: Member) -> np.ndarray:
+    name = info.filename
+    stream = _MemberReader(path, handle, file_size, info)
+    try:
+        version = np.lib.format.read_magic(stream)
+        if version == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(stream, max_header_size=MAX_HEADER_BYTES)
+        elif version == (2, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(stream, max_header_size=MAX_HEADER_BYTES)
+        else:
+            raise ValueError(f"unsupported .npy version {version}")
+    except ModelFileError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - numpy parses the header text with ast / tokenize, which raise
+        # assorted types on garbage (ValueError, SyntaxError, tokenize.TokenError, RecursionError, ...)
+        raise ModelFileError(path, f"member {name!r} has no valid array header ({str(exc)[:200]})") from None
+    header_bytes = stream._produced
+    _check_dtype(path, name, dtype, shape, spec)
+    count = math.prod(shape)
+    expected = header_bytes + count * dtype.itemsize
+    if expected != info.file_size:
+        raise ModelFileError(path, f"member {name!r} declares shape {shape} of {dtype.str} ({expected:,} bytes) "
+                                   f"but the zip directory says {info.file_size:,} bytes: damaged or forged")
+    out = np.empty(count, dtype=dtype)
+    raw = out.view(np.uint8)
+    position = 0
+    while position < raw.size:
+        data = stream.read(min(READ_CHUNK, raw.size - position))
+        if not data:
+            raise ModelFileError(path, f"member {name!r} is truncated ({position:,} of {raw.size:,} data bytes)")
+        raw[position:position + len(data)] = np.frombuffer(data, dtype=np.uint8)
+        position += len(data)
+    stream.finish()
     if not out.dtype.isnative:
         out = out.byteswap().view(out.dtype.newbyteorder("="))
     if spec.finite and out.dtype.kind == "f" and not _all_finite(out):

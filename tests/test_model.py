@@ -120,9 +120,13 @@ def test_loading_foreign_or_damaged_files_gives_a_clear_error(model, tmp_path):
     with pytest.raises(ModelFileError, match="not a gating model file"):
         GatingModel.load(text)
     other = tmp_path / "other.npz"
-    np.savez(other, weights=np.ones(3))
-    with pytest.raises(ModelFileError, match="no model description"):
+    np.savez(other, weights=np.ones(3))  # another program's arrays: refused by their names
+    with pytest.raises(ModelFileError, match="not a gating model file: it holds a member 'weights.npy'"):
         GatingModel.load(other)
+    no_meta = tmp_path / "no_meta.npz"
+    np.savez(no_meta, coef=np.ones((3, 3)))
+    with pytest.raises(ModelFileError, match="no model description"):
+        GatingModel.load(no_meta)
     # An object array (which np.load could only read by unpickling) is refused, not executed.
     pickled = tmp_path / "pickled.npz"
     np.savez(pickled, meta=np.array([{"format": "gating_core.model"}], dtype=object))

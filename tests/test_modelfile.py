@@ -158,14 +158,16 @@ def test_forged_npy_header_disagreeing_with_the_zip_directory_is_refused(model_b
     assert peak < MEMORY_BOUND
 
 
-def test_members_a_model_does_not_have_are_never_decompressed(model_bytes, tmp_path):
-    """An extra 1 GiB member is ignored without being read: the model loads, memory stays small."""
+def test_members_a_model_does_not_have_are_refused_without_being_decompressed(model_bytes, tmp_path):
+    """An extra 1 GiB member is refused by its name from the zip directory: never read, memory
+    stays small."""
     path = tmp_path / "extra.npz"
     path.write_bytes(model_bytes)
     with zipfile.ZipFile(path, "a", zipfile.ZIP_DEFLATED) as archive:
         _zeros_member(archive, "extra_payload", (2 ** 30 // 4 // 8, 8))
     peak, error = _peak_while(lambda: GatingModel.load(path))
-    assert error is None, error
+    assert isinstance(error, ModelFileError), error
+    assert "extra.npz" in str(error) and "'extra_payload.npy'" in str(error) and "refused unread" in str(error)
     assert peak < MEMORY_BOUND
 
 

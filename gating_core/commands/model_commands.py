@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -160,7 +161,7 @@ def _model_options(parser) -> None:
                        help="how each patient's training cells are drawn: 0 uniformly, 1 the same number from every "
                             "population (as far as its cells go), in between shares proportional to count^(1-B) "
                             f"(default {DEFAULT_CLASS_BALANCE:g})")
-    group.add_argument("--pooled-weight", default=DEFAULT_POOLED_WEIGHT, metavar="W",
+    group.add_argument("--pooled-weight", type=_pooled_weight, default=DEFAULT_POOLED_WEIGHT, metavar="W",
                        help="weight of the pooled companion in the marginal method's probabilities, 0 to 1, or "
                             f"'auto' (chosen by cross-validation over groups; default {DEFAULT_POOLED_WEIGHT}; "
                             "0: the marginal model alone)")
@@ -173,15 +174,16 @@ def _model_options(parser) -> None:
     group.add_argument("--seed", type=int, default=0, help="random seed (results are reproducible)")
 
 
-def _pooled_weight(text: str):
-    if text == "auto":
-        return "auto"
+def _pooled_weight(text):
+    """An argparse type: 'auto' or a number within [0, 1] (a value already parsed passes)."""
+    if text == "auto" or isinstance(text, float):
+        return text
     try:
         weight = float(text)
     except ValueError:
         weight = float("nan")
     if not 0.0 <= weight <= 1.0:
-        raise SystemExit(f"error: --pooled-weight must be 'auto' or a number within [0, 1], got {text!r}")
+        raise argparse.ArgumentTypeError(f"must be 'auto' or a number within [0, 1], got {text!r}")
     return weight
 
 
@@ -244,8 +246,30 @@ def _check_unique(names, errors) -> None:
 
 
 def _fail(message: str) -> int:
+    """A bad input file or folder, or work that failed: the message, exit status 1."""
+    print_error(message)
+    return 1
+
+
+def _usage(message: str) -> int:
+    """A command line that cannot be carried out as given (found before any file is read):
+    the message, exit status 2, as argparse does for its own usage errors."""
     print_error(message)
     return 2
+
+
+def _model_out_problem(out: Path) -> str | None:
+    """Why ``train --out`` cannot be written (a folder, a missing parent folder), else None."""
+    if out.is_dir():
+        return f"{out}: --out names a folder; give the model file to write (e.g. {out / 'model.npz'})"
+    if out.exists() and not out.is_file():
+        return f"{out}: --out names something that is not a file"
+    parent = Path(os.path.abspath(out)).parent
+    if not parent.exists():
+        return f"{out}: the folder {parent} does not exist"
+    if not parent.is_dir():
+        return f"{out}: {parent} is not a folder"
+    return None
 
 
 def run_train(args) -> int:
@@ -253,14 +277,17 @@ def run_train(args) -> int:
     from gating_core.model import GatingModel
     from gating_core.progress import StageProgress
 
+    problem = _model_out_problem(Path(args.out))
+    if problem:  # before any input is read or any training starts
+        return _fail(problem)
     if args.dica_components is not None and not args.dica:
-        return _fail("--dica-components needs --dica supervised or --dica unsupervised")
+        return _usage("--dica-components needs --dica supervised or --dica unsupervised")
     if args.dica_components is not None and not 1 <= args.dica_components <= 600:
-        return _fail(f"--dica-components must be within [1, 600], got {args.dica_components}")
+        return _usage(f"--dica-components must be within [1, 600], got {args.dica_components}")
     dica = {"dica": args.dica, "dica_components": args.dica_components or 20} if args.dica else {}
     if args.method == IW_METHOD:
         if dica:
-            return _fail("--dica is an option of the kernel methods, not of --method iw-nystroem")
+            return _usage("--dica is an option of the kernel methods, not of --method iw-nystroem")
         model = _iw_model(args)
         if isinstance(model, int):
             return model
@@ -310,12 +337,10 @@ def run_train(args) -> int:
     for message in errors:
         print_error(message)
     if errors:
-        return 2
+        return 1
     if not digests:
-        return _fail("no labeled patients given (INPUT files or --library)")
+        return _usage("no labeled patients given (INPUT files or --library)")
     out = Path(args.out)
-    if not out.resolve().parent.exists():
-        return _fail(f"folder {out.parent} does not exist")
     print(f"Training ({_method_label(args.method, args.loss, args.task_similarity)}) on {len(digests)} patients, {sum(d.n_events for d in digests):,} events")
     try:
         with StageProgress("train") as progress:
@@ -363,9 +388,9 @@ def _iw_model(args):
                         ("--single-bandwidth", args.single_bandwidth),
                         ("--no-self-training", args.no_self_training)):
         if given:
-            return _fail(f"{flag} does not apply to --method {IW_METHOD} (a squared-loss KRR refitted per patient)")
+            return _usage(f"{flag} does not apply to --method {IW_METHOD} (a squared-loss KRR refitted per patient)")
     if args.landmarks < 1:
-        return _fail(f"--landmarks must be a positive number, got {args.landmarks}")
+        return _usage(f"--landmarks must be a positive number, got {args.landmarks}")
     return IWNystroemGatingModel(channels=args.channels or None, compensate=not args.no_compensation,
                                  cells_per_patient=args.cells_per_patient or IW_CELLS_PER_PATIENT,
                                  n_landmarks=args.landmarks, random_state=args.seed)
@@ -378,27 +403,27 @@ def _method_label(method: str, loss: str, task_similarity: float) -> str:
 
 
 def run_gate(args) -> int:
-    from gating_core.gating import output_stem
+    from gating_core.gating import output_name_clashes
     from gating_core.library.privacy import dropped_note
     from gating_core.iw_model import IW_METHOD as iw_method, load_any_model
     from gating_core.modelfile import ModelFileError
 
-    # Two inputs with one name (from different folders) would overwrite each other's output.
-    by_stem: dict = {}
-    for path in args.fcs:
-        by_stem.setdefault(output_stem(Path(path).stem), []).append(path)
-    clashes = [paths for paths in by_stem.values() if len(paths) > 1]
+    # Two inputs whose patients map to one output name (the same stem from different folders,
+    # names differing only in case or in characters a file name cannot hold, a data set of a
+    # multi-data-set file) would overwrite each other's output: refused before anything is
+    # gated, so an output file is always the patient its name says.
+    clashes = output_name_clashes(args.fcs, args.format)
     if clashes:
-        return _fail("these inputs would write the same gated CSV; rename one or gate them into "
-                     "separate folders: " + "; ".join(" and ".join(paths) for paths in clashes))
+        return _usage(f"these inputs would write the same gated {args.format.upper()}; rename one or gate "
+                      "them into separate folders: " + "; ".join(" and ".join(c) for c in clashes))
     if (args.include_identifying or args.keep_keywords) and args.format not in ("fcs", "h5ad"):
-        return _fail("--include-identifying and --keep-keyword apply to --format fcs and h5ad: "
-                     f"a gated {'CSV' if args.format == 'csv' else 'Parquet'} file carries no keywords")
+        return _usage("--include-identifying and --keep-keyword apply to --format fcs and h5ad: "
+                      f"a gated {'CSV' if args.format == 'csv' else 'Parquet'} file carries no keywords")
     if args.format == "h5ad":
         try:
             import anndata  # noqa: F401
         except ImportError:
-            return _fail("--format h5ad needs the anndata package: pip install 'gating-core[anndata]'")
+            return _usage("--format h5ad needs the anndata package: pip install 'gating-core[anndata]'")
     try:
         model = load_any_model(args.model)
     except ModelFileError as exc:
@@ -480,9 +505,9 @@ def run_evaluate(args) -> int:
     for message in errors:
         print_error(message)
     if errors:
-        return 2
+        return 1
     if len(samples) < 3:
-        return _fail("leave-one-patient-out needs at least three labeled patients")
+        return _usage("leave-one-patient-out needs at least three labeled patients")
     params = _model_params(args)
     params.pop("compensate", None)
     # The held-out check by subtraction (gating_core.held_out) does not search sigma' yet: with
@@ -490,7 +515,7 @@ def run_evaluate(args) -> int:
     patient_refit = args.refit or "subtract"
     if args.select_embedding_bandwidth:
         if args.refit == "subtract":
-            return _fail("--select-embedding-bandwidth needs --refit full (the check by subtraction does not "
+            return _usage("--select-embedding-bandwidth needs --refit full (the check by subtraction does not "
                          "select sigma')")
         patient_refit = "full"
     try:

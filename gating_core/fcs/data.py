@@ -13,7 +13,8 @@ from pathlib import Path
 import flowio
 import numpy as np
 
-from gating_core.fcs.layout import _Layout, _is_big_endian, _next_power_of_two, _significance_for_width
+from gating_core.fcs.layout import (FLOAT32_MAX, _Layout, _is_big_endian, _next_power_of_two,
+                                    _significance_for_width)
 from gating_core.fcs.sample import FCSError
 from gating_core.fcs.text import HEADER_OFFSET_LIMIT
 
@@ -254,16 +255,36 @@ def _events_from_raw(layout: _Layout, raw: np.ndarray | list[np.ndarray]) -> np.
         elif layout.gains[c] not in (0.0, 1.0):
             column /= layout.gains[c]
         if c == layout.time_index and layout.timestep not in (None, 1.0):
-            column *= layout.timestep
+            _scale_time(layout, column)
     return events
+
+
+def _scale_time(layout: _Layout, column: np.ndarray) -> None:
+    """Multiply the time channel by $TIMESTEP in place (in the column's own precision, as
+    always); an FCSError naming the keyword when a stored tick would become infinite or leave
+    float32's range, never a numpy overflow warning.
+
+    The layout already ignores a $TIMESTEP that overflows the channel's declared range; this
+    catches floating-point ticks beyond their $PnR."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled = column * layout.timestep
+        overflow = ~(np.abs(scaled) <= FLOAT32_MAX) & np.isfinite(column)
+    if overflow.any():
+        tick = column[int(np.flatnonzero(overflow)[0])]
+        raise FCSError(layout.path, f"$TIMESTEP = {layout.timestep:g} scales the time channel "
+                                    f"{layout.pnn[layout.time_index]} beyond the largest number the "
+                                    f"events can hold (a stored value of {tick:g} ticks becomes "
+                                    f"{float(tick) * layout.timestep:g}); the file's $TIMESTEP is wrong")
+    column[:] = scaled
 
 
 def _check_finite(layout: _Layout, events: np.ndarray) -> None:
     # A dot product (BLAS) propagates NaN/inf and is cheaper than isfinite() over the whole
     # array; only when it is not finite (NaN/inf present, or squares that overflow) look closer.
     flat = events.reshape(-1)
-    if flat.size == 0 or np.isfinite(np.dot(flat, flat)):
-        return
+    with np.errstate(over="ignore", invalid="ignore"):  # large finite values square to inf
+        if flat.size == 0 or np.isfinite(np.dot(flat, flat)):
+            return
     bad = ~np.isfinite(events)
     count = int(bad.sum())
     if count:

@@ -96,6 +96,25 @@ def _unique_names(names: list[str]) -> list[str]:
     return unique
 
 
+#: The largest float32: events and everything computed from them (models, exports) fit in it.
+FLOAT32_MAX = 3.4028234663852886e38
+
+
+def _timestep_fits(timestep: float, kind: str, bits: int, pnr: float | None) -> bool:
+    """Whether the largest tick the time channel can store, times ``timestep``, stays within
+    float32: integers up to 2^bits - 1 (or the $PnR mask), ASCII up to its digits, floating-point
+    values up to $PnR (larger stored values are checked when the events are read)."""
+    if kind == "I":
+        top = float((1 << bits) - 1)
+        if pnr is not None and pnr >= 1:
+            top = min(top, float(_next_power_of_two(pnr) - 1))
+    elif kind == "A" and bits:
+        top = 10.0 ** bits - 1
+    else:
+        top = pnr if pnr is not None and pnr > 0 else 1.0
+    return timestep <= FLOAT32_MAX and timestep * max(top, 1.0) <= FLOAT32_MAX
+
+
 def _next_power_of_two(x: float) -> int:
     return 1 << max(0, math.ceil(math.log2(x))) if x > 1 else 1
 
@@ -230,6 +249,12 @@ def _layout_from_text(dst: _DataSetText, path: Path, file_size: int) -> _Layout:
         if timestep is not None and timestep <= 0:
             notes.append(f"$TIMESTEP = {text['timestep'].strip()} is not positive; ignored, time "
                          "channel left in clock ticks")
+            timestep = None
+        if timestep is not None and not _timestep_fits(timestep, types[time_index], bits[time_index],
+                                                       ranges[time_index]):
+            notes.append(f"$TIMESTEP = {text['timestep'].strip()} would scale the time channel "
+                         f"{pnn[time_index]} beyond the largest number the events can hold "
+                         f"({FLOAT32_MAX:.4g}); ignored, time channel left in clock ticks")
             timestep = None
     if time_index is not None:
         gains[time_index] = 1.0

@@ -37,7 +37,17 @@ def _walk_layouts(fh, path: Path, file_size: int) -> list[_Layout | _Unreadable]
     base = 0
     seen = set()
     while True:
-        dst = _read_data_set_text(fh, path, base, file_size)
+        try:
+            dst = _read_data_set_text(fh, path, base, file_size)
+        except FCSError as exc:
+            if not entries:
+                raise
+            # A later data set whose HEADER or TEXT cannot be read (cut short, overwritten):
+            # listed as unreadable, the ones before it are read.
+            previous = entries[-1]
+            version = previous.header.version if isinstance(previous, _Layout) else previous.version
+            entries.append(_Unreadable(base, version, exc))
+            break
         try:
             entry = _layout_from_text(dst, path, file_size)
         except FCSError as exc:
@@ -46,6 +56,13 @@ def _walk_layouts(fh, path: Path, file_size: int) -> list[_Layout | _Unreadable]
         if dst.nextdata == 0:
             break
         next_base = base + dst.nextdata
+        if dst.nextdata > 0 and next_base >= file_size:
+            # The next data set lies past the end: the file was cut short. It is listed as
+            # unreadable (gate and info report it), the data sets before it are read.
+            entries.append(_Unreadable(next_base, dst.header.version, FCSError(
+                path, f"$NEXTDATA of data set {len(entries)} points to byte {next_base} but the file "
+                      f"has only {file_size} bytes: the file is truncated")))
+            break
         if dst.nextdata < 0 or next_base >= file_size or next_base in seen:
             # A broken chain after valid data sets: keep what was read, say so.
             entry.notes.append(f"$NEXTDATA {dst.nextdata} does not point to another data set "
@@ -180,6 +197,19 @@ def _readable_data_sets(path: Path, entries, build) -> SampleList:
 
 def _skipped_notes(skipped) -> list[str]:
     return [f"data set {name} skipped: {problem}" for name, problem in skipped]
+
+
+def data_set_names(path: str | os.PathLike) -> list[str]:
+    """The names :func:`read_fcs_all` gives the data sets of ``path`` (``<stem>``, or
+    ``<stem>#k`` when there are several), from the HEADER and TEXT segments only; an empty list
+    when the file cannot be read at all."""
+    path = Path(path)
+    try:
+        with _open(path) as fh:
+            entries = _walk_layouts(fh, path, os.fstat(fh.fileno()).st_size)
+    except FCSError:
+        return []
+    return _names(path, len(entries))
 
 
 def fcs_info(path: str | os.PathLike) -> dict:

@@ -52,7 +52,7 @@ def _parse_header(raw: bytes, path, base: int) -> _Header:
             raise FCSError(path, f"file is {len(raw)} bytes long, too short to hold an FCS HEADER "
                                  f"({HEADER_LENGTH} bytes)")
         raise FCSError(path, f"$NEXTDATA points to byte {base}, too close to the end of the file "
-                             "for another data set")
+                             f"for another data set ({len(raw)} bytes follow): the file is truncated")
     if raw[:3] != b"FCS":
         shown = raw[:10].decode("latin-1").encode("unicode_escape").decode("ascii")
         raise FCSError(path, f"not an FCS file: the HEADER{where} starts with {shown!r} instead "
