@@ -362,12 +362,15 @@ def test_auto_weight_survives_save_and_format_2_files_use_their_parameter(auto_w
 
 
 def test_pooled_weight_option_takes_auto_or_a_weight():
+    import argparse
+
     from gating_core.commands.model_commands import _pooled_weight
 
     assert _pooled_weight("auto") == "auto"
     assert _pooled_weight("0.25") == 0.25 and _pooled_weight("0") == 0.0
     for bad in ("1.5", "-0.1", "half", "nan"):
-        with pytest.raises(SystemExit, match="--pooled-weight must be 'auto' or a number within"):
+        # An argparse type: argparse turns it into a usage error (exit status 2) naming the option.
+        with pytest.raises(argparse.ArgumentTypeError, match="must be 'auto' or a number within"):
             _pooled_weight(bad)
 
 
