@@ -8,7 +8,12 @@ tuned to one data set:
 - mass cytometry (CyTOF / Helios / metal-isotope channel names, or non-negative data with
   many exact zeros and no scatter channels): arcsinh(x / 5), the field's convention;
 - conventional and spectral flow: arcsinh(x / 150) on fluorescence, and scatter (FSC / SSC)
-  on a linear scale divided by its range, since scatter is already linear-distributed.
+  on a linear scale divided by its range, since scatter is already linear-distributed;
+- values already on a channel scale (:func:`channel_scale_reason`): 10-bit log-amplified channel
+  numbers 0-1023, as FlowCAP distributes data and FlowJo's "channel values" CSV export and many
+  CSV-to-FCS conversions write them, with ``$PnE 0,0`` and a ``$PnR`` that says nothing: they are
+  already on a log scale, so they are used as they are (linear, divided by 1024); an arcsinh on
+  top would compress the bright end a second time.
 """
 
 from __future__ import annotations
@@ -20,6 +25,10 @@ import numpy as np
 
 FLOW_COFACTOR = 150.0
 MASS_COFACTOR = 5.0
+#: The top of the channel scale of 10-bit log-amplified data (channel numbers 0-1023).
+CHANNEL_SCALE_TOP = 1024.0
+# Below this many distinct values a channel is a flag or a count, not a measurement.
+_CHANNEL_SCALE_MIN_LEVELS = 32
 
 _SCATTER = re.compile(r"^(fsc|ssc|fs|ss|sc|bsc|vssc)([-_ ]?[ahw]|[-_ ].*)?$", re.IGNORECASE)
 _TIME_LIKE = re.compile(
@@ -127,17 +136,70 @@ def _logicle(column: np.ndarray, p: dict) -> np.ndarray:
     return transforms.logicle(values, [0], t=p["T"], w=p["W"], m=p["M"], a=p["A"])[:, 0]
 
 
+def channel_scale_reason(values: np.ndarray, declared_range: float | None = None) -> str | None:
+    """Why one channel's values look already on a channel scale, or None when they do not.
+
+    Channel numbers of 10-bit log-amplified data are whole numbers from 0 to 1023 (1024 at
+    most), spread over many levels, whatever ``$PnR`` claims. Linear intensities of a modern
+    instrument are not whole numbers below 1024 once compensated, and an 18-bit or float
+    channel of raw intensities spans far more than 1024. A declared ``$PnR`` below 1023 rules
+    the channel out. ``values`` (n,) are raw (uncompensated
+    or compensated) values of the channel; the first 50,000 are looked at.
+    """
+    if declared_range and declared_range < CHANNEL_SCALE_TOP - 1:
+        return None  # a range below 1023 is no 10-bit scale (and says the file was cut to its data)
+    sample = np.asarray(values[: min(len(values), 50_000)], dtype=np.float64)
+    sample = sample[np.isfinite(sample)]
+    if len(sample) < 100:
+        return None
+    low, high = float(sample.min()), float(sample.max())
+    if low < 0 or high > CHANNEL_SCALE_TOP or high < 64:
+        return None
+    whole = float(np.mean(sample == np.round(sample)))
+    if whole < 0.99:
+        return None
+    levels = len(np.unique(sample))
+    if levels < _CHANNEL_SCALE_MIN_LEVELS:
+        return None
+    declared = f"; $PnR {declared_range:g} says nothing" if declared_range and declared_range > CHANNEL_SCALE_TOP else ""
+    return (f"whole numbers from {low:g} to {high:g} ({levels} levels): channel numbers of log-amplified data "
+            f"already on a channel scale{declared}")
+
+
+def channel_scale_channels(pnn: list[str], data: np.ndarray | None,
+                           ranges: list[float | None] | None = None) -> dict[str, str]:
+    """The channels of ``pnn`` whose values in ``data`` (n, len(pnn)) are already on a channel
+    scale, each with the reason (:func:`channel_scale_reason`); scatter and time-like channels
+    are left out (they are linear whatever their scale)."""
+    found = {}
+    if data is None or not len(data):
+        return found
+    for j, name in enumerate(pnn):
+        if is_scatter(name) or is_time_like(name):
+            continue
+        reason = channel_scale_reason(data[:, j], ranges[j] if ranges is not None else None)
+        if reason:
+            found[name] = reason
+    return found
+
+
 def default_transform(pnn: list[str], data: np.ndarray | None = None, keywords: dict | None = None,
                       ranges: list[float | None] | None = None) -> ChannelTransform:
     """The default transform for channels ``pnn`` (see the module docstring).
 
-    ``data`` (n, len(pnn)) raw events and ``keywords`` help decide flow vs mass cytometry and
-    set the linear scale of scatter channels (their 99.9th percentile when no $PnR is given).
+    ``data`` (n, len(pnn)) raw events and ``keywords`` help decide flow vs mass cytometry, find
+    channels already on a channel scale (used as they are, divided by
+    :data:`CHANNEL_SCALE_TOP`) and set the linear scale of scatter channels (their 99.9th
+    percentile when no $PnR is given).
     """
     mass = looks_like_mass_cytometry(pnn, keywords, data)
+    channel_scale = {} if mass else channel_scale_channels(pnn, data, ranges)
     kinds, params = [], []
     for j, name in enumerate(pnn):
-        if not mass and is_scatter(name):
+        if name in channel_scale:
+            kinds.append("linear")
+            params.append({"scale": CHANNEL_SCALE_TOP})
+        elif not mass and is_scatter(name):
             scale = None
             if ranges is not None and ranges[j]:
                 scale = float(ranges[j])

@@ -13,6 +13,7 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("GATING_SHARED_DATA", REPO.parent / "shared" / "data"))
 MULTICENTER = SHARED_DATA / "multicenter"
+DLBCL = SHARED_DATA / "dlbcl"
 SAMPLE_DATA = REPO / "sample_data"
 CACHE = REPO / ".cache"
 ARTIFACTS = REPO / "test-artifacts"
@@ -60,6 +61,14 @@ def multicenter_dir() -> Path:
     if not (MULTICENTER / "multicenter_01.fcs").exists():
         pytest.skip(f"shared multicenter data not found at {MULTICENTER}")
     return MULTICENTER
+
+
+@pytest.fixture(scope="session")
+def dlbcl_dir() -> Path:
+    """The shared FlowCAP-I DLBCL biopsies (flow, channel scale, two batches); skip when absent."""
+    if not (DLBCL / "dlbcl_01.fcs").exists():
+        pytest.skip(f"shared DLBCL data not found at {DLBCL}")
+    return DLBCL
 
 
 @pytest.fixture(scope="session")

@@ -132,7 +132,9 @@ def panel_scale(pnn: str, samples) -> AxisScale:
     instrument is, never from one patient's values, so every patient of the panel gets the same
     axes and a gate tree copied between patients keeps its meaning.
 
-    - default kind: linear for scatter channels (FSC, SSC, time-like), arcsinh otherwise;
+    - default kind: linear for scatter channels (FSC, SSC, time-like) and for channels whose
+      values are already on a channel scale (:func:`~gating_core.transforms.channel_scale_reason`),
+      arcsinh otherwise;
     - arcsinh cofactor: 5 on a mass cytometer (``$CYT``, metal channel names or ion-count data
       of the first patient), else 150;
     - logicle T: the channel's largest ``$PnR`` over the patients (else 262144), W 0.5, M 4.5.
@@ -140,15 +142,18 @@ def panel_scale(pnn: str, samples) -> AxisScale:
     Returns an :class:`AxisScale` whose ``kind`` is the default kind and whose other fields hold
     the parameters of every kind (``dataclasses.replace(scale, kind=...)`` switches kind).
     """
-    from gating_core.transforms import (FLOW_COFACTOR, MASS_COFACTOR, is_scatter, is_time_like,
-                                        looks_like_mass_cytometry)
+    from gating_core.transforms import (FLOW_COFACTOR, MASS_COFACTOR, channel_scale_reason, is_scatter,
+                                        is_time_like, looks_like_mass_cytometry)
 
     samples = list(samples)
-    mass = False
+    mass = channel_scale = False
     if samples:
         first = samples[0]
         mass = looks_like_mass_cytometry(first.pnn, first.keywords, first.events[:20000])
-    kind = "linear" if (is_scatter(pnn) or is_time_like(pnn)) and not mass else "arcsinh"
+        if not mass and pnn in first.pnn:
+            j = first.channel_index(pnn)
+            channel_scale = channel_scale_reason(first.events[:50000, j], first.channels[j].range) is not None
+    kind = "linear" if ((is_scatter(pnn) or is_time_like(pnn)) and not mass) or channel_scale else "arcsinh"
     ranges = []
     for sample in samples:
         try:

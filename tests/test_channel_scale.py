@@ -1,0 +1,61 @@
+"""Channels already on a channel scale (10-bit log-amplified channel numbers) are found and
+used as they are, not put through a second log-like transform."""
+
+import numpy as np
+import pytest
+
+from gating_core import read_fcs
+from gating_core.transforms import (CHANNEL_SCALE_TOP, channel_scale_channels, channel_scale_reason,
+                                    default_transform)
+
+
+def _channel_numbers(rng, n=5000):
+    # Log-amplified data: a few populations spread over the 0-1023 channel range, whole numbers.
+    centres = rng.choice([180.0, 420.0, 690.0], size=n)
+    return np.clip(np.round(centres + rng.normal(0, 45, n)), 0, 1023)
+
+
+def test_channel_numbers_are_found_and_used_linearly():
+    rng = np.random.default_rng(0)
+    data = np.column_stack([rng.uniform(0, 262144, 5000), _channel_numbers(rng), _channel_numbers(rng)])
+    pnn = ["FSC-A", "FL1.LOG", "FL2.LOG"]
+    found = channel_scale_channels(pnn, data, [262144.0] * 3)
+    assert sorted(found) == ["FL1.LOG", "FL2.LOG"]  # scatter is linear whatever its scale
+    assert "$PnR 262144 says nothing" in found["FL1.LOG"]
+    transform = default_transform(pnn, data, {}, [262144.0] * 3)
+    assert transform.kinds == ["linear", "linear", "linear"]
+    assert transform.params[1] == {"scale": CHANNEL_SCALE_TOP}
+    np.testing.assert_allclose(transform.apply(data)[:, 1], data[:, 1] / 1024.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("values, declared", [
+    ("linear", 262144.0),   # intensities of a modern instrument: fractions, and far above 1024
+    ("levels", 262144.0),   # a flag or a count: too few levels
+    ("negative", 262144.0), # compensated data go negative; channel numbers never do
+    ("numbers", 176.0),     # a declared range below 1023 is no 10-bit scale
+])
+def test_other_channels_are_not_channel_scale(values, declared):
+    rng = np.random.default_rng(1)
+    column = {
+        "linear": rng.lognormal(6, 1.5, 5000),
+        "levels": rng.integers(0, 20, 5000).astype(float) * 40,
+        "negative": _channel_numbers(rng) - 300,
+        "numbers": np.clip(_channel_numbers(rng), 0, 176),
+    }[values]
+    assert channel_scale_reason(column, declared) is None
+    assert default_transform(["CD4"], column[:, None], {}, [declared]).kinds == ["arcsinh"]
+
+
+def test_mass_cytometry_keeps_its_arcsinh_even_with_small_whole_counts():
+    rng = np.random.default_rng(2)
+    counts = np.round(rng.gamma(0.6, 60, (5000, 3)))  # ion counts: whole, many zeros
+    transform = default_transform(["CD3", "CD4", "CD8"], counts, {"$CYT": "Helios"})
+    assert transform.kinds == ["arcsinh"] * 3 and transform.params[0] == {"cofactor": 5.0}
+
+
+def test_the_shared_flowcap_files_are_found_on_their_channel_scale(dlbcl_dir):
+    sample = read_fcs(dlbcl_dir / "dlbcl_01.fcs")
+    ranges = [c.range for c in sample.channels]
+    found = channel_scale_channels(sample.pnn, sample.events, ranges)
+    assert sorted(found) == ["FL1.LOG", "FL2.LOG", "FL4.LOG"]
+    assert default_transform(sample.pnn, sample.events, sample.keywords, ranges).kinds == ["linear"] * 3
