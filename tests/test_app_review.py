@@ -144,6 +144,13 @@ def test_moving_a_vertex_relabels_only_the_cells_it_moves(loaded):
     _, exported, confidence = read_gated_csv(path)
     np.testing.assert_array_equal(np.asarray(exported).astype(str), populations)
     np.testing.assert_allclose(confidence[untouched], model_confidence[untouched], atol=1e-6)
+    # fitting the gates again says so (no stale message of the vertex) and keeps the corrections
+    at.button(key=f"ag_refit_{NEW}").click()
+    run(at)
+    (message,) = [s.value for s in at.success if not s.value.startswith(NEW)]
+    assert message == (f"Fitted the gates of patient_01 to {NEW} again. The {int(relabeled.sum()):,} cells "
+                       "corrected by hand keep their corrections (run auto-gating again to drop them).")
+    np.testing.assert_array_equal(np.asarray(record.populations).astype(str), populations)
     # a reload reads the same populations back
     again = goto(start(), "pages/5_autogate.py")
     stored = store_of(again).patients[NEW].load_result()
