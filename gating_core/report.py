@@ -2,9 +2,11 @@
 
 * :func:`population_rows` / :func:`batch_table`: one row per patient and population with its
   parent, count, % of parent and % of total (and mean confidence when the populations come
-  from a model). With a gate tree the rows are its gates, counted by gate membership, each
-  under its parent gate; without one every population is a child of all events (% of parent
-  is then % of total), counted from the per-event labels.
+  from a model). Counts come from the per-event populations, the one source every export
+  shares (the gated CSV holds them): with a gate tree the rows are its gates in depth-first
+  order, each under its parent gate and counting the cells of the populations below it
+  (:func:`gating_core.autogates.counted_cells`), then the populations no gate names; without
+  one every population is a child of all events (% of parent is then % of total).
 * :func:`patient_report_html`: one self-contained HTML page per patient (no script, no
   network): plots of the events with the gates drawn (inline SVG drawn here, so nothing needs
   plotly's static export), the population table, novelty and confidence, compensation and QC
@@ -24,7 +26,8 @@ import numpy as np
 
 from gating_core.plotting import display_range, population_colors, sample_channel_label, subsample_indices
 
-__all__ = ["ALL_EVENTS", "BATCH_COLUMNS", "population_rows", "batch_table", "patient_report_html", "svg_scatter"]
+__all__ = ["ALL_EVENTS", "BATCH_COLUMNS", "population_rows", "batch_table", "patient_report_html", "svg_scatter",
+           "svg_histogram"]
 
 ALL_EVENTS = "(all events)"
 BATCH_COLUMNS = ["patient", "source", "population", "parent", "depth", "count", "% of parent", "% of total",
@@ -34,17 +37,19 @@ REPORT_DOTS = 3000
 
 
 def population_rows(patient: str, populations=None, *, tree=None, sample=None, memberships=None,
-                    confidence=None, source: str = ""):
+                    confidence=None, source: str = "", known=()):
     """Rows of :func:`batch_table` for one patient.
 
     Parameters
     ----------
     patient : str
     populations : array of shape (n_events,), optional
-        Per-event population names (labels or a model's result). Needed without a tree.
+        Per-event population names (labels, a model's result or a reviewed result): the counts.
+        Without them a tree's gates are counted by membership.
     tree : gating_core.gates.GateTree, optional
-        When it holds gates, the rows are its gates (``memberships`` or the tree applied to
-        ``sample`` give the events in each).
+        When it holds gates, its gates come first, depth-first, each under its parent gate,
+        counting the cells :func:`gating_core.autogates.counted_cells` gives it; the populations
+        no gate names follow as children of all events.
     sample : gating_core.fcs.Sample, optional
         Needed with a tree when ``memberships`` is not given.
     memberships : dict gate name -> bool array of shape (n_events,), optional
@@ -52,6 +57,7 @@ def population_rows(patient: str, populations=None, *, tree=None, sample=None, m
         Per-event confidence; gives the mean confidence of each row's events.
     source : str
         Where the populations come from ("labels", "auto-gate (model ...)"), copied to each row.
+    known : population names of the model beside those present (see ``counted_cells``).
 
     Returns
     -------
@@ -59,35 +65,46 @@ def population_rows(patient: str, populations=None, *, tree=None, sample=None, m
     """
     import pandas as pd
 
+    from gating_core.autogates import counted_cells
+
     conf = None if confidence is None else np.asarray(confidence, dtype=np.float64)
+    if populations is None and (tree is None or not len(tree)):
+        raise ValueError(f"{patient}: neither populations nor a gate tree to count")
     rows = []
+
+    def row(name, parent, depth, cells, parent_count, total, counted_by):
+        count = int(np.count_nonzero(cells))
+        rows.append({"patient": patient, "source": source, "population": name, "parent": parent or ALL_EVENTS,
+                     "depth": depth, "count": count,
+                     "% of parent": 100.0 * count / parent_count if parent_count else 0.0,
+                     "% of total": 100.0 * count / total if total else 0.0,
+                     "mean confidence": float(conf[cells].mean()) if conf is not None and count else math.nan,
+                     "counted by": counted_by})
+
+    labels = None if populations is None else np.asarray(populations).astype(str)
+    names = []
     if tree is not None and len(tree):
         masks = memberships if memberships is not None else tree.memberships(sample)
-        total = int(next(iter(masks.values())).shape[0])
-        for gate in tree.gates:
-            inside = np.asarray(masks[gate.name], dtype=bool)
-            count = int(inside.sum())
-            parent_count = total if gate.parent is None else int(np.asarray(masks[gate.parent]).sum())
-            rows.append({"patient": patient, "source": source, "population": gate.name,
-                         "parent": gate.parent or ALL_EVENTS, "depth": tree.depth(gate.name) + 1, "count": count,
-                         "% of parent": 100.0 * count / parent_count if parent_count else 0.0,
-                         "% of total": 100.0 * count / total if total else 0.0,
-                         "mean confidence": float(conf[inside].mean()) if conf is not None and count else math.nan,
-                         "counted by": "gates"})
-    else:
-        if populations is None:
-            raise ValueError(f"{patient}: neither populations nor a gate tree to count")
-        labels = np.asarray(populations).astype(str)
+        total = int(labels.size) if labels is not None else int(next(iter(masks.values())).shape[0])
+        if labels is None:
+            cells_of = {n: np.asarray(m, dtype=bool) for n, m in masks.items()}
+            named = set()
+        else:
+            cells_of = counted_cells(tree, labels, masks, known)
+            named = set(np.unique(labels).tolist()) | {str(p) for p in known}
+        for gate in tree.depth_first():
+            parent_count = total if gate.parent is None else int(np.count_nonzero(cells_of[gate.parent]))
+            counted_by = ("gates" if labels is None else "labels" if gate.name in named else "labels and gates")
+            row(gate.name, gate.parent, tree.depth(gate.name) + 1, cells_of[gate.name], parent_count, total,
+                counted_by)
+        names = tree.names
+    if labels is not None:
         total = int(labels.size)
-        names, inverse, counts = np.unique(labels, return_inverse=True, return_counts=True)
+        left, counts = np.unique(labels[~np.isin(labels, names)] if names else labels, return_counts=True)
         unassigned = {"other", "ungated"}
-        order = sorted(range(len(names)), key=lambda i: (names[i].casefold() in unassigned, -counts[i], names[i]))
+        order = sorted(range(len(left)), key=lambda i: (left[i].casefold() in unassigned, -counts[i], left[i]))
         for i in order:
-            share = 100.0 * counts[i] / total if total else 0.0
-            mean = float(conf[inverse == i].mean()) if conf is not None else math.nan
-            rows.append({"patient": patient, "source": source, "population": str(names[i]), "parent": ALL_EVENTS,
-                         "depth": 1, "count": int(counts[i]), "% of parent": share, "% of total": share,
-                         "mean confidence": mean, "counted by": "labels"})
+            row(str(left[i]), None, 1, labels == left[i], total, total, "labels")
     return pd.DataFrame(rows, columns=BATCH_COLUMNS)
 
 
@@ -117,13 +134,15 @@ def _e(value) -> str:
 
 
 def svg_scatter(x, y, colors, x_range, y_range, *, title: str = "", x_label: str = "", y_label: str = "",
-                outlines=(), legend=None, clip_id: str = "clip") -> str:
+                outlines=(), legend=None, clip_id: str = "clip", splits=()) -> str:
     """A scatter plot as an inline ``<svg>`` element.
 
     x, y : arrays (m,) in display coordinates; colors : array (m,) of "#rrggbb" strings;
     x_range, y_range : (lo, hi) of the axes; outlines : list of (name, (k, 2) array, text)
     polygons drawn over the dots with their name and a text (e.g. "12.3% of parent");
-    legend : dict name -> color; clip_id : id of the plot area's clip path (unique per page).
+    legend : dict name -> color; clip_id : id of the plot area's clip path (unique per page);
+    splits : list of ((x, y), {quadrant code: text}) quadrant splits, each drawn as its two
+    dividing lines with every quadrant's text in its corner ("++": top right, "-+": top left...).
     Dots are 1.6 px squares, one path per colour.
     """
     x0, x1 = float(x_range[0]), float(x_range[1])
@@ -164,6 +183,17 @@ def svg_scatter(x, y, colors, x_range, y_range, *, title: str = "", x_label: str
         cy = float(np.clip(py(outline[:, 1]).min() - 4, _TOP + 10, _TOP + ph - 4))
         parts.append(f'<text x="{cx:.1f}" y="{cy:.1f}" text-anchor="middle" font-size="10" fill="#C00000">'
                      f'{_e(name)} {_e(text)}</text>')
+    for (sx_, sy_), texts in splits:
+        cx, cy = float(px(sx_)), float(py(sy_))
+        parts.append(f'<line x1="{cx:.1f}" y1="{_TOP}" x2="{cx:.1f}" y2="{_TOP + ph}" stroke="#C00000" '
+                     f'stroke-width="1.5"/><line x1="{_LEFT}" y1="{cy:.1f}" x2="{_LEFT + pw}" y2="{cy:.1f}" '
+                     f'stroke="#C00000" stroke-width="1.5"/>')
+        for code, text in texts.items():
+            right, top = code[0] == "+", code[1] == "+"
+            tx = _LEFT + pw - 4 if right else _LEFT + 4
+            ty = _TOP + 12 if top else _TOP + ph - 5
+            parts.append(f'<text x="{tx}" y="{ty}" text-anchor="{"end" if right else "start"}" font-size="10" '
+                         f'fill="#C00000">{_e(text)}</text>')
     parts.append("</g>")
     for value, anchor_x, anchor in ((x0, _LEFT, "start"), (x1, _LEFT + pw, "end")):
         parts.append(f'<text x="{anchor_x}" y="{_TOP + ph + 12}" text-anchor="{anchor}" font-size="9" '
@@ -175,6 +205,55 @@ def svg_scatter(x, y, colors, x_range, y_range, *, title: str = "", x_label: str
         for k, (name, color) in enumerate(legend.items()):
             parts.append(f'<rect x="{_LEFT + 4}" y="{_TOP + 4 + 11 * k}" width="8" height="8" fill="{_e(color)}"/>'
                          f'<text x="{_LEFT + 15}" y="{_TOP + 11 + 11 * k}" font-size="9">{_e(name)}</text>')
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def svg_histogram(values, value_range, *, title: str = "", x_label: str = "", bands=(), bins: int = 120,
+                  clip_id: str = "clip") -> str:
+    """A histogram of one channel as an inline ``<svg>`` element, with range gates as bands.
+
+    values : array (n,) in display coordinates; value_range : (lo, hi) of the axis;
+    bands : list of (name, low, high, text), each shaded from low to high and named.
+    """
+    x0, x1 = float(value_range[0]), float(value_range[1])
+    pw, ph = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
+    sx = pw / (x1 - x0) if x1 > x0 else 1.0
+    values = np.asarray(values, dtype=np.float64)
+    counts, edges = np.histogram(values[np.isfinite(values)], bins=bins, range=(x0, x1))
+    top = max(int(counts.max()) if counts.size else 0, 1)
+
+    def px(v):
+        return _LEFT + (float(v) - x0) * sx
+
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
+             f'role="img" aria-label="{_e(title)}">',
+             f'<rect x="{_LEFT}" y="{_TOP}" width="{pw}" height="{ph}" fill="#fff" stroke="#888"/>',
+             f'<text x="{_W / 2}" y="15" text-anchor="middle" font-size="12">{_e(title)}</text>',
+             f'<text x="{_LEFT + pw / 2}" y="{_H - 8}" text-anchor="middle" font-size="11">{_e(x_label)}</text>',
+             f'<text x="12" y="{_TOP + ph / 2}" text-anchor="middle" font-size="11" '
+             f'transform="rotate(-90 12 {_TOP + ph / 2})">events</text>',
+             f'<clipPath id="{_e(clip_id)}"><rect x="{_LEFT}" y="{_TOP}" width="{pw}" height="{ph}"/></clipPath>',
+             f'<g clip-path="url(#{_e(clip_id)})">']
+    for k, (name, low, high, text) in enumerate(bands):
+        a, b = px(low), px(high)
+        parts.append(f'<rect x="{a:.1f}" y="{_TOP}" width="{max(b - a, 0.5):.1f}" height="{ph}" fill="#C00000" '
+                     f'fill-opacity="0.12" stroke="#C00000" stroke-width="1.2"/>')
+        cx = float(np.clip((a + b) / 2, _LEFT + 4, _LEFT + pw - 4))
+        parts.append(f'<text x="{cx:.1f}" y="{_TOP + 12 + 11 * k}" text-anchor="middle" font-size="10" '
+                     f'fill="#C00000">{_e(name)} {_e(text)}</text>')
+    base = _TOP + ph
+    path = [f"M{px(edges[0]):.1f} {base}"]
+    for count, left, right in zip(counts, edges[:-1], edges[1:]):
+        y = base - ph * count / top
+        path.append(f"L{px(left):.1f} {y:.1f}L{px(right):.1f} {y:.1f}")
+    path.append(f"L{px(edges[-1]):.1f} {base}Z")
+    parts.append(f'<path fill="#3B5B92" fill-opacity="0.5" stroke="#3B5B92" d="{"".join(path)}"/>')
+    parts.append("</g>")
+    for value, anchor_x, anchor in ((x0, _LEFT, "start"), (x1, _LEFT + pw, "end")):
+        parts.append(f'<text x="{anchor_x}" y="{_TOP + ph + 12}" text-anchor="{anchor}" font-size="9" '
+                     f'fill="#555">{value:.3g}</text>')
+    parts.append(f'<text x="{_LEFT - 3}" y="{_TOP + 8}" text-anchor="end" font-size="9" fill="#555">{top:,}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
@@ -211,32 +290,50 @@ def _default_channels(sample) -> list[tuple[str, str]]:
     return pairs
 
 
-def _plots(sample, populations, tree, memberships, max_dots: int) -> list[str]:
+def _plots(sample, populations, tree, memberships, max_dots: int, counted=None) -> list[str]:
     idx = subsample_indices(sample.n_events, max_dots, seed=0)
     svgs = []
     if tree is not None and len(tree):
+        counted = counted if counted is not None else memberships
         groups: dict = {}
-        for gate in tree.gates:
+        for gate in tree.depth_first():
+            if gate.kind == "boolean":
+                continue  # no axes: its cells are in the table
             groups.setdefault((gate.parent, gate.x_channel, gate.y_channel), []).append(gate)
         for (parent, xc, yc), gates in groups.items():
             first = gates[0]
-            xi, yi = sample.channel_index(xc), sample.channel_index(yc)
-            x = first.x_scale.forward(sample.events[:, xi])
-            y = first.y_scale.forward(sample.events[:, yi])
             in_parent = np.ones(sample.n_events, bool) if parent is None else np.asarray(memberships[parent])
-            parent_count = int(in_parent.sum())
-            shown = idx[in_parent[idx]]
-            outlines = [(g.name, g.outline(),
-                         f"{100.0 * int(np.asarray(memberships[g.name]).sum()) / max(parent_count, 1):.1f}%")
-                        for g in gates]
+            parent_count = int(np.count_nonzero(counted[parent])) if parent is not None else sample.n_events
+
+            def share(g):
+                return f"{100.0 * int(np.count_nonzero(counted[g.name])) / max(parent_count, 1):.1f}%"
+
+            title = f"{parent or ALL_EVENTS} \u2192 " + ", ".join(g.name for g in gates)
+            x = first.x_scale.forward(sample.events[:, sample.channel_index(xc)])
             # the parent's events set the axes; a gate reaching past them is clipped, as on screen
-            x_range = display_range(x[in_parent] if parent_count else x)
-            y_range = display_range(y[in_parent] if parent_count else y)
+            x_range = display_range(x[in_parent] if in_parent.any() else x)
+            if yc is None:
+                bands = [(g.name, *g.x_scale.forward(first.x_scale.inverse(np.asarray(g.vertices[0]))), share(g))
+                         for g in gates]
+                svgs.append(svg_histogram(x[in_parent], x_range, title=title,
+                                          x_label=_axis_label(sample, xc, first.x_scale), bands=bands,
+                                          clip_id=f"clip{len(svgs)}"))
+                continue
+            y = first.y_scale.forward(sample.events[:, sample.channel_index(yc)])
+            y_range = display_range(y[in_parent] if in_parent.any() else y)
+            shown = idx[in_parent[idx]]
+            outlines = [(g.name, g.outline(first.x_scale, first.y_scale), share(g)) for g in gates if g.is_shape]
+            splits, seen = [], set()
+            for g in gates:
+                if g.kind == "quadrant" and g.name not in seen:
+                    members = [tree[n] for n in tree.quadrant_set(g.name)]
+                    seen.update(m.name for m in members)
+                    splits.append((g.split_point(first.x_scale, first.y_scale),
+                                   {m.quadrant: f"{m.name} {share(m)}" for m in members}))
             svgs.append(svg_scatter(x[shown], y[shown], np.full(shown.size, "#3B5B92"), x_range, y_range,
-                                    title=f"{parent or ALL_EVENTS} \u2192 " + ", ".join(g.name for g in gates),
-                                    x_label=_axis_label(sample, xc, first.x_scale),
+                                    title=title, x_label=_axis_label(sample, xc, first.x_scale),
                                     y_label=_axis_label(sample, yc, first.y_scale), outlines=outlines,
-                                    clip_id=f"clip{len(svgs)}"))
+                                    splits=splits, clip_id=f"clip{len(svgs)}"))
         return svgs
     labels = np.asarray(populations).astype(str)
     names = sorted(set(labels.tolist()), key=lambda p: (p.casefold() in ("other", "ungated"), p))
@@ -298,7 +395,7 @@ def _novelty_html(novelty) -> str:
 def patient_report_html(patient: str, sample, populations, *, confidence=None, novelty=None, tree=None,
                         memberships=None, source: str = "", model_name: str = "", file_name: str = "",
                         low_confidence: float = 0.6, qc=None, compensation=None, generated: str | None = None,
-                        max_dots: int = REPORT_DOTS) -> str:
+                        max_dots: int = REPORT_DOTS, known=(), gate_notes=None) -> str:
     """One self-contained HTML page for one patient.
 
     Parameters
@@ -314,6 +411,8 @@ def patient_report_html(patient: str, sample, populations, *, confidence=None, n
     qc : gating_core.qc.QualityReport, optional (computed when None)
     compensation : gating_core.qc.CompensationInfo, optional (computed when None)
     generated : timestamp text (default: now, UTC)
+    known : population names of the model beside those present (see ``population_rows``)
+    gate_notes : dict gate name -> text, optional: gates kept as the template drew them and why
 
     Returns
     -------
@@ -327,7 +426,12 @@ def patient_report_html(patient: str, sample, populations, *, confidence=None, n
         memberships = tree.memberships(sample)
     generated = generated or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     table = population_rows(patient, populations, tree=tree, sample=sample, memberships=memberships,
-                            confidence=confidence, source=source)
+                            confidence=confidence, source=source, known=known)
+    counted = None
+    if tree is not None and len(tree):
+        from gating_core.autogates import counted_cells
+
+        counted = counted_cells(tree, populations, memberships, known)
     shown = table.drop(columns=["patient", "source"] + (["mean confidence"] if confidence is None else []))
     parts = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
              f"<title>{_e(patient)}: gating report</title><style>{_STYLE}</style></head><body>",
@@ -344,7 +448,11 @@ def patient_report_html(patient: str, sample, populations, *, confidence=None, n
                      f"below {low_confidence:.2f}.</p>")
     parts.append("<h2>Populations</h2>" + _table_html(shown, {"count": "{:,}", "% of parent": "{:.1f}",
                                                             "% of total": "{:.2f}", "mean confidence": "{:.3f}"}))
-    parts.append("<div class='plots'>" + "".join(_plots(sample, populations, tree, memberships, max_dots)) + "</div>")
+    if gate_notes:
+        parts.append("<p class='warn'>Gates kept as the template drew them:</p><ul>"
+                     + "".join(f"<li>{_e(name)}: {_e(why)}</li>" for name, why in gate_notes.items()) + "</ul>")
+    parts.append("<div class='plots'>" + "".join(_plots(sample, populations, tree, memberships, max_dots, counted))
+                 + "</div>")
     parts.append("<h2>Compensation</h2><p>" + _e(compensation.summary) + "</p>")
     if compensation.notes:
         parts.append("<ul>" + "".join(f"<li>{_e(n)}</li>" for n in compensation.notes) + "</ul>")

@@ -47,10 +47,11 @@ def _focus():
     state.update(gate_view.focus_population(tree, sample, state["gate_focus"]))
 
 
-focus = top[1].selectbox("Population tree", [ALL] + tree.names, key="gate_focus", on_change=_focus,
+names_in_order = gate_view.ordered_names(tree)
+focus = top[1].selectbox("Population tree", [ALL] + names_in_order, key="gate_focus", on_change=_focus,
                          format_func=lambda n: gate_view.tree_label(tree, n),
                          help="Choose a population: its parent's plot opens on its channels, its gate highlighted.")
-parent = top[2].selectbox("Parent population", [ALL] + tree.names, key="gate_parent",
+parent = top[2].selectbox("Parent population", [ALL] + names_in_order, key="gate_parent",
                           format_func=lambda n: gate_view.tree_label(tree, n),
                           help="New gates are drawn inside this population.")
 parent_mask = masks.get(parent) if parent != ALL else None
@@ -202,7 +203,13 @@ def gating_section():
             except GateError as exc:
                 preview_gates = []
                 st.warning(str(exc))
-            if st.button("Add quadrant gate", type="primary", disabled=not preview_gates, key="add_quadrant"):
+            taken = [g.name for g in preview_gates if g.name in tree]
+            if taken:
+                # a second click would only fail on the duplicate names: say so before it
+                st.caption(f"Already in the tree: {', '.join(taken)}. Change the marker names above to add "
+                           "another split, or move this one with **Adjust** on the Auto-gate page / delete and redraw.")
+            if st.button("Add quadrant gate", type="primary", disabled=not preview_gates or bool(taken),
+                         key="add_quadrant"):
                 _add(preview_gates, f"Added quadrants {', '.join(g.name for g in preview_gates)}.")
     elif tool == "Range (histogram)":
         with left:
@@ -220,7 +227,7 @@ def gating_section():
         with left:
             operator = st.selectbox("Combine", list(gate_view.OPERATORS), format_func=gate_view.OPERATORS.get,
                                     key="bool_op")
-            operands = st.multiselect("Populations", tree.names, key="bool_operands",
+            operands = st.multiselect("Populations", names_in_order, key="bool_operands",
                                       help="NOT takes one population; AND / OR two or more. The result is kept "
                                            "inside the parent population chosen above.")
             gate_name = st.text_input("Gate name", key="gate_name", placeholder="e.g. CD3- CD19+")
@@ -302,10 +309,13 @@ def gating_section():
             state.gate_chart_version += 1
             st.rerun()
         if len(tree):
-            with st.expander("Rename or delete a gate"):
-                chosen = st.selectbox("Gate", tree.names, key="edit_which",
+            # keyed, so it stays open across the rerun a rename or a delete makes
+            with st.expander("Rename or delete a gate", key="gate_edit_open", on_change="rerun"):
+                chosen = st.selectbox("Gate", names_in_order, key="edit_which",
                                       format_func=lambda n: gate_view.tree_label(tree, n),
-                                      index=tree.names.index(focus) if focus in tree.names else 0)
+                                      # the tree's focus opens it, unless a rename chose the gate
+                                      index=names_in_order.index(focus)
+                                      if focus in names_in_order and "edit_which" not in state else 0)
                 e1, e2 = st.columns([3, 1])
                 new_name = e1.text_input("New name", key=f"rename_to_{chosen}", value=chosen)
                 if e2.button("Rename", key="rename_gate", disabled=new_name.strip() in ("", chosen)):
@@ -314,6 +324,9 @@ def gating_section():
                         new_tree.rename(chosen, new_name)
                         state["gate_pickers_next"] = {key: new_name.strip() for key in ("gate_parent", "gate_focus")
                                                       if state.get(key) == chosen}
+                        # the renamed gate stays chosen, its name field showing the new name
+                        state["gate_pickers_next"].update(edit_which=new_name.strip(), gate_edit_open=True)
+                        state.pop(f"rename_to_{new_name.strip()}", None)
                         _commit(new_tree, f"Renamed {chosen!r} to {new_name.strip()!r}.")
                         st.rerun()
                     except GateError as exc:
@@ -330,6 +343,7 @@ def gating_section():
                     gone = new_tree.remove(chosen)
                     state["gate_pickers_next"] = {key: ALL for key in ("gate_parent", "gate_focus")
                                                   if state.get(key) in gone}
+                    state["gate_pickers_next"]["gate_edit_open"] = True
                     _commit(new_tree, f"Deleted {', '.join(gone)}.")
                     st.rerun()
             same = [g.name for g in same_axes]
@@ -348,7 +362,7 @@ if len(tree):
     st.markdown("#### Use the gates")
     u1, u2 = st.columns(2)
     with u1:
-        leaves = [g.name for g in tree.leaves()]
+        leaves = [n for n in names_in_order if n in {g.name for g in tree.leaves()}]
         st.caption(f"Training labels: {', '.join(leaves)} and `other`.")
         current = record.labels if record.is_labeled else None
         # the gates' labels are built only when asked for: a million-event comparison per rerun is cached

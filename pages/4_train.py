@@ -260,7 +260,11 @@ if table is not None and len(table):
     for col, (m, row) in zip(cols, means.iterrows()):
         col.metric(f"{m}: mean accuracy", f"{100 * row['accuracy']:.1f}%",
                    help=f"mean macro-F1 {row['macro_f1']:.3f}")
-    st.warning(f"Worst patient: **{worst}** ({key} = {wide.loc[worst, key]:.3f}). Review its gates first.")
+    if wide[key].round(3).nunique() == 1:  # as shown: no patient is worse than another
+        st.success(f"All {len(wide)} patients scored {wide[key].iloc[0]:.3f} ({key}).")
+        worst = None
+    else:
+        st.warning(f"Worst patient: **{worst}** ({key} = {wide.loc[worst, key]:.3f}). Review its gates first.")
     st.dataframe(wide.style.format("{:.3f}").apply(
         lambda r: ["background-color: #fde2d4" if r.name == worst else "" for _ in r], axis=1),
         width="stretch")
@@ -273,7 +277,8 @@ if table is not None and len(table):
     fig.update_layout(barmode="group", height=340, yaxis_title="macro F1 (zoomed)",
                       yaxis_range=[max(0.0, low - 0.1 * (1.0 - low) - 0.02), 1.0],
                       margin=dict(l=60, r=20, t=20, b=50), plot_bgcolor="white")
-    fig.add_annotation(x=worst, y=float(wide.loc[worst, key]), text="worst", showarrow=True, arrowhead=2)
+    if worst is not None:
+        fig.add_annotation(x=worst, y=float(wide.loc[worst, key]), text="worst", showarrow=True, arrowhead=2)
     st.plotly_chart(fig, width="stretch", key="lopo_chart")
     f1_cols = [c for c in show.columns if c.startswith("f1:")]
     if f1_cols:

@@ -3,11 +3,11 @@
 import numpy as np
 import streamlit as st
 
-from gating_core.autogates import agreement, fit_gate_tree, flat_statistics
-from gating_core.gates import AxisScale, GateError, GateTree, polygon_gate, rectangle_gate, safe_stem
+from gating_core.autogates import flat_statistics
+from gating_core.gates import AxisScale, GateError, polygon_gate, rectangle_gate, safe_stem
 from gating_core.plotting import population_colors
-from ui import cache, charts, exports
-from ui.app_state import autogate_templates, missing_model_channels, shape_from_selection
+from ui import autogate_view, cache, charts, exports
+from ui.app_state import missing_model_channels, shape_from_selection
 from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, refresh_status,
                        require_patients, scale_select, show_label_change)
 from ui.training import is_transductive, refit_caption
@@ -201,150 +201,13 @@ st.dataframe(stats.drop(columns=["patient"]), hide_index=True, width="stretch",
 st.subheader("Gates", anchor="gates")
 # The result in the training patients' gate hierarchy: each gate fitted to this patient's
 # predicted cells on its parent's plot (gating_core.autogates), editable like drawn gates.
-trees = {n: store.patients[n].gate_tree for n in store.labeled() if n != patient}
-templates = autogate_templates(trees, pop_names)
-if record.autogates is None and templates:
-    try:
-        fitted = fit_gate_tree(trees[templates[0]], sample, result.populations)
-        store.set_autogates(patient, fitted.tree, templates[0])
-    except GateError as exc:
-        st.warning(f"The gates of {templates[0]} cannot be fitted to {patient}: {exc}")
-if record.autogates is None:
+if autogate_view.gates_section(store, patient, record, model, pop_names) is None:
     st.caption("The training patients carry labels but no gate tree, so the populations are shown as "
                "children of all events (% of parent is % of total). Draw a gate tree on a training patient "
                "(**Gate** page, gates named like the populations) to get the result back as gates.")
     st.dataframe(flat_statistics(record.populations), hide_index=True, width="stretch",
                  column_config={"% of parent": st.column_config.NumberColumn(format="%.1f"),
                                 "% of total": st.column_config.NumberColumn(format="%.1f")})
-else:
-    auto_tree = GateTree.from_dict(record.autogates["tree"])
-    auto_json = auto_tree.to_json()
-    auto_masks = cache.memberships(record.token, auto_json, sample)
-    g1, g2 = st.columns([3, 2])
-    g1.caption(f"Gates of **{record.autogates['template']}** fitted to {patient}'s predicted cells"
-               + (", then adjusted by hand: the cells follow the gates." if record.autogates.get("edited") else
-                  ". F1: agreement of each gate with the cells predicted in it."))
-    with g2.popover("Fit again from a template"):
-        template_choice = st.selectbox("Template patient", templates or [record.autogates["template"]],
-                                       key=f"ag_template_{patient}")
-        if st.button("Fit the gates again", key=f"ag_refit_{patient}", disabled=template_choice not in trees):
-            fitted = fit_gate_tree(trees[template_choice], sample, result.populations)
-            store.set_autogates(patient, fitted.tree, template_choice)
-            state.ag_chart_version += 1
-            st.rerun()
-    # F1 against the model's predictions; a result read back from the library after a review
-    # holds the reviewed cells only, and the column says so.
-    reviewed_only = bool((getattr(result, "details", None) or {}).get("corrected in review"))
-    table = agreement(auto_tree, sample, result.populations, auto_masks)
-    table["gate"] = ["\u2003" * auto_tree.depth(g) + ("└ " if auto_tree.depth(g) else "") + g for g in table["gate"]]
-    st.dataframe(table[["gate", "parent", "count", "% of parent", "% of total", "F1"]], hide_index=True,
-                 width="stretch", key=f"ag_gate_table_{state.ag_chart_version}",
-                 column_config={"% of parent": st.column_config.NumberColumn(format="%.1f"),
-                                "% of total": st.column_config.NumberColumn(format="%.2f"),
-                                "F1": st.column_config.NumberColumn(
-                                    "F1 vs reviewed cells" if reviewed_only else "F1 vs predicted", format="%.3f"),
-                                "count": st.column_config.NumberColumn(format="%d")})
-    if state.get("ag_gate_message"):
-        st.success(state.pop("ag_gate_message"))
-
-    def gate_plot(parent_name, gates, title, selectable=False, height=360):
-        first = gates[0]
-        xs_d, ys_d = first.x_scale.to_dict(), first.y_scale.to_dict()
-        xr = cache.shared_range(tokens, first.x_channel, xs_d, [sample])
-        yr = cache.shared_range(tokens, first.y_channel, ys_d, [sample])
-        pmask = auto_masks[parent_name] if parent_name is not None else None
-        grid = cache.density(record.token, f"{auto_json}|{parent_name}" if pmask is not None else "",
-                             first.x_channel, first.y_channel, xs_d, ys_d, xr, yr, 150, sample, _mask=pmask)
-        dots_idx = cache.dots(record.token, sample.n_events)
-        if pmask is not None:
-            dots_idx = dots_idx[pmask[dots_idx]]
-        gfig = charts.scatter_panels(
-            [{"title": title, "grid": grid,
-              "x": cache.display_values(record.token, first.x_channel, xs_d, sample)[dots_idx],
-              "y": cache.display_values(record.token, first.y_channel, ys_d, sample)[dots_idx]}],
-            first.x_scale, first.y_scale, xr, yr, channel_label(sample, first.x_channel),
-            channel_label(sample, first.y_channel), mode="density", height=height, selectable=selectable)
-        charts.add_gate_shapes(gfig, gates)
-        # A fitted gate reaches past the plotted range where its cells pile up on an axis end:
-        # keep its name on the plot.
-        for note in gfig.layout.annotations[1:]:  # the first is the plot's title
-            note.x = float(np.clip(note.x, xr[0], xr[1]))
-            if note.y > yr[1]:
-                note.y, note.yshift = float(yr[1]), -12
-        return gfig
-
-    # One plot per parent and pair of axes, in the order of the tree.
-    groups = {}
-    for gate in auto_tree.gates:
-        if gate.x_channel is None or gate.y_channel is None:
-            continue  # a range (histogram) or boolean gate: no scatter plot of its own
-        groups.setdefault((gate.parent, gate.x_channel, gate.y_channel), []).append(gate)
-    columns = st.columns(3)
-    for i, ((parent_name, _, _), gates) in enumerate(groups.items()):
-        with columns[i % 3]:
-            st.plotly_chart(gate_plot(parent_name, gates, f"{parent_name or 'all events'} → "
-                                      + ", ".join(g.name for g in gates)),
-                            width="stretch", key=f"ag_tree_{state.ag_chart_version}_{patient}_{i}")
-
-    # Quadrant, range and boolean gates keep the template's definition (autogates.fit_gate_tree):
-    # only the fitted polygons and rectangles are adjusted here.
-    adjustable = [name for name in auto_tree.names if auto_tree[name].is_shape]
-    if not adjustable:
-        st.caption("No gate of this tree is a polygon or rectangle: nothing to adjust.")
-    else:
-        st.markdown("**Adjust a gate**: redraw it with the lasso or box on its parent's plot, or move a vertex.")
-        last = record.autogates.get("adjusted")
-        which = st.selectbox("Gate to adjust", adjustable, key=f"ag_edit_gate_{patient}",
-                             index=adjustable.index(last) if last in adjustable else 0)
-        edit_gate = auto_tree[which]
-        e1, e2 = st.columns([3, 2])
-        with e1:
-            edit_event = st.plotly_chart(
-                gate_plot(edit_gate.parent, [edit_gate], f"{patient} · {edit_gate.parent or 'all events'} · {which}",
-                          selectable=True, height=480),
-                width="stretch", on_select="rerun", selection_mode=("lasso", "box"),
-                key=f"ag_edit_chart_{state.ag_chart_version}_{patient}_{which}")
-        with e2:
-            in_gate = int(auto_masks[which].sum())
-            parent_n = int(auto_masks[edit_gate.parent].sum()) if edit_gate.parent else sample.n_events
-            st.markdown(f"**{which}**: {in_gate:,} events ({100 * in_gate / max(parent_n, 1):.1f}% of "
-                        f"{edit_gate.parent or 'all events'})")
-            redrawn = shape_from_selection(getattr(edit_event, "selection", None) if edit_event is not None else None)
-            if redrawn is not None:
-                try:
-                    trial = auto_tree.copy()
-                    trial.replace_geometry(which, redrawn["vertices"], redrawn["kind"])
-                    n_new = int(trial.memberships(sample)[which].sum())
-                    if st.button(f"Replace {which} with the selection ({n_new:,} events)", key="ag_redraw"):
-                        store.set_autogates(patient, trial, record.autogates["template"], edited=True, adjusted=which)
-                        state.ag_chart_version += 1
-                        state["ag_gate_message"] = f"Redrew {which}: {in_gate:,} → {n_new:,} events."
-                        st.rerun()
-                except GateError as exc:
-                    st.caption(f"The selection cannot be a gate ({exc}).")
-            corners = edit_gate.vertices
-            if edit_gate.kind == "rectangle":
-                (x0, y0), (x1, y1) = corners
-                corners = [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
-            vertex = st.selectbox("Vertex", list(range(1, len(corners) + 1)), key=f"ag_vertex_{patient}_{which}",
-                                  help="Vertices in the plot's display coordinates, counter-clockwise.")
-            vx, vy = corners[vertex - 1]
-            v1, v2 = st.columns(2)
-            new_x = v1.number_input("x", value=float(vx), format="%.3f", key=f"ag_vx_{patient}_{which}_{vertex}")
-            new_y = v2.number_input("y", value=float(vy), format="%.3f", key=f"ag_vy_{patient}_{which}_{vertex}")
-            if st.button("Move the vertex", key="ag_move_vertex", disabled=(new_x, new_y) == (float(vx), float(vy))):
-                moved = list(corners)
-                moved[vertex - 1] = (new_x, new_y)
-                trial = auto_tree.copy()
-                try:
-                    trial.replace_geometry(which, moved, "polygon")
-                    n_new = int(trial.memberships(sample)[which].sum())
-                    store.set_autogates(patient, trial, record.autogates["template"], edited=True, adjusted=which)
-                    state.ag_chart_version += 1
-                    state["ag_gate_message"] = f"Moved a vertex of {which}: {in_gate:,} → {n_new:,} events."
-                    st.rerun()
-                except GateError as exc:
-                    st.error(str(exc))
 
 if record.corrected is not None:
     n_changed = int((np.asarray(record.corrected).astype(str) != np.asarray(result.populations).astype(str)).sum())
@@ -389,17 +252,22 @@ if keyword_note:
 
 st.subheader("Reports", anchor="reports")
 st.caption("The batch table: every patient x population with its parent, count, % of parent and % of total "
-           "(gates under their parent gate when the patient has gates, else populations under all events). "
-           "The report: one self-contained HTML page per patient (plots with gates, the table, novelty, "
-           "confidence, compensation and QC flags), to print or archive.")
+           "(the gates depth-first under their parent gate when the patient has gates, then the populations no "
+           "gate names, under all events). Every count comes from the reviewed cells, as in the gated CSV and "
+           "the statistics. The report: one self-contained HTML page per patient (plots with gates, the table, "
+           "novelty, confidence, compensation and QC flags), to print or archive.")
 with_labeled = st.checkbox("Include the labeled (historical) patients in the batch table", key="rp_labeled")
 batch_records = gated_records + ([store.patients[n] for n in store.labeled() if n not in gated] if with_labeled else [])
 r = st.columns(2)
 r[0].download_button(f"Batch table (CSV, {len(batch_records)} patients)", data=lambda: exports.batch_csv(batch_records),
                      file_name="batch_populations.csv", mime="text/csv", key="dl_batch")
-r[1].download_button(f"Report of {patient} (HTML)", data=lambda: exports.patient_report(record),
+# Built here, not when clicked: a download whose file fails says only "Failed to generate file".
+report, report_failure = exports.patient_report_or_reason(record)
+r[1].download_button(f"Report of {patient} (HTML)", data=report or b"", disabled=report is None,
                      file_name=f"{safe_stem(patient, 'patient')}.report.html", mime="text/html", key="dl_report",
                      help="One page: plots with gates, populations, novelty, confidence, compensation, QC flags.")
+if report_failure:
+    st.error(f"The report of {patient} cannot be written: {report_failure}")
 with st.expander("Batch table"):
     st.dataframe(exports.batch_frame(batch_records), hide_index=True, width="stretch", key="rp_batch_table",
                  column_config={"% of parent": st.column_config.NumberColumn(format="%.1f"),

@@ -247,3 +247,22 @@ def test_a_box_dragged_across_the_histogram_sets_the_range():
     state["r_from"] = 500.0  # typed afterwards: the same box is not applied again
     seed_range(state, "r", "chart", scale, (-10.0, 1e5))
     assert state["r_from"] == 500.0
+
+
+def test_rename_keeps_the_gate_chosen_and_a_split_cannot_be_added_twice(gate_page):
+    at = add_range(gate_page, "CD3+", "FL1-A", 1000.0, 1e6)
+    at.selectbox(key="edit_which").set_value("CD3+")
+    run(at)
+    at.text_input(key="rename_to_CD3+").input("T cells")
+    run(at)
+    at.button(key="rename_gate").click()
+    run(at)
+    # the renamed gate stays chosen with its new name in the field, and the section stays open
+    assert at.selectbox(key="edit_which").value == "T cells"
+    assert at.text_input(key="rename_to_T cells").value == "T cells"
+    assert at.session_state["gate_edit_open"] is True
+    # a quadrant split added once: the button is off for the same names, and says why
+    at = add_quadrants(at, parent="T cells")
+    assert len(record_of(at).gate_tree) == 5
+    assert at.button(key="add_quadrant").disabled
+    assert any(c.value.startswith("Already in the tree: CD4+ CD8+, CD4+ CD8-") for c in at.caption)

@@ -121,28 +121,36 @@ def gated(library, sample_data_dir):
 
 def test_batch_table_and_report_downloads(gated):
     at = gated
+    from gating_core.autogates import counted_cells
     from ui import exports
 
     store = store_of(at)
     record = store.patients["new_patient_02"]
     assert record.autogates is not None                       # gates fitted from patient_01's tree
-    tree_masks = GateTree.from_dict(record.autogates["tree"]).memberships(record.sample)
+    tree = GateTree.from_dict(record.autogates["tree"])
+    tree_masks = tree.memberships(record.sample)
+    populations = np.asarray(record.populations).astype(str)
+    counted = counted_cells(tree, populations, tree_masks, record.autogates["populations"])
     labels = [b.label for b in at.get("download_button")]
     assert "Batch table (CSV, 1 patients)" in labels and "Report of new_patient_02 (HTML)" in labels
-    # the batch table the CSV download serves: the auto-gates, each under its parent gate
+    # the batch table the CSV download serves: the auto-gates, each under its parent gate,
+    # counted from the cells' populations (a gate named like a population: exactly its cells)
     batch = pd.read_csv(io.BytesIO(exports.batch_csv([record])))
     assert batch["patient"].unique().tolist() == ["new_patient_02"]
     rows = batch.set_index("population")
-    assert rows["count"].to_dict() == {g: int(m.sum()) for g, m in tree_masks.items()}
+    assert list(rows.index[:len(tree)]) == tree.names
+    assert {g: rows.loc[g, "count"] for g in tree.names} == {g: int(m.sum()) for g, m in counted.items()}
+    for leaf in tree.leaves():
+        assert rows.loc[leaf.name, "count"] == (populations == leaf.name).sum()
     assert rows.loc["CD4 T cells", "parent"] == "T cells"
     assert rows.loc["CD4 T cells", "% of parent"] == pytest.approx(
-        100 * tree_masks["CD4 T cells"].sum() / tree_masks["T cells"].sum())
+        100 * counted["CD4 T cells"].sum() / counted["T cells"].sum())
     assert rows["source"].iloc[0].startswith("auto-gate (marginal, 3 patients")
     confidence = np.asarray(record.result.confidence, dtype=float)
-    assert rows.loc["B cells", "mean confidence"] == pytest.approx(confidence[tree_masks["B cells"]].mean())
+    assert rows.loc["B cells", "mean confidence"] == pytest.approx(confidence[populations == "B cells"].mean())
     shown = frame_with(at, "counted by")
     assert shown.set_index("population")["count"].to_dict() == rows["count"].to_dict()
-    # with the labeled patients: patient_01 by its gates, the others by their labels
+    # with the labeled patients: every patient counted from its labels
     at.checkbox(key="rp_labeled").check()
     at.run()
     assert not at.exception
@@ -153,11 +161,13 @@ def test_batch_table_and_report_downloads(gated):
     truth = pd.Series(store.patients["patient_08"].labels.astype(str)).value_counts()
     assert p08.set_index("population")["count"].to_dict() == truth.to_dict()
     assert (p08["counted by"] == "labels").all()
-    assert (table[table["patient"] == "patient_01"]["counted by"] == "gates").all()
+    p01 = table[table["patient"] == "patient_01"].set_index("population")
+    p01_truth = pd.Series(store.patients["patient_01"].labels.astype(str)).value_counts()
+    assert {p: p01.loc[p, "count"] for p in p01_truth.index} == p01_truth.to_dict()
     # the report: the patient's name, its counts, novelty and confidence, one plot per parent
     html = exports.patient_report(record).decode("utf-8")
     assert "<h1>new_patient_02</h1>" in html
-    for gate, mask in tree_masks.items():
+    for gate, mask in counted.items():
         assert f"<td>{gate}</td>" in html and f"<td>{int(mask.sum()):,}</td>" in html
     novelty = record.result.novelty
     assert f"novelty score {novelty.score:.2f} (threshold {novelty.threshold:.2f})" in html

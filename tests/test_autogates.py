@@ -8,10 +8,11 @@ import pytest
 from scipy.spatial import ConvexHull
 
 from gating_core.autogates import (ALL_EVENTS, MULTICENTER_HIERARCHY, SAMPLE_DATA_HIERARCHY, _trace_outline,
-                                   agreement, fit_gate_tree, fit_polygon, flat_statistics, gate_populations,
-                                   tree_from_labels)
+                                   agreement, counted_cells, fit_gate_tree, fit_polygon, flat_statistics,
+                                   gate_populations, relabel_after_edit, tree_from_labels, unassigned_name)
 from gating_core.fcs import read_fcs
-from gating_core.gates import AxisScale, GateError, GateTree, panel_scale, polygon_gate, rectangle_gate
+from gating_core.gates import (AxisScale, GateError, GateTree, boolean_gate, panel_scale, polygon_gate,
+                               rectangle_gate)
 from gating_core.inputs import load_labeled_input
 from ui.app_state import autogate_templates
 
@@ -155,6 +156,34 @@ def test_gates_naming_no_population_are_kept_as_drawn(sample_data_dir, template)
     assert np.isnan(agreement(fit.tree, sample, predicted).set_index("gate").loc["Bright CD45", "F1"])
 
 
+def test_a_parent_of_a_gate_naming_no_population_is_kept_as_drawn_and_says_why(sample_data_dir, template):
+    """"T cells" as a leaf names no population when the model predicts CD4 and CD8 T cells: fitted
+    to the NK cells alone, Lymphocytes would lose the T cells. Both keep the template's outline,
+    each with its reason; a gate beside the populations (Bright CD45 on lymphocytes) does not stop
+    Lymphocytes from being fitted, since the populations below it hold its events."""
+    drawn, labels = load_labeled_input(sample_data_dir / "patient_01.fcs")
+    small = GateTree([template[n] for n in ("Lymphocytes", "T cells", "NK cells")])
+    known = np.unique(labels)
+    for i in (1, 3):
+        sample, predicted = _new_patient(sample_data_dir, i)
+        fit = fit_gate_tree(small, sample, predicted, known=known, template_sample=drawn, template_labels=labels)
+        assert fit.tree["Lymphocytes"] == small["Lymphocytes"] and fit.tree["T cells"] == small["T cells"]
+        assert fit.unfitted["T cells"] == "no population of the model has this name, so no cell is predicted in it"
+        assert fit.unfitted["Lymphocytes"] == (
+            "T cells below it names no population of the model: where the gates were drawn, 255 of 3,835 of its "
+            "events are of the populations the gate would be fitted to (or of none)")  # the CD4- CD8- "other"
+        # without the template patient, this patient's events decide
+        alone = fit_gate_tree(small, sample, predicted, known=known)
+        assert alone.tree["Lymphocytes"] == small["Lymphocytes"]
+        assert alone.unfitted["Lymphocytes"].startswith("T cells below it names no population of the model, and")
+    sample, predicted = _new_patient(sample_data_dir, 3)
+    tree = template.copy()
+    tree.add(rectangle_gate("Bright CD45", "FL7-A", "SSC-A", (4.0, 6.0), (0, 60000),
+                            AxisScale("arcsinh", cofactor=150), AxisScale("linear"), parent="Lymphocytes"))
+    fit = fit_gate_tree(tree, sample, predicted, known=known, template_sample=drawn, template_labels=labels)
+    assert "Lymphocytes" in fit.fitted and list(fit.unfitted) == ["Bright CD45"]
+
+
 def test_missing_channel_is_named(sample_data_dir, template):
     from gating_core.fcs import Sample
 
@@ -195,6 +224,62 @@ def test_templates_are_patients_whose_leaves_are_populations(template):
     populations = ["B cells", "CD4 T cells", "CD8 T cells", "Debris", "Granulocytes", "Monocytes", "NK cells",
                    "other"]
     assert autogate_templates(trees, populations) == ["p_full", "p_partial"]
+    # the model's training patients first: the tree a lab drew, not one an accepted review carries
+    trees["accepted"] = template
+    assert autogate_templates(trees, populations) == ["accepted", "p_full", "p_partial"]
+    assert autogate_templates(trees, populations, trained_on=["p_full", "p_partial"]) == [
+        "p_full", "p_partial", "accepted"]
+
+
+# ---------------------------------------------------------------------------------- after review
+
+def _toy():
+    """Events on a line x = 0.5, 1.5, ..., 5.5 (y = 0.5); a gate L over x in [0, 4] holding T
+    (x in [0, 2]) and N (x in [2, 4])."""
+    from gating_core.fcs import Channel, Sample
+
+    x = np.arange(6) + 0.5
+    sample = Sample("toy", np.column_stack([x, np.full(6, 0.5)]), [Channel("A"), Channel("B")])
+    tree = GateTree([rectangle_gate("L", "A", "B", (0, 4), (0, 1)),
+                     rectangle_gate("T", "A", "B", (0, 2), (0, 1), parent="L"),
+                     rectangle_gate("N", "A", "B", (2, 4), (0, 1), parent="L")])
+    return sample, tree
+
+
+def test_an_adjusted_gate_relabels_only_the_cells_whose_membership_changed():
+    sample, tree = _toy()
+    model = np.array(["T", "G", "N", "N", "G", "other"], dtype=object)  # G: a population with no gate
+    shrunk = tree.copy()
+    shrunk.replace_geometry("L", [(0, 0), (3, 1)])   # x = 3.5 leaves L (and N)
+    labels, changed = relabel_after_edit(tree, shrunk, sample, model)
+    assert changed.tolist() == [False, False, False, True, False, False]
+    assert labels.tolist() == ["T", "G", "N", "other", "G", "other"]
+    grown = tree.copy()
+    grown.replace_geometry("L", [(0, 0), (6, 1)])    # x = 4.5, 5.5 enter L, in no leaf
+    grown.replace_geometry("N", [(2, 0), (5, 1)])    # and x = 4.5 enters N
+    labels, changed = relabel_after_edit(tree, grown, sample, model, unassigned="ungated")
+    assert changed.tolist() == [False, False, False, False, True, True]
+    assert labels.tolist() == ["T", "G", "N", "N", "N", "ungated"]
+    # a cell whose population has no gate keeps it when it leaves an adjusted gate: G at x = 1.5
+    # (inside L and T, mislabeled by the model) stays G when L stops at x = 1
+    cut = tree.copy()
+    cut.replace_geometry("L", [(0, 0), (1, 1)])
+    labels, changed = relabel_after_edit(tree, cut, sample, model)
+    assert changed[1] and labels[1] == "G" and labels[2] == "other" and labels[3] == "other"
+    assert unassigned_name(["a", "ungated"]) == "ungated" and unassigned_name(["a", "ungated", "other"]) == "other"
+
+
+def test_counted_cells_follow_the_populations_and_place_the_others_by_the_gates():
+    sample, tree = _toy()
+    tree.add(boolean_gate("not T", "not", ["T"], parent="L"))
+    populations = np.array(["T", "other", "N", "G", "N", "other"])  # x = 4.5 is N, outside the N gate
+    masks = tree.memberships(sample)
+    counted = counted_cells(tree, populations, masks)
+    assert counted["T"].tolist() == [True, False, False, False, False, False]        # the T cells only
+    assert counted["N"].tolist() == [False, False, True, False, True, False]         # wherever they lie
+    # L names no population: every cell counted below it, and the others inside it
+    assert counted["L"].tolist() == [True, True, True, True, True, False]
+    assert counted["not T"].tolist() == [False, True, True, True, True, False]
 
 
 def test_multicenter_gates_agree_with_labels(multicenter_dir):

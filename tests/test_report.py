@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gating_core.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
+from gating_core.autogates import SAMPLE_DATA_HIERARCHY, counted_cells, tree_from_labels
 from gating_core.fcs import Sample, read_fcs
-from gating_core.gates import panel_scale
+from gating_core.gates import GateTree, boolean_gate, panel_scale, quadrant_gates, range_gate, rectangle_gate
 from gating_core.report import (ALL_EVENTS, BATCH_COLUMNS, batch_table, patient_report_html, population_rows,
-                                svg_scatter)
+                                svg_histogram, svg_scatter)
 
 SAMPLE_DATA = Path(__file__).resolve().parent.parent / "sample_data"
 
@@ -50,22 +50,72 @@ def test_flat_rows_are_children_of_all_events_with_exact_counts(patient):
     assert (rows["counted by"] == "labels").all()
 
 
-def test_tree_rows_count_gate_members_under_their_parent_gate(patient, tree):
+def test_tree_rows_count_the_populations_under_their_parent_gate(patient, tree):
+    """The per-event populations are the counts: a gate named like a population counts exactly
+    its cells, a parent gate every cell counted below it plus the unassigned cells inside it."""
     sample, labels = patient
     masks = tree.memberships(sample)
     confidence = np.linspace(0, 1, labels.size)
     rows = population_rows("patient_01", labels, tree=tree, sample=sample, confidence=confidence)
     rows = rows.set_index("population")
-    assert list(rows.index) == tree.names
-    stats = tree.statistics(sample, masks).set_index("gate")
-    assert rows["count"].to_dict() == stats["count"].to_dict()
+    assert list(rows.index) == [g.name for g in tree.depth_first()] + ["other"]
+    counts = pd.Series(labels).value_counts()
+    for leaf in tree.leaves():
+        assert rows.loc[leaf.name, "count"] == counts[leaf.name]
+        assert rows.loc[leaf.name, "counted by"] == "labels"
+    # a cell also counts in a gate naming no population when it lies in it and in its own gate
+    agree = labels == "other"
+    for name in tree.names:
+        agree |= (labels == name) & masks[name]
+    t_cells = np.isin(labels, ["CD4 T cells", "CD8 T cells"]) | (agree & masks["T cells"])
+    assert rows.loc["T cells", "count"] == t_cells.sum() and rows.loc["T cells", "counted by"] == "labels and gates"
+    lymphocytes = np.isin(labels, ["CD4 T cells", "CD8 T cells", "B cells", "NK cells"]) | (agree & masks["Lymphocytes"])
+    assert ((labels == "Monocytes") & masks["Monocytes"] & masks["Lymphocytes"]).sum() <= 2  # where two gates touch
+    assert rows.loc["Lymphocytes", "count"] == lymphocytes.sum()
+    assert rows.loc["other", "count"] == counts["other"] and rows.loc["other", "parent"] == ALL_EVENTS
     assert rows.loc["CD4 T cells", "parent"] == "T cells" and rows.loc["CD4 T cells", "depth"] == 3
     assert rows.loc["Lymphocytes", "parent"] == ALL_EVENTS
-    assert rows.loc["CD4 T cells", "% of parent"] == pytest.approx(
-        100.0 * masks["CD4 T cells"].sum() / masks["T cells"].sum())
-    assert rows.loc["T cells", "% of total"] == pytest.approx(100.0 * masks["T cells"].sum() / sample.n_events)
-    assert rows.loc["NK cells", "mean confidence"] == pytest.approx(confidence[masks["NK cells"]].mean())
-    assert (rows["counted by"] == "gates").all()
+    assert rows.loc["CD4 T cells", "% of parent"] == pytest.approx(100.0 * counts["CD4 T cells"] / t_cells.sum())
+    assert rows.loc["T cells", "% of total"] == pytest.approx(100.0 * t_cells.sum() / sample.n_events)
+    assert rows.loc["NK cells", "mean confidence"] == pytest.approx(confidence[labels == "NK cells"].mean())
+    # without populations, the gates are counted by membership
+    by_gates = population_rows("patient_01", tree=tree, sample=sample).set_index("population")
+    assert by_gates["count"].to_dict() == {n: int(m.sum()) for n, m in masks.items()}
+    assert (by_gates["counted by"] == "gates").all()
+
+
+def test_tree_rows_list_the_populations_no_gate_names(patient, tree):
+    """A tree covering part of the populations: its gates first, then every other population
+    with its exact count, so the table and the per-cell export agree on every population."""
+    sample, labels = patient
+    small = GateTree([tree[n] for n in ("Lymphocytes", "T cells", "NK cells")])
+    rows = population_rows("p", labels, tree=small, sample=sample).set_index("population")
+    counts = pd.Series(labels).value_counts()
+    assert list(rows.index[:3]) == ["Lymphocytes", "T cells", "NK cells"]
+    assert rows.index[-1] == "other"
+    for population, count in counts.items():
+        assert rows.loc[population, "count"] == count, population
+    masks = small.memberships(sample)
+    agree = (labels != "NK cells") | masks["NK cells"]
+    assert rows.loc["T cells", "count"] == (agree & masks["T cells"]).sum()
+    assert rows.loc["Lymphocytes", "count"] == ((labels == "NK cells") | (agree & masks["Lymphocytes"])).sum()
+
+
+def test_tree_rows_are_depth_first():
+    from gating_core.fcs import Channel
+
+    events = np.array([[0.5, 0.5], [1.5, 0.5], [0.5, 1.5], [3.0, 3.0]])
+    sample = Sample("s", events, [Channel("A"), Channel("B")])
+    tree = GateTree([rectangle_gate("root", "A", "B", (0, 2), (0, 2)),
+                     rectangle_gate("left", "A", "B", (0, 1), (0, 2), parent="root"),
+                     rectangle_gate("right", "A", "B", (1, 2), (0, 2), parent="root"),
+                     rectangle_gate("left low", "A", "B", (0, 1), (0, 1), parent="left")])
+    assert tree.names == ["root", "left", "right", "left low"]
+    assert [g.name for g in tree.depth_first()] == ["root", "left", "left low", "right"]
+    rows = population_rows("s", np.array(["left low", "right", "left", "x"]), tree=tree, sample=sample)
+    assert rows["population"].tolist() == ["root", "left", "left low", "right", "x"]
+    assert rows["count"].tolist() == [3, 2, 1, 1, 1]
+    assert tree.statistics(sample)["gate"].tolist() == ["root", "left", "left low", "right"]
 
 
 def test_batch_table_every_patient_and_population(patient, tree):
@@ -74,9 +124,9 @@ def test_batch_table_every_patient_and_population(patient, tree):
                          {"patient": "b", "populations": labels, "tree": tree, "sample": sample, "source": "gates"},
                          {"patient": "c", "populations": labels[:100]}])
     assert table["patient"].unique().tolist() == ["a", "b", "c"]
-    flat = table[table["counted by"] == "labels"].groupby("patient")["count"].sum().to_dict()
-    assert flat == {"a": labels.size, "c": 100}
-    assert (table[table["patient"] == "b"]["population"].tolist()) == tree.names
+    flat = table[table["parent"] == ALL_EVENTS].groupby("patient")["count"].sum().to_dict()
+    assert flat["a"] == labels.size and flat["c"] == 100
+    assert (table[table["patient"] == "b"]["population"].tolist()) == tree.names + ["other"]
     csv = table.to_csv(index=False)
     assert pd.read_csv(pd.io.common.StringIO(csv)).shape == table.shape
     assert list(batch_table([]).columns) == BATCH_COLUMNS
@@ -110,10 +160,10 @@ def test_report_is_self_contained_and_holds_table_plots_compensation_and_qc(pati
     groups = {(g.parent, g.x_channel, g.y_channel) for g in tree.gates}
     assert html.count("<svg") == len(groups) == 5
     assert html.count("<polygon") == len(tree.gates)
-    masks = tree.memberships(sample)
+    counted = counted_cells(tree, labels, tree.memberships(sample))
     for gate in tree.gates:
         assert f"<td>{gate.name}</td>" in html
-        assert f"<td>{int(masks[gate.name].sum()):,}</td>" in html
+        assert f"<td>{int(counted[gate.name].sum()):,}</td>" in html
     assert "7 x 7 spillover matrix from keyword $SPILLOVER, applied" in html
     assert "<td>CD3 (FL1-A)</td>" in html                    # matrix rows named by marker
     assert "no time channel" in html and "No novelty score" in html
@@ -140,3 +190,41 @@ def test_report_escapes_every_user_string_and_shows_novelty_confidence_and_flags
     assert "FSC-A: 600 events (5.0%) at the top of the range" in html
     assert "no spillover matrix" in html
     assert html.count("<svg") == 2                             # flat: scatter and two fluorescence channels
+
+
+def test_report_draws_quadrant_range_and_boolean_gates(patient, tree):
+    """Every gate kind is drawn: a quadrant split as its two lines with each quadrant named in
+    its corner, a range gate as a band on its parent's histogram; a boolean gate has no plot."""
+    sample, labels = patient
+    scales = {c: panel_scale(c, [sample]) for c in sample.pnn}
+    mixed = tree.copy()
+    mixed.remove("CD4 T cells")
+    mixed.remove("CD8 T cells")
+    for gate in quadrant_gates("FL3-A", "FL6-A", (2.0, 2.0), scales["FL3-A"], scales["FL6-A"], parent="T cells",
+                               x_name="CD4", y_name="CD8"):
+        mixed.add(gate)
+    mixed.add(range_gate("CD19 bright", "FL4-A", 2.0, 8.0, scales["FL4-A"], parent="Lymphocytes"))
+    mixed.add(boolean_gate("not T cells", "not", ["T cells"], parent="Lymphocytes"))
+    html = patient_report_html("p", sample, labels, tree=mixed)
+    svgs = re.findall(r"<svg.*?</svg>", html)
+    for svg in svgs:
+        ET.fromstring(svg)
+    quadrant_plot = next(s for s in svgs if "T cells \u2192 CD4+ CD8+" in s)
+    assert quadrant_plot.count("<line") == 2
+    for name in ("CD4+ CD8+", "CD4+ CD8-", "CD4- CD8+", "CD4- CD8-"):
+        assert f">{name} " in quadrant_plot
+    range_plot = next(s for s in svgs if "Lymphocytes \u2192 CD19 bright" in s)
+    assert range_plot.count("fill-opacity=\"0.12\"") == 1 and ">CD19 bright " in range_plot
+    assert not any("not T cells" in s for s in svgs)
+    assert "<td>not T cells</td>" in html
+    # a tree of one range gate: the histogram alone
+    only = GateTree([range_gate("FSC high", "FSC-A", 1e5, 2e5)])
+    html = patient_report_html("p", sample, labels, tree=only)
+    assert html.count("<svg") == 1 and "<td>FSC high</td>" in html
+
+
+def test_svg_histogram_bands_are_placed_on_the_axis():
+    svg = svg_histogram(np.array([0.0, 1.0, 1.0, 9.0]), (0, 10), title="t", bands=[("G", 0.0, 5.0, "50%")])
+    root = ET.fromstring(svg)
+    band = [e for e in root.iter() if e.tag.endswith("rect") and e.get("fill-opacity") == "0.12"][0]
+    assert band.get("x") == "48.0" and band.get("width") == "151.0"   # 0..5 of 0..10 over 302 px

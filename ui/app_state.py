@@ -160,12 +160,15 @@ def incompatible_label_sets(label_sets: dict) -> list[str]:
     return sorted(odd)
 
 
-def autogate_templates(gate_trees: dict, populations) -> list[str]:
+def autogate_templates(gate_trees: dict, populations, trained_on=()) -> list[str]:
     """Patients whose gate tree can shape an auto-gate result: those with at least one leaf gate
-    named like one of ``populations`` (a model's), most matching leaves first, then by name.
+    named like one of ``populations`` (a model's); the patients the model was trained on
+    (``trained_on``) first -- the tree a lab drew, not one a review accepted since -- then most
+    matching leaves first, then by name.
 
-    ``gate_trees``: patient name -> GateTree (the training patients')."""
+    ``gate_trees``: patient name -> GateTree (the labeled patients')."""
     from gating_core.autogates import template_matches
 
+    trained_on = set(trained_on)
     scored = [(len(template_matches(tree, populations)), name) for name, tree in gate_trees.items() if len(tree)]
-    return [name for n, name in sorted(scored, key=lambda t: (-t[0], t[1])) if n > 0]
+    return [name for n, name in sorted(scored, key=lambda t: (t[1] not in trained_on, -t[0], t[1])) if n > 0]

@@ -117,6 +117,8 @@ def _population_entry(record) -> dict:
         entry["source"] = f"labels ({record.label_source})" if record.label_source else "labels"
     if tree is not None:
         entry.update(tree=tree, memberships=cache.memberships(record.token, tree.to_json(), record.sample))
+        if result is not None and record.autogates is not None:
+            entry["known"] = tuple(record.autogates.get("populations") or ())
     return entry
 
 
@@ -144,7 +146,8 @@ def batch_csv(records) -> bytes:
 
 def _report_key(record) -> str:
     tree = _gates_of(record)
-    return f"{record.populations_token}|{tree.to_json() if tree is not None else ''}"
+    known = (record.autogates or {}).get("populations") or ()
+    return f"{record.populations_token}|{tree.to_json() if tree is not None else ''}|{','.join(known)}"
 
 
 @st.cache_data(max_entries=16, show_spinner="Writing the report…")
@@ -158,10 +161,20 @@ def _patient_report(key: str, _record) -> bytes:
         novelty=getattr(result, "novelty", None) if result is not None else None, tree=entry.get("tree"),
         memberships=entry.get("memberships"), source=entry["source"], model_name=_record.result_model,
         file_name=_record.file_name, qc=quality(_record.token, _record),
-        compensation=compensation(_record.token, _record))
+        compensation=compensation(_record.token, _record), known=entry.get("known", ()),
+        gate_notes=(_record.autogates or {}).get("unfitted") if entry.get("tree") is not None else None)
     return text.encode("utf-8")
 
 
 def patient_report(record) -> bytes:
     """The one-page HTML report of a patient (UTF-8), rebuilt when its populations or gates change."""
     return _patient_report(_report_key(record), record)
+
+
+def patient_report_or_reason(record) -> tuple[bytes | None, str | None]:
+    """(the report, None), or (None, why it could not be written): a download whose file fails
+    says only "Failed to generate file", so the page builds the report first and shows why."""
+    try:
+        return patient_report(record), None
+    except Exception as exc:  # any failure: the page shows it rather than a silent download error
+        return None, f"{type(exc).__name__}: {exc}"

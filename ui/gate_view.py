@@ -20,6 +20,11 @@ def pnn_of(sample, channel: str) -> str:
     return sample.pnn[sample.channel_index(channel)]
 
 
+def ordered_names(tree: GateTree) -> list[str]:
+    """The tree's populations as a lab reads them: depth-first, each gate above what it holds."""
+    return [g.name for g in tree.depth_first()]
+
+
 def tree_label(tree: GateTree, name: str) -> str:
     """A population as a line of the tree: indented by depth, with its kind when not a shape."""
     if name == ALL:
@@ -105,7 +110,7 @@ def backgating_section(record, tree: GateTree, masks: dict, default: str | None)
 
     sample = record.sample
     st.markdown("#### Back-gating")
-    names = tree.names
+    names = ordered_names(tree)
     index = names.index(default) if default in names else len(names) - 1
     name = st.selectbox("Population to back-gate", names, index=index, key="backgate_which",
                         format_func=lambda n: tree_label(tree, n),

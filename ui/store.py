@@ -309,23 +309,39 @@ class Store:
         self._save_result(name, record.corrected, confidence, record.result_model, details)
 
     def set_autogates(self, name: str, tree: GateTree, template: str, edited: bool = False,
-                      adjusted: str | None = None) -> None:
+                      adjusted: str | None = None, unfitted: dict | None = None) -> None:
         """Keep the gates fitted to (or adjusted on) an auto-gated patient with its result.
-        After an edit the cells follow the gates: the populations become the gates' labels."""
+        After an edit only the cells whose gate membership changed follow the gates
+        (``autogates.relabel_after_edit``); every other cell keeps its population and confidence.
+        ``unfitted``: gates kept as the template drew them, with the reason."""
+        from gating_core.autogates import relabel_after_edit, unassigned_name
+
         record = self.patients[name]
         record.load_result()
+        before = record.autogates
+        model = self.models.get(record.result_model)
+        known = [str(p) for p in getattr(model, "populations_", None) or (before or {}).get("populations", [])]
         record.autogates = {"tree": tree.to_dict(), "template": str(template), "edited": bool(edited),
-                            "adjusted": adjusted}  # the gate adjusted last, shown first on a return
+                            "adjusted": adjusted,  # the gate adjusted last, shown first on a return
+                            "unfitted": dict(unfitted if unfitted is not None else
+                                             (before or {}).get("unfitted", {}) if edited else {}),
+                            "populations": known}  # the model's: a gate named like one counts only its cells
         details = _novelty_details(record.result)
-        if edited:
-            record.set_corrected(tree.labels(record.sample))
-            details["corrected in review"] = True
+        confidence = np.asarray(record.result.confidence, dtype=float)
+        if edited and before is not None:
+            current = record.populations
+            labels, _ = relabel_after_edit(GateTree.from_dict(before["tree"]), tree, record.sample, current,
+                                           unassigned_name(known or np.unique(np.asarray(current).astype(str))))
+            record.set_corrected(labels)
         else:
             record.result_token = _new_token()
         populations = record.corrected if record.corrected is not None else record.result.populations
         if record.corrected is not None:
             details["corrected in review"] = True
-        self._save_result(name, populations, record.result.confidence, record.result_model, details)
+            # a cell a person moved is a human decision (as ui.exports shows it)
+            confidence = np.where(np.asarray(record.corrected).astype(str)
+                                  != np.asarray(record.result.populations).astype(str), 1.0, confidence)
+        self._save_result(name, populations, confidence, record.result_model, details)
 
     def _save_result(self, name, populations, confidence, model_label, details) -> None:
         autogates = self.patients[name].autogates if name in self.patients else None

@@ -72,6 +72,21 @@ class GateTree:
                 frontier.append(child.name)
         return out
 
+    def depth_first(self) -> list[Gate]:
+        """The gates in depth-first order (each gate followed by everything nested in it,
+        siblings in the order they were added): the order a lab reads a hierarchy in. The
+        stored order (:attr:`gates`) stays the order gates were added, which memberships are
+        evaluated in: a boolean gate may use a gate of a later branch."""
+        order: list[Gate] = []
+
+        def visit(parent):
+            for child in self.children(parent):
+                order.append(child)
+                visit(child.name)
+
+        visit(None)
+        return order
+
     def add(self, gate: Gate) -> None:
         """Add a gate. Raises GateError for a duplicate name or an unknown parent."""
         if not isinstance(gate, Gate):
@@ -174,7 +189,8 @@ class GateTree:
         return labels
 
     def statistics(self, sample, memberships=None, channel_label=None):
-        """DataFrame: gate, parent, depth, axes, count, % of parent, % of total, one row per gate.
+        """DataFrame: gate, parent, depth, axes, count, % of parent, % of total, one row per gate,
+        in depth-first order.
 
         ``channel_label(sample, pnn)`` names the channels in ``axes`` (default: the $PnN).
         """
@@ -184,7 +200,7 @@ class GateTree:
         masks = memberships if memberships is not None else self.memberships(sample)
         total = sample.n_events
         rows = []
-        for gate in self._gates:
+        for gate in self.depth_first():
             count = int(masks[gate.name].sum())
             parent_count = total if gate.parent is None else int(masks[gate.parent].sum())
             rows.append({

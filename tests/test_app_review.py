@@ -1,0 +1,372 @@
+"""AppTest: reviewing an auto-gated patient on the Auto-gate page -- gate edits that relabel only
+the cells they move, one set of counts across page and exports, every gate kind drawn and
+adjustable, gates that cannot be fitted named, depth-first trees, the template a lab drew."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from apptest_helpers import goto, start, store_of, train_quick_model
+from gating_core.gates import GateTree, quadrant_gates, range_gate
+
+NEW = "new_patient_01"
+LINEAR = {"kind": "linear"}
+QUADRANT_NAMES = {"+-": "CD4 T cells", "-+": "CD8 T cells", "++": "CD4+ CD8+", "--": "CD4- CD8-"}
+
+
+@pytest.fixture
+def loaded(library):
+    pytest.importorskip("gating_core.model")
+    at = start()
+    at.button[0].click()  # the sample data
+    at.run()
+    assert not at.exception
+    return at
+
+
+def run(at: AppTest) -> AppTest:
+    at.run()
+    assert not at.exception, at.exception
+    assert not at.error, [e.value for e in at.error]
+    return at
+
+
+def drawn_tree(store, names, patient="patient_01") -> GateTree:
+    """The gates ``names`` (parents first) of the hierarchy a lab draws on the sample data,
+    fitted to ``patient``'s labels: a leaf whose children are left out keeps its own outline."""
+    from gating_core.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
+
+    record = store.patients[patient]
+    scales = {c: store.panel_transform(c) for c in record.sample.pnn}
+    full = tree_from_labels(record.sample, record.labels, SAMPLE_DATA_HIERARCHY, scales)
+    return GateTree([full[n] for n in names])
+
+
+def with_quadrants_and_range(store, tree: GateTree) -> GateTree:
+    """``tree`` plus a CD4 / CD8 quadrant split under T cells and a CD19 range under Lymphocytes."""
+    scale = {c: store.panel_transform(c) for c in ("FL3-A", "FL6-A", "FL4-A")}
+    for gate in quadrant_gates("FL3-A", "FL6-A", (3.0, 3.0), scale["FL3-A"], scale["FL6-A"], parent="T cells",
+                               names=QUADRANT_NAMES):
+        tree.add(gate)
+    tree.add(range_gate("CD19 bright", "FL4-A", 3.0, 9.0, scale["FL4-A"], parent="Lymphocytes"))
+    return tree
+
+
+def autogate(at: AppTest, tree: GateTree, targets=(NEW,), template="patient_01") -> AppTest:
+    """``tree`` drawn on ``template``, a quick model of patients 01-03, ``targets`` auto-gated."""
+    store = store_of(at)
+    store.save_gates(template, tree)
+    at = train_quick_model(at)
+    assert not at.exception and not at.error
+    at = goto(at, "pages/5_autogate.py")
+    at.multiselect(key=f"ag_targets_{store.current_model}").set_value(list(targets))
+    at.button(key="ag_run").click()
+    return run(at)
+
+
+def plain(options) -> list[str]:
+    """Selector options as population names (the tree's indentation and kinds taken off)."""
+    return [re.sub(r" \((quadrant|range|boolean)\)$", "", o.replace("\u2003", "").replace("└ ", "")) for o in options]
+
+
+def gate_table(at: AppTest) -> pd.DataFrame:
+    (table,) = [d.value for d in at.dataframe if "F1" in d.value.columns]
+    return table.assign(gate=plain(table["gate"])).set_index("gate")
+
+
+def specs(at: AppTest) -> list[dict]:
+    return [json.loads(c.proto.spec) for c in at.get("plotly_chart")]
+
+
+def title_of(spec) -> str:
+    notes = spec["layout"].get("annotations") or [{"text": ""}]
+    return (spec["layout"].get("title") or {}).get("text") or notes[0].get("text", "")
+
+
+def report_counts(html: str) -> dict:
+    """population -> count of the report's population table."""
+    rows = re.findall(r"<tr><td>([^<]*)</td><td>[^<]*</td><td>\d+</td><td>([\d,]+)</td>", html)
+    return {name: int(count.replace(",", "")) for name, count in rows}
+
+
+# ------------------------------------------------------------------------------------ 1
+
+
+def test_moving_a_vertex_relabels_only_the_cells_it_moves(loaded):
+    """A tree covering Lymphocytes -> T cells / NK cells: moving a vertex of Lymphocytes relabels
+    only cells whose gate membership changed; every population without a gate keeps exactly the
+    model's labels and confidences, and "corrected by hand" counts the relabeled cells."""
+    from gating_core.export import read_gated_csv
+    from ui import exports
+
+    store = store_of(loaded)
+    at = autogate(loaded, drawn_tree(store, ["Lymphocytes", "T cells", "NK cells"]))
+    record = store.patients[NEW]
+    sample = record.sample
+    model_labels = np.asarray(record.result.populations).astype(str).copy()
+    model_confidence = np.asarray(record.result.confidence, dtype=float).copy()
+    tree = GateTree.from_dict(record.autogates["tree"])
+    at.selectbox(key=f"ag_edit_gate_{NEW}").set_value("Lymphocytes")
+    run(at)
+    vertices = np.asarray(tree["Lymphocytes"].vertices)
+    inward = vertices[0] + 0.3 * (vertices.mean(axis=0) - vertices[0])
+    at.number_input(key=f"ag_vx_{NEW}_Lymphocytes_1").set_value(float(inward[0]))
+    at.number_input(key=f"ag_vy_{NEW}_Lymphocytes_1").set_value(float(inward[1]))
+    run(at)
+    at.button(key="ag_move_vertex").click()
+    run(at)
+    edited = GateTree.from_dict(record.autogates["tree"])
+    assert edited["Lymphocytes"].vertices[0] == pytest.approx(tuple(inward))
+    before, after = tree.memberships(sample), edited.memberships(sample)
+    changed = np.logical_or.reduce([before[n] != after[n] for n in tree.names])
+    # the populations without a gate keep the model's labels and confidences exactly
+    populations = np.asarray(record.populations).astype(str)
+    untouched = ~np.isin(model_labels, edited.names)
+    assert set(model_labels[untouched]) >= {"Granulocytes", "Monocytes", "Debris", "CD4 T cells"}
+    np.testing.assert_array_equal(populations[untouched], model_labels[untouched])
+    np.testing.assert_array_equal(exports._confidence(record)[untouched], model_confidence[untouched])
+    # only cells whose gate membership changed are relabeled (the gate shrank: none entered it)
+    assert changed.any() and not (after["Lymphocytes"] & ~before["Lymphocytes"]).any()
+    relabeled = populations != model_labels
+    assert relabeled.any() and not (relabeled & ~changed).any()
+    assert any(c.value == f"{int(relabeled.sum()):,} cells corrected by hand." for c in at.caption)
+    assert any(f"{int(relabeled.sum()):,} cells relabeled" in s.value for s in at.success)
+    # the gated CSV holds the model's populations and confidences for them
+    path = store.work_dir / "review.gated.csv"
+    path.write_bytes(exports.gated_csv(record.populations_token, record, store.work_dir))
+    _, exported, confidence = read_gated_csv(path)
+    np.testing.assert_array_equal(np.asarray(exported).astype(str), populations)
+    np.testing.assert_allclose(confidence[untouched], model_confidence[untouched], atol=1e-6)
+    # fitting the gates again says so (no stale message of the vertex) and keeps the corrections
+    at.button(key=f"ag_refit_{NEW}").click()
+    run(at)
+    (message,) = [s.value for s in at.success if not s.value.startswith(NEW)]
+    assert message == (f"Fitted the gates of patient_01 to {NEW} again. The {int(relabeled.sum()):,} cells "
+                       "corrected by hand keep their corrections (run auto-gating again to drop them).")
+    np.testing.assert_array_equal(np.asarray(record.populations).astype(str), populations)
+    # a reload reads the same populations back
+    again = goto(start(), "pages/5_autogate.py")
+    stored = store_of(again).patients[NEW].load_result()
+    np.testing.assert_array_equal(np.asarray(stored.populations).astype(str), populations)
+
+
+# ------------------------------------------------------------------------------------ 3
+
+
+def test_page_batch_table_statistics_gated_csv_and_report_count_the_same_cells(loaded):
+    """After cells are reassigned by hand, every population has one count wherever it is shown."""
+    from gating_core.autogates import SAMPLE_DATA_HIERARCHY
+    from gating_core.export import read_gated_csv
+    from ui import exports
+
+    store = store_of(loaded)
+    patient = "new_patient_02"
+    at = autogate(loaded, drawn_tree(store, [g[0] for g in SAMPLE_DATA_HIERARCHY]), targets=(patient,))
+    record = store.patients[patient]
+    predicted = np.asarray(record.populations).astype(str)
+    fsc, ssc = (record.sample.events[:, record.sample.pnn.index(c)] for c in ("FSC-A", "SSC-A"))
+    cd4 = predicted == "CD4 T cells"
+    (x0, x1), (y0, y1) = np.percentile(fsc[cd4], [20, 80]), np.percentile(ssc[cd4], [20, 80])
+    at.session_state["ag_pending_shape"] = {"kind": "rectangle", "vertices": [(x0, y0), (x1, y1)],
+                                            "patient": patient, "x": "FSC-A", "y": "SSC-A",
+                                            "x_scale": LINEAR, "y_scale": LINEAR}
+    run(at)
+    at.multiselect(key="ag_from").set_value(["CD4 T cells"])
+    at.selectbox(key="ag_to").set_value("CD8 T cells")
+    run(at)
+    at.button(key="ag_reassign").click()
+    run(at)
+    populations = np.asarray(record.populations).astype(str)
+    moved = int((populations != predicted).sum())
+    assert moved > 100
+
+    path = store.work_dir / "counts.gated.csv"
+    path.write_bytes(exports.gated_csv(record.populations_token, record, store.work_dir))
+    _, exported, _ = read_gated_csv(path)
+    truth = pd.Series(np.asarray(exported).astype(str)).value_counts().to_dict()
+    assert truth == pd.Series(populations).value_counts().to_dict()
+    page = at.dataframe[0].value.set_index("population")["count"].to_dict()
+    statistics = pd.read_csv(io.BytesIO(exports.statistics_csv([record]))).set_index("population")["count"]
+    batch_csv = pd.read_csv(io.BytesIO(exports.batch_csv([record]))).set_index("population")["count"]
+    batch_page = next(d.value for d in at.dataframe if "counted by" in d.value.columns).set_index("population")
+    gates = gate_table(at)["count"]
+    report = report_counts(exports.patient_report(record).decode("utf-8"))
+    for population, count in truth.items():
+        assert page[population] == count, population
+        assert statistics[population] == count, population
+        assert batch_csv[population] == count, population
+        assert batch_page.loc[population, "count"] == count, population
+        assert report[population] == count, population
+        if population in gates.index:
+            assert gates[population] == count, population
+    # a parent gate counts every cell counted below it
+    assert batch_csv["T cells"] >= truth["CD4 T cells"] + truth["CD8 T cells"]
+    assert report["T cells"] == batch_csv["T cells"] == gates["T cells"]
+
+
+# ------------------------------------------------------------------------------------ 2 and 11
+
+
+def test_report_draws_quadrant_and_range_gates_and_a_failure_says_why(loaded, monkeypatch):
+    from ui import exports
+
+    store = store_of(loaded)
+    tree = with_quadrants_and_range(store, drawn_tree(store, ["Debris", "Lymphocytes", "T cells", "NK cells"]))
+    at = autogate(loaded, tree)
+    record = store.patients[NEW]
+    button = next(b for b in at.get("download_button") if b.proto.label == f"Report of {NEW} (HTML)")
+    assert not button.proto.disabled
+    html = exports.patient_report(record).decode("utf-8")
+    svgs = re.findall(r"<svg.*?</svg>", html)
+    quadrants = next(s for s in svgs if "T cells \u2192 CD4+ CD8+" in s)
+    assert quadrants.count("<line") == 2 and all(f">{n} " in quadrants for n in QUADRANT_NAMES.values())
+    band = next(s for s in svgs if "Lymphocytes \u2192 CD19 bright" in s)
+    assert 'fill-opacity="0.12"' in band
+    # any failure is shown on the page with its reason, the download off
+    import gating_core.report
+
+    def broken(*args, **kwargs):
+        raise ValueError("the disk is full")
+
+    monkeypatch.setattr(gating_core.report, "patient_report_html", broken)
+    exports._patient_report.clear()
+    at.run()
+    assert any(e.value == f"The report of {NEW} cannot be written: ValueError: the disk is full" for e in at.error)
+    button = next(b for b in at.get("download_button") if b.proto.label == f"Report of {NEW} (HTML)")
+    assert button.proto.disabled
+
+
+def test_quadrant_and_range_gates_are_drawn_and_adjusted_on_the_autogate_page(loaded):
+    store = store_of(loaded)
+    tree = with_quadrants_and_range(store, drawn_tree(store, ["Debris", "Lymphocytes", "T cells", "NK cells"]))
+    at = autogate(loaded, tree)
+    record = store.patients[NEW]
+    drawn = {title_of(s): s for s in specs(at)}
+    quadrant_plot = drawn["T cells → CD4+ CD8+, CD4 T cells, CD8 T cells, CD4- CD8-"]
+    assert [s["type"] for s in quadrant_plot["layout"]["shapes"]] == ["line", "line"]
+    labels = {a["text"] for a in quadrant_plot["layout"]["annotations"]}
+    assert {f"<b>{n}</b>" for n in QUADRANT_NAMES.values()} <= labels
+    range_plot = drawn["Lymphocytes → CD19 bright"]
+    (band,) = range_plot["layout"]["shapes"]
+    low, high = tree["CD19 bright"].vertices[0]
+    assert (band["x0"], band["x1"]) == pytest.approx((low, high))
+
+    # the quadrant's split point, typed: the four quadrants move together
+    at.selectbox(key=f"ag_edit_gate_{NEW}").set_value("CD8 T cells")
+    run(at)
+    at.number_input(key=f"ag_qx_{NEW}_CD8 T cells").set_value(3.5)
+    at.number_input(key=f"ag_qy_{NEW}_CD8 T cells").set_value(2.5)
+    run(at)
+    at.button(key="ag_move_split").click()
+    run(at)
+    edited = GateTree.from_dict(record.autogates["tree"])
+    assert {edited[n].vertices[0] for n in QUADRANT_NAMES.values()} == {(3.5, 2.5)}
+    assert any(s.value.startswith("Moved the split of CD8 T cells") for s in at.success)
+    # the range's bounds, typed
+    at.selectbox(key=f"ag_edit_gate_{NEW}").set_value("CD19 bright")
+    run(at)
+    at.number_input(key=f"ag_rlo_{NEW}_CD19 bright").set_value(2.0)
+    at.number_input(key=f"ag_rhi_{NEW}_CD19 bright").set_value(8.0)
+    run(at)
+    at.button(key="ag_set_range").click()
+    run(at)
+    edited = GateTree.from_dict(record.autogates["tree"])
+    assert edited["CD19 bright"].vertices == [(2.0, 8.0)]
+    inside = edited.memberships(record.sample)["CD19 bright"]
+    assert gate_table(at).loc["CD19 bright", "in gate"] == inside.sum()
+
+
+# ------------------------------------------------------------------------------------ 12
+
+
+def test_gates_that_cannot_be_fitted_are_named_and_kept_as_drawn(loaded):
+    """"T cells" names no population of the model (it predicts CD4 and CD8 T cells): it is kept
+    as drawn, and so is Lymphocytes, which a fit to NK cells alone would shrink to them."""
+    from ui import exports
+
+    store = store_of(loaded)
+    template = drawn_tree(store, ["Lymphocytes", "T cells", "NK cells"])
+    at = autogate(loaded, template, targets=(NEW, "new_patient_03"))
+    for patient in (NEW, "new_patient_03"):
+        at.selectbox(key="ag_patient").set_value(patient)
+        run(at)
+        record = store.patients[patient]
+        tree = GateTree.from_dict(record.autogates["tree"])
+        assert tree["Lymphocytes"] == template["Lymphocytes"] and tree["T cells"] == template["T cells"]
+        unfitted = record.autogates["unfitted"]
+        assert unfitted["T cells"] == "no population of the model has this name, so no cell is predicted in it"
+        assert unfitted["Lymphocytes"].startswith("T cells below it names no population of the model")
+        (warning,) = [w.value for w in at.warning if w.value.startswith("Kept as drawn on patient_01")]
+        assert "**T cells**: no population of the model has this name" in warning
+        assert "**Lymphocytes**: T cells below it names no population" in warning
+        html = exports.patient_report(record).decode("utf-8")
+        assert "Gates kept as the template drew them:" in html and "<li>Lymphocytes: T cells below it" in html
+    masks = GateTree.from_dict(store.patients[NEW].autogates["tree"]).memberships(store.patients[NEW].sample)
+    assert masks["Lymphocytes"].sum() > 2000  # as drawn; a fit to the NK cells alone held a few hundred
+
+
+# ------------------------------------------------------------------------------------ 14
+
+
+def test_trees_and_selectors_are_depth_first_everywhere(loaded):
+    """NK cells drawn before T cells' quadrants: every list shows T cells' quadrants under it."""
+    from ui import exports
+
+    store = store_of(loaded)
+    tree = with_quadrants_and_range(store, drawn_tree(store, ["Lymphocytes", "T cells", "NK cells"]))
+    assert tree.names.index("NK cells") < tree.names.index("CD4 T cells")
+    depth_first = ["Lymphocytes", "T cells", "CD4+ CD8+", "CD4 T cells", "CD8 T cells", "CD4- CD8-", "NK cells",
+                   "CD19 bright"]
+    store.save_gates("patient_01", tree)
+    at = goto(loaded, "pages/3_gate.py")
+    at.selectbox(key="gate_patient").set_value("patient_01")
+    run(at)
+    assert plain(at.selectbox(key="gate_focus").options) == ["(all events)"] + depth_first
+    assert plain(at.selectbox(key="gate_parent").options) == ["(all events)"] + depth_first
+    assert plain(at.selectbox(key="edit_which").options) == depth_first
+    assert plain(at.selectbox(key="backgate_which").options) == depth_first
+    (stats,) = [d.value for d in at.dataframe if "axes" in d.value.columns]
+    assert plain(stats["gate"]) == depth_first
+
+    at = autogate(at, tree)
+    assert list(gate_table(at).index) == depth_first
+    assert plain(at.selectbox(key=f"ag_edit_gate_{NEW}").options) == depth_first
+    batch = next(d.value for d in at.dataframe if "counted by" in d.value.columns)
+    assert batch["population"].tolist()[:len(depth_first)] == depth_first
+    report = list(report_counts(exports.patient_report(store.patients[NEW]).decode("utf-8")))
+    assert report[:len(depth_first)] == depth_first
+
+
+# ------------------------------------------------------------------------------------ 15
+
+
+def test_fit_again_defaults_to_the_training_patient_whose_gates_were_drawn(loaded):
+    """An accepted patient carries gates too; the template offered first stays the training
+    patient the lab drew the tree on."""
+    from gating_core.autogates import SAMPLE_DATA_HIERARCHY
+
+    store = store_of(loaded)
+    at = autogate(loaded, drawn_tree(store, [g[0] for g in SAMPLE_DATA_HIERARCHY]), targets=(NEW, "new_patient_02"))
+    at.button(key=f"ag_accept_{NEW}").click()
+    run(at)
+    at.button(key=f"ag_accept_{NEW}_confirm").click()
+    run(at)
+    assert store.patients[NEW].is_labeled and len(store.patients[NEW].gate_tree)
+    at.selectbox(key="ag_patient").set_value("new_patient_02")
+    run(at)
+    choice = at.selectbox(key="ag_template_new_patient_02")
+    assert choice.value == "patient_01" and set(choice.options) == {"patient_01", NEW}
+    # a patient gated after the acceptance is fitted from the drawn tree too
+    at.multiselect(key=f"ag_targets_{store.current_model}").set_value(["new_patient_03"])
+    at.button(key="ag_run").click()
+    run(at)
+    at.selectbox(key="ag_patient").set_value("new_patient_03")
+    run(at)
+    assert store.patients["new_patient_03"].autogates["template"] == "patient_01"

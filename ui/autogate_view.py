@@ -1,0 +1,332 @@
+"""The Auto-gate page's gates: an auto-gated patient's result in the training patients' gate
+tree, fitted, drawn (every gate kind), counted from the reviewed cells and adjusted by hand."""
+
+from __future__ import annotations
+
+import numpy as np
+import streamlit as st
+
+from gating_core.autogates import agreement, counted_cells, fit_gate_tree
+from gating_core.gates import GateError, GateTree
+from ui import cache, charts
+from ui.app_state import autogate_templates, shape_from_selection
+from ui.common import channel_label
+
+ALL = "all events"
+
+
+def templates_for(store, patient: str, model, populations) -> tuple[dict, list[str]]:
+    """(patient -> gate tree of the labeled patients but ``patient``, the template patients in
+    the order offered: the model's training patients first)."""
+    trees = {n: store.patients[n].gate_tree for n in store.labeled() if n != patient}
+    trained_on = getattr(model, "training_patients_", None) or ()
+    return trees, autogate_templates(trees, populations, trained_on)
+
+
+def fit_from_template(store, patient: str, template: str, populations) -> None:
+    """Fit ``template``'s gate tree to the patient's predicted cells and keep it with its
+    result; gates that cannot be fitted keep the template's geometry, with the reason."""
+    record, drawn = store.patients[patient], store.patients[template]
+    # the template patient's events are read only when a gate of its tree names no population
+    evidence = drawn.is_labeled and any(g.name not in set(populations) for g in drawn.gate_tree.leaves())
+    fitted = fit_gate_tree(drawn.gate_tree, record.sample, record.load_result().populations, known=populations,
+                           template_sample=drawn.sample if evidence else None,
+                           template_labels=drawn.labels if evidence else None)
+    store.set_autogates(patient, fitted.tree, template, unfitted=fitted.unfitted)
+
+
+def tree_label(tree: GateTree, name: str) -> str:
+    return "\u2003" * tree.depth(name) + ("└ " if tree.depth(name) else "") + name
+
+
+def gate_table(tree: GateTree, sample, result_populations, masks, counted):
+    """The gates, depth-first: count and percentages from the reviewed cells, events inside the
+    gate, and F1 of the gate against the cells the model predicted in it."""
+    table = agreement(tree, sample, result_populations, masks, counted=counted)
+    table["gate"] = [tree_label(tree, g) for g in table["gate"]]
+    return table[["gate", "parent", "count", "% of parent", "% of total", "in gate", "F1"]]
+
+
+def _plot_groups(tree: GateTree) -> dict:
+    """(parent, x channel, y channel or None) -> its gates, depth-first; boolean gates have no plot."""
+    groups: dict = {}
+    for gate in tree.depth_first():
+        if gate.kind != "boolean":
+            groups.setdefault((gate.parent, gate.x_channel, gate.y_channel), []).append(gate)
+    return groups
+
+
+class GateFigures:
+    """Plots of one patient's gates: each on its parent's events, as the reviewer adjusts them."""
+
+    def __init__(self, record, tree: GateTree, masks: dict, counted: dict):
+        self.record, self.tree, self.masks, self.counted = record, tree, masks, counted
+        self.sample = record.sample
+        self.tree_json = tree.to_json()
+
+    def _parent_mask(self, parent):
+        return self.masks[parent] if parent is not None else None
+
+    def figure(self, parent, gates, title, selectable=False, height=360):
+        first = gates[0]
+        if first.y_channel is None:
+            return self._histogram(parent, gates, title, height)
+        record, sample = self.record, self.sample
+        xs_d, ys_d = first.x_scale.to_dict(), first.y_scale.to_dict()
+        xr = cache.shared_range((record.token,), first.x_channel, xs_d, [sample])
+        yr = cache.shared_range((record.token,), first.y_channel, ys_d, [sample])
+        pmask = self._parent_mask(parent)
+        grid = cache.density(record.token, f"{self.tree_json}|{parent}" if pmask is not None else "",
+                             first.x_channel, first.y_channel, xs_d, ys_d, xr, yr, 150, sample, _mask=pmask)
+        dots_idx = cache.dots(record.token, sample.n_events)
+        if pmask is not None:
+            dots_idx = dots_idx[pmask[dots_idx]]
+        fig = charts.scatter_panels(
+            [{"title": title, "grid": grid,
+              "x": cache.display_values(record.token, first.x_channel, xs_d, sample)[dots_idx],
+              "y": cache.display_values(record.token, first.y_channel, ys_d, sample)[dots_idx]}],
+            first.x_scale, first.y_scale, xr, yr, channel_label(sample, first.x_channel),
+            channel_label(sample, first.y_channel), mode="density", height=height, selectable=selectable)
+        charts.add_gate_shapes(fig, gates, first.x_scale, first.y_scale)
+        seen = set()
+        for gate in gates:
+            if gate.kind == "quadrant" and gate.name not in seen:
+                members = self.tree.quadrant_set(gate.name)
+                seen.update(members)
+                charts.add_quadrant_lines(fig, gate.split_point(first.x_scale, first.y_scale),
+                                          {self.tree[n].quadrant: n for n in members}, xr, yr)
+        # A fitted gate reaches past the plotted range where its cells pile up on an axis end:
+        # keep its name on the plot.
+        for note in fig.layout.annotations[1:]:  # the first is the plot's title
+            if note.x is not None and note.y is not None:
+                note.x = float(np.clip(note.x, xr[0], xr[1]))
+                if note.y > yr[1]:
+                    note.y, note.yshift = float(yr[1]), -12
+        return fig
+
+    def _histogram(self, parent, gates, title, height):
+        record, sample = self.record, self.sample
+        first = gates[0]
+        xs_d = first.x_scale.to_dict()
+        xr = cache.shared_range((record.token,), first.x_channel, xs_d, [sample])
+        values = cache.display_values(record.token, first.x_channel, xs_d, sample)
+        pmask = self._parent_mask(parent)
+        ranges = []
+        for gate in gates:
+            low, high = first.x_scale.forward(gate.x_scale.inverse(np.asarray(gate.vertices[0], dtype=float)))
+            ranges.append((gate.name, float(low), float(high)))
+        fig = charts.range_histogram(values if pmask is None else values[pmask], xr, first.x_scale,
+                                     channel_label(sample, first.x_channel), ranges=ranges, height=height)
+        fig.update_layout(title=dict(text=title, font=dict(size=13)), margin=dict(l=50, r=10, t=40, b=40))
+        return fig
+
+    def draw_all(self, key_prefix: str) -> None:
+        """One plot per parent and pair of axes (a histogram for range gates), depth-first."""
+        columns = st.columns(3)
+        for i, ((parent, _, _), gates) in enumerate(_plot_groups(self.tree).items()):
+            title = f"{parent or ALL} → " + ", ".join(g.name for g in gates)
+            with columns[i % 3]:
+                st.plotly_chart(self.figure(parent, gates, title), width="stretch", key=f"{key_prefix}_{i}")
+
+
+def adjustable_gates(tree: GateTree) -> list[str]:
+    """Gates a reviewer can adjust on this page, depth-first: polygons and rectangles (vertices
+    or a redrawn shape), quadrants (the split point, which moves the four together) and ranges."""
+    return [g.name for g in tree.depth_first() if g.kind != "boolean"]
+
+
+def commit_edit(store, patient: str, record, trial: GateTree, which: str, message: str) -> None:
+    """Keep the adjusted tree; only the cells whose gate membership changed are relabeled."""
+    before = np.asarray(record.populations).astype(str)
+    store.set_autogates(patient, trial, record.autogates["template"], edited=True, adjusted=which)
+    relabeled = int((np.asarray(record.populations).astype(str) != before).sum())
+    st.session_state["ag_gate_message"] = f"{message}; {relabeled:,} cells relabeled."
+    st.session_state.ag_chart_version += 1
+    st.rerun()
+
+
+def adjust_section(store, patient: str, record, tree: GateTree, figures: GateFigures) -> None:
+    """Choose a gate and adjust it: a polygon or rectangle by a redrawn selection or a vertex, a
+    quadrant by its split point, a range by its bounds (display coordinates of its plot)."""
+    state = st.session_state
+    sample, masks = record.sample, figures.masks
+    names = adjustable_gates(tree)
+    if not names:
+        st.caption("Every gate of this tree is a boolean gate: nothing to adjust.")
+        return
+    st.markdown("**Adjust a gate**: redraw a polygon or rectangle with the lasso or box on its parent's plot, "
+                "or type a vertex, a quadrant's split point or a range's bounds.")
+    last = record.autogates.get("adjusted")
+    which = st.selectbox("Gate to adjust", names, key=f"ag_edit_gate_{patient}",
+                         index=names.index(last) if last in names else 0,
+                         format_func=lambda n: tree_label(tree, n) + ("" if tree[n].is_shape else f" ({tree[n].kind})"))
+    gate = tree[which]
+    in_gate = int(masks[which].sum())
+    parent_n = int(masks[gate.parent].sum()) if gate.parent else sample.n_events
+    e1, e2 = st.columns([3, 2])
+    with e1:
+        group = [gate] if gate.kind != "quadrant" else [tree[n] for n in tree.quadrant_set(which)]
+        edit_event = st.plotly_chart(
+            figures.figure(gate.parent, group, f"{patient} · {gate.parent or ALL} · {which}",
+                           selectable=gate.is_shape, height=480),
+            width="stretch", on_select="rerun" if gate.is_shape else "ignore",
+            selection_mode=("lasso", "box"), key=f"ag_edit_chart_{state.ag_chart_version}_{patient}_{which}")
+    with e2:
+        st.markdown(f"**{which}**: {in_gate:,} events ({100 * in_gate / max(parent_n, 1):.1f}% of "
+                    f"{gate.parent or ALL})")
+        if gate.kind == "quadrant":
+            _adjust_quadrant(store, patient, record, tree, which, in_gate)
+        elif gate.kind == "range":
+            _adjust_range(store, patient, record, tree, which, in_gate)
+        else:
+            _adjust_shape(store, patient, record, tree, which, in_gate, edit_event)
+
+
+def _adjust_shape(store, patient, record, tree, which, in_gate, edit_event) -> None:
+    sample, gate = record.sample, tree[which]
+    redrawn = shape_from_selection(getattr(edit_event, "selection", None) if edit_event is not None else None)
+    if redrawn is not None:
+        try:
+            trial = tree.copy()
+            trial.replace_geometry(which, redrawn["vertices"], redrawn["kind"])
+            n_new = int(trial.memberships(sample)[which].sum())
+            if st.button(f"Replace {which} with the selection ({n_new:,} events)", key="ag_redraw"):
+                commit_edit(store, patient, record, trial, which, f"Redrew {which}: {in_gate:,} → {n_new:,} events")
+        except GateError as exc:
+            st.caption(f"The selection cannot be a gate ({exc}).")
+    corners = gate.vertices
+    if gate.kind == "rectangle":
+        (x0, y0), (x1, y1) = corners
+        corners = [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
+    vertex = st.selectbox("Vertex", list(range(1, len(corners) + 1)), key=f"ag_vertex_{patient}_{which}",
+                          help="Vertices in the plot's display coordinates, counter-clockwise.")
+    vx, vy = corners[vertex - 1]
+    v1, v2 = st.columns(2)
+    new_x = v1.number_input("x", value=float(vx), format="%.3f", key=f"ag_vx_{patient}_{which}_{vertex}")
+    new_y = v2.number_input("y", value=float(vy), format="%.3f", key=f"ag_vy_{patient}_{which}_{vertex}")
+    if st.button("Move the vertex", key="ag_move_vertex", disabled=(new_x, new_y) == (float(vx), float(vy))):
+        moved = list(corners)
+        moved[vertex - 1] = (new_x, new_y)
+        trial = tree.copy()
+        try:
+            trial.replace_geometry(which, moved, "polygon")
+            n_new = int(trial.memberships(sample)[which].sum())
+        except GateError as exc:
+            st.error(str(exc))
+            return
+        commit_edit(store, patient, record, trial, which, f"Moved a vertex of {which}: {in_gate:,} → {n_new:,} events")
+
+
+def _adjust_quadrant(store, patient, record, tree, which, in_gate) -> None:
+    sample, gate = record.sample, tree[which]
+    members = tree.quadrant_set(which)
+    (cx, cy), = gate.vertices
+    q1, q2 = st.columns(2)
+    new_x = q1.number_input("split x", value=float(cx), format="%.3f", key=f"ag_qx_{patient}_{which}",
+                            help="The split point in the plot's display coordinates.")
+    new_y = q2.number_input("split y", value=float(cy), format="%.3f", key=f"ag_qy_{patient}_{which}")
+    st.caption(f"Moving the split moves its four quadrants: {', '.join(members)}.")
+    if st.button("Move the split", key="ag_move_split", disabled=(new_x, new_y) == (float(cx), float(cy))):
+        trial = tree.copy()
+        try:
+            trial.replace_geometry(which, [(new_x, new_y)])
+            n_new = int(trial.memberships(sample)[which].sum())
+        except GateError as exc:
+            st.error(str(exc))
+            return
+        commit_edit(store, patient, record, trial, which, f"Moved the split of {which}: {in_gate:,} → {n_new:,} events")
+
+
+def _adjust_range(store, patient, record, tree, which, in_gate) -> None:
+    sample, gate = record.sample, tree[which]
+    (low, high), = gate.vertices
+    r1, r2 = st.columns(2)
+    new_low = r1.number_input("from", value=float(low), format="%.3f", key=f"ag_rlo_{patient}_{which}",
+                              help="The range in the histogram's display coordinates.")
+    new_high = r2.number_input("to", value=float(high), format="%.3f", key=f"ag_rhi_{patient}_{which}")
+    if st.button("Set the range", key="ag_set_range", disabled=(new_low, new_high) == (float(low), float(high))):
+        trial = tree.copy()
+        try:
+            trial.replace_geometry(which, [(new_low, new_high)])
+            n_new = int(trial.memberships(sample)[which].sum())
+        except GateError as exc:
+            st.error(str(exc))
+            return
+        commit_edit(store, patient, record, trial, which, f"Set the range of {which}: {in_gate:,} → {n_new:,} events")
+
+
+def forget_typed_values(patient: str) -> None:
+    """Numbers typed for the old gates mean nothing for gates fitted again."""
+    state = st.session_state
+    for key in [k for k in state if isinstance(k, str) and k.startswith(
+            tuple(f"ag_{p}_{patient}_" for p in ("vx", "vy", "qx", "qy", "rlo", "rhi", "vertex")))]:
+        del state[key]
+
+
+def gates_section(store, patient: str, record, model, populations) -> GateTree | None:
+    """The result as gates: fitted from a template, drawn, counted, adjusted. Returns the
+    patient's gate tree, or None when no labeled patient carries a tree to fit."""
+    state = st.session_state
+    sample, result = record.sample, record.load_result()
+    trees, templates = templates_for(store, patient, model, populations)
+    if record.autogates is None and templates:
+        try:
+            fit_from_template(store, patient, templates[0], populations)
+        except GateError as exc:
+            st.warning(f"The gates of {templates[0]} cannot be fitted to {patient}: {exc}")
+    if record.autogates is None:
+        return None
+    tree = GateTree.from_dict(record.autogates["tree"])
+    masks = cache.memberships(record.token, tree.to_json(), sample)
+    known = record.autogates.get("populations") or populations
+    counted = counted_cells(tree, record.populations, masks, known)
+    g1, g2 = st.columns([3, 2])
+    g1.caption(f"Gates of **{record.autogates['template']}** fitted to {patient}'s predicted cells"
+               + (", then adjusted by hand: the cells whose gate membership changed follow the gates."
+                  if record.autogates.get("edited") else ".")
+               + " Counts are of the reviewed cells (what every export holds); *in gate*: events inside the "
+                 "gate; F1: agreement of each gate with the cells predicted in it.")
+    with g2.popover("Fit again from a template"):
+        choices = templates or [record.autogates["template"]]
+        template_choice = st.selectbox("Template patient", choices, key=f"ag_template_{patient}",
+                                       help="The model's training patients come first: the gates a lab drew.")
+        if st.button("Fit the gates again", key=f"ag_refit_{patient}", disabled=template_choice not in trees):
+            try:
+                fit_from_template(store, patient, template_choice, populations)
+            except GateError as exc:
+                st.error(f"The gates of {template_choice} cannot be fitted to {patient}: {exc}")
+            else:
+                forget_typed_values(patient)
+                corrected = 0 if record.corrected is None else int(
+                    (np.asarray(record.corrected).astype(str) != np.asarray(result.populations).astype(str)).sum())
+                state["ag_gate_message"] = (f"Fitted the gates of {template_choice} to {patient} again."
+                                            + (f" The {corrected:,} cells corrected by hand keep their corrections "
+                                               "(run auto-gating again to drop them)." if corrected else ""))
+                state.ag_chart_version += 1
+                st.rerun()
+    unfitted = record.autogates.get("unfitted") or {}
+    if unfitted:
+        st.warning("Kept as drawn on " + record.autogates["template"] + " (not fitted to this patient): "
+                   + "; ".join(f"**{name}**: {why}" for name, why in unfitted.items())
+                   + ". Check them on the plots and adjust them below.", icon=":material/warning:")
+    fixed = [g.name for g in tree.depth_first() if not g.is_shape]
+    if fixed:
+        st.caption(f"Quadrant, range and boolean gates keep the template's definition ({', '.join(fixed)}); "
+                   "quadrants and ranges can be adjusted below.")
+    # F1 against the model's predictions; a result read back from the library after a review
+    # holds the reviewed cells only, and the column says so.
+    reviewed_only = bool((getattr(result, "details", None) or {}).get("corrected in review"))
+    st.dataframe(gate_table(tree, sample, result.populations, masks, counted), hide_index=True, width="stretch",
+                 key=f"ag_gate_table_{state.ag_chart_version}",
+                 column_config={"% of parent": st.column_config.NumberColumn(format="%.1f"),
+                                "% of total": st.column_config.NumberColumn(format="%.2f"),
+                                "F1": st.column_config.NumberColumn(
+                                    "F1 vs reviewed cells" if reviewed_only else "F1 vs predicted", format="%.3f"),
+                                "count": st.column_config.NumberColumn(format="%d"),
+                                "in gate": st.column_config.NumberColumn(format="%d")})
+    if state.get("ag_gate_message"):
+        st.success(state.pop("ag_gate_message"))
+    figures = GateFigures(record, tree, masks, counted)
+    figures.draw_all(f"ag_tree_{state.ag_chart_version}_{patient}")
+    adjust_section(store, patient, record, tree, figures)
+    return tree
