@@ -11,7 +11,7 @@ from ui import cache, exports
 from ui.app_state import channel_presence
 from ui.common import SAMPLE_DATA, channel_label, get_store, refresh_status, show_messages
 from ui.ingest import ingest_files, load_folder
-from ui.loading import CLASH_CHOICES, resolve_clashes, take_report
+from ui.loading import CLASH_CHOICES, autoload_sample_data, resolve_clashes, take_report
 
 store = get_store()
 st.title("Data: load patients")
@@ -40,12 +40,13 @@ with sample_col:
         with st.spinner("Reading sample data…"):
             _take_report(load_folder(SAMPLE_DATA), already_loaded_means_skip=True)
 
-# `make run` asks for the bundled sample data to be ready on first start (an empty library).
+# `make run` asks for the bundled sample data to be ready on first start (an empty library),
+# loaded once whichever of the sessions opening at that moment comes first.
 if (os.environ.get("GATING_LOAD_SAMPLE_DATA") == "1" and not store.patients
         and not st.session_state.get("sample_data_autoloaded")):
     st.session_state["sample_data_autoloaded"] = True
     with st.spinner("Reading sample data…"):
-        _take_report(load_folder(SAMPLE_DATA), already_loaded_means_skip=True)
+        autoload_sample_data(store, SAMPLE_DATA)
     st.rerun()  # so that the sidebar counts include them
 
 fresh = [f for f in (uploads or []) if f.file_id not in store.seen_uploads]

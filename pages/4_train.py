@@ -8,13 +8,13 @@ import plotly.graph_objects as go
 import streamlit as st
 
 from gating_core.modelfile import ModelFileError
-from ui.app_state import common_channels, incompatible_label_sets, label_set_disagreements
-from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcome, job_progress, refresh_status,
-                       require_patients)
+from ui.app_state import common_channels, incompatible_label_sets, label_set_disagreements, training_panel
+from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcome, job_progress, model_offers,
+                       model_picker, others_jobs, refresh_status, require_patients, session_name_input)
 from ui.jobs import DONE, format_seconds, jobs_for
 from ui.training import (DEFAULT_DICA_COMPONENTS, DICA_LABELS, IW_METHOD, KERNEL_LABELS, LOSS_LABELS, METHOD_LABELS,
                          check_matches_model, is_transductive, method_label, method_params, model_class, model_kind,
-                         start_check, start_training)
+                         start_check, start_training, training_settings)
 from ui.models import load_model_bytes, model_bytes, model_channel_labels
 
 store = get_store()
@@ -43,7 +43,14 @@ if not require_patients(store, labeled=True):
     st.stop()
 
 labeled = store.labeled()
-chosen = st.multiselect("Historical patients to learn from", labeled, default=labeled, key="train_patients")
+# One panel by default: patients measured with other channels would be learned on the few
+# channel names they happen to share with the rest. They stay choosable, and say why they are out.
+active = store.model()
+panel, other_panel = training_panel({n: store.patients[n].channel_names for n in labeled},
+                                    getattr(active, "training_patients_", ()) if active is not None else ())
+chosen = st.multiselect("Historical patients to learn from", labeled, default=panel, key="train_patients")
+if other_panel:
+    st.caption("Not chosen by default: " + "; ".join(f"**{n}**, {why}" for n, why in other_panel.items()) + ".")
 if len(chosen) < 2:
     st.info("Pick at least two labeled patients.")
     st.stop()
@@ -128,7 +135,7 @@ with st.expander("Channels and hyperparameters (automatic unless you change them
     channels = st.multiselect("Channels", channels_all, format_func=lambda c: channel_label(records[0].sample, c),
                               default=[c for c in channels_all if c.lower() != "time"], key="train_channels")
     hand = st.checkbox("Set hyperparameters by hand", key="train_hand")
-    params = {}
+    params, hand_defaults = {}, {}
     if hand:
         # The chosen method's own parameters (the IW model's have their own widget keys: its
         # defaults differ from GatingModel's for a parameter of the same name).
@@ -152,11 +159,13 @@ with st.expander("Channels and hyperparameters (automatic unless you change them
                     params[name] = float(value)
             else:
                 continue
+            hand_defaults[name] = p.default
             k += 1
 
 
 # The choices above first; what was set by hand overrides them (the IW model's defaults).
 params = {**method_params(method, loss, task_similarity, dica, dica_components, kernel_x), **params}
+changed_by_hand = {k: v for k, v in params.items() if k in hand_defaults and v != hand_defaults[k]}
 
 
 def _training_labels(record):
@@ -165,34 +174,38 @@ def _training_labels(record):
     return np.where(keep, labels, "other").astype(object)
 
 
-# Training runs as a background job: leaving the page or reloading does not stop it.
+# Training runs as a background job: leaving the page or reloading does not stop it. One runs
+# at a time on a library; a training asked for while another session's runs waits behind it.
+session_name_input(store)
 training = job_progress(store, "train", "train_job")
+busy = others_jobs(store, "train")
 if st.button("Train model", type="primary", key="train_button",
              disabled=not pops or not train_anyway or training is not None,
-             help="One training at a time; it goes on in the background while you use other pages."):
+             help="It goes on in the background while you use other pages. One training runs at a time on "
+                  "this library: while another runs, yours waits for it and then starts."):
     samples = [r.sample for r in records]
     kind = method_label(method, loss, params.get("task_similarity"), params.get("dica"), params.get("dica_components"))
-    start_training(store, name=f"{kind}, {len(records)} patients",
-                   method=method, channels=channels,
+    name = f"{kind}, {len(records)} patients"
+    start_training(store, name=name, method=method, channels=channels,
                    params=params, samples=samples, labels=[_training_labels(r) for r in records],
-                   groups=_groups(samples), training_patients=chosen)
+                   groups=_groups(samples), training_patients=chosen,
+                   settings=training_settings(kind, chosen, pops, channels, changed_by_hand))
     st.rerun()
+if busy and training is None:
+    st.caption("Pressing **Train model** now queues your training behind the one above.")
 job_outcome(store, "train", "Training")
-finished = [j for j in jobs_for(store.library_path, "train") if not j.running]
-if training is None and finished and finished[-1].status == DONE:
+mine = [j for j in jobs_for(store.library_path, "train") if not j.running and j.owner == store.session_id]
+if training is None and mine and mine[-1].status == DONE:
     adopt_finished_jobs(store)
-    last = finished[-1].result
+    last = mine[-1].result
     label = next((lbl for lbl, i in store.model_ids.items() if i == last["model_id"]), last["name"])
-    st.success(f"Trained **{label}** on {last['n_cells']:,} cells in {format_seconds(finished[-1].elapsed)}.")
+    st.success(f"Trained **{label}** on {last['n_cells']:,} cells in {format_seconds(mine[-1].elapsed)}.")
     refresh_status(store)
 
 if store.models:
     st.subheader("Models")
-    current = st.selectbox("Current model", list(store.models), key="current_model_pick",
-                           index=list(store.models).index(store.current_model))
-    if store.current_model != current:
-        store.current_model = current
-        refresh_status(store)
+    model_offers(store, "train")
+    current = model_picker(st, store, "current_model_pick")
     model = store.models[current]
     st.markdown(f"Method: {model_kind(model)}  \n"
                 f"Populations: {', '.join(map(str, model.populations_))}  \n"
@@ -222,7 +235,8 @@ if st.button("Run the check", key="lopo_button", disabled=checking is not None o
         model_params["channels"] = channels
     samples = [r.sample for r in records]
     start_check(store, samples=samples, labels=[_training_labels(r) for r in records], groups=_groups(samples),
-                model_params=model_params)
+                model_params=model_params,
+                settings=training_settings(method_label(method, loss), chosen, pops, channels, changed_by_hand))
     st.rerun()
 job_outcome(store, "check", "The check")
 adopt_finished_jobs(store)

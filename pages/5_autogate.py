@@ -8,8 +8,8 @@ from gating_core.gates import AxisScale, GateError, polygon_gate, rectangle_gate
 from gating_core.plotting import population_colors
 from ui import autogate_view, cache, charts, exports
 from ui.app_state import missing_model_channels, shape_from_selection
-from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, refresh_status,
-                       require_patients, scale_select, show_label_change)
+from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, model_offers,
+                       model_picker, refresh_status, require_patients, scale_select, show_label_change)
 from ui.training import is_transductive, refit_caption
 
 LOW = "low confidence"
@@ -23,13 +23,13 @@ st.caption("Gate new patients with the current model, then review: colors show t
            "the historical patients), and export.")
 if not require_patients(store):
     st.stop()
+model_offers(store, "ag")
 if store.model() is None:
     st.info("No model yet: train one on the **Train** page or load a saved model there.")
     st.stop()
 
 m1, m2 = st.columns([2, 3])
-model_name = m1.selectbox("Model", list(store.models), index=list(store.models).index(store.current_model),
-                          key="ag_model")
+model_name = model_picker(m1, store, "ag_model", "Model")
 model = store.models[model_name]
 # Only patients with every channel the model needs are offered by default; the others are named.
 unfit = {n: missing_model_channels(model, store.patients[n].sample.channels) for n in store.unlabeled()}
@@ -72,6 +72,8 @@ elif novelty is not None:
                f"threshold {novelty.threshold:.2f}).", icon=":material/check_circle:")
 if record.label_source.startswith("auto-gate"):
     st.info(f"{patient} was accepted: it is a historical patient for the next training.")
+st.caption(f"Auto-gated with the model **{record.result_model or 'not recorded'}**"
+           + ("" if record.result_model == model_name else f" (the current model is {model_name})") + ".")
 
 populations = np.asarray(record.populations).astype(str)
 confidence = exports._confidence(record)
@@ -225,8 +227,12 @@ elif confirm_action(
         acknowledge=(f"{patient} is unlike every training patient; I reviewed its populations by hand."
                      if is_novel else None),
         help="Its (corrected) populations become labels: it joins the historical patients."):
-    store.accept(patient)
-    st.rerun()
+    try:
+        store.accept(patient)
+    except ValueError as exc:  # another session accepted it first
+        st.error(str(exc))
+    else:
+        st.rerun()
 label_versions(store, patient, f"ag_versions_{patient}")
 
 st.subheader("Export")

@@ -20,6 +20,18 @@ def start(page: str | None = None) -> AppTest:
     return at
 
 
+def reload(at: AppTest, page: str | None = None) -> AppTest:
+    """A reload of ``at``'s browser tab: a new session with the same address (so the same
+    session id in it), run once, on ``page`` when given."""
+    again = AppTest.from_file(APP, default_timeout=300)
+    again.query_params.update(at.query_params)
+    again.run()
+    assert not again.exception
+    if page:
+        goto(again, page)
+    return again
+
+
 def goto(at: AppTest, page: str) -> AppTest:
     at.switch_page(page)
     at.run()

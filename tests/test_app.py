@@ -14,7 +14,7 @@ from streamlit.testing.v1 import AppTest
 
 from gating_core.fcs import read_fcs, write_fcs
 from gating_core.gates import GateTree
-from apptest_helpers import finish_jobs, goto, start, store_of, train_quick_model
+from apptest_helpers import finish_jobs, goto, reload, start, store_of, train_quick_model
 
 
 def load_sample_data(at: AppTest) -> AppTest:
@@ -722,10 +722,10 @@ def test_training_runs_in_the_background_survives_a_reload_and_can_be_cancelled(
     (job,) = jobs_for(store_of(at).library_path, "train")
     assert job.running and at.button(key="train_button").disabled
     assert at.get("progress") and "Training marginal, 3 patients" in at.get("progress")[0].proto.text
-    # leave the page, then a reload (a new session on the same library) finds the running job
+    # leave the page, then a reload (a new session of the same tab, on the same library) finds the running job
     goto(at, "pages/1_data.py")
     assert job.running
-    other = start()
+    other = reload(at)
     assert any(c.value.startswith("Training marginal, 3 patients: ") and "in the background" in c.value
                for c in other.sidebar.caption)  # every page's sidebar says a training goes on
     other = goto(other, "pages/4_train.py")
@@ -774,9 +774,7 @@ def test_background_job_reports_progress_estimates_time_and_stops_when_cancelled
     while len(steps) < 11:
         threading.Event().wait(0.01)
     assert job.stage == "step 10" and job.fraction == pytest.approx(0.01)
-    assert job.remaining_seconds() is None  # under 2%: too early to guess
-    job.fraction = 0.25  # a quarter done after ``elapsed`` seconds: three times as long to go
-    assert job.remaining_seconds() == pytest.approx(3 * job.elapsed, rel=0.05)
+    assert job.remaining_seconds() is None  # under 2%: too early to guess (the estimate: test_app_sessions.py)
     job.cancel()
     gate.set()
     assert job.wait(30) and job.status == CANCELLED and job.result is None

@@ -774,3 +774,80 @@ def test_one_library_object_shared_by_threads(tmp_path):
             assert library.load_gates(f"t{k}-{i}") == {"session": k, "i": i}
             np.testing.assert_array_equal(library.load_labels(f"t{k}-{i}"), synthetic_events(500, 100 * k + i)[1])
     assert library.check() == []
+
+
+# ---------------------------------------------------------------------------- several sessions at once
+
+def _add(library: PatientLibrary, name: str, seed: int = 0, labeled: bool = True):
+    events, labels = synthetic_events(300, seed)
+    library.add_patient(Sample("s", events, [Channel(n) for n in PNN]), labels if labeled else None, name=name,
+                        provenance=Provenance.DRAWN)
+    return labels
+
+
+def test_the_change_counter_and_patient_versions_move_with_every_change(tmp_path):
+    library = PatientLibrary(tmp_path / "lib")
+    assert library.change_counter() == 0 and library.patient_versions() == {}
+    labels = _add(library, "p1")
+    _add(library, "p2", labeled=False)
+    counter, versions = library.change_counter(), library.patient_versions()
+    patient_id, channels, labeling, result, gates = versions["p1"]
+    assert channels == tuple(PNN) and labeling == library.current_labeling("p1") and (result, gates) == (None, None)
+    assert versions["p2"][2:] == (None, None, None)
+    assert (library.change_counter(), library.patient_versions()) == (counter, versions)  # reading changes nothing
+    for change in (lambda: library.save_gates("p1", {"gates": []}),
+                   lambda: library.set_labels("p2", labels, Provenance.DRAWN),
+                   lambda: library.rename_channels("p2", {"FL1-A": "CD4"}),
+                   lambda: library.remove_patient("p1")):
+        change()
+        assert library.change_counter() > counter and library.patient_versions() != versions
+        counter, versions = library.change_counter(), library.patient_versions()
+    assert list(versions) == ["p2"] and versions["p2"][1] == ("FSC-A", "SSC-A", "CD4", "FL2-A")
+
+
+def test_labels_replaced_meanwhile_are_not_overwritten_when_the_caller_says_what_it_saw(tmp_path):
+    from gating_core.library import ConflictError
+
+    library = PatientLibrary(tmp_path / "lib")
+    labels = _add(library, "p1", labeled=False)
+    seen = library.current_labeling("p1")
+    assert seen is None
+    first = library.set_labels("p1", labels, Provenance.AUTO_ACCEPTED, expected_labeling=seen)  # one session
+    before = state(library)
+    with pytest.raises(ConflictError, match=r"its labels were changed meanwhile by another session \(its labels "
+                                            r"are now \"auto-gate accepted after review\", saved "):
+        library.set_labels("p1", np.full(len(labels), "other"), Provenance.AUTO_ACCEPTED, expected_labeling=seen)
+    assert state(library) == before
+    assert library.set_labels("p1", labels, Provenance.DRAWN, expected_labeling=first) > first  # having seen it
+    assert library.set_labels("p1", labels, Provenance.DRAWN) > first  # unchecked, as before
+
+
+def test_run_once_runs_once_across_threads_and_processes_and_again_after_a_failure(tmp_path):
+    from concurrent.futures import ThreadPoolExecutor
+
+    library = PatientLibrary(tmp_path / "lib")
+    runs = []
+
+    def slow():
+        time.sleep(0.3)  # long enough for every other caller to arrive meanwhile
+        runs.append(1)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        ran = list(pool.map(lambda _: PatientLibrary(tmp_path / "lib").run_once("demo-data", slow), range(4)))
+    assert sorted(ran) == [False, False, False, True] and runs == [1]
+    assert (tmp_path / "lib" / "demo-data.done").is_file()
+    script = ("import sys; from gating_core.library import PatientLibrary; "
+              "print(PatientLibrary(sys.argv[1]).run_once('demo-data', lambda: None))")
+    other = subprocess.run([sys.executable, "-c", script, str(tmp_path / "lib")], capture_output=True, text=True,
+                           cwd=REPO, check=True)
+    assert other.stdout.strip() == "False"  # another process sees the marker
+
+    def failing():
+        raise RuntimeError("no sample data here")
+
+    with pytest.raises(RuntimeError):
+        library.run_once("other-work", failing)
+    assert library.run_once("other-work", lambda: runs.append(2)) and runs == [1, 2]
+    with pytest.raises(ValueError):
+        library.run_once("../escape", slow)
+    assert library.check() == []

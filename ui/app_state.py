@@ -48,6 +48,42 @@ def common_channels(samples) -> list[str]:
     return [c for c in samples[0].pnn if c in shared]
 
 
+def training_panel(channels_of: dict, model_patients=()) -> tuple[list[str], dict[str, str]]:
+    """The patients a training starts from, one panel of them: ``channels_of`` maps each labeled
+    patient to its channel names ($PnN). The panel is the channel set of the current model's
+    training patients (``model_patients``, the most of them when they differ), else the channel
+    set most patients share (the first such group on a tie). Returns the patients of that panel
+    in order, and for each other patient why it is left out."""
+    groups: dict[frozenset, list[str]] = {}
+    for name, channels in channels_of.items():
+        groups.setdefault(frozenset(channels), []).append(name)
+    if not groups:
+        return [], {}
+    of_model = [frozenset(channels_of[n]) for n in model_patients if n in channels_of]
+    if of_model:
+        panel = max(set(of_model), key=of_model.count)
+    else:
+        panel = max(groups, key=lambda key: len(groups[key]))  # max keeps the first of equals
+    by = "the current model's panel" if of_model else "the panel most labeled patients share"
+    left_out = {}
+    for name, channels in channels_of.items():
+        if frozenset(channels) == panel:
+            continue
+        missing = [c for c in sorted(panel) if c not in set(channels)]
+        extra = [c for c in channels if c not in panel]
+        parts = [f"{len(channels)} channels against {len(panel)}"]
+        if missing:
+            parts.append("lacks " + _some(missing))
+        if extra:
+            parts.append("has " + _some(extra))
+        left_out[name] = f"another panel than {by} ({'; '.join(parts)})"
+    return [n for n in channels_of if n not in left_out], left_out
+
+
+def _some(names: list) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
 def rename_channels(sample, mapping: dict):
     """Copy of ``sample`` with channels renamed ($PnN old -> new); events are shared, not copied.
 

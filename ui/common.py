@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import streamlit as st
@@ -15,10 +16,26 @@ SCALE_HELP = ("How values are spread along the axis. arcsinh and logicle show di
               "together (ticks stay in raw instrument units); linear suits scatter channels.")
 
 
+_SESSION_PARAM, _NAME_PARAM = "session", "name"
+
+
 def get_store() -> Store:
+    """This browser session's store, brought up to date with what others changed in the library
+    and with this session's finished jobs (:meth:`Store.sync`: one catalog read when nothing
+    changed). Its id (and the name typed, if any) are kept in the page's address, so a reload
+    of the tab is the same person to the jobs it started."""
     if "store" not in st.session_state:
-        st.session_state["store"] = Store()
-    return st.session_state["store"]
+        session_id = str(st.query_params.get(_SESSION_PARAM, ""))
+        name = str(st.query_params.get(_NAME_PARAM, ""))[:40]
+        st.session_state["store"] = Store(session_id=session_id if re.fullmatch(r"[0-9a-f]{8}", session_id) else None,
+                                          session_name=name if name.isprintable() else "")
+    store = st.session_state["store"]
+    if st.query_params.get(_SESSION_PARAM) != store.session_id:
+        st.query_params[_SESSION_PARAM] = store.session_id
+    if store.session_name and st.query_params.get(_NAME_PARAM) != store.session_name:
+        st.query_params[_NAME_PARAM] = store.session_name
+    store.sync()
+    return store
 
 
 _STATUS_SLOT = "_sidebar_status_slot"
@@ -26,6 +43,7 @@ _STATUS_SLOT = "_sidebar_status_slot"
 
 def _draw_status(store: Store) -> None:
     st.markdown("### Session")
+    st.caption(f"You are **{store.session_label}** to others on this library.")
     n_lab, n_new = len(store.labeled()), len(store.unlabeled())
     st.markdown(f"**{len(store.patients)}** patients loaded  \n"
                 f"{n_lab} labeled (historical) · {n_new} new")
@@ -58,21 +76,53 @@ def _watch_jobs(store: Store) -> None:
 
     @st.fragment(run_every=2.0)
     def watch():
-        if not any(j.running for j in running):
+        if any(not j.running for j in running):  # one ended: this session may take up its result
             st.rerun()
         for job in running:
-            st.caption(f"{job.title}: {100 * job.fraction:.0f}% (in the background; Train page to cancel)")
+            whose = "yours; Train page to cancel" if job.owner == store.session_id else f"started by {job.started_by}"
+            state = "waiting for the one ahead" if job.waiting else f"{100 * job.fraction:.0f}%"
+            st.caption(f"{job.title}: {state} (in the background, {whose})")
 
     watch()
 
 
+def model_offers(store: Store, key: str) -> None:
+    """Models others trained meanwhile, each offered with who trained it and how, and a button
+    to make it current: never switched to under someone's review (Train and Auto-gate pages)."""
+    for offer in list(store.model_offers):
+        st.info(f"A new model was trained by **{offer['by']}**: **{offer['label']}**"
+                + (f" ({offer['settings']})" if offer["settings"] and offer["settings"] != offer["label"] else "")
+                + f". Your current model stays {store.current_model} until you choose.")
+        use, later, _ = st.columns([1, 1, 3])
+        if use.button("Use it", key=f"{key}_offer_use_{offer['model_id']}", type="primary"):
+            store.take_offer(offer["model_id"])
+            st.rerun()
+        if later.button("Not now", key=f"{key}_offer_dismiss_{offer['model_id']}",
+                        help="It stays in the model list (Train page)."):
+            store.dismiss_offer(offer["model_id"])
+            st.rerun()
+
+
+def session_name_input(store: Store) -> None:
+    """Where a person types the name others on the library see beside the jobs they start."""
+    name = st.text_input("Your name, shown to others on this library", value=store.session_name, max_chars=40,
+                         key="session_name_input", placeholder=store.session_label,
+                         help="Others working on this library see it beside the trainings and checks you start "
+                              "(until you type one: a short id of this browser tab).")
+    if name.strip() != store.session_name and name.isprintable():
+        store.session_name = name.strip()
+        st.query_params[_NAME_PARAM] = store.session_name
+        refresh_status(store)
+
+
 def sidebar_status(store: Store) -> None:
-    adopt_finished_jobs(store)
     with st.sidebar:
         slot = st.empty()
         st.session_state[_STATUS_SLOT] = slot
         with slot.container():
             _draw_status(store)
+        if store.model_offers:
+            st.caption(f"{len(store.model_offers)} new model(s) trained by others: see the Train or Auto-gate page.")
         _watch_jobs(store)
         st.divider()
         st.markdown("### Patient library")
@@ -88,6 +138,24 @@ def sidebar_status(store: Store) -> None:
                 st.rerun()
         for message in store.warnings[-3:]:
             st.warning(message)
+    while store.changes_seen:
+        st.toast(store.changes_seen.pop(0))
+
+
+def model_picker(container, store: Store, key: str, label: str = "Current model", **kwargs) -> str:
+    """A select box of the session's models that is the current model: choosing one makes it
+    current, and a model made current elsewhere (this session's training, an offer taken, the
+    other page's picker) shows here, rather than the box keeping its earlier choice."""
+    options = list(store.models)
+    shown = f"_{key}_current"
+    if st.session_state.get(shown) != store.current_model or st.session_state.get(key) not in options:
+        st.session_state[key] = store.current_model
+    choice = container.selectbox(label, options, key=key, **kwargs)
+    if choice != store.current_model:
+        store.current_model = choice
+        refresh_status(store)
+    st.session_state[shown] = choice
+    return choice
 
 
 def channel_label(sample, pnn: str) -> str:
@@ -240,27 +308,28 @@ def label_versions(store: Store, patient: str, key: str) -> None:
 
 
 def adopt_finished_jobs(store: Store) -> None:
-    """Take up what background jobs on this library finished: trained models (already in the
-    library) join the session's models, the latest check's table becomes the one shown."""
+    """Take up what this session's background jobs finished (see :meth:`Store.take_up_jobs`)."""
+    store.take_up_jobs()
+
+
+def others_jobs(store: Store, kind: str) -> list:
+    """Unfinished jobs of ``kind`` on this library that other sessions started."""
     from ui import jobs
 
-    for job in jobs.jobs_for(store.library_path):
-        if job.status != jobs.DONE or job.id in store.adopted_jobs:
-            continue
-        store.adopted_jobs.add(job.id)
-        if job.kind == "train":
-            store.adopt_model(job.result["model"], job.result["model_id"], job.result["name"])
-        elif job.kind == "check":
-            store.evaluation = job.result
-            store.reload_check_record()
+    return [j for j in jobs.jobs_for(store.library_path, kind) if j.running and j.owner != store.session_id]
 
 
 def job_progress(store: Store, kind: str, key: str):
-    """The running job of ``kind`` on this library, if any: its progress with a time estimate,
-    redrawn every second, and a cancel button. Returns the job (None when nothing runs)."""
+    """This session's unfinished job of ``kind``, if any: its progress with a time estimate (or
+    its place in the queue), redrawn every second, and a cancel button; and, without a cancel,
+    who else runs one and with what settings. Returns this session's job (None when none runs)."""
     from ui import jobs
 
-    job = jobs.running_job(store.library_path, kind)
+    what = "A training" if kind == "train" else "A check"
+    for other in others_jobs(store, kind):
+        st.info(f"{what} {'is queued' if other.waiting else 'is running'}, started by **{other.started_by}**: "
+                f"{other.settings}" + ("" if other.waiting else f" ({100 * other.fraction:.0f}% done)") + ".")
+    job = jobs.running_job(store.library_path, kind, owner=store.session_id)
     if job is None:
         return None
 
@@ -268,10 +337,15 @@ def job_progress(store: Store, kind: str, key: str):
     def panel():
         if not job.running:
             st.rerun()  # the whole page: it shows the result
-        left = job.remaining_seconds()
-        st.progress(job.fraction, text=f"{job.title}: {job.stage} ({100 * job.fraction:.0f}%) · "
-                                       f"{jobs.format_seconds(job.elapsed)} so far"
-                                       + (f" · about {jobs.format_seconds(left)} left" if left is not None else ""))
+        if job.waiting:
+            ahead = job.queued_behind
+            st.info(f"Yours ({job.settings}) is queued: it starts when the one started by "
+                    f"{ahead.started_by if ahead is not None else 'another session'} ends.")
+        else:
+            left = job.remaining_seconds()
+            estimate = f" · about {jobs.format_seconds(left)} left" if left is not None else ""
+            st.progress(job.fraction, text=f"{job.title}: {job.stage} ({100 * job.fraction:.0f}%) · "
+                                           f"{jobs.format_seconds(job.elapsed)} so far{estimate}")
         if job.cancel_requested:
             st.caption("Cancelling at the next step…")
         elif st.button("Cancel", key=f"{key}_cancel"):
@@ -284,10 +358,10 @@ def job_progress(store: Store, kind: str, key: str):
 
 
 def job_outcome(store: Store, kind: str, what: str) -> None:
-    """How the latest finished job of ``kind`` ended (success is reported by the caller)."""
+    """How this session's latest finished job of ``kind`` ended (success is reported by the caller)."""
     from ui import jobs
 
-    finished = [j for j in jobs.jobs_for(store.library_path, kind) if not j.running]
+    finished = [j for j in jobs.jobs_for(store.library_path, kind) if not j.running and j.owner == store.session_id]
     if not finished:
         return
     job = finished[-1]

@@ -45,6 +45,30 @@ def take_report(store, report, already_loaded_means_skip: bool = False) -> list:
     return clashing
 
 
+def autoload_sample_data(store, folder) -> bool:
+    """Fill an empty library with the sample data once, however many sessions open at the same
+    moment: the first loads it under the library's lock and leaves a marker
+    (``PatientLibrary.run_once``); the others wait for it and then just see the patients, with
+    nothing to report. A library that already holds patients gets none. Returns whether this
+    session loaded them (its load messages are then set, as for the button)."""
+    from ui.ingest import load_folder
+
+    if store.library is None:  # this session only: nobody to share with
+        take_report(store, load_folder(folder), already_loaded_means_skip=True)
+        return True
+    loaded = []
+
+    def load():
+        if len(store.library):
+            return
+        take_report(store, load_folder(folder), already_loaded_means_skip=True)
+        loaded.append(True)
+
+    store.library.run_once("sample-data", load)
+    store.refresh()
+    return bool(loaded)
+
+
 def resolve_clashes(store, clashing, choices) -> None:
     """Apply the user's choice ("replace", "keep both" or "skip") for each held-back patient."""
     notes, added = [], []

@@ -10,6 +10,7 @@ import numpy as np
 
 from gating_core.gates import GateTree
 from ui.gate_history import GateHistory
+from ui.shared import compact_labels
 
 
 def _new_token() -> str:
@@ -66,6 +67,10 @@ class PatientRecord:
         self.token = _new_token()
         self.labels_token = _new_token()
         self.result_token = _new_token()
+        # What the library held of this patient when this session last looked (the Store's
+        # VERSION_FIELDS; None until known), and the labeling a review here started from.
+        self.version: dict | None = None
+        self.review_labeling: int | None = None
 
     # lazily loaded data --------------------------------------------------------------------
     @property
@@ -86,7 +91,8 @@ class PatientRecord:
     @property
     def labels(self):
         if self._labels is None and self._labeled and self._labels_loader is not None:
-            self._labels = np.asarray(self._labels_loader()).astype(object)
+            loaded = self._labels_loader()
+            self._labels = None if loaded is None else compact_labels(loaded) if loaded.dtype != object else loaded
         return self._labels
 
     @property
@@ -122,7 +128,7 @@ class PatientRecord:
 
     # changes (the Store persists them) -----------------------------------------------------
     def set_labels(self, labels, source: str) -> None:
-        labels = np.asarray(labels).astype(object)
+        labels = compact_labels(labels)
         if labels.shape != (self.n_events,):
             raise ValueError(f"{self.name}: {labels.shape[0]} labels for {self.n_events} events")
         self._labels, self._labeled, self.label_source = labels, True, source
@@ -134,5 +140,5 @@ class PatientRecord:
         self.result_token = _new_token()
 
     def set_corrected(self, populations) -> None:
-        self.corrected = np.asarray(populations).astype(object)
+        self.corrected = compact_labels(populations)
         self.result_token = _new_token()

@@ -3,32 +3,51 @@
 Pages talk only to :class:`Store`. The store writes every change through to the persistent
 patient library (``gating_core.library.PatientLibrary``: SQLite catalog + Parquet files), so a
 page reload or a restart of the app finds the work again, and the command line sees the same
-patients and models. Events are read from the library lazily, when a page first needs them.
+patients and models. Events are read from the library lazily, when a page first needs them,
+and shared with the other sessions on the library (:mod:`ui.shared`) rather than copied.
 If the library cannot be opened, the store keeps working in memory and says so.
+
+Several people may work on one library at once, each in their own browser session and store:
+how a session reads the library and keeps up with what the others change is
+:class:`ui.library_view.LibraryView`, which :class:`Store` is made of with what it writes.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 import uuid
+import weakref
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
 from gating_core.gates import AxisScale, GateError, GateTree, panel_scale
 from gating_core.labels import Provenance
-from ui.patient_record import PatientRecord, StoredResult, _new_token, _novelty_details
+from ui.library_view import LibraryView, _library_token
+from ui.patient_record import PatientRecord, _new_token, _novelty_details
 
 DEFAULT_LIBRARY = "workspace"
 
 
-class Store:
+def _session_ended(work_dir: str) -> None:
+    """When a session's store is gone: its temporary folder goes, and the memory it held is
+    handed back to the system rather than kept by the allocator."""
+    from ui.shared import release_free_memory_soon
+
+    shutil.rmtree(work_dir, ignore_errors=True)
+    release_free_memory_soon()
+
+
+class Store(LibraryView):
     """All state of one browser session, written through to the patient library."""
 
-    def __init__(self, library_path: str | os.PathLike | None = None):
+    def __init__(self, library_path: str | os.PathLike | None = None, session_id: str | None = None,
+                 session_name: str = ""):
+        self.session_id = session_id or uuid.uuid4().hex[:8]
+        self.session_name = session_name
         self.patients: dict[str, PatientRecord] = {}
         self.display_transforms: dict[str, AxisScale] = {}  # $PnN -> the panel's scale (see panel_transform)
         self.models: dict[str, object] = {}
@@ -41,7 +60,13 @@ class Store:
         self.warnings: list[str] = []
         self.seen_uploads: set[str] = set()
         self.adopted_jobs: set[str] = set()  # background jobs whose results this session took up
+        # Models others trained, offered rather than made current: {"model_id", "label", "by", "settings"}
+        self.model_offers: list[dict] = []
+        self.changes_seen: list[str] = []  # what others changed, said once on the page that shows it
+        self._unplaced_models: list[str] = []  # new in the library; offered once it is known who trained them
+        self._seen_changes: int | None = None
         self.work_dir = Path(tempfile.mkdtemp(prefix="gating-app-"))
+        weakref.finalize(self, _session_ended, str(self.work_dir))
         self.library = None
         self.library_error: str | None = None
         self.library_path = str(library_path or os.environ.get("GATING_LIBRARY") or DEFAULT_LIBRARY)
@@ -54,10 +79,14 @@ class Store:
 
         self.library_path = str(path)
         self.patients, self.models, self.model_ids, self.current_model = {}, {}, {}, None
-        self.display_transforms = {}
+        self.display_transforms, self.model_offers, self._unplaced_models = {}, [], []
         try:
             library = PatientLibrary(path)
+            # Read before the catalog: a change committed meanwhile is taken up at the next sync.
+            self._seen_changes = library.change_counter()
             infos = library.patients()
+            versions = library.patient_versions()
+            model_infos = library.models()
         except LibraryError as exc:
             self.library, self.library_error = None, str(exc)
             return
@@ -67,24 +96,10 @@ class Store:
                 self.display_transforms[pnn] = AxisScale.from_dict(stored)
             except GateError as exc:
                 self.warnings.append(f"display transform of {pnn} could not be read ({exc})")
-        for info in infos:
-            name = info.name
-            record = PatientRecord(
-                name, sample_loader=lambda n=name: library.load_sample(n, compensate=True), n_events=info.n_events,
-                labels_loader=lambda n=name: library.load_labels(n), labeled=info.labeled, channel_names=info.channels,
-                label_source=Provenance.short(info.label_provenance))
-            record.file_name = next((s.get("path", "") for s in info.sources if s.get("role") == "fcs"), "")
-            if info.has_gates:
-                try:
-                    record.gate_tree = GateTree.from_dict(library.load_gates(name))
-                except (GateError, LibraryError) as exc:
-                    self.warnings.append(f"{name}: stored gates could not be read ({exc})")
-            if info.gate_result:
-                record.result_loader = lambda n=name: self._stored_result(n)
-                record.result_model = str(info.gate_result.get("model_id", ""))
-            self.patients[name] = record
-        for minfo in library.models():
+        for minfo in model_infos:  # before the patients: their results name these models
             self._register_stored_model(minfo)
+        for info in infos:
+            self.patients[info.name] = self._record_of(info, versions.get(info.name))
         self.evaluation = None
         check = self.reload_check_record()
         if check is not None:
@@ -98,27 +113,6 @@ class Store:
         check = self.library.load_check_result() if self.library is not None else None
         self.check_record = None if check is None else {k: v for k, v in check.items() if k != "table"}
         return check
-
-    def _stored_result(self, name):
-        record = self.library.load_gate_result(name)
-        if record is None:
-            return None
-        novelty = record.details.get("novelty")
-        return StoredResult(np.asarray(record.populations).astype(object), np.asarray(record.confidence, dtype=float),
-                            SimpleNamespace(**novelty) if novelty else None, dict(record.counts), dict(record.details))
-
-    def _register_stored_model(self, minfo) -> None:
-        from gating_core.iw_model import load_any_model  # a GatingModel or an IW Nystroem model file
-
-        label = f"{minfo.name} (v{minfo.version})"
-        try:
-            model = load_any_model(self.library.model_path(minfo.id))
-        except Exception as exc:  # a model file from another version: shown, not fatal
-            self.warnings.append(f"model {label} could not be loaded ({exc})")
-            return
-        self.models[label] = model
-        self.model_ids[label] = minfo.id
-        self.current_model = label
 
     def _persist(self, action: str, fn, *args, **kwargs):
         """Run a library write; on failure keep the session going and report it."""
@@ -143,18 +137,31 @@ class Store:
         record = PatientRecord(name, sample, labels=None, file_name=file_name)
         if labels is not None:
             record.set_labels(labels, label_source)
+        if self.library is not None:
+            from gating_core.library import ConflictError
+
+            try:
+                self.library.add_patient(sample, None if labels is None else record.labels, name=name,
+                                         provenance=Provenance.from_short(label_source, Provenance.IMPORTED),
+                                         label_source=file_name or None)
+            except ConflictError:
+                self.refresh()  # shows theirs
+                raise ValueError("another session added a patient of that name meanwhile; "
+                                 "it is in the list, this file was not loaded again") from None
+            except Exception as exc:
+                self.warnings.append(f"Not saved to the library (add patient): {exc}")
         self.patients[name] = record
-        self._persist("add patient", self.library.add_patient if self.library is not None else None, sample,
-                      None if labels is None else record.labels, name=name,
-                      provenance=Provenance.from_short(label_source, Provenance.IMPORTED), label_source=file_name or None)
         return record
 
     def set_labels(self, name: str, labels, source: str) -> None:
         record = self.patients[name]
         record.set_labels(labels, source)
         if self.library is not None:
-            self._persist("labels", self.library.set_labels, name, record.labels,
-                          Provenance.from_short(source, Provenance.DRAWN), source=source)
+            labeling = self._persist("labels", self.library.set_labels, name, record.labels,
+                                     Provenance.from_short(source, Provenance.DRAWN), source=source)
+            if labeling is not None:
+                self._note_version(name, labeling=labeling)
+                record.review_labeling = labeling
 
     def label_versions(self, name: str) -> list[dict]:
         """Every labeling the library keeps for the patient, oldest first (``label_history``)."""
@@ -168,7 +175,9 @@ class Store:
 
         record = self.patients[name]
         try:
-            self.library.restore_labels(name, labeling_id)
+            labeling = self.library.restore_labels(name, labeling_id)
+            self._note_version(name, labeling=labeling)
+            record.review_labeling = labeling
             labels = self.library.load_labels(name)
             provenance = next(v["provenance"] for v in self.library.label_history(name) if v["current"])
         except LibraryError as exc:
@@ -180,14 +189,18 @@ class Store:
         if push_history:
             record.history.push(record.gate_tree)
         record.gate_tree = tree
-        if self.library is not None:
-            self._persist("gates", self.library.save_gates, name, tree.to_dict())
+        self._save_gates(name, tree)
 
     def undo_gates(self, name: str) -> None:
         record = self.patients[name]
         record.gate_tree = record.history.undo()
+        self._save_gates(name, record.gate_tree)
+
+    def _save_gates(self, name: str, tree: GateTree) -> None:
         if self.library is not None:
-            self._persist("gates", self.library.save_gates, name, record.gate_tree.to_dict())
+            gate_set = self._persist("gates", self.library.save_gates, name, tree.to_dict())
+            if gate_set is not None:
+                self._note_version(name, gates=gate_set)
 
     def remove_patient(self, name: str) -> None:
         self.patients.pop(name, None)
@@ -209,7 +222,11 @@ class Store:
                 raise ValueError(str(exc)) from None
         record._sample, record._sample_loader = sample, None
         record.channel_names = list(sample.pnn)
-        record.token = _new_token()
+        if record.version is not None:
+            self._note_version(name, channels=tuple(sample.pnn))
+            record.token = _library_token(record.version["id"], sample.pnn)
+        else:
+            record.token = _new_token()
 
     # the panel's display and gating transforms ----------------------------------------------
     def panel_transform(self, pnn: str) -> AxisScale:
@@ -279,17 +296,23 @@ class Store:
         return label
 
     def adopt_model(self, model, model_id: str | None, name: str) -> str:
-        """Take up a model a background job trained (and stored in the library as ``model_id``);
-        returns its label. A model this session already knows is not added twice."""
+        """Make the model this session's training produced (stored in the library as
+        ``model_id``, read from there when ``model`` is None) the current one; returns its label.
+        A model this session already knows is not added twice."""
+        self.model_offers = [o for o in self.model_offers if o["model_id"] != model_id]
         for label, known_id in self.model_ids.items():
             if model_id is not None and known_id == model_id:
+                self.current_model = label
                 return label
         if model_id is None or self.library is None:
-            if name in self.models:
-                return name
-            self.models[name] = model
+            if name not in self.models:
+                self.models[name] = model
             self.current_model = name
             return name
+        if model is None:
+            from ui import shared
+
+            model = shared.library_model(self.library, model_id)
         return self._make_current(model, model_id)
 
     def model(self):
@@ -297,8 +320,12 @@ class Store:
 
     # auto-gate results --------------------------------------------------------------------
     def set_result(self, name: str, result, model_label: str) -> None:
+        """Keep an auto-gate result with the label of the model that made it (stored with it)."""
         record = self.patients[name]
         record.set_result(result, model_label)
+        # The review starts from the labels the patient has now: accepting it later replaces
+        # these, and is refused if someone else replaced them first.
+        record.review_labeling = record.version["labeling"] if record.version is not None else None
         self._save_result(name, result.populations, result.confidence, model_label, _novelty_details(result))
 
     def correct(self, name: str, populations, confidence) -> None:
@@ -350,25 +377,49 @@ class Store:
         model_id = self.model_ids.get(model_label)
         if self.library is None or model_id is None:
             return
-        self._persist("auto-gate result", self.library.save_gate_result, name, model_id,
-                      np.asarray(populations).astype(str), np.clip(np.asarray(confidence, dtype=float), 0, 1),
-                      details)
+        details = {**details, "model": str(model_label)}
+        result_id = self._persist("auto-gate result", self.library.save_gate_result, name, model_id,
+                                  np.asarray(populations).astype(str),
+                                  np.clip(np.asarray(confidence, dtype=float), 0, 1), details)
+        if result_id is not None:
+            self._note_version(name, result=result_id)
 
     def accept(self, name: str) -> None:
-        """The reviewed populations become the patient's labels (it joins the historical ones)."""
+        """The reviewed populations become the patient's labels (it joins the historical ones).
+
+        Refused (ValueError, nothing changed) when another session replaced the patient's labels
+        since this review started, e.g. accepted it first: the message says whose they are now,
+        and a second accept, made knowing it, replaces them (theirs stay as a label version)."""
+        from gating_core.library import ConflictError, LibraryError
+        from gating_core.library.labels import UNCHECKED
+
         record = self.patients[name]
         populations = np.asarray(record.populations).astype(object)
+        if self.library is not None:
+            expected = record.review_labeling if record.version is not None else UNCHECKED
+            try:
+                has_result = (record.version["result"] is not None if record.version is not None
+                              else self.library.patient(name).gate_result is not None)
+                if has_result:
+                    labeling = self.library.accept_gate_result(name, populations.astype(str),
+                                                               expected_labeling=expected)
+                else:
+                    labeling = self.library.set_labels(name, populations.astype(str), "auto-gate accepted after review",
+                                                       source="app review", expected_labeling=expected)
+            except ConflictError as exc:
+                record.review_labeling = self.library.current_labeling(name)
+                self.refresh()
+                raise ValueError(f"{name} was not accepted: {exc.problem}. Your review was not stored; accept "
+                                 "again to replace those labels with it (they stay as an earlier label "
+                                 "version).") from None
+            except LibraryError as exc:
+                self.warnings.append(f"Not saved to the library (accept): {exc}")
+            else:
+                self._note_version(name, labeling=labeling)
+                record.review_labeling = labeling
         if record.autogates is not None:  # the reviewed auto-gates become the patient's gates
             self.save_gates(name, GateTree.from_dict(record.autogates["tree"]))
         record.set_labels(populations, "auto-gate (reviewed)")
-        if self.library is None:
-            return
-        stored = self._persist("read result", self.library.load_gate_result, name)
-        if stored is not None:
-            self._persist("accept", self.library.accept_gate_result, name, populations.astype(str))
-        else:
-            self._persist("labels", self.library.set_labels, name, populations.astype(str),
-                          "auto-gate accepted after review", source="app review")
 
 
 def describe_library(store: Store) -> str:

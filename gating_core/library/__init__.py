@@ -10,6 +10,7 @@ holds which part (patients, importing, labels, gates, models, results, audit).
 """
 
 from gating_core.library.common import (
+    ConflictError,
     DEFAULT_LIBRARY,
     LIBRARY_ENV,
     LibraryError,
@@ -24,7 +25,7 @@ from gating_core.library.results import GateResultRecord
 from gating_core.library.privacy import identifying_keys, is_allowed, is_identifying, strip_identifying
 
 __all__ = [
-    "DEFAULT_LIBRARY", "LIBRARY_ENV", "GateResultRecord", "LibraryError", "ModelInfo", "PatientInfo",
-    "PatientLibrary", "Provenance", "default_library_path", "normalise_name", "identifying_keys",
+    "ConflictError", "DEFAULT_LIBRARY", "LIBRARY_ENV", "GateResultRecord", "LibraryError", "ModelInfo",
+    "PatientInfo", "PatientLibrary", "Provenance", "default_library_path", "normalise_name", "identifying_keys",
     "is_allowed", "is_identifying", "strip_identifying",
 ]

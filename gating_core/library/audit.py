@@ -22,6 +22,14 @@ class AuditMixin:
                      "VALUES (?, ?, ?, ?, ?, ?, ?)",
                      (now, action, patient_id, patient_name, model_id, _actor(), json.dumps(_jsonable(details))))
 
+    def change_counter(self) -> int:
+        """A number that grows with every change committed to the catalog (each one writes an
+        audit entry in its transaction, and entries are never removed): one indexed read, so an
+        app may ask on every screen refresh whether anything changed since it last looked.
+        The display transforms and the held-out check (JSON files beside the catalog) are not counted."""
+        with self._connect() as conn:
+            return int(conn.execute("SELECT COALESCE(MAX(id), 0) FROM audit").fetchone()[0])
+
     def audit_log(self, patient: str | None = None, *, limit: int | None = None) -> list[dict]:
         """Audit entries, oldest first: at, action, patient, model_id, actor, details.
         ``patient`` filters by name (entries of removed patients with that name included)."""

@@ -47,6 +47,11 @@ class LibraryError(GatingCoreError):
         super().__init__(prefix + problem)
 
 
+class ConflictError(LibraryError):
+    """Refused because another session or process changed the same thing first (a patient added
+    under the same name, labels replaced since they were read); nothing was changed."""
+
+
 def default_library_path() -> Path:
     """``$GATING_LIBRARY`` when set, else ``./workspace``."""
     return Path(os.environ.get(LIBRARY_ENV) or DEFAULT_LIBRARY)

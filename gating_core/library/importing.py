@@ -17,8 +17,8 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from gating_core.fcs import FCSError, Sample
-from gating_core.library.common import (LibraryError, Provenance, _as_labels, _is_utf8, _name_key, _now, _printable,
-                                        normalise_name)
+from gating_core.library.common import (ConflictError, LibraryError, Provenance, _as_labels, _is_utf8, _name_key,
+                                        _now, _printable, normalise_name)
 import gating_core.library.catalog as catalog
 import gating_core.library.storage as storage
 import gating_core.library.common as common
@@ -183,8 +183,8 @@ class ImportMixin:
                 for item in staged:
                     if conn.execute("SELECT 1 FROM patients WHERE name_key = ?",
                                     (_name_key(item.name),)).fetchone():
-                        raise LibraryError("is already in the library (added meanwhile by another session)",
-                                           patient=item.name)
+                        raise ConflictError("is already in the library (added meanwhile by another session)",
+                                            patient=item.name)
                     placed += self._insert_patient(conn, item, action)
                 storage.fsync_dir(self.data_dir)
                 common._checkpoint("files-in-place")

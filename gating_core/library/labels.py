@@ -11,10 +11,14 @@ from typing import Sequence
 import numpy as np
 
 from gating_core.fcs import Sample
-from gating_core.library.common import LibraryError, Provenance, _as_labels, _now, _population_counts
+from gating_core.library.common import (ConflictError, LibraryError, Provenance, _as_labels, _now,
+                                        _population_counts)
 import gating_core.library.catalog as catalog
 import gating_core.library.storage as storage
 import gating_core.library.common as common
+
+#: ``expected_labeling``'s default: labels are replaced whatever they are now.
+UNCHECKED = object()
 
 
 class LabelsMixin:
@@ -89,12 +93,31 @@ class LabelsMixin:
         return samples, labels
 
     def set_labels(self, name: str, labels, provenance: str, *, source: str | None = None,
-                   model_id: str | None = None) -> int:
+                   model_id: str | None = None, expected_labeling=UNCHECKED) -> int:
         """Make ``labels`` (str, shape (n_events,)) the patient's current labels; the earlier ones
-        stay in :meth:`label_history`. Returns the labeling id."""
-        return self._set_labels(name, labels, provenance, source=source, model_id=model_id)
+        stay in :meth:`label_history`. Returns the labeling id.
 
-    def _set_labels(self, name, labels, provenance, *, source=None, model_id=None, gate_result_id=None) -> int:
+        ``expected_labeling``: the labeling id (None: no labels) the caller last saw as current;
+        when given and the patient's current labels are another (someone replaced them since),
+        a :class:`ConflictError` says whose they are and nothing is changed."""
+        return self._set_labels(name, labels, provenance, source=source, model_id=model_id,
+                                expected_labeling=expected_labeling)
+
+    def current_labeling(self, name: str) -> int | None:
+        """The id of the patient's current labels (None when unlabeled): what ``expected_labeling`` takes."""
+        with self._connect() as conn:
+            return self._patient_row(conn, name)["current_labeling"]
+
+    @staticmethod
+    def _labels_changed(conn, row) -> ConflictError:
+        found = conn.execute("SELECT provenance, created_at FROM labelings WHERE id = ?",
+                             (row["current_labeling"],)).fetchone()
+        now = (f"its labels are now \"{found['provenance']}\", saved {found['created_at'][:16].replace('T', ' ')} UTC"
+               if found is not None else "its labels were removed")
+        return ConflictError(f"its labels were changed meanwhile by another session ({now})", patient=row["name"])
+
+    def _set_labels(self, name, labels, provenance, *, source=None, model_id=None, gate_result_id=None,
+                    expected_labeling=UNCHECKED) -> int:
         if provenance not in Provenance.ALL:
             raise LibraryError(f"unknown label provenance {provenance!r}; one of {Provenance.ALL}", patient=name)
         info = self.patient(name)
@@ -104,7 +127,9 @@ class LabelsMixin:
             with self._connect() as conn, catalog.write_transaction(conn):
                 row = self._patient_row(conn, name)
                 if row["id"] != info.id:
-                    raise LibraryError("was replaced by another session meanwhile", patient=name)
+                    raise ConflictError("was replaced by another session meanwhile", patient=name)
+                if expected_labeling is not UNCHECKED and row["current_labeling"] != expected_labeling:
+                    raise self._labels_changed(conn, row)
                 if gate_result_id is not None:
                     conn.execute("UPDATE gate_results SET status = 'accepted' WHERE id = ?", (gate_result_id,))
                 now = _now()

@@ -29,10 +29,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
+import threading
+from contextlib import contextmanager
 from pathlib import Path
 
-from gating_core.library.common import CATALOG_NAME, LibraryError, _jsonable, default_library_path
+try:
+    import fcntl
+except ImportError:  # Windows: the lock holds between the threads of one process only
+    fcntl = None
+
+from gating_core.library.common import CATALOG_NAME, LibraryError, _jsonable, _now, default_library_path
 import gating_core.library.catalog as catalog
 import gating_core.library.storage as storage
 from gating_core.library.patients import PatientsMixin
@@ -48,6 +56,10 @@ from gating_core.library.common import (DEFAULT_LIBRARY, LIBRARY_ENV, MAX_NAME_L
 from gating_core.library.models import ModelInfo  # noqa: F401
 from gating_core.library.patients import PatientInfo  # noqa: F401
 from gating_core.library.results import GateResultRecord  # noqa: F401
+
+
+_folder_locks: dict[str, threading.Lock] = {}
+_folder_locks_guard = threading.Lock()
 
 
 class PatientLibrary(PatientsMixin, ImportMixin, LabelsMixin, GatesMixin, ModelsMixin, ResultsMixin,
@@ -128,6 +140,36 @@ class PatientLibrary(PatientsMixin, ImportMixin, LabelsMixin, GatesMixin, Models
                 known = {Path(r[0]).name for r in conn.execute("SELECT relpath FROM files")}
                 for name in sorted(on_disk - known):
                     (self.data_dir / name).unlink(missing_ok=True)
+
+    def run_once(self, name: str, work) -> bool:
+        """Run ``work()`` once for this library folder, whichever thread or process asks first.
+
+        Callers queue on a lock (a lock file beside the catalog, held with ``flock`` where the
+        system has it, and a lock per folder between the threads of this process). The first
+        finds no marker ``<name>.done``, runs ``work`` and writes the marker when it returns; the
+        others wait until then and return False without running anything. A ``work`` that raises
+        writes no marker, so the next caller runs it again. Returns whether this call ran it."""
+        if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,40}", name):
+            raise ValueError(f"run_once name must be lowercase letters, digits and '-', got {name!r}")
+        marker = self.path / f"{name}.done"
+        if marker.exists():
+            return False
+        with self._exclusive(name):
+            if marker.exists():
+                return False
+            work()
+            self._write_json(marker.name, {"done_at": _now()})
+        return True
+
+    @contextmanager
+    def _exclusive(self, name: str):
+        key = f"{self.path.resolve()}/{name}"
+        with _folder_locks_guard:
+            lock = _folder_locks.setdefault(key, threading.Lock())
+        with lock, open(self.path / f"{name}.lock", "a") as handle:
+            if fcntl is not None:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX)  # released when the file is closed
+            yield
 
     def _read_json(self, file_name: str):
         try:

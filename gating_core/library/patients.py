@@ -101,6 +101,20 @@ class PatientsMixin:
             rows = conn.execute("SELECT * FROM patients ORDER BY created_at, name").fetchall()
             return [self._info(conn, row) for row in rows]
 
+    def patient_versions(self) -> dict[str, tuple]:
+        """What may change of each patient, in one query and without reading any file: name ->
+        (patient id, channel names, current labeling id, latest auto-gate result id, latest gate
+        set id). Two calls give equal tuples when nothing of that patient changed between them."""
+        with self._connect() as conn:
+            rows = conn.execute(
+                "SELECT p.name, p.id, p.current_labeling, "
+                "(SELECT group_concat(pnn, char(31)) FROM "
+                " (SELECT pnn FROM channels c WHERE c.patient_id = p.id ORDER BY position)), "
+                "(SELECT MAX(id) FROM gate_results g WHERE g.patient_id = p.id), "
+                "(SELECT MAX(id) FROM gate_sets s WHERE s.patient_id = p.id) "
+                "FROM patients p ORDER BY p.created_at, p.name").fetchall()
+        return {r[0]: (r[1], tuple((r[3] or "").split("\x1f")), r[2], r[4], r[5]) for r in rows}
+
     def patient(self, name: str) -> PatientInfo:
         with self._connect() as conn, catalog.read_transaction(conn):
             return self._info(conn, self._patient_row(conn, name))

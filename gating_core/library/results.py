@@ -15,6 +15,7 @@ from gating_core.library.common import LibraryError, Provenance, _as_labels, _js
 import gating_core.library.catalog as catalog
 import gating_core.library.storage as storage
 import gating_core.library.common as common
+from gating_core.library.labels import UNCHECKED
 
 
 @dataclass
@@ -98,10 +99,11 @@ class ResultsMixin:
                                 json.loads(result["counts_json"]), json.loads(result["details_json"]),
                                 populations, confidence)
 
-    def accept_gate_result(self, name: str, populations=None) -> int:
+    def accept_gate_result(self, name: str, populations=None, *, expected_labeling=UNCHECKED) -> int:
         """Make the latest auto-gate result (or the reviewer's corrected ``populations``) the
         patient's labels, with provenance "auto-gate accepted after review" and the model's id.
-        Returns the labeling id."""
+        Returns the labeling id. ``expected_labeling``: as :meth:`set_labels` takes it (a review
+        based on labels someone has replaced since is refused, not stored over theirs)."""
         result = self.load_gate_result(name)
         if result is None:
             raise LibraryError("has no auto-gate result to accept", patient=name)
@@ -110,4 +112,5 @@ class ResultsMixin:
                                                                  result.populations)
         return self._set_labels(name, labels, Provenance.AUTO_ACCEPTED,
                                 source=f"gate result {result.id}" + (" (edited in review)" if edited else ""),
-                                model_id=result.model_id, gate_result_id=result.id)
+                                model_id=result.model_id, gate_result_id=result.id,
+                                expected_labeling=expected_labeling)
