@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
+from sklearn.discriminant_analysis import LinearDiscriminantAnalysis, QuadraticDiscriminantAnalysis
+from sklearn.ensemble import HistGradientBoostingClassifier
 
 from gating_core.digest import digest_patient, infer_cell_groups
 from gating_core.model import GatingModel
@@ -27,7 +28,13 @@ METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda")
 #: Every method evaluate can run (METHODS are the default set).
 ALL_METHODS = METHODS + ("marginal-alone", "marginal-auto", "marginal-em", "marginal-quantile", "dica-pooling")
 #: Methods that are not a GatingModel: fitted per fold, ``predict(sample)`` gives labels.
-PREDICTOR_METHODS = ("lda", "dica-pooling")
+PREDICTOR_METHODS = ("lda", "qda", "trees", "dica-pooling")
+# Standard methods beside LDA: quadratic discriminant analysis and gradient-boosted trees
+# (scikit-learn's HistGradientBoostingClassifier), on the same cells.
+ALL_METHODS += ("qda", "trees")
+# What each part of the default adds: the default without the adapted populations, with them
+# alone, without the shift augmentation.
+ALL_METHODS += ("marginal-no-adaptive", "adaptive-lda", "marginal-no-augment")
 # The papers' further baselines (issue 10, item 3).
 ALL_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5")
 # DICA before marginal transfer (issue 10, item 1): the paper's distributional variant.
@@ -72,6 +79,12 @@ METHOD_SETTINGS = {
     "marginal-single-bandwidth": {"method": "marginal", "bandwidth_x_hedge": None},
     # The default without its self-training step at gating time (session 12's default).
     "marginal-no-self-training": {"method": "marginal", "self_training": False},
+    # The transfer model alone, without the populations adapted to each patient.
+    "marginal-no-adaptive": {"method": "marginal", "adaptive_weight": 0.0},
+    # The adapted populations alone (LDA refitted to each patient by EM).
+    "adaptive-lda": {"method": "marginal", "adaptive_weight": 1.0},
+    # The default without the shift augmentation of its training patients.
+    "marginal-no-augment": {"method": "marginal", "n_augment": 0},
     # Every hyperparameter chosen for the worst held-out group of the cross-validation.
     "marginal-select-worst": {"method": "marginal", "selection_objective": "worst"},
     # Supervised DICA on the fold's training patients, then the default marginal model on the
@@ -88,29 +101,48 @@ METHOD_SETTINGS = {
 }
 
 
-class LDABaseline:
-    """LDA on the transformed, standardised channels, trained on all patients' cells pooled.
+class PooledBaseline:
+    """A standard classifier on the transformed, standardised channels, trained on all
+    patients' cells pooled: LDA (``"lda"``), QDA (``"qda"``) or gradient-boosted trees
+    (``"trees"``, scikit-learn's HistGradientBoostingClassifier with its defaults).
 
     Each training patient contributes the same seeded uniform draw of cells as a GatingModel
     with ``class_balance=0`` (a :class:`~gating_core.digest.PatientDigest`); channels and
     transform are chosen the same way.
     """
 
-    def __init__(self, cells_per_patient=4000, compensate=True, random_state=0):
+    def __init__(self, kind="lda", cells_per_patient=4000, compensate=True, random_state=0):
+        self.kind = kind
         self.cells_per_patient = cells_per_patient
         self.compensate = compensate
         self.random_state = random_state
+
+    def _estimator(self):
+        if self.kind == "lda":
+            return LinearDiscriminantAnalysis()
+        if self.kind == "qda":
+            # A light ridge on each population's covariance: a small population with a flat
+            # channel would otherwise have a singular one.
+            return QuadraticDiscriminantAnalysis(reg_param=1e-3)
+        if self.kind == "trees":
+            return HistGradientBoostingClassifier(random_state=self.random_state)
+        raise ValueError(f"unknown baseline {self.kind!r}")
 
     def fit(self, samples, labels):
         self.preprocessing_ = GatingModel(compensate=self.compensate, cells_per_patient=self.cells_per_patient,
                                           random_state=self.random_state, class_balance=0.0)
         cells, drawn_labels = self.preprocessing_.standardised_training_cells(samples, labels)
-        self.lda_ = LinearDiscriminantAnalysis().fit(np.vstack(cells), np.concatenate(drawn_labels))
-        self.populations_ = [str(c) for c in self.lda_.classes_]
+        self.estimator_ = self._estimator().fit(np.vstack(cells), np.concatenate(drawn_labels))
+        self.populations_ = [str(c) for c in self.estimator_.classes_]
         return self
 
     def predict(self, sample) -> np.ndarray:
-        return self.lda_.predict(self.preprocessing_.standardised_cells(sample))
+        return self.estimator_.predict(self.preprocessing_.standardised_cells(sample))
+
+
+def LDABaseline(cells_per_patient=4000, compensate=True, random_state=0) -> PooledBaseline:
+    """LDA on the transformed, standardised channels (:class:`PooledBaseline`)."""
+    return PooledBaseline("lda", cells_per_patient, compensate, random_state)
 
 
 def infer_patient_groups(samples, labels, random_state=0) -> list[str]:
@@ -204,6 +236,39 @@ def leave_one_group_out(samples, labels, groups, methods=METHODS, model_params=N
                           refit=refit)
 
 
+def train_on_one_group(samples, labels, groups, methods=METHODS, model_params=None, progress=None) -> pd.DataFrame:
+    """Train on ONE group (center, batch, run), gate every patient of the others; each group in
+    turn. With two groups this is leaving one group out, both ways; with more, the hardest
+    direction: everything the model knows comes from one run. Protocol "train-on-one-group",
+    held_out the group trained on (prefixed "trained on ")."""
+    groups = [str(g) for g in groups]
+    if len(groups) != len(samples):
+        raise ValueError(f"{len(groups)} group labels for {len(samples)} patients")
+    distinct = sorted(set(groups), key=groups.index)
+    if len(distinct) < 2:
+        raise ValueError("training on one group needs patients from at least two groups")
+    small = [g for g in distinct if groups.count(g) < 2]
+    if small:
+        raise ValueError(f"training on one group needs two or more patients in each group: {', '.join(small)}")
+    held = [[i for i, g in enumerate(groups) if g != name] for name in distinct]
+    return _held_out_runs(samples, labels, held, methods, model_params, progress, groups, "train-on-one-group",
+                          [f"trained on {name}" for name in distinct], refit="full")
+
+
+def patient_folds(samples, labels, n_folds=2, methods=METHODS, model_params=None, progress=None, groups=None,
+                  seed=0) -> pd.DataFrame:
+    """K-fold over patients: the patients split at random (seeded) into ``n_folds`` folds, each
+    gated by a model trained on the others. Protocol "<K>-fold-over-patients"."""
+    if not 2 <= n_folds <= len(samples):
+        raise ValueError(f"{n_folds} folds over {len(samples)} patients")
+    order = np.random.default_rng(np.random.SeedSequence([int(seed), 41])).permutation(len(samples))
+    held = [sorted(int(i) for i in order[k::n_folds]) for k in range(n_folds)]
+    if min(len(samples) - len(h) for h in held) < 2:
+        raise ValueError("every fold needs at least two training patients")
+    return _held_out_runs(samples, labels, held, methods, model_params, progress, groups,
+                          f"{n_folds}-fold-over-patients", [f"fold {k + 1}" for k in range(n_folds)], refit="full")
+
+
 def held_out_evaluation(samples, labels, held_out_sets, protocol: str, methods=METHODS, model_params=None,
                         progress=None, groups=None, names=None, refit="full") -> pd.DataFrame:
     """Train without each set of patients in ``held_out_sets`` (lists of indices), gate that set.
@@ -272,9 +337,9 @@ def _fold_models(method, samples, labels, held_out_sets, model_params, groups, r
         train_samples = [samples[i] for i in train]
         train_labels = [labels[i] for i in train]
         progress(f"fold {k + 1} of {len(held_out_sets)}", k / len(held_out_sets))
-        if method == "lda":
-            yield LDABaseline(random_state=(model_params or {}).get("random_state", 0)).fit(train_samples,
-                                                                                          train_labels)
+        if method in ("lda", "qda", "trees"):
+            yield PooledBaseline(method, random_state=(model_params or {}).get("random_state", 0)).fit(
+                train_samples, train_labels)
         elif method == "iw-nystroem":
             from gating_core.iw_model import IWNystroemGatingModel
 

@@ -181,12 +181,15 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
     for f, companion in zip(with_companion, companions):
         models[f].pooled_classifier_ = companion
 
-    for model, kept in zip(models, kept_sets):
+    for f, (model, kept) in enumerate(zip(models, kept_sets)):
         fold_labels = [drawn[i] for i in kept]
         model.populations_ = [str(c) for c in model.classifier_.classes_]
         model.class_prior_ = training_prior(fold_labels, model.classifier_.classes_)
         model.training_patients_ = [names[i] for i in kept]
         model._fit_novelty()
+        report("Weighing the adapted populations in every fold", 0.85 + 0.15 * f / len(models))
+        model._fit_adaptive([cells[i] for i in kept], [embedding_cells[i] for i in kept], fold_labels,
+                            fold_params[f], lambda stage, fraction: None)
     report("Done", 1.0)
     return models
 

@@ -13,6 +13,7 @@ import numbers
 import numpy as np
 from sklearn.base import BaseEstimator
 
+from gating_core.adaptive_lda import AdaptiveLDA
 from gating_core.classifier import SCORE_BLOCK, MarginalTransferClassifier
 from gating_core.cpus import with_blas_threads
 from gating_core.alignment import QuantileRegistration, channel_quantiles
@@ -41,6 +42,12 @@ DEFAULT_BANDWIDTH_X_HEDGE = 0.5
 POOLED_ALPHA = 1e-5
 #: Model selection runs on at most this many patients (a seeded draw beyond: selection_patients).
 SELECTION_MAX_PATIENTS = 50
+#: The adapted populations' share of the final probabilities (GatingModel's ``adaptive_weight``):
+#: chosen among these by cross-validation over groups ("auto").
+ADAPTIVE_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+DEFAULT_ADAPTIVE_WEIGHT = "auto"
+#: With fewer than two groups to hold out, "auto" takes this weight.
+FALLBACK_ADAPTIVE_WEIGHT = 0.5
 
 
 class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
@@ -143,6 +150,19 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         sigma' are not selected (they mean nothing to it). Its pooled companion is kept and is
         consistent with it: a logistic regression on [x, 1] (a linear logistic model), with no
         sigma_X to select. Needs ``solver="rff"``.
+    adaptive_weight : "auto" or float in [0, 1], default="auto"
+        The share of the patient's own populations in the final probabilities:
+        ``(1 - g) p_transfer + g p_adapted``, where ``p_adapted`` comes from Gaussian
+        populations with one shared covariance (LDA) fitted on the training patients and
+        adapted to each gated patient by EM over its own content-chosen cells
+        (:class:`~gating_core.adaptive_lda.AdaptiveLDA`). A discriminative model, however
+        flexible, extrapolates its training boundaries when a patient's population sits beyond
+        where any training patient had it (a batch or center effect); the adapted populations
+        follow it. Where populations are no single Gaussians, the transfer model is the better
+        one. "auto": g from ``ADAPTIVE_WEIGHTS`` by cross-validation over groups (each fold
+        refits both parts with the hyperparameters selected on all patients and scores the
+        held-out groups' patients), the highest sum of mean and worst-patient accuracy, ties to
+        the smaller g. 0: the transfer model alone.
     self_training : bool, default=True
         At gating time, move each patient's gates towards its own confident cells
         (:mod:`gating_core.self_training`): the more confident half of every population the
@@ -180,6 +200,9 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     companion_bandwidth_x_ : float or None  the companion's own selected sigma_X (None: the main model's)
     hedge_classifier_ : MarginalTransferClassifier or None
         The marginal model's second fit (see ``bandwidth_x_hedge``); None when there is none.
+    adaptive_lda_ : AdaptiveLDA or None
+        The populations as Gaussians (see ``adaptive_weight``); None when the weight is 0.
+    adaptive_weight_ : float  the adapted populations' share of the final probabilities
     populations_ : list of str
     training_patients_ : list of str
     selection_ : dict  the chosen parameters and the CV table
@@ -199,7 +222,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                  selection_cells_per_patient=1500, selection_objective="mean", random_state=0,
                  task_similarity=0.5, dica=None, dica_components=20, kernel_x="gaussian",
                  class_balance=DEFAULT_CLASS_BALANCE, bandwidth_x_hedge=DEFAULT_BANDWIDTH_X_HEDGE,
-                 self_training=True):
+                 self_training=True, adaptive_weight=DEFAULT_ADAPTIVE_WEIGHT):
         self.method = method
         self.channels = channels
         self.transform = transform
@@ -234,6 +257,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         self.class_balance = class_balance
         self.bandwidth_x_hedge = bandwidth_x_hedge
         self.self_training = self_training
+        self.adaptive_weight = adaptive_weight
 
     # -- training ------------------------------------------------------------------------------
 
@@ -337,6 +361,20 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
             self.selection_.setdefault("params", {})["alpha"] = params["alpha"]
         if params["alpha"] is None:
             params["alpha"] = 1e-4
+        self._check_adaptive_weight()
+        self._fit_transfer(cells, embedding_cells, labels, params, report)
+        self.populations_ = [str(c) for c in self.classifier_.classes_]
+        self.class_prior_ = training_prior(labels, self.classifier_.classes_)
+        self.training_patients_ = [s.name for s in samples]
+        self._fit_novelty()
+        self._fit_adaptive(cells, embedding_cells, labels, params, report)
+        report("Done", 1.0)
+        return self
+
+    def _fit_transfer(self, cells, embedding_cells, labels, params, report, fixed=None):
+        """The transfer model: the classifier, its second fit and its pooled companion.
+        ``fixed`` ({"companion_bandwidth_x", "pooled_weight"}) takes the companion's settings as
+        given instead of choosing them (the folds of :meth:`_choose_adaptive_weight`)."""
         report("Fitting the final model", 0.8)
         self.classifier_ = MarginalTransferClassifier(**params).fit(cells, labels, embedding_samples=embedding_cells,
                                                                     groups=self.groups_)
@@ -347,7 +385,9 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
             self.hedge_classifier_ = MarginalTransferClassifier(**hedge).fit(
                 cells, labels, embedding_samples=embedding_cells, groups=self.groups_)
         self.pooled_classifier_, self.pooled_weight_, self.companion_bandwidth_x_ = None, 0.0, None
-        if self._wants_companion():
+        if fixed is not None:
+            self.companion_bandwidth_x_, self.pooled_weight_ = fixed["companion_bandwidth_x"], fixed["pooled_weight"]
+        elif self._wants_companion():
             self.companion_bandwidth_x_ = self._select_companion_bandwidth(cells, labels, embedding_cells, params,
                                                                            report)
             self.pooled_weight_ = self._choose_pooled_weight(cells, labels, embedding_cells, params, report)
@@ -355,12 +395,96 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
             report("Fitting the pooled companion", 0.9)
             self.pooled_classifier_ = MarginalTransferClassifier(**self._companion_params(params)).fit(
                 cells, labels, embedding_samples=embedding_cells, groups=self.groups_)
-        self.populations_ = [str(c) for c in self.classifier_.classes_]
-        self.class_prior_ = training_prior(labels, self.classifier_.classes_)
-        self.training_patients_ = [s.name for s in samples]
-        self._fit_novelty()
-        report("Done", 1.0)
-        return self
+
+    def _check_adaptive_weight(self):
+        w = self.adaptive_weight
+        if isinstance(w, str):
+            if w != "auto":
+                raise ValueError(f"adaptive_weight must be 'auto' or within [0, 1], got {w!r}")
+        elif isinstance(w, bool) or not isinstance(w, numbers.Real) or not 0.0 <= float(w) <= 1.0:
+            raise ValueError(f"adaptive_weight must be 'auto' or within [0, 1], got {w!r}")
+
+    def _fit_adaptive(self, cells, embedding_cells, labels, params, report):
+        """The adapted populations (``adaptive_lda_``) and their share (``adaptive_weight_``)."""
+        self.adaptive_lda_, self.adaptive_weight_ = None, 0.0
+        if self.adaptive_weight != "auto" and float(self.adaptive_weight) == 0.0:
+            return
+        if self.adaptive_weight == "auto":
+            report("Weighing the adapted populations (cross-validation over groups)", 0.92)
+            weight = self._choose_adaptive_weight(cells, embedding_cells, labels, params)
+        else:
+            weight = float(self.adaptive_weight)
+        if weight > 0:
+            self.adaptive_lda_ = AdaptiveLDA().fit(cells, labels, classes=self.populations_)
+            self.adaptive_weight_ = weight
+
+    def _choose_adaptive_weight(self, cells, embedding_cells, labels, params) -> float:
+        """``adaptive_weight="auto"``: the weight of ``ADAPTIVE_WEIGHTS`` whose mixture gates the
+        held-out groups' patients best (mean plus worst-patient accuracy; ties to the smaller
+        weight).
+
+        Each fold holds out whole groups and refits the transfer model on the others with the
+        hyperparameters selected on all patients (refitting the search in every fold would
+        multiply training by the folds), and the Gaussians likewise; each held-out patient is
+        gated as a new one (its embedding, self-training and EM from its content-chosen cells)
+        on its labeled training cells. The table is ``selection_["adaptive_weight"]``."""
+        groups = list(self.groups_)
+        unique = sorted(set(groups))
+        if len(unique) < 2:
+            self.selection_["adaptive_weight"] = {"chosen": FALLBACK_ADAPTIVE_WEIGHT, "folds": 0,
+                                                  "reason": "fewer than two groups to hold out"}
+            return FALLBACK_ADAPTIVE_WEIGHT
+        rng = np.random.default_rng(np.random.SeedSequence([int(self.random_state or 0), 31]))
+        order = [unique[i] for i in rng.permutation(len(unique))]
+        n_folds = min(int(self.cv_folds), len(unique))
+        accuracy = {w: [] for w in ADAPTIVE_WEIGHTS}
+        fixed = {"companion_bandwidth_x": self.companion_bandwidth_x_, "pooled_weight": self.pooled_weight_}
+        fold_params = dict(params)  # the selected hyperparameters, kept in every fold
+        for j in range(n_folds):
+            held_groups = set(order[j::n_folds])
+            train = [i for i, g in enumerate(groups) if g not in held_groups]
+            held = [i for i, g in enumerate(groups) if g in held_groups]
+            fold = self._fold_copy([groups[i] for i in train], [self.training_patients_[i] for i in train])
+            fold._fit_transfer([cells[i] for i in train], [embedding_cells[i] for i in train],
+                               [labels[i] for i in train], fold_params, lambda stage, f: None, fixed=fixed)
+            fold.populations_ = [str(c) for c in fold.classifier_.classes_]
+            fold.class_prior_ = training_prior([labels[i] for i in train], fold.classifier_.classes_)
+            gaussians = AdaptiveLDA().fit([cells[i] for i in train], [labels[i] for i in train],
+                                          classes=fold.populations_)
+            columns = np.searchsorted(np.asarray(self.populations_), np.asarray(fold.populations_))
+            for i in held:
+                embedding = fold.classifier_.embed(embedding_cells[i])
+                adjust = fold._patient_adjustment(embedding_cells[i], embedding)
+                transfer = fold._adjusted_proba(cells[i], embedding, 50_000, adjust)
+                adapted = AdaptiveLDA.proba(cells[i], gaussians.adapt(embedding_cells[i]))
+                truth = np.asarray(labels[i]).astype(str)
+                for w in ADAPTIVE_WEIGHTS:
+                    mixed = (1.0 - w) * transfer + w * adapted
+                    predicted = np.asarray(self.populations_)[columns[np.argmax(mixed, axis=1)]]
+                    accuracy[w].append(float(np.mean(predicted == truth)))
+        means = {w: float(np.mean(a)) for w, a in accuracy.items()}
+        worst = {w: float(np.min(a)) for w, a in accuracy.items()}
+        # A lab signs every patient: the weight is judged by the mean AND the worst held-out
+        # patient, equally.
+        score = {w: means[w] + worst[w] for w in ADAPTIVE_WEIGHTS}
+        best = max(score.values())
+        chosen = min(w for w, v in score.items() if v >= best - 1e-12)
+        self.selection_["adaptive_weight"] = {
+            "chosen": chosen, "folds": n_folds,
+            "cv_accuracy": {str(w): m for w, m in means.items()},
+            "cv_worst": {str(w): v for w, v in worst.items()}}
+        return chosen
+
+    def _fold_copy(self, groups, patients) -> "GatingModel":
+        """A model with this one's parameters and preprocessing, to fit on some patients only."""
+        fold = GatingModel(**self.get_params(deep=False))
+        for name in ("channels_", "channel_markers_", "transform_", "center_", "scale_", "dica_",
+                     "reference_quantiles_"):
+            setattr(fold, name, getattr(self, name, None))
+        fold.groups_, fold.groups_inferred_ = list(groups), self.groups_inferred_
+        fold.selection_ = dict(self.selection_)
+        fold.training_patients_ = list(patients)
+        return fold
 
     def selection_patients(self, n_patients: int) -> list[int]:
         """Indices of the patients the hyperparameter search runs on: all of them up to
@@ -639,15 +763,30 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
 
     def _adjusted_proba(self, cells, embedding, chunk_size, adjust: PatientAdjustment) -> np.ndarray:
         """The final probabilities of standardised (registered) cells of one patient: the blend
-        (:meth:`_proba`), then ``adjust`` (its prior ratio and self-training step)."""
+        (:meth:`_proba`), then ``adjust`` (its prior ratio and self-training step), then the
+        patient's adapted populations mixed in (``adaptive_weight_``)."""
         if adjust.coef is None:
-            return adjust(self._proba(cells, embedding, chunk_size))
-        return adjust(*self._proba(cells, embedding, chunk_size, project=adjust.coef))
+            proba = adjust(self._proba(cells, embedding, chunk_size))
+        else:
+            proba = adjust(*self._proba(cells, embedding, chunk_size, project=adjust.coef))
+        return adjust.mix(proba, cells, float(getattr(self, "adaptive_weight_", 0.0)))
 
     def _patient_adjustment(self, chosen, embedding) -> PatientAdjustment:
         """What gating this patient does after the blend (:class:`~gating_core.self_training.PatientAdjustment`):
-        the EM prior ratio (``prior_shift="em"``) and the self-training step (``self_training``),
-        both from its content-chosen cells ``chosen`` (m, d), standardised and registered."""
+        the EM prior ratio (``prior_shift="em"``), the self-training step (``self_training``)
+        and the populations adapted by EM (``adaptive_weight_``), all from its content-chosen
+        cells ``chosen`` (m, d), standardised and registered."""
+        adjust = self._transfer_adjustment(chosen, embedding)
+        lda = getattr(self, "adaptive_lda_", None)
+        if lda is not None and float(getattr(self, "adaptive_weight_", 0.0)) > 0:
+            # In the order of their content hashes: EM's sums, hence every bit of the adapted
+            # populations, then do not depend on the order of the patient's events.
+            ordered = chosen[np.argsort(content_hashes(chosen), kind="stable")] if len(chosen) else chosen
+            adjust.gaussians = lda.adapt(ordered)
+        return adjust
+
+    def _transfer_adjustment(self, chosen, embedding) -> PatientAdjustment:
+        """The transfer model's part of :meth:`_patient_adjustment`."""
         ratio = self._prior_ratio(chosen, embedding)
         if not self._self_trains() or len(chosen) == 0:
             return PatientAdjustment(ratio)
@@ -797,6 +936,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                 "second_bandwidth_x": (self.hedge_classifier_.bandwidth_x_
                                        if getattr(self, "hedge_classifier_", None) is not None else None),
                 "self_training": self._self_trains(),
+                "adaptive_weight": float(getattr(self, "adaptive_weight_", 0.0)),
                 "transform": self.transform_.to_dict()}
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from gating_core import __version__
+from gating_core.adaptive_lda import AdaptiveLDA
 from gating_core.alignment import ALIGNMENTS, LEVELS
 from gating_core.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS, MarginalTransferClassifier
 from gating_core.dica import DICA_MODES, MODEL_DICA_FEATURES
@@ -34,7 +35,9 @@ MODEL_FORMAT = "gating_core.model"
 # 3: the companion's weight as fitted (pooled_weight="auto"); format-2 files use their parameter.
 # 4: the marginal model's second fit, bandwidth_x_hedge (files of formats 1-3 load without one).
 # 5: self-training at gating time (GatingModel.self_training; files of formats 1-4 gate without it).
-MODEL_FORMAT_VERSION = 5
+# 6: the populations adapted to each patient (GatingModel.adaptive_weight; files of formats 1-5 gate
+#    without them).
+MODEL_FORMAT_VERSION = 6
 
 
 def save_model(model, path) -> None:
@@ -65,6 +68,10 @@ def save_model(model, path) -> None:
     if hedge is not None:
         _check_hedge_shares_embedding(hedge, clf)
         meta["hedge"] = {"bandwidth_x": hedge.bandwidth_x_, "temperature": hedge.temperature_}
+    adaptive = getattr(model, "adaptive_lda_", None)
+    if adaptive is not None:
+        meta["adaptive"] = {"weight": float(model.adaptive_weight_), "em_steps": int(adaptive.em_steps),
+                            "min_population_cells": float(adaptive.min_population_cells)}
     arrays = {
         "meta": np.array(json.dumps(meta)),
         "center": model.center_, "scale": model.scale_,
@@ -97,6 +104,9 @@ def save_model(model, path) -> None:
         if not isinstance(companion.feature_map_, LinearProductFeatures):  # a linear companion is [x, 1] alone
             arrays.update(pooled_cell_weights=companion.feature_map_.cell_weights_,
                           pooled_offsets=companion.feature_map_.offsets_)
+    if adaptive is not None:
+        arrays.update(adaptive_means=adaptive.means_, adaptive_covariance=adaptive.covariance_,
+                      adaptive_priors=adaptive.priors_)
     if hedge is not None:
         arrays.update(hedge_coef=hedge.coef_, hedge_intercept=hedge.intercept_,
                       hedge_cell_weights=hedge.feature_map_.cell_weights_, hedge_offsets=hedge.feature_map_.offsets_)
@@ -273,7 +283,30 @@ def model_from_parts(cls, meta, arrays, path="model"):
                 raise ModelFileError(path, "model description: the pooled companion has no weight")
             weight = float(model.pooled_weight)
         model.pooled_weight_ = float(weight)
+    model.adaptive_lda_, model.adaptive_weight_ = _adaptive_populations(path, top.object("adaptive", optional=True),
+                                                                        array, arrays, model.populations_, d_cells)
     return model
+
+
+def _adaptive_populations(path, fields, array, arrays, populations, d: int):
+    """The populations adapted to each gated patient (GatingModel.adaptive_weight), and their
+    weight: (AdaptiveLDA, weight), or (None, 0.0) for a model without them."""
+    if fields is None:
+        if any(name.startswith("adaptive_") for name in arrays):
+            raise ModelFileError(path, "model file is inconsistent: adaptive arrays in a model without them")
+        return None, 0.0
+    k = len(populations)
+    lda = AdaptiveLDA(em_steps=fields.integer("em_steps", minimum=0, maximum=1000),
+                      min_population_cells=fields.number("min_population_cells", within=(0.0, 1e9)))
+    lda.classes_ = np.asarray(populations).astype(str)
+    lda.means_ = array("adaptive_means", k, d).astype(np.float64)
+    lda.covariance_ = array("adaptive_covariance", d, d).astype(np.float64)
+    lda.priors_ = array("adaptive_priors", k).astype(np.float64)
+    if not (np.all(lda.priors_ > 0) and abs(lda.priors_.sum() - 1) < 1e-6):
+        raise ModelFileError(path, "model file is inconsistent: array 'adaptive_priors' is not a distribution")
+    if not np.allclose(lda.covariance_, lda.covariance_.T) or np.any(np.linalg.eigvalsh(lda.covariance_) <= 0):
+        raise ModelFileError(path, "model file is inconsistent: array 'adaptive_covariance' is not a covariance")
+    return lda, fields.number("weight", within=(0.0, 1.0))
 
 
 # Hyperparameters with a specific rule; others the constructor accepts must be JSON scalars.
@@ -332,7 +365,7 @@ def _checked_params(path, fields: Fields, accepted, where: str) -> dict:
             out[key] = fields.number(key, positive=True, within=(0.0, 1.0), nullable=True)
         elif key == "task_similarity":
             out[key] = fields.number(key, positive=True, within=(0.0, 1.0), nullable=True)
-        elif key == "pooled_weight":
+        elif key in ("pooled_weight", "adaptive_weight"):
             out[key] = "auto" if fields.raw(key) == "auto" else fields.number(key, within=(0.0, 1.0))
         elif key in ("compensate", "select", "use_embedding", "calibrate", "select_embedding_bandwidth",
                      "self_training"):
@@ -451,6 +484,8 @@ def _model_params(path, fields: Fields, accepted) -> dict:
     params.setdefault("class_balance", 0.0)
     # Files written before self-training existed gate as they did.
     params.setdefault("self_training", False)
+    # ... and before the adapted populations.
+    params.setdefault("adaptive_weight", 0.0)
     return params
 
 

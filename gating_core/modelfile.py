@@ -107,6 +107,10 @@ MODEL_MEMBERS = {
     "hedge_cell_weights": Member("f", 2),
     "hedge_offsets": Member("f", 1),
     "hedge_embedding_weights": Member("f", 2),
+    # the populations adapted to each gated patient (format 6)
+    "adaptive_means": Member("f", 2),
+    "adaptive_covariance": Member("f", 2),
+    "adaptive_priors": Member("f", 1),
     # the DICA projection after standardisation (GatingModel's ``dica``)
     "dica_frequencies": Member("f", 2),
     "dica_feature_mean": Member("f", 1),

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from gating_core.adaptive_lda import AdaptiveLDA
 from gating_core.priors import apply_prior_ratio
 from gating_core.refinement import corrected_probabilities, refinement_coef
 
@@ -106,10 +107,23 @@ class PatientAdjustment:
     Called on probabilities (n, k) and, with a self-training step, the correction phi B of the
     same cells (``shift``, (n, k): the marginal classifier's features projected on ``coef``),
     it adjusts the probabilities in place and returns them.
+
+    ``gaussians`` (a :class:`~gating_core.adaptive_lda.PatientGaussians`, or None) are the
+    patient's own populations adapted by EM; the model mixes their posteriors in with
+    :meth:`mix`, at its weight ``adaptive_weight_``.
     """
 
-    def __init__(self, ratio=None, coef=None):
-        self.ratio, self.coef = ratio, coef
+    def __init__(self, ratio=None, coef=None, gaussians=None):
+        self.ratio, self.coef, self.gaussians = ratio, coef, gaussians
+
+    def mix(self, proba: np.ndarray, cells: np.ndarray, weight: float) -> np.ndarray:
+        """``(1 - weight) proba + weight p_gaussians(cells)``, in place; unchanged without
+        gaussians or at weight 0."""
+        if self.gaussians is None or weight <= 0:
+            return proba
+        proba *= np.float32(1.0 - weight)
+        proba += np.float32(weight) * AdaptiveLDA.proba(cells, self.gaussians)
+        return proba
 
     def __call__(self, proba: np.ndarray, shift=None) -> np.ndarray:
         if self.ratio is not None:

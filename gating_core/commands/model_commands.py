@@ -22,7 +22,10 @@ EVALUATION_METHODS += ("marginal-linear",)
 EVALUATION_METHODS += ("marginal-agnostic", "marginal-select-worst")
 EVALUATION_METHODS += ("marginal-single-bandwidth",)
 EVALUATION_METHODS += ("marginal-no-self-training",)
+EVALUATION_METHODS += ("qda", "trees")
+EVALUATION_METHODS += ("marginal-no-adaptive", "adaptive-lda", "marginal-no-augment")
 DEFAULT_POOLED_WEIGHT = 0.5
+DEFAULT_ADAPTIVE_WEIGHT = "auto"
 DEFAULT_CLASS_BALANCE = 0.0
 # The choices of ``train`` (gating_core.model.METHODS and gating_core.classifier.LOSSES,
 # checked by tests/test_train_choices.py).
@@ -105,8 +108,9 @@ def register(subparsers) -> None:
                     "per patient and method, accuracy, F1 per population and macro-F1; then the mean and "
                     "the worst patient of each method, and accuracy against novelty.")
     evaluate.add_argument("--method", nargs="+", choices=EVALUATION_METHODS,
-                          default=["marginal", "pooling", "pooled-logistic", "lda"],
-                          help="methods to compare (default: marginal, pooling, pooled-logistic, lda; "
+                          default=["marginal", "pooled-logistic", "lda", "qda", "trees"],
+                          help="methods to compare (default: marginal -- the default model --, pooled-logistic, "
+                               "lda, qda and trees (gradient-boosted); "
                                "marginal-alone is the marginal model without its pooled companion; marginal-em and "
                                "marginal-quantile add class-prior re-estimation or quantile registration; dica-pooling is "
                                "a pooled logistic regression on DICA components, Muandet et al. 2013; iw-nystroem refits an "
@@ -119,8 +123,12 @@ def register(subparsers) -> None:
                           help="the group (center, batch, run) of each patient: a CSV (patient, group) or an "
                                "FCS keyword such as $CYTSN, $INST or $DATE; default: near-duplicate patients "
                                "found from their embeddings")
-    evaluate.add_argument("--protocol", choices=("both", "group", "patient"), default="both",
-                          help="leave one group out, leave one patient out, or both (default)")
+    evaluate.add_argument("--protocol", choices=("both", "group", "patient", "one-group", "folds"), default="both",
+                          help="leave one group out, leave one patient out, or both (default); 'one-group': train "
+                               "on one group and gate the patients of all others, each group in turn; 'folds': "
+                               "--folds K random folds over patients")
+    evaluate.add_argument("--folds", type=int, default=2, metavar="K",
+                          help="folds over patients of --protocol folds (default 2)")
     evaluate.add_argument("--refit", choices=("subtract", "full"),
                           help="how each fold's kernel model is fitted: 'subtract' from the statistics of all "
                                "patients minus the held-out ones, selection included per fold, at about the cost "
@@ -171,6 +179,10 @@ def _model_options(parser) -> None:
     group.add_argument("--no-self-training", action="store_true",
                        help="gate each patient with the model as trained (default: the marginal model's gates then "
                             "follow the patient's own confident cells, a self-training step at gating time)")
+    group.add_argument("--adaptive-weight", type=_pooled_weight, default=DEFAULT_ADAPTIVE_WEIGHT, metavar="W",
+                       help="share of each patient's own populations (Gaussians adapted to its cells by EM) in the "
+                            "final probabilities, 0 to 1, or 'auto' (default: chosen by cross-validation over "
+                            "groups; 0: the transfer model alone)")
     group.add_argument("--seed", type=int, default=0, help="random seed (results are reproducible)")
 
 
@@ -211,6 +223,7 @@ def _model_params(args) -> dict:
               "n_features": args.features, "cells_per_patient": args.cells_per_patient or DEFAULT_CELLS_PER_PATIENT,
               "class_balance": args.class_balance, "random_state": args.seed}
     params["pooled_weight"] = _pooled_weight(args.pooled_weight)
+    params["adaptive_weight"] = _pooled_weight(args.adaptive_weight)
     if args.single_bandwidth:
         params["bandwidth_x_hedge"] = None
     if args.no_self_training:
@@ -368,6 +381,12 @@ def run_train(args) -> int:
     if info.get("self_training"):
         print("Gating: each patient's gates follow its own confident cells (self-training; "
               "--no-self-training turns it off)")
+    chosen = getattr(model, "selection_", {}).get("adaptive_weight", {})
+    if info.get("adaptive_weight"):
+        how = ("chosen by cross-validation over groups" if chosen.get("folds") else
+               chosen.get("reason", "as set")).rstrip(".")
+        print(f"Adapted populations: weight {info['adaptive_weight']:g} ({how}; each patient's populations are "
+              "refitted to its own cells by EM; --adaptive-weight 0 turns them off)")
     if args.method == IW_METHOD:
         print(f"Kept {info['training_cells']:,} training cells and {info['n_landmarks']} landmarks per refit: "
               "`gate` refits the model for each new patient")
@@ -386,7 +405,8 @@ def _iw_model(args):
                         ("--class-balance", args.class_balance != DEFAULT_CLASS_BALANCE),
                         ("--select-embedding-bandwidth", args.select_embedding_bandwidth),
                         ("--single-bandwidth", args.single_bandwidth),
-                        ("--no-self-training", args.no_self_training)):
+                        ("--no-self-training", args.no_self_training),
+                        ("--adaptive-weight", args.adaptive_weight != DEFAULT_ADAPTIVE_WEIGHT)):
         if given:
             return _usage(f"{flag} does not apply to --method {IW_METHOD} (a squared-loss KRR refitted per patient)")
     if args.landmarks < 1:
@@ -495,8 +515,8 @@ def _evaluation_groups(args, samples, labels):
 def run_evaluate(args) -> int:
     import pandas as pd
 
-    from gating_core.evaluation import (leave_one_group_out, leave_one_patient_out, novelty_curve,
-                                        repeat_over_seeds, summarize, summarize_seeds)
+    from gating_core.evaluation import (leave_one_group_out, leave_one_patient_out, novelty_curve, patient_folds,
+                                        repeat_over_seeds, summarize, summarize_seeds, train_on_one_group)
     from gating_core.groups import GroupsError
     from gating_core.gate_result import ChannelMismatchError
     from gating_core.progress import StageProgress
@@ -524,8 +544,8 @@ def run_evaluate(args) -> int:
         return _fail(str(exc))
     distinct = sorted(set(groups))
     singletons = len(distinct) == len(samples)
-    if args.protocol == "group" and len(distinct) < 2:
-        return _fail(f"leave-one-group-out needs two or more groups; groups {origin}: {distinct}")
+    if args.protocol in ("group", "one-group") and len(distinct) < 2:
+        return _fail(f"leaving a group out or training on one needs two or more groups; groups {origin}: {distinct}")
     seeds = sorted(set(args.seeds)) if args.seeds else None
 
     def protocols(model_params, progress):
@@ -536,6 +556,12 @@ def run_evaluate(args) -> int:
         if args.protocol in ("both", "patient"):
             tables.append(leave_one_patient_out(samples, labels, methods=args.method, model_params=model_params,
                                                 progress=progress, groups=groups, refit=patient_refit))
+        if args.protocol == "one-group":
+            tables.append(train_on_one_group(samples, labels, groups, methods=args.method, model_params=model_params,
+                                             progress=progress))
+        if args.protocol == "folds":
+            tables.append(patient_folds(samples, labels, args.folds, methods=args.method, model_params=model_params,
+                                        progress=progress, groups=groups, seed=model_params.get("random_state", 0)))
         return pd.concat(tables, ignore_index=True)
 
     try:
