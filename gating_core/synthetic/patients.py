@@ -4,13 +4,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gating_core.fcs import Channel, Sample
-from gating_core.synthetic.panel import CONDITIONS, FLUORESCENCE_PANEL, MARKERS, POPULATIONS, RANGE_MAX, SCATTER_CHANNELS, _BASE_SPILLOVER, _CONDITION_NAMES, _CONDITION_PROBABILITIES, _ELECTRONIC_SD, _NEG, _PHENOTYPES, _PHOTON_GAIN, _SCATTER_NOISE_SD, _TYPICAL_PROPORTIONS, _as_rng
+from gating_core.synthetic.panel import (CONDITIONS, FLUORESCENCE_PANEL, MARKERS, POPULATIONS, RANGE_MAX, SCALES,
+                                         SCATTER_CHANNELS, _BASE_SPILLOVER, _CONDITION_NAMES, _CONDITION_PROBABILITIES,
+                                         _ELECTRONIC_SD, _NEG, _PHENOTYPES, _PHOTON_GAIN, _SCATTER_NOISE_SD,
+                                         _TYPICAL_PROPORTIONS, _as_rng, _check_population_presence,
+                                         _check_population_shares, _population_offsets, intensity_to_channel,
+                                         scatter_to_channel)
 
 if TYPE_CHECKING:  # centers imports this module; the annotation alone needs Center
     from gating_core.synthetic.centers import Center
@@ -24,7 +29,8 @@ def _spillover_string(matrix: np.ndarray, channels: Sequence[str]) -> str:
 
 def simulate_patient(seed, n_events: int = 12000, drift: float = 1.0, variation: float = 1.0,
                      condition: str | None = None, name: str | None = None,
-                     proportions: Sequence[float] | None = None, center: Center | None = None):
+                     proportions: Sequence[float] | None = None, center: Center | None = None, *,
+                     population_shares: Mapping[str, float] | None = None, scale: str = "linear"):
     """Simulate one patient's (uncompensated) flow cytometry file.
 
     Parameters
@@ -47,15 +53,34 @@ def simulate_patient(seed, n_events: int = 12000, drift: float = 1.0, variation:
         Fix the population fractions (in ``POPULATIONS`` order) instead of drawing them.
     center : Center or None
         The measuring center (instrument, staining protocol, compensation controls) whose
-        effects every patient of that center shares, on top of the patient's own ``drift``.
-        None (the default) leaves the simulation exactly as without centers.
+        effects every patient of that center shares, on top of the patient's own ``drift``;
+        its ``population_shift`` moves single populations in single channels. None (the
+        default) leaves the simulation exactly as without centers.
+    population_shares : mapping of str to float, or None
+        Population name -> its exact share of the events: the population gets
+        ``round(share * n_events)`` events (halves rounded up; 0 makes it absent, 0.005 rare)
+        and the other populations share the remaining events in their drawn proportions; the
+        events come in random order. Shares lie in [0, 1] and add up to at most 1. None (the
+        default) draws every population's count.
+    scale : {"linear", "channel"}, default "linear"
+        ``"linear"``: raw detector values of a modern instrument (0..262144). ``"channel"``:
+        the file a log-amplified instrument (or a "channel values" export) holds: fluorescence
+        compensated with the patient's spillover matrix, then mapped to 10-bit log channel
+        numbers by :func:`intensity_to_channel` (whole numbers 0..1023, 256 per decade); scatter
+        mapped linearly to 0..1023 by :func:`scatter_to_channel`. Every ``$PnR`` stays 262144
+        (as converted files declare, though it says nothing about the values), the file holds
+        no ``$SPILLOVER`` (channel numbers cannot be compensated) and the keyword
+        ``SIM_SCALE`` is ``"channel"``. The random draws are the same as on the linear scale:
+        the same seed gives the same cells on either scale.
 
     Returns
     -------
     sample : gating_core.fcs.Sample
         ``events`` of shape (n_events, 9), float64 holding float32-exact values (so writing
-        and reading back the FCS gives the same numbers); raw detector values, NOT compensated,
-        with ``spillover`` (7, 7) and ``spillover_channels`` set and the ``$SPILLOVER`` keyword.
+        and reading back the FCS gives the same numbers). On the linear scale: raw detector
+        values, NOT compensated, with ``spillover`` (7, 7) and ``spillover_channels`` set and
+        the ``$SPILLOVER`` keyword. On the channel scale: whole channel numbers 0..1023,
+        ``spillover`` None.
     labels : ndarray of shape (n_events,), dtype str
         Population name per event.
     """
@@ -63,6 +88,12 @@ def simulate_patient(seed, n_events: int = 12000, drift: float = 1.0, variation:
         raise ValueError(f"n_events must be positive, got {n_events}")
     if drift < 0 or variation < 0:
         raise ValueError("drift and variation must be non-negative")
+    if scale not in SCALES:
+        raise ValueError(f"unknown scale {scale!r}; choose from {list(SCALES)}")
+    fixed_shares = _check_population_shares(population_shares)
+    # Center-specific moves of single populations; None keeps the arithmetic of the plain path.
+    offsets = (_population_offsets(center.population_shift)
+               if center is not None and center.population_shift else None)
     rng = _as_rng(seed)
     if condition is None:
         condition = _CONDITION_NAMES[rng.choice(len(_CONDITION_NAMES), p=_CONDITION_PROBABILITIES)]
@@ -85,7 +116,10 @@ def simulate_patient(seed, n_events: int = 12000, drift: float = 1.0, variation:
         if fractions.shape != (len(POPULATIONS),) or np.any(fractions < 0) or fractions.sum() <= 0:
             raise ValueError(f"proportions must be {len(POPULATIONS)} non-negative numbers")
         fractions = fractions / fractions.sum()
-    population_index = rng.choice(len(POPULATIONS), size=n_events, p=fractions)
+    if fixed_shares:
+        population_index = _draw_with_fixed_shares(rng, fractions, fixed_shares, n_events)
+    else:
+        population_index = rng.choice(len(POPULATIONS), size=n_events, p=fractions)
     labels = np.array(POPULATIONS, dtype=object)[population_index].astype(str)
 
     # --- true intensities per population -----------------------------------------------------
@@ -112,6 +146,9 @@ def simulate_patient(seed, n_events: int = 12000, drift: float = 1.0, variation:
             # Side scatter is right-skewed: log-normal around its mean.
             ssc_log_sd = pheno.ssc[1] / pheno.ssc[0] * width[1]
             ssc = ssc_mean * np.exp(ssc_log_sd * z[:, 1] - 0.5 * ssc_log_sd ** 2)
+        if offsets is not None:
+            fsc = fsc * 10.0 ** offsets[p, 0]
+            ssc = ssc * 10.0 ** offsets[p, 1]
         scatter[rows, 0] = fsc
         scatter[rows, 1] = ssc
 
@@ -130,6 +167,9 @@ def simulate_patient(seed, n_events: int = 12000, drift: float = 1.0, variation:
                     # A center's detector settings compress bright signals towards the
                     # negatives (a lower PMT voltage): positives lose decades, negatives do not.
                     log_intensity = auto + (log_intensity - auto) * center.compression[j]
+            if offsets is not None:
+                # After the compression, so that the population moves by exactly the offset.
+                log_intensity = log_intensity + offsets[p, len(SCATTER_CHANNELS) + j]
             fluorochrome[rows, j] = 10.0 ** log_intensity
 
     # --- instrument: drift, spillover, detector noise ----------------------------------------
@@ -170,18 +210,56 @@ def simulate_patient(seed, n_events: int = 12000, drift: float = 1.0, variation:
     fl_names = [p[0] for p in FLUORESCENCE_PANEL]
     spillover = np.round(recorded_spillover, 6)
     name = name or f"synthetic_{condition}"
-    keywords = _keywords(name, condition, spillover, fl_names)
     channels = ([Channel(c, "", RANGE_MAX) for c in SCATTER_CHANNELS]
                 + [Channel(pnn, marker, RANGE_MAX) for pnn, marker, _ in FLUORESCENCE_PANEL])
+    if scale == "channel":
+        events = _to_channel_scale(events, spillover)
+        keywords = _keywords(name, condition, None, fl_names)
+        keywords["SIM_SCALE"] = "channel"
+        spillover, spillover_channels = None, []
+    else:
+        keywords = _keywords(name, condition, spillover, fl_names)
+        spillover_channels = fl_names
     sample = Sample(name=name, events=events, channels=channels, keywords=keywords,
-                    spillover=spillover, spillover_channels=fl_names, version="3.1", path=None,
+                    spillover=spillover, spillover_channels=spillover_channels, version="3.1", path=None,
                     compensated=False)
     return sample, labels
 
 
-def _keywords(name: str, condition: str, spillover: np.ndarray, fl_names: list[str]) -> dict:
+def _draw_with_fixed_shares(rng: np.random.Generator, fractions: np.ndarray, fixed_shares: dict[int, float],
+                            n_events: int) -> np.ndarray:
+    """Population index per event (n_events,): the populations of ``fixed_shares`` get exactly
+    ``round(share * n_events)`` events, the others the rest, drawn with ``fractions`` renormalised
+    over them; the events come in random order, as in an acquisition."""
+    fixed_counts = {p: int(np.floor(share * n_events + 0.5)) for p, share in fixed_shares.items()}
+    n_free = n_events - sum(fixed_counts.values())
+    if n_free < 0:
+        raise ValueError(f"population_shares ask for {sum(fixed_counts.values())} of {n_events} events")
+    free = fractions.copy()
+    free[list(fixed_counts)] = 0.0
+    if n_free > 0:
+        if free.sum() <= 0:
+            raise ValueError(f"population_shares leave {n_free} events to populations that have none")
+        drawn = rng.choice(len(POPULATIONS), size=n_free, p=free / free.sum())
+    else:
+        drawn = np.empty(0, dtype=np.int64)
+    fixed = np.repeat(np.array(list(fixed_counts), dtype=np.int64), list(fixed_counts.values()))
+    return rng.permutation(np.concatenate([drawn, fixed]))
+
+
+def _to_channel_scale(events: np.ndarray, spillover: np.ndarray) -> np.ndarray:
+    """Linear events (n, 9) -> 10-bit channel numbers (n, 9): scatter linear, fluorescence
+    compensated and then log-mapped."""
+    # A log-amplified instrument compensates before the log (in hardware, or the export does):
+    # channel numbers cannot be compensated afterwards, as compensation is linear in intensity.
+    n_scatter = len(SCATTER_CHANNELS)
+    compensated = events[:, n_scatter:] @ np.linalg.inv(spillover)
+    return np.hstack([scatter_to_channel(events[:, :n_scatter]), intensity_to_channel(compensated)])
+
+
+def _keywords(name: str, condition: str, spillover: np.ndarray | None, fl_names: list[str]) -> dict:
     # Deterministic content only (no clock): the committed sample data must regenerate
-    # byte-for-byte.
+    # byte-for-byte (so the keywords and their order stay as they were).
     keywords = {
         "$CYT": "SimCyt 3L-9C (synthetic)",
         "$CYTSN": "SIM-0001",
@@ -189,20 +267,44 @@ def _keywords(name: str, condition: str, spillover: np.ndarray, fl_names: list[s
         "$SRC": name,
         "$FIL": f"{name}.fcs",
         "$COM": "Simulated by gating_core.synthetic; not a real patient",
-        "$SPILLOVER": _spillover_string(spillover, fl_names),
-        "SIM_CONDITION": condition,
     }
+    if spillover is not None:
+        keywords["$SPILLOVER"] = _spillover_string(spillover, fl_names)
+    keywords["SIM_CONDITION"] = condition
     for i, (pnn, _marker, fluor) in enumerate(FLUORESCENCE_PANEL, start=len(SCATTER_CHANNELS) + 1):
         keywords[f"$P{i}F"] = fluor
     return keywords
 
 
 def simulate_cohort(n_patients: int, seed: int = 0, n_events: int = 12000, drift: float = 1.0,
-                    variation: float = 1.0, conditions: Sequence[str | None] | None = None):
+                    variation: float = 1.0, conditions: Sequence[str | None] | None = None, *,
+                    population_shares: Mapping[str, float] | None = None,
+                    population_presence: Mapping[str, float] | None = None, scale: str = "linear"):
     """Simulate ``n_patients`` independent patients.
 
     Patient ``i`` uses the seed ``(seed, i)``, so a cohort's first patients do not change when
-    the cohort grows. ``conditions`` optionally fixes each patient's condition (None = random).
+    the cohort grows (as long as ``population_presence`` is not used: which patients lack a
+    population depends on the cohort's size).
+
+    Parameters
+    ----------
+    n_patients : int
+    seed : int, default 0
+    n_events, drift, variation :
+        As in :func:`simulate_patient`, for every patient.
+    conditions : sequence of str or None, optional
+        Each patient's condition (None = random); one entry per patient.
+    population_shares : mapping of str to float, or None
+        Exact shares of events for named populations in every patient (e.g. ``{"B cells":
+        0.005}`` for rare B cells); see :func:`simulate_patient`.
+    population_presence : mapping of str to float, or None
+        Population name -> fraction of patients that have it. Exactly
+        ``round(fraction * n_patients)`` patients (halves rounded up), chosen at random from
+        ``seed``, keep the population; in the others its share is zero (no event) and the
+        other populations are renormalised. ``{"B cells": 4 / 30}`` in a cohort of 30 gives B
+        cells to 4 patients.
+    scale : {"linear", "channel"}, default "linear"
+        The scale the files are written on; see :func:`simulate_patient`.
 
     Returns
     -------
@@ -210,10 +312,42 @@ def simulate_cohort(n_patients: int, seed: int = 0, n_events: int = 12000, drift
     """
     if conditions is not None and len(conditions) != n_patients:
         raise ValueError("conditions must have one entry per patient")
+    absent = _absent_populations(population_presence, n_patients, (seed, 0, 9))
     cohort = []
     for i in range(n_patients):
         condition = None if conditions is None else conditions[i]
         cohort.append(simulate_patient((seed, i), n_events=n_events, drift=drift,
                                        variation=variation, condition=condition,
-                                       name=f"patient_{i + 1:02d}"))
+                                       name=f"patient_{i + 1:02d}",
+                                       population_shares=_patient_shares(population_shares, absent[i]),
+                                       scale=scale))
     return cohort
+
+
+def _absent_populations(population_presence, n_patients: int, seed) -> list[tuple[str, ...]]:
+    """For each of ``n_patients`` patients, the populations of ``population_presence`` it lacks.
+
+    A population with fraction ``f`` is kept by exactly ``round(f * n_patients)`` patients
+    (halves rounded up), drawn without replacement from ``seed`` (populations in
+    ``POPULATIONS`` order, so the draw does not depend on the mapping's order).
+    """
+    presence = _check_population_presence(population_presence)
+    absent: list[list[str]] = [[] for _ in range(n_patients)]
+    if not presence:
+        return [tuple(a) for a in absent]
+    rng = _as_rng(seed)
+    for p in sorted(presence):
+        n_present = int(np.floor(presence[p] * n_patients + 0.5))
+        keeps = np.zeros(n_patients, dtype=bool)
+        keeps[rng.choice(n_patients, size=n_present, replace=False)] = True
+        for i in np.flatnonzero(~keeps):
+            absent[i].append(POPULATIONS[p])
+    return [tuple(a) for a in absent]
+
+
+def _patient_shares(population_shares, absent: Sequence[str]) -> dict[str, float] | None:
+    """One patient's ``population_shares``: the cohort's, with its absent populations at 0
+    (absence wins over a fixed share); None when nothing is fixed."""
+    shares = dict(population_shares or {})
+    shares.update({population: 0.0 for population in absent})
+    return shares or None
