@@ -46,7 +46,7 @@ SELECTION_MAX_PATIENTS = 50
 #: chosen among these by cross-validation over groups ("auto").
 ADAPTIVE_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_ADAPTIVE_WEIGHT = "auto"
-#: With fewer than two groups to hold out, "auto" takes this weight.
+#: With nothing to hold out (one training patient), "auto" takes this weight.
 FALLBACK_ADAPTIVE_WEIGHT = 0.5
 
 
@@ -162,7 +162,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         one. "auto": g from ``ADAPTIVE_WEIGHTS`` by cross-validation over groups (each fold
         refits both parts with the hyperparameters selected on all patients and scores the
         held-out groups' patients), the highest sum of mean and worst-patient accuracy, ties to
-        the smaller g. 0: the transfer model alone.
+        the smaller g. 0: the transfer model alone. Only ``method="marginal"``; the baselines
+        gate as fitted.
     self_training : bool, default=True
         At gating time, move each patient's gates towards its own confident cells
         (:mod:`gating_core.self_training`): the more confident half of every population the
@@ -407,6 +408,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     def _fit_adaptive(self, cells, embedding_cells, labels, params, report):
         """The adapted populations (``adaptive_lda_``) and their share (``adaptive_weight_``)."""
         self.adaptive_lda_, self.adaptive_weight_ = None, 0.0
+        if self.method != "marginal":  # the baselines (pooling, multitask) gate as fitted
+            return
         if self.adaptive_weight != "auto" and float(self.adaptive_weight) == 0.0:
             return
         if self.adaptive_weight == "auto":
@@ -429,10 +432,14 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         gated as a new one (its embedding, self-training and EM from its content-chosen cells)
         on its labeled training cells. The table is ``selection_["adaptive_weight"]``."""
         groups = list(self.groups_)
+        if len(set(groups)) < 2:
+            # One group (every patient near-duplicates of the others, or one center given):
+            # patients are then the only units to hold out.
+            groups = list(self.training_patients_)
         unique = sorted(set(groups))
         if len(unique) < 2:
             self.selection_["adaptive_weight"] = {"chosen": FALLBACK_ADAPTIVE_WEIGHT, "folds": 0,
-                                                  "reason": "fewer than two groups to hold out"}
+                                                  "reason": "fewer than two patients to hold out"}
             return FALLBACK_ADAPTIVE_WEIGHT
         rng = np.random.default_rng(np.random.SeedSequence([int(self.random_state or 0), 31]))
         order = [unique[i] for i in rng.permutation(len(unique))]
@@ -444,7 +451,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
             held_groups = set(order[j::n_folds])
             train = [i for i, g in enumerate(groups) if g not in held_groups]
             held = [i for i, g in enumerate(groups) if g in held_groups]
-            fold = self._fold_copy([groups[i] for i in train], [self.training_patients_[i] for i in train])
+            fold = self._fold_copy([self.groups_[i] for i in train], [self.training_patients_[i] for i in train])
             fold._fit_transfer([cells[i] for i in train], [embedding_cells[i] for i in train],
                                [labels[i] for i in train], fold_params, lambda stage, f: None, fixed=fixed)
             fold.populations_ = [str(c) for c in fold.classifier_.classes_]

@@ -116,8 +116,8 @@ def test_evaluate_prints_every_method_per_patient_and_the_worst(sample_data_dir,
     # Four distinct simulated patients: each is its own inferred group, so one protocol runs.
     assert "Every patient is its own group" in result.stdout
     rows = pd.read_csv(table)
-    assert len(rows) == 4 * 4
-    assert set(rows["method"]) == {"marginal", "pooling", "pooled-logistic", "lda"}
+    assert len(rows) == 4 * 5
+    assert set(rows["method"]) == {"marginal", "pooled-logistic", "lda", "qda", "trees"}
     assert set(rows["protocol"]) == {"leave-one-patient-out"}
     assert {"accuracy", "macro_f1", "f1:CD4 T cells", "f1:Granulocytes"} <= set(rows.columns)
     marginal = rows[rows["method"] == "marginal"]

@@ -164,9 +164,10 @@ def blended(small_centers):
     from gating_core.model import GatingModel
 
     samples, labels, _ = small_centers
-    # Without the self-training step: these tests follow the blend itself (tests/test_self_training.py).
-    return GatingModel(select=False, n_augment=1, cells_per_patient=1500, self_training=False).fit(samples[:4],
-                                                                                                   labels[:4])
+    # Without the self-training step and the adapted populations: these tests follow the blend
+    # itself (tests/test_self_training.py, tests/test_adaptive_lda.py).
+    return GatingModel(select=False, n_augment=1, cells_per_patient=1500, self_training=False,
+                       adaptive_weight=0.0).fit(samples[:4], labels[:4])
 
 
 def test_marginal_probabilities_are_the_weighted_mean_with_the_pooled_companion(blended, small_centers):
@@ -211,8 +212,8 @@ def test_selected_companion_is_the_pooled_logistic_model_at_its_own_bandwidth(sm
     samples, labels, centers = small_centers
     small = dict(n_features=96, cells_per_patient=600, selection_cells_per_patient=300, cv_repeats=1)
     groups = [centers[s.name] for s in samples[:4]]
-    model = GatingModel(n_augment=1, **small).fit(samples[:4], labels[:4], groups=groups)
-    baseline = GatingModel(method="pooling", loss="logistic", n_augment=0, alpha=1e-5, **small).fit(
+    model = GatingModel(n_augment=1, adaptive_weight=0.0, **small).fit(samples[:4], labels[:4], groups=groups)
+    baseline = GatingModel(method="pooling", loss="logistic", n_augment=0, alpha=1e-5, adaptive_weight=0.0, **small).fit(
         samples[:4], labels[:4], groups=groups)
     companion = model.pooled_classifier_
     assert model.selection_["companion"]["bandwidth_x"] == companion.bandwidth_x_ == model.companion_bandwidth_x_
@@ -222,7 +223,7 @@ def test_selected_companion_is_the_pooled_logistic_model_at_its_own_bandwidth(sm
     cells, psi = model.standardised_cells(new), model.patient_embedding(new)
     np.testing.assert_allclose(companion.predict_proba(cells, psi), baseline.predict_proba(new), atol=1e-9)
     # A sigma_X given by the user is the companion's too, and nothing is selected for it.
-    fixed = GatingModel(n_augment=1, bandwidth_x=2.0, **small).fit(samples[:4], labels[:4], groups=groups)
+    fixed = GatingModel(n_augment=1, bandwidth_x=2.0, adaptive_weight=0.0, **small).fit(samples[:4], labels[:4], groups=groups)
     assert fixed.pooled_classifier_.bandwidth_x_ == 2.0 and "companion" not in fixed.selection_
 
 
@@ -230,14 +231,15 @@ def test_pooled_weight_zero_and_pooling_fit_no_companion(small_centers):
     from gating_core.model import GatingModel
 
     samples, labels, _ = small_centers
-    alone = GatingModel(select=False, n_augment=0, pooled_weight=0.0, cells_per_patient=800,
+    alone = GatingModel(select=False, n_augment=0, pooled_weight=0.0, adaptive_weight=0.0, cells_per_patient=800,
                         self_training=False).fit(samples[:3], labels[:3])
     assert alone.pooled_classifier_ is None and alone.describe()["pooled_weight"] == 0.0
     new = samples[4]
     np.testing.assert_array_equal(
         alone.predict_proba(new),
         alone.classifier_.predict_proba(alone.standardised_cells(new), alone.patient_embedding(new)))
-    pooling = GatingModel(method="pooling", select=False, n_augment=0, cells_per_patient=800).fit(samples[:3], labels[:3])
+    pooling = GatingModel(method="pooling", select=False, n_augment=0, adaptive_weight=0.0,
+                          cells_per_patient=800).fit(samples[:3], labels[:3])
     assert pooling.pooled_classifier_ is None
     with pytest.raises(ValueError, match="pooled_weight must be 'auto' or within"):
         GatingModel(select=False, pooled_weight=1.5, cells_per_patient=800).fit(samples[:3], labels[:3])
@@ -302,7 +304,7 @@ def auto_weighted(small_centers):
     # cell bandwidth is given (the one selection chose here), so the companion shares it and
     # "auto" keeps a companion on this cohort (0.25); with its own selected sigma_X the companion
     # is nearly linear here and "auto" drops it (0.0), which leaves no blend to check.
-    model = GatingModel(n_augment=1, cells_per_patient=1000, selection_cells_per_patient=600, cv_folds=3,
+    model = GatingModel(n_augment=1, cells_per_patient=1000, selection_cells_per_patient=600, cv_folds=3, adaptive_weight=0.0,
                         cv_repeats=1, pooled_weight="auto", bandwidth_x=3.85,
                         self_training=False).fit(samples, labels, groups=groups)
     return model
@@ -474,7 +476,8 @@ def test_quantile_registered_model_round_trips_and_ignores_chunking(small_center
     from gating_core.modelfile import ModelFileError
 
     samples, labels, _ = small_centers
-    model = GatingModel(select=False, n_augment=0, align="quantile", cells_per_patient=1500).fit(samples[:4], labels[:4])
+    model = GatingModel(select=False, n_augment=0, align="quantile", cells_per_patient=1500,
+                        adaptive_weight=0.0).fit(samples[:4], labels[:4])
     assert model.reference_quantiles_.shape == (len(model.channels_), 7)
     new = samples[5]
     result = model.gate(new)
