@@ -52,6 +52,8 @@ ALL_METHODS += ("marginal-agnostic", "marginal-select-worst")
 ALL_METHODS += ("marginal-single-bandwidth",)
 # The default without self-training at gating time (session 12's default).
 ALL_METHODS += ("marginal-no-self-training",)
+# Landmark (peak) registration of each channel, with its skip rule (gating_core.alignment).
+ALL_METHODS += ("marginal-landmarks",)
 #: GatingModel settings of each kernel method (on top of the user's model parameters).
 METHOD_SETTINGS = {
     "marginal": {"method": "marginal"},
@@ -62,6 +64,7 @@ METHOD_SETTINGS = {
     # The options of item 5 (issue 9), fitted on the new patient's unlabeled cells only.
     "marginal-em": {"method": "marginal", "prior_shift": "em"},
     "marginal-quantile": {"method": "marginal", "align": "quantile"},
+    "marginal-landmarks": {"method": "marginal", "align": "landmarks"},
     "pooling": {"method": "pooling"},
     # The papers' loss: a cost-sensitive linear SVM on the same features (penalty and bandwidths
     # from the squared loss's selection).

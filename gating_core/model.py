@@ -16,7 +16,6 @@ from sklearn.base import BaseEstimator
 from gating_core.adaptive_lda import AdaptiveLDA
 from gating_core.classifier import SCORE_BLOCK, MarginalTransferClassifier
 from gating_core.cpus import with_blas_threads
-from gating_core.alignment import QuantileRegistration, channel_quantiles
 from gating_core.digest import digest_patient, infer_cell_groups
 from gating_core.features import content_hashes, content_subsample
 from gating_core.gate_result import GateResult, Novelty
@@ -99,9 +98,12 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     prior_shift : {"none", "em"}, default="none"
         "em": re-estimate the population proportions of each gated patient from its own
         unlabeled cells (:mod:`gating_core.priors`) and adjust the probabilities to them.
-    align : {"none", "quantile"}, default="none"
+    align : {"none", "quantile", "landmarks"}, default="none"
         "quantile": register each channel of every patient, training and new, onto reference
         landmarks before the classifier sees it (:mod:`gating_core.alignment`).
+        "landmarks": move each channel's density peaks onto the training patients' consensus
+        peaks, leaving a channel of a patient as it is when its peaks do not match one-to-one
+        (measured in docs/alignment.md).
     cv_folds, cv_repeats, selection_cells_per_patient, selection_objective :
         model-selection settings (folds hold out whole groups of patients).
     random_state : int
@@ -193,6 +195,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     center_, scale_ : ndarray (d,)  standardisation after the transform
     classifier_ : MarginalTransferClassifier
     reference_quantiles_ : ndarray (d, q) or None  landmarks of ``align="quantile"``
+    reference_landmarks_ : LandmarkReference or None  consensus peaks of ``align="landmarks"``
     class_prior_ : ndarray (k,)  population shares of the training patients (each weighing the same)
     pooled_classifier_ : MarginalTransferClassifier or None
         The pooled companion (see ``pooled_weight``); None when there is none.
@@ -486,7 +489,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         """A model with this one's parameters and preprocessing, to fit on some patients only."""
         fold = GatingModel(**self.get_params(deep=False))
         for name in ("channels_", "channel_markers_", "transform_", "center_", "scale_", "dica_",
-                     "reference_quantiles_"):
+                     "reference_quantiles_", "reference_landmarks_"):
             setattr(fold, name, getattr(self, name, None))
         fold.groups_, fold.groups_inferred_ = list(groups), self.groups_inferred_
         fold.selection_ = dict(self.selection_)
@@ -694,10 +697,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         """The patient's registration (or None) and its content-chosen cells, registered."""
         raw = events[:, indices]
         chosen = self._standardise(raw[content_subsample(raw, self.embedding_cells, parallel=True)])
-        if getattr(self, "reference_quantiles_", None) is None:
-            return None, chosen
-        registration = QuantileRegistration(channel_quantiles(chosen), self.reference_quantiles_)
-        return registration, registration.transform(chosen)
+        registration = self._patient_registration(chosen)  # gating_core.preprocessing
+        return registration, self._registered(chosen, registration)
 
     @staticmethod
     def _registered(cells, registration):

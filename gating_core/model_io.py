@@ -22,7 +22,7 @@ import numpy as np
 
 from gating_core import __version__
 from gating_core.adaptive_lda import AdaptiveLDA
-from gating_core.alignment import ALIGNMENTS, LEVELS
+from gating_core.alignment import ALIGNMENTS, LEVELS, MAX_PEAKS, LandmarkReference
 from gating_core.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS, MarginalTransferClassifier
 from gating_core.dica import DICA_MODES, MODEL_DICA_FEATURES
 from gating_core.features import KERNELS_X, LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding, ProductRFF
@@ -95,6 +95,8 @@ def save_model(model, path) -> None:
                       landmark_projection=clf.landmark_projection_)
     if getattr(model, "reference_quantiles_", None) is not None:
         arrays["reference_quantiles"] = model.reference_quantiles_
+    if getattr(model, "reference_landmarks_", None) is not None:
+        arrays["reference_peaks"], arrays["reference_peak_counts"] = model.reference_landmarks_.as_arrays()
     dica = getattr(model, "dica_", None)
     if dica is not None:  # the DICA projection after standardisation (GatingModel's ``dica``)
         arrays.update(dica_frequencies=dica.frequencies_, dica_feature_mean=dica.feature_mean_,
@@ -114,6 +116,15 @@ def save_model(model, path) -> None:
             arrays["hedge_embedding_weights"] = hedge.feature_map_.embedding_weights_
     path = Path(path)
     _write_atomically(path, arrays)
+
+
+def _landmark_reference(path, peaks, counts) -> LandmarkReference:
+    """The LandmarkReference of ``align="landmarks"`` from its arrays, their values checked."""
+    if not np.all((counts >= 0) & (counts <= MAX_PEAKS)):
+        raise ModelFileError(path, f"model file is inconsistent: 'reference_peak_counts' outside [0, {MAX_PEAKS}]")
+    if any(np.any(np.diff(row[:int(c)]) <= 0) for row, c in zip(peaks, counts)):
+        raise ModelFileError(path, "model file is inconsistent: 'reference_peaks' are not increasing")
+    return LandmarkReference.from_arrays(peaks.astype(np.float64), counts.astype(np.int64))
 
 
 def _write_atomically(path: Path, arrays: dict) -> None:
@@ -228,6 +239,10 @@ def model_from_parts(cls, meta, arrays, path="model"):
         if not np.all(np.diff(landmarks, axis=1) > 0):
             raise ModelFileError(path, "model file is inconsistent: 'reference_quantiles' are not increasing")
         model.reference_quantiles_ = landmarks
+    model.reference_landmarks_ = None
+    if model.align == "landmarks":
+        model.reference_landmarks_ = _landmark_reference(path, array("reference_peaks", d_cells, MAX_PEAKS),
+                                                         array("reference_peak_counts", d_cells))
     linear = clf.kernel_x == "linear"
     if linear and clf.solver != "rff":
         raise ModelFileError(path, "model description: kernel_x='linear' needs solver='rff'")

@@ -88,6 +88,9 @@ MODEL_MEMBERS = {
     "novelty_nn": Member("f", 1),
     "class_prior": Member("f", 1),
     "reference_quantiles": Member("f", 2),
+    # align="landmarks": each channel's reference peaks (zero-padded) and how many it has
+    "reference_peaks": Member("f", 2),
+    "reference_peak_counts": Member("i", 1),
     # solver "rff"
     "cell_weights": Member("f", 2),
     "offsets": Member("f", 1),

@@ -3,14 +3,15 @@
 :class:`ChannelPreprocessing` is mixed into :class:`~gating_core.model.GatingModel`: it chooses
 the channels every training patient shares (by ``$PnN``, or ``$PnS`` when detectors differ),
 compensates, fixes one transform per channel for the panel and the standardisation, and turns
-any sample's events into standardised (and, with ``align="quantile"``, registered) cells.
+any sample's events into standardised (and, with ``align="quantile"`` or ``"landmarks"``,
+registered) cells.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from gating_core.alignment import ALIGNMENTS, QuantileRegistration, channel_quantiles
+from gating_core.alignment import ALIGNMENTS, LandmarkReference, QuantileRegistration, channel_quantiles
 from gating_core.digest import DigestView, find_channel
 from gating_core.features import content_subsample
 from gating_core.gate_result import ChannelMismatchError
@@ -19,7 +20,7 @@ from gating_core.transforms import ChannelTransform, default_transform, is_time_
 class ChannelPreprocessing:
     """Channels, compensation, transform and standardisation of a GatingModel (a mixin: it
     reads the model's parameters and sets ``channels_``, ``channel_markers_``, ``transform_``,
-    ``center_``, ``scale_`` and ``reference_quantiles_``)."""
+    ``center_``, ``scale_``, ``reference_quantiles_`` and ``reference_landmarks_``)."""
 
     def prepare_digests(self, digests):
         """Choose channels, transform and standardisation from training digests.
@@ -43,6 +44,7 @@ class ChannelPreprocessing:
             cells = [self._invariant(x) for x in cells]
             embedding_cells = [self._invariant(e) for e in embedding_cells]
         self.reference_quantiles_ = None
+        self.reference_landmarks_ = None
         if self.align not in ALIGNMENTS:
             raise ValueError(f"align must be one of {ALIGNMENTS}, got {self.align!r}")
         if self.align == "quantile":
@@ -51,7 +53,23 @@ class ChannelPreprocessing:
             maps = [QuantileRegistration(q, self.reference_quantiles_) for q in landmarks]
             cells = [m.transform(x) for m, x in zip(maps, cells)]
             embedding_cells = [m.transform(e) for m, e in zip(maps, embedding_cells)]
+        if self.align == "landmarks":
+            # Each training patient registered as a new one will be: from its content-chosen
+            # cells, by the rule that leaves unmatched channels as they are.
+            self.reference_landmarks_ = LandmarkReference.fit(embedding_cells)
+            maps = [self.reference_landmarks_.registration(e) for e in embedding_cells]
+            cells = [m.transform(x) for m, x in zip(maps, cells)]
+            embedding_cells = [m.transform(e) for m, e in zip(maps, embedding_cells)]
         return cells, embedding_cells, [d.train_labels for d in digests]
+
+    def _patient_registration(self, chosen):
+        """The registration of one patient fitted on its content-chosen standardised cells
+        (m, d): a QuantileRegistration, a LandmarkRegistration, or None without ``align``."""
+        if getattr(self, "reference_quantiles_", None) is not None:
+            return QuantileRegistration(channel_quantiles(chosen), self.reference_quantiles_)
+        if getattr(self, "reference_landmarks_", None) is not None:
+            return self.reference_landmarks_.registration(chosen)
+        return None
 
     def _fit_scales(self, raw_parts, first):
         """The transform (unless given) and the standardisation, from raw events on channels_."""
@@ -68,11 +86,12 @@ class ChannelPreprocessing:
 
     def standardised_cells(self, sample) -> np.ndarray:
         """A sample's events on the model's channels as the classifier sees them: transformed,
-        standardised (and registered, with ``align="quantile"``): (n, d)."""
+        standardised (and registered, with ``align="quantile"`` or ``"landmarks"``): (n, d)."""
         sample = self._compensated(sample)
         indices = self._channel_indices(sample)
         cells = self._standardise(sample.events[:, indices])
-        if getattr(self, "reference_quantiles_", None) is None:
+        if (getattr(self, "reference_quantiles_", None) is None
+                and getattr(self, "reference_landmarks_", None) is None):
             return cells
         return self._registered(cells, self._chosen_cells(sample.events, indices)[0])
 

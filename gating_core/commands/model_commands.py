@@ -24,6 +24,9 @@ EVALUATION_METHODS += ("marginal-single-bandwidth",)
 EVALUATION_METHODS += ("marginal-no-self-training",)
 EVALUATION_METHODS += ("qda", "trees")
 EVALUATION_METHODS += ("marginal-no-adaptive", "adaptive-lda", "marginal-no-augment")
+EVALUATION_METHODS += ("marginal-landmarks",)
+# gating_core.alignment.ALIGNMENTS (checked by tests/test_landmark_alignment.py).
+ALIGNMENTS = ("none", "quantile", "landmarks")
 DEFAULT_POOLED_WEIGHT = 0.5
 DEFAULT_ADAPTIVE_WEIGHT = "auto"
 DEFAULT_CLASS_BALANCE = 0.0
@@ -118,7 +121,9 @@ def register(subparsers) -> None:
                                "patients towards the worst mixture, marginal-select-worst chooses every hyperparameter "
                                "for the worst held-out group; marginal-single-bandwidth fits the marginal model at the "
                                "selected cell bandwidth only, as before session 12; marginal-no-self-training gates "
-                               "without the self-training step, as before session 13)")
+                               "without the self-training step, as before session 13; marginal-landmarks registers "
+                               "each channel's density peaks onto the training patients' consensus peaks, channels "
+                               "whose peaks do not match left as they are)")
     evaluate.add_argument("--groups", metavar="FILE|KEYWORD",
                           help="the group (center, batch, run) of each patient: a CSV (patient, group) or an "
                                "FCS keyword such as $CYTSN, $INST or $DATE; default: near-duplicate patients "
@@ -183,6 +188,12 @@ def _model_options(parser) -> None:
                        help="share of each patient's own populations (Gaussians adapted to its cells by EM) in the "
                             "final probabilities, 0 to 1, or 'auto' (default: chosen by cross-validation over "
                             "groups; 0: the transfer model alone)")
+    group.add_argument("--align", choices=ALIGNMENTS, default="none",
+                       help="register each channel of every patient before the kernel model sees it: quantile "
+                            "(quantiles onto the training patients' mean) or landmarks (density peaks onto the "
+                            "training patients' consensus peaks; a channel whose peaks do not match one-to-one "
+                            "is left as it is); default none. Options: each lost on some data set "
+                            "(docs/alignment.md)")
     group.add_argument("--seed", type=int, default=0, help="random seed (results are reproducible)")
 
 
@@ -228,6 +239,8 @@ def _model_params(args) -> dict:
         params["bandwidth_x_hedge"] = None
     if args.no_self_training:
         params["self_training"] = False
+    if args.align != "none":
+        params["align"] = args.align
     if args.channels:
         params["channels"] = args.channels
     return params
@@ -378,6 +391,11 @@ def run_train(args) -> int:
         print(f"Training cells: population-balanced draw (class_balance = {info['class_balance']:g})")
     if info["cv_accuracy"] is not None:
         print(f"Cross-validated accuracy over patients: {info['cv_accuracy']:.4f}")
+    if getattr(model, "align", "none") == "landmarks":
+        print("Alignment: landmarks (each channel's density peaks onto the training patients' consensus peaks; "
+              "a channel whose peaks do not match one-to-one is left as it is)")
+    elif getattr(model, "align", "none") == "quantile":
+        print("Alignment: quantile (each channel's quantiles onto the training patients' mean)")
     if info.get("self_training"):
         print("Gating: each patient's gates follow its own confident cells (self-training; "
               "--no-self-training turns it off)")
@@ -406,7 +424,8 @@ def _iw_model(args):
                         ("--select-embedding-bandwidth", args.select_embedding_bandwidth),
                         ("--single-bandwidth", args.single_bandwidth),
                         ("--no-self-training", args.no_self_training),
-                        ("--adaptive-weight", args.adaptive_weight != DEFAULT_ADAPTIVE_WEIGHT)):
+                        ("--adaptive-weight", args.adaptive_weight != DEFAULT_ADAPTIVE_WEIGHT),
+                        ("--align", args.align != "none")):
         if given:
             return _usage(f"{flag} does not apply to --method {IW_METHOD} (a squared-loss KRR refitted per patient)")
     if args.landmarks < 1:
