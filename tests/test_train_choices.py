@@ -30,6 +30,11 @@ CHOICES = {
                          "pooling, logistic loss", 0.995),
     "multitask-0.01": (("--method", "multitask", "--task-similarity", "0.01"),
                        {"method": "multitask", "loss": "squared", "task_similarity": 0.01}, "multitask tau=0.01", 0.985),
+    # The distributionally robust ("agnostic") objective: patients weighted towards the worst mixture.
+    "agnostic": (("--patient-weighting", "agnostic"),
+                 {"method": "marginal", "loss": "squared", "patient_weighting": "agnostic"}, "marginal", 0.995),
+    "prior-shift-em": (("--prior-shift", "em"), {"method": "marginal", "loss": "squared", "prior_shift": "em"},
+                       "marginal", 0.995),
 }
 
 

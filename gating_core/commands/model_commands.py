@@ -194,6 +194,16 @@ def _model_options(parser) -> None:
                             "training patients' consensus peaks; a channel whose peaks do not match one-to-one "
                             "is left as it is); default none. Options: each lost on some data set "
                             "(docs/alignment.md)")
+    group.add_argument("--patient-weighting", choices=("uniform", "agnostic"), default="uniform",
+                       help="how training patients weigh in the objective: 'uniform' (every patient the same, the "
+                            "default) or 'agnostic' (towards the worst mixture of training patients, by "
+                            "exponentiated-gradient reweighting: the distributionally robust objective)")
+    group.add_argument("--selection-objective", choices=("mean", "worst"), default="mean",
+                       help="what model selection maximises over held-out groups: their mean accuracy (default) "
+                            "or the worst group's")
+    group.add_argument("--prior-shift", choices=("none", "em"), default="none",
+                       help="'em': re-estimate each gated patient's population shares from its own cells (Saerens "
+                            "et al. 2002) and adjust the probabilities to them (default: none)")
     group.add_argument("--seed", type=int, default=0, help="random seed (results are reproducible)")
 
 
@@ -235,6 +245,9 @@ def _model_params(args) -> dict:
               "class_balance": args.class_balance, "random_state": args.seed}
     params["pooled_weight"] = _pooled_weight(args.pooled_weight)
     params["adaptive_weight"] = _pooled_weight(args.adaptive_weight)
+    params["patient_weighting"] = args.patient_weighting
+    params["selection_objective"] = args.selection_objective
+    params["prior_shift"] = args.prior_shift
     if args.single_bandwidth:
         params["bandwidth_x_hedge"] = None
     if args.no_self_training:

@@ -1,0 +1,117 @@
+"""Patients from runs, batches and centers the model has never seen, on every data set at hand:
+the default beside the standard methods and beside itself without each of its parts.
+
+Data sets and protocols (each a line of the tables in docs/unseen_data.md):
+
+- ``mc-pair``: the shared multicenter mass cytometry samples, leave one replicate pair out;
+- ``mc-batch``: the same, leave one batch out (train on A, gate B; train on B, gate A);
+- ``dlbcl-batch``: the shared FlowCAP DLBCL biopsies (flow, channel scale), train on one batch and
+  gate the other, both ways;
+- ``dlbcl-folds``: the same biopsies, 2 random folds over patients;
+- ``sim-<seed>``: a simulated 4-center flow cohort (``simulate_centers(4, 3, seed, 6000,
+  strength=2.0)``), leave one center out;
+- ``hard-<kind>``: the simulator's hard cohorts (``simulate_hard_cohort``): ``channel-scale-shift``
+  (train on one batch, gate the other), ``partial-population`` and ``rare`` (leave one center
+  out).
+
+Run: ``python bench/bench_unseen.py --sets mc-batch,dlbcl-batch --methods marginal,lda,trees
+--csv out.csv`` (``--list`` names the sets); the per-patient rows go to ``--csv``, and the
+summary (mean and worst patient accuracy, macro-F1) is printed per set. Shared data are read
+from ``../shared/data`` (or ``$GATING_SHARED_DATA``); sets whose data are missing are skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from gating_core.evaluation import (leave_one_group_out, patient_folds, summarize,  # noqa: E402
+                                    train_on_one_group)
+from gating_core.inputs import load_labeled_input  # noqa: E402
+from gating_core.synthetic import simulate_centers, simulate_hard_cohort  # noqa: E402
+
+SHARED = Path(os.environ.get("GATING_SHARED_DATA", Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
+SETS = ("mc-pair", "mc-batch", "dlbcl-batch", "dlbcl-folds", "sim-11", "sim-13", "sim-14",
+        "hard-channel-scale-shift", "hard-partial-population", "hard-rare")
+
+
+def _shared(name: str, column: str):
+    folder = SHARED / name
+    if not (folder / "groups.csv").exists():
+        return None
+    groups = pd.read_csv(folder / "groups.csv").set_index("patient")[column]
+    data = [load_labeled_input(p) for p in sorted(folder.glob(f"{name}_*.fcs"))]
+    return [s for s, _ in data], [y for _, y in data], [str(groups[s.name]) for s, _ in data]
+
+
+def run_set(name: str, methods, seed: int) -> pd.DataFrame | None:
+    params = {"random_state": seed}
+    if name.startswith("mc-"):
+        loaded = _shared("multicenter", "pair" if name == "mc-pair" else "batch")
+        if loaded is None:
+            return None
+        samples, labels, groups = loaded
+        return leave_one_group_out(samples, labels, groups, methods=methods, model_params=params)
+    if name.startswith("dlbcl-"):
+        loaded = _shared("dlbcl", "group")
+        if loaded is None:
+            return None
+        samples, labels, groups = loaded
+        if name == "dlbcl-batch":
+            return train_on_one_group(samples, labels, groups, methods=methods, model_params=params)
+        return patient_folds(samples, labels, 2, methods=methods, model_params=params, groups=groups, seed=seed)
+    if name.startswith("sim-"):
+        cohort, center_of = simulate_centers(4, 3, seed=int(name[4:]), n_events=6000, strength=2.0)
+    elif name.startswith("hard-"):
+        cohort, center_of = simulate_hard_cohort(name[5:], seed=1)
+    else:
+        raise SystemExit(f"unknown set {name!r}; --list names them")
+    samples, labels = [c[0] for c in cohort], [np.asarray(c[1]).astype(str) for c in cohort]
+    groups = [center_of[s.name] for s in samples]
+    if name == "hard-channel-scale-shift":
+        return train_on_one_group(samples, labels, groups, methods=methods, model_params=params)
+    return leave_one_group_out(samples, labels, groups, methods=methods, model_params=params)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sets", default=",".join(SETS), help="comma-separated sets (default: all)")
+    parser.add_argument("--methods", default="marginal,pooled-logistic,lda,qda,trees",
+                        help="comma-separated evaluate methods (default: the default and the standard methods)")
+    parser.add_argument("--seed", type=int, default=0, help="model seed")
+    parser.add_argument("--csv", help="write every per-patient row here (appended per set)")
+    parser.add_argument("--list", action="store_true", help="name the sets and stop")
+    args = parser.parse_args(argv)
+    if args.list:
+        print("\n".join(SETS))
+        return 0
+    methods = [m for m in args.methods.split(",") if m]
+    tables = []
+    for name in [s for s in args.sets.split(",") if s]:
+        start = time.time()
+        table = run_set(name, methods, args.seed)
+        if table is None:
+            print(f"== {name}: data not found, skipped", flush=True)
+            continue
+        table.insert(0, "set", name)
+        tables.append(table)
+        summary = summarize(table)
+        with pd.option_context("display.width", 200, "display.float_format", "{:.4f}".format):
+            print(f"\n== {name} ({time.time() - start:.0f} s)")
+            print(summary[["method", "mean_accuracy", "worst_accuracy", "worst_patient", "mean_macro_f1",
+                           "worst_macro_f1"]].to_string(index=False), flush=True)
+        if args.csv:
+            pd.concat(tables, ignore_index=True).to_csv(args.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
