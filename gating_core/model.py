@@ -63,7 +63,12 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     channels : list of str or None
         Channels to use ($PnN or $PnS); None: every channel all training patients share, except
         time / event-count channels and constant ones.
-    transform : "auto" or ChannelTransform
+    transform : "auto", ChannelTransform or dict
+        "auto": chosen from what the files are (:func:`~gating_core.transforms.default_transform`:
+        arcsinh(x / 5) on a mass cytometer, arcsinh(x / 150) on flow fluorescence, scatter linear,
+        channels already on a 0-1023 channel scale used as they are); a dict changes some
+        channels of that choice, ``{"FL1.LOG": "arcsinh:150", "CD3": "channel-scale"}`` (keys
+        $PnN or marker; values as :func:`~gating_core.transforms.parse_transform_spec` reads).
     compensate : bool, default=True
         Apply a file's spillover matrix before gating.
     select : bool, default=True

@@ -48,7 +48,8 @@ def save_model(model, path) -> None:
         "format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION,
         "gating_core_version": __version__, "numpy_version": np.__version__,
         "python_version": platform.python_version(),
-        "params": {k: (v if not isinstance(v, ChannelTransform) else "custom") for k, v in model.get_params().items()},
+        "params": {k: (v if not isinstance(v, (ChannelTransform, dict)) else "custom")
+                   for k, v in model.get_params().items()},
         "channels": model.channels_, "channel_markers": model.channel_markers_,
         "transform": model.transform_.to_dict(), "populations": model.populations_,
         "training_patients": model.training_patients_,

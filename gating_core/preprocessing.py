@@ -15,7 +15,7 @@ from gating_core.alignment import ALIGNMENTS, LandmarkReference, QuantileRegistr
 from gating_core.digest import DigestView, find_channel
 from gating_core.features import content_subsample
 from gating_core.gate_result import ChannelMismatchError
-from gating_core.transforms import ChannelTransform, default_transform, is_time_like
+from gating_core.transforms import ChannelTransform, default_transform, is_time_like, with_overrides
 
 class ChannelPreprocessing:
     """Channels, compensation, transform and standardisation of a GatingModel (a mixin: it
@@ -79,6 +79,12 @@ class ChannelPreprocessing:
             pooled = np.vstack([r[: 20000] for r in raw_parts])
             ranges = [first.channels[i].range for i in self._channel_indices(first)]
             self.transform_ = default_transform(self.channels_, pooled, first.keywords, ranges)
+            if isinstance(self.transform, dict):  # some channels' transforms set by the user
+                self.transform_ = with_overrides(self.transform_, self.channels_, self.channel_markers_,
+                                                 self.transform)
+            elif self.transform != "auto":
+                raise ValueError(f"transform must be 'auto', a ChannelTransform or a dict of channel -> "
+                                 f"transform, got {self.transform!r}")
         pooled = np.vstack([self.transform_.apply(r[content_subsample(r, 5000)]) for r in raw_parts])
         self.center_ = pooled.mean(axis=0).astype(np.float32)
         scale = pooled.std(axis=0)

@@ -213,6 +213,61 @@ def default_transform(pnn: list[str], data: np.ndarray | None = None, keywords: 
     return ChannelTransform(kinds, params)
 
 
+def parse_transform_spec(spec: str) -> tuple[str, dict]:
+    """One channel's transform from text: ``arcsinh`` or ``arcsinh:COFACTOR``, ``linear`` or
+    ``linear:SCALE`` (x / SCALE), ``channel-scale`` (channel numbers 0-1023 used as they are: x /
+    1024), ``logicle`` or ``logicle:T``. Returns (kind, params) for :class:`ChannelTransform`."""
+    kind, _, number = str(spec).strip().lower().partition(":")
+    value = None
+    if number:
+        try:
+            value = float(number)
+        except ValueError:
+            value = float("nan")
+        if not (np.isfinite(value) and value > 0):
+            raise ValueError(f"transform {spec!r}: {number!r} is not a positive number")
+    if kind == "arcsinh":
+        return "arcsinh", {"cofactor": value or FLOW_COFACTOR}
+    if kind == "linear":
+        return "linear", {"scale": value or 1.0}
+    if kind == "channel-scale" and value is None:
+        return "linear", {"scale": CHANNEL_SCALE_TOP}
+    if kind == "logicle":
+        return "logicle", {"T": value or 262144.0, "W": 0.5, "M": 4.5, "A": 0.0}
+    raise ValueError(f"transform {spec!r}: expected arcsinh[:COFACTOR], linear[:SCALE], channel-scale or "
+                     "logicle[:T]")
+
+
+def with_overrides(transform: ChannelTransform, channels: list[str], markers: list[str],
+                   overrides: dict) -> ChannelTransform:
+    """``transform`` of ``channels`` with some channels' transforms replaced: ``overrides`` maps a
+    channel ($PnN or its marker $PnS) to a spec of :func:`parse_transform_spec`."""
+    kinds, params = list(transform.kinds), [dict(p) for p in transform.params]
+    for name, spec in overrides.items():
+        matches = [j for j, (c, m) in enumerate(zip(channels, markers)) if name in (c, m)]
+        if not matches:
+            raise ValueError(f"transform given for {name!r}, which is none of the model's channels "
+                             f"({', '.join(channels)})")
+        for j in matches:
+            kinds[j], params[j] = parse_transform_spec(spec)
+    return ChannelTransform(kinds, params)
+
+
+def describe_transform(transform: ChannelTransform, channels: list[str]) -> list[str]:
+    """One short text per channel: ``"FL1.LOG: channel scale (x / 1024)"``, ``"CD3: arcsinh(x / 5)"``."""
+    out = []
+    for name, kind, p in zip(channels, transform.kinds, transform.params):
+        if kind == "arcsinh":
+            out.append(f"{name}: arcsinh(x / {p.get('cofactor', FLOW_COFACTOR):g})")
+        elif kind == "linear" and p.get("scale") == CHANNEL_SCALE_TOP:
+            out.append(f"{name}: channel scale (x / 1024)")
+        elif kind == "linear":
+            out.append(f"{name}: linear (x / {p.get('scale', 1.0):g})")
+        else:
+            out.append(f"{name}: logicle (T {p.get('T', 262144.0):g})")
+    return out
+
+
 def transform_for_display(kind: str, cofactor: float | None = None) -> ChannelTransform:
     """A one-channel transform for plotting (linear / arcsinh / logicle with standard parameters)."""
     if kind == "linear":

@@ -59,3 +59,32 @@ def test_the_shared_flowcap_files_are_found_on_their_channel_scale(dlbcl_dir):
     found = channel_scale_channels(sample.pnn, sample.events, ranges)
     assert sorted(found) == ["FL1.LOG", "FL2.LOG", "FL4.LOG"]
     assert default_transform(sample.pnn, sample.events, sample.keywords, ranges).kinds == ["linear"] * 3
+
+
+def test_a_user_changes_some_channels_and_keeps_the_rest(sample_data_dir, tmp_path):
+    from gating_core.inputs import load_labeled_input
+    from gating_core.model import GatingModel
+    from gating_core.transforms import describe_transform, parse_transform_spec
+
+    assert parse_transform_spec("arcsinh:5") == ("arcsinh", {"cofactor": 5.0})
+    assert parse_transform_spec("channel-scale") == ("linear", {"scale": CHANNEL_SCALE_TOP})
+    for bad in ("arcsinh:-1", "arcsinh:x", "square", "channel-scale:3"):
+        with pytest.raises(ValueError, match="transform"):
+            parse_transform_spec(bad)
+    data = [load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_0[1-3].fcs"))]
+    settings = dict(select=False, n_features=64, cells_per_patient=300, adaptive_weight=0.0)
+    auto = GatingModel(**settings).fit([s for s, _ in data], [y for _, y in data])
+    changed = GatingModel(transform={"CD3": "arcsinh:40", "FL2-A": "linear:1000"}, **settings).fit(
+        [s for s, _ in data], [y for _, y in data])
+    by_channel = dict(zip(changed.channels_, zip(changed.transform_.kinds, changed.transform_.params)))
+    cd3 = changed.channels_[changed.channel_markers_.index("CD3")]
+    assert by_channel[cd3] == ("arcsinh", {"cofactor": 40.0})
+    assert by_channel["FL2-A"] == ("linear", {"scale": 1000.0})
+    untouched = [j for j, c in enumerate(changed.channels_) if c not in (cd3, "FL2-A")]
+    assert [changed.transform_.kinds[j] for j in untouched] == [auto.transform_.kinds[j] for j in untouched]
+    assert "FL2-A: linear (x / 1000)" in describe_transform(changed.transform_, changed.channels_)
+    path = tmp_path / "m.npz"
+    changed.save(path)
+    assert GatingModel.load(path).transform_.to_dict() == changed.transform_.to_dict()
+    with pytest.raises(ValueError, match="none of the model's channels"):
+        GatingModel(transform={"CD99": "linear"}, **settings).fit([s for s, _ in data], [y for _, y in data])

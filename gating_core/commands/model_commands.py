@@ -162,6 +162,12 @@ def _model_options(parser) -> None:
     group = parser.add_argument_group("model options (defaults suit flow and mass cytometry)")
     group.add_argument("--channels", nargs="+", metavar="NAME", help="channels to use ($PnN or marker); default: all shared")
     group.add_argument("--no-compensation", action="store_true", help="ignore spillover matrices in the files")
+    group.add_argument("--transform", action="append", metavar="CHANNEL=KIND", default=[],
+                       help="set one channel's transform ($PnN or marker; repeatable): arcsinh[:COFACTOR], "
+                            "linear[:SCALE], channel-scale (values 0-1023 used as they are) or logicle[:T]. "
+                            "Default: arcsinh(x/5) on mass cytometers, arcsinh(x/150) on flow fluorescence, "
+                            "scatter linear, and channels found already on a channel scale (whole numbers "
+                            "0-1023) as they are; train prints what each channel got")
     group.add_argument("--no-selection", action="store_true", help="skip cross-validated model selection (heuristic bandwidths)")
     group.add_argument("--select-embedding-bandwidth", action="store_true",
                        help="also choose the embedding bandwidth sigma' by the cross-validation (default: the "
@@ -256,7 +262,26 @@ def _model_params(args) -> dict:
         params["align"] = args.align
     if args.channels:
         params["channels"] = args.channels
+    if args.transform:
+        params["transform"] = _transform_overrides(args.transform)
     return params
+
+
+def _transform_overrides(items) -> dict:
+    """``--transform CHANNEL=KIND`` options as GatingModel's ``transform`` dict (usage errors exit 2)."""
+    from gating_core.transforms import parse_transform_spec
+
+    overrides = {}
+    for item in items:
+        name, sep, spec = item.partition("=")
+        if not sep or not name.strip():
+            raise SystemExit(_usage(f"--transform {item!r}: expected CHANNEL=KIND, e.g. FL1.LOG=channel-scale"))
+        try:
+            parse_transform_spec(spec)
+        except ValueError as exc:
+            raise SystemExit(_usage(f"--transform {name.strip()}: {exc}"))
+        overrides[name.strip()] = spec.strip()
+    return overrides
 
 
 def _load_inputs(paths, compensate: bool):
@@ -390,6 +415,10 @@ def run_train(args) -> int:
     info = model.describe()
     print(f"Method: {_method_label(info['method'], info['loss'], info['task_similarity'])}")
     print(f"Channels: {', '.join(info['channels'])}")
+    from gating_core.transforms import ChannelTransform, describe_transform
+
+    print("Transform: " + "; ".join(describe_transform(ChannelTransform.from_dict(info["transform"]),
+                                                         info["channels"])))
     print(f"Populations: {', '.join(info['populations'])}")
     bandwidth_p = "-" if info["bandwidth_p"] is None else f"{info['bandwidth_p']:.4g}"
     if info.get("kernel_x") == "linear":  # no sigma_X (or sigma') to report
