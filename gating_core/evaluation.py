@@ -54,7 +54,9 @@ ALL_METHODS += ("marginal-single-bandwidth",)
 ALL_METHODS += ("marginal-no-self-training",)
 # Landmark (peak) registration of each channel, with its skip rule (gating_core.alignment).
 ALL_METHODS += ("marginal-landmarks",)
-#: GatingModel settings of each kernel method (on top of the user's model parameters).
+#: GatingModel settings of each kernel method (on top of the user's model parameters). The
+#: method's family (hinge, linear kernel, agnostic weighting, selection for the worst group, DICA)
+#: is measured as the papers' systems: without the adapted populations.
 METHOD_SETTINGS = {
     "marginal": {"method": "marginal"},
     # The marginal model without its pooled companion (pooled_weight=0): what the blend adds.
@@ -68,16 +70,16 @@ METHOD_SETTINGS = {
     "pooling": {"method": "pooling"},
     # The papers' loss: a cost-sensitive linear SVM on the same features (penalty and bandwidths
     # from the squared loss's selection).
-    "marginal-hinge": {"method": "marginal", "loss": "hinge"},
+    "marginal-hinge": {"method": "marginal", "loss": "hinge", "adaptive_weight": 0.0},
     # The multitask kernel k_P = tau between training patients (NIPS 2011 table: 0.01 and 0.5);
     # a new patient is gated by the part shared across patients.
     "multitask-0.01": {"method": "multitask", "task_similarity": 0.01},
     "multitask-0.5": {"method": "multitask", "task_similarity": 0.5},
     # Linear k_X and k'_X (JMLR section 8.5): the embedding is the mean cell, each patient's gate
     # linear in the cell, k_P Gaussian on the means; its pooled companion is linear logistic.
-    "marginal-linear": {"method": "marginal", "kernel_x": "linear"},
+    "marginal-linear": {"method": "marginal", "kernel_x": "linear", "adaptive_weight": 0.0},
     # Exponentiated-gradient patient weights towards the worst mixture of training patients.
-    "marginal-agnostic": {"method": "marginal", "patient_weighting": "agnostic"},
+    "marginal-agnostic": {"method": "marginal", "patient_weighting": "agnostic", "adaptive_weight": 0.0},
     # One fit of the marginal model, at the selected sigma_X (session 11's default).
     "marginal-single-bandwidth": {"method": "marginal", "bandwidth_x_hedge": None},
     # The default without its self-training step at gating time (session 12's default).
@@ -89,10 +91,10 @@ METHOD_SETTINGS = {
     # The default without the shift augmentation of its training patients.
     "marginal-no-augment": {"method": "marginal", "n_augment": 0},
     # Every hyperparameter chosen for the worst held-out group of the cross-validation.
-    "marginal-select-worst": {"method": "marginal", "selection_objective": "worst"},
+    "marginal-select-worst": {"method": "marginal", "selection_objective": "worst", "adaptive_weight": 0.0},
     # Supervised DICA on the fold's training patients, then the default marginal model on the
     # projected cells: the embedding is of the projected cells (GatingModel's ``dica``).
-    "dica-marginal": {"method": "marginal", "dica": "supervised"},
+    "dica-marginal": {"method": "marginal", "dica": "supervised", "adaptive_weight": 0.0},
     # The product's pooling before shift augmentation: one ridge classifier on all cells
     # (uniformly drawn, as it was).
     "pooled-ridge": {"method": "pooling", "n_augment": 0, "class_balance": 0.0},

@@ -152,6 +152,14 @@ with st.expander("Channels and hyperparameters (automatic unless you change them
                 params[name] = col.checkbox(name, value=p.default, key=f"{prefix}{name}")
             elif isinstance(p.default, (int, float)):
                 params[name] = col.number_input(name, value=p.default, key=f"{prefix}{name}")
+            elif p.default == "auto":  # chosen by cross-validation unless set
+                value = col.number_input(f"{name} (empty = cross-validated)", value=None, min_value=0.0,
+                                         max_value=1.0, format="%.4g", key=f"{prefix}{name}")
+                if value is not None:
+                    params[name] = float(value)
+                hand_defaults[name] = p.default
+                k += 1
+                continue
             elif p.default is None:
                 value = col.number_input(f"{name} (empty = automatic)", value=None, min_value=0.0, format="%.4g",
                                          key=f"{prefix}{name}")

@@ -54,10 +54,11 @@ def finish_jobs(at: AppTest, timeout: float = 600) -> AppTest:
 
 
 def train_quick_model(at: AppTest, patients=("patient_01", "patient_02", "patient_03"),
-                      pooled_weight=None) -> AppTest:
+                      pooled_weight=None, adaptive_weight=None) -> AppTest:
     """On the Train page, a marginal model of ``patients`` with hyperparameters by hand (no
     cross-validated selection, 1,500 cells each, so the test stays quick; the companion's
-    ``pooled_weight`` when given), its job finished."""
+    ``pooled_weight`` and the adapted populations' ``adaptive_weight`` when given), its job
+    finished."""
     at = goto(at, "pages/4_train.py")
     at.multiselect(key="train_patients").set_value(list(patients))
     at.run()
@@ -67,6 +68,8 @@ def train_quick_model(at: AppTest, patients=("patient_01", "patient_02", "patien
     at.number_input(key="hp_cells_per_patient").set_value(1500)
     if pooled_weight is not None:
         at.number_input(key="hp_pooled_weight").set_value(pooled_weight)
+    if adaptive_weight is not None:
+        at.number_input(key="hp_adaptive_weight").set_value(adaptive_weight)
     at.run()
     at.button(key="train_button").click()
     at.run()

@@ -238,7 +238,7 @@ def test_command_line_names_match_the_library():
     from gating_core.evaluation import METHOD_SETTINGS
 
     assert CLI_KERNELS == KERNELS_X
-    assert METHOD_SETTINGS["marginal-linear"] == {"method": "marginal", "kernel_x": "linear"}
+    assert METHOD_SETTINGS["marginal-linear"] == {"method": "marginal", "kernel_x": "linear", "adaptive_weight": 0.0}
 
 
 def test_linear_marginal_transfer_gates_a_held_out_multicenter_pair(multicenter_dir):

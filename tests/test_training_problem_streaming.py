@@ -163,8 +163,9 @@ def digests():
 
 
 def _small_model():
+    # The transfer model alone: the adapted populations' cross-validation refits it per fold.
     return GatingModel(n_features=96, n_embedding_features=24, cells_per_patient=1500, embedding_cells=2500,
-                       selection_cells_per_patient=500, n_augment=2, random_state=0)
+                       selection_cells_per_patient=500, n_augment=2, random_state=0, adaptive_weight=0.0)
 
 
 def _summary(model):
