@@ -1,4 +1,4 @@
-"""The default's two parts on unseen groups, and what else was tried in their place (issue 9).
+"""The default's two parts on unseen groups, and what else was tried in their place.
 
 The default gates a patient with ``(1 - w) p_marginal + w p_companion``: the marginal model
 (ridge on the product features, shift augmentation) and its pooled companion (logistic, no
@@ -22,7 +22,7 @@ without augmentation), ``wide`` (1,024 features), ``companion-sx`` / ``wider-sx`
 model at the companion's selected sigma_X / at the wider of the two models' sigma_X). The held-out patients' standardised cells are
 kept (float16) for the transductive rules below.
 
-Further models (``--alternatives``, session 10; :data:`EXTRAS`): ``companion-linear`` (the
+Further models (``--alternatives``; :data:`EXTRAS`): ``companion-linear`` (the
 companion on [its random features, x / sqrt(d)]: a Gaussian + linear kernel), ``lda`` (its
 posteriors, blended with the default's at 0.25 and 0.5), ``marginal-plus-linear`` (the
 marginal model with x / sqrt(d) appended), each scored alone and in the default's blend.
@@ -59,9 +59,9 @@ from gating_core.classifier import MarginalTransferClassifier  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
 
 ALTERNATIVES = ("logistic", "logistic-plain", "wide", "companion-sx", "wider-sx")
-#: What ``run`` fits when ``--alternatives`` is not given (the tables of session 9).
+#: What ``run`` fits when ``--alternatives`` is not given.
 DEFAULT_ALTERNATIVES = ("logistic", "logistic-plain", "wide")
-#: Alternatives that are not a MarginalTransferClassifier refit (session 10): fitted by
+#: Alternatives that are not a MarginalTransferClassifier refit: fitted by
 #: :func:`fit_extra` on the fold's cells, each a predict_proba(x, embedding) callable.
 #: ``companion-linear``: the pooled companion's logistic model (same random features, cells,
 #: 1/N patient weights, penalty) on [its random Fourier features of x, x / sqrt(d)]: the sum

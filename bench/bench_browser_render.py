@@ -1,11 +1,12 @@
 """Benchmark: what the browser spends drawing each kind of scatter figure the app sends.
 
 The app's figures are built by ``ui.charts`` from one simulated patient: a density heatmap
-(Explore, Gate, Auto-gate), the same with a layer of invisible points under it (what the Gate
-page sent before session 7 to carry lasso selection, as WebGL or as SVG points), Explore's
-population view as it was (up to 20,000 coloured WebGL dots; Auto-gate's plot still) and as it
-is (every event binned, each bin in its majority population's colour: one PNG image), beside the
-same picture sent as an RGBA array, as a discrete-colour heatmap, and with hover text per bin.
+(Explore, Gate, Auto-gate), the same with a layer of invisible points under it (the other way
+to carry lasso selection, as WebGL or as SVG points: what it would cost), Explore's population
+view as dots (up to 20,000 coloured WebGL dots: its "population dots" option and Auto-gate's
+plot) and as an image (every event binned, each bin in its majority population's colour: one
+PNG image), beside the same picture sent as an RGBA array, as a discrete-colour heatmap, and
+with hover text per bin.
 Each figure is serialised as ``st.plotly_chart`` sends it and drawn with Plotly's own ``newPlot``
 in the Chromium the browser tests use (headless, no GPU: WebGL is drawn in software),
 ``--repeats`` times, from a blank plot to the first frame after it; the printed figures are the

@@ -3,7 +3,7 @@
 For each cohort: one training of the default model on all patients; the check by subtraction
 (``leave_one_patient_out(..., refit="subtract")``, the default of ``evaluate`` and of the app);
 and, unless ``--no-full``, the check by full refits (one training per fold). Prints the times,
-the ratios check / training (issue 14's target: at most 2) and the accuracies of both checks
+the ratios check / training (the target: at most 2) and the accuracies of both checks
 per patient, so that what subtraction changes is visible beside what it saves.
 
 Both wall time and this process's CPU time (all its threads) are printed: on a machine shared

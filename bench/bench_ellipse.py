@@ -165,8 +165,7 @@ def select_hinge_alpha(samples, labels, params: dict, alphas=HINGE_ALPHAS, folds
     return float(max(a for a, s in zip(alphas, scores) if s >= best - 1e-12))
 
 
-# -- the authors' protocol (docs/ellipse.md: "What the authors' code does differently" and the
-# issue 10 follow-up, where it is measured) --------------------------------------------------------
+# -- the authors' protocol (docs/ellipse.md, "The authors' protocol, measured") -------------------
 #
 # Written from the description of their code in docs/ellipse.md, not copied. The kernel is the
 # product's (Gaussian k_P on the embedding times Gaussian k_X, the embedding a random-Fourier mean

@@ -1,4 +1,4 @@
-"""The issue-10 family on groups the model has never seen: every method in the same run.
+"""The marginal-transfer family on groups the model has never seen: every method in the same run.
 
 On the shared multicenter CyTOF data (../shared/data/multicenter; ``groups.csv`` with columns
 patient, pair, batch), two protocols that hold out whole groups (as ``bench_centers.py``):
@@ -7,7 +7,7 @@ patient, pair, batch), two protocols that hold out whole groups (as ``bench_cent
 - train on the earlier BATCH, gate the later one.
 
 Methods, all on the same splits: ``marginal`` (the product's default), ``pooled-logistic`` and
-``lda`` (the baselines), and the issue-10 systems ``dica-pooling`` (DICA, then a pooled
+``lda`` (the baselines), and the papers' further systems ``dica-pooling`` (DICA, then a pooled
 logistic regression), ``dica-marginal`` (DICA, then marginal transfer on the projected cells),
 ``marginal-hinge`` (the papers' hinge loss), ``multitask-0.01`` and ``multitask-0.5`` (k_P = tau
 between training patients). Prints mean / worst-patient accuracy per method and protocol, and

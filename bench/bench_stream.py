@@ -1,4 +1,4 @@
-"""Benchmark: streamed gating of big files (issue 14): peak memory, throughput, busy machine.
+"""Benchmark: streamed gating of big files: peak memory, throughput, busy machine.
 
 Prints, with ratios against baselines measured in the same run:
 

@@ -1,6 +1,7 @@
 """``make bench``: the benchmarks of the product's targets, each printing its figures and ratios to
 a same-run baseline. Longer studies run on their own (``bench_centers``, ``bench_library_training``
-at 200 patients, ``bench_explore``, the issue-10 systems' benches): see each file's docstring."""
+at 200 patients, ``bench_explore``, the benches of DICA, IW-Nystroem and the papers' other systems):
+see each file's docstring."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 Arrow dictionary-encodes every column by default and gives up on a column only once a row
 group's dictionary outgrows its page. Cytometry channels are either floats that hardly repeat
 (modern instruments, compensated or transformed values) or integers of 10-18 bits (older
-instruments). Measured on 1,000,000 events (docs/scaling.md, session 15):
+instruments). Measured on 1,000,000 events (docs/scaling.md, "Parquet output"):
 
 - 20 float32 channels of distinct values, 262,144-row groups, snappy: 0.89 s and 129.5 MB with
   Arrow's defaults, 0.12 s and 84.5 MB without dictionaries; one zstd row group: 0.35 s /

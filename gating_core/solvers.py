@@ -233,7 +233,7 @@ LBFGS_GTOL = 1e-6
 #: longer memory models the loss's curvature better on most of our problems. Companion fits,
 #: iterations with 10 -> 30 pairs: multicenter 84 -> 61, two simulated cohorts 71 -> 59 and
 #: 61 -> 44, the multicenter check's eleven fits 418 -> 281 (accuracies the same to 1e-4); but
-#: the sample data 29 -> 31 and a 200-patient library 44 -> 51 (docs/scaling.md, session 14).
+#: the sample data 29 -> 31 and a 200-patient library 44 -> 51 (docs/scaling.md, "L-BFGS memory").
 LBFGS_MEMORY = 30
 
 
@@ -562,7 +562,7 @@ class _Preconditioned:
     A fold of the held-out check differs from the fit on all patients by its held-out
     patients; with the curvature there minus theirs, the fold's problem is nearly the identity
     in u, and L-BFGS needs a few iterations instead of 20-25 (multicenter companion, 10 folds:
-    4-7 against 18-26, and closer to each fold's optimum, docs/scaling.md, session 15).
+    4-7 against 18-26, and closer to each fold's optimum; docs/scaling.md, "The check").
 
     Why C: adding one vector to every class's column of W (or one number to every intercept)
     leaves the softmax as it is, so the loss has no curvature that way, only the penalty's

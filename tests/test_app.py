@@ -125,7 +125,12 @@ def test_explore_density_counts_all_events_and_population_view(library):
     for name in chosen:
         expected = pd.Series(store.patients[name].labels).value_counts()
         assert counts[name].loc[expected.index].tolist() == expected.tolist()
-    assert "histogram" not in [s.value.lower() for s in at.subheader] or True
+    # The population view colours the scatter only: the histogram section below stays, one curve
+    # of all events per chosen patient.
+    assert "Histogram" in [s.value for s in at.subheader]
+    histogram = plotly_spec(at, 1)
+    assert all(t["type"] == "scatter" and t["mode"] == "lines" for t in histogram["data"])
+    assert sorted(t["name"] for t in histogram["data"]) == sorted(chosen)
 
 
 # ------------------------------------------------------------------------------------ Gate
@@ -399,7 +404,7 @@ def test_flowjo_workspace_uploaded_with_its_fcs_labels_the_patient(library, tmp_
         else f"other {raw.n_events - inside:,} · Mononuclear {inside:,}")
 
 
-# ------------------------------------------------------------------------------------ Issue 12 defects
+# ------------------------------------------------------------ Channel names, confirmations, background jobs
 
 def sidebar_text(at: AppTest) -> str:
     """The sidebar's session status. (AppTest drops sidebar elements drawn before the page on

@@ -1,4 +1,4 @@
-"""The Train page reaches DICA and the importance-weighted Nystroem model (issue 10): each is
+"""The Train page reaches DICA and the importance-weighted Nystroem model: each is
 chosen on the page, trained as a background job, stored in the library, named in the model
 summary, and gates on the Auto-gate page; an IW model file written elsewhere can be uploaded."""
 
@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from apptest_helpers import finish_jobs, goto, start, store_of, train_on_the_page
+from helpers import sample_cohort
 from ui.training import (IW_DEFAULTS, is_transductive, method_label, method_params, model_kind, refit_caption)
 
 
@@ -130,12 +131,10 @@ def test_iw_model_trained_on_the_page_is_stored_checked_and_gates(iw_trained, li
     assert any("does not offer refinement from corrections" in c.value for c in at.caption)
 
 
-def test_an_iw_model_file_uploads_and_a_corrupt_one_is_refused(library, sample_data_dir, tmp_path):
-    from gating_core.inputs import load_labeled_input
+def test_an_iw_model_file_uploads_and_a_corrupt_one_is_refused(library, tmp_path):
     from gating_core.iw_model import IWNystroemGatingModel
 
-    samples, labels = zip(*(load_labeled_input(sample_data_dir / f"patient_0{i}.fcs") for i in (1, 2, 4)))
-    model = IWNystroemGatingModel(cells_per_patient=300, n_landmarks=50).fit(list(samples), list(labels))
+    model = IWNystroemGatingModel(cells_per_patient=300, n_landmarks=50).fit(*sample_cohort([1, 2, 4]))
     path = tmp_path / "iw.npz"
     model.save(path)
     data = path.read_bytes()

@@ -1,4 +1,4 @@
-"""The Train page's method and loss choices (issue 10): hinge loss and the multitask baseline
+"""The Train page's method and loss choices: hinge loss and the multitask baseline
 reach the model a user trains in the app, its library copy and its summary."""
 
 from __future__ import annotations

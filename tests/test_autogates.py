@@ -15,6 +15,7 @@ from gating_core.gates import (AxisScale, GateError, GateTree, boolean_gate, pan
                                rectangle_gate)
 from gating_core.inputs import load_labeled_input
 from ui.app_state import autogate_templates
+from helpers import sample_cohort
 
 
 @pytest.fixture(scope="module")
@@ -131,9 +132,7 @@ def test_fitted_gates_agree_with_a_models_predictions(sample_data_dir, template)
     with its predictions above 0.9 (measured: lowest 0.961, Granulocytes)."""
     from gating_core import GatingModel
 
-    training = [load_labeled_input(sample_data_dir / f"patient_{i:02d}.fcs") for i in (1, 2, 3, 4)]
-    model = GatingModel(select=False, cells_per_patient=1500, random_state=0).fit(
-        [s for s, _ in training], [y for _, y in training])
+    model = GatingModel(select=False, cells_per_patient=1500, random_state=0).fit(*sample_cohort(range(1, 5)))
     sample, truth = _new_patient(sample_data_dir, 2)
     predicted = np.asarray(model.gate(sample).populations).astype(str)
     fit = fit_gate_tree(template, sample, predicted)

@@ -3,15 +3,13 @@ training, the patient library's digests, the model file and the command line car
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 from gating_core.digest import digest_patient, population_allocation, training_rows
 from gating_core.model import DEFAULT_CLASS_BALANCE, GatingModel
 from gating_core.synthetic import simulate_patient
+from helpers import run_cli
 
 
 @pytest.mark.parametrize("balance, expected", [
@@ -96,6 +94,5 @@ def test_the_command_line_default_is_the_model_default_and_bad_values_are_refuse
     from gating_core.commands import model_commands
 
     assert model_commands.DEFAULT_CLASS_BALANCE == DEFAULT_CLASS_BALANCE
-    done = subprocess.run([sys.executable, "-m", "gating_core", "train", "--out", str(tmp_path / "m.npz"),
-                           "--class-balance", "1.5", "x.fcs"], capture_output=True, text=True)
+    done = run_cli("train", "--out", tmp_path / "m.npz", "--class-balance", "1.5", "x.fcs")
     assert done.returncode != 0 and "--class-balance" in done.stderr and "within [0, 1]" in done.stderr

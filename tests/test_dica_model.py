@@ -5,9 +5,6 @@ values refused, and evaluate's dica-marginal fitted on each fold's patients only
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -15,33 +12,26 @@ import pytest
 
 from gating_core import GatingModel, read_fcs
 from gating_core.fcs import stream_fcs_all
-from gating_core.inputs import load_labeled_input
 from gating_core.modelfile import ModelFileError
+from helpers import SAMPLE_DATA, run_cli, sample_cohort, sample_paths
 
-REPO = Path(__file__).resolve().parent.parent
-SAMPLE = REPO / "sample_data"
 # What `train --no-selection --cells-per-patient 1000 --dica supervised --dica-components 8`
 # builds (the command line's other defaults).
 CLI_PARAMS = dict(select=False, cells_per_patient=1000, dica="supervised", dica_components=8)
 
 
-def _patients(pattern="patient_0[1-8].fcs"):
-    pairs = [load_labeled_input(p) for p in sorted(SAMPLE.glob(pattern))]
-    return [s for s, _ in pairs], [y for _, y in pairs]
-
-
 def _truth(name):
-    return pd.read_csv(SAMPLE / "truth" / f"{name}.labels.csv")["population"].to_numpy().astype(str)
+    return pd.read_csv(SAMPLE_DATA / "truth" / f"{name}.labels.csv")["population"].to_numpy().astype(str)
 
 
 @pytest.fixture(scope="module")
 def dica_model():
-    samples, labels = _patients()
+    samples, labels = sample_cohort()
     return GatingModel(**CLI_PARAMS).fit(samples, labels)
 
 
 def test_projection_shapes_and_unit_variance(dica_model):
-    samples, _ = _patients("patient_01.fcs")
+    samples, _ = sample_cohort([1])
     d = len(dica_model.channels_)
     assert dica_model.dica_.frequencies_.shape == (d, 300)
     assert dica_model.dica_.projection_.shape == (600, 8)
@@ -53,7 +43,7 @@ def test_projection_shapes_and_unit_variance(dica_model):
 
 
 def test_dica_model_gates_new_patients_far_above_chance(dica_model):
-    for path in sorted((SAMPLE / "new").glob("*.fcs")):
+    for path in sorted((SAMPLE_DATA / "new").glob("*.fcs")):
         truth = _truth(path.stem)
         predicted = dica_model.predict(read_fcs(path, compensate=True)).astype(str)
         majority = pd.Series(truth).value_counts(normalize=True).iloc[0]
@@ -63,10 +53,10 @@ def test_dica_model_gates_new_patients_far_above_chance(dica_model):
 
 
 def test_unsupervised_dica_also_gates(dica_model):
-    samples, labels = _patients("patient_0[1-4].fcs")
+    samples, labels = sample_cohort(range(1, 5))
     model = GatingModel(select=False, cells_per_patient=1000, dica="unsupervised", dica_components=8).fit(
         samples, labels)
-    path = SAMPLE / "new" / "new_patient_01.fcs"
+    path = SAMPLE_DATA / "new" / "new_patient_01.fcs"
     accuracy = np.mean(model.predict(read_fcs(path, compensate=True)).astype(str) == _truth(path.stem))
     assert accuracy >= 0.8, accuracy
     # UDICA ignores the labels: another labelling of the same cells gives the same projection
@@ -81,7 +71,7 @@ def test_save_load_gate_equals_in_memory_exactly(dica_model, tmp_path):
     loaded = GatingModel.load(tmp_path / "m.npz")
     assert loaded.get_params()["dica"] == "supervised" and loaded.dica_components == 8
     np.testing.assert_array_equal(loaded.dica_.projection_, dica_model.dica_.projection_)
-    sample = read_fcs(SAMPLE / "new" / "new_patient_02.fcs", compensate=True)
+    sample = read_fcs(SAMPLE_DATA / "new" / "new_patient_02.fcs", compensate=True)
     a, b = dica_model.gate(sample), loaded.gate(sample)
     assert np.array_equal(a.populations, b.populations) and np.array_equal(a.confidence, b.confidence)
     assert a.novelty.score == b.novelty.score
@@ -91,8 +81,8 @@ def test_streamed_gating_applies_dica_chunk_by_chunk(dica_model):
     """gate_chunks (the path of `gate` on files) equals gate() bit for bit, with the embedding
     cut inside the file and chunks smaller than the file."""
     model = GatingModel(**{**CLI_PARAMS, "embedding_cells": 3000})
-    model.fit(*_patients("patient_0[5-8].fcs"))
-    path = SAMPLE / "new" / "new_patient_03.fcs"
+    model.fit(*sample_cohort(range(5, 9)))
+    path = SAMPLE_DATA / "new" / "new_patient_03.fcs"
     result = model.gate(read_fcs(path, compensate=True), chunk_size=2048)
     stream = stream_fcs_all(path, compensate=True)[0]
     codes, confidence = [], []
@@ -103,17 +93,12 @@ def test_streamed_gating_applies_dica_chunk_by_chunk(dica_model):
     assert summary.novelty.score == result.novelty.score
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "gating_core", *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO, timeout=900)
-
-
 def test_cli_train_file_gate_equals_in_memory_predict(dica_model, tmp_path):
     model_path = tmp_path / "dica.npz"
     result = run_cli("train", "--out", model_path, "--no-selection", "--cells-per-patient", 1000,
-                     "--dica", "supervised", "--dica-components", 8, *sorted(SAMPLE.glob("patient_0[1-8].fcs")))
+                     "--dica", "supervised", "--dica-components", 8, *sample_paths())
     assert result.returncode == 0, result.stderr
-    new = sorted((SAMPLE / "new").glob("*.fcs"))
+    new = sorted((SAMPLE_DATA / "new").glob("*.fcs"))
     result = run_cli("gate", "--model", model_path, "--out-dir", tmp_path / "out", *new)
     assert result.returncode == 0, result.stderr
     for path in new:
@@ -123,19 +108,19 @@ def test_cli_train_file_gate_equals_in_memory_predict(dica_model, tmp_path):
 
 
 def test_bad_dica_values_are_refused(tmp_path):
-    samples, labels = _patients("patient_0[1-2].fcs")
+    samples, labels = sample_cohort([1, 2])
     for params, message in [({"dica": "yes"}, "dica must be None or one of"),
                             ({"dica": "supervised", "dica_components": 0}, "dica_components must be an integer"),
                             ({"dica": "supervised", "dica_components": 2.5}, "dica_components must be an integer"),
                             ({"dica": "supervised", "dica_components": 601}, "dica_components must be an integer")]:
         with pytest.raises(ValueError, match=message):
             GatingModel(select=False, cells_per_patient=300, **params).fit(samples, labels)
-    result = run_cli("train", "--out", tmp_path / "m.npz", "--dica-components", 5, SAMPLE / "patient_01.fcs")
+    result = run_cli("train", "--out", tmp_path / "m.npz", "--dica-components", 5, SAMPLE_DATA / "patient_01.fcs")
     assert result.returncode == 2 and "--dica-components needs --dica" in result.stderr
     result = run_cli("train", "--out", tmp_path / "m.npz", "--dica", "supervised", "--dica-components", 0,
-                     SAMPLE / "patient_01.fcs")
+                     SAMPLE_DATA / "patient_01.fcs")
     assert result.returncode == 2 and "--dica-components must be within [1, 600], got 0" in result.stderr
-    result = run_cli("train", "--out", tmp_path / "m.npz", "--dica", "sometimes", SAMPLE / "patient_01.fcs")
+    result = run_cli("train", "--out", tmp_path / "m.npz", "--dica", "sometimes", SAMPLE_DATA / "patient_01.fcs")
     assert result.returncode == 2 and "invalid choice: 'sometimes'" in result.stderr
     assert not (tmp_path / "m.npz").exists()
 
@@ -181,7 +166,7 @@ def test_damaged_dica_model_files_are_refused(dica_model, tmp_path):
 
 
 def test_models_without_dica_store_no_dica_arrays(tmp_path):
-    samples, labels = _patients("patient_0[1-3].fcs")
+    samples, labels = sample_cohort(range(1, 4))
     model = GatingModel(select=False, cells_per_patient=500).fit(samples, labels)
     model.save(tmp_path / "plain.npz")
     with np.load(tmp_path / "plain.npz", allow_pickle=False) as archive:

@@ -1,9 +1,6 @@
 """Training digests stored in the patient library (gating_core.library.digest_cache)."""
 
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,8 +11,7 @@ from gating_core.library.digest_cache import DIGEST_DIR, digest_path, digest_set
 from gating_core.library.common import Provenance
 from gating_core.model import SELECTION_MAX_PATIENTS, GatingModel
 from gating_core.synthetic import simulate_patient
-
-REPO = Path(__file__).resolve().parent.parent
+from helpers import run_cli
 
 
 @pytest.fixture
@@ -186,11 +182,6 @@ def test_selection_runs_on_a_seeded_subset_of_patients_only_beyond_the_limit():
     assert chosen != GatingModel(random_state=4).selection_patients(200)
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "gating_core", *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO, timeout=900, env=dict(os.environ, PYTHONPATH=str(REPO)))
-
-
 def _arrays(path):
     with np.load(path, allow_pickle=False) as data:
         return {k: data[k] for k in data.files if k != "meta"}
@@ -200,14 +191,14 @@ def test_train_library_command_reuses_stored_digests(tmp_path):
     library = PatientLibrary(tmp_path / "lib")
     for i in range(3):
         _add(library, i, n_events=4000)
-    first = _cli("train", "--library", library.path, "--no-selection", "--out", tmp_path / "a.npz")
+    first = run_cli("train", "--library", library.path, "--no-selection", "--out", tmp_path / "a.npz")
     assert first.returncode == 0, first.stderr
     assert "Library: 0 patients from stored digests, 3 read" in first.stdout
     _add(library, 3, n_events=4000)
-    second = _cli("train", "--library", library.path, "--no-selection", "--out", tmp_path / "b.npz")
+    second = run_cli("train", "--library", library.path, "--no-selection", "--out", tmp_path / "b.npz")
     assert second.returncode == 0, second.stderr
     assert "Library: 3 patients from stored digests, 1 read" in second.stdout
-    third = _cli("train", "--library", library.path, "--no-selection", "--out", tmp_path / "c.npz")
+    third = run_cli("train", "--library", library.path, "--no-selection", "--out", tmp_path / "c.npz")
     assert "Library: 4 patients from stored digests, 0 read" in third.stdout
     b, c = _arrays(tmp_path / "b.npz"), _arrays(tmp_path / "c.npz")
     assert b.keys() == c.keys()

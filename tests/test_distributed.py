@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,8 +12,8 @@ from gating_core.distributed import gate_files_distributed, local_cluster
 from gating_core.gating import gate_file
 from gating_core.model import GatingModel
 from gating_core.synthetic import simulate_cohort, simulate_patient, write_sample
+from helpers import run_cli
 
-REPO = Path(__file__).resolve().parent.parent
 N_EVENTS = 20_000
 CHUNK = 7_000  # several chunks per file, the last one short
 
@@ -154,11 +152,8 @@ def test_model_file_loaded_once_per_worker(batch, client, tmp_path):
 def test_cli_gate_with_local_workers(batch, tmp_path):
     out_dir = tmp_path / "out"
     paths = [str(p) for p in batch["good"][:2]] + [str(batch["truncated"])]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    result = subprocess.run(
-        [sys.executable, "-m", "gating_core", "gate", "--model", str(batch["model_path"]), "--out-dir", str(out_dir),
-         "--workers", "2", "--chunk-size", str(CHUNK), *paths],
-        capture_output=True, text=True, timeout=240, env=env, cwd=tmp_path)
+    result = run_cli("gate", "--model", batch["model_path"], "--out-dir", out_dir, "--workers", "2",
+                     "--chunk-size", CHUNK, *paths, timeout=240, cwd=tmp_path)
     assert result.returncode == 1, result.stderr  # one file failed
     assert "error: truncated.fcs: " in result.stderr
     assert f"new_0: {N_EVENTS:,} events -> {out_dir / 'new_0.gated.csv'}" in result.stdout
@@ -170,10 +165,8 @@ def test_cli_gate_with_local_workers(batch, tmp_path):
 
 
 def test_cli_rejects_workers_and_scheduler_together(batch, tmp_path):
-    result = subprocess.run(
-        [sys.executable, "-m", "gating_core", "gate", "--model", str(batch["model_path"]), "--out-dir", str(tmp_path),
-         "--workers", "2", "--scheduler", "tcp://127.0.0.1:1", str(batch["good"][0])],
-        capture_output=True, text=True, timeout=60, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    result = run_cli("gate", "--model", batch["model_path"], "--out-dir", tmp_path, "--workers", "2",
+                     "--scheduler", "tcp://127.0.0.1:1", batch["good"][0], timeout=60)
     assert result.returncode == 2
     assert "not allowed with argument" in result.stderr
 

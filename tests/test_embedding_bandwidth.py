@@ -3,27 +3,20 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 from gating_core.fcs import read_fcs
-from gating_core.inputs import load_labeled_input
 from gating_core.model import GatingModel
 from gating_core.selection import DEFAULT_EMBEDDING_FACTORS
-
-REPO = Path(__file__).resolve().parent.parent
+from helpers import run_cli, sample_cohort, sample_paths
 QUICK = dict(n_features=64, cells_per_patient=500, selection_cells_per_patient=300, cv_folds=3, cv_repeats=1,
              n_augment=1)
 
 
 @pytest.fixture(scope="module")
-def patients(sample_data_dir):
-    samples, labels = zip(*(load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_0[1-6].fcs"))))
-    return list(samples), list(labels)
+def patients():
+    return sample_cohort(range(1, 7))
 
 
 def test_sigma_prime_is_selected_stored_and_round_trips(patients, tmp_path, sample_data_dir):
@@ -59,12 +52,10 @@ def test_sigma_prime_is_selected_stored_and_round_trips(patients, tmp_path, samp
     np.testing.assert_array_equal(loaded.predict_proba(sample), model.predict_proba(sample))
 
 
-def test_the_command_line_asks_for_it(sample_data_dir, tmp_path):
+def test_the_command_line_asks_for_it(tmp_path):
     out = tmp_path / "m.npz"
-    result = subprocess.run([sys.executable, "-m", "gating_core", "train", "--select-embedding-bandwidth",
-                             "--features", "64", "--cells-per-patient", "500", "--out", out,
-                             *sorted(sample_data_dir.glob("patient_0[1-4].fcs"))],
-                            capture_output=True, text=True, cwd=REPO, timeout=900)
+    result = run_cli("train", "--select-embedding-bandwidth", "--features", "64", "--cells-per-patient", "500",
+                     "--out", out, *sample_paths(range(1, 5)))
     assert result.returncode == 0, result.stderr
     model = GatingModel.load(out)
     assert model.select_embedding_bandwidth is True
@@ -76,11 +67,9 @@ def test_the_command_line_asks_for_it(sample_data_dir, tmp_path):
         assert "sigma' (embedding): not used (the model gates without the patient's embedding)" in result.stdout
 
 
-def test_the_check_by_subtraction_is_not_asked_to_select_it(sample_data_dir):
+def test_the_check_by_subtraction_is_not_asked_to_select_it():
     """gating_core.held_out does not search sigma': evaluate refuses that pairing by name
     (and leaves one patient out by full refits when --refit is not given)."""
-    result = subprocess.run([sys.executable, "-m", "gating_core", "evaluate", "--select-embedding-bandwidth",
-                             "--refit", "subtract", *sorted(sample_data_dir.glob("patient_0[1-3].fcs"))],
-                            capture_output=True, text=True, cwd=REPO, timeout=900)
+    result = run_cli("evaluate", "--select-embedding-bandwidth", "--refit", "subtract", *sample_paths(range(1, 4)))
     assert result.returncode == 2
     assert "--select-embedding-bandwidth needs --refit full" in result.stderr

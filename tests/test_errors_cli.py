@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,34 +14,18 @@ from gating_core.distributed import ClusterError
 from gating_core.errors import GatingCoreError
 from gating_core.fcs import FCSError
 from gating_core.gates import GateError, GateImportError
-from gating_core.inputs import load_labeled_input
 from gating_core.labels import LabelError
 from gating_core.library import LibraryError, PatientLibrary
 from gating_core.gate_result import ChannelMismatchError
-from gating_core.model import GatingModel
 from gating_core.modelfile import ModelFileError
+from helpers import quick_model_file, run_cli
 
-REPO = Path(__file__).resolve().parent.parent
 UNDECODABLE = os.fsdecode(b"x\xff")  # a file name that is not UTF-8 (surrogateescape on Linux)
 
 
-def run_cli(*args, cwd=None):
-    """Run the CLI; arguments may be str, bytes or paths (bytes reach argv unchanged)."""
-    argv = [a if isinstance(a, bytes) else os.fsencode(str(a)) for a in args]
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", LC_ALL="C.UTF-8")
-    return subprocess.run([sys.executable, "-m", "gating_core", *argv], capture_output=True, cwd=cwd or REPO,
-                          timeout=600, env=env)
-
-
 @pytest.fixture(scope="module")
-def model_path(sample_data_dir, tmp_path_factory) -> Path:
-    cohort = [load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_*.fcs"))[:3]]
-    samples, labels = zip(*cohort)
-    model = GatingModel(select=False, n_features=64, n_embedding_features=16, cells_per_patient=300,
-                        embedding_cells=1000).fit(list(samples), list(labels))
-    path = tmp_path_factory.mktemp("errors") / "model.npz"
-    model.save(path)
-    return path
+def model_path(tmp_path_factory) -> Path:
+    return quick_model_file(tmp_path_factory.mktemp("errors"))
 
 
 def _bad_inputs(model_path: Path, sample_data_dir: Path, folder: Path) -> dict:
@@ -96,7 +78,7 @@ def _bad_inputs(model_path: Path, sample_data_dir: Path, folder: Path) -> dict:
 def test_bad_inputs_give_one_error_line_and_no_traceback(model_path, sample_data_dir, tmp_path):
     failures = []
     for name, args in _bad_inputs(model_path, sample_data_dir, tmp_path).items():
-        result = run_cli(*args)
+        result = run_cli(*args, text=False)  # the output may name files that are not UTF-8
         stderr = result.stderr.decode("utf-8", "replace")
         if result.returncode == 0 or "Traceback" in stderr or not stderr.startswith("error: "):
             failures.append(f"{name}: exit {result.returncode}\n{stderr[-1500:]}")
@@ -105,11 +87,11 @@ def test_bad_inputs_give_one_error_line_and_no_traceback(model_path, sample_data
 
 def test_error_messages_name_the_file_and_the_problem(model_path, sample_data_dir, tmp_path):
     cases = _bad_inputs(model_path, sample_data_dir, tmp_path)
-    stderr = run_cli(*cases["gate with format_version a string"]).stderr.decode()
+    stderr = run_cli(*cases["gate with format_version a string"], text=False).stderr.decode()
     assert stderr.startswith("error: bad_json.npz: model description: format_version must be")
-    stderr = run_cli(*cases["library import of a non-UTF-8 file name"]).stderr.decode()
+    stderr = run_cli(*cases["library import of a non-UTF-8 file name"], text=False).stderr.decode()
     assert stderr.startswith("error: x\\xff.fcs: the file name is not valid UTF-8")
-    stderr = run_cli(*cases["gate into a file"]).stderr.decode()
+    stderr = run_cli(*cases["gate into a file"], text=False).stderr.decode()
     assert stderr.startswith("error: ") and "a_file" in stderr
 
 

@@ -3,27 +3,25 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from gating_core.evaluation import summarize_seeds
+from helpers import run_cli, sample_cohort, sample_paths
 
 
-def _evaluate(sample_data_dir, *options):
-    inputs = sorted(str(p) for p in sample_data_dir.glob("patient_0[1-4].fcs"))
-    done = subprocess.run([sys.executable, "-m", "gating_core", "evaluate", "--protocol", "patient", "--no-selection",
-                           "--method", "marginal", "lda", "--json", *options, "--", *inputs], capture_output=True, text=True)
+def _evaluate(*options):
+    done = run_cli("evaluate", "--protocol", "patient", "--no-selection", "--method", "marginal", "lda", "--json",
+                   *options, "--", *sample_paths(range(1, 5)))
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
 
-def test_each_seed_is_the_run_with_that_seed_and_the_summary_says_what_stays(sample_data_dir):
-    repeated = _evaluate(sample_data_dir, "--seeds", "3", "0")
-    alone = _evaluate(sample_data_dir, "--seed", "3")
+def test_each_seed_is_the_run_with_that_seed_and_the_summary_says_what_stays():
+    repeated = _evaluate("--seeds", "3", "0")
+    alone = _evaluate("--seed", "3")
     per_seed = pd.DataFrame(repeated["summary"])
     assert sorted(per_seed["seed"].unique()) == [0, 3]
     for row in alone["summary"]:  # seed 3 of the repeated run is exactly the run with --seed 3
@@ -52,12 +50,10 @@ def test_summarize_seeds_counts_ties_for_each_method():
     assert over.loc["b", "worst_accuracy_sd"] == pytest.approx(np.std([0.8, 0.7, 0.8], ddof=1))
 
 
-def test_the_worst_patient_methods_fit_what_their_names_say(sample_data_dir):
+def test_the_worst_patient_methods_fit_what_their_names_say():
     from gating_core.evaluation import _fold_models
-    from gating_core.inputs import load_labeled_input
 
-    data = [load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_0[1-3].fcs"))]
-    samples, labels = [d[0] for d in data], [d[1] for d in data]
+    samples, labels = sample_cohort(range(1, 4))
     fitted = {}
     for method in ("marginal-agnostic", "marginal-select-worst"):
         model = next(_fold_models(method, samples, labels, [[0]], {"cv_folds": 2, "cv_repeats": 1}, None, "full",

@@ -6,38 +6,20 @@ before any training.
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
-SAMPLE = REPO / "sample_data"
-PATIENTS = [SAMPLE / f"patient_0{i}.fcs" for i in (1, 2, 3)]
-NEW_PATIENT = SAMPLE / "new" / "new_patient_01.fcs"
+from helpers import REPO, SAMPLE_DATA, quick_model_file, run_cli, sample_paths
 
-
-def run_cli(*args, timeout=600):
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-m", "gating_core", *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO, timeout=timeout, env=env)
+PATIENTS = sample_paths(range(1, 4))
+NEW_PATIENT = SAMPLE_DATA / "new" / "new_patient_01.fcs"
 
 
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory) -> Path:
-    from gating_core.inputs import load_labeled_input
-    from gating_core.model import GatingModel
-
-    cohort = [load_labeled_input(p) for p in PATIENTS]
-    model = GatingModel(select=False, n_features=64, n_embedding_features=16, cells_per_patient=300,
-                        embedding_cells=1000).fit([s for s, _ in cohort], [y for _, y in cohort])
-    path = tmp_path_factory.mktemp("exit") / "model.npz"
-    model.save(path)
-    return path
+    return quick_model_file(tmp_path_factory.mktemp("exit"))
 
 
 @pytest.fixture

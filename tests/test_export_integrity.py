@@ -1,4 +1,4 @@
-"""Exports keep the data and drop the person (issue 11, data integrity and privacy).
+"""Exports keep the data and drop the person (data integrity and privacy).
 
 * every export path round-trips: read(export(read(f))) == read(f) on every channel, with a
   $TIMESTEP time channel, $PnG gains and $PnE log channels in the source;

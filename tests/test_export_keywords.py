@@ -20,6 +20,7 @@ from gating_core.cli import main as cli_main
 from gating_core.export import (dropped_keyword_count, export_keywords, export_sample, read_fcs_with_populations)
 from gating_core.fcs import read_fcs, read_fcs_all, write_fcs
 from gating_core.library import PatientLibrary, is_allowed
+from helpers import sample_cohort
 
 # Keywords a lab wrote into a file, names no deny-list foresees (the first four as a real
 # clinical cohort's files carry them).
@@ -183,12 +184,10 @@ def test_gated_csv_and_parquet_carry_no_keywords(planted, tmp_path):
 # ---------------------------------------------------------------------------- the command line
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory, sample_data_dir):
-    from gating_core import GatingModel, load_labeled_input
+def model_path(tmp_path_factory):
+    from gating_core import GatingModel
 
-    training = [load_labeled_input(sample_data_dir / f"patient_0{i}.fcs") for i in range(1, 5)]
-    model = GatingModel(select=False, n_features=128, cells_per_patient=500).fit(
-        [s for s, _ in training], [y for _, y in training])
+    model = GatingModel(select=False, n_features=128, cells_per_patient=500).fit(*sample_cohort(range(1, 5)))
     path = tmp_path_factory.mktemp("keywords-model") / "model.npz"
     model.save(path)
     return path

@@ -7,10 +7,7 @@ warning reach the user.
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
@@ -19,16 +16,11 @@ import pytest
 from test_fcs_properties import build_dataset, build_fcs
 
 from gating_core.fcs import FCSError, fcs_info, read_fcs, read_fcs_all, stream_fcs_all, write_fcs
+from helpers import SAMPLE_DATA, quick_model_file, run_cli
 
-REPO = Path(__file__).resolve().parent.parent
-NEW_PATIENT = REPO / "sample_data" / "new" / "new_patient_01.fcs"
-
-
-def run_cli(*args):
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "gating_core",
-                           *map(str, args)], capture_output=True, text=True, cwd=REPO, timeout=600, env=env)
+NEW_PATIENT = SAMPLE_DATA / "new" / "new_patient_01.fcs"
+#: The commands run with numpy's warnings as errors: a warning reaching the user fails them.
+WARNINGS_FAIL = ("-W", "error::RuntimeWarning")
 
 
 def _header_offsets(blob: bytes) -> tuple[int, int]:
@@ -226,26 +218,19 @@ def test_real_instrument_files_with_disagreeing_offsets_still_read(fcs_corpus):
 
 @pytest.fixture(scope="module")
 def small_model(tmp_path_factory) -> Path:
-    from gating_core.inputs import load_labeled_input
-    from gating_core.model import GatingModel
-
-    cohort = [load_labeled_input(p) for p in sorted((REPO / "sample_data").glob("patient_0[1-3].fcs"))]
-    model = GatingModel(select=False, n_features=64, n_embedding_features=16, cells_per_patient=300,
-                        embedding_cells=1000).fit([s for s, _ in cohort], [y for _, y in cohort])
-    path = tmp_path_factory.mktemp("damaged") / "model.npz"
-    model.save(path)
-    return path
+    return quick_model_file(tmp_path_factory.mktemp("damaged"))
 
 
 def test_info_and_gate_refuse_a_file_cut_inside_data(small_model, tmp_path):
     path = tmp_path / "patient cut.fcs"
     path.write_bytes(_cut_with_header_in_text(NEW_PATIENT.read_bytes(), cut=50, into_text=200))
-    info = run_cli("info", path)
+    info = run_cli("info", path, python_options=WARNINGS_FAIL)
     assert info.returncode == 1, info.stdout
     assert info.stderr.startswith("error: patient cut.fcs: ") and "the file is truncated" in info.stderr
     out = tmp_path / "out"
     for fmt in ("csv", "fcs"):  # streamed and whole-file reads
-        gate = run_cli("gate", "--model", small_model, "--out-dir", out, "--format", fmt, path)
+        gate = run_cli("gate", "--model", small_model, "--out-dir", out, "--format", fmt, path,
+                       python_options=WARNINGS_FAIL)
         assert gate.returncode == 1, gate.stdout
         assert gate.stderr.startswith("error: patient cut.fcs: ") and "the file is truncated" in gate.stderr
         assert "Traceback" not in gate.stderr
@@ -300,13 +285,13 @@ def test_a_plausible_timestep_still_scales_the_time_channel(tmp_path):
 
 def test_info_and_gate_show_no_runtime_warning_for_an_overflowing_timestep(small_model, tmp_path):
     path = _with_time(tmp_path, "1e308")
-    info = run_cli("info", path)  # -W error::RuntimeWarning: a numpy warning would fail the command
+    info = run_cli("info", path, python_options=WARNINGS_FAIL)
     assert info.returncode == 0, info.stderr
     assert "RuntimeWarning" not in info.stderr and "$TIMESTEP = 1e308" in info.stdout
-    gate = run_cli("gate", "--model", small_model, "--out-dir", tmp_path / "out", path)
+    gate = run_cli("gate", "--model", small_model, "--out-dir", tmp_path / "out", path, python_options=WARNINGS_FAIL)
     assert gate.returncode == 0, gate.stderr
     assert gate.stderr == ""
     bad = _with_time(tmp_path, "1e37", name="bad_time.fcs", ranges=[262144] * 9 + [1])
-    gate = run_cli("gate", "--model", small_model, "--out-dir", tmp_path / "out2", bad)
+    gate = run_cli("gate", "--model", small_model, "--out-dir", tmp_path / "out2", bad, python_options=WARNINGS_FAIL)
     assert gate.returncode == 1
     assert gate.stderr.startswith("error: bad_time.fcs: $TIMESTEP = 1e+37") and "RuntimeWarning" not in gate.stderr

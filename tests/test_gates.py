@@ -387,7 +387,7 @@ def test_shape_from_plotly_selection():
     assert shape_from_selection({"lasso": [{"x": [1, 2], "y": [1, 2]}], "box": []}) is None
 
 
-# ---------------------------------------------------------------------------- panel transforms (issue 12)
+# ---------------------------------------------------------------------------- panel transforms
 
 def test_panel_scale_is_the_same_for_every_patient_of_a_panel(sample_data_dir):
     from gating_core.fcs import read_fcs

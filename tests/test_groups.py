@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from gating_core.groups import GroupsError, group_folds, groups_from_csv, groups_from_keyword, infer_groups
 from gating_core.synthetic import draw_center, simulate_centers, simulate_patient, write_centers
-
-from conftest import REPO
+from helpers import run_cli
 
 
 def test_group_folds_never_split_a_group():
@@ -95,10 +92,8 @@ def test_a_center_leaves_the_plain_simulation_unchanged():
 def test_evaluate_leaves_whole_groups_out_and_prints_valid_json(tmp_path):
     paths = write_centers(tmp_path, n_centers=3, patients_per_center=2, seed=4, n_events=1500, strength=1.0)
     fcs = [str(p) for p in paths if p.suffix == ".fcs"]
-    out = subprocess.run([sys.executable, "-m", "gating_core", "evaluate", "--groups", str(tmp_path / "groups.csv"),
-                          "--method", "marginal", "lda", "--no-selection", "--features", "128",
-                          "--cells-per-patient", "500", "--json", *fcs],
-                         capture_output=True, text=True, cwd=REPO, timeout=600)
+    out = run_cli("evaluate", "--groups", tmp_path / "groups.csv", "--method", "marginal", "lda", "--no-selection",
+                  "--features", "128", "--cells-per-patient", "500", "--json", *fcs)
     assert out.returncode == 0, out.stderr
     document = json.loads(out.stdout)  # NaN would make this fail: it must print null
     assert document["groups_origin"] == "from groups.csv"

@@ -4,21 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _info(*args):
-    return subprocess.run([sys.executable, "-m", "gating_core", "info", *map(str, args)],
-                          cwd=REPO, capture_output=True, text=True, timeout=120)
+from helpers import run_cli
 
 
 def test_info_human_output(fcs_corpus):
     diva = fcs_corpus / "FACS_Diva/facs_diva_test.fcs"
-    result = _info(diva)
+    result = run_cli("info", diva)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "FCS version: 3.0" in out
@@ -36,7 +29,7 @@ def test_info_json_and_bad_files_keep_going(fcs_corpus):
              fcs_corpus / "GuavaMuse/Guava Muse.fcs",
              fcs_corpus / "cytek-nl-2000/sample_header.fcs",
              fcs_corpus / "MiltenyiBiotec/FCS3.1/SG_2014-09-26_Duplicate_Names.fcs"]
-    result = _info("--json", *files)
+    result = run_cli("info", "--json", *files)
     assert result.returncode == 1
     report = json.loads(result.stdout)
     assert [Path(r["file"]).name for r in report] == [f.name for f in files]
@@ -58,7 +51,7 @@ def test_info_json_and_bad_files_keep_going(fcs_corpus):
 
 def test_info_human_output_bad_file_nonzero(fcs_corpus, tmp_path):
     missing = tmp_path / "absent.fcs"
-    result = _info(missing, fcs_corpus / "cyflow_cube_8/cyflow_cube_8.fcs")
+    result = run_cli("info", missing, fcs_corpus / "cyflow_cube_8/cyflow_cube_8.fcs")
     assert result.returncode == 1
     assert "error: absent.fcs: file not found" in result.stderr
     assert "events: 725" in result.stdout
@@ -66,7 +59,7 @@ def test_info_human_output_bad_file_nonzero(fcs_corpus, tmp_path):
 
 
 def test_info_multicenter(multicenter_dir):
-    result = _info("--json", multicenter_dir / "multicenter_01.fcs")
+    result = run_cli("info", "--json", multicenter_dir / "multicenter_01.fcs")
     assert result.returncode == 0
     ds = json.loads(result.stdout)[0]["datasets"][0]
     assert ds["events"] == 55621
@@ -82,11 +75,11 @@ def test_info_reports_an_unreadable_data_set_and_shows_the_others(tmp_path):
                 extra={"$MODE": "U"})
     path = tmp_path / "fc500.lmd"
     path.write_bytes(build_fcs(hist, dict(columns=good, datatype="F")))
-    result = _info(path)
+    result = run_cli("info", path)
     assert result.returncode == 0, result.stderr
     assert "data sets: 2" in result.stdout
     assert re.search(r"\[fc500#1\]\n\s+not readable: histogram data \(\$MODE U\)", result.stdout)
     assert re.search(r"\[fc500#2\]\n\s+events: 4", result.stdout)
-    report = json.loads(_info("--json", path).stdout)[0]
+    report = json.loads(run_cli("info", "--json", path).stdout)[0]
     assert "histogram" in report["datasets"][0]["error"]
     assert report["datasets"][1]["events"] == 4

@@ -13,8 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from gating_core import (
-    GatingModel, as_sample, export_flowjo_workspace, export_gatingml, export_sample, from_flowkit, load_labeled_input,
-    read_fcs, read_fcs_with_populations, read_gated_csv, to_flowkit,
+    GatingModel, as_sample, export_flowjo_workspace, export_gatingml, export_sample, from_flowkit, read_fcs,
+    read_fcs_with_populations, read_gated_csv, to_flowkit,
 )
 from gating_core.export import export_keywords
 from gating_core.fcs import Channel, Sample
@@ -23,8 +23,7 @@ from gating_core.gates import (
     AxisScale, GateError, GateTree, apply_gatingml, apply_workspace, gate_name_from_xml, polygon_gate,
     rectangle_gate, xml_gate_id,
 )
-
-REPO = Path(__file__).resolve().parent.parent
+from helpers import REPO, run_cli, sample_cohort, sample_paths
 
 
 @pytest.fixture(scope="module")
@@ -34,10 +33,8 @@ def raw_patient(sample_data_dir):
 
 
 @pytest.fixture(scope="module")
-def small_model(sample_data_dir):
-    training = [load_labeled_input(sample_data_dir / f"patient_0{i}.fcs") for i in range(1, 5)]
-    return GatingModel(select=False, n_features=128, cells_per_patient=500).fit(
-        [s for s, _ in training], [y for _, y in training])
+def small_model():
+    return GatingModel(select=False, n_features=128, cells_per_patient=500).fit(*sample_cohort(range(1, 5)))
 
 
 # ------------------------------------------------------------------------------------ FlowKit
@@ -182,16 +179,11 @@ def test_parquet_export_holds_the_gated_csv_columns_exactly(raw_patient, tmp_pat
 
 # ------------------------------------------------------------------------------------ gate --format, --json
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "gating_core", *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO, timeout=900)
-
-
 @pytest.fixture(scope="module")
-def model_file(tmp_path_factory, sample_data_dir):
+def model_file(tmp_path_factory):
     model = tmp_path_factory.mktemp("interop-cli") / "model.npz"
     result = run_cli("train", "--out", model, "--no-selection", "--features", "128", "--cells-per-patient", "500",
-                     *[sample_data_dir / f"patient_0{i}.fcs" for i in range(1, 5)])
+                     *sample_paths(range(1, 5)))
     assert result.returncode == 0, result.stderr
     return model
 

@@ -1,39 +1,30 @@
 """``train --method iw-nystroem`` / ``gate``: importance-weighted Nystroem KRR refitted for each new
-patient from the training cells its model file keeps (gating_core.iw_model; issue 10, item 2)."""
+patient from the training cells its model file keeps (gating_core.iw_model)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from gating_core.fcs import read_fcs
-from gating_core.inputs import load_labeled_input
 from gating_core.iw_model import IW_FORMAT, IWNystroemGatingModel, load_any_model, model_file_format
 from gating_core.model import GatingModel
 from gating_core.modelfile import ModelFileError
+from helpers import run_cli, sample_cohort, sample_paths
 
-REPO = Path(__file__).resolve().parent.parent
 # Label agreement with the truth, measured with the default settings (2,000 cells per patient,
 # 300 landmarks): 0.9998, 0.9990 and 0.9772 (new_patient_03, the novel one).
 FLOORS = {"new_patient_01": 0.998, "new_patient_02": 0.997, "new_patient_03": 0.97}
 
 
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "gating_core", *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO, timeout=900)
-
-
 @pytest.fixture(scope="module")
-def iw_model_file(tmp_path_factory, sample_data_dir):
+def iw_model_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("iw") / "iw.npz"
-    result = run_cli("train", "--method", "iw-nystroem", "--out", path, *sorted(sample_data_dir.glob("patient_*.fcs")))
+    result = run_cli("train", "--method", "iw-nystroem", "--out", path, *sample_paths())
     assert result.returncode == 0, result.stderr
     assert "Training (iw-nystroem) on 8 patients, 96,000 events" in result.stdout
     assert "Kept 16,000 training cells and 300 landmarks per refit" in result.stdout
@@ -41,10 +32,9 @@ def iw_model_file(tmp_path_factory, sample_data_dir):
 
 
 @pytest.fixture(scope="module")
-def small_model(sample_data_dir):
+def small_model():
     """A quicker model (500 cells per patient, 100 landmarks) for what accuracy is not about."""
-    samples, labels = zip(*(load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_0[1-4].fcs"))))
-    return IWNystroemGatingModel(cells_per_patient=500, n_landmarks=100).fit(list(samples), list(labels))
+    return IWNystroemGatingModel(cells_per_patient=500, n_landmarks=100).fit(*sample_cohort(range(1, 5)))
 
 
 def test_train_and_gate_from_the_command_line(iw_model_file, sample_data_dir, tmp_path):

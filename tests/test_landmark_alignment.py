@@ -8,6 +8,7 @@ import pytest
 
 from gating_core.alignment import (MAX_PEAKS, LandmarkReference, LandmarkRegistration, SkipRule,
                                    channel_peaks)
+from helpers import sample_cohort
 
 
 def _bimodal(rng, n, low=-1.0, high=1.5, share_high=0.3, width=0.25):
@@ -240,13 +241,11 @@ def test_streamed_gating_registers_as_model_gate(sample_data_dir):
     """Gating a file chunk by chunk (``gate`` on large files) registers each patient from the
     same content-chosen cells as gating it whole."""
     from gating_core.fcs import read_fcs, stream_fcs_all
-    from gating_core.inputs import load_labeled_input
     from gating_core.model import GatingModel
 
-    pairs = [load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_0[5-8].fcs"))]
     model = GatingModel(select=False, n_features=128, n_embedding_features=32, cells_per_patient=1000,
                         embedding_cells=3000, n_augment=0, align="landmarks", random_state=3).fit(
-        [s for s, _ in pairs], [y for _, y in pairs])
+        *sample_cohort(range(5, 9)))
     path = sample_data_dir / "new" / "new_patient_02.fcs"
     result = model.gate(read_fcs(path, compensate=True), chunk_size=2048)
     stream = stream_fcs_all(path, compensate=True)[0]

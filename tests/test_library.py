@@ -25,6 +25,7 @@ from gating_core.library import (
     normalise_name,
     strip_identifying,
 )
+from helpers import run_cli
 
 REPO = Path(__file__).resolve().parent.parent
 WORKER = Path(__file__).resolve().parent / "library_worker.py"
@@ -203,13 +204,11 @@ def test_cli_import_list_export_remove(tmp_path, capsys):
 
 def test_cli_runs_as_a_module_and_honours_the_environment_variable(tmp_path):
     path, _, _ = write_patient(tmp_path, "envpatient", labels=False)
-    env = {**os.environ, "GATING_LIBRARY": str(tmp_path / "from_env")}
-    done = subprocess.run([sys.executable, "-m", "gating_core", "library", "import", str(path)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    env = {"GATING_LIBRARY": str(tmp_path / "from_env")}
+    done = run_cli("library", "import", path, env=env)
     assert done.returncode == 0, done.stderr
     assert PatientLibrary(tmp_path / "from_env").patient_names() == ["envpatient"]
-    done = subprocess.run([sys.executable, "-m", "gating_core", "library", "import", str(path)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    done = run_cli("library", "import", path, env=env)
     assert done.returncode == 1
     assert "envpatient.fcs: patient 'envpatient': is already in the library" in done.stderr
 

@@ -1,14 +1,10 @@
-"""Linear k_X / k'_X as in the JMLR flow-cytometry experiment (issue 10, item 3).
+"""Linear k_X / k'_X as in the JMLR flow-cytometry experiment.
 
 ``kernel_x="linear"``: Psi(P) is the patient's mean cell, the kernel k_P(Psi, Psi') (<x, x'> + 1)
 with Gaussian k_P, approximated by z_P(Psi) (x) [x, 1]; without the embedding a linear model.
 """
 
 from __future__ import annotations
-
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -23,8 +19,7 @@ from gating_core.model import GatingModel
 from gating_core.modelfile import ModelFileError
 from gating_core.selection import DEFAULT_EMBEDDING_FACTORS, select_hyperparameters
 from gating_core.training_problem import cell_features
-
-REPO = Path(__file__).resolve().parent.parent
+from helpers import run_cli, sample_cohort, sample_paths
 
 
 def shifted_patients(n_patients=6, n_cells=800, seed=0):
@@ -137,9 +132,8 @@ def test_selection_searches_neither_sigma_x_nor_sigma_prime_for_the_linear_kerne
 
 
 @pytest.fixture(scope="module")
-def cohort(sample_data_dir):
-    pairs = [load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_*.fcs"))]
-    return [s for s, _ in pairs], [y for _, y in pairs]
+def cohort():
+    return sample_cohort()
 
 
 @pytest.fixture(scope="module")
@@ -210,26 +204,22 @@ def test_linear_marginal_transfer_leaving_one_patient_out_on_sample_data(cohort)
 
 
 def test_command_line_trains_and_gates_with_the_linear_kernel(sample_data_dir, tmp_path):
-    def run(*args):
-        return subprocess.run([sys.executable, "-m", "gating_core", *map(str, args)], capture_output=True, text=True,
-                              cwd=REPO, timeout=900)
-
     model = tmp_path / "linear.npz"
-    result = run("train", "--out", model, "--kernel-x", "linear", "--cells-per-patient", "600",
-                 *sorted(sample_data_dir.glob("patient_*.fcs"))[:5])
+    result = run_cli("train", "--out", model, "--kernel-x", "linear", "--cells-per-patient", "600",
+                     *sample_paths(range(1, 6)))
     assert result.returncode == 0, result.stderr
     assert "Cell kernel: linear" in result.stdout and "sigma_X =" not in result.stdout
     assert GatingModel.load(model).kernel_x == "linear"
     new = sample_data_dir / "new" / "new_patient_02.fcs"
-    result = run("gate", "--model", model, "--out-dir", tmp_path / "out", new)
+    result = run_cli("gate", "--model", model, "--out-dir", tmp_path / "out", new)
     assert result.returncode == 0, result.stderr
     gated = pd.read_csv(tmp_path / "out" / "new_patient_02.gated.csv")
     truth = pd.read_csv(sample_data_dir / "truth" / "new_patient_02.labels.csv")["population"].to_numpy()
     assert np.mean(gated["population"].to_numpy() == truth) > 0.95
-    refused = run("train", "--out", tmp_path / "x.npz", "--kernel-x", "cubic", sample_data_dir / "patient_01.fcs")
+    refused = run_cli("train", "--out", tmp_path / "x.npz", "--kernel-x", "cubic", sample_data_dir / "patient_01.fcs")
     assert refused.returncode == 2 and "invalid choice" in refused.stderr
-    iw = run("train", "--out", tmp_path / "iw.npz", "--method", "iw-nystroem", "--kernel-x", "linear",
-             sample_data_dir / "patient_01.fcs")
+    iw = run_cli("train", "--out", tmp_path / "iw.npz", "--method", "iw-nystroem", "--kernel-x", "linear",
+                 sample_data_dir / "patient_01.fcs")
     assert iw.returncode == 2 and "--kernel-x does not apply" in iw.stderr
 
 

@@ -8,21 +8,21 @@ import pytest
 from gating_core.classifier import MarginalTransferClassifier
 from gating_core.fcs import Channel, Sample
 from gating_core.gate_result import ChannelMismatchError
-from gating_core.inputs import load_labeled_input
 from gating_core.model import GatingModel
 from gating_core.modelfile import ModelFileError
 from gating_core.synthetic import simulate_patient
+from helpers import sample_cohort
 
 
 @pytest.fixture(scope="module")
-def cohort(sample_data_dir):
-    paths = sorted(sample_data_dir.glob("patient_*.fcs"))
-    return [load_labeled_input(p) for p in paths]
+def cohort():
+    """(samples, labels) of the eight labeled sample patients."""
+    return sample_cohort()
 
 
 @pytest.fixture(scope="module")
 def model(cohort):
-    samples, labels = zip(*cohort)
+    samples, labels = cohort
     return GatingModel(random_state=0).fit(list(samples), list(labels))
 
 
@@ -165,18 +165,17 @@ def test_channels_are_matched_by_marker_when_names_differ(model, sample_data_dir
 
 
 def test_marginal_transfer_needs_two_patients_and_two_populations(cohort):
-    sample, labels = cohort[0]
+    (sample, other), (labels, other_labels) = (part[:2] for part in cohort)
     with pytest.raises(ValueError, match="at least two labeled patients"):
         GatingModel().fit([sample], [labels])
     with pytest.raises(ValueError, match="single population"):
-        GatingModel(select=False).fit([sample, cohort[1][0]], [np.full(sample.n_events, "x"),
-                                                               np.full(cohort[1][0].n_events, "x")])
+        GatingModel(select=False).fit([sample, other], [np.full(sample.n_events, "x"), np.full(other.n_events, "x")])
     with pytest.raises(ValueError, match="events but"):
-        GatingModel().fit([sample, cohort[1][0]], [labels[:10], cohort[1][1]])
+        GatingModel().fit([sample, other], [labels[:10], other_labels])
 
 
 def test_pooling_is_the_same_estimator_without_the_embedding(cohort):
-    samples, labels = zip(*cohort[:4])
+    samples, labels = (part[:4] for part in cohort)
     pooling = GatingModel(method="pooling", select=False).fit(list(samples), list(labels))
     assert pooling.classifier_.use_embedding is False
     assert pooling.classifier_.feature_map_.embedding_weights_ is None
@@ -188,7 +187,7 @@ def test_pooling_is_the_same_estimator_without_the_embedding(cohort):
 
 
 def test_selection_is_reproducible_and_recorded(cohort):
-    samples, labels = zip(*cohort[:4])
+    samples, labels = (part[:4] for part in cohort)
     a = GatingModel(random_state=3).fit(list(samples), list(labels))
     b = GatingModel(random_state=3).fit(list(samples), list(labels))
     assert a.selection_["params"] == b.selection_["params"]

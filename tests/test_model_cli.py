@@ -1,9 +1,6 @@
 """The command-line contract: train, gate, evaluate (design.md section 5)."""
 
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -12,13 +9,7 @@ import pytest
 from gating_core.export import write_gated_csv
 from gating_core.fcs import Channel, Sample, read_fcs, write_fcs
 from gating_core.synthetic import ellipse_task
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def run_cli(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "gating_core", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd or REPO, timeout=900)
+from helpers import run_cli
 
 
 @pytest.fixture(scope="module")

@@ -21,23 +21,21 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gating_core.errors import GatingCoreError
-from gating_core.inputs import load_labeled_input
 from gating_core.model import GatingModel
 from gating_core.modelfile import ModelFileError
 from gating_core.modelfile import MODEL_MEMBERS, expansion_limit
 from gating_core.synthetic import simulate_patient
+from helpers import sample_cohort
 
 FUZZ = settings(max_examples=int(os.environ.get("GATING_FUZZ_EXAMPLES", 80)), deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 MEMORY_BOUND = 50 * 1024 ** 2
 
 
 @pytest.fixture(scope="module")
-def model_bytes(sample_data_dir, tmp_path_factory) -> bytes:
+def model_bytes(tmp_path_factory) -> bytes:
     """A small real model (marginal transfer, random features), as saved by GatingModel.save."""
-    cohort = [load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_*.fcs"))[:4]]
-    samples, labels = zip(*cohort)
     model = GatingModel(select=False, n_features=64, n_embedding_features=16, cells_per_patient=500,
-                        embedding_cells=2000).fit(list(samples), list(labels))
+                        embedding_cells=2000).fit(*sample_cohort(range(1, 5)))
     path = tmp_path_factory.mktemp("modelfile") / "model.npz"
     model.save(path)
     return path.read_bytes()
@@ -114,7 +112,7 @@ def _peak_while(call) -> tuple[int, BaseException | None]:
     return peak, error
 
 
-# -- item 9: bounded memory ------------------------------------------------------------------------
+# -- bounded memory -------------------------------------------------------------------------------
 
 
 def test_zip_bomb_model_is_refused_before_inflating_with_bounded_memory(model_bytes, tmp_path):
@@ -213,17 +211,16 @@ def test_limits_let_a_large_legitimate_model_through():
     assert set(MODEL_MEMBERS) >= {"meta", "coef", "cell_weights", "landmark_projection"}
 
 
-def test_a_saved_exact_solver_model_round_trips(sample_data_dir, tmp_path):
-    cohort = [load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_*.fcs"))[:3]]
-    samples, labels = zip(*cohort)
+def test_a_saved_exact_solver_model_round_trips(tmp_path):
+    samples, labels = sample_cohort(range(1, 4))
     model = GatingModel(select=False, solver="exact", cells_per_patient=200, n_embedding_features=16,
-                        embedding_cells=1000).fit(list(samples), list(labels))
+                        embedding_cells=1000).fit(samples, labels)
     model.save(tmp_path / "exact.npz")
     loaded = GatingModel.load(tmp_path / "exact.npz")
     np.testing.assert_array_equal(loaded.gate(samples[0]).populations, model.gate(samples[0]).populations)
 
 
-# -- item 9: the JSON description -------------------------------------------------------------------
+# -- the JSON description --------------------------------------------------------------------------
 
 
 def _set(path, value):
@@ -333,7 +330,7 @@ def _write(path, data: bytes):
     return path
 
 
-# -- item 9: random damage ------------------------------------------------------------------------
+# -- random damage --------------------------------------------------------------------------------
 
 
 def _json_values():

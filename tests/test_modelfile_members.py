@@ -7,11 +7,8 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import pickle
 import struct
-import subprocess
-import sys
 import zipfile
 import zlib
 from pathlib import Path
@@ -19,23 +16,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gating_core.inputs import load_labeled_input
 from gating_core.model import GatingModel
 from gating_core.modelfile import ModelFileError
 from gating_core.synthetic import simulate_patient
+from helpers import SAMPLE_DATA, quick_model_file, run_cli
 
-REPO = Path(__file__).resolve().parent.parent
-NEW_PATIENT = REPO / "sample_data" / "new" / "new_patient_01.fcs"
+NEW_PATIENT = SAMPLE_DATA / "new" / "new_patient_01.fcs"
 
 
 @pytest.fixture(scope="module")
-def model_file(sample_data_dir, tmp_path_factory) -> Path:
-    cohort = [load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_*.fcs"))[:3]]
-    model = GatingModel(select=False, n_features=64, n_embedding_features=16, cells_per_patient=300,
-                        embedding_cells=1000).fit([s for s, _ in cohort], [y for _, y in cohort])
-    path = tmp_path_factory.mktemp("members") / "model.npz"
-    model.save(path)
-    return path
+def model_file(tmp_path_factory) -> Path:
+    return quick_model_file(tmp_path_factory.mktemp("members"))
 
 
 @pytest.fixture(scope="module")
@@ -112,11 +103,8 @@ def _refused(path: Path, *words: str) -> ModelFileError:
 
 
 def _gate_refuses(path: Path, tmp_path: Path, *words: str) -> None:
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
     out = tmp_path / "out"
-    result = subprocess.run([sys.executable, "-m", "gating_core", "gate", "--model", str(path), "--out-dir", str(out),
-                             str(NEW_PATIENT)], capture_output=True, text=True, cwd=REPO, timeout=600, env=env)
+    result = run_cli("gate", "--model", path, "--out-dir", out, NEW_PATIENT)
     assert result.returncode == 1, (result.returncode, result.stderr)
     assert result.stderr.startswith(f"error: {path.name}: ") and "Traceback" not in result.stderr, result.stderr
     for word in words:

@@ -21,9 +21,9 @@ def test_unseen_simulated_centers_gated_better_than_pooled_ridge_and_lda():
     # The benchmark cohort of bench/bench_centers.py. Measured (model seed 0): marginal (two
     # cell bandwidths, blended with its pooled companion, self-training at gating time) 0.9895
     # mean / 0.9484 worst, pooled ridge 0.9703 / 0.8817, LDA 0.9506 / 0.7666. Without
-    # self-training (session 12's default) 0.9868 / 0.9296; with one bandwidth as well (session
-    # 11's) 0.9913 / 0.9660 with this seed, and over seeds 0-2 0.9810 / 0.9196 against the two
-    # bandwidths' 0.9819 / 0.9176 (docs/unseen_centers.md, "Session 12"). Other
+    # self-training at gating time 0.9868 / 0.9296; with one cell bandwidth as well 0.9913 /
+    # 0.9660 with this seed, and over seeds 0-2 0.9810 / 0.9196 against the two bandwidths'
+    # 0.9819 / 0.9176 (docs/unseen_centers.md). Other
     # simulated cohorts give smaller or negative margins against a pooled logistic regression
     # (see the README): this test guards the mechanism (shift augmentation + group-aware
     # selection), not a general claim.
@@ -52,7 +52,7 @@ def test_leaving_a_replicate_pair_out_of_the_shared_multicenter_data(multicenter
     marginal, pooled, lda = (summary.loc[m] for m in ("marginal", "pooled-ridge", "lda"))
     # Measured with these defaults (model seed 0): marginal 0.9700 mean / 0.9173 worst, pooled
     # ridge 0.9684 / 0.9092, LDA 0.9507 / 0.9069. The later batch (samples 09, 10) is the worst
-    # for every method; self-training at gating time lifts it most (session 13).
+    # for every method; self-training at gating time lifts it most.
     assert marginal["mean_accuracy"] > lda["mean_accuracy"] + 0.01
     assert marginal["mean_accuracy"] > pooled["mean_accuracy"] - 0.002
     assert marginal["worst_accuracy"] > pooled["worst_accuracy"] + 0.001

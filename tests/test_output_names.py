@@ -5,10 +5,7 @@ share a name are refused before anything is gated; the app's upload names follow
 
 from __future__ import annotations
 
-import os
 import shutil
-import subprocess
-import sys
 import unicodedata
 from pathlib import Path
 
@@ -22,29 +19,14 @@ from test_fcs_properties import build_fcs
 from gating_core.fcs import read_fcs
 from gating_core.gates.names import MAX_STEM_BYTES, safe_name, safe_stem
 from gating_core.gating import gate_file, output_name_clashes, output_stem
+from helpers import SAMPLE_DATA, quick_model_file, run_cli
 
-REPO = Path(__file__).resolve().parent.parent
-NEW = REPO / "sample_data" / "new"
-
-
-def run_cli(*args):
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", LC_ALL="C.UTF-8",
-               PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]))
-    return subprocess.run([sys.executable, "-m", "gating_core", *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO, timeout=600, env=env)
+NEW = SAMPLE_DATA / "new"
 
 
 @pytest.fixture(scope="module")
 def model_file(tmp_path_factory) -> Path:
-    from gating_core.inputs import load_labeled_input
-    from gating_core.model import GatingModel
-
-    cohort = [load_labeled_input(REPO / "sample_data" / f"patient_0{i}.fcs") for i in (1, 2, 3)]
-    model = GatingModel(select=False, n_features=64, n_embedding_features=16, cells_per_patient=300,
-                        embedding_cells=1000).fit([s for s, _ in cohort], [y for _, y in cohort])
-    path = tmp_path_factory.mktemp("names") / "model.npz"
-    model.save(path)
-    return path
+    return quick_model_file(tmp_path_factory.mktemp("names"))
 
 
 # -- the rule ---------------------------------------------------------------------------------------

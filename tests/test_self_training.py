@@ -15,6 +15,7 @@ from gating_core.refinement import refinement_coef
 from gating_core.self_training import (SELF_TRAINING_ALPHA, SELF_TRAINING_CELLS, SELF_TRAINING_QUANTILE,
                                        pseudo_labels, self_training_coef)
 from gating_core.synthetic import simulate_centers
+from helpers import run_cli, sample_paths
 
 # The transfer model alone (no adapted populations): these tests follow its self-training step.
 SMALL = dict(n_features=96, cells_per_patient=600, selection_cells_per_patient=300, cv_repeats=1, n_augment=1,
@@ -170,18 +171,14 @@ def test_the_later_batch_of_the_shared_data_gains(multicenter_dir):
     assert min(adapted) > 0.912
 
 
-def test_train_no_self_training_writes_a_model_that_gates_without_it(tmp_path, sample_data_dir):
-    import subprocess
-    import sys
-
+def test_train_no_self_training_writes_a_model_that_gates_without_it(tmp_path):
     from gating_core.evaluation import METHOD_SETTINGS
 
     assert METHOD_SETTINGS["marginal-no-self-training"] == {"method": "marginal", "self_training": False}
-    patients = sorted(sample_data_dir.glob("patient_*.fcs"))[:3]
     for flag, expected in (("--no-self-training", False), (None, True)):
         out = tmp_path / f"{expected}.npz"
-        args = ["train", "--no-selection", "--out", str(out)] + ([flag] if flag else []) + [str(p) for p in patients]
-        done = subprocess.run([sys.executable, "-m", "gating_core", *args], capture_output=True, text=True, timeout=600)
+        flags = [flag] if flag else []
+        done = run_cli("train", "--no-selection", "--out", out, *flags, *sample_paths(range(1, 4)))
         assert done.returncode == 0, done.stderr
         model = GatingModel.load(out)
         assert model.self_training is expected and model.describe()["self_training"] is expected

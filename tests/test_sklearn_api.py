@@ -16,6 +16,7 @@ from gating_core.classifier import EXPECTED_FAILED_CHECKS, MarginalTransferClass
 from gating_core.model import GatingModel
 from gating_core.selection import select_hyperparameters
 from gating_core.transforms import ChannelTransform
+from helpers import sample_cohort
 
 SKLEARN_AT_LEAST_1_6 = tuple(int(p) for p in sklearn.__version__.split(".")[:2]) >= (1, 6)
 
@@ -242,18 +243,11 @@ def test_classifier_clone_and_params_round_trip():
         clf.set_params(bandwidth=1.0)
 
 
-def _sample_cohort(sample_data_dir):
-    from gating_core.inputs import load_labeled_input
-
-    cohort = [load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_*.fcs"))]
-    return [s for s, _ in cohort], [y for _, y in cohort]
-
-
 # Quick settings: cross-validation fits one model per held-out group.
 QUICK = dict(select=False, n_features=128, cells_per_patient=500, n_augment=0, pooled_weight=0.0)
 
 
-def test_gating_model_is_a_scikit_learn_estimator_whose_params_are_the_saved_ones(sample_data_dir, tmp_path):
+def test_gating_model_is_a_scikit_learn_estimator_whose_params_are_the_saved_ones(tmp_path):
     transform = ChannelTransform(["linear"] * 2, [{"scale": 1000.0}, {"scale": 1000.0}])
     model = GatingModel(channels=["FSC-A", "SSC-A"], transform=transform, alpha=1e-3, **QUICK)
     copy = clone(model)
@@ -267,7 +261,7 @@ def test_gating_model_is_a_scikit_learn_estimator_whose_params_are_the_saved_one
         copy.set_params(bandwidth=1.0)
     assert "GatingModel(" in repr(model) and "select=False" in repr(model)
 
-    samples, labels = _sample_cohort(sample_data_dir)
+    samples, labels = sample_cohort()
     fitted = GatingModel(**QUICK).fit(samples[:3], labels[:3])
     path = tmp_path / "model.npz"
     fitted.save(path)
@@ -283,8 +277,8 @@ def test_gating_model_is_a_scikit_learn_estimator_whose_params_are_the_saved_one
     check_is_fitted(loaded)
 
 
-def test_cross_val_score_leaves_one_condition_out_on_the_sample_data(sample_data_dir):
-    samples, labels = _sample_cohort(sample_data_dir)
+def test_cross_val_score_leaves_one_condition_out_on_the_sample_data():
+    samples, labels = sample_cohort()
     conditions = [s.keywords["SIM_CONDITION"] for s in samples]  # 5 conditions over 8 patients
     scores = cross_val_score(GatingModel(**QUICK), samples, labels, groups=conditions, cv=LeaveOneGroupOut(),
                              params={"groups": conditions}, error_score="raise")

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from gating_core import cpus, solvers
+from helpers import sample_cohort
 
 
 def _problem(seed=0, patients=3, cells=7000, dim=24, k=4):
@@ -91,10 +92,9 @@ def test_the_default_model_is_the_same_bits_on_one_or_two_blas_threads(sample_da
     if cpus.current_blas_threads() is None or cpus.current_blas_threads() < 2:
         pytest.skip("BLAS runs one thread here")
     from gating_core.fcs import read_fcs
-    from gating_core.inputs import load_labeled_input
     from gating_core.model import GatingModel
 
-    samples, labels = zip(*(load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_0[1-6].fcs"))))
+    samples, labels = sample_cohort(range(1, 7))
     new = read_fcs(sample_data_dir / "new" / "new_patient_01.fcs")
     fitted = {}
     for threads in (1, 2):

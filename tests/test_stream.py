@@ -14,9 +14,7 @@ from gating_core.features import content_subsample
 from gating_core.export import GatedTableWriter, export_sample
 from gating_core.fcs import FCSError, read_fcs_all, stream_fcs_all, write_fcs
 from gating_core.gating import _gate_file_whole, gate_file
-from gating_core.inputs import load_labeled_input
-
-SAMPLE = Path(__file__).resolve().parent.parent / "sample_data"
+from helpers import SAMPLE_DATA, sample_cohort
 
 
 def _small_model(samples, labels, **params):
@@ -28,8 +26,7 @@ def _small_model(samples, labels, **params):
 
 @pytest.fixture(scope="module")
 def sample_model():
-    pairs = [load_labeled_input(p) for p in sorted(SAMPLE.glob("patient_0[1-4].fcs"))]
-    return _small_model([s for s, _ in pairs], [y for _, y in pairs], embedding_cells=5000)
+    return _small_model(*sample_cohort(range(1, 5)), embedding_cells=5000)
 
 
 def _outputs(model, path, tmp_path, chunk_size, format="csv"):
@@ -44,7 +41,7 @@ def _outputs(model, path, tmp_path, chunk_size, format="csv"):
 @pytest.mark.parametrize("chunk_size", [1, 2048, 5000, 50_000])
 def test_streamed_gated_csv_is_byte_identical_on_sample_data(sample_model, tmp_path, chunk_size):
     # 12,000 events: chunk 1 rounds to one scoring block (2048), so 6 chunks; 5,000 rounds to 6,144.
-    for path in sorted((SAMPLE / "new").glob("*.fcs")):
+    for path in sorted((SAMPLE_DATA / "new").glob("*.fcs")):
         streamed, whole = _outputs(sample_model, path, tmp_path, chunk_size)
         assert len(streamed) == len(whole) == 1
         s, w = streamed[0], whole[0]
@@ -59,10 +56,8 @@ def test_streamed_gated_csv_is_byte_identical_on_sample_data(sample_model, tmp_p
 def test_streamed_gating_equals_model_gate_with_embedding_cut_inside_the_file(tmp_path):
     """embedding_cells below the event count: the first pass must keep exactly the rows
     content_subsample picks (else the embedding and every score would differ)."""
-    pairs = [load_labeled_input(p) for p in sorted(SAMPLE.glob("patient_0[5-8].fcs"))]
-    model = _small_model([s for s, _ in pairs], [y for _, y in pairs], embedding_cells=3000,
-                         prior_shift="em", align="quantile")
-    path = SAMPLE / "new" / "new_patient_02.fcs"
+    model = _small_model(*sample_cohort(range(5, 9)), embedding_cells=3000, prior_shift="em", align="quantile")
+    path = SAMPLE_DATA / "new" / "new_patient_02.fcs"
     sample = read_fcs(path, compensate=True)
     result = model.gate(sample, chunk_size=2048)
     stream = stream_fcs_all(path, compensate=True)[0]
@@ -96,7 +91,7 @@ def test_first_pass_reproduces_argpartition_when_identical_rows_straddle_the_cut
 def test_streamed_parquet_holds_the_same_table(sample_model, tmp_path):
     import pyarrow.parquet as pq
 
-    path = SAMPLE / "new" / "new_patient_01.fcs"
+    path = SAMPLE_DATA / "new" / "new_patient_01.fcs"
     streamed, whole = _outputs(sample_model, path, tmp_path, 2048, format="parquet")
     a = pq.read_table(streamed[0]["output"])
     b = pq.read_table(whole[0]["output"])
@@ -151,7 +146,7 @@ def test_streamed_gating_on_a_real_instrument_file_with_spillover(fcs_corpus, tm
 
 
 def test_truncated_file_gives_a_clear_error_and_no_output(sample_model, tmp_path):
-    source = (SAMPLE / "new" / "new_patient_01.fcs").read_bytes()
+    source = (SAMPLE_DATA / "new" / "new_patient_01.fcs").read_bytes()
     bad = tmp_path / "cut.fcs"
     bad.write_bytes(source[: len(source) - 5000])
     out = tmp_path / "out"
@@ -162,7 +157,7 @@ def test_truncated_file_gives_a_clear_error_and_no_output(sample_model, tmp_path
 
 def test_damage_inside_data_leaves_no_partial_file(sample_model, tmp_path):
     """NaN in the middle of DATA is found by the first pass, before anything is written."""
-    sample = read_fcs(SAMPLE / "new" / "new_patient_01.fcs")
+    sample = read_fcs(SAMPLE_DATA / "new" / "new_patient_01.fcs")
     events = sample.events.copy()
     bad = tmp_path / "damaged.fcs"
     write_fcs(bad, events, sample.pnn, sample.pns, ranges=[c.range for c in sample.channels])
@@ -191,13 +186,13 @@ def test_failure_while_writing_removes_the_partial_file(sample_model, tmp_path, 
     monkeypatch.setattr(GatingModel, "_proba", failing)
     out = tmp_path / "out"
     out.mkdir()
-    records = gate_file(sample_model, SAMPLE / "new" / "new_patient_01.fcs", out, chunk_size=2048)
+    records = gate_file(sample_model, SAMPLE_DATA / "new" / "new_patient_01.fcs", out, chunk_size=2048)
     assert "disk full" in records[0]["error"] and "new_patient_01.fcs" in records[0]["error"]
     assert calls["n"] >= 4 and list(out.iterdir()) == []
 
 
 def test_gated_table_writer_chunking_does_not_change_the_csv(tmp_path):
-    sample = read_fcs(SAMPLE / "patient_01.fcs")
+    sample = read_fcs(SAMPLE_DATA / "patient_01.fcs")
     populations = np.array(["a", "b,c", 'say "x"'] * 4000, dtype=object)
     confidence = np.linspace(0, 1, 12000).astype(np.float32)
     export_sample(tmp_path / "whole.csv", sample, populations, confidence)
@@ -214,7 +209,7 @@ def test_gated_table_writer_chunking_does_not_change_the_csv(tmp_path):
 
 def test_copied_file_gates_under_its_own_name(sample_model, tmp_path):
     copy = tmp_path / "Guava Muse#2.fcs"
-    shutil.copy(SAMPLE / "new" / "new_patient_03.fcs", copy)
+    shutil.copy(SAMPLE_DATA / "new" / "new_patient_03.fcs", copy)
     (tmp_path / "out").mkdir()
     records = gate_file(sample_model, copy, tmp_path / "out")
     assert Path(records[0]["output"]).name == "Guava_Muse_2.gated.csv"

@@ -53,7 +53,7 @@ def test_patient_has_panel_labels_and_spillover():
     assert {"CD45", "CD3", "CD4", "CD8", "CD19", "CD14", "CD56"} <= set(sample.pns)
     assert labels.shape == (5000,) and labels.dtype.kind == "U"
     assert set(labels) <= set(POPULATIONS)
-    # Every population of the issue is present in a typical patient of this size.
+    # Every population but "other" is present in a typical patient of this size.
     assert set(POPULATIONS) - {"other"} <= set(labels)
     assert not sample.compensated and sample.has_spillover
     assert sample.spillover_channels == [f"FL{i}-A" for i in range(1, 8)]

@@ -1,11 +1,7 @@
 """``train --loss / --method multitask / --task-similarity``: each choice reaches the model, the
-model file and back, and gates the same after the round trip (issue 10, item 3 made reachable)."""
+model file and back, and gates the same after the round trip."""
 
 from __future__ import annotations
-
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -14,10 +10,9 @@ import pytest
 from gating_core.classifier import LOSSES
 from gating_core.commands import model_commands
 from gating_core.fcs import read_fcs
-from gating_core.inputs import load_labeled_input
 from gating_core.model import METHODS, GatingModel
+from helpers import run_cli, sample_cohort, sample_paths
 
-REPO = Path(__file__).resolve().parent.parent
 SMALL = ("--features", "64", "--cells-per-patient", "500", "--no-selection")
 SMALL_PARAMS = {"n_features": 64, "cells_per_patient": 500, "select": False}
 
@@ -36,11 +31,6 @@ CHOICES = {
     "prior-shift-em": (("--prior-shift", "em"), {"method": "marginal", "loss": "squared", "prior_shift": "em"},
                        "marginal", 0.995),
 }
-
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "gating_core", *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO, timeout=900)
 
 
 def test_the_command_line_offers_what_the_model_accepts():
@@ -62,9 +52,8 @@ def test_a_task_similarity_outside_its_range_is_refused(tau, sample_data_dir, tm
 @pytest.mark.parametrize("choice", sorted(CHOICES))
 def test_each_choice_trains_saves_loads_and_gates_the_same(choice, sample_data_dir, tmp_path):
     flags, expected, label, floor = CHOICES[choice]
-    inputs = sorted(sample_data_dir.glob("patient_*.fcs"))
     path = tmp_path / "model.npz"
-    result = run_cli("train", *flags, *SMALL, "--out", path, *inputs)
+    result = run_cli("train", *flags, *SMALL, "--out", path, *sample_paths())
     assert result.returncode == 0, result.stderr
     assert f"Training ({label}) on 8 patients, 96,000 events" in result.stdout
     assert f"Method: {label}\n" in result.stdout
@@ -82,8 +71,7 @@ def test_each_choice_trains_saves_loads_and_gates_the_same(choice, sample_data_d
     # The same model fitted in this process (the library, not the command line) gates as the
     # file does (probabilities to 1e-6), and that model after its own save / load exactly as
     # itself (the same arrays through the same code).
-    samples, labels = zip(*(load_labeled_input(p) for p in inputs))
-    fitted = GatingModel(**expected, **SMALL_PARAMS).fit(list(samples), list(labels))
+    fitted = GatingModel(**expected, **SMALL_PARAMS).fit(*sample_cohort())
     again_path = tmp_path / "again.npz"
     fitted.save(again_path)
     again = GatingModel.load(again_path)

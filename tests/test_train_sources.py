@@ -1,21 +1,11 @@
 """`train` from a patient library and with the files digested on a Dask cluster."""
 
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 
 from gating_core.digest import digest_patient
 from gating_core.inputs import load_labeled_input
 from gating_core.model import GatingModel
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "gating_core", *map(str, args)], capture_output=True, text=True,
-                          cwd=REPO, timeout=900)
+from helpers import run_cli
 
 
 def _arrays(path):

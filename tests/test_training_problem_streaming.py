@@ -1,9 +1,9 @@
 """Training without holding every row's features, with each embedding computed once.
 
-The changes of issue 14 item 4 (time and memory of a fit from many patients) must leave the
-fitted model the same: each test compares the new path against the straightforward one (all
-features listed, every embedding recomputed, one thread), or against values the code produced
-before the change.
+What makes a fit from many patients cheaper in time and memory must leave the fitted model
+the same: each test compares the economical path against the straightforward one (all features
+listed, every embedding recomputed, one thread), or against values the straightforward code
+produced.
 """
 
 import contextlib
@@ -217,13 +217,14 @@ def test_gating_model_is_the_model_the_code_fitted_before_the_change(digests):
     assert got["companion"]["bandwidth_x"] == pytest.approx(BEFORE["companion_bandwidth_x"], rel=1e-12)
     assert float(np.abs(got["coef"].astype(np.float64)).sum()) == pytest.approx(BEFORE["coef_abs_sum"], rel=1e-6)
     assert float(got["coef"][0, 0]) == pytest.approx(BEFORE["coef_00"], rel=1e-5)
-    # The companion's L-BFGS runs on centred coordinates since session 10 (another path to the
-    # same optimum, stopped at the same gradient tolerance): with its penalty of 1e-5 the sum
-    # of |W| moved by 7e-5 relative (1144.0748 -> 1144.1562); a wrong fit moves it by far more.
+    # The companion's L-BFGS runs on centred coordinates, where the recorded fit did not
+    # (another path to the same optimum, stopped at the same gradient tolerance): with its
+    # penalty of 1e-5 the sum of |W| differs by 7e-5 relative (1144.0748 against 1144.1562);
+    # a wrong fit moves it by far more.
     assert float(np.abs(got["pooled_coef"].astype(np.float64)).sum()) == pytest.approx(
         BEFORE["pooled_coef_abs_sum"], rel=3e-4)
-    # The real patients' embeddings are as before; since c7cd231 a model without the embedding
-    # no longer embeds its augmented copies: each holds its source patient's.
+    # The real patients' embeddings are the recorded ones; a model without the embedding does
+    # not embed its augmented copies (nothing reads them): each holds its source patient's.
     embeddings, source = got["embeddings"], got["source"]
     assert float(np.abs(embeddings[:6]).sum()) == pytest.approx(BEFORE["real_embeddings_abs_sum"], rel=1e-9)
     np.testing.assert_array_equal(embeddings[6:], embeddings[source[6:]])

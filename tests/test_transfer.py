@@ -498,7 +498,7 @@ def test_quantile_registered_model_round_trips_and_ignores_chunking(small_center
         GatingModel(select=False, align="warp").fit(samples[:2], labels[:2])
 
 
-# -- further baselines: the hinge loss and the multitask kernel (issue 10, item 3) ---------------
+# -- further baselines: the hinge loss and the multitask kernel -----------------------------------
 
 def test_weighted_hinge_is_the_cost_sensitive_svm():
     from scipy.optimize import minimize
@@ -691,7 +691,7 @@ def test_a_model_file_with_a_bad_task_similarity_is_refused(further_baselines, t
             GatingModel.load(bad)
 
 
-# -- model selection: intercept in the held-out scores, lambda's edge, sigma' (issue 10) --------
+# -- model selection: intercept in the held-out scores, lambda's edge, sigma' ---------------------
 
 def test_held_out_scores_are_those_of_the_fitted_model_intercept_included():
     from gating_core.selection import HyperparameterSearch
