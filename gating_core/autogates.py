@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from scipy import ndimage
 
-from gating_core.gates import OTHER, Gate, GateError, GateTree, gate_membership
+from gating_core.gates import OTHER, Gate, GateError, GateTree, gate_membership, polygon_gate, rectangle_gate
 
 ALL_EVENTS = "(all events)"
 #: Populations that name no gate (cells no leaf gate claimed). For a gate with children they do
@@ -357,8 +357,8 @@ def fit_gate_tree(template: GateTree, sample, populations, unassigned=UNASSIGNED
                                        else "its predicted cells form no region denser than the other cells")
             else:
                 try:
-                    candidate = Gate(gate.name, gate.x_channel, gate.y_channel, "polygon", fit.vertices.tolist(),
-                                     gate.x_scale, gate.y_scale, gate.parent)
+                    candidate = polygon_gate(gate.name, gate.x_channel, gate.y_channel, fit.vertices.tolist(),
+                                             gate.x_scale, gate.y_scale, gate.parent)
                 except GateError as exc:
                     unfitted[gate.name] = f"the fitted outline is no gate ({exc})"
             if candidate is not None and unnamed_below:
@@ -416,8 +416,8 @@ def tree_from_labels(sample, labels, hierarchy, scales) -> GateTree:
     """
     skeleton = GateTree()
     for name, x_channel, y_channel, parent in hierarchy:
-        skeleton.add(Gate(name, x_channel, y_channel, "rectangle", [(0, 0), (1, 1)], scales[x_channel],
-                          scales[y_channel], parent))
+        skeleton.add(rectangle_gate(name, x_channel, y_channel, (0, 1), (0, 1), scales[x_channel],
+                                    scales[y_channel], parent))
     return fit_gate_tree(skeleton, sample, labels).tree
 
 
@@ -510,23 +510,21 @@ def counted_cells(tree: GateTree, populations, memberships, known=()) -> dict[st
         agree[own] = np.asarray(memberships[name], dtype=bool)[own]
     out: dict[str, np.ndarray] = {}
     for gate in reversed(tree.gates):  # children before their parents
-        if gate.kind == "boolean":
-            continue
+        if gate.references:
+            continue  # computed from other gates' cells: below, once those are known
         cells = labels == gate.name
         for child in tree.children(gate.name):
-            if child.kind != "boolean":
+            if not child.references:
                 cells |= out[child.name]
         if gate.name not in named:
             cells |= agree & np.asarray(memberships[gate.name], dtype=bool)
         out[gate.name] = cells
     for gate in tree.gates:  # operands precede the boolean gates that use them
-        if gate.kind != "boolean":
+        if not gate.references:
             continue
         cells = labels == gate.name
         if gate.name not in named:
-            operands = [out[o] for o in gate.operands]
-            inside = (~operands[0] if gate.operator == "not" else
-                      np.logical_and.reduce(operands) if gate.operator == "and" else np.logical_or.reduce(operands))
+            inside = gate.combine(out)
             if gate.parent is not None:
                 inside = inside & out[gate.parent]
             cells = cells | inside
@@ -534,7 +532,7 @@ def counted_cells(tree: GateTree, populations, memberships, known=()) -> dict[st
             cells = cells | out[child.name]
         out[gate.name] = cells
     for gate in tree.gates:  # a boolean gate's cells count in its parents too
-        if gate.kind == "boolean" and gate.parent is not None:
+        if gate.references and gate.parent is not None:
             parent = gate.parent
             while parent is not None:
                 out[parent] = out[parent] | out[gate.name]

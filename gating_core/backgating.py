@@ -68,8 +68,8 @@ def gate_path(tree: GateTree, name: str) -> list[str]:
         gate = tree[current]
         if gate.parent is not None:
             frontier.append(gate.parent)
-        frontier.extend(gate.operands or [])
-    return [g.name for g in tree.gates if g.name in wanted and g.kind != "boolean"]
+        frontier.extend(gate.references)
+    return [g.name for g in tree.gates if g.name in wanted and g.channels]
 
 
 def backgating(tree: GateTree, name: str, sample, memberships=None) -> list[BackgatePlot]:

@@ -1,7 +1,9 @@
 """Gates drawn in the product, written for other tools: GatingML 2.0 and FlowJo workspaces.
 
 A :class:`~gating_core.gates.GateTree` becomes a ``flowkit.GatingStrategy`` and FlowKit writes
-the file, so the result is what FlowKit itself would export. The geometry is carried exactly:
+the file, so the result is what FlowKit itself would export. Each gate type builds its own FlowKit
+gate (``Gate.flowkit_gate``) through a :class:`StrategyWriter`, which holds the axes, transforms
+and node paths. The geometry is carried exactly:
 
 * a linear axis is an untransformed GatingML dimension (raw values);
 * a logicle axis is GatingML's logicle with the same T, W, M and A = 0 (FlowUtils computes
@@ -37,9 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.gates import AxisScale, GateError, GateTree, xml_gate_id
+from gating_core.gates import GATE_KINDS, AxisScale, GateError, GateTree, xml_gate_id
 
-__all__ = ["gating_strategy", "export_gatingml", "export_flowjo_workspace"]
+__all__ = ["StrategyWriter", "gating_strategy", "export_gatingml", "export_flowjo_workspace"]
 
 LN10 = math.log(10.0)
 DEFAULT_TOP = 262144.0
@@ -84,6 +86,94 @@ class _Axis:
     def coordinate(self, value: float) -> float:
         return float(value) / self.divisor
 
+    def dimension(self, low: float | None = None, high: float | None = None):
+        """The FlowKit Dimension of this axis, bounded by [low, high] when given. Our bounds
+        include the upper edge, GatingML's exclude it: the maximum written is the next float up."""
+        from flowkit import Dimension
+
+        range_min = None if low is None else self.coordinate(low)
+        range_max = None if high is None else float(np.nextafter(self.coordinate(high), np.inf))
+        return Dimension(self.pnn, "uncompensated", self.transform_id, range_min=range_min, range_max=range_max)
+
+
+class StrategyWriter:
+    """Builds a ``flowkit.GatingStrategy`` from a gate tree: each gate adds itself
+    (:meth:`~gating_core.gates.Gate.write_flowkit`) through what this offers.
+
+    Attributes
+    ----------
+    tree : GateTree
+        The gates being written.
+    strategy : flowkit.GatingStrategy
+    channel_of : dict
+        Transform id -> $PnN of the channel it transforms.
+    """
+
+    def __init__(self, tree: GateTree, sample, xml_ids: bool):
+        import flowkit
+
+        self.tree, self.sample = tree, sample
+        self.strategy = flowkit.GatingStrategy()
+        self.gate_id = xml_gate_id if xml_ids else str
+        self.channel_of: dict = {}
+        self._transform_ids: dict = {}  # (channel, scale) -> transform id
+        self._node_path: dict = {}  # gate name -> its node's full path in the strategy, itself included
+        self._taken = set(tree.names)
+        self._containers: dict = {}  # container id prefix -> how many were written
+
+    def write(self):
+        """The strategy with every gate of the tree, in tree order."""
+        for gate in self.tree.gates:
+            if gate.name not in self._node_path:  # a quadrant is written with the first of its split
+                gate.write_flowkit(self)
+        return self.strategy
+
+    def axis(self, channel: str, scale: AxisScale) -> _Axis:
+        """The axis of ``channel`` drawn on ``scale``, its transform added to the strategy once."""
+        pnn = _channel_pnn(channel, self.sample)
+        axis = _Axis(pnn, scale, _channel_top(pnn, self.sample))
+        if axis.transform is not None:
+            key = (pnn, scale)
+            if key not in self._transform_ids:
+                # Plain ids (the channel name may hold characters an XML id cannot).
+                transform_id = f"{scale.kind}_{len(self._transform_ids) + 1}"
+                self._transform_ids[key] = transform_id
+                self.channel_of[transform_id] = pnn
+                self.strategy.add_transform(transform_id, axis.transform)
+            axis.transform_id = self._transform_ids[key]
+        return axis
+
+    def reference(self, name: str) -> dict:
+        """A BooleanGate's reference to gate ``name`` (written before it)."""
+        return {"ref": self.gate_id(name), "path": self._node_path[name][:-1], "complement": False}
+
+    def container_id(self, base: str) -> str:
+        """The id of a gate holding populations (a QuadrantGate) no gate of the tree has:
+        ``"{base} 1"``, ``"{base} 2"``, ... (the populations inside carry the tree's names)."""
+        self._containers[base] = self._containers.get(base, 0) + 1
+        name, k = f"{base} {self._containers[base]}", 1
+        while name in self._taken:
+            k += 1
+            name = f"{base} {self._containers[base]} ({k})"
+        self._taken.add(name)
+        return self.gate_id(name)
+
+    def add(self, gate, fk_gate) -> None:
+        """Add ``fk_gate``, written for ``gate``, under the node of gate's parent."""
+        path = self._parent_path(gate)
+        self.strategy.add_gate(fk_gate, gate_path=path)
+        self._node_path[gate.name] = (*path, self.gate_id(gate.name))
+
+    def add_container(self, fk_gate, gate, members) -> None:
+        """Add ``fk_gate`` (a QuadrantGate) under ``gate``'s parent, holding ``members``' populations."""
+        path = self._parent_path(gate)
+        self.strategy.add_gate(fk_gate, gate_path=path)
+        for member in members:
+            self._node_path[member.name] = (*path, fk_gate.gate_name, self.gate_id(member.name))
+
+    def _parent_path(self, gate) -> tuple:
+        return self._node_path[gate.parent] if gate.parent is not None else ("root",)
+
 
 def gating_strategy(tree: GateTree, sample=None, *, xml_ids: bool = False):
     """The ``flowkit.GatingStrategy`` of a gate tree.
@@ -99,94 +189,10 @@ def gating_strategy(tree: GateTree, sample=None, *, xml_ids: bool = False):
 
 def _strategy_and_channels(tree: GateTree, sample, xml_ids: bool):
     """(GatingStrategy, {transform id: $PnN of the channel it transforms})."""
-    import flowkit
-    from flowkit import Dimension, QuadrantDivider, gates as fk_gates
-
     if len(tree) == 0:
         raise GateError("there are no gates to export")
-    strategy = flowkit.GatingStrategy()
-    gate_id = xml_gate_id if xml_ids else str
-    transform_ids: dict = {}  # (channel, scale) -> transform id
-    channel_of: dict = {}  # transform id -> channel
-    node_path: dict = {}  # gate name -> its node's full path in the strategy, itself included
-    taken = set(tree.names)
-    quadrant_sets = 0
-
-    def axis_of(channel, scale):
-        pnn = _channel_pnn(channel, sample)
-        axis = _Axis(pnn, scale, _channel_top(pnn, sample))
-        if axis.transform is not None:
-            key = (pnn, scale)
-            if key not in transform_ids:
-                # Plain ids (the channel name may hold characters an XML id cannot).
-                transform_ids[key] = f"{scale.kind}_{len(transform_ids) + 1}"
-                channel_of[transform_ids[key]] = pnn
-                strategy.add_transform(transform_ids[key], axis.transform)
-            axis.transform_id = transform_ids[key]
-        return axis
-
-    def upper(axis, value):
-        # ours includes the upper edge, GatingML's excludes it
-        return float(np.nextafter(axis.coordinate(value), np.inf))
-
-    for gate in tree.gates:
-        if gate.name in node_path:
-            continue  # a quadrant written with the first gate of its set
-        gate_path = node_path[gate.parent] if gate.parent is not None else ("root",)
-        vertices = np.asarray(gate.vertices, dtype=np.float64)
-        if gate.kind == "quadrant":
-            members = [tree[name] for name in tree.quadrant_set(gate.name)]
-            x_axis, y_axis = axis_of(gate.x_channel, gate.x_scale), axis_of(gate.y_channel, gate.y_scale)
-            (x, y), = vertices
-            dividers = [QuadrantDivider("x_divider", x_axis.pnn, "uncompensated", [x_axis.coordinate(x)],
-                                        x_axis.transform_id),
-                        QuadrantDivider("y_divider", y_axis.pnn, "uncompensated", [y_axis.coordinate(y)],
-                                        y_axis.transform_id)]
-            quadrants = []
-            for member in members:
-                bounds = [(axis.coordinate(v), None) if sign == "+" else (None, axis.coordinate(v))
-                          for axis, v, sign in ((x_axis, x, member.quadrant[0]), (y_axis, y, member.quadrant[1]))]
-                quadrants.append(fk_gates.Quadrant(gate_id(member.name), ["x_divider", "y_divider"], bounds))
-            quadrant_sets += 1
-            set_id = _unused_id(f"Quadrants {quadrant_sets}", taken, gate_id)
-            strategy.add_gate(fk_gates.QuadrantGate(set_id, dividers, quadrants), gate_path=gate_path)
-            for member in members:
-                node_path[member.name] = (*gate_path, set_id, gate_id(member.name))
-            continue
-        if gate.kind == "boolean":
-            refs = [{"ref": gate_id(o), "path": node_path[o][:-1], "complement": False} for o in gate.operands]
-            fk_gate = fk_gates.BooleanGate(gate_id(gate.name), gate.operator, refs)
-        elif gate.kind == "range":
-            axis = axis_of(gate.x_channel, gate.x_scale)
-            (lo, hi), = vertices
-            fk_gate = fk_gates.RectangleGate(gate_id(gate.name), [
-                Dimension(axis.pnn, "uncompensated", axis.transform_id, range_min=axis.coordinate(lo),
-                          range_max=upper(axis, hi))])
-        elif gate.kind == "rectangle":
-            axes = [axis_of(gate.x_channel, gate.x_scale), axis_of(gate.y_channel, gate.y_scale)]
-            (x0, y0), (x1, y1) = vertices
-            dims = [Dimension(axis.pnn, "uncompensated", axis.transform_id, range_min=axis.coordinate(lo),
-                              range_max=upper(axis, hi))
-                    for axis, lo, hi in ((axes[0], x0, x1), (axes[1], y0, y1))]
-            fk_gate = fk_gates.RectangleGate(gate_id(gate.name), dims)
-        else:
-            axes = [axis_of(gate.x_channel, gate.x_scale), axis_of(gate.y_channel, gate.y_scale)]
-            dims = [Dimension(axis.pnn, "uncompensated", axis.transform_id) for axis in axes]
-            points = [[axes[0].coordinate(x), axes[1].coordinate(y)] for x, y in vertices]
-            fk_gate = fk_gates.PolygonGate(gate_id(gate.name), dims, points)
-        strategy.add_gate(fk_gate, gate_path=gate_path)
-        node_path[gate.name] = (*gate_path, gate_id(gate.name))
-    return strategy, channel_of
-
-
-def _unused_id(base: str, taken: set, gate_id) -> str:
-    """A QuadrantGate id no gate of the tree has (the quadrants carry the population names)."""
-    name, k = base, 1
-    while name in taken:
-        k += 1
-        name = f"{base} ({k})"
-    taken.add(name)
-    return gate_id(name)
+    writer = StrategyWriter(tree, sample, xml_ids)
+    return writer.write(), writer.channel_of
 
 
 def _atomic_write(path: Path, write) -> Path:
@@ -243,11 +249,12 @@ def export_flowjo_workspace(tree: GateTree, path: str | os.PathLike, samples, *,
     samples = list(samples)
     if not samples:
         raise GateError("a FlowJo workspace needs at least one sample")
-    unsupported = [g.name for g in tree.gates if g.kind in ("quadrant", "boolean")]
-    if unsupported:  # FlowKit writes polygon and rectangle gates into workspaces, no others
-        raise GateError(f"the gates cannot be written as a FlowJo workspace: {', '.join(unsupported)} "
-                        f"are quadrant or boolean gates, which FlowKit's workspace writer lacks; "
-                        f"export GatingML instead")
+    unsupported = [g for g in tree.gates if not g.flowjo_workspace]
+    if unsupported:  # FlowKit's workspace writer knows polygon and rectangle gates (a range is a rectangle)
+        kinds = " or ".join(k for k in GATE_KINDS if k in {g.kind for g in unsupported})
+        raise GateError(f"the gates cannot be written as a FlowJo workspace: "
+                        f"{', '.join(g.name for g in unsupported)} are {kinds} gates, which FlowKit's "
+                        f"workspace writer lacks; export GatingML instead")
     ids = [workspace_sample_id(s) for s in samples]
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:

@@ -291,14 +291,16 @@ def _default_channels(sample) -> list[tuple[str, str]]:
 
 
 def _plots(sample, populations, tree, memberships, max_dots: int, counted=None) -> list[str]:
+    from gating_core.gates import Band, Region, Split
+
     idx = subsample_indices(sample.n_events, max_dots, seed=0)
     svgs = []
     if tree is not None and len(tree):
         counted = counted if counted is not None else memberships
         groups: dict = {}
         for gate in tree.depth_first():
-            if gate.kind == "boolean":
-                continue  # no axes: its cells are in the table
+            if not gate.channels:
+                continue  # no axes (a boolean gate): its cells are in the table
             groups.setdefault((gate.parent, gate.x_channel, gate.y_channel), []).append(gate)
         for (parent, xc, yc), gates in groups.items():
             first = gates[0]
@@ -309,12 +311,13 @@ def _plots(sample, populations, tree, memberships, max_dots: int, counted=None) 
                 return f"{100.0 * int(np.count_nonzero(counted[g.name])) / max(parent_count, 1):.1f}%"
 
             title = f"{parent or ALL_EVENTS} \u2192 " + ", ".join(g.name for g in gates)
+            # every gate drawn on the first one's axes, as it draws itself
+            drawn = [(g, g.drawing(first.x_scale, first.y_scale)) for g in gates]
             x = first.x_scale.forward(sample.events[:, sample.channel_index(xc)])
             # the parent's events set the axes; a gate reaching past them is clipped, as on screen
             x_range = display_range(x[in_parent] if in_parent.any() else x)
             if yc is None:
-                bands = [(g.name, *g.x_scale.forward(first.x_scale.inverse(np.asarray(g.vertices[0]))), share(g))
-                         for g in gates]
+                bands = [(g.name, d.low, d.high, share(g)) for g, d in drawn if isinstance(d, Band)]
                 svgs.append(svg_histogram(x[in_parent], x_range, title=title,
                                           x_label=_axis_label(sample, xc, first.x_scale), bands=bands,
                                           clip_id=f"clip{len(svgs)}"))
@@ -322,18 +325,15 @@ def _plots(sample, populations, tree, memberships, max_dots: int, counted=None) 
             y = first.y_scale.forward(sample.events[:, sample.channel_index(yc)])
             y_range = display_range(y[in_parent] if in_parent.any() else y)
             shown = idx[in_parent[idx]]
-            outlines = [(g.name, g.outline(first.x_scale, first.y_scale), share(g)) for g in gates if g.is_shape]
-            splits, seen = [], set()
-            for g in gates:
-                if g.kind == "quadrant" and g.name not in seen:
-                    members = [tree[n] for n in tree.quadrant_set(g.name)]
-                    seen.update(m.name for m in members)
-                    splits.append((g.split_point(first.x_scale, first.y_scale),
-                                   {m.quadrant: f"{m.name} {share(m)}" for m in members}))
+            outlines = [(g.name, d.outline, share(g)) for g, d in drawn if isinstance(d, Region)]
+            splits: dict = {}  # split point -> {quadrant code: label}: one pair of lines per split
+            for g, d in drawn:
+                if isinstance(d, Split):
+                    splits.setdefault(d.point, {})[d.region] = f"{g.name} {share(g)}"
             svgs.append(svg_scatter(x[shown], y[shown], np.full(shown.size, "#3B5B92"), x_range, y_range,
                                     title=title, x_label=_axis_label(sample, xc, first.x_scale),
                                     y_label=_axis_label(sample, yc, first.y_scale), outlines=outlines,
-                                    splits=splits, clip_id=f"clip{len(svgs)}"))
+                                    splits=list(splits.items()), clip_id=f"clip{len(svgs)}"))
         return svgs
     labels = np.asarray(populations).astype(str)
     names = sorted(set(labels.tolist()), key=lambda p: (p.casefold() in ("other", "ungated"), p))

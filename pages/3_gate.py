@@ -3,8 +3,8 @@
 import numpy as np
 import streamlit as st
 
-from gating_core.gates import (AxisScale, GateError, GateTree, boolean_gate, polygon_gate, quadrant_gates,
-                               quadrant_names, range_gate, rectangle_gate)
+from gating_core.gates import (AxisScale, Gate, GateError, GateTree, boolean_gate, quadrant_gates, quadrant_names,
+                               range_gate, rectangle_gate)
 from ui import cache, charts, gate_view
 from ui.app_state import shape_from_selection
 from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, require_patients,
@@ -86,9 +86,7 @@ def gating_section():
     histogram_view = tool == "Range (histogram)"
     # Every gate on these channels is drawn, mapped onto the current axes when it was drawn on
     # other transforms (a gate keeps the scales it was drawn on, so its cells never change).
-    same_axes = [g for g in tree.gates if g.is_shape and gate_view.pnn_of(sample, g.x_channel) == x_ch
-                 and gate_view.pnn_of(sample, g.y_channel) == y_ch and g.parent == parent_gate]
-    quadrant_sets = gate_view.quadrant_sets_on(tree, parent_gate, x_ch, y_ch, sample)
+    on_plot = gate_view.gates_on(tree, parent_gate, sample, x_ch, y_ch)
     raw_x = x_scale.inverse(np.array(x_range))
     raw_y = y_scale.inverse(np.array(y_range))
     x_label, y_label = channel_label(sample, x_ch), channel_label(sample, y_ch)
@@ -113,12 +111,7 @@ def gating_section():
         fig = charts.scatter_panels([{"title": f"{patient} · {parent}", "grid": grid}], x_scale,
                                     y_scale, x_range, y_range, x_label, y_label, mode="density", height=560,
                                     selectable=True)
-        charts.add_gate_shapes(fig, same_axes, x_scale, y_scale, focus=focus)
-        for members in quadrant_sets:
-            first = tree[members[0]]
-            charts.add_quadrant_lines(fig, first.split_point(x_scale, y_scale),
-                                      gate_view.quadrant_labels(tree, first.name),
-                                      x_range, y_range, color=charts.FOCUS_COLOR if focus in members else "#222222")
+        charts.add_gates(fig, on_plot, x_range, y_range, x_scale, y_scale, focus=focus)
         pending_split = None
         if tool == "Quadrant":
             q1, q2 = st.columns(2)
@@ -152,12 +145,10 @@ def gating_section():
 
 
     def _gate_from(shape, name):
-        maker = polygon_gate if shape["kind"] == "polygon" else None
-        xsc, ysc = AxisScale.from_dict(shape["x_scale"]), AxisScale.from_dict(shape["y_scale"])
-        if maker is None:
-            (x0, y0), (x1, y1) = shape["vertices"]
-            return rectangle_gate(name, shape["x"], shape["y"], (x0, x1), (y0, y1), xsc, ysc, shape["parent"])
-        return polygon_gate(name, shape["x"], shape["y"], shape["vertices"], xsc, ysc, shape["parent"])
+        # a selection is stored like a gate of its kind: polygon vertices, or a box's two corners
+        return Gate.from_dict({"name": name, "kind": shape["kind"], "x_channel": shape["x"], "y_channel": shape["y"],
+                               "vertices": shape["vertices"], "x_scale": shape["x_scale"],
+                               "y_scale": shape["y_scale"], "parent": shape["parent"]})
 
 
     def _commit(new_tree: GateTree, message: str):
@@ -346,7 +337,7 @@ def gating_section():
                     state["gate_pickers_next"]["gate_edit_open"] = True
                     _commit(new_tree, f"Deleted {', '.join(gone)}.")
                     st.rerun()
-            same = [g.name for g in same_axes]
+            same = [g.name for g in on_plot if g.is_shape]  # regions a selection can replace
             if pending and same:
                 adjust = st.selectbox("Adjust a gate on these axes to the current selection", same, key="adjust_which")
                 if st.button("Replace its shape", key="adjust_gate"):

@@ -4,7 +4,7 @@ import numpy as np
 import streamlit as st
 
 from gating_core.autogates import flat_statistics
-from gating_core.gates import AxisScale, GateError, polygon_gate, rectangle_gate, safe_stem
+from gating_core.gates import AxisScale, Gate, GateError, safe_stem
 from gating_core.plotting import population_colors
 from ui import autogate_view, cache, charts, exports
 from ui.app_state import missing_model_channels, shape_from_selection
@@ -132,11 +132,9 @@ with side_col:
     if pending is not None and (pending.get("patient"), pending.get("x"), pending.get("y")) == (patient, x_ch, y_ch):
         xs_, ys_ = AxisScale.from_dict(pending["x_scale"]), AxisScale.from_dict(pending["y_scale"])
         try:
-            if pending["kind"] == "polygon":
-                shape = polygon_gate("selection", x_ch, y_ch, pending["vertices"], xs_, ys_)
-            else:
-                (x0, y0), (x1, y1) = pending["vertices"]
-                shape = rectangle_gate("selection", x_ch, y_ch, (x0, x1), (y0, y1), xs_, ys_)
+            # a selection is stored like a gate of its kind: polygon vertices, or a box's two corners
+            shape = Gate.from_dict({"name": "selection", "kind": pending["kind"], "x_channel": x_ch, "y_channel": y_ch,
+                                    "vertices": pending["vertices"], "x_scale": xs_, "y_scale": ys_})
         except GateError:
             shape = None  # a click or a zero-area drag selects nothing
     st.markdown("**Correct cells**")

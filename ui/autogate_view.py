@@ -7,7 +7,7 @@ import numpy as np
 import streamlit as st
 
 from gating_core.autogates import agreement, counted_cells, fit_gate_tree
-from gating_core.gates import GateError, GateTree
+from gating_core.gates import Band, GateError, GateTree, Region, Split
 from ui import cache, charts
 from ui.app_state import autogate_templates, shape_from_selection
 from ui.common import channel_label
@@ -48,10 +48,11 @@ def gate_table(tree: GateTree, sample, result_populations, masks, counted):
 
 
 def _plot_groups(tree: GateTree) -> dict:
-    """(parent, x channel, y channel or None) -> its gates, depth-first; boolean gates have no plot."""
+    """(parent, x channel, y channel or None) -> its gates, depth-first; gates without axes
+    (boolean) have no plot."""
     groups: dict = {}
     for gate in tree.depth_first():
-        if gate.kind != "boolean":
+        if gate.channels:
             groups.setdefault((gate.parent, gate.x_channel, gate.y_channel), []).append(gate)
     return groups
 
@@ -87,14 +88,7 @@ class GateFigures:
               "y": cache.display_values(record.token, first.y_channel, ys_d, sample)[dots_idx]}],
             first.x_scale, first.y_scale, xr, yr, channel_label(sample, first.x_channel),
             channel_label(sample, first.y_channel), mode="density", height=height, selectable=selectable)
-        charts.add_gate_shapes(fig, gates, first.x_scale, first.y_scale)
-        seen = set()
-        for gate in gates:
-            if gate.kind == "quadrant" and gate.name not in seen:
-                members = self.tree.quadrant_set(gate.name)
-                seen.update(members)
-                charts.add_quadrant_lines(fig, gate.split_point(first.x_scale, first.y_scale),
-                                          {self.tree[n].quadrant: n for n in members}, xr, yr)
+        charts.add_gates(fig, gates, xr, yr, first.x_scale, first.y_scale)
         # A fitted gate reaches past the plotted range where its cells pile up on an axis end:
         # keep its name on the plot.
         for note in fig.layout.annotations[1:]:  # the first is the plot's title
@@ -111,12 +105,9 @@ class GateFigures:
         xr = cache.shared_range((record.token,), first.x_channel, xs_d, [sample])
         values = cache.display_values(record.token, first.x_channel, xs_d, sample)
         pmask = self._parent_mask(parent)
-        ranges = []
-        for gate in gates:
-            low, high = first.x_scale.forward(gate.x_scale.inverse(np.asarray(gate.vertices[0], dtype=float)))
-            ranges.append((gate.name, float(low), float(high)))
         fig = charts.range_histogram(values if pmask is None else values[pmask], xr, first.x_scale,
-                                     channel_label(sample, first.x_channel), ranges=ranges, height=height)
+                                     channel_label(sample, first.x_channel),
+                                     ranges=charts.gate_ranges(gates, first.x_scale), height=height)
         fig.update_layout(title=dict(text=title, font=dict(size=13)), margin=dict(l=50, r=10, t=40, b=40))
         return fig
 
@@ -131,8 +122,9 @@ class GateFigures:
 
 def adjustable_gates(tree: GateTree) -> list[str]:
     """Gates a reviewer can adjust on this page, depth-first: polygons and rectangles (vertices
-    or a redrawn shape), quadrants (the split point, which moves the four together) and ranges."""
-    return [g.name for g in tree.depth_first() if g.kind != "boolean"]
+    or a redrawn shape), quadrants (the split point, which moves the four together) and ranges:
+    the gates whose drawing has an editor here."""
+    return [g.name for g in tree.depth_first() if type(g.drawing()) in _EDITORS]
 
 
 def commit_edit(store, patient: str, record, trial: GateTree, which: str, message: str) -> None:
@@ -165,7 +157,7 @@ def adjust_section(store, patient: str, record, tree: GateTree, figures: GateFig
     parent_n = int(masks[gate.parent].sum()) if gate.parent else sample.n_events
     e1, e2 = st.columns([3, 2])
     with e1:
-        group = [gate] if gate.kind != "quadrant" else [tree[n] for n in tree.quadrant_set(which)]
+        group = [tree[n] for n in tree.sharing_geometry(which)]  # a quadrant with its whole split
         edit_event = st.plotly_chart(
             figures.figure(gate.parent, group, f"{patient} · {gate.parent or ALL} · {which}",
                            selectable=gate.is_shape, height=480),
@@ -174,15 +166,11 @@ def adjust_section(store, patient: str, record, tree: GateTree, figures: GateFig
     with e2:
         st.markdown(f"**{which}**: {in_gate:,} events ({100 * in_gate / max(parent_n, 1):.1f}% of "
                     f"{gate.parent or ALL})")
-        if gate.kind == "quadrant":
-            _adjust_quadrant(store, patient, record, tree, which, in_gate)
-        elif gate.kind == "range":
-            _adjust_range(store, patient, record, tree, which, in_gate)
-        else:
-            _adjust_shape(store, patient, record, tree, which, in_gate, edit_event)
+        _EDITORS[type(gate.drawing())](store, patient, record, tree, which, in_gate, edit_event)
 
 
 def _adjust_shape(store, patient, record, tree, which, in_gate, edit_event) -> None:
+    """A region: replaced by the selection drawn on its plot, or one corner moved (it becomes a polygon)."""
     sample, gate = record.sample, tree[which]
     redrawn = shape_from_selection(getattr(edit_event, "selection", None) if edit_event is not None else None)
     if redrawn is not None:
@@ -194,10 +182,7 @@ def _adjust_shape(store, patient, record, tree, which, in_gate, edit_event) -> N
                 commit_edit(store, patient, record, trial, which, f"Redrew {which}: {in_gate:,} → {n_new:,} events")
         except GateError as exc:
             st.caption(f"The selection cannot be a gate ({exc}).")
-    corners = gate.vertices
-    if gate.kind == "rectangle":
-        (x0, y0), (x1, y1) = corners
-        corners = [(x0, y0), (x1, y0), (x1, y1), (x0, y1)]
+    corners = [(float(x), float(y)) for x, y in gate.drawing().corners]
     vertex = st.selectbox("Vertex", list(range(1, len(corners) + 1)), key=f"ag_vertex_{patient}_{which}",
                           help="Vertices in the plot's display coordinates, counter-clockwise.")
     vx, vy = corners[vertex - 1]
@@ -217,10 +202,11 @@ def _adjust_shape(store, patient, record, tree, which, in_gate, edit_event) -> N
         commit_edit(store, patient, record, trial, which, f"Moved a vertex of {which}: {in_gate:,} → {n_new:,} events")
 
 
-def _adjust_quadrant(store, patient, record, tree, which, in_gate) -> None:
+def _adjust_quadrant(store, patient, record, tree, which, in_gate, edit_event=None) -> None:
+    """A quadrant split: its point, which moves the four quadrants together."""
     sample, gate = record.sample, tree[which]
-    members = tree.quadrant_set(which)
-    (cx, cy), = gate.vertices
+    members = tree.sharing_geometry(which)
+    cx, cy = gate.drawing().point
     q1, q2 = st.columns(2)
     new_x = q1.number_input("split x", value=float(cx), format="%.3f", key=f"ag_qx_{patient}_{which}",
                             help="The split point in the plot's display coordinates.")
@@ -237,9 +223,11 @@ def _adjust_quadrant(store, patient, record, tree, which, in_gate) -> None:
         commit_edit(store, patient, record, trial, which, f"Moved the split of {which}: {in_gate:,} → {n_new:,} events")
 
 
-def _adjust_range(store, patient, record, tree, which, in_gate) -> None:
+def _adjust_range(store, patient, record, tree, which, in_gate, edit_event=None) -> None:
+    """A range: its bounds."""
     sample, gate = record.sample, tree[which]
-    (low, high), = gate.vertices
+    band = gate.drawing()
+    low, high = band.low, band.high
     r1, r2 = st.columns(2)
     new_low = r1.number_input("from", value=float(low), format="%.3f", key=f"ag_rlo_{patient}_{which}",
                               help="The range in the histogram's display coordinates.")
@@ -253,6 +241,10 @@ def _adjust_range(store, patient, record, tree, which, in_gate) -> None:
             st.error(str(exc))
             return
         commit_edit(store, patient, record, trial, which, f"Set the range of {which}: {in_gate:,} → {n_new:,} events")
+
+
+#: The editor of each drawing a gate type makes; a gate without a drawing (boolean) has none.
+_EDITORS = {Region: _adjust_shape, Split: _adjust_quadrant, Band: _adjust_range}
 
 
 def forget_typed_values(patient: str) -> None:

@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from gating_core import plotting
-from gating_core.gates import AxisScale
+from gating_core.gates import AxisScale, Band, Region, Split
 
 DENSITY_COLORS = "Turbo"  # the familiar blue-to-red pseudocolor of flow software
 
@@ -120,35 +120,52 @@ def _population_image(panel, colors, top):
 
 
 def add_gate_shapes(fig, gates, x_scale=None, y_scale=None, color="#222222", focus=None):
-    """Outline polygon and rectangle gates on a single-panel figure, labelled by name, in the
-    display coordinates of ``x_scale`` / ``y_scale`` (default: each gate's own scales). The gate
-    named ``focus`` (the population chosen in the tree) is drawn in the focus colour."""
+    """Outline the gates that draw a 2-D region (polygon, rectangle) on a single-panel figure,
+    labelled by name, in the display coordinates of ``x_scale`` / ``y_scale`` (default: each
+    gate's own scales); an outline mapped from other scales is dotted. The gate named ``focus``
+    (the population chosen in the tree) is drawn in the focus colour."""
     base_color = color
     for gate in gates:
-        if not gate.is_shape:
-            continue  # quadrant splits: add_quadrant_lines; range and boolean gates have no 2-D outline
+        region = gate.drawing(x_scale, y_scale)
+        if not isinstance(region, Region):
+            continue  # quadrant splits: add_gates; range and boolean gates have no 2-D outline
         color = FOCUS_COLOR if gate.name == focus else base_color
-        if ((x_scale is not None and not x_scale.same_mapping(gate.x_scale))
-                or (y_scale is not None and not y_scale.same_mapping(gate.y_scale))):
-            outline = gate.outline(x_scale, y_scale)
-            path = "M " + " L ".join(f"{x},{y}" for x, y in outline) + " Z"
-            fig.add_shape(type="path", path=path, line=dict(color=color, width=2, dash="dot"))
-            lx, ly = outline[np.argmax(outline[:, 1])]
-            fig.add_annotation(x=lx, y=ly, text=f"<b>{gate.name}</b>", showarrow=False, yshift=10,
-                               font=dict(color=color, size=12), bgcolor="rgba(255,255,255,0.7)")
-            continue
-        verts = np.asarray(gate.vertices)
-        if gate.kind == "rectangle":
-            (x0, y0), (x1, y1) = verts
+        if region.box is not None:
+            x0, y0, x1, y1 = region.box
             fig.add_shape(type="rect", x0=x0, y0=y0, x1=x1, y1=y1, line=dict(color=color, width=2))
             lx, ly = x0, y1
         else:
-            path = "M " + " L ".join(f"{x},{y}" for x, y in verts) + " Z"
-            fig.add_shape(type="path", path=path, line=dict(color=color, width=2))
-            lx, ly = verts[np.argmax(verts[:, 1])]
+            corners = region.corners
+            path = "M " + " L ".join(f"{x},{y}" for x, y in corners) + " Z"
+            line = dict(color=color, width=2, dash="dot") if region.mapped else dict(color=color, width=2)
+            fig.add_shape(type="path", path=path, line=line)
+            lx, ly = corners[np.argmax(corners[:, 1])]
         fig.add_annotation(x=lx, y=ly, text=f"<b>{gate.name}</b>", showarrow=False, yshift=10,
                            font=dict(color=color, size=12), bgcolor="rgba(255,255,255,0.7)")
     return fig
+
+
+def add_gates(fig, gates, x_range, y_range, x_scale=None, y_scale=None, focus=None):
+    """Every gate of a 2-D plot on a single-panel figure, as each draws itself: regions outlined
+    (:func:`add_gate_shapes`), each quadrant split as two lines with its quadrants' names in the
+    corners (:func:`add_quadrant_lines`), in the focus colour when it holds ``focus``."""
+    add_gate_shapes(fig, gates, x_scale, y_scale, focus=focus)
+    splits: dict = {}  # split point -> {quadrant code: gate name}
+    for gate in gates:
+        split = gate.drawing(x_scale, y_scale)
+        if isinstance(split, Split):
+            splits.setdefault(split.point, {})[split.region] = gate.name
+    for point, labels in splits.items():
+        add_quadrant_lines(fig, point, labels, x_range, y_range,
+                           color=FOCUS_COLOR if focus in labels.values() else QUADRANT_COLOR)
+    return fig
+
+
+def gate_ranges(gates, scale=None) -> list[tuple]:
+    """(name, low, high) of the gates drawn as a band on a histogram (range gates), in the
+    display coordinates of ``scale`` (default: each gate's own): :func:`range_histogram`'s ranges."""
+    bands = [(gate.name, gate.drawing(scale)) for gate in gates]
+    return [(name, band.low, band.high) for name, band in bands if isinstance(band, Band)]
 
 
 def histogram_panels(panels, scale, value_range, title, height=320):

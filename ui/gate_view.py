@@ -5,12 +5,14 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from gating_core.gates import AxisScale, GateTree
+from gating_core.gates import AxisScale, Band, GateTree, Region, Split
 from ui import cache, charts
 from ui.common import channel_label
 
 ALL = "(all events)"
 TOOLS = ("Lasso / box", "Quadrant", "Range (histogram)", "Boolean")
+#: The tool that draws each kind of drawing a gate type makes (a gate with none: Boolean).
+TOOL_OF_DRAWING = {Region: "Lasso / box", Split: "Quadrant", Band: "Range (histogram)"}
 OPERATORS = {"and": "AND (in every one)", "or": "OR (in any)", "not": "NOT (outside it)"}
 MAX_BACKGATE_PLOTS = 6
 
@@ -40,44 +42,23 @@ def focus_population(tree: GateTree, sample, name: str) -> dict:
     if name == ALL or name not in tree:
         return {"gate_parent": ALL}
     gate = tree[name]
-    out = {"gate_parent": gate.parent or ALL}
-    if gate.kind == "boolean":
-        out["gate_tool"] = "Boolean"
-        return out
-    out["g_x"] = pnn_of(sample, gate.x_channel)
-    if gate.y_channel is not None:
-        out["g_y"] = pnn_of(sample, gate.y_channel)
-    out["gate_tool"] = {"range": "Range (histogram)", "quadrant": "Quadrant"}.get(gate.kind, "Lasso / box")
+    out = {"gate_parent": gate.parent or ALL, "gate_tool": TOOL_OF_DRAWING.get(type(gate.drawing()), "Boolean")}
+    out.update(zip(("g_x", "g_y"), (pnn_of(sample, channel) for channel in gate.channels)))
     return out
 
 
-def quadrant_labels(tree: GateTree, name: str) -> dict:
-    """Quadrant code -> gate name for the quadrant set of ``name``."""
-    return {tree[n].quadrant: n for n in tree.quadrant_set(name)}
-
-
-def quadrant_sets_on(tree: GateTree, parent, x_ch: str, y_ch: str, sample) -> list[list[str]]:
-    """The quadrant splits drawn on ``parent``'s plot of these two channels (one list each)."""
-    seen, out = set(), []
-    for gate in tree.gates:
-        if (gate.kind == "quadrant" and gate.parent == parent and gate.name not in seen
-                and (pnn_of(sample, gate.x_channel), pnn_of(sample, gate.y_channel)) == (x_ch, y_ch)):
-            members = tree.quadrant_set(gate.name)
-            seen.update(members)
-            out.append(members)
-    return out
+def gates_on(tree: GateTree, parent, sample, x_ch: str, y_ch: str | None = None) -> list:
+    """The gates drawn on ``parent``'s plot of channels ``x_ch`` / ``y_ch`` ($PnN), or on its
+    histogram of ``x_ch`` when ``y_ch`` is None."""
+    wanted = (x_ch,) if y_ch is None else (x_ch, y_ch)
+    return [g for g in tree.gates
+            if g.parent == parent and tuple(pnn_of(sample, channel) for channel in g.channels) == wanted]
 
 
 def ranges_on(tree: GateTree, parent, x_ch: str, sample, scale: AxisScale) -> list[tuple]:
     """(name, low, high) of the range gates on ``parent``'s histogram of ``x_ch``, in the display
     coordinates of ``scale``."""
-    out = []
-    for gate in tree.gates:
-        if gate.kind == "range" and gate.parent == parent and pnn_of(sample, gate.x_channel) == x_ch:
-            (lo, hi), = gate.vertices
-            lo, hi = scale.forward(gate.x_scale.inverse(np.array([lo, hi])))
-            out.append((gate.name, float(lo), float(hi)))
-    return out
+    return charts.gate_ranges(gates_on(tree, parent, sample, x_ch), scale)
 
 
 def range_from_selection(selection) -> tuple | None:
@@ -144,10 +125,9 @@ def _backgate_figure(token: str, tree_json: str, population: str, gate_name: str
     x_range = cache.shared_range((record.token,), x_pnn, x_scale, [sample])
     title = f"{plot.gate} · on {plot.parent or ALL} · {plot.count:,} cells"
     if plot.y_channel is None:
-        (low, high), = tree[plot.gate].vertices
         return charts.backgate_figure(title, x_all[plot.events], None, x_all[plot.highlight], None, plot.x_scale,
                                       None, x_range, None, channel_label(sample, pnn_of(sample, plot.x_channel)),
-                                      None, name, ranges=[(plot.gate, low, high)])
+                                      None, name, ranges=charts.gate_ranges([tree[plot.gate]]))
     y_pnn, y_scale = pnn_of(sample, plot.y_channel), plot.y_scale.to_dict()
     y_all = cache.display_values(record.token, y_pnn, y_scale, sample)
     y_range = cache.shared_range((record.token,), y_pnn, y_scale, [sample])
@@ -157,9 +137,5 @@ def _backgate_figure(token: str, tree_json: str, population: str, gate_name: str
                                  plot.y_scale, x_range, y_range,
                                  channel_label(sample, pnn_of(sample, plot.x_channel)),
                                  channel_label(sample, pnn_of(sample, plot.y_channel)), name)
-    gate = tree[plot.gate]
-    if gate.kind == "quadrant":
-        charts.add_quadrant_lines(fig, gate.split_point(), quadrant_labels(tree, gate.name), x_range, y_range)
-    else:
-        charts.add_gate_shapes(fig, [gate])
-    return fig
+    # the gate with those drawn with it (a quadrant's whole split), on its own axes
+    return charts.add_gates(fig, [tree[n] for n in tree.sharing_geometry(plot.gate)], x_range, y_range)

@@ -245,10 +245,9 @@ class Store(LibraryView):
     def _scale_of_gates(self, pnn: str) -> AxisScale | None:
         for record in self.patients.values():
             for gate in record.gate_tree.gates:
-                if gate.x_channel == pnn:
-                    return gate.x_scale
-                if gate.y_channel == pnn:
-                    return gate.y_scale
+                for channel, scale in gate.axes:
+                    if channel == pnn:
+                        return scale
         return None
 
     def set_panel_transform(self, pnn: str, scale: AxisScale) -> None:

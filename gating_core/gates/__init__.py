@@ -15,15 +15,23 @@ event gets the name of the leaf gate it falls in, or ``"other"``.
 
 Everything here is plain data (``to_dict`` / ``from_dict``), so trees are stored as JSON.
 
-The package: ``scales`` (AxisScale), ``gate`` (Gate and its constructors), ``tree`` (GateTree,
-memberships, undo history), ``imports`` (FlowJo / GatingML import), ``names`` (safe stems),
-``errors``. Every name is importable from ``gating_core.gates``.
+Each gate type is a class owning its geometry (``contains``), its stored description
+(``to_dict`` / ``from_dict``), its FlowKit export (``flowkit_gate``) and what a plot draws of it
+(``drawing``): callers call these and never test a gate's kind.
+
+The package: ``scales`` (AxisScale), ``base`` (the abstract Gate and AxisGate), one module per
+gate type (``polygon``, ``rectangle``, ``quadrant``, ``interval`` for range gates, ``boolean``),
+``registry`` (stored kind -> class), ``drawing`` (what plots draw), ``gate`` (every type and
+constructor in one import), ``tree`` (GateTree, memberships), ``imports`` (FlowJo / GatingML
+import), ``names`` (safe stems), ``errors``. Every name is importable from ``gating_core.gates``.
 """
 
+from gating_core.gates.drawing import Band, Region, Split
 from gating_core.gates.errors import GateError, GateImportError
 from gating_core.gates.gate import (
-    BOOLEAN_OPERATORS, GATE_KINDS, OTHER, QUADRANTS, Gate, boolean_gate, polygon_gate, quadrant_gates,
-    quadrant_names, range_gate, rectangle_gate,
+    BOOLEAN_OPERATORS, GATE_KINDS, GATE_TYPES, OTHER, QUADRANTS, AxisGate, BooleanGate, Gate, PolygonGate,
+    QuadrantGate, RangeGate, RectangleGate, boolean_gate, polygon_gate, quadrant_gates, quadrant_names, range_gate,
+    rectangle_gate,
 )
 from gating_core.gates.imports import apply_gatingml, apply_workspace, gate_name_from_xml, xml_gate_id
 from gating_core.gates.names import safe_stem
@@ -31,8 +39,9 @@ from gating_core.gates.scales import AxisScale, panel_scale, suggest_scale, with
 from gating_core.gates.tree import GateTree, gate_membership
 
 __all__ = [
-    "AxisScale", "BOOLEAN_OPERATORS", "GATE_KINDS", "Gate", "GateError", "GateImportError",
-    "GateTree", "OTHER", "QUADRANTS", "apply_gatingml", "apply_workspace", "boolean_gate", "gate_membership",
+    "AxisGate", "AxisScale", "BOOLEAN_OPERATORS", "Band", "BooleanGate", "GATE_KINDS", "GATE_TYPES", "Gate",
+    "GateError", "GateImportError", "GateTree", "OTHER", "PolygonGate", "QUADRANTS", "QuadrantGate", "RangeGate",
+    "RectangleGate", "Region", "Split", "apply_gatingml", "apply_workspace", "boolean_gate", "gate_membership",
     "gate_name_from_xml", "panel_scale", "polygon_gate", "quadrant_gates", "quadrant_names", "range_gate",
     "rectangle_gate", "safe_stem", "suggest_scale", "with_kind", "xml_gate_id",
 ]

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from gating_core.gates.errors import GateImportError
-from gating_core.gates.gate import OTHER
+from gating_core.gates.base import OTHER
 
 
 def _flowkit_sample(sample, sample_id: str):

@@ -8,8 +8,9 @@ import json
 
 import numpy as np
 
+from gating_core.gates.base import OTHER, Gate
 from gating_core.gates.errors import GateError
-from gating_core.gates.gate import OTHER, Gate
+from gating_core.gates.quadrant import QuadrantGate
 from gating_core.gates.scales import AxisScale
 
 
@@ -95,7 +96,7 @@ class GateTree:
             raise GateError(f"a gate named {gate.name!r} already exists")
         if gate.parent is not None and gate.parent not in self:
             raise GateError(f"gate {gate.name!r}: parent gate {gate.parent!r} does not exist")
-        unknown = [o for o in gate.operands or [] if o not in self]
+        unknown = [o for o in gate.references if o not in self]
         if unknown:
             raise GateError(f"gate {gate.name!r}: no gate named {', '.join(map(repr, unknown))} to combine")
         self._gates.append(gate)
@@ -111,7 +112,7 @@ class GateTree:
         while changed:
             changed = False
             for gate in self._gates:  # parents and operands precede the gates that use them
-                if gate.name not in doomed and (gate.parent in doomed or doomed & set(gate.operands or [])):
+                if gate.name not in doomed and (gate.parent in doomed or doomed & set(gate.references)):
                     doomed.add(gate.name)
                     changed = True
         return [g.name for g in self._gates if g.name in doomed]
@@ -126,10 +127,15 @@ class GateTree:
     def quadrant_set(self, name: str) -> list[str]:
         """Names of the quadrant gates split at the same point as quadrant gate ``name``
         (same parent, channels, scales and point), itself included, in tree order."""
-        gate = self[name]
-        if gate.kind != "quadrant":
+        if not isinstance(self[name], QuadrantGate):
             raise GateError(f"gate {name!r} is not a quadrant gate")
-        return [g.name for g in self._gates if _same_split(g, gate)]
+        return self.sharing_geometry(name)
+
+    def sharing_geometry(self, name: str) -> list[str]:
+        """Names of the gates drawn and moved with gate ``name``, itself included, in tree order:
+        the four quadrants of a split, or the gate alone."""
+        gate = self[name]
+        return [g.name for g in self._gates if g is gate or gate.shares_geometry_with(g)]
 
     def rename(self, old: str, new: str) -> None:
         if old not in self:
@@ -140,27 +146,23 @@ class GateTree:
         replacement = dataclasses.replace(gate, name=new)  # re-validates the new name
         self._gates = [replacement if g.name == old else g for g in self._gates]
         for g in self._gates:
-            if g.parent == old:
-                g.parent = replacement.name
-            if g.operands and old in g.operands:
-                g.operands = [replacement.name if o == old else o for o in g.operands]
+            g.rename_reference(old, replacement.name)
 
     def replace_geometry(self, name: str, vertices, kind: str | None = None, x_scale: AxisScale | None = None,
                          y_scale: AxisScale | None = None) -> None:
         """Adjust one gate's shape (used after copying a tree to another patient). ``vertices``
         are in the display coordinates of ``x_scale`` / ``y_scale`` (default: the gate's own),
-        which the gate keeps from then on."""
-        gate = self[name]
-        if gate.kind == "quadrant":
-            # One split point serves four populations: moving one quadrant moves its set.
-            members = set(self.quadrant_set(name))
-            self._gates = [dataclasses.replace(g, vertices=list(vertices), x_scale=x_scale or g.x_scale,
-                                               y_scale=y_scale or g.y_scale) if g.name in members else g
-                           for g in self._gates]
-            return
-        updated = dataclasses.replace(gate, kind=kind or gate.kind, vertices=vertices, x_scale=x_scale or gate.x_scale,
-                                      y_scale=y_scale or gate.y_scale)
-        self._gates = [updated if g.name == name else g for g in self._gates]
+        which the gate keeps from then on; ``kind`` makes it a gate of another type (a rectangle
+        with a moved corner is a polygon).
+
+        The gates drawn with it move with it (one split point serves a quadrant's four
+        populations) and keep their own type.
+        """
+        members = self.sharing_geometry(name)
+        if len(members) > 1:
+            kind = None
+        self._gates = [g.reshaped(list(vertices), kind, x_scale, y_scale) if g.name in members else g
+                       for g in self._gates]
 
     def copy(self) -> "GateTree":
         return GateTree(copy.deepcopy(self._gates))
@@ -258,26 +260,7 @@ def gate_membership(gate: Gate, sample, masks: dict) -> np.ndarray:
     """Boolean mask (n_events,) of the events in ``gate`` and all its ancestors, given the
     memberships ``masks`` of the gates before it (its parent and, for a boolean gate, its
     operands)."""
-    if gate.kind == "boolean":
-        try:
-            operands = [masks[o] for o in gate.operands]
-        except KeyError as exc:
-            raise GateError(f"gate {gate.name!r}: gate {exc} must come before it") from None
-        if gate.operator == "not":
-            inside = ~operands[0]
-        elif gate.operator == "and":
-            inside = np.logical_and.reduce(operands)
-        else:
-            inside = np.logical_or.reduce(operands)
-        inside = np.array(inside, dtype=bool)
-    else:
-        inside = gate.contains(sample)
+    inside = gate.events_inside(sample, masks)
     if gate.parent is not None:
         inside &= masks[gate.parent]
     return inside
-
-
-def _same_split(a: Gate, b: Gate) -> bool:
-    return (a.kind == b.kind == "quadrant" and a.parent == b.parent and (a.x_channel, a.y_channel) ==
-            (b.x_channel, b.y_channel) and a.vertices == b.vertices and a.x_scale.same_mapping(b.x_scale)
-            and a.y_scale.same_mapping(b.y_scale))
