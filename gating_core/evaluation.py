@@ -32,26 +32,18 @@ PREDICTOR_METHODS = ("lda", "qda", "trees", "dica-pooling")
 # Standard methods beside LDA: quadratic discriminant analysis and gradient-boosted trees
 # (scikit-learn's HistGradientBoostingClassifier), on the same cells.
 ALL_METHODS += ("qda", "trees")
-# What each part of the default adds: the default without the adapted populations, with them
-# alone, without the shift augmentation.
-ALL_METHODS += ("marginal-no-adaptive", "adaptive-lda", "marginal-no-augment")
-# The papers' further baselines (issue 10, item 3).
-ALL_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5")
-# DICA before marginal transfer (issue 10, item 1): the paper's distributional variant.
-ALL_METHODS += ("dica-marginal",)
-# Importance-weighted Nystroem KRR (issue 10, item 2): refitted for each held-out patient on its
-# own unlabeled cells (gating_core.iw_model), with the command line's defaults.
-ALL_METHODS += ("iw-nystroem",)
-# Linear k_X / k'_X as in the JMLR flow-cytometry experiment (issue 10, item 3).
-ALL_METHODS += ("marginal-linear",)
-# The worst patient (issue 9, item 4): the agnostic patient weighting, and selection on the worst
-# held-out group instead of the mean.
-ALL_METHODS += ("marginal-agnostic", "marginal-select-worst")
-# The marginal model without its second fit at the narrower cell bandwidth (the default before
-# session 12): what that fit adds.
-ALL_METHODS += ("marginal-single-bandwidth",)
-# The default without self-training at gating time (session 12's default).
-ALL_METHODS += ("marginal-no-self-training",)
+# What each part adds: the default without the adapted populations, with them alone; the default
+# with each option that is not in it (shift augmentation, a second cell bandwidth, self-training),
+# and the previous default (all three, no adapted populations).
+ALL_METHODS += ("marginal-no-adaptive", "adaptive-lda", "marginal-augment", "marginal-second-bandwidth",
+                "marginal-self-training", "previous-default")
+# The method's family: the papers' hinge loss and multitask kernel, DICA before marginal transfer
+# (the distributional variant), importance-weighted Nystroem KRR refitted for each held-out
+# patient on its own unlabeled cells (gating_core.iw_model, the command line's defaults), linear
+# k_X / k'_X as in the JMLR flow-cytometry experiment, and for the worst patient the agnostic
+# patient weighting and selection on the worst held-out group.
+ALL_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5", "dica-marginal", "iw-nystroem",
+                "marginal-linear", "marginal-agnostic", "marginal-select-worst")
 # Landmark (peak) registration of each channel, with its skip rule (gating_core.alignment).
 ALL_METHODS += ("marginal-landmarks",)
 #: GatingModel settings of each kernel method (on top of the user's model parameters). The
@@ -63,7 +55,7 @@ METHOD_SETTINGS = {
     "marginal-alone": {"method": "marginal", "pooled_weight": 0.0},
     # The companion's weight chosen by cross-validation over groups instead of the even blend.
     "marginal-auto": {"method": "marginal", "pooled_weight": "auto"},
-    # The options of item 5 (issue 9), fitted on the new patient's unlabeled cells only.
+    # Options fitted on the new patient's unlabeled cells only.
     "marginal-em": {"method": "marginal", "prior_shift": "em"},
     "marginal-quantile": {"method": "marginal", "align": "quantile"},
     "marginal-landmarks": {"method": "marginal", "align": "landmarks"},
@@ -80,16 +72,18 @@ METHOD_SETTINGS = {
     "marginal-linear": {"method": "marginal", "kernel_x": "linear", "adaptive_weight": 0.0},
     # Exponentiated-gradient patient weights towards the worst mixture of training patients.
     "marginal-agnostic": {"method": "marginal", "patient_weighting": "agnostic", "adaptive_weight": 0.0},
-    # One fit of the marginal model, at the selected sigma_X (session 11's default).
-    "marginal-single-bandwidth": {"method": "marginal", "bandwidth_x_hedge": None},
-    # The default without its self-training step at gating time (session 12's default).
-    "marginal-no-self-training": {"method": "marginal", "self_training": False},
     # The transfer model alone, without the populations adapted to each patient.
     "marginal-no-adaptive": {"method": "marginal", "adaptive_weight": 0.0},
     # The adapted populations alone (LDA refitted to each patient by EM).
     "adaptive-lda": {"method": "marginal", "adaptive_weight": 1.0},
-    # The default without the shift augmentation of its training patients.
-    "marginal-no-augment": {"method": "marginal", "n_augment": 0},
+    # The default with each option it leaves out.
+    "marginal-augment": {"method": "marginal", "n_augment": 4},
+    "marginal-second-bandwidth": {"method": "marginal", "bandwidth_x_hedge": 0.5},
+    "marginal-self-training": {"method": "marginal", "self_training": True},
+    # The previous default: shift augmentation, a second cell bandwidth and self-training, no
+    # adapted populations.
+    "previous-default": {"method": "marginal", "n_augment": 4, "bandwidth_x_hedge": 0.5, "self_training": True,
+                         "adaptive_weight": 0.0},
     # Every hyperparameter chosen for the worst held-out group of the cross-validation.
     "marginal-select-worst": {"method": "marginal", "selection_objective": "worst", "adaptive_weight": 0.0},
     # Supervised DICA on the fold's training patients, then the default marginal model on the

@@ -27,7 +27,9 @@ from gating_core.streamed_gating import StreamedGating
 METHODS = ("marginal", "pooling", "multitask")
 PRIOR_SHIFTS = ("none", "em")
 DEFAULT_LOSS = "squared"
-DEFAULT_AUGMENT = 4
+#: Shift-augmented copies of each training patient (an option; measured in docs/unseen_data.md, it
+#: helped one real set and cost another and the simulated cohorts: not in the default).
+DEFAULT_AUGMENT = 0
 #: Weight of the pooled companion in the marginal method's probabilities (see GatingModel).
 #: "auto" (chosen by cross-validation over groups) is an option: measured on held-out centers
 #: it did no better than the even blend (README, "Measured").
@@ -36,7 +38,7 @@ DEFAULT_POOLED_WEIGHT = 0.5
 DEFAULT_CLASS_BALANCE = 0.0
 #: The marginal method's second fit is at this multiple of the larger of the selected sigma_X and
 #: the median distance between cells (GatingModel's ``bandwidth_x_hedge``).
-DEFAULT_BANDWIDTH_X_HEDGE = 0.5
+DEFAULT_BANDWIDTH_X_HEDGE = None
 #: Penalty of the pooled companion's logistic fit: light, as a user would fit the plain baseline.
 POOLED_ALPHA = 1e-5
 #: Model selection runs on at most this many patients (a seeded draw beyond: selection_patients).
@@ -135,21 +137,14 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         population (B or NK cells at 0.5%) brings 20 of 4,000 cells to a uniform draw. Measured
         on held-out centers, 1 raised macro-F1 where populations are rare and lowered accuracy
         on the real data's batch protocol (README, "The method, as built"): an option.
-    bandwidth_x_hedge : float in (0, 1) or None, default=DEFAULT_BANDWIDTH_X_HEDGE (0.5)
-        The marginal method fits its model twice when sigma_X is selected: at the selected
-        sigma_X and at ``bandwidth_x_hedge`` times the larger of the selected sigma_X and the
-        median distance between cells (no second fit when the two coincide), and gates with
-        the mean of the two fits' probabilities (then blended with the pooled companion). Which
-        sigma_X a new center needs is what cross-validation over a few training groups tells
-        least well: on patients from held-out centers the model at the selected sigma_X was the
-        one that failed (0.68-0.70 on one simulated patient where the narrower fit gave 0.80-0.93),
-        and over three seeds the mean of the two was better in mean accuracy on twelve of
-        thirteen protocols and in worst patient on eight, 5.7 points better in worst patient
-        on one cohort and 2.9 points worse on another, with rare populations (README,
-        "Measured"). It costs a second ridge fit in training (x1.15-1.17 the training time)
-        and a second set of features in gating (0.73 of one fit's throughput;
-        ``bench/bench_second_bandwidth.py``). None: one fit. Only with ``select``, sigma_X not given, ``solver="rff"``
-        and the Gaussian cell kernel.
+    bandwidth_x_hedge : float in (0, 1) or None, default=None
+        An option: fit the marginal model a second time at ``bandwidth_x_hedge`` times the
+        larger of the selected sigma_X and the median distance between cells, and gate with the
+        mean of the two fits' probabilities (a hedge for a new center needing the bandwidth the
+        cross-validation did not choose). Measured in docs/unseen_data.md it helped one real set
+        and cost the simulated cohorts: not in the default. It costs a second ridge fit and a
+        second set of features in gating. Only with ``select``, sigma_X not given,
+        ``solver="rff"`` and the Gaussian cell kernel.
     kernel_x : {"gaussian", "linear"}, default="gaussian"
         The cell kernels (see :class:`MarginalTransferClassifier`). "linear" (the JMLR
         flow-cytometry experiment): the embedding is the patient's mean standardised cell and
@@ -171,18 +166,16 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         held-out groups' patients), the highest sum of mean and worst-patient accuracy, ties to
         the smaller g. 0: the transfer model alone. Only ``method="marginal"``; the baselines
         gate as fitted.
-    self_training : bool, default=True
-        At gating time, move each patient's gates towards its own confident cells
+    self_training : bool, default=False
+        An option: at gating time, move each patient's gates towards its own confident cells
         (:mod:`gating_core.self_training`): the more confident half of every population the
         model finds among the patient's content-chosen cells, at most 300 cells a population,
         become pseudo-labels, and a ridge fit of their residuals on the marginal classifier's
         features (the refinement of JMLR section 9, with the model's labels instead of a
-        reviewer's) is added to the final probabilities. No label of the patient is used. On
-        patients of held-out centers it raised mean and worst-patient accuracy over three seeds
-        on every protocol measured (README, "Measured"). It costs one pass over the content-chosen
-        cells and a few more columns in the scoring product (``bench/bench_self_training.py``).
-        Only ``method="marginal"`` with ``solver="rff"``; the baselines gate as fitted. Model
-        files written before it load with False.
+        reviewer's) is added to the final probabilities. No label of the patient is used.
+        Measured in docs/unseen_data.md it cost accuracy on a real flow set where the adapted
+        populations already follow the patient: not in the default. Only
+        ``method="marginal"`` with ``solver="rff"``.
 
     A scikit-learn estimator (``clone``, ``get_params``, ``set_params``) whose parameters are
     exactly those the model file stores. To scikit-learn's model selection one sample is one
@@ -231,7 +224,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                  selection_cells_per_patient=1500, selection_objective="mean", random_state=0,
                  task_similarity=0.5, dica=None, dica_components=20, kernel_x="gaussian",
                  class_balance=DEFAULT_CLASS_BALANCE, bandwidth_x_hedge=DEFAULT_BANDWIDTH_X_HEDGE,
-                 self_training=True, adaptive_weight=DEFAULT_ADAPTIVE_WEIGHT):
+                 self_training=False, adaptive_weight=DEFAULT_ADAPTIVE_WEIGHT):
         self.method = method
         self.channels = channels
         self.transform = transform

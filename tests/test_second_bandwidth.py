@@ -14,9 +14,9 @@ from gating_core.modelfile import ModelFileError
 from gating_core.synthetic import simulate_centers
 
 # Without the self-training step at gating time: these tests follow the blend of the fits themselves.
-# The transfer model alone (adaptive_weight=0): these tests follow its second fit.
+# The transfer model alone (adaptive_weight=0) with its second fit (an option).
 SMALL = dict(n_features=96, cells_per_patient=600, selection_cells_per_patient=300, cv_repeats=1, n_augment=1,
-             adaptive_weight=0.0,
+             adaptive_weight=0.0, bandwidth_x_hedge=0.5,
              self_training=False)
 
 
@@ -29,7 +29,7 @@ def hedged(three_centers):
 def test_the_second_fit_is_at_half_the_larger_of_the_selected_bandwidth_and_the_median(hedged, three_centers):
     samples, _, _ = three_centers
     main, second = hedged.classifier_, hedged.hedge_classifier_
-    assert DEFAULT_BANDWIDTH_X_HEDGE == 0.5 and second is not None
+    assert DEFAULT_BANDWIDTH_X_HEDGE is None and second is not None  # an option, asked for here
     median = hedged.selection_["median_x"]
     # Selection chose twice the median distance here (8.08 against 4.04): the second fit is at the median.
     assert main.bandwidth_x_ == pytest.approx(2 * median)
@@ -94,13 +94,13 @@ def test_the_second_fit_survives_save_and_older_files_gate_with_one(hedged, thre
 def test_no_second_fit_when_switched_off_or_when_sigma_x_is_not_selected(three_centers):
     samples, labels, groups = three_centers
     fit = dict(groups=groups[:4])
-    assert GatingModel(bandwidth_x_hedge=None, **SMALL).fit(samples[:4], labels[:4], **fit).hedge_classifier_ is None
+    assert GatingModel(**{**SMALL, "bandwidth_x_hedge": None}).fit(samples[:4], labels[:4], **fit).hedge_classifier_ is None
     assert GatingModel(select=False, **SMALL).fit(samples[:4], labels[:4], **fit).hedge_classifier_ is None
     assert GatingModel(bandwidth_x=2.0, **SMALL).fit(samples[:4], labels[:4], **fit).hedge_classifier_ is None
     pooling = GatingModel(method="pooling", **SMALL).fit(samples[:4], labels[:4], **fit)
     assert pooling.hedge_classifier_ is None
     with pytest.raises(ValueError, match="bandwidth_x_hedge must be None or a number within"):
-        GatingModel(bandwidth_x_hedge=1.5, **SMALL).fit(samples[:4], labels[:4], **fit)
+        GatingModel(**{**SMALL, "bandwidth_x_hedge": 1.5}).fit(samples[:4], labels[:4], **fit)
 
 
 def test_every_fold_of_the_check_fits_its_own_second_model(three_centers):
@@ -124,7 +124,8 @@ def test_the_second_fit_rescues_a_center_the_selected_bandwidth_misgates():
     groups = [center_of[s.name] for s in samples]
     train = [i for i, g in enumerate(groups) if g != "center_3"]
     test = [i for i, g in enumerate(groups) if g == "center_3"]
-    model = GatingModel(random_state=1, self_training=False, adaptive_weight=0.0).fit([samples[i] for i in train], [labels[i] for i in train],
+    model = GatingModel(random_state=1, self_training=False, adaptive_weight=0.0, n_augment=4,
+                        bandwidth_x_hedge=0.5).fit([samples[i] for i in train], [labels[i] for i in train],
                                             groups=[groups[i] for i in train])
     assert model.hedge_classifier_ is not None
     hedged = [np.mean(model.predict(samples[i]) == np.asarray(labels[i])) for i in test]

@@ -17,9 +17,9 @@ from gating_core.self_training import (SELF_TRAINING_ALPHA, SELF_TRAINING_CELLS,
 from gating_core.synthetic import simulate_centers
 from helpers import run_cli, sample_paths
 
-# The transfer model alone (no adapted populations): these tests follow its self-training step.
+# The transfer model alone (no adapted populations) with its self-training step (an option).
 SMALL = dict(n_features=96, cells_per_patient=600, selection_cells_per_patient=300, cv_repeats=1, n_augment=1,
-             adaptive_weight=0.0)
+             adaptive_weight=0.0, self_training=True)
 
 
 def test_pseudo_labels_are_the_confident_half_of_each_population_capped_alike():
@@ -145,7 +145,8 @@ def test_self_training_rescues_the_center_the_blend_misgates():
     groups = [center_of[s.name] for s in samples]
     train = [i for i, g in enumerate(groups) if g != "center_3"]
     test = [i for i, g in enumerate(groups) if g == "center_3"]
-    model = GatingModel(random_state=1, adaptive_weight=0.0).fit([samples[i] for i in train], [labels[i] for i in train],
+    model = GatingModel(random_state=1, adaptive_weight=0.0, self_training=True, n_augment=4,
+                        bandwidth_x_hedge=0.5).fit([samples[i] for i in train], [labels[i] for i in train],
                                             groups=[groups[i] for i in train])
     adapted = [np.mean(model.predict(samples[i]) == np.asarray(labels[i])) for i in test]
     model.self_training = False
@@ -162,7 +163,8 @@ def test_the_later_batch_of_the_shared_data_gains(multicenter_dir):
     baseline there over three seeds: 0.9081)."""
     data = [load_labeled_input(p) for p in sorted(multicenter_dir.glob("multicenter_*.fcs"))]
     pairs = [f"pair_{(i // 2) + 1}" for i in range(10)]
-    model = GatingModel(adaptive_weight=0.0).fit([d[0] for d in data[:8]], [d[1] for d in data[:8]], groups=pairs[:8])
+    model = GatingModel(adaptive_weight=0.0, self_training=True, n_augment=4, bandwidth_x_hedge=0.5).fit(
+        [d[0] for d in data[:8]], [d[1] for d in data[:8]], groups=pairs[:8])
     adapted = [np.mean(model.predict(d[0]) == np.asarray(d[1])) for d in data[8:]]
     model.self_training = False
     plain = [np.mean(model.predict(d[0]) == np.asarray(d[1])) for d in data[8:]]
@@ -171,11 +173,11 @@ def test_the_later_batch_of_the_shared_data_gains(multicenter_dir):
     assert min(adapted) > 0.912
 
 
-def test_train_no_self_training_writes_a_model_that_gates_without_it(tmp_path):
+def test_train_self_training_writes_a_model_that_gates_with_it(tmp_path):
     from gating_core.evaluation import METHOD_SETTINGS
 
-    assert METHOD_SETTINGS["marginal-no-self-training"] == {"method": "marginal", "self_training": False}
-    for flag, expected in (("--no-self-training", False), (None, True)):
+    assert METHOD_SETTINGS["marginal-self-training"] == {"method": "marginal", "self_training": True}
+    for flag, expected in (("--self-training", True), (None, False)):
         out = tmp_path / f"{expected}.npz"
         flags = [flag] if flag else []
         done = run_cli("train", "--no-selection", "--out", out, *flags, *sample_paths(range(1, 4)))

@@ -15,15 +15,11 @@ from gating_core.errors import print_error
 # gating_core.model.DEFAULT_POOLED_WEIGHT; tests/test_class_balance.py DEFAULT_CLASS_BALANCE.
 EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda", "marginal-alone", "marginal-auto",
                       "marginal-em", "marginal-quantile", "dica-pooling")
-EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5")
-EVALUATION_METHODS += ("dica-marginal",)
-EVALUATION_METHODS += ("iw-nystroem",)
-EVALUATION_METHODS += ("marginal-linear",)
-EVALUATION_METHODS += ("marginal-agnostic", "marginal-select-worst")
-EVALUATION_METHODS += ("marginal-single-bandwidth",)
-EVALUATION_METHODS += ("marginal-no-self-training",)
 EVALUATION_METHODS += ("qda", "trees")
-EVALUATION_METHODS += ("marginal-no-adaptive", "adaptive-lda", "marginal-no-augment")
+EVALUATION_METHODS += ("marginal-no-adaptive", "adaptive-lda", "marginal-augment", "marginal-second-bandwidth",
+                       "marginal-self-training", "previous-default")
+EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5", "dica-marginal", "iw-nystroem",
+                       "marginal-linear", "marginal-agnostic", "marginal-select-worst")
 EVALUATION_METHODS += ("marginal-landmarks",)
 # gating_core.alignment.ALIGNMENTS (checked by tests/test_landmark_alignment.py).
 ALIGNMENTS = ("none", "quantile", "landmarks")
@@ -119,9 +115,10 @@ def register(subparsers) -> None:
                                "a pooled logistic regression on DICA components, Muandet et al. 2013; iw-nystroem refits an "
                                "importance-weighted Nystroem KRR for each held-out patient; marginal-agnostic weighs training "
                                "patients towards the worst mixture, marginal-select-worst chooses every hyperparameter "
-                               "for the worst held-out group; marginal-single-bandwidth fits the marginal model at the "
-                               "selected cell bandwidth only, as before session 12; marginal-no-self-training gates "
-                               "without the self-training step, as before session 13; marginal-landmarks registers "
+                               "for the worst held-out group; marginal-no-adaptive gates without the adapted "
+                               "populations, adaptive-lda with them alone; marginal-augment, marginal-second-bandwidth "
+                               "and marginal-self-training add an option the default leaves out, previous-default all "
+                               "three without the adapted populations; marginal-landmarks registers "
                                "each channel's density peaks onto the training patients' consensus peaks, channels "
                                "whose peaks do not match left as they are)")
     evaluate.add_argument("--groups", metavar="FILE|KEYWORD",
@@ -184,12 +181,15 @@ def _model_options(parser) -> None:
                        help="weight of the pooled companion in the marginal method's probabilities, 0 to 1, or "
                             f"'auto' (chosen by cross-validation over groups; default {DEFAULT_POOLED_WEIGHT}; "
                             "0: the marginal model alone)")
-    group.add_argument("--single-bandwidth", action="store_true",
-                       help="fit the marginal model at the selected cell bandwidth only (default: also at half the "
-                            "larger of it and the median distance between cells, gating with the mean of the two)")
-    group.add_argument("--no-self-training", action="store_true",
-                       help="gate each patient with the model as trained (default: the marginal model's gates then "
-                            "follow the patient's own confident cells, a self-training step at gating time)")
+    group.add_argument("--augment", type=int, default=0, metavar="N",
+                       help="N copies of each training patient with a simulated instrument shift, added to "
+                            "training (an option; default 0)")
+    group.add_argument("--second-bandwidth", action="store_true",
+                       help="also fit the marginal model at half the larger of the selected cell bandwidth and the "
+                            "median distance between cells, gating with the mean of the two (an option)")
+    group.add_argument("--self-training", action="store_true",
+                       help="move each gated patient's gates towards its own confident cells, a self-training "
+                            "step at gating time (an option)")
     group.add_argument("--adaptive-weight", type=_pooled_weight, default=DEFAULT_ADAPTIVE_WEIGHT, metavar="W",
                        help="share of each patient's own populations (Gaussians adapted to its cells by EM) in the "
                             "final probabilities, 0 to 1, or 'auto' (default: chosen by cross-validation over "
@@ -254,10 +254,13 @@ def _model_params(args) -> dict:
     params["patient_weighting"] = args.patient_weighting
     params["selection_objective"] = args.selection_objective
     params["prior_shift"] = args.prior_shift
-    if args.single_bandwidth:
-        params["bandwidth_x_hedge"] = None
-    if args.no_self_training:
-        params["self_training"] = False
+    if args.augment < 0 or args.augment > 64:
+        raise SystemExit(_usage(f"--augment must be within 0..64, got {args.augment}"))
+    params["n_augment"] = args.augment
+    if args.second_bandwidth:
+        params["bandwidth_x_hedge"] = 0.5
+    if args.self_training:
+        params["self_training"] = True
     if args.align != "none":
         params["align"] = args.align
     if args.channels:
@@ -439,8 +442,7 @@ def run_train(args) -> int:
     elif getattr(model, "align", "none") == "quantile":
         print("Alignment: quantile (each channel's quantiles onto the training patients' mean)")
     if info.get("self_training"):
-        print("Gating: each patient's gates follow its own confident cells (self-training; "
-              "--no-self-training turns it off)")
+        print("Gating: each patient's gates follow its own confident cells (self-training)")
     chosen = getattr(model, "selection_", {}).get("adaptive_weight", {})
     if info.get("adaptive_weight"):
         how = ("chosen by cross-validation over groups" if chosen.get("folds") else
@@ -464,8 +466,9 @@ def _iw_model(args):
                         ("--kernel-x", args.kernel_x != "gaussian"),
                         ("--class-balance", args.class_balance != DEFAULT_CLASS_BALANCE),
                         ("--select-embedding-bandwidth", args.select_embedding_bandwidth),
-                        ("--single-bandwidth", args.single_bandwidth),
-                        ("--no-self-training", args.no_self_training),
+                        ("--augment", args.augment != 0),
+                        ("--second-bandwidth", args.second_bandwidth),
+                        ("--self-training", args.self_training),
                         ("--adaptive-weight", args.adaptive_weight != DEFAULT_ADAPTIVE_WEIGHT),
                         ("--align", args.align != "none")):
         if given:
