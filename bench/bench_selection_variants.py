@@ -16,7 +16,7 @@ Run, for example (the shared multicenter data, leaving one replicate pair out an
         centers --cohorts 11,12,13,14 --model-seeds 0,1,2 --methods marginal,pooling,pooled-logistic
 
 (``pairs.csv`` / ``batches.csv``: the patient and pair / batch columns of the shared ``groups.csv``.)
-The measured figures are in ``docs/unseen_centers.md``.
+It prints the figures it measures.
 """
 
 from __future__ import annotations

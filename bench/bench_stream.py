@@ -16,12 +16,14 @@ Prints, with ratios against baselines measured in the same run:
    (n, D) x (D, k), for the marginal model, its second-bandwidth fit and its pooled companion);
    the scoring rate measured on 1M in-memory cells is printed as a ratio to it.
 
-The model is the default one (selection, the second-bandwidth fit when sigma_X is selected,
-the pooled companion, self-training at gating time), trained on six simulated patients.
+The model is the default one (selection, the pooled companion, the adapted populations),
+trained on six simulated patients.
 3. Busy machine: training and gating (1M events to CSV) alone, then beside two CPU-bound
    processes; the slowdown ratio is printed beside the CPU share lost.
 
-Run: ``.venv/bin/python bench/bench_stream.py [--quick] [--sizes 1000000,5000000] [--skip-busy]``.
+Run: ``.venv/bin/python bench/bench_stream.py [--quick] [--sizes 1000000,5000000] [--skip-busy]``;
+``--against-previous`` times only the gating step of the default model beside the previous
+default's (shift augmentation, second bandwidth, self-training) on the same files.
 ``--quick``: 200k and 1M events only, a shorter busy test.
 """
 
@@ -106,7 +108,12 @@ def write_file(path: Path, n_events: int, seed: int = 1) -> None:
     write_fcs(path, events, _channels(), None, _keywords(), ranges=[262144] * N_CHANNELS)
 
 
-def make_model(folder: Path, n_patients: int = 6, n_events: int = 10_000) -> Path:
+#: The previous default model's settings (shift augmentation, a second cell bandwidth,
+#: self-training; no adapted populations), for ``--against-previous``.
+PREVIOUS_DEFAULT = {"n_augment": 4, "bandwidth_x_hedge": 0.5, "self_training": True, "adaptive_weight": 0.0}
+
+
+def make_model(folder: Path, n_patients: int = 6, n_events: int = 10_000, params=None, name="model.npz") -> Path:
     from gating_core.fcs import Channel, Sample
     from gating_core.model import GatingModel
 
@@ -118,11 +125,12 @@ def make_model(folder: Path, n_patients: int = 6, n_events: int = 10_000) -> Pat
         labels.append(y)
     # The defaults, selection included: the model then carries every fit a gated cell pays for
     # (the second-bandwidth fit exists only when sigma_X was selected).
-    model = GatingModel().fit(samples, labels)
-    print(f"model: default selection; feature maps scored per cell: "
+    model = GatingModel(**(params or {})).fit(samples, labels)
+    print(f"{name}: selection; feature maps scored per cell: "
           f"{1 + (model.hedge_classifier_ is not None) + (model.pooled_classifier_ is not None)}, "
-          f"self-training {'on' if model.self_training else 'off'}", flush=True)
-    path = folder / "model.npz"
+          f"self-training {'on' if model.self_training else 'off'}, adapted populations weight "
+          f"{getattr(model, 'adaptive_weight_', 0.0):g}", flush=True)
+    path = folder / name
     model.save(path)
     return path
 
@@ -171,6 +179,26 @@ def run_child(step: str, model_path: Path, fcs: Path, out_dir: Path) -> dict:
     if done.returncode:
         raise RuntimeError(f"{step} on {fcs.name} failed:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def against_previous(folder: Path, sizes) -> int:
+    """The gating step of the default model beside the previous default's, on the same files,
+    each in a fresh process, three times each (the best time kept: the machine is shared)."""
+    models = {"default": make_model(folder), "previous": make_model(folder, params=PREVIOUS_DEFAULT,
+                                                                    name="previous.npz")}
+    print("\n== Gating step (two chunked reads, compensation, content hash, scoring), best of 3 ==")
+    print(f"{'events':>11} | {'default ev/s':>13} {'previous ev/s':>14} | default / previous")
+    for n in sizes:
+        fcs = folder / f"file_{n}.fcs"
+        write_file(fcs, n)
+        rates = {}
+        for name, path in models.items():
+            best = min(run_child("gate", path, fcs, folder)["seconds"] for _ in range(3))
+            rates[name] = n / best
+        print(f"{n:>11,} | {rates['default']:>13,.0f} {rates['previous']:>14,.0f} | "
+              f"x{rates['default'] / rates['previous']:.2f}", flush=True)
+        fcs.unlink()
+    return 0
 
 
 # -- the ceiling of the scoring step ---------------------------------------------------------------
@@ -276,6 +304,9 @@ def main(argv=()) -> int:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sizes", default="")
     parser.add_argument("--skip-busy", action="store_true")
+    parser.add_argument("--against-previous", action="store_true",
+                        help="only the gating step, of the default model and of the previous default "
+                             "(PREVIOUS_DEFAULT) on the same files, with the ratio")
     parser.add_argument("--check-all", action="store_true",
                         help="compare the streamed CSV with the in-memory one at every size (default: up to 5M)")
     args = parser.parse_args(list(argv))
@@ -286,6 +317,11 @@ def main(argv=()) -> int:
     print(f"bench_stream: {os.cpu_count()} CPUs, affinity {affinity_cpus()}, cgroup quota {cgroup_cpu_limit()}, "
           f"usable {usable_cpus()}; load average {os.getloadavg()[0]:.1f} at start")
     folder = Path(tempfile.mkdtemp(prefix="bench-stream-"))
+    if args.against_previous:
+        try:
+            return against_previous(folder, sizes)
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
     try:
         model_path = make_model(folder)
         rows = []

@@ -378,7 +378,7 @@ def summarize_seeds(table: pd.DataFrame) -> pd.DataFrame:
     ``table`` holds a ``seed`` column (:func:`repeat_over_seeds`). The seed draws the training
     cells, the random features and the selection folds: on held-out centers the worst
     patient's accuracy moved between seeds of the same model by 1.7 points on the real data and
-    with a standard deviation of 7 points on a simulated cohort (README, "Measured"), so one
+    with a standard deviation of 7 points on a simulated cohort, so one
     seed's ranking of methods is weak evidence."""
     per_seed = summarize(table)
     keys = [k for k in ("protocol", "method") if k in per_seed.columns]

@@ -32,7 +32,7 @@ DEFAULT_LOSS = "squared"
 DEFAULT_AUGMENT = 0
 #: Weight of the pooled companion in the marginal method's probabilities (see GatingModel).
 #: "auto" (chosen by cross-validation over groups) is an option: measured on held-out centers
-#: it did no better than the even blend (README, "Measured").
+#: it did no better than the even blend (docs/method.md).
 DEFAULT_POOLED_WEIGHT = 0.5
 #: Population balance of each patient's training-cell draw (see GatingModel's class_balance).
 DEFAULT_CLASS_BALANCE = 0.0
@@ -94,7 +94,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         model: a pooled model gates a new center best at its own bandwidth. The companion
         is the hedge for patients from centers unlike any training one, where the embedding
         extrapolates; averaging the two beat each alone when whole centers were held out
-        (README, "Accuracy on centers the model has never seen"). That w holds for a patient
+        (docs/method.md). That w holds for a patient
         within the embedding's reach; beyond it the marginal model's share fades with k_P
         (:meth:`companion_weight`), so a patient far from every training patient is gated by
         the companion. 0: the marginal model alone (nothing fades then).
@@ -136,7 +136,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         ``count ** (1 - class_balance)`` (:func:`~gating_core.digest.training_rows`). A rare
         population (B or NK cells at 0.5%) brings 20 of 4,000 cells to a uniform draw. Measured
         on held-out centers, 1 raised macro-F1 where populations are rare and lowered accuracy
-        on the real data's batch protocol (README, "The method, as built"): an option.
+        on the real data's batch protocol (docs/method.md): an option.
     bandwidth_x_hedge : float in (0, 1) or None, default=None
         An option: fit the marginal model a second time at ``bandwidth_x_hedge`` times the
         larger of the selected sigma_X and the median distance between cells, and gate with the
@@ -851,8 +851,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         by k_P, so it fades as k_P does; its random-feature approximation does not fade, it
         turns to noise. Trained on one replicate pair (sigma_P then chosen narrow) and asked
         to gate eight patients of another batch at 2-4 sigma_P away, the marginal model alone
-        gated them at 0.12-0.22 accuracy (README, "Accuracy on centers the model has never
-        seen")."""
+        gated them at 0.12-0.22 accuracy (docs/method.md, "The pooled companion")."""
         self._check_fitted()
         clf = self.classifier_
         if not clf.use_embedding or clf.bandwidth_p_ is None or embedding is None:
