@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gating_core.cpus import score_threads
 from gating_core.fcs import Channel, Sample
 from gating_core.labels import POPULATION_COLUMN, LabelError, _read_csv_table, population_array, read_header
 from gating_core.parquet_columns import repeating_columns
@@ -189,8 +190,6 @@ class GatedTableWriter:
             return
         # Formatting floats is the cost (about 0.1 us a value): row blocks are formatted in
         # parallel (Arrow's kernels release the GIL) and written in order.
-        from gating_core.classifier import score_threads  # our pools' size: usable CPUs, 1 on a Dask worker
-
         threads = max(1, min(score_threads(), m // CSV_MIN_BLOCK_ROWS))
         step = min(CSV_BATCH_ROWS, -(-m // threads))
         blocks = [(lo, min(lo + step, m)) for lo in range(0, m, step)]
