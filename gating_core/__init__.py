@@ -43,16 +43,16 @@ __version__ = "0.1.0"
 _PUBLIC = {
     # FCS files and samples
     "read_fcs": "fcs", "read_fcs_all": "fcs", "write_fcs": "fcs", "fcs_info": "fcs",
-    "Sample": "fcs", "Channel": "fcs", "FCSError": "fcs",
+    "Sample": "fcs", "Channel": "fcs", "FCSError": "errors",
     # labels and exports
-    "read_input": "inputs", "load_labeled_input": "inputs", "LabelError": "labels", "Provenance": "labels",
+    "read_input": "inputs", "load_labeled_input": "inputs", "LabelError": "errors", "Provenance": "labels",
     "export_sample": "export", "read_gated_csv": "export", "read_fcs_with_populations": "export",
     # the model
     "GatingModel": "model", "GateResult": "gate_result", "Novelty": "gate_result",
-    "ChannelMismatchError": "gate_result",
+    "ChannelMismatchError": "errors",
     "MarginalTransferClassifier": "classifier",
     # hand-drawn and imported gates
-    "Gate": "gates", "GateTree": "gates", "AxisScale": "gates", "GateError": "gates",
+    "Gate": "gates", "GateTree": "gates", "AxisScale": "gates", "GateError": "errors",
     "apply_gatingml": "gates", "apply_workspace": "gates",
     # interoperability
     "from_flowkit": "interop", "to_flowkit": "interop", "to_anndata": "interop",
