@@ -12,6 +12,7 @@ import numbers
 
 import numpy as np
 from sklearn.base import BaseEstimator
+from sklearn.exceptions import NotFittedError
 
 from gating_core.adaptive_lda import AdaptiveLDA
 from gating_core.classifier import SCORE_BLOCK, MarginalTransferClassifier
@@ -675,8 +676,9 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     # -- gating --------------------------------------------------------------------------------
 
     def _check_fitted(self):
+        """Raise scikit-learn's NotFittedError (what any estimator raises) before fit or load."""
         if not hasattr(self, "classifier_"):
-            raise RuntimeError("this GatingModel is not fitted yet: call fit() or GatingModel.load()")
+            raise NotFittedError("this GatingModel is not fitted yet: call fit() or GatingModel.load()")
 
     def patient_embedding(self, sample) -> np.ndarray:
         """Psi of a patient (after compensation): ndarray (2L,)."""
