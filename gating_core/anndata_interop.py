@@ -28,7 +28,6 @@ def _is_anndata(obj) -> bool:
     return type(obj).__module__.startswith("anndata") and hasattr(obj, "obs") and hasattr(obj, "var")
 
 
-
 def _require_anndata():
     try:
         import anndata

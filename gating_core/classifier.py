@@ -702,5 +702,3 @@ def patient_rows(groups, n_cells: int) -> list:
     return np.split(ordered, np.cumsum(np.bincount(codes, minlength=len(first)))[:-1])
 
 
-
-

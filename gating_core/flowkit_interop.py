@@ -41,7 +41,6 @@ def _is_flowkit_sample(obj) -> bool:
     return type(obj).__module__.startswith("flowkit") and hasattr(obj, "get_events")
 
 
-
 def _keyword_name(flowkit_key: str) -> str:
     """FlowKit's ``'p1n'`` / ``'cyt'`` / ``'my key'`` -> this project's ``'$P1N'`` / ``'$CYT'`` / ``'MY KEY'``."""
     name = str(flowkit_key).strip().upper()
