@@ -40,7 +40,7 @@ DEFAULT_DATA = ("multicenter", "sim:11", "sim:13", "sim:14", "rare:31", "rare:32
 def rare_cohort(seed: int, n_events: int = 20000, factor: float = 0.1, strength: float = 1.5,
                 concentration: float = 300.0):
     """4 centers x 3 patients whose B and NK cells are ``factor`` of their usual share."""
-    from gating_core.synthetic.centers import draw_center
+    from gating_core.synthetic import draw_center
     from gating_core.synthetic.panel import _TYPICAL_PROPORTIONS, POPULATIONS
     from gating_core.synthetic.patients import simulate_patient
 

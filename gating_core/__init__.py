@@ -12,15 +12,17 @@ Modules:
 - ``fcs``: reading FCS 2.0/3.0/3.1/3.2 files into :class:`~gating_core.fcs.Sample` objects,
   writing FCS 3.1, and the :class:`~gating_core.fcs.FCSError` raised for unreadable files.
 - ``export``: the one export path (gated CSV, FCS with a population channel, Parquet, h5ad);
-  ``gated_table``: the gated CSV / Parquet / h5ad writers and ``read_gated_csv``.
+  ``gated_table``: the gated CSV / Parquet writers and ``read_gated_csv``.
 - ``inputs``: :func:`~gating_core.inputs.read_input`, the one reader of an input file (FCS with
   ``<stem>.labels.csv``, FCS alone, gated CSV) into patients, and ``load_labeled_input``.
 - ``labels``: the labels CSV beside an FCS file, and ``Provenance`` (where labels came from).
-- ``interop``: FlowKit samples and AnnData; ``gate_export``: gates as GatingML 2.0 / FlowJo workspace.
+- ``interop``: FlowKit samples and AnnData (``flowkit_interop``, ``anndata_interop``, which also
+  writes h5ad); ``gate_export``: gates as GatingML 2.0 / FlowJo workspace.
 - ``transforms``: per-channel arcsinh / logicle transforms and their defaults.
 - ``features`` / ``classifier`` / ``model``: the marginal-transfer kernel classifier.
 - ``modelfile``: reading a model ``.npz`` within memory bounds, with a typed description.
-- ``errors``: :class:`~gating_core.errors.GatingCoreError`, root of every bad-input error.
+- ``errors``: :class:`~gating_core.errors.GatingCoreError`, root of every bad-input error, and
+  every one of those errors.
 - ``evaluation``: leave-one-group-out / leave-one-patient-out evaluation beside the baselines.
 - ``synthetic``: the multi-patient flow simulator and the JMLR ellipse task.
 - ``library``: the persistent patient library (SQLite catalog + Parquet events).
@@ -43,16 +45,16 @@ __version__ = "0.1.0"
 _PUBLIC = {
     # FCS files and samples
     "read_fcs": "fcs", "read_fcs_all": "fcs", "write_fcs": "fcs", "fcs_info": "fcs",
-    "Sample": "fcs", "Channel": "fcs", "FCSError": "fcs",
+    "Sample": "fcs", "Channel": "fcs", "FCSError": "errors",
     # labels and exports
-    "read_input": "inputs", "load_labeled_input": "inputs", "LabelError": "labels", "Provenance": "labels",
+    "read_input": "inputs", "load_labeled_input": "inputs", "LabelError": "errors", "Provenance": "labels",
     "export_sample": "export", "read_gated_csv": "export", "read_fcs_with_populations": "export",
     # the model
     "GatingModel": "model", "GateResult": "gate_result", "Novelty": "gate_result",
-    "ChannelMismatchError": "gate_result",
+    "ChannelMismatchError": "errors",
     "MarginalTransferClassifier": "classifier",
     # hand-drawn and imported gates
-    "Gate": "gates", "GateTree": "gates", "AxisScale": "gates", "GateError": "gates",
+    "Gate": "gates", "GateTree": "gates", "AxisScale": "gates", "GateError": "errors",
     "apply_gatingml": "gates", "apply_workspace": "gates",
     # interoperability
     "from_flowkit": "interop", "to_flowkit": "interop", "to_anndata": "interop",

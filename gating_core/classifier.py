@@ -21,7 +21,6 @@ right on patients the model had not seen, and the calibration never changes the 
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
@@ -34,7 +33,7 @@ except ImportError:  # scikit-learn < 1.6: the same check was a private method o
     def validate_data(estimator, X, y="no_validation", **kwargs):
         return estimator._validate_data(X, y, **kwargs)
 
-from gating_core.cpus import one_blas_thread
+from gating_core.cpus import one_blas_thread, score_threads
 from gating_core.features import KERNELS_X, LinearProductFeatures
 from gating_core.solvers import (LBFGS_GTOL, fit_temperature, fit_weighted_hinge,
                                  fit_weighted_logistic, multitask_ridge_solve)
@@ -45,17 +44,6 @@ SOLVERS = ("rff", "nystroem", "exact")
 LOSSES = ("squared", "logistic", "hinge")
 PATIENT_WEIGHTINGS = ("uniform", "agnostic")
 SCORE_BLOCK = 2048
-
-
-def score_threads() -> int:
-    """Threads that score blocks of cells: ``$GATING_SCORE_THREADS``, else up to 4 usable CPUs.
-
-    Dask workers set it to 1 (one thread per worker process, parallelism across files).
-    """
-    from gating_core.cpus import usable_cpus  # the CPUs this process may use, not the machine's
-
-    value = os.environ.get("GATING_SCORE_THREADS", "")
-    return max(1, int(value)) if value.isdigit() else min(4, usable_cpus())
 
 
 #: scikit-learn estimator checks that cannot apply to a marginal-transfer classifier, with why.
@@ -712,7 +700,5 @@ def patient_rows(groups, n_cells: int) -> list:
     codes = rank[inverse.ravel()]
     ordered = np.argsort(codes, kind="stable")
     return np.split(ordered, np.cumsum(np.bincount(codes, minlength=len(first)))[:-1])
-
-
 
 

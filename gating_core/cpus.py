@@ -8,6 +8,10 @@ CPUs between them, and OpenBLAS threads that spin on a barrier waste what is lef
 of this project (BLAS threads, the scoring thread pool, Dask local workers) takes its size
 from :func:`usable_cpus`, and BLAS runs one thread inside any pool of our own threads.
 
+The pools of our own threads live here too, so that no module reaches into another for them:
+:func:`score_threads` (their size), :func:`run_side_by_side` (one item of numpy work per
+thread) and :func:`parallel_rows` (row blocks of one array).
+
 ``$GATING_CPUS`` overrides the count (a positive integer), e.g. to leave CPUs to other work.
 """
 
@@ -19,7 +23,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = ["allowed_workers", "usable_cpus", "idle_cpus", "affinity_cpus", "cgroup_cpu_limit", "parse_cpu_max",
-           "parse_cfs_quota", "blas_threads", "with_blas_threads", "one_blas_thread"]
+           "parse_cfs_quota", "blas_threads", "with_blas_threads", "one_blas_thread", "score_threads",
+           "run_side_by_side", "parallel_rows"]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 #: Seconds a reading of this process's cgroup quota is reused: the scoring pool asks for the
@@ -239,3 +244,44 @@ def run_side_by_side(function, items, workers: int) -> list:
 
         with ThreadPoolExecutor(min(workers, len(items))) as pool:
             return list(pool.map(function, items))
+
+
+def score_threads() -> int:
+    """Threads of the pools that score, transform or compensate blocks of cells.
+
+    ``$GATING_SCORE_THREADS`` if set, else up to 4 of the :func:`usable_cpus` (the CPUs this
+    process may use, not the machine's). Dask workers set it to 1: one thread per worker
+    process, the parallelism being across files.
+    """
+    value = os.environ.get("GATING_SCORE_THREADS", "")
+    return max(1, int(value)) if value.isdigit() else min(4, usable_cpus())
+
+
+def parallel_rows(function, n_rows: int, max_block: int = 262_144, min_block: int = 8192) -> None:
+    """Call ``function((lo, hi))`` on row blocks covering ``range(n_rows)``.
+
+    On :func:`score_threads` threads when the rows are many (at least ``min_block`` per
+    thread), with BLAS at one thread meanwhile. For row-wise work (compensation, transforms)
+    whose result for a row does not depend on the block it is in: numpy releases the GIL, so
+    the blocks run in parallel.
+
+    Parameters
+    ----------
+    function : callable
+        Called once per block with ``(lo, hi)``; its return value is ignored.
+    n_rows : int
+        Rows to cover.
+    max_block, min_block : int
+        Largest block, and fewest rows per thread worth a thread of their own.
+    """
+    threads = max(1, min(score_threads(), n_rows // min_block))
+    step = min(max_block, -(-n_rows // threads)) if n_rows else 1
+    bounds = [(lo, min(lo + step, n_rows)) for lo in range(0, n_rows, step)]
+    if threads == 1:
+        for b in bounds:
+            function(b)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with one_blas_thread(), ThreadPoolExecutor(threads) as pool:
+        list(pool.map(function, bounds))

@@ -222,59 +222,6 @@ def fourier_features(cells: np.ndarray, frequencies: np.ndarray) -> np.ndarray:
     return np.hstack([np.cos(angles), np.sin(angles)]) / np.sqrt(frequencies.shape[1])
 
 
-class DICAPooling:
-    """DICA as preprocessing before pooling: one classifier on every patient's projected cells.
-
-    Cells are the product's (the channels, transform and standardisation a
-    :class:`~gating_core.model.GatingModel` chooses, each patient's seeded draw of
-    ``cells_per_patient`` cells); :class:`DICA` is fitted on the training patients, then a
-    multinomial logistic regression on the projected cells of all of them pooled.
-    ``fit(samples, labels)``, ``predict(sample) -> (n,)`` labels.
-
-    ``features``: "dica" (supervised), "udica" (unsupervised) or "input" (no projection: the
-    standardised channels themselves, the baseline of the paper's Table 2 on the same cells).
-    """
-
-    FEATURES = ("dica", "udica", "input")
-
-    def __init__(self, features="dica", n_components=20, n_features=300, lam=0.01, cells_per_patient=2000,
-                 compensate=True, random_state=0):
-        self.features = features
-        self.n_components = n_components
-        self.n_features = n_features
-        self.lam = lam
-        self.cells_per_patient = cells_per_patient
-        self.compensate = compensate
-        self.random_state = random_state
-
-    def fit(self, samples, labels):
-        from sklearn.linear_model import LogisticRegression
-
-        from gating_core.model import GatingModel
-
-        self.preprocessing_ = GatingModel(compensate=self.compensate, cells_per_patient=self.cells_per_patient,
-                                          random_state=self.random_state, class_balance=0.0)
-        cells, drawn_labels = self.preprocessing_.standardised_training_cells(samples, labels)
-        if self.features not in self.FEATURES:
-            raise ValueError(f"features must be one of {self.FEATURES}, got {self.features!r}")
-        self.dica_ = None if self.features == "input" else DICA(
-            n_components=self.n_components, supervised=self.features == "dica", n_features=self.n_features,
-            lam=self.lam, random_state=self.random_state).fit(cells, drawn_labels)
-        projected = np.vstack([self._projected(x) for x in cells])
-        self.scale_ = projected.std(axis=0) + 1e-12  # the eigenvectors' scales differ by orders
-        self.classifier_ = LogisticRegression(max_iter=1000).fit(projected / self.scale_,
-                                                                 np.concatenate(drawn_labels))
-        self.populations_ = [str(c) for c in self.classifier_.classes_]
-        return self
-
-    def predict(self, sample) -> np.ndarray:
-        cells = self.preprocessing_.standardised_cells(sample)
-        return self.classifier_.predict(self._projected(cells) / self.scale_)
-
-    def _projected(self, cells):
-        return cells if self.dica_ is None else self.dica_.transform(cells)
-
-
 def distributional_variance(domains, kernel="gaussian", bandwidth=None, max_cells=500, random_state=0) -> float:
     """Distributional variance V(S) = (1/N) tr G - (1/N^2) sum G of N samples (Muandet et al.).
 
@@ -341,7 +288,7 @@ def toy_domains(n_domains=10, n_dims=5, mean_cells=200, shift_sd=0.0, seed=0):
 #: What ``GatingModel(dica=...)`` accepts (besides None: no projection).
 DICA_MODES = ("supervised", "unsupervised")
 #: L, random frequencies of the projection inside a GatingModel (D = 2L features per cell), as
-#: DICAPooling: every gated event costs O(d L + L m).
+#: :class:`gating_core.baselines.DICAPooling`: every gated event costs O(d L + L m).
 MODEL_DICA_FEATURES = 300
 
 

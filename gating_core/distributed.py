@@ -34,7 +34,7 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from gating_core.errors import GatingCoreError
+from gating_core.errors import ClusterError
 
 # Every worker process gets these before numpy starts: one BLAS thread per Dask thread.
 WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
@@ -42,10 +42,6 @@ WORKER_ENV = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THRE
 
 _MODEL_CACHE: dict[str, object] = {}
 _MODEL_LOCK = threading.Lock()
-
-
-class ClusterError(GatingCoreError, RuntimeError):
-    """The Dask cluster could not be started or reached (the message says which and why)."""
 
 
 def local_cluster(workers: int, threads_per_worker: int = 1, memory_limit="auto"):

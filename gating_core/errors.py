@@ -1,17 +1,25 @@
-"""The one exception root of gating_core: :class:`GatingCoreError`.
+"""Every error gating_core raises for bad input, under one root: :class:`GatingCoreError`.
 
 Every error a bad input can cause (an unreadable FCS file, a damaged model, a labels file of
-the wrong length, a refused library operation, a missing channel, ...) is a subclass, so a
-caller, and the command line above all, can catch one type and show ``str(err)``: the file's
-name (when there is one) and the problem, never a traceback. Subclasses keep their older base
-classes (``ValueError``, ``RuntimeError``) so code that catches those still works.
+the wrong length, a refused library operation, a missing channel, ...) is a subclass defined
+here, so a caller, and the command line above all, can catch one type and show ``str(err)``:
+the file's name (when there is one) and the problem, never a traceback. Subclasses keep their
+older base classes (``ValueError``, ``RuntimeError``) so code that catches those still works,
+and each stays importable from the module that raises it (``from gating_core.fcs import
+FCSError``, ``from gating_core.modelfile import ModelFileError``, ...).
 
 ``path`` is the file concerned (``None`` when there is none), ``problem`` the message without it.
+
+This module imports nothing of gating_core: every other module may import it.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+__all__ = ["GatingCoreError", "PathError", "FCSError", "LabelError", "GroupsError", "GateError", "GateImportError",
+           "ChannelMismatchError", "ModelFileError", "LibraryError", "ConflictError", "CatalogVersionError",
+           "ClusterError", "describe_error", "printable", "print_error", "open_input"]
 
 
 class GatingCoreError(Exception):
@@ -29,6 +37,73 @@ class PathError(GatingCoreError):
         self.problem = problem
         super().__init__(f"{Path(self.path).name}: {problem}")
 
+
+# -- input files -------------------------------------------------------------------------------
+
+class FCSError(PathError):
+    """An FCS file could not be read (or written); ``str(err)`` names the file and the problem."""
+
+
+class LabelError(PathError, ValueError):
+    """A labels file or gated CSV is missing or unusable; ``str(err)`` names the file and problem."""
+
+
+class GroupsError(PathError, ValueError):
+    """A groups table or keyword could not be used; ``str(err)`` names the file and problem."""
+
+
+# -- gates -------------------------------------------------------------------------------------
+
+class GateError(GatingCoreError, ValueError):
+    """A gate or gate tree is invalid (bad geometry, unknown parent, duplicate name, ...)."""
+
+
+class GateImportError(PathError, ValueError):
+    """A FlowJo workspace or GatingML file could not be applied; ``str(err)`` names the file."""
+
+
+# -- models ------------------------------------------------------------------------------------
+
+class ChannelMismatchError(GatingCoreError, ValueError):
+    """A sample lacks a channel the model needs (named in the message)."""
+
+
+class ModelFileError(PathError, ValueError):
+    """A model file could not be read; ``str(err)`` names the file and the problem."""
+
+
+# -- the patient library -----------------------------------------------------------------------
+
+class LibraryError(GatingCoreError):
+    """A library operation was refused or failed (nothing changed); ``str(err)`` names ``.path`` / ``.patient``."""
+
+    def __init__(self, problem: str, *, path=None, patient: str | None = None):
+        self.problem = problem
+        self.path = None if path is None else str(path)
+        self.patient = patient
+        prefix = ""
+        if self.path is not None:
+            prefix += f"{Path(self.path).name}: "
+        if patient is not None:
+            prefix += f"patient {patient!r}: "
+        super().__init__(prefix + problem)
+
+
+class ConflictError(LibraryError):
+    """Refused: another session changed the same thing first (a patient's name, its labels); nothing changed."""
+
+
+class CatalogVersionError(GatingCoreError, RuntimeError):
+    """The library's catalog was written by a newer gating_core (a newer schema version)."""
+
+
+# -- work on a cluster -------------------------------------------------------------------------
+
+class ClusterError(GatingCoreError, RuntimeError):
+    """The Dask cluster could not be started or reached (the message says which and why)."""
+
+
+# -- showing an error --------------------------------------------------------------------------
 
 def describe_error(exc: BaseException) -> str:
     """A one-line ``"<path>: <problem>"`` for an error shown to a user (no traceback).

@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from sklearn.discriminant_analysis import LinearDiscriminantAnalysis, QuadraticDiscriminantAnalysis
-from sklearn.ensemble import HistGradientBoostingClassifier
 
+from gating_core.baselines import DICAPooling, PooledBaseline
 from gating_core.digest import digest_patient, infer_cell_groups
 from gating_core.model import GatingModel
 
@@ -98,50 +97,6 @@ METHOD_SETTINGS = {
     "pooled-logistic": {"method": "pooling", "loss": "logistic", "n_augment": 0,
                         "patient_weighting": "uniform", "alpha": 1e-5, "class_balance": 0.0},
 }
-
-
-class PooledBaseline:
-    """A standard classifier on the transformed, standardised channels, trained on all
-    patients' cells pooled: LDA (``"lda"``), QDA (``"qda"``) or gradient-boosted trees
-    (``"trees"``, scikit-learn's HistGradientBoostingClassifier with its defaults).
-
-    Each training patient contributes the same seeded uniform draw of cells as a GatingModel
-    with ``class_balance=0`` (a :class:`~gating_core.digest.PatientDigest`); channels and
-    transform are chosen the same way.
-    """
-
-    def __init__(self, kind="lda", cells_per_patient=4000, compensate=True, random_state=0):
-        self.kind = kind
-        self.cells_per_patient = cells_per_patient
-        self.compensate = compensate
-        self.random_state = random_state
-
-    def _estimator(self):
-        if self.kind == "lda":
-            return LinearDiscriminantAnalysis()
-        if self.kind == "qda":
-            # A light ridge on each population's covariance: a small population with a flat
-            # channel would otherwise have a singular one.
-            return QuadraticDiscriminantAnalysis(reg_param=1e-3)
-        if self.kind == "trees":
-            return HistGradientBoostingClassifier(random_state=self.random_state)
-        raise ValueError(f"unknown baseline {self.kind!r}")
-
-    def fit(self, samples, labels):
-        self.preprocessing_ = GatingModel(compensate=self.compensate, cells_per_patient=self.cells_per_patient,
-                                          random_state=self.random_state, class_balance=0.0)
-        cells, drawn_labels = self.preprocessing_.standardised_training_cells(samples, labels)
-        self.estimator_ = self._estimator().fit(np.vstack(cells), np.concatenate(drawn_labels))
-        self.populations_ = [str(c) for c in self.estimator_.classes_]
-        return self
-
-    def predict(self, sample) -> np.ndarray:
-        return self.estimator_.predict(self.preprocessing_.standardised_cells(sample))
-
-
-def LDABaseline(cells_per_patient=4000, compensate=True, random_state=0) -> PooledBaseline:
-    """LDA on the transformed, standardised channels (:class:`PooledBaseline`)."""
-    return PooledBaseline("lda", cells_per_patient, compensate, random_state)
 
 
 def infer_patient_groups(samples, labels, random_state=0) -> list[str]:
@@ -346,8 +301,6 @@ def _fold_models(method, samples, labels, held_out_sets, model_params, groups, r
             yield IWNystroemGatingModel(channels=params.get("channels"), compensate=params.get("compensate", True),
                                         random_state=params.get("random_state", 0)).fit(train_samples, train_labels)
         elif method == "dica-pooling":  # DICA (Muandet et al. 2013) on the fold's patients, then pooling
-            from gating_core.dica import DICAPooling
-
             yield DICAPooling(random_state=(model_params or {}).get("random_state", 0)).fit(train_samples,
                                                                                           train_labels)
         else:

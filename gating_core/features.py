@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gating_core.cpus import parallel_rows
+
 
 def median_pairwise_distance(x: np.ndarray, max_points: int = 2000, random_state=0) -> float:
     """Median Euclidean distance between distinct rows of ``x`` (n, d), on a seeded subsample.
@@ -180,7 +182,6 @@ def content_hashes(x: np.ndarray, parallel: bool = False) -> np.ndarray:
     ``parallel`` on row blocks side by side (the same bits; for gating a file, where hashing
     every event costs several percent of the gating step, not from inside other pools)."""
     if parallel:
-        from gating_core.fcs.stream import parallel_rows
 
         hashes = np.empty(len(x), dtype=np.uint64)
 

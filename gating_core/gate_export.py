@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gating_core.flowkit_interop import flowkit_sample_via_fcs
 from gating_core.gates import GATE_KINDS, AxisScale, GateError, GateTree, xml_gate_id
 
 __all__ = ["StrategyWriter", "gating_strategy", "export_gatingml", "export_flowjo_workspace"]
@@ -243,8 +244,6 @@ def export_flowjo_workspace(tree: GateTree, path: str | os.PathLike, samples, *,
     cannot be expressed in a workspace (one channel drawn on two different scales).
     """
     import flowkit
-
-    from gating_core.interop import flowkit_sample_via_fcs
 
     samples = list(samples)
     if not samples:

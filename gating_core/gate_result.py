@@ -6,11 +6,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gating_core.errors import GatingCoreError
-
-
-class ChannelMismatchError(GatingCoreError, ValueError):
-    """A sample lacks a channel the model needs (named in the message)."""
+from gating_core.errors import ChannelMismatchError  # noqa: F401  (importable from here, as before)
 
 
 @dataclass

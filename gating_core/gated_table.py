@@ -1,4 +1,4 @@
-"""Gated tables: the events with each one's population (and confidence) as CSV, Parquet or h5ad,
+"""Gated tables: the events with each one's population (and confidence) as CSV or Parquet,
 written whole or chunk by chunk (:class:`GatedTableWriter`), and a gated CSV read back.
 
 Gated CSV (design.md section 4): one row per event in the original order, one column per
@@ -6,7 +6,7 @@ channel named by its $PnN, then ``population`` (text) and ``confidence`` (0..1).
 written as the shortest text that reads back to the same float32 (or float64) value, so a
 gated CSV is a lossless training input. Every file is written under a temporary name and
 renamed when complete. Exports go through :func:`gating_core.export.export_sample`, which
-calls these writers.
+calls these writers (and, for h5ad, :func:`gating_core.anndata_interop.write_gated_h5ad`).
 """
 
 from __future__ import annotations
@@ -16,12 +16,12 @@ from pathlib import Path
 
 import numpy as np
 
+from gating_core.cpus import score_threads
 from gating_core.fcs import Channel, Sample
 from gating_core.labels import POPULATION_COLUMN, LabelError, _read_csv_table, population_array, read_header
 from gating_core.parquet_columns import repeating_columns
 
-__all__ = ["GatedTableWriter", "write_gated_csv", "read_gated_csv", "write_gated_parquet", "write_gated_h5ad",
-           "CONFIDENCE_COLUMN"]
+__all__ = ["GatedTableWriter", "write_gated_csv", "read_gated_csv", "write_gated_parquet", "CONFIDENCE_COLUMN"]
 
 
 CONFIDENCE_COLUMN = "confidence"
@@ -189,8 +189,6 @@ class GatedTableWriter:
             return
         # Formatting floats is the cost (about 0.1 us a value): row blocks are formatted in
         # parallel (Arrow's kernels release the GIL) and written in order.
-        from gating_core.classifier import score_threads  # our pools' size: usable CPUs, 1 on a Dask worker
-
         threads = max(1, min(score_threads(), m // CSV_MIN_BLOCK_ROWS))
         step = min(CSV_BATCH_ROWS, -(-m // threads))
         blocks = [(lo, min(lo + step, m)) for lo in range(0, m, step)]
@@ -347,28 +345,6 @@ def write_gated_parquet(path: str | os.PathLike, sample: Sample, populations, co
     try:
         table = pa.table(columns)
         pq.write_table(table, tmp, use_dictionary=_parquet_dictionary_columns(table))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
-
-
-def write_gated_h5ad(path: str | os.PathLike, sample: Sample, populations=None, confidence=None, *,
-                     include_identifying: bool = False, keep_keywords=()) -> None:
-    """The gated patient as an AnnData ``.h5ad`` (layout of :func:`gating_core.interop.to_anndata`);
-    ``uns["keywords"]`` holds only the keywords needed to read the data (the allow-list of
-    :mod:`gating_core.library.privacy`) and those named in ``keep_keywords``, or every keyword
-    with ``include_identifying``; ``uns["dropped_keywords"]`` counts the ones left out."""
-    from .interop import to_anndata
-
-    path = Path(path)
-    if populations is not None:
-        populations, confidence = _check_lengths(sample, populations, confidence, path)
-    adata = to_anndata(sample, populations=populations, confidence=confidence,
-                       include_identifying=include_identifying, keep_keywords=keep_keywords)
-    tmp = _atomic_target(path)
-    try:
-        adata.write_h5ad(tmp)
         os.replace(tmp, path)
     finally:
         if tmp.exists():

@@ -17,11 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.errors import PathError
-
-
-class GroupsError(PathError, ValueError):
-    """A groups table or keyword could not be used (the message names the file and problem)."""
+from gating_core.errors import GroupsError
 
 
 def groups_from_csv(path, patient_names) -> list[str]:

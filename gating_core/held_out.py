@@ -37,7 +37,7 @@ import copy
 import numpy as np
 
 from gating_core.classifier import MarginalTransferClassifier
-from gating_core.cpus import with_blas_threads
+from gating_core.cpus import run_side_by_side, score_threads, with_blas_threads
 from gating_core.model import METHODS, GatingModel
 from gating_core.priors import training_prior
 from gating_core.selection import problem_view
@@ -212,9 +212,6 @@ class _SharedProblems:
         threads); each fold's result does not depend on the others, so the order of fitting
         changes nothing.
         """
-        from gating_core.classifier import score_threads
-        from gating_core.cpus import run_side_by_side
-
         fitted = [None] * len(fold_params)
         keys = [self._feature_key(p) for p in fold_params]
         starts = {}  # feature key -> (coef, intercept) of the fit on all patients

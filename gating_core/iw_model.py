@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 from sklearn.base import BaseEstimator
+from sklearn.exceptions import NotFittedError
 
 from gating_core import __version__
 from gating_core.digest import digest_patient
@@ -185,8 +186,9 @@ class IWNystroemGatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator)
     # -- gating: refit for the patient, then score ---------------------------------------------
 
     def _check_fitted(self):
+        """Raise scikit-learn's NotFittedError (what any estimator raises) before fit or load."""
         if not hasattr(self, "cells_"):
-            raise RuntimeError("this IWNystroemGatingModel is not fitted yet: call fit() or load it")
+            raise NotFittedError("this IWNystroemGatingModel is not fitted yet: call fit() or load it")
 
     def estimator(self) -> ImportanceWeightedNystroemKRR:
         """The (unfitted) per-patient estimator with this model's parameters."""

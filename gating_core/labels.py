@@ -14,21 +14,12 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.errors import GatingCoreError
+from gating_core.errors import LabelError
 
 __all__ = ["LabelError", "Provenance", "labels_path_for", "read_labels_csv"]
 
 LABELS_SUFFIX = ".labels.csv"
 POPULATION_COLUMN = "population"
-
-
-class LabelError(GatingCoreError, ValueError):
-    """A labels file or gated CSV is missing or unusable; ``str(err)`` names the file and problem."""
-
-    def __init__(self, path, problem: str):
-        self.path = str(path)
-        self.problem = problem
-        super().__init__(f"{Path(self.path).name}: {problem}")
 
 
 class Provenance:

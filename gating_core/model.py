@@ -12,6 +12,7 @@ import numbers
 
 import numpy as np
 from sklearn.base import BaseEstimator
+from sklearn.exceptions import NotFittedError
 
 from gating_core.adaptive_lda import AdaptiveLDA
 from gating_core.classifier import SCORE_BLOCK, MarginalTransferClassifier
@@ -20,12 +21,12 @@ from gating_core.digest import digest_patient, infer_cell_groups
 from gating_core.features import content_hashes, content_subsample
 from gating_core.gate_result import GateResult, Novelty
 from gating_core.preprocessing import ChannelPreprocessing
-from gating_core.priors import reestimate_prior, training_prior
+from gating_core.model_io import load_model, save_model
+from gating_core.priors import PRIOR_SHIFTS, reestimate_prior, training_prior
 from gating_core.self_training import PatientAdjustment, self_training_coef
 from gating_core.streamed_gating import StreamedGating
 
 METHODS = ("marginal", "pooling", "multitask")
-PRIOR_SHIFTS = ("none", "em")
 DEFAULT_LOSS = "squared"
 #: Shift-augmented copies of each training patient (an option; measured in docs/unseen_data.md, it
 #: helped one real set and cost another and the simulated cohorts: not in the default).
@@ -214,6 +215,10 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     novelty_reference_, novelty_threshold_ : float
     dica_ : DICA or None  the fitted projection (``dica``), (d,) -> (dica_components,)
     """
+
+    #: The choices of ``method``; the model file's checks read them from here, as
+    #: :mod:`gating_core.model_io` sits below this module and cannot import it.
+    METHODS = METHODS
 
     def __init__(self, method="marginal", channels=None, transform="auto", compensate=True, select=True,
                  select_embedding_bandwidth=False,
@@ -671,8 +676,9 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     # -- gating --------------------------------------------------------------------------------
 
     def _check_fitted(self):
+        """Raise scikit-learn's NotFittedError (what any estimator raises) before fit or load."""
         if not hasattr(self, "classifier_"):
-            raise RuntimeError("this GatingModel is not fitted yet: call fit() or GatingModel.load()")
+            raise NotFittedError("this GatingModel is not fitted yet: call fit() or GatingModel.load()")
 
     def patient_embedding(self, sample) -> np.ndarray:
         """Psi of a patient (after compensation): ndarray (2L,)."""
@@ -875,16 +881,12 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
 
     def save(self, path) -> None:
         """Write the model as .npz (arrays + JSON; no pickle), atomically (:func:`gating_core.model_io.save_model`)."""
-        from gating_core.model_io import save_model
-
         save_model(self, path)
 
     @classmethod
     def load(cls, path) -> "GatingModel":
         """Read a model written by :meth:`save`; raises ModelFileError for anything else
         (:func:`gating_core.model_io.load_model`: no pickle, every field and shape checked)."""
-        from gating_core.model_io import load_model
-
         return load_model(cls, path)
 
     # -- the scikit-learn view: one sample is one patient --------------------------------------

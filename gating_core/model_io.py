@@ -8,6 +8,10 @@ bounded memory and declared sizes checked, every field of the description is typ
 and every array's shape must agree with the description. A model sent by someone else cannot
 run code, and a damaged one is a :class:`~gating_core.modelfile.ModelFileError` naming the
 problem.
+
+This module sits below :mod:`gating_core.model`, whose ``GatingModel.save`` / ``GatingModel.load``
+call :func:`save_model` / :func:`load_model`, and so never imports it: :func:`load_model` is
+given the class to build, and reads the choices of its ``method`` from it.
 """
 
 from __future__ import annotations
@@ -24,10 +28,10 @@ from gating_core import __version__
 from gating_core.adaptive_lda import AdaptiveLDA
 from gating_core.alignment import ALIGNMENTS, LEVELS, MAX_PEAKS, LandmarkReference
 from gating_core.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS, MarginalTransferClassifier
-from gating_core.dica import DICA_MODES, MODEL_DICA_FEATURES
+from gating_core.dica import DICA_MODES, MODEL_DICA_FEATURES, cell_projection_from_arrays
 from gating_core.features import KERNELS_X, LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding, ProductRFF
-from gating_core.model import METHODS, PRIOR_SHIFTS
 from gating_core.modelfile import Fields, ModelFileError, archive_array, check_scalar, parse_json, read_archive
+from gating_core.priors import PRIOR_SHIFTS
 from gating_core.transforms import ChannelTransform
 
 MODEL_FORMAT = "gating_core.model"
@@ -176,7 +180,7 @@ def model_from_parts(cls, meta, arrays, path="model"):
     the description. A violation is a ModelFileError.
     """
     top = Fields(path, meta, "model")
-    params = _model_params(path, top.object("params"), inspect.signature(cls).parameters)
+    params = _model_params(path, top.object("params"), cls)
     model = cls(**params)
     model.channels_ = top.strings("channels", min_length=1, unique=True)
     d = len(model.channels_)
@@ -226,8 +230,6 @@ def model_from_parts(cls, meta, arrays, path="model"):
         raise ModelFileError(path, "model file is inconsistent: array 'class_prior' is not a distribution")
     model.dica_ = None
     if model.dica is not None:
-        from gating_core.dica import cell_projection_from_arrays
-
         n_dica = array("dica_frequencies", d, None).shape[1]
         model.dica_ = cell_projection_from_arrays(array("dica_frequencies", d, n_dica),
                                                   array("dica_feature_mean", 2 * n_dica),
@@ -341,14 +343,14 @@ _BANDWIDTHS = ("bandwidth_x", "bandwidth_p", "bandwidth_embedding", "alpha")
 _SCALES = (1e-6, 1e12)
 
 
-def _checked_params(path, fields: Fields, accepted, where: str) -> dict:
+def _checked_params(path, fields: Fields, accepted, where: str, methods) -> dict:
     out = {}
     for key, value in fields.data.items():
         if key not in accepted or key == "self" or accepted[key].kind in (inspect.Parameter.VAR_POSITIONAL,
                                                                           inspect.Parameter.VAR_KEYWORD):
             raise ModelFileError(path, f"model description: unknown {where} {key!r} (written by another version?)"[:300])
         if key == "method":
-            out[key] = fields.string(key, choices=METHODS)
+            out[key] = fields.string(key, choices=methods)
         elif key == "solver":
             out[key] = fields.string(key, choices=SOLVERS)
         elif key in _COUNTS:
@@ -494,8 +496,10 @@ def _linear_feature_map(path, array, arrays, clf, d: int, n_out: int, prefix: st
     return fm
 
 
-def _model_params(path, fields: Fields, accepted) -> dict:
-    params = _checked_params(path, fields, accepted, "model parameter")
+def _model_params(path, fields: Fields, cls) -> dict:
+    """The parameters of a ``cls`` (GatingModel) in the description: the names its constructor
+    accepts, ``method`` one of ``cls.METHODS``."""
+    params = _checked_params(path, fields, inspect.signature(cls).parameters, "model parameter", cls.METHODS)
     # Files written before class_balance existed drew their training cells uniformly.
     params.setdefault("class_balance", 0.0)
     # Files written before self-training existed gate as they did.
@@ -506,7 +510,7 @@ def _model_params(path, fields: Fields, accepted) -> dict:
 
 
 def _classifier_params(path, fields: Fields, accepted) -> dict:
-    return _checked_params(path, fields, accepted, "classifier parameter")
+    return _checked_params(path, fields, accepted, "classifier parameter", methods=())
 
 
 def _transform(path, fields: Fields, d: int) -> ChannelTransform:

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.errors import PathError, open_input
+from gating_core.errors import ModelFileError, open_input
 
 MAX_ARRAY_BYTES = 2 * 1024 ** 3
 MAX_EXPANSION = 16
@@ -58,10 +58,6 @@ MAX_HEADER_BYTES = 10_000
 MAX_META_CHARS = 1_000_000
 MAX_JSON_DEPTH = 32
 READ_CHUNK = 1 << 20
-
-
-class ModelFileError(PathError, ValueError):
-    """A model file could not be read: ``str(err)`` names the file and the problem."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,8 @@ from __future__ import annotations
 import numpy as np
 
 PRIOR_FLOOR = 1e-6
+#: The choices of GatingModel's ``prior_shift``: no re-estimation, or the EM re-estimation here.
+PRIOR_SHIFTS = ("none", "em")
 
 
 def training_prior(labels, classes) -> np.ndarray:

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from gating_core.classifier import MarginalTransferClassifier
+from gating_core.cpus import one_blas_thread, run_side_by_side, score_threads
 from gating_core.solvers import RidgeStatistics
 from gating_core.training_problem import TrainingProblem, check_training_set
 
@@ -238,9 +239,6 @@ class HyperparameterSearch:
         CPUs this process may use; each run then reads its scores, identical to what it would
         compute alone (the same rows, the same arithmetic, in one BLAS thread).
         """
-        from gating_core.classifier import score_threads
-        from gating_core.cpus import one_blas_thread, run_side_by_side
-
         scored_on = {}  # training set (as the patients left out) -> the patients scored on it
         for run in runs:
             for held_out in run["folds"]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from gating_core.classifier import SCORE_BLOCK
-from gating_core.cpus import with_blas_threads
+from gating_core.cpus import parallel_rows, with_blas_threads
 from gating_core.features import content_hashes
 from gating_core.gate_result import StreamedGate
 from gating_core.self_training import PatientAdjustment
@@ -88,7 +88,6 @@ class StreamedGating:
     def _standardised_rows(self, events, indices) -> np.ndarray:
         """``_standardise(events[:, indices])`` computed on row blocks in parallel (the
         transform is element-wise, so the result is the same bits)."""
-        from gating_core.fcs import parallel_rows
 
         cells = np.empty((len(events), len(indices)), dtype=np.float32)
 

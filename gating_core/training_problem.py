@@ -18,7 +18,7 @@ import threading
 import numpy as np
 from scipy.linalg import eigh
 
-from gating_core.cpus import one_blas_thread
+from gating_core.cpus import allowed_workers, one_blas_thread, run_side_by_side, score_threads
 from gating_core.features import (ExactKernel, LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding, ProductRFF,
                                    content_subsample, median_pairwise_distance)
 from gating_core.solvers import RidgeStatistics
@@ -72,14 +72,11 @@ def embed_patients(embedder: MeanEmbedding, samples, max_cells: int) -> np.ndarr
     """Psi of each patient's cells (list of (n_i, d)): ndarray of shape (n_patients, 2L).
 
     Row i is exactly ``embed_cells(embedder, samples[i], max_cells)``. The patients are embedded
-    side by side on :func:`~gating_core.classifier.score_threads` threads (numpy's cos and sin
+    side by side on :func:`~gating_core.cpus.score_threads` threads (numpy's cos and sin
     release the GIL), each with one BLAS thread, whatever the pool size, so the result does not
     depend on the number of threads; on a thread of a ``concurrent.futures`` pool, serially.
     Within :func:`shared_embeddings`, a patient embedded before is not embedded again.
     """
-    from gating_core.classifier import score_threads
-    from gating_core.cpus import run_side_by_side
-
     cache = _SHARED_EMBEDDINGS.get()
     keys = [None] * len(samples) if cache is None else [_embedding_key(embedder, x, max_cells) for x in samples]
     out = np.empty((len(samples), 2 * embedder.n_features))
@@ -277,8 +274,6 @@ class TrainingProblem:
 
         Rows are computed side by side on the threads BLAS was allowed here (the cosines are
         one thread's work each; a row's values do not depend on the thread that computes it)."""
-        from gating_core.cpus import allowed_workers, run_side_by_side
-
         return run_side_by_side(lambda r: cell_features(feature_map, self.cells[r], self.embeddings[r],
                                                         self.use_embedding),
                                 range(len(self.cells)), allowed_workers(len(self.cells)))
@@ -330,7 +325,6 @@ class TrainingProblem:
         own threads), each row's products on one BLAS thread: the statistics are the same bits
         on any number of threads (BLAS's threaded F^T F moved by 1e-3 in float32 between one
         thread and two, and the fitted model's probabilities by 1e-6)."""
-        from gating_core.cpus import allowed_workers, run_side_by_side
 
         def row(r):
             f = features[r]
@@ -362,8 +356,6 @@ class RowFeatures:
         self.bounds = np.concatenate([[0], np.cumsum([len(x) for x in problem.cells])]).astype(np.int64)
         self.stacked = None
         if store:
-            from gating_core.cpus import allowed_workers, run_side_by_side
-
             first = self._compute(0)
             self.stacked = np.empty((int(self.bounds[-1]), first.shape[1]), dtype=np.float32)
             self.stacked[: self.bounds[1]] = first

@@ -197,37 +197,3 @@ def test_file_notes_are_logged_and_the_library_installs_no_handler(tmp_path, cap
     assert [(r.name, r.levelno, r.getMessage()) for r in caplog.records] == [
         ("gating_core.fcs", logging.WARNING, f"t.fcs: {note}")]
     assert [type(h) for h in logging.getLogger("gating_core").handlers] == [logging.NullHandler]
-
-
-def _module_imports(root: Path) -> dict:
-    """Module-level imports between gating_core's modules: {module: {imported module}}."""
-    import ast
-
-    modules = {}
-    for path in root.rglob("*.py"):
-        parts = path.relative_to(root.parent).with_suffix("").parts
-        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    graph = {}
-    for name, path in modules.items():
-        found = set()
-        for node in ast.parse(path.read_text(encoding="utf-8")).body:
-            if isinstance(node, ast.ImportFrom) and node.module:
-                found.add(node.module)
-                found.update(f"{node.module}.{a.name}" for a in node.names)
-            elif isinstance(node, ast.Import):
-                found.update(a.name for a in node.names)
-        graph[name] = {m for m in found if m in modules and m != name}
-    return graph
-
-
-def test_the_library_has_no_import_cycles():
-    import graphlib
-
-    graph = _module_imports(Path(gating_core.__file__).parent)
-    assert graph["gating_core.model"] >= {"gating_core.classifier", "gating_core.features"}  # the graph is real
-    # A package's __init__ importing its own submodules is no cycle: drop package -> child edges.
-    acyclic = {m: {d for d in deps if not d.startswith(m + ".")} for m, deps in graph.items()}
-    try:
-        list(graphlib.TopologicalSorter(acyclic).static_order())
-    except graphlib.CycleError as error:
-        pytest.fail(f"import cycle: {' -> '.join(error.args[1])}")

@@ -229,6 +229,20 @@ def test_not_fitted_until_fit_and_fitted_state_only_from_fit():
         clf.predict(cells[0])
 
 
+def test_unfitted_gating_models_raise_scikit_learns_not_fitted_error(tmp_path):
+    from gating_core.fcs import Channel, Sample
+    from gating_core.iw_model import IWNystroemGatingModel
+
+    sample = Sample("p", np.zeros((10, 2), dtype=np.float32), [Channel("FSC-A"), Channel("SSC-A")])
+    for model, message in [(GatingModel(), "GatingModel is not fitted yet"),
+                           (IWNystroemGatingModel(), "IWNystroemGatingModel is not fitted yet")]:
+        with pytest.raises(NotFittedError, match=message):
+            model.gate(sample)
+        with pytest.raises(NotFittedError, match=message):
+            model.save(tmp_path / "never.npz")
+    assert not (tmp_path / "never.npz").exists()
+
+
 def test_classifier_clone_and_params_round_trip():
     clf = MarginalTransferClassifier(n_features=64, alpha=1e-3, augment_gain="auto", random_state=7)
     copy = clone(clf)

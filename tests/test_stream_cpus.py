@@ -96,7 +96,7 @@ def test_blas_threads_limits_and_never_raises():
 
 
 def test_scoring_pool_is_sized_from_usable_cpus(monkeypatch):
-    from gating_core.classifier import score_threads
+    from gating_core.cpus import score_threads
 
     monkeypatch.delenv("GATING_SCORE_THREADS", raising=False)
     monkeypatch.setenv("GATING_CPUS", "1")

@@ -45,9 +45,9 @@ from gating_core.fcs.data import exact_in_float32
 from gating_core.fcs.spillover import SPILLOVER_KEYWORDS
 from gating_core.fcs.reader import fcs_info, read_fcs, read_fcs_all
 from gating_core.fcs.writer import TEXT_DELIMITERS, choose_delimiter, write_fcs
-from gating_core.fcs.stream import EventStream, parallel_rows, stream_fcs_all
+from gating_core.fcs.stream import EventStream, stream_fcs_all
 
 __all__ = ["FCSError", "Channel", "Sample", "SampleList", "read_fcs", "read_fcs_all", "write_fcs",
            "fcs_info", "EventStream", "stream_fcs_all", "choose_delimiter", "exact_in_float32",
-           "parallel_rows", "TEXT_DELIMITERS", "SPILLOVER_KEYWORDS", "HEADER_LENGTH",
+           "TEXT_DELIMITERS", "SPILLOVER_KEYWORDS", "HEADER_LENGTH",
            "HEADER_OFFSET_LIMIT", "MAX_DATA_SETS", "SUPPORTED_VERSIONS"]

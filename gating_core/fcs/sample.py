@@ -1,24 +1,15 @@
 """The data a reader returns: :class:`Sample` (one data set), :class:`Channel`,
-:class:`SampleList`, and :class:`FCSError`, the one error of every unreadable file.
+:class:`SampleList`, and :class:`FCSError`, the one error of every unreadable file (defined
+with every other error in :mod:`gating_core.errors`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
-from gating_core.errors import GatingCoreError
-
-
-class FCSError(GatingCoreError):
-    """An FCS file could not be read (or written). ``str(err)`` names the file and the problem."""
-
-    def __init__(self, path, problem: str):
-        self.path = str(path)
-        self.problem = problem
-        super().__init__(f"{Path(self.path).name}: {problem}")
+from gating_core.errors import FCSError
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Chunked reading: :class:`EventStream` reads one data set window by window, so memory stays
-a few chunks whatever the file size; :func:`stream_fcs_all`, :func:`parallel_rows`.
+a few chunks whatever the file size; :func:`stream_fcs_all`.
 """
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gating_core.cpus import parallel_rows
 from gating_core.fcs.data import _check_finite, _events_from_raw, _raw_values
 from gating_core.fcs.layout import _Layout
 from gating_core.fcs.reader import _open, _readable_data_sets, _skipped_notes, _walk_layouts
@@ -104,29 +105,6 @@ class EventStream:
         s = self.sample
         return Sample(s.name, events, list(s.channels), s.keywords, s.spillover, list(s.spillover_channels),
                       s.version, s.path, s.compensated, list(s.notes))
-
-
-def parallel_rows(function, n_rows: int, max_block: int = 262_144, min_block: int = 8192) -> None:
-    """Call ``function((lo, hi))`` on row blocks covering ``range(n_rows)``, on the scoring
-    pool's number of threads when the rows are many, with BLAS at one thread meanwhile.
-
-    For row-wise work (compensation, transforms) whose result for a row does not depend on
-    the block it is in: numpy releases the GIL, so the blocks run in parallel."""
-    from gating_core.classifier import score_threads
-
-    threads = max(1, min(score_threads(), n_rows // min_block))
-    step = min(max_block, -(-n_rows // threads)) if n_rows else 1
-    bounds = [(lo, min(lo + step, n_rows)) for lo in range(0, n_rows, step)]
-    if threads == 1:
-        for b in bounds:
-            function(b)
-        return
-    from concurrent.futures import ThreadPoolExecutor
-
-    from gating_core.cpus import one_blas_thread
-
-    with one_blas_thread(), ThreadPoolExecutor(threads) as pool:
-        list(pool.map(function, bounds))
 
 
 def _replace_layout(layout: _Layout, **changes) -> _Layout:

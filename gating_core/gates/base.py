@@ -2,8 +2,14 @@
 
 Each gate type (polygon, rectangle, quadrant, range, boolean) is a subclass in a module of its
 own that implements, for its geometry, the membership test, the stored description, the
-FlowKit gate it exports as and the drawing a plot shows; :mod:`gating_core.gates.registry`
-maps each stored ``kind`` to its class. Callers use these methods and never test the kind.
+FlowKit gate it exports as and the drawing a plot shows. Callers use these methods and never
+test the kind.
+
+A stored description names its type by ``kind``: :data:`GATE_TYPES` maps each kind to its class
+and :func:`gate_from_fields` builds the gate of a description. The table is defined here, where
+reading a description needs it, and filled by :mod:`gating_core.gates.registry`, which imports
+every type: this module imports none of them (they import it), and the package imports the
+registry before anyone can build a gate.
 """
 
 from __future__ import annotations
@@ -19,6 +25,8 @@ from gating_core.gates.errors import GateError
 from gating_core.gates.scales import AxisScale
 
 OTHER = "other"
+#: kind -> gate class, in the order the types are offered; filled by :mod:`gating_core.gates.registry`.
+GATE_TYPES: dict[str, type["Gate"]] = {}
 _NAME_PATTERN = re.compile(r"^[^\x00-\x1f/]{1,80}$")
 
 
@@ -29,8 +37,6 @@ class _GateClass(ABCMeta):
 
     def __call__(cls, *args, **kwargs):
         if cls is Gate:
-            from gating_core.gates.registry import gate_from_fields
-
             return gate_from_fields(_one_class_fields(*args, **kwargs))
         return super().__call__(*args, **kwargs)
 
@@ -59,7 +65,7 @@ class Gate(metaclass=_GateClass):
     Attributes
     ----------
     kind : str
-        The type's name in stored descriptions ("polygon", ...); the registry's key.
+        The type's name in stored descriptions ("polygon", ...); its key in :data:`GATE_TYPES`.
     is_shape : bool
         Whether the gate is a 2-D region a reviewer redraws and auto-gating refits as a polygon.
     flowjo_workspace : bool
@@ -161,8 +167,6 @@ class Gate(metaclass=_GateClass):
     @classmethod
     def from_dict(cls, data: dict) -> "Gate":
         """The gate of a stored description, of the type its ``kind`` names."""
-        from gating_core.gates.registry import gate_from_fields
-
         gate = gate_from_fields(data)
         if not isinstance(gate, cls):
             raise GateError(f"gate {gate.name!r} is a {gate.kind} gate, not a {cls.__name__}")
@@ -257,8 +261,6 @@ class AxisGate(Gate):
         """A copy with ``vertices`` in the display coordinates of ``x_scale`` / ``y_scale``
         (default: its own), which it keeps, as a gate of ``kind`` (default: its own: a moved
         rectangle corner makes a polygon)."""
-        from gating_core.gates.registry import gate_from_fields
-
         fields = self.to_dict()
         fields.update(kind=kind or self.kind, vertices=vertices, x_scale=x_scale or self.x_scale,
                       y_scale=y_scale or self.y_scale)
@@ -298,3 +300,19 @@ def _channel_index(sample, name: str) -> int:
         return sample.channel_index(name)
     except KeyError:
         raise GateError(f"{sample.name}: the gate needs channel {name!r}, which this sample lacks") from None
+
+
+def gate_from_fields(fields: dict) -> Gate:
+    """The gate of a stored description (``Gate.to_dict``'s format): its ``kind``'s class reads it.
+
+    Raises GateError for a missing field, an unknown kind or a description that is no gate.
+    """
+    try:
+        kind = str(fields["kind"])
+        if kind not in GATE_TYPES:
+            raise GateError(f"gate {fields['name']!r}: unknown kind {kind!r}")
+        return GATE_TYPES[kind].from_fields(fields)
+    except KeyError as exc:
+        raise GateError(f"gate description lacks {exc}") from None
+    except TypeError as exc:
+        raise GateError(f"invalid gate description: {exc}") from None

@@ -1,20 +1,9 @@
-"""Errors of gates and gate trees."""
+"""Errors of gates and gate trees: :class:`GateError` and :class:`GateImportError`, defined with
+every other error in :mod:`gating_core.errors` and importable from here and from
+:mod:`gating_core.gates`."""
 
 from __future__ import annotations
 
-from pathlib import Path
+from gating_core.errors import GateError, GateImportError
 
-from gating_core.errors import GatingCoreError
-
-
-class GateError(GatingCoreError, ValueError):
-    """A gate or gate tree is invalid (bad geometry, unknown parent, duplicate name, ...)."""
-
-
-class GateImportError(GatingCoreError, ValueError):
-    """A FlowJo workspace or GatingML file could not be applied. ``str()`` names the file."""
-
-    def __init__(self, path, problem: str):
-        self.path = str(path)
-        self.problem = problem
-        super().__init__(f"{Path(self.path).name}: {problem}")
+__all__ = ["GateError", "GateImportError"]

@@ -13,7 +13,7 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from gating_core.errors import GatingCoreError
+from gating_core.errors import CatalogVersionError
 
 SCHEMA_VERSION = 1
 BUSY_TIMEOUT_MS = 30_000
@@ -125,10 +125,6 @@ CREATE INDEX IF NOT EXISTS audit_patient ON audit(patient_id);
 CREATE INDEX IF NOT EXISTS labelings_patient ON labelings(patient_id);
 CREATE INDEX IF NOT EXISTS gate_results_patient ON gate_results(patient_id);
 """
-
-
-class CatalogVersionError(GatingCoreError, RuntimeError):
-    pass
 
 
 def connect(db_path: Path) -> sqlite3.Connection:

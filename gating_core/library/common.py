@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.errors import GatingCoreError
+from gating_core.errors import ConflictError, LibraryError  # noqa: F401  (the library's errors, importable from here)
 from gating_core.labels import Provenance  # noqa: F401  (the library's name for it since the start)
 
 
@@ -27,29 +27,6 @@ CATALOG_NAME = "catalog.sqlite"
 
 
 MAX_NAME_LENGTH = 200
-
-
-class LibraryError(GatingCoreError):
-    """A library operation was refused or failed; nothing was changed.
-
-    ``str(err)`` names the file (``.path``) and/or the patient (``.patient``) and the problem.
-    """
-
-    def __init__(self, problem: str, *, path=None, patient: str | None = None):
-        self.problem = problem
-        self.path = None if path is None else str(path)
-        self.patient = patient
-        prefix = ""
-        if self.path is not None:
-            prefix += f"{Path(self.path).name}: "
-        if patient is not None:
-            prefix += f"patient {patient!r}: "
-        super().__init__(prefix + problem)
-
-
-class ConflictError(LibraryError):
-    """Refused because another session or process changed the same thing first (a patient added
-    under the same name, labels replaced since they were read); nothing was changed."""
 
 
 def default_library_path() -> Path:

@@ -49,7 +49,8 @@ is rotated by an angle drawn uniformly in [pi/4, 3pi/4]; the label is the side o
 axis. Within a task a linear rule is perfect; the rule changes with the (observable) rotation.
 
 Modules: ``panel`` (channels, populations, phenotypes, conditions, noise, the channel scale),
-``patients`` (:func:`simulate_patient`, :func:`simulate_cohort`), ``centers`` (multi-center
+``patients`` (:func:`simulate_patient`, :func:`simulate_cohort`), ``center_effects``
+(:class:`Center`: what one center does to its measurements), ``centers`` (multi-center
 cohorts), ``hard`` (:func:`simulate_hard_cohort`), ``ellipse`` (:func:`ellipse_task`),
 ``sample_data`` (the demo folder and the file writers); every public name is importable from
 ``gating_core.synthetic`` itself.
@@ -68,7 +69,8 @@ from gating_core.synthetic.panel import (CHANNEL_MAX, CHANNELS, CHANNELS_PER_DEC
                                          POPULATIONS, RANGE_MAX, SCALES, SCATTER_CHANNELS, channel_column,
                                          intensity_to_channel, scatter_to_channel)
 from gating_core.synthetic.patients import simulate_cohort, simulate_patient
-from gating_core.synthetic.centers import Center, draw_center, simulate_centers, write_centers, write_cohort
+from gating_core.synthetic.center_effects import Center, draw_center
+from gating_core.synthetic.centers import simulate_centers, write_centers, write_cohort
 from gating_core.synthetic.hard import HARD_COHORTS, simulate_hard_cohort
 from gating_core.synthetic.ellipse import ellipse_task
 from gating_core.synthetic.sample_data import (HISTORICAL_PLAN, NEW_PLAN, SAMPLE_EVENTS, file_digests, write_labels_csv,

@@ -5,21 +5,17 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from gating_core.fcs import Channel, Sample
+from gating_core.synthetic.center_effects import Center
 from gating_core.synthetic.panel import (CONDITIONS, FLUORESCENCE_PANEL, MARKERS, POPULATIONS, RANGE_MAX, SCALES,
                                          SCATTER_CHANNELS, _BASE_SPILLOVER, _CONDITION_NAMES, _CONDITION_PROBABILITIES,
                                          _ELECTRONIC_SD, _NEG, _PHENOTYPES, _PHOTON_GAIN, _SCATTER_NOISE_SD,
                                          _TYPICAL_PROPORTIONS, _as_rng, _check_population_presence,
                                          _check_population_shares, _population_offsets, intensity_to_channel,
                                          scatter_to_channel)
-
-if TYPE_CHECKING:  # centers imports this module; the annotation alone needs Center
-    from gating_core.synthetic.centers import Center
-
 
 def _spillover_string(matrix: np.ndarray, channels: Sequence[str]) -> str:
     """FCS 3.1 ``$SPILLOVER`` value: ``k,name1,...,namek,v11,v12,...`` (row-major)."""
