@@ -261,7 +261,7 @@ def population_colors(populations) -> dict:
 
 
 def population_table(events: np.ndarray, channel_names, populations: np.ndarray,
-                     parents: dict | None = None, confidence: np.ndarray | None = None):
+                     parents: dict | None = None, confidence: np.ndarray | None = None, cofactors=None):
     """Per-population statistics: count, % of total, % of parent, median of every channel.
 
     Parameters
@@ -272,8 +272,14 @@ def population_table(events: np.ndarray, channel_names, populations: np.ndarray,
     parents : dict population -> parent population (its share uses the parent's count);
         populations without a parent use all events, so % of parent equals % of total.
     confidence : optional (n,) confidences; adds a mean-confidence column.
+    cofactors : optional (d,) arcsinh cofactors: the median, geometric mean and CV of every
+        channel instead of its median alone (:class:`gating_core.marker_stats.MarkerStatistics`).
     """
     import pandas as pd
+
+    from gating_core.marker_stats import MarkerStatistics
+
+    stats = MarkerStatistics(events, channel_names, cofactors) if cofactors is not None else None
 
     populations = np.asarray(populations).astype(str)
     total = populations.shape[0]
@@ -291,6 +297,10 @@ def population_table(events: np.ndarray, channel_names, populations: np.ndarray,
                "% of parent": 100.0 * counts[i] / parent_count if parent_count else 0.0}
         if confidence is not None:
             row["mean confidence"] = float(np.mean(confidence[mask]))
+        if stats is not None:
+            row.update(stats(mask))
+            rows.append(row)
+            continue
         medians = np.median(events[mask], axis=0) if mask.any() else np.full(len(channel_names), np.nan)
         for ch, med in zip(channel_names, medians):
             row[f"median {ch}"] = float(med)

@@ -2,7 +2,8 @@
 
 * :func:`population_rows` / :func:`batch_table`: one row per patient and population with its
   parent, count, % of parent and % of total (and mean confidence when the populations come
-  from a model). Counts come from the per-event populations, the one source every export
+  from a model), then the median, geometric mean and CV of each marker over the row's cells
+  when the events are given (:mod:`gating_core.marker_stats`). Counts come from the per-event populations, the one source every export
   shares (the gated CSV holds them): with a gate tree the rows are its gates in depth-first
   order, each under its parent gate and counting the cells of the populations below it
   (:func:`gating_core.autogates.counted_cells`), then the populations no gate names; without
@@ -37,7 +38,7 @@ REPORT_DOTS = 3000
 
 
 def population_rows(patient: str, populations=None, *, tree=None, sample=None, memberships=None,
-                    confidence=None, source: str = "", known=()):
+                    confidence=None, source: str = "", known=(), markers: bool = True):
     """Rows of :func:`batch_table` for one patient.
 
     Parameters
@@ -51,26 +52,31 @@ def population_rows(patient: str, populations=None, *, tree=None, sample=None, m
         counting the cells :func:`gating_core.autogates.counted_cells` gives it; the populations
         no gate names follow as children of all events.
     sample : gating_core.fcs.Sample, optional
-        Needed with a tree when ``memberships`` is not given.
+        Needed with a tree when ``memberships`` is not given. With ``markers``, each row also
+        holds the median, geometric mean and CV of every marker over its cells
+        (:class:`gating_core.marker_stats.MarkerStatistics`, channels labelled "CD4 (FL3-A)").
     memberships : dict gate name -> bool array of shape (n_events,), optional
     confidence : array of shape (n_events,), optional
         Per-event confidence; gives the mean confidence of each row's events.
     source : str
         Where the populations come from ("labels", "auto-gate (model ...)"), copied to each row.
     known : population names of the model beside those present (see ``counted_cells``).
+    markers : the marker statistics' columns, when ``sample`` is given.
 
     Returns
     -------
-    DataFrame with :data:`BATCH_COLUMNS`.
+    DataFrame with :data:`BATCH_COLUMNS` (then the marker statistics' columns).
     """
     import pandas as pd
 
     from gating_core.autogates import counted_cells
+    from gating_core.marker_stats import MarkerStatistics
 
     conf = None if confidence is None else np.asarray(confidence, dtype=np.float64)
     if populations is None and (tree is None or not len(tree)):
         raise ValueError(f"{patient}: neither populations nor a gate tree to count")
     rows = []
+    stats = MarkerStatistics.of_sample(sample, sample_channel_label) if markers and sample is not None else None
 
     def row(name, parent, depth, cells, parent_count, total, counted_by):
         count = int(np.count_nonzero(cells))
@@ -79,7 +85,7 @@ def population_rows(patient: str, populations=None, *, tree=None, sample=None, m
                      "% of parent": 100.0 * count / parent_count if parent_count else 0.0,
                      "% of total": 100.0 * count / total if total else 0.0,
                      "mean confidence": float(conf[cells].mean()) if conf is not None and count else math.nan,
-                     "counted by": counted_by})
+                     "counted by": counted_by, **(stats(cells) if stats is not None else {})})
 
     labels = None if populations is None else np.asarray(populations).astype(str)
     names = []
@@ -105,7 +111,7 @@ def population_rows(patient: str, populations=None, *, tree=None, sample=None, m
         order = sorted(range(len(left)), key=lambda i: (left[i].casefold() in unassigned, -counts[i], left[i]))
         for i in order:
             row(str(left[i]), None, 1, labels == left[i], total, total, "labels")
-    return pd.DataFrame(rows, columns=BATCH_COLUMNS)
+    return pd.DataFrame(rows, columns=BATCH_COLUMNS + (stats.columns if stats is not None else []))
 
 
 def batch_table(entries):
@@ -425,8 +431,9 @@ def patient_report_html(patient: str, sample, populations, *, confidence=None, n
     if tree is not None and len(tree) and memberships is None:
         memberships = tree.memberships(sample)
     generated = generated or _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    # the marker statistics stay in the batch table and the statistics CSV: a page holds the counts
     table = population_rows(patient, populations, tree=tree, sample=sample, memberships=memberships,
-                            confidence=confidence, source=source, known=known)
+                            confidence=confidence, source=source, known=known, markers=False)
     counted = None
     if tree is not None and len(tree):
         from gating_core.autogates import counted_cells

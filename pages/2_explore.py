@@ -1,13 +1,15 @@
-"""Explore: scatter projections and histograms of any channels, several patients side by side."""
+"""Explore: scatter projections of any channels, several patients side by side; one marker's histograms
+overlaid across patients."""
 
 import numpy as np
 import streamlit as st
 
 from gating_core.gates import AxisScale
 from gating_core.plotting import population_colors
-from ui import cache, charts
+from ui import cache, charts, explore_view
 from ui.app_state import common_channels
-from ui.common import channel_label, default_xy, get_store, require_patients, scale_select, transform_editor
+from ui.common import (axis_range_editor, channel_label, default_xy, get_store, plot_range, require_patients,
+                       scale_select, transform_editor)
 
 store = get_store()
 st.title("Explore the cells")
@@ -54,8 +56,8 @@ def scatter_section():
                     key="ex_mode", help="Population colors need labels, drawn gates or an auto-gate result. "
                     "Population dots: a random subsample of events as dots, slower to draw.")
 
-    x_range = cache.shared_range(tokens, x_ch, x_scale, samples)
-    y_range = cache.shared_range(tokens, y_ch, y_scale, samples)
+    x_range = plot_range(store, tokens, x_ch, x_scale, samples)
+    y_range = plot_range(store, tokens, y_ch, y_scale, samples)
 
     panels = []
     populations = {}
@@ -98,14 +100,7 @@ def scatter_section():
 
 scatter_section()
 
-st.subheader("Histogram")
-h1, h2 = st.columns([2, 1])
-h_ch = h1.selectbox("Channel", channels, index=xi, format_func=lambda c: channel_label(first, c), key="ex_h")
-h_scale = scale_select(h2, "Transform", h_ch, "ex_hs", store)
-h_range = cache.shared_range(tokens, h_ch, h_scale, samples)
-hist_panels = [{"title": r.name, "hist": cache.histogram(r.token, h_ch, h_scale, h_range, 200, r.sample)}
-               for r in records]
-st.plotly_chart(charts.histogram_panels(hist_panels, AxisScale.from_dict(h_scale), h_range,
-                                        channel_label(first, h_ch)), width="stretch", key="explore_hist")
+explore_view.overlay_section(store, names, chosen, xi)
 
 transform_editor(store, channels, first, "ex_tf")
+axis_range_editor(store, channels, first, "ex_ar", tokens, samples)

@@ -7,8 +7,8 @@ from gating_core.gates import (AxisScale, Gate, GateError, GateTree, boolean_gat
                                range_gate, rectangle_gate)
 from ui import cache, charts, gate_view
 from ui.app_state import shape_from_selection
-from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, require_patients,
-                       scale_select, show_label_change, transform_editor)
+from ui.common import (axis_range_editor, channel_label, confirm_action, default_xy, get_store, label_versions,
+                       plot_range, require_patients, scale_select, show_label_change, transform_editor)
 
 ALL = gate_view.ALL
 store = get_store()
@@ -18,7 +18,8 @@ st.caption("Label a patient by hand: choose a population in the tree (its parent
            "top right of the chart), split it into **quadrants**, cut a **range** on a histogram or combine "
            "populations with **AND / OR / NOT**. Gates nest: a gate drawn on a parent population only keeps "
            "the parent's cells. The leaf gates, plus `other` for every cell outside them, become the "
-           "patient's training labels.")
+           "patient's training labels. After zooming or panning, pick the lasso or box in the toolbar again to "
+           "draw; a double click on the plot shows it whole again.")
 if not require_patients(store):
     st.stop()
 
@@ -77,8 +78,8 @@ def gating_section():
 
     tokens = (record.token,)
     x_scale, y_scale = AxisScale.from_dict(x_scale_d), AxisScale.from_dict(y_scale_d)
-    x_range = cache.shared_range(tokens, x_ch, x_scale_d, [sample])
-    y_range = cache.shared_range(tokens, y_ch, y_scale_d, [sample])
+    x_range = plot_range(store, tokens, x_ch, x_scale_d, [sample])
+    y_range = plot_range(store, tokens, y_ch, y_scale_d, [sample])
     mask_key = f"{tree_json}|{parent}" if parent_mask is not None else ""
     grid = cache.density(record.token, mask_key, x_ch, y_ch, x_scale_d, y_scale_d, x_range, y_range, 200, sample,
                          _mask=parent_mask)
@@ -103,7 +104,8 @@ def gating_section():
         values = cache.display_values(record.token, x_ch, x_scale_d, sample)
         fig = charts.range_histogram(values if parent_mask is None else values[parent_mask], x_range, x_scale, x_label,
                                      ranges=gate_view.ranges_on(tree, parent_gate, x_ch, sample, x_scale),
-                                     pending=pending_range if pending_range[0] < pending_range[1] else None)
+                                     pending=pending_range if pending_range[0] < pending_range[1] else None,
+                                     selectable=True)
         st.plotly_chart(fig, width="stretch", key=chart_key, on_select="rerun", selection_mode="box",
                         config={"displaylogo": False})
         event = None
@@ -127,8 +129,7 @@ def gating_section():
             charts.add_quadrant_lines(fig, pending_split, {}, x_range, y_range, color=charts.FOCUS_COLOR, dash="dash")
         chart_key = f"gate_chart_{state.gate_chart_version}_{patient}_{x_ch}_{y_ch}_{x_kind}_{y_kind}_{parent}"
         event = st.plotly_chart(fig, width="stretch", key=chart_key, on_select="rerun",
-                                selection_mode=("lasso", "box"),
-                                config={"modeBarButtonsToAdd": ["lasso2d", "select2d"], "displaylogo": False})
+                                selection_mode=("lasso", "box"), config={"displaylogo": False})
 
     # The latest box or lasso becomes the pending shape (display coordinates of these axes).
     shape = shape_from_selection(getattr(event, "selection", None) if event is not None else None)
@@ -389,6 +390,7 @@ if len(tree):
                 st.rerun()
 
 if len(tree):
-    gate_view.backgating_section(record, tree, masks, focus if focus != ALL else None)
+    gate_view.backgating_section(record, tree, masks, focus if focus != ALL else None, store.axis_ranges)
 
 transform_editor(store, channels, sample, "g_tf")
+axis_range_editor(store, channels, sample, "g_ar", (record.token,), [sample])

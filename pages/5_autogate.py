@@ -9,7 +9,7 @@ from gating_core.plotting import population_colors
 from ui import autogate_view, cache, charts, exports
 from ui.app_state import missing_model_channels, shape_from_selection
 from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, model_offers,
-                       model_picker, refresh_status, require_patients, scale_select, show_label_change)
+                       model_picker, plot_range, refresh_status, require_patients, scale_select, show_label_change)
 from ui.training import is_transductive, refit_caption
 
 LOW = "low confidence"
@@ -97,8 +97,8 @@ with right:
     highlight = st.checkbox("Highlight low-confidence cells on the plot", key="ag_highlight")
 
 tokens = (record.token,)
-x_range = cache.shared_range(tokens, x_ch, x_scale_d, [sample])
-y_range = cache.shared_range(tokens, y_ch, y_scale_d, [sample])
+x_range = plot_range(store, tokens, x_ch, x_scale_d, [sample])
+y_range = plot_range(store, tokens, y_ch, y_scale_d, [sample])
 idx = cache.dots(record.token, sample.n_events)
 shown = populations[idx].astype(object)
 plot_colors = dict(colors)
@@ -194,7 +194,7 @@ st.subheader("Populations")
 stats = exports.statistics(record.populations_token, record)
 st.dataframe(stats.drop(columns=["patient"]), hide_index=True, width="stretch",
              column_config={c: st.column_config.NumberColumn(format="%.1f") for c in stats.columns
-                            if c.startswith(("%", "median"))} | {
+                            if c.startswith(("%", "median", "geometric mean", "CV"))} | {
                  "count": st.column_config.NumberColumn(format="%d"),
                  "mean confidence": st.column_config.NumberColumn(format="%.3f")})
 
@@ -257,7 +257,8 @@ if keyword_note:
 st.subheader("Reports", anchor="reports")
 st.caption("The batch table: every patient x population with its parent, count, % of parent and % of total "
            "(the gates depth-first under their parent gate when the patient has gates, then the populations no "
-           "gate names, under all events). Every count comes from the reviewed cells, as in the gated CSV and "
+           "gate names, under all events), then each marker's median, geometric mean and CV (%) over the cells "
+           "counted. Every count comes from the reviewed cells, as in the gated CSV and "
            "the statistics. The report: one self-contained HTML page per patient (plots with gates, the table, "
            "novelty, confidence, compensation and QC flags), to print or archive.")
 with_labeled = st.checkbox("Include the labeled (historical) patients in the batch table", key="rp_labeled")
@@ -273,8 +274,11 @@ r[1].download_button(f"Report of {patient} (HTML)", data=report or b"", disabled
 if report_failure:
     st.error(f"The report of {patient} cannot be written: {report_failure}")
 with st.expander("Batch table"):
-    st.dataframe(exports.batch_frame(batch_records), hide_index=True, width="stretch", key="rp_batch_table",
-                 column_config={"% of parent": st.column_config.NumberColumn(format="%.1f"),
+    batch = exports.batch_frame(batch_records)
+    st.dataframe(batch, hide_index=True, width="stretch", key="rp_batch_table",
+                 column_config={c: st.column_config.NumberColumn(format="%.1f") for c in batch.columns
+                                if c.startswith(("median", "geometric mean", "CV"))} | {
+                                "% of parent": st.column_config.NumberColumn(format="%.1f"),
                                 "% of total": st.column_config.NumberColumn(format="%.2f"),
                                 "mean confidence": st.column_config.NumberColumn(format="%.3f"),
                                 "count": st.column_config.NumberColumn(format="%d")})

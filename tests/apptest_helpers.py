@@ -102,3 +102,53 @@ def train_on_the_page(at: AppTest, choices=(), hand=None,
     assert not at.error, [e.value for e in at.error]
     assert at.success and at.success[0].value.startswith("Trained")
     return at
+
+
+def drawing_charts(at: AppTest) -> list[dict]:
+    """Every chart of the page on which a selection can be drawn: its figure (``spec``), its
+    Plotly config, the selection modes Streamlit reports, and the selection buttons the
+    browser's toolbar shows on it (:func:`toolbar_selection_buttons`)."""
+    import json
+
+    from streamlit.proto.PlotlyChart_pb2 import PlotlyChart
+
+    names = {PlotlyChart.SelectionMode.BOX: "box", PlotlyChart.SelectionMode.LASSO: "lasso",
+             PlotlyChart.SelectionMode.POINTS: "points"}
+    charts = []
+    for chart in at.get("plotly_chart"):
+        modes = {names[m] for m in chart.proto.selection_mode}
+        if not modes:
+            continue
+        spec, config = json.loads(chart.proto.spec), json.loads(chart.proto.config or "{}")
+        charts.append({"spec": spec, "config": config, "modes": modes,
+                       "buttons": toolbar_selection_buttons(spec, config, modes)})
+    return charts
+
+
+def toolbar_selection_buttons(spec: dict, config: dict, modes: set) -> set:
+    """The selection buttons ("lasso2d", "select2d") of a chart's toolbar in the browser.
+
+    plotly.js (``src/components/modebar/manage.js``) adds both only when some trace can hold
+    selected points -- a scatter-like trace drawing markers or text, a box or violin drawing all
+    its points, or another type that selects points (a bar, a histogram) --, never for a
+    heatmap or an image alone, and ``config["modeBarButtonsToAdd"]`` cannot add them; Streamlit
+    then removes the button of each selection mode the chart was not given, and any the config
+    removes."""
+    selectable = False
+    for trace in spec.get("data", []):
+        kind = trace.get("type", "scatter")
+        if kind in ("scatter", "scattergl", "scatterpolar", "scatterternary", "scattergeo", "scattermap"):
+            mode = trace.get("mode", "lines")
+            selectable |= "markers" in mode or "text" in mode
+        elif kind in ("box", "violin"):
+            selectable |= trace.get("boxpoints", trace.get("points")) == "all"
+        elif kind in ("bar", "histogram", "scattercarpet", "splom", "parcats"):
+            selectable = True
+    if not selectable:
+        return set()
+    shown = {"lasso2d", "select2d"}
+    if "lasso" not in modes:
+        shown.discard("lasso2d")
+    if "box" not in modes:
+        shown.discard("select2d")
+    return shown - set(config.get("modeBarButtonsToRemove", []))

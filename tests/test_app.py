@@ -127,7 +127,7 @@ def test_explore_density_counts_all_events_and_population_view(library):
         assert counts[name].loc[expected.index].tolist() == expected.tolist()
     # The population view colours the scatter only: the histogram section below stays, one curve
     # of all events per chosen patient.
-    assert "Histogram" in [s.value for s in at.subheader]
+    assert "Overlaid histograms" in [s.value for s in at.subheader]
     histogram = plotly_spec(at, 1)
     assert all(t["type"] == "scatter" and t["mode"] == "lines" for t in histogram["data"])
     assert sorted(t["name"] for t in histogram["data"]) == sorted(chosen)

@@ -201,9 +201,11 @@ def test_the_population_tree_drives_the_plot_and_backgating_colours_ancestors(ga
     spec = json.loads(at.get("plotly_chart")[0].proto.spec)
     labels = {a["text"] for a in spec["layout"]["annotations"]}
     assert {"<b>CD4+ CD8-</b>", "<b>CD4- CD8+</b>"} <= labels
-    # The density alone: Plotly reports a lasso over a heatmap, so no points are drawn under it
-    # (WebGL points cost the browser half a second per redraw without a GPU).
-    assert [t["type"] for t in spec["data"]] == ["heatmap"]
+    # The density, and only two transparent markers for the toolbar's lasso and box: Plotly
+    # reports a lasso over a heatmap, so no points are drawn under it (WebGL points cost the
+    # browser half a second per redraw without a GPU).
+    assert [t["type"] for t in spec["data"]] == ["heatmap", "scatter"]
+    assert spec["data"][1]["name"] == "selection tools" and len(spec["data"][1]["x"]) == 2
     assert spec["layout"]["dragmode"] == "lasso"
     # Choosing the range gate opens the histogram of all events' CD3.
     at.selectbox(key="gate_focus").set_value("CD3+")

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from apptest_helpers import goto, start, store_of, train_quick_model
+from apptest_helpers import drawing_charts, goto, start, store_of, train_quick_model
 from gating_core.gates import GateTree, quadrant_gates, range_gate
 
 NEW = "new_patient_01"
@@ -115,6 +115,12 @@ def test_moving_a_vertex_relabels_only_the_cells_it_moves(loaded):
     tree = GateTree.from_dict(record.autogates["tree"])
     at.selectbox(key=f"ag_edit_gate_{NEW}").set_value("Lymphocytes")
     run(at)
+    # both plots a selection is drawn on (the correction's, the gate's parent's) offer the lasso
+    # and the box in their toolbar, the lasso chosen
+    drawing = drawing_charts(at)
+    assert len(drawing) == 2
+    assert all(c["buttons"] == {"lasso2d", "select2d"} and c["spec"]["layout"]["dragmode"] == "lasso"
+               for c in drawing)
     vertices = np.asarray(tree["Lymphocytes"].vertices)
     inward = vertices[0] + 0.3 * (vertices.mean(axis=0) - vertices[0])
     at.number_input(key=f"ag_vx_{NEW}_Lymphocytes_1").set_value(float(inward[0]))

@@ -8,6 +8,7 @@ to test-artifacts/.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import socket
@@ -61,11 +62,13 @@ def library_with_patients(tmp_path, sample_data_dir):
     return path
 
 
-@pytest.fixture
-def app_url(library_with_patients, tmp_path):
+@contextlib.contextmanager
+def serving_app(library: Path, log_path: Path):
+    """`streamlit run app.py` on a free port of localhost with the patient library ``library``,
+    its output in ``log_path``; yields the app's address once it answers, stops it after."""
     port = free_port()
-    env = dict(os.environ, GATING_LIBRARY=str(library_with_patients), PYTHONPATH=str(REPO))
-    log = open(tmp_path / "streamlit.log", "w")
+    env = dict(os.environ, GATING_LIBRARY=str(library), PYTHONPATH=str(REPO))
+    log = open(log_path, "w")
     proc = subprocess.Popen(
         [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), "--server.headless", "true",
          "--server.address", "localhost", "--browser.gatherUsageStats", "false",
@@ -82,7 +85,7 @@ def app_url(library_with_patients, tmp_path):
             except OSError:
                 time.sleep(0.5)
         else:
-            pytest.fail("streamlit did not start: " + (tmp_path / "streamlit.log").read_text()[-2000:])
+            pytest.fail("streamlit did not start: " + log_path.read_text()[-2000:])
         yield url
     finally:
         proc.terminate()
@@ -91,6 +94,12 @@ def app_url(library_with_patients, tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
         log.close()
+
+
+@pytest.fixture
+def app_url(library_with_patients, tmp_path):
+    with serving_app(library_with_patients, tmp_path / "streamlit.log") as url:
+        yield url
 
 
 @pytest.fixture

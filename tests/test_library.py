@@ -408,6 +408,19 @@ def test_display_transforms_are_kept_and_a_damaged_file_reads_as_none(tmp_path):
     assert library.check() == []
 
 
+def test_axis_ranges_are_kept_and_a_damaged_entry_is_left_out(tmp_path):
+    library = PatientLibrary(tmp_path / "lib")
+    assert library.load_axis_ranges() == {}
+    library.save_axis_ranges({"FL1-A": (-200, 1e5), "FSC-A": [0.0, 250000.0]})
+    assert PatientLibrary(tmp_path / "lib").load_axis_ranges() == {"FL1-A": (-200.0, 1e5), "FSC-A": (0.0, 250000.0)}
+    (tmp_path / "lib" / PatientLibrary.AXIS_RANGES_FILE).write_text(
+        '{"A": [1, 2], "B": [2, 1], "C": "wide", "D": [1, null], "E": [0, Infinity]}')
+    assert library.load_axis_ranges() == {"A": (1.0, 2.0)}
+    (tmp_path / "lib" / PatientLibrary.AXIS_RANGES_FILE).write_text("[1, 2")
+    assert library.load_axis_ranges() == {}
+    assert library.check() == []
+
+
 # ---------------------------------------------------------------------------- bad input
 
 def test_duplicate_patient_names_are_refused_and_change_nothing(tmp_path):

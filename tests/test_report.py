@@ -228,3 +228,76 @@ def test_svg_histogram_bands_are_placed_on_the_axis():
     root = ET.fromstring(svg)
     band = [e for e in root.iter() if e.tag.endswith("rect") and e.get("fill-opacity") == "0.12"][0]
     assert band.get("x") == "48.0" and band.get("width") == "151.0"   # 0..5 of 0..10 over 302 px
+
+
+def _small_sample():
+    """Nine events of a flow panel (so arcsinh cofactor 150): FSC-A, CD4 on FL1-A, and Time."""
+    from gating_core.fcs import Channel
+
+    events = np.array([[100.0, 1.0, 0], [200.0, 2.0, 1], [400.0, 4.0, 2],             # x
+                       [1e3, -50.0, 3], [1e4, 0.0, 4], [1e5, 50.0, 5], [5e4, 1000.0, 6],  # y
+                       [300.0, -10.0, 7], [300.0, 5.0, 8]])                              # w
+    sample = Sample("s", events, [Channel("FSC-A"), Channel("FL1-A", "CD4"), Channel("Time")])
+    return sample, np.array(["x"] * 3 + ["y"] * 4 + ["w"] * 2)
+
+
+def test_each_row_has_the_median_geometric_mean_and_cv_of_every_marker():
+    """Exact values on a small known sample. The geometric mean is 150 sinh(mean(arcsinh(x / 150))):
+    close to exp(mean(log x)) for cells well above the cofactor, defined at zero and below."""
+    sample, labels = _small_sample()
+    rows = population_rows("s", labels, sample=sample)
+    markers = ["FSC-A", "CD4 (FL1-A)"]
+    assert list(rows.columns) == BATCH_COLUMNS + [f"{s} {m}" for s in ("median", "geometric mean", "CV")
+                                                  for m in markers]  # no Time
+    rows = rows.set_index("population")
+    assert rows["count"].to_dict() == {"y": 4, "x": 3, "w": 2}
+    x, y, w = rows.loc["x"], rows.loc["y"], rows.loc["w"]
+    assert (x["median FSC-A"], x["median CD4 (FL1-A)"]) == (200.0, 2.0)
+    assert x["CV FSC-A"] == pytest.approx(65.4653670707977, rel=1e-12)      # SD (n - 1) / mean, in %
+    assert x["CV CD4 (FL1-A)"] == pytest.approx(65.4653670707977, rel=1e-12)
+    assert x["geometric mean FSC-A"] == pytest.approx(211.48502167071024, rel=1e-12)  # 200 by logs
+    assert x["geometric mean CD4 (FL1-A)"] == pytest.approx(2.333247219443062, rel=1e-12)  # far below 150
+    assert (y["median FSC-A"], y["median CD4 (FL1-A)"]) == (30000.0, 25.0)
+    assert y["geometric mean FSC-A"] == pytest.approx(14974.200913214592, rel=1e-12)  # 14,953.5 by logs
+    assert y["geometric mean CD4 (FL1-A)"] == pytest.approx(104.32229524536234, rel=1e-12)  # values <= 0 too
+    assert y["CV FSC-A"] == pytest.approx(112.22143260690024, rel=1e-12)
+    assert y["CV CD4 (FL1-A)"] == pytest.approx(200.6655592438988, rel=1e-12)
+    assert w["geometric mean FSC-A"] == pytest.approx(300.0, rel=1e-12) and w["CV FSC-A"] == 0.0
+    assert w["geometric mean CD4 (FL1-A)"] == pytest.approx(-2.4968817096105473, rel=1e-12)
+    assert np.isnan(w["CV CD4 (FL1-A)"])  # a mean at or below zero: no CV
+    # a gate's row: the statistics of the cells it counts
+    tree = GateTree([rectangle_gate("big", "FSC-A", "FL1-A", (5e3, 2e5), (-100.0, 2000.0))])
+    gated = population_rows("s", labels, tree=tree, sample=sample).set_index("population")
+    assert gated.loc["big", "count"] == 3 and gated.loc["big", "median FSC-A"] == 5e4
+    # the report's own table keeps to the counts; no events, no marker columns
+    assert list(population_rows("s", labels).columns) == BATCH_COLUMNS
+    assert "median FSC-A" not in patient_report_html("s", sample, labels)
+
+
+def test_marker_statistics_of_bright_cells_are_their_geometric_mean_and_empty_cells_have_none():
+    from gating_core.marker_stats import MarkerStatistics
+
+    stats = MarkerStatistics(np.array([[1e3], [1e4], [1e5]]), ["CD4"], [5.0])  # a mass cytometer's cofactor
+    values = stats(np.ones(3, bool))
+    assert values["geometric mean CD4"] == pytest.approx(1e4, rel=3e-6)
+    assert values["median CD4"] == 1e4
+    empty = stats(np.zeros(3, bool))
+    assert all(np.isnan(v) for v in empty.values()) and list(empty) == stats.columns
+    one = stats(np.array([True, False, False]))
+    assert one["median CD4"] == 1e3 and one["geometric mean CD4"] == pytest.approx(1e3) and np.isnan(one["CV CD4"])
+    with pytest.raises(ValueError):
+        MarkerStatistics(np.zeros((3, 2)), ["A"], [5.0])
+
+
+def test_statistics_table_holds_the_same_marker_statistics():
+    from gating_core.marker_stats import MarkerStatistics
+    from gating_core.plotting import population_table, sample_channel_label
+
+    sample, labels = _small_sample()
+    markers = MarkerStatistics.of_sample(sample, sample_channel_label)
+    assert markers.labels == ["FSC-A", "CD4 (FL1-A)"] and markers.cofactors.tolist() == [150.0, 150.0]
+    table = population_table(markers.events, markers.labels, labels, cofactors=markers.cofactors)
+    rows = population_rows("s", labels, sample=sample)
+    columns = markers.columns
+    pd.testing.assert_frame_equal(table.set_index("population")[columns].sort_index(),
+                                  rows.set_index("population")[columns].sort_index())

@@ -10,7 +10,7 @@ from gating_core.autogates import agreement, counted_cells, fit_gate_tree
 from gating_core.gates import Band, GateError, GateTree, Region, Split
 from ui import cache, charts
 from ui.app_state import autogate_templates, shape_from_selection
-from ui.common import channel_label
+from ui.common import channel_label, plot_range
 
 ALL = "all events"
 
@@ -60,10 +60,17 @@ def _plot_groups(tree: GateTree) -> dict:
 class GateFigures:
     """Plots of one patient's gates: each on its parent's events, as the reviewer adjusts them."""
 
-    def __init__(self, record, tree: GateTree, masks: dict, counted: dict):
+    def __init__(self, record, tree: GateTree, masks: dict, counted: dict, store=None):
         self.record, self.tree, self.masks, self.counted = record, tree, masks, counted
         self.sample = record.sample
         self.tree_json = tree.to_json()
+        self.store = store  # its axis ranges set by hand, when given
+
+    def _range(self, channel, scale: dict) -> tuple:
+        pnn = self.sample.pnn[self.sample.channel_index(channel)]
+        if self.store is not None:
+            return plot_range(self.store, (self.record.token,), pnn, scale, [self.sample])
+        return cache.shared_range((self.record.token,), pnn, scale, [self.sample])
 
     def _parent_mask(self, parent):
         return self.masks[parent] if parent is not None else None
@@ -74,8 +81,7 @@ class GateFigures:
             return self._histogram(parent, gates, title, height)
         record, sample = self.record, self.sample
         xs_d, ys_d = first.x_scale.to_dict(), first.y_scale.to_dict()
-        xr = cache.shared_range((record.token,), first.x_channel, xs_d, [sample])
-        yr = cache.shared_range((record.token,), first.y_channel, ys_d, [sample])
+        xr, yr = self._range(first.x_channel, xs_d), self._range(first.y_channel, ys_d)
         pmask = self._parent_mask(parent)
         grid = cache.density(record.token, f"{self.tree_json}|{parent}" if pmask is not None else "",
                              first.x_channel, first.y_channel, xs_d, ys_d, xr, yr, 150, sample, _mask=pmask)
@@ -102,7 +108,7 @@ class GateFigures:
         record, sample = self.record, self.sample
         first = gates[0]
         xs_d = first.x_scale.to_dict()
-        xr = cache.shared_range((record.token,), first.x_channel, xs_d, [sample])
+        xr = self._range(first.x_channel, xs_d)
         values = cache.display_values(record.token, first.x_channel, xs_d, sample)
         pmask = self._parent_mask(parent)
         fig = charts.range_histogram(values if pmask is None else values[pmask], xr, first.x_scale,
@@ -318,7 +324,7 @@ def gates_section(store, patient: str, record, model, populations) -> GateTree |
                                 "in gate": st.column_config.NumberColumn(format="%d")})
     if state.get("ag_gate_message"):
         st.success(state.pop("ag_gate_message"))
-    figures = GateFigures(record, tree, masks, counted)
+    figures = GateFigures(record, tree, masks, counted, store)
     figures.draw_all(f"ag_tree_{state.ag_chart_version}_{patient}")
     adjust_section(store, patient, record, tree, figures)
     return tree

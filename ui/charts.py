@@ -35,8 +35,9 @@ def scatter_panels(panels, x_scale, y_scale, x_range, y_range, x_title, y_title,
         ``populations`` (the names of ``counts``' first axis) for population bins; ``x``, ``y``,
         ``populations`` (display subsample) for population (dots).
     colors : dict population name -> ``#rrggbb``; its order is the legend's.
-    selectable : the lasso is the drag mode. A density plot needs no points under it for
-        that: Plotly reports the drawn lasso or box over a heatmap too, and the gate is the
+    selectable : the lasso is the drag mode, and the toolbar offers the lasso and the box (see
+        :func:`add_selection_anchor`). A density plot needs no points under it for the selection
+        itself: Plotly reports the drawn lasso or box over a heatmap too, and the gate is the
         drawn path. (An invisible WebGL layer of 20,000 dots used to be drawn for it; it cost
         the browser 0.4-0.6 s a redraw without a GPU, against 0.07 s for the heatmap alone.)
     """
@@ -84,9 +85,33 @@ def scatter_panels(panels, x_scale, y_scale, x_range, y_range, x_title, y_title,
                 # no point to draw (x, y None), but a legend entry in the population's colour
                 fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=name, hoverinfo="skip",
                                          marker=dict(size=10, color=color, symbol="square")), row=1, col=1)
+    if selectable:
+        for col in range(1, n + 1):
+            add_selection_anchor(fig, x_range, y_range, row=1, col=col)
     _axes(fig, x_scale, y_scale, x_range, y_range, x_title, y_title, n_cols=max(n, 1))
     fig.update_layout(height=height, margin=dict(l=60, r=20, t=40, b=50), plot_bgcolor="white",
                       legend=legend, dragmode="lasso" if selectable else "zoom")
+    return fig
+
+
+#: The name of the trace :func:`add_selection_anchor` adds (tests look for it).
+SELECTION_ANCHOR = "selection tools"
+
+
+def add_selection_anchor(fig, x_range, y_range=None, row=None, col=None):
+    """Two transparent markers at the plot's corners, so that the toolbar offers the lasso and
+    the box. Plotly shows those two buttons only when some trace can hold selected points (a
+    trace with markers); a density heatmap, a population image or a histogram line has none, and
+    ``config["modeBarButtonsToAdd"]`` cannot add them back (plotly.js drops those names). Without
+    the buttons, a user who picked Zoom or Pan had no way back to drawing a gate but a reload.
+    ``y_range`` None: a histogram, whose markers sit on the x axis (y 0)."""
+    ys = [0.0, 0.0] if y_range is None else [float(y_range[0]), float(y_range[1])]
+    trace = go.Scatter(x=[float(x_range[0]), float(x_range[1])], y=ys, mode="markers", name=SELECTION_ANCHOR,
+                       marker=dict(size=1, opacity=0), hoverinfo="skip", showlegend=False)
+    if row is None:
+        fig.add_trace(trace)
+    else:
+        fig.add_trace(trace, row=row, col=col)
     return fig
 
 
@@ -183,6 +208,41 @@ def histogram_panels(panels, scale, value_range, title, height=320):
     return fig
 
 
+def overlay_histogram(curves, scale, value_range, title, y_scale="% of mode", stagger=False, height=380):
+    """Histograms of one channel overlaid, one line per curve ({"name", "counts", "centers"}).
+
+    y_scale : "% of mode" (each curve's highest bin is 100, FlowJo's "normalized to mode"),
+        "% of cells" (each curve's bins sum to 100 over the range) or "cells" (counts).
+    stagger : each curve drawn above the one before by 60% of the tallest curve, FlowJo's
+        offset overlay: many patients stay readable; the y axis then reads per curve only.
+    """
+    fig = go.Figure()
+    heights = []
+    scaled = []
+    for curve in curves:
+        counts = np.asarray(curve["counts"], dtype=np.float64)
+        if y_scale == "% of mode":
+            values = 100.0 * counts / max(counts.max(initial=0.0), 1.0)
+        elif y_scale == "% of cells":
+            values = 100.0 * counts / max(counts.sum(), 1.0)
+        else:
+            values = counts
+        scaled.append(values)
+        heights.append(values.max(initial=0.0))
+    step = 0.6 * max(heights, default=0.0) if stagger else 0.0
+    for k, (curve, values) in enumerate(zip(curves, scaled)):
+        base = k * step
+        fig.add_trace(go.Scatter(x=curve["centers"], y=values + base, mode="lines", name=curve["name"],
+                                 line=dict(width=2, shape="hvh"), hovertemplate=f"{curve['name']}<extra></extra>"))
+    xv, xt = plotting.raw_ticks(scale, *value_range)
+    fig.update_xaxes(range=list(value_range), tickvals=xv, ticktext=xt, title_text=title)
+    fig.update_yaxes(title_text=y_scale + (" (curves offset)" if stagger else ""), rangemode="tozero",
+                     showticklabels=not stagger)
+    fig.update_layout(height=height, margin=dict(l=60, r=20, t=20, b=50), plot_bgcolor="white",
+                      legend=dict(traceorder="reversed" if stagger else "normal"))
+    return fig
+
+
 def confidence_histogram(confidence, threshold, height=280):
     """Histogram of per-cell confidence; bars below ``threshold`` in red."""
     counts, edges = np.histogram(np.asarray(confidence, dtype=float), bins=40, range=(0, 1))
@@ -223,12 +283,14 @@ def add_quadrant_lines(fig, point, labels, x_range, y_range, color=QUADRANT_COLO
 
 
 def range_histogram(values, value_range, scale: AxisScale, title, ranges=(), pending=None, highlight=None,
-                    bins=200, height=420):
+                    bins=200, height=420, selectable=False):
     """Histogram of one channel's display values (the parent population), with range gates.
 
     ranges : list of (name, low, high) in the figure's display coordinates, shaded and named.
     pending : (low, high) or None, the range being drawn (dashed).
     highlight : display values of a population to draw on top (back-gating), or None.
+    selectable : a range is dragged across it: the box is the drag mode (horizontal only) and
+        the toolbar offers it (:func:`add_selection_anchor`); otherwise dragging zooms.
     """
     counts, centers = plotting.histogram_1d(np.asarray(values, dtype=float), value_range, bins=bins)
     fig = go.Figure(go.Scatter(x=centers, y=counts, mode="lines", name="events", line=dict(width=2, shape="hvh",
@@ -246,8 +308,10 @@ def range_histogram(values, value_range, scale: AxisScale, title, ranges=(), pen
     xv, xt = plotting.raw_ticks(scale, *value_range)
     fig.update_xaxes(range=list(value_range), tickvals=xv, ticktext=xt, title_text=title)
     fig.update_yaxes(title_text="events", rangemode="tozero")
+    if selectable:
+        add_selection_anchor(fig, value_range)
     fig.update_layout(height=height, margin=dict(l=60, r=20, t=20, b=50), plot_bgcolor="white", showlegend=False,
-                      dragmode="select", selectdirection="h")
+                      dragmode="select" if selectable else "zoom", selectdirection="h")
     return fig
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import streamlit as st
 
 from ui.store import Store
@@ -208,6 +209,63 @@ def transform_editor(store: Store, channels: list[str], sample, key: str) -> Non
             else:
                 store.set_panel_transform(channel, chosen)
                 st.rerun()
+
+
+def plot_range(store: Store, tokens: tuple, channel: str, scale: dict, samples) -> tuple:
+    """The display range of channel ``channel`` on a plot drawn with ``scale``: the range set by
+    hand for the panel (:meth:`Store.axis_range`, raw units mapped through ``scale``), else the
+    shared range of these patients' events."""
+    from gating_core.gates import AxisScale
+
+    limits = store.axis_range(channel)
+    if limits is None:
+        from ui import cache
+
+        return cache.shared_range(tokens, channel, scale, samples)
+    low, high = AxisScale.from_dict(scale).forward(np.array(limits, dtype=np.float64))
+    return float(low), float(high)
+
+
+def axis_range_editor(store: Store, channels: list[str], sample, key: str, tokens: tuple, samples) -> None:
+    """Set a channel's axis range by hand for the whole panel (raw units, FlowJo's axis minimum
+    and maximum), or give it back to its events' range. Every plot of the channel uses it, on
+    every patient and page, and the library keeps it."""
+    from gating_core.gates import AxisScale
+
+    with st.expander("Axis ranges (whole panel)"):
+        st.caption("Each channel is drawn over its events' range unless a range is set here, in raw instrument "
+                   "units; it holds for every patient, plot and page, and whatever the transform.")
+        if store.axis_ranges:
+            st.caption("Set by hand: " + "; ".join(
+                f"{channel_label(sample, c) if c in sample.pnn else c} {lo:.4g} to {hi:.4g}"
+                for c, (lo, hi) in sorted(store.axis_ranges.items())))
+        channel = st.selectbox("Channel", channels, format_func=lambda c: channel_label(sample, c),
+                               key=f"{key}_channel")
+        scale = store.panel_transform(channel)
+        current = store.axis_range(channel)
+        if current is None:
+            shown = AxisScale.from_dict(scale.to_dict()).inverse(
+                np.array(plot_range(store, tokens, channel, scale.to_dict(), samples)))
+        else:
+            shown = current
+        cols = st.columns([2, 2, 2, 2])
+        low = cols[0].number_input("From (raw units)", value=float(shown[0]), format="%.4g", key=f"{key}_lo_{channel}")
+        high = cols[1].number_input("To (raw units)", value=float(shown[1]), format="%.4g", key=f"{key}_hi_{channel}")
+        cols[2].write("")
+        if cols[2].button("Apply to every plot", key=f"{key}_apply"):
+            try:
+                store.set_axis_range(channel, (low, high))
+            except ValueError as exc:
+                st.error(str(exc))
+            else:
+                st.rerun()
+        cols[3].write("")
+        if cols[3].button("Automatic again", key=f"{key}_auto", disabled=current is None,
+                          help="Drawn over its events' range, as before it was set."):
+            store.set_axis_range(channel, None)
+            for k in (f"{key}_lo_{channel}", f"{key}_hi_{channel}"):
+                st.session_state.pop(k, None)
+            st.rerun()
 
 
 def default_xy(channels: list[str]) -> tuple[int, int]:

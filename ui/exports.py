@@ -53,12 +53,14 @@ def fcs_keyword_note(record) -> str | None:
 
 @st.cache_data(max_entries=32, show_spinner=False)
 def statistics(token: str, _record):
+    """Each population's count, shares, mean confidence and its markers' median, geometric mean
+    and CV (:mod:`gating_core.marker_stats`): the Populations table and the statistics CSV."""
+    from gating_core.marker_stats import MarkerStatistics
     from gating_core.plotting import sample_channel_label
 
-    sample = _record.sample
-    frame = population_table(sample.events, [sample_channel_label(sample, c) for c in sample.pnn],
-                             _record.populations,
-                             confidence=_confidence(_record))
+    markers = MarkerStatistics.of_sample(_record.sample, sample_channel_label)
+    frame = population_table(markers.events, markers.labels, _record.populations,
+                             confidence=_confidence(_record), cofactors=markers.cofactors)
     frame.insert(0, "patient", _record.name)
     return frame
 
@@ -109,7 +111,7 @@ def _population_entry(record) -> dict:
 
     result = record.load_result()
     tree = _gates_of(record)
-    entry = {"patient": record.name, "populations": record.populations}
+    entry = {"patient": record.name, "populations": record.populations, "sample": record.sample}
     if result is not None:
         entry.update(confidence=_confidence(record), source=f"auto-gate ({record.result_model or 'model'})"
                      + (", reviewed" if record.corrected is not None else ""))

@@ -85,8 +85,9 @@ def seed_range(state, range_key: str, chart_key: str, scale: AxisScale, raw_limi
         state[f"{range_key}_from"], state[f"{range_key}_to"] = float(low), float(high)
 
 
-def backgating_section(record, tree: GateTree, masks: dict, default: str | None) -> None:
-    """Back-gating: the chosen population coloured on top of each ancestor plot."""
+def backgating_section(record, tree: GateTree, masks: dict, default: str | None, axis_ranges=None) -> None:
+    """Back-gating: the chosen population coloured on top of each ancestor plot. ``axis_ranges``:
+    the panel's ranges set by hand ($PnN -> (low, high) raw units; :meth:`Store.axis_range`)."""
     from gating_core.backgating import backgating
 
     sample = record.sample
@@ -106,23 +107,32 @@ def backgating_section(record, tree: GateTree, masks: dict, default: str | None)
     columns = st.columns(min(len(shown), 3))
     tree_json = tree.to_json()
     for i, plot in enumerate(shown):
-        fig = _backgate_figure(record.token, tree_json, name, plot.gate, record, tree, plot)
+        limits = tuple((axis_ranges or {}).get(pnn_of(sample, c)) for c in (plot.x_channel, plot.y_channel) if c)
+        fig = _backgate_figure(record.token, tree_json, name, plot.gate, limits, record, tree, plot)
         columns[i % len(columns)].plotly_chart(fig, width="stretch", key=f"backgate_{i}_{name}_{plot.gate}",
                                                config={"displaylogo": False})
 
 
 @st.cache_resource(max_entries=64, show_spinner=False)
-def _backgate_figure(token: str, tree_json: str, population: str, gate_name: str, _record, _tree, _plot):
+def _backgate_figure(token: str, tree_json: str, population: str, gate_name: str, limits: tuple, _record, _tree,
+                     _plot):
     """The back-gating plot of ``population`` on the plot of ``gate_name``, built once per (events,
-    gate tree, population): Plotly figures cost ~50 ms each to build and the section is drawn on
-    every rerun of the page, whatever control changed. st.plotly_chart only reads the figure."""
+    gate tree, population, axis ranges set by hand): Plotly figures cost ~50 ms each to build and
+    the section is drawn on every rerun of the page, whatever control changed. st.plotly_chart
+    only reads the figure. ``limits``: the raw (low, high) set by hand of its x and y channels, or None."""
     record, tree, plot, name = _record, _tree, _plot, population
     sample = record.sample
+
+    def axis(pnn, scale, limit):
+        if limit is None:  # cached: not a million-event percentile per plot
+            return cache.shared_range((record.token,), pnn, scale, [sample])
+        low, high = AxisScale.from_dict(scale).forward(np.array(limit, dtype=np.float64))
+        return float(low), float(high)
+
     idx = cache.dots(record.token, sample.n_events, 8000)
     x_pnn, x_scale = pnn_of(sample, plot.x_channel), plot.x_scale.to_dict()
     x_all = cache.display_values(record.token, x_pnn, x_scale, sample)
-    # cached: not a million-event percentile per plot
-    x_range = cache.shared_range((record.token,), x_pnn, x_scale, [sample])
+    x_range = axis(x_pnn, x_scale, limits[0] if limits else None)
     title = f"{plot.gate} · on {plot.parent or ALL} · {plot.count:,} cells"
     if plot.y_channel is None:
         return charts.backgate_figure(title, x_all[plot.events], None, x_all[plot.highlight], None, plot.x_scale,
@@ -130,7 +140,7 @@ def _backgate_figure(token: str, tree_json: str, population: str, gate_name: str
                                       None, name, ranges=charts.gate_ranges([tree[plot.gate]]))
     y_pnn, y_scale = pnn_of(sample, plot.y_channel), plot.y_scale.to_dict()
     y_all = cache.display_values(record.token, y_pnn, y_scale, sample)
-    y_range = cache.shared_range((record.token,), y_pnn, y_scale, [sample])
+    y_range = axis(y_pnn, y_scale, limits[1] if len(limits) > 1 else None)
     keep = idx[plot.events[idx]]
     lit = idx[plot.highlight[idx]]
     fig = charts.backgate_figure(title, x_all[keep], y_all[keep], x_all[lit], y_all[lit], plot.x_scale,

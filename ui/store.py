@@ -50,6 +50,7 @@ class Store(LibraryView):
         self.session_name = session_name
         self.patients: dict[str, PatientRecord] = {}
         self.display_transforms: dict[str, AxisScale] = {}  # $PnN -> the panel's scale (see panel_transform)
+        self.axis_ranges: dict[str, tuple] = {}  # $PnN -> (low, high) raw units set by hand (see axis_range)
         self.models: dict[str, object] = {}
         self.model_ids: dict[str, str] = {}
         self.current_model: str | None = None
@@ -80,6 +81,7 @@ class Store(LibraryView):
         self.library_path = str(path)
         self.patients, self.models, self.model_ids, self.current_model = {}, {}, {}, None
         self.display_transforms, self.model_offers, self._unplaced_models = {}, [], []
+        self.axis_ranges = {}
         try:
             library = PatientLibrary(path)
             # Read before the catalog: a change committed meanwhile is taken up at the next sync.
@@ -96,6 +98,7 @@ class Store(LibraryView):
                 self.display_transforms[pnn] = AxisScale.from_dict(stored)
             except GateError as exc:
                 self.warnings.append(f"display transform of {pnn} could not be read ({exc})")
+        self.axis_ranges = library.load_axis_ranges()
         for minfo in model_infos:  # before the patients: their results name these models
             self._register_stored_model(minfo)
         for info in infos:
@@ -256,6 +259,24 @@ class Store(LibraryView):
         if self.library is not None:
             self._persist("display transforms", self.library.save_display_transforms,
                           {k: v.to_dict() for k, v in self.display_transforms.items()})
+
+    def axis_range(self, pnn: str) -> tuple | None:
+        """Channel ``pnn``'s axis range set by hand for the whole panel, (low, high) in raw
+        units, or None: drawn on its events' own range."""
+        return self.axis_ranges.get(pnn)
+
+    def set_axis_range(self, pnn: str, limits) -> None:
+        """Draw channel ``pnn`` from ``limits`` = (low, high), raw units, on every plot of the
+        panel (None: its events' own range again); saved in the library like the transforms."""
+        if limits is None:
+            self.axis_ranges.pop(pnn, None)
+        else:
+            low, high = float(limits[0]), float(limits[1])
+            if not (np.isfinite(low) and np.isfinite(high) and low < high):
+                raise ValueError(f"the axis range must go from a lower to a higher number, not {low:g} to {high:g}")
+            self.axis_ranges[pnn] = (low, high)
+        if self.library is not None:
+            self._persist("axis ranges", self.library.save_axis_ranges, dict(self.axis_ranges))
 
     def labeled(self) -> list[str]:
         return [n for n, p in self.patients.items() if p.is_labeled]

@@ -1,5 +1,5 @@
-"""Gates drawn in the app (one gate tree per patient) and the panel's display transforms they are
-drawn on.
+"""Gates drawn in the app (one gate tree per patient) and the panel's display transforms and
+axis ranges they are drawn on.
 
 Part of :class:`~gating_core.library.PatientLibrary` (a mixin: it uses the library's
 ``_connect``, ``_file_path`` and its sibling parts through ``self``)."""
@@ -7,6 +7,7 @@ Part of :class:`~gating_core.library.PatientLibrary` (a mixin: it uses the libra
 from __future__ import annotations
 
 import json
+import math
 
 from gating_core.library.common import LibraryError, _jsonable, _now
 import gating_core.library.catalog as catalog
@@ -29,6 +30,30 @@ class GatesMixin:
     def save_display_transforms(self, transforms: dict) -> None:
         """Store the per-channel display transforms ($PnN -> AxisScale dict)."""
         self._write_json(self.DISPLAY_TRANSFORMS_FILE, {str(k): dict(v) for k, v in transforms.items()})
+
+    AXIS_RANGES_FILE = "axis_ranges.json"
+
+    def load_axis_ranges(self) -> dict:
+        """The panel's axis ranges set by hand ($PnN -> (low, high) in raw units), as saved by
+        :meth:`save_axis_ranges`; a channel without one is drawn on its events' own range. An
+        entry that is not two finite increasing numbers is left out; empty when none was saved
+        or the file is unreadable."""
+        data = self._read_json(self.AXIS_RANGES_FILE)
+        if not isinstance(data, dict):
+            return {}
+        ranges = {}
+        for channel, limits in data.items():
+            try:
+                low, high = (float(v) for v in limits)
+            except (TypeError, ValueError):
+                continue
+            if math.isfinite(low) and math.isfinite(high) and low < high:
+                ranges[str(channel)] = (low, high)
+        return ranges
+
+    def save_axis_ranges(self, ranges: dict) -> None:
+        """Store the axis ranges set by hand ($PnN -> (low, high) in raw units)."""
+        self._write_json(self.AXIS_RANGES_FILE, {str(k): [float(v[0]), float(v[1])] for k, v in ranges.items()})
 
     def save_gates(self, name: str, gates_json) -> int:
         """Store the patient's gate tree: JSON text, or a JSON-serialisable object. Earlier versions
