@@ -4,6 +4,7 @@ tree, fitted, drawn (every gate kind), counted from the reviewed cells and adjus
 from __future__ import annotations
 
 import numpy as np
+import pandas as pd
 import streamlit as st
 
 from gating_core.autogates import agreement, counted_cells, fit_gate_tree
@@ -44,6 +45,8 @@ def gate_table(tree: GateTree, sample, result_populations, masks, counted):
     gate, and F1 of the gate against the cells the model predicted in it."""
     table = agreement(tree, sample, result_populations, masks, counted=counted)
     table["gate"] = [tree_label(tree, g) for g in table["gate"]]
+    # a gate no population is predicted in has no F1: an empty cell, not the word "None"
+    table["F1"] = pd.to_numeric(table["F1"], errors="coerce")
     return table[["gate", "parent", "count", "% of parent", "% of total", "in gate", "F1"]]
 
 
