@@ -22,6 +22,7 @@ from gating_core.cpus import with_blas_threads
 from gating_core.digest import digest_patient, infer_cell_groups
 from gating_core.features import KERNELS_X, content_hashes, content_subsample
 from gating_core.gate_result import GateResult, Novelty
+from gating_core.losses import loss_for
 from gating_core.preprocessing import ChannelPreprocessing
 from gating_core.model_io import load_model, save_model
 from gating_core.parameters import BOOLEAN, NONE, InstanceOf, Interval, Options, validate_parameters
@@ -400,7 +401,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                 embedding_factors=self._embedding_factors())
             self.selection_ = self._apply_selection(params, result)
             self.selection_["n_patients"] = len(chosen)
-        if self.loss == "logistic" and self.alpha is None:
+        if self.alpha is None and loss_for(self.loss).searches_own_penalty:
             from gating_core.selection import select_logistic_alpha
 
             report("Choosing the logistic penalty (cross-validation over groups)", 0.7)
