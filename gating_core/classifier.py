@@ -20,8 +20,6 @@ right on patients the model had not seen, and the calibration never changes the 
 
 from __future__ import annotations
 
-import functools
-
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
@@ -35,13 +33,14 @@ except ImportError:  # scikit-learn < 1.6: the same check was a private method o
 
 from gating_core.cpus import one_blas_thread, score_threads
 from gating_core.features import KERNELS_X, LinearProductFeatures
-from gating_core.solvers import (LBFGS_GTOL, fit_temperature, fit_weighted_hinge,
-                                 fit_weighted_logistic, multitask_ridge_solve)
+from gating_core.losses import LOSSES as LOSS_TYPES
+from gating_core.losses import Loss, TrainingRows, loss_for
+from gating_core.solvers import fit_temperature
 from gating_core.training_problem import (LandmarkFeatures, TrainingProblem, _seed, cell_features, check_training_set,
                                           embed_cells)
 
 SOLVERS = ("rff", "nystroem", "exact")
-LOSSES = ("squared", "logistic", "hinge")
+LOSSES = tuple(LOSS_TYPES)  # the names, as the model file and the command line check them
 PATIENT_WEIGHTINGS = ("uniform", "agnostic")
 SCORE_BLOCK = 2048
 
@@ -107,6 +106,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         papers' experiments: a cost-sensitive linear SVM on the features (one-vs-rest, cell
         costs c_ij = 1/(lambda N n_i); :func:`~gating_core.solvers.fit_weighted_hinge`), a
         baseline; its margins are calibrated like the ridge scores (refits on held-out groups).
+        Each is an object of :mod:`gating_core.losses` (:func:`~gating_core.losses.loss_for`).
     task_similarity : float in (0, 1] or None, default=None
         tau of the multitask kernel k_P(P_i, P_j) = tau for two different training patients,
         1 for the same one (NIPS 2011 / JMLR 2021 section 7.1), instead of a kernel on the
@@ -247,7 +247,8 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         self._check_options()
         problem = TrainingProblem(self, samples, labels, embedding_samples, patient_groups)
         feature_map = problem.feature_map(problem.bandwidth_x, problem.bandwidth_p)
-        if self.loss == "squared" and self.patient_weighting == "uniform":
+        uses_statistics = self._loss_function().uses_statistics
+        if uses_statistics and self.patient_weighting == "uniform":
             # The statistics read each row once and calibration each row once more (the rows
             # it holds out): features recomputed row by row rather than all held at once, so
             # memory does not grow with rows x cells x D (8 GB at 200 patients x 5 copies).
@@ -255,9 +256,9 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             stats = problem.statistics(features)
         else:
             # Iterative solvers read every row at every step: one stacked float32 store. The
-            # logistic loss never reads the ridge statistics (its temperature is 1).
+            # iterative losses never read the ridge statistics (their calibration refits too).
             features = problem.row_features(feature_map, store=True)
-            stats = problem.statistics(features) if self.loss == "squared" else None
+            stats = problem.statistics(features) if uses_statistics else None
         return self.fit_prepared(problem, feature_map, features, stats, patient_groups)
 
     def fit_prepared(self, problem, feature_map, features, stats=None, groups=None, warm_start=None, gtol=None,
@@ -292,19 +293,16 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         """
         self._forget_fit()
         self._check_options()
-        targets, n_classes, n_rows = problem.targets, len(problem.classes), problem.n_rows
-        if self.loss == "squared" and stats is None:
+        loss, n_rows = self._loss_function(), problem.n_rows
+        if loss.uses_statistics and stats is None:
             stats = problem.statistics(features)
+        data = TrainingRows(features, problem.targets, len(problem.classes), stats)
         weights = np.full(n_rows, 1.0 / n_rows)
-        if self.loss == "squared":
-            coef, intercept = self._ridge_fit(stats, range(n_rows))
-        else:
-            coef, intercept = self._iterative_fit(features, targets, range(n_rows), n_classes, warm=warm_start,
-                                                  gtol=gtol, curvature=curvature)
+        coef, intercept = loss.fit(data, range(n_rows), warm=warm_start, gtol=gtol, curvature=curvature)
         if self.patient_weighting == "agnostic":
-            coef, intercept, weights = self._fit_agnostic(problem, stats, features, coef, intercept)
+            coef, intercept, weights = self._fit_agnostic(problem, loss, data, coef, intercept)
         coef, intercept = coef.astype(np.float32), intercept.astype(np.float32)
-        temperature = self._fit_calibration(problem, stats, features, weights, groups, start=(coef, intercept))
+        temperature = self._fit_calibration(problem, loss, data, weights, groups, start=(coef, intercept))
         self._set_fitted(problem, feature_map, coef, intercept, weights, temperature)
         return self
 
@@ -360,7 +358,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         if self.task_similarity is not None:
             if not 0.0 < float(self.task_similarity) <= 1.0:
                 raise ValueError(f"task_similarity must be within (0, 1] or None, got {self.task_similarity!r}")
-            if self.use_embedding or self.loss != "squared":
+            if self.use_embedding or not loss_for(self.loss).uses_statistics:
                 raise ValueError("the multitask kernel (task_similarity) replaces the embedding's kernel and "
                                  "uses the squared loss: set use_embedding=False and loss='squared'")
         if int(self.n_augment) < 0:
@@ -389,79 +387,40 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         self.coef_, self.intercept_ = coef, intercept
         self.temperature_ = temperature
 
-    def _ridge_fit(self, stats, rows, weights=None):
-        if self.task_similarity is not None:
-            return multitask_ridge_solve(stats, rows, weights, self.alpha, float(self.task_similarity))
-        return stats.fit(rows, self.alpha, weights)
+    def _loss_function(self) -> Loss:
+        """The :mod:`~gating_core.losses` object of ``loss`` at this penalty (and multitask kernel)."""
+        if self.task_similarity is None:
+            return loss_for(self.loss, alpha=self.alpha)
+        return loss_for(self.loss, alpha=self.alpha, task_similarity=float(self.task_similarity))
 
-    def _iterative_fit(self, features, targets, rows, n_classes, weights=None, warm=None, max_iter=300, gtol=None,
-                       curvature=None):
-        """The logistic or hinge loss's L-BFGS fit on training ``rows`` (``curvature``: the
-        logistic loss's preconditioner, :func:`~gating_core.solvers.fit_weighted_logistic`)."""
-        rows = list(rows)
-        w = np.ones(len(rows)) if weights is None else np.asarray(weights, dtype=np.float64)[rows]
-        w = w / w.sum()
-        if self.loss == "hinge":
-            solve = fit_weighted_hinge
-        else:
-            solve = functools.partial(fit_weighted_logistic, curvature=curvature)
-        if getattr(features, "stacked", None) is not None and rows == list(range(len(features))):
-            chosen = features  # every row in order: the solver reads the stacked store, no copy
-        else:
-            chosen = [features[i] for i in rows]
-        return solve(chosen, [targets[i] for i in rows], w, n_classes, self.alpha, warm=warm, max_iter=max_iter,
-                     gtol=LBFGS_GTOL if gtol is None else gtol)
-
-    def _patient_losses(self, features, targets, coef, intercept):
-        losses = np.empty(len(features))
-        for i, (f, t) in enumerate(zip(features, targets)):
-            scores = f @ coef.astype(np.float32) + intercept.astype(np.float32)
-            if self.loss in ("squared", "hinge"):
-                onehot = np.zeros_like(scores)
-                onehot[np.arange(len(t)), t] = 1.0
-                if self.loss == "squared":
-                    losses[i] = float(np.mean(((scores - onehot) ** 2).sum(axis=1)))
-                else:
-                    losses[i] = float(np.mean(np.maximum(0.0, 1.0 - (2 * onehot - 1) * scores).sum(axis=1)))
-            else:
-                z = scores.astype(np.float64)
-                z -= z.max(axis=1, keepdims=True)
-                losses[i] = float(np.mean(np.log(np.exp(z).sum(axis=1)) - z[np.arange(len(t)), t]))
-        return losses
-
-    def _fit_agnostic(self, problem, stats, features, coef, intercept, rounds=8, step=1.0):
+    def _fit_agnostic(self, problem, loss, data, coef, intercept, rounds=8, step=1.0):
         """Exponentiated-gradient updates of the patient weights towards the worst mixture.
 
         The weights of the copies of one real patient move together: the adversary reweighs
         patients, not instrument shifts. Returns the coefficients, intercept and row weights.
         """
-        source, n_patients, targets = problem.source, problem.n_patients, problem.targets
+        source, n_patients = problem.source, problem.n_patients
         q = np.full(n_patients, 1.0 / n_patients)
         for _ in range(rounds):
-            losses = self._patient_losses(features, targets, coef, intercept)
+            losses = loss.patient_losses(data, coef, intercept)
             per_patient = np.bincount(source, weights=losses, minlength=n_patients) / np.bincount(source)
             q = q * np.exp(step * per_patient / max(per_patient.mean(), 1e-12))
             q /= q.sum()
             weights = q[source] / np.bincount(source)[source]
-            rows = range(len(features))
-            if self.loss == "squared":
-                coef, intercept = self._ridge_fit(stats, rows, weights)
-            else:
-                coef, intercept = self._iterative_fit(features, targets, rows, len(problem.classes), weights,
-                                                      warm=(coef, intercept))
+            coef, intercept = loss.fit(data, range(len(data.features)), weights, warm=(coef, intercept))
         return coef, intercept, q[source] / np.bincount(source)[source]
 
-    def _fit_calibration(self, problem, stats, features, weights, groups=None, start=None) -> float:
+    def _fit_calibration(self, problem, loss, data, weights, groups=None, start=None) -> float:
         """Softmax temperature fitted on out-of-group scores.
 
         One scalar keeps the decision (the argmax) unchanged and turns scores into
-        probabilities that are honest on patients the model has not seen. The logistic loss
-        gives probabilities already: its temperature is 1.
+        probabilities that are honest on patients the model has not seen. A loss that gives
+        probabilities already (the logistic loss) has temperature 1.
         """
         from gating_core.groups import group_folds
 
         n_patients = problem.n_patients
-        if self.loss == "logistic":
+        if loss.gives_probabilities:
             return 1.0
         if not self.calibrate or n_patients < 2:
             return 10.0  # no patient to hold out: a fixed, moderate sharpness
@@ -471,15 +430,11 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         scores, held_targets = [], []
         for held in folds:
             held = set(held)
-            rows = [r for r in range(len(features)) if int(source[r]) not in held]
-            if self.loss == "hinge":  # refit from the full solution: a short path to the fold's
-                coef, intercept = self._iterative_fit(features, problem.targets, rows, len(problem.classes), weights,
-                                                      warm=start, max_iter=100)
-            else:
-                coef, intercept = self._ridge_fit(stats, rows, weights)
+            rows = [r for r in range(len(data.features)) if int(source[r]) not in held]
+            coef, intercept = loss.fit_calibration_fold(data, rows, weights, start)
             with one_blas_thread():  # a small product's bits depend on BLAS's thread count
                 for i in sorted(held):
-                    scores.append(features[i] @ coef.astype(np.float32) + intercept.astype(np.float32))
+                    scores.append(data.features[i] @ coef.astype(np.float32) + intercept.astype(np.float32))
                     held_targets.append(problem.targets[i])
         return fit_temperature(scores, held_targets)
 

@@ -38,10 +38,10 @@ import numpy as np
 
 from gating_core.classifier import MarginalTransferClassifier
 from gating_core.cpus import run_side_by_side, score_threads, with_blas_threads
+from gating_core.losses import loss_for
 from gating_core.model import METHODS, GatingModel
 from gating_core.priors import training_prior
 from gating_core.selection import problem_view
-from gating_core.solvers import logistic_curvature
 from gating_core.training_problem import TrainingProblem
 
 #: Where a fold's logistic (or hinge) fit stops when it starts from the fit on all patients (the product's
@@ -114,7 +114,7 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
         selections = [base._apply_selection(p, result) for p, result in zip(fold_params, results)]
         for selection, searched in zip(selections, searched_sets):
             selection["n_patients"] = len(searched)
-    if base.loss == "logistic" and base.alpha is None:
+    if base.alpha is None and loss_for(base.loss).searches_own_penalty:
         from gating_core.selection import select_logistic_alpha
 
         for f, (p, kept) in enumerate(zip(fold_params, kept_sets)):
@@ -223,22 +223,20 @@ class _SharedProblems:
             problem = self._problem(params)
             feature_map = problem.feature_map(*key[-2:])
             features = problem.features(feature_map)
-            loss = MarginalTransferClassifier(**params).loss
-            squared = loss == "squared"
-            stats = problem.statistics(features) if squared else None
+            loss = loss_for(MarginalTransferClassifier(**params).loss)
+            stats = problem.statistics(features) if loss.uses_statistics else None
             start = total_curvature = None
-            if not squared and len(folds) > 1:
+            if not loss.uses_statistics and len(folds) > 1:
                 # Only a starting point: fitted to the folds' tolerance (multicenter: 84 -> 63
                 # iterations; the folds' own iterations and accuracies unchanged).
                 everyone = self._with_bandwidths(problem.subset(range(problem.n_patients)), key)
                 start = MarginalTransferClassifier(**params).fit_prepared(everyone, feature_map, features, None,
                                                                            self.groups, gtol=FOLD_GTOL)
                 start = starts[key] = (start.coef_, start.intercept_)
-                if loss == "logistic":
-                    # Each fold's curvature is this minus its held-out rows': a subtraction.
-                    total_curvature = logistic_curvature(features, np.ones(problem.n_rows), *start,
-                                                         workers=score_threads())
-            elif not squared:
+                # Each fold's curvature is this minus its held-out rows': a subtraction (None for
+                # a loss whose solver takes no preconditioner).
+                total_curvature = loss.curvature(features, np.ones(problem.n_rows), *start, workers=score_threads())
+            elif not loss.uses_statistics:
                 start = self._nearest_start(starts, key)
 
             def fit(f):
@@ -250,8 +248,8 @@ class _SharedProblems:
                 if warm is not None and total_curvature is not None:
                     kept_rows = set(sub.parent_rows)
                     held_rows = [r for r in range(problem.n_rows) if r not in kept_rows]
-                    curvature = total_curvature - logistic_curvature([features[r] for r in held_rows],
-                                                                     np.ones(len(held_rows)), *warm)
+                    curvature = total_curvature - loss.curvature([features[r] for r in held_rows],
+                                                                 np.ones(len(held_rows)), *warm)
                     curvature /= len(sub.parent_rows)
                 return MarginalTransferClassifier(**fold_params[f]).fit_prepared(
                     sub, feature_map, sub_features, sub_stats, [self.groups[i] for i in kept_sets[f]],

@@ -15,16 +15,21 @@ from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
 from gating_core.adaptive_lda import AdaptiveLDA
-from gating_core.classifier import SCORE_BLOCK, MarginalTransferClassifier
+from gating_core.alignment import ALIGNMENTS
+from gating_core.classifier import LOSSES, PATIENT_WEIGHTINGS, SCORE_BLOCK, SOLVERS, MarginalTransferClassifier
+from gating_core.dica import DICA_MODES, MODEL_DICA_FEATURES
 from gating_core.cpus import with_blas_threads
 from gating_core.digest import digest_patient, infer_cell_groups
-from gating_core.features import content_hashes, content_subsample
+from gating_core.features import KERNELS_X, content_hashes, content_subsample
 from gating_core.gate_result import GateResult, Novelty
+from gating_core.losses import loss_for
 from gating_core.preprocessing import ChannelPreprocessing
 from gating_core.model_io import load_model, save_model
+from gating_core.parameters import BOOLEAN, NONE, InstanceOf, Interval, Options, validate_parameters
 from gating_core.priors import PRIOR_SHIFTS, reestimate_prior, training_prior
 from gating_core.self_training import PatientAdjustment, self_training_coef
 from gating_core.streamed_gating import StreamedGating
+from gating_core.transforms import ChannelTransform
 
 METHODS = ("marginal", "pooling", "multitask")
 DEFAULT_LOSS = "squared"
@@ -179,7 +184,10 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         ``method="marginal"`` with ``solver="rff"``.
 
     A scikit-learn estimator (``clone``, ``get_params``, ``set_params``) whose parameters are
-    exactly those the model file stores. To scikit-learn's model selection one sample is one
+    keyword-only and exactly those the model file stores. What each may hold is declared in
+    ``_parameter_constraints`` and checked once, when :meth:`fit` starts
+    (:func:`gating_core.parameters.validate_parameters`): a bad value is a ``ValueError`` naming
+    the parameter before any file is read. To scikit-learn's model selection one sample is one
     patient: ``X`` a sequence of samples, ``y`` their per-event label arrays, a splitter's
     ``groups`` the center of each patient (also passed to :meth:`fit` with
     ``params={"groups": centers}``), and :meth:`score` the mean per-patient accuracy::
@@ -220,7 +228,46 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     #: :mod:`gating_core.model_io` sits below this module and cannot import it.
     METHODS = METHODS
 
-    def __init__(self, method="marginal", channels=None, transform="auto", compensate=True, select=True,
+    _parameter_constraints = {
+        "method": [Options(*METHODS)],
+        "channels": [NONE, InstanceOf((list, tuple), "a list of channel names")],
+        "transform": [Options("auto"), InstanceOf(dict, "a dict of channel -> transform"),
+                      InstanceOf(ChannelTransform, "a ChannelTransform")],
+        "compensate": [BOOLEAN],
+        "select": [BOOLEAN],
+        "select_embedding_bandwidth": [BOOLEAN],
+        "n_features": [Interval(numbers.Integral, 1)],
+        "n_embedding_features": [Interval(numbers.Integral, 1)],
+        "cells_per_patient": [Interval(numbers.Integral, 1)],
+        "embedding_cells": [Interval(numbers.Integral, 1)],
+        "solver": [Options(*SOLVERS)],
+        "bandwidth_x": [NONE, Interval(numbers.Real, 0, None, "neither")],
+        "bandwidth_p": [NONE, Interval(numbers.Real, 0, None, "neither")],
+        "alpha": [NONE, Interval(numbers.Real, 0, None, "neither")],
+        "loss": [Options(*LOSSES)],
+        "n_augment": [Interval(numbers.Integral, 0)],
+        "augment_gain": [Options("auto"), Interval(numbers.Real, 0)],
+        "augment_shift": [Options("auto"), Interval(numbers.Real, 0)],
+        "patient_weighting": [Options(*PATIENT_WEIGHTINGS)],
+        "pooled_weight": [Options("auto"), Interval(numbers.Real, 0, 1)],
+        "prior_shift": [Options(*PRIOR_SHIFTS)],
+        "align": [Options(*ALIGNMENTS)],
+        "cv_folds": [Interval(numbers.Integral, 2)],
+        "cv_repeats": [Interval(numbers.Integral, 1)],
+        "selection_cells_per_patient": [Interval(numbers.Integral, 1)],
+        "selection_objective": [Options("mean", "worst")],
+        "random_state": [NONE, Interval(numbers.Integral, 0)],
+        "task_similarity": [Interval(numbers.Real, 0, 1, "right")],
+        "dica": [NONE, Options(*DICA_MODES)],
+        "dica_components": [Interval(numbers.Integral, 1, 2 * MODEL_DICA_FEATURES)],
+        "kernel_x": [Options(*KERNELS_X)],
+        "class_balance": [Interval(numbers.Real, 0, 1)],
+        "bandwidth_x_hedge": [NONE, Interval(numbers.Real, 0, 1, "neither")],
+        "self_training": [BOOLEAN],
+        "adaptive_weight": [Options("auto"), Interval(numbers.Real, 0, 1)],
+    }
+
+    def __init__(self, *, method="marginal", channels=None, transform="auto", compensate=True, select=True,
                  select_embedding_bandwidth=False,
                  n_features=512, n_embedding_features=128, cells_per_patient=4000, embedding_cells=20000,
                  solver="rff", bandwidth_x=None, bandwidth_p=None, alpha=None, loss=DEFAULT_LOSS,
@@ -282,6 +329,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
             (:func:`gating_core.groups.infer_groups`) and kept together; the same within a
             single group given to every patient.
         """
+        validate_parameters(self)
         if len(samples) != len(labels):
             raise ValueError(f"{len(samples)} patients but {len(labels)} label arrays")
         if progress is not None:
@@ -321,17 +369,13 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         """
         from gating_core.training_problem import shared_embeddings
 
+        validate_parameters(self)
         # Selection, the final fit and the companion embed the same patients: each once.
         with shared_embeddings():
             return self._fit_digests(digests, progress, groups)
 
     def _fit_digests(self, digests, progress=None, groups=None):
         report = progress or (lambda stage, fraction: None)
-        if self.method not in METHODS:
-            raise ValueError(f"method must be one of {METHODS}, got {self.method!r}")
-        from gating_core.dica import check_dica_settings
-
-        check_dica_settings(self.dica, self.dica_components)
         if len(digests) == 0:
             raise ValueError("no training patients")
         if self.method == "marginal" and len(digests) < 2:
@@ -357,7 +401,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                 embedding_factors=self._embedding_factors())
             self.selection_ = self._apply_selection(params, result)
             self.selection_["n_patients"] = len(chosen)
-        if self.loss == "logistic" and self.alpha is None:
+        if self.alpha is None and loss_for(self.loss).searches_own_penalty:
             from gating_core.selection import select_logistic_alpha
 
             report("Choosing the logistic penalty (cross-validation over groups)", 0.7)
@@ -368,7 +412,6 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
             self.selection_.setdefault("params", {})["alpha"] = params["alpha"]
         if params["alpha"] is None:
             params["alpha"] = 1e-4
-        self._check_adaptive_weight()
         self._fit_transfer(cells, embedding_cells, labels, params, report)
         self.populations_ = [str(c) for c in self.classifier_.classes_]
         self.class_prior_ = training_prior(labels, self.classifier_.classes_)
@@ -402,14 +445,6 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
             report("Fitting the pooled companion", 0.9)
             self.pooled_classifier_ = MarginalTransferClassifier(**self._companion_params(params)).fit(
                 cells, labels, embedding_samples=embedding_cells, groups=self.groups_)
-
-    def _check_adaptive_weight(self):
-        w = self.adaptive_weight
-        if isinstance(w, str):
-            if w != "auto":
-                raise ValueError(f"adaptive_weight must be 'auto' or within [0, 1], got {w!r}")
-        elif isinstance(w, bool) or not isinstance(w, numbers.Real) or not 0.0 <= float(w) <= 1.0:
-            raise ValueError(f"adaptive_weight must be 'auto' or within [0, 1], got {w!r}")
 
     def _fit_adaptive(self, cells, embedding_cells, labels, params, report):
         """The adapted populations (``adaptive_lda_``) and their share (``adaptive_weight_``)."""
@@ -549,8 +584,6 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         f = self.bandwidth_x_hedge
         if f is None:
             return None
-        if not (isinstance(f, numbers.Real) and not isinstance(f, bool) and 0.0 < f < 1.0):
-            raise ValueError(f"bandwidth_x_hedge must be None or a number within (0, 1), got {f!r}")
         if (self.method != "marginal" or self.solver != "rff" or self.kernel_x != "gaussian"
                 or self.bandwidth_x is not None or "median_x" not in selection):
             return None
@@ -561,11 +594,6 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         return {**params, "bandwidth_x": other}
 
     def _wants_companion(self) -> bool:
-        if isinstance(self.pooled_weight, str):
-            if self.pooled_weight != "auto":
-                raise ValueError(f"pooled_weight must be 'auto' or within [0, 1], got {self.pooled_weight!r}")
-        elif not 0.0 <= float(self.pooled_weight) <= 1.0:
-            raise ValueError(f"pooled_weight must be 'auto' or within [0, 1], got {self.pooled_weight!r}")
         return self.method == "marginal" and self.solver == "rff" and self.pooled_weight != 0
 
     def _choose_pooled_weight(self, cells, labels, embedding_cells, params, report) -> float:
@@ -822,8 +850,6 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         so it is bounded in cost and identical whatever the chunking."""
         if self.prior_shift == "none":
             return None
-        if self.prior_shift not in PRIOR_SHIFTS:
-            raise ValueError(f"prior_shift must be one of {PRIOR_SHIFTS}, got {self.prior_shift!r}")
         prior = reestimate_prior(self._proba(chosen, embedding, 50_000), self.class_prior_)
         return (prior / self.class_prior_).astype(np.float32)
 

@@ -146,7 +146,7 @@ def test_the_model_file_keeps_the_adapted_populations(tmp_path, small_cohort):
 @pytest.mark.parametrize("weight", [-0.1, 1.5, "half", True])
 def test_a_bad_adaptive_weight_is_refused(weight, small_cohort):
     samples, labels, _ = small_cohort
-    with pytest.raises(ValueError, match="adaptive_weight must be 'auto' or within"):
+    with pytest.raises(ValueError, match="adaptive_weight must be 'auto' or a number within"):
         GatingModel(select=False, adaptive_weight=weight).fit(samples[:3], labels[:3])
 
 

@@ -241,7 +241,7 @@ def test_pooled_weight_zero_and_pooling_fit_no_companion(small_centers):
     pooling = GatingModel(method="pooling", select=False, n_augment=0, adaptive_weight=0.0,
                           cells_per_patient=800).fit(samples[:3], labels[:3])
     assert pooling.pooled_classifier_ is None
-    with pytest.raises(ValueError, match="pooled_weight must be 'auto' or within"):
+    with pytest.raises(ValueError, match="pooled_weight must be 'auto' or a number within"):
         GatingModel(select=False, pooled_weight=1.5, cells_per_patient=800).fit(samples[:3], labels[:3])
 
 
