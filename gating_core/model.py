@@ -55,6 +55,10 @@ ADAPTIVE_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
 DEFAULT_ADAPTIVE_WEIGHT = "auto"
 #: With nothing to hold out (one training patient), "auto" takes this weight.
 FALLBACK_ADAPTIVE_WEIGHT = 0.5
+#: Weights whose held-out mean-plus-worst accuracy is within this of the best are not told apart
+#: by the few patients a fold holds out; "auto" takes the largest of them (see
+#: GatingModel._choose_adaptive_weight).
+ADAPTIVE_WEIGHT_TOLERANCE = 0.01
 
 
 class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
@@ -169,8 +173,10 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         follow it. Where populations are no single Gaussians, the transfer model is the better
         one. "auto": g from ``ADAPTIVE_WEIGHTS`` by cross-validation over groups (each fold
         refits both parts with the hyperparameters selected on all patients and scores the
-        held-out groups' patients), the highest sum of mean and worst-patient accuracy, ties to
-        the smaller g. 0: the transfer model alone. Only ``method="marginal"``; the baselines
+        held-out groups' patients): the largest g whose sum of mean and worst-patient accuracy
+        is within ``ADAPTIVE_WEIGHT_TOLERANCE`` (0.01) of the best. The folds see only the shifts
+        between the training groups and a new run can move further: among the weights they
+        cannot tell apart, the most adapted. 0: the transfer model alone. Only ``method="marginal"``; the baselines
         gate as fitted.
     self_training : bool, default=False
         An option: at gating time, move each patient's gates towards its own confident cells
@@ -463,9 +469,9 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
             self.adaptive_weight_ = weight
 
     def _choose_adaptive_weight(self, cells, embedding_cells, labels, params) -> float:
-        """``adaptive_weight="auto"``: the weight of ``ADAPTIVE_WEIGHTS`` whose mixture gates the
-        held-out groups' patients best (mean plus worst-patient accuracy; ties to the smaller
-        weight).
+        """``adaptive_weight="auto"``: the largest weight of ``ADAPTIVE_WEIGHTS`` whose mixture
+        gates the held-out groups' patients within ``ADAPTIVE_WEIGHT_TOLERANCE`` of the best
+        (mean plus worst-patient accuracy).
 
         Each fold holds out whole groups and refits the transfer model on the others with the
         hyperparameters selected on all patients (refitting the search in every fold would
@@ -516,7 +522,10 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         # patient, equally.
         score = {w: means[w] + worst[w] for w in ADAPTIVE_WEIGHTS}
         best = max(score.values())
-        chosen = min(w for w, v in score.items() if v >= best - 1e-12)
+        # The held-out patients come from the training groups, so the folds see only the shifts
+        # between those groups; a new run can move further, and the adapted populations are what
+        # follows it. Among the weights the folds cannot tell apart, the most adapted one.
+        chosen = max(w for w, v in score.items() if v >= best - ADAPTIVE_WEIGHT_TOLERANCE)
         self.selection_["adaptive_weight"] = {
             "chosen": chosen, "folds": n_folds,
             "cv_accuracy": {str(w): m for w, m in means.items()},

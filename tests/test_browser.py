@@ -169,6 +169,8 @@ def choose(page, label, option):
     """Pick ``option`` in the select box or multiselect labelled ``label``, with the mouse."""
     widget = page.locator("[data-testid=stSelectbox], [data-testid=stMultiSelect]").filter(
         has=page.get_by_text(label, exact=True)).first
+    if widget.locator("input").first.input_value() == option:
+        return  # already chosen: the list of a combobox showing its value may not open on a click
     widget.locator("input").first.click()
     page.get_by_role("option", name=option, exact=True).first.click()
     # Close a multiselect's list by clicking the page title: Escape would clear a clearable select box.
@@ -182,6 +184,9 @@ def choose_patiently(page, label, option, attempts=3):
     from playwright.sync_api import TimeoutError as PlaywrightTimeoutError
 
     widget = page.locator("[data-testid=stSelectbox]").filter(has=page.get_by_text(label, exact=True)).first
+    wait_idle(page)
+    if widget.locator("input").first.input_value() == option:
+        return  # already chosen: the list of a combobox showing its value may not open on a click
     for attempt in range(attempts):
         wait_idle(page)
         widget.locator("input").first.click()

@@ -244,19 +244,19 @@ def test_review_loop_on_real_samples_counts_agree_everywhere(app_url, browser, a
     np.testing.assert_array_equal(moved_labels[no_gate], model_labels[no_gate])
     assert not (changed & ~np.asarray(fitted.memberships(sample)["Monocytes"])).any()  # the gate shrank
 
-    # Correct: lasso cells on the predicted populations' plot and give them to "ungated".
+    # Correct: lasso cells on the predicted populations' plot and give them to "other" (the app's name for the cells outside every gate, "ungated" in the labels files).
     review = page.locator(".js-plotly-plot").first
     review.scroll_into_view_if_needed()
     lasso(page, review, [(0.6, 0.05), (0.95, 0.05), (0.95, 0.35), (0.6, 0.35), (0.6, 0.06)])
     page.get_by_role("button", name=re.compile(r"^Reassign [0-9,]+ cells$")).wait_for()
     wait_idle(page)
-    choose(page, "Reassign to", "ungated")
-    page.get_by_role("button", name=re.compile(r"^Reassign [0-9,]+ cells to ungated$")).click()
-    page.get_by_text(re.compile(r"^Reassigned [0-9,]+ circled cells to ungated")).wait_for()
+    choose(page, "Reassign to", "other")
+    page.get_by_role("button", name=re.compile(r"^Reassign [0-9,]+ cells to other$")).click()
+    page.get_by_text(re.compile(r"^Reassigned [0-9,]+ circled cells to other")).wait_for()
     wait_idle(page)
     corrected = np.asarray(library.load_gate_result(NEW).populations).astype(str)
-    assert ((corrected != moved_labels) & (corrected == "ungated")).sum() > 0
-    assert ((corrected != moved_labels) <= (corrected == "ungated")).all()
+    assert ((corrected != moved_labels) & (corrected == "other")).sum() > 0
+    assert ((corrected != moved_labels) <= (corrected == "other")).all()
     page.screenshot(path=str(artifacts_dir / "real_8_corrected.png"), full_page=True)
 
     # Accept: the reviewed sample's populations become its labels.
