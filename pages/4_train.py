@@ -60,6 +60,11 @@ default_pops = [p for p in all_pops if p.casefold() not in ("other", "ungated")]
 c1, c2 = st.columns([3, 2])
 pops = c1.multiselect("Populations to learn", all_pops, default=default_pops, key="train_pops",
                       help="Cells of populations left out are learned as `other`.")
+renamed = [p for p in all_pops if p not in pops and p != "other"]
+if renamed:
+    # A lab's own name for cells of no population ("ungated") would otherwise vanish without a word.
+    st.caption("Learned as `other` (not among the populations to learn): "
+               + ", ".join(f"`{p}`" for p in renamed) + ". Auto-gated patients show these cells as `other`.")
 # Populations one patient has and another lacks are learned as `other` for the latter: say so,
 # and refuse (unless overridden) when a patient's labeling is of another kind altogether.
 label_sets = {r.name: set(pd.unique(np.asarray(r.labels).astype(str))) & set(pops) for r in records}
@@ -269,7 +274,8 @@ if table is not None and len(table):
                             help="Leave-one-group-out is what a patient from a new run will see.")
         table = table[table["protocol"] == protocol]
     elif protocols:
-        st.caption(f"Protocol: {protocols[0]} (every patient is its own group).")
+        st.caption(f"Protocol: {protocols[0]}: each patient is held out in turn (the groups found leave no "
+                   "other split: one group, or one patient a group).")
     show = table.copy()
     order = [m for m in ("marginal", "pooling", "lda") if m in set(show["method"])]
     wide = show.pivot_table(index="patient", columns="method", values=["accuracy", "macro_f1"])

@@ -36,7 +36,9 @@ unfit = {n: missing_model_channels(model, store.patients[n].sample.channels) for
 compatible = [n for n, missing in unfit.items() if not missing]
 targets = m2.multiselect("Patients to gate", list(store.patients), default=compatible, key=f"ag_targets_{model_name}")
 for name, missing in unfit.items():
-    if missing:
+    if missing and name in targets:
+        st.warning(f"{name} lacks {', '.join(missing)}, which {model_name} needs: it cannot be gated by this model.")
+    elif missing:
         st.caption(f"{name} is not selected: it lacks {', '.join(missing)}, which {model_name} needs.")
 if st.button("Run auto-gating", type="primary", disabled=not targets, key="ag_run"):
     bar = st.progress(0.0, text="Starting…")

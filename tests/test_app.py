@@ -673,6 +673,14 @@ def test_autogate_targets_compatible_patients_and_accept_asks(trained, sample_da
     targets = at.multiselect(key=f"ag_targets_{store.current_model}")
     assert targets.value == ["new_patient_01", "new_patient_02", "new_patient_03", "drifted"]
     assert any("no_cd14 is not selected: it lacks FL5-A" in c.value for c in at.caption)
+    # chosen by hand anyway: a warning that it cannot be gated, not "is not selected"
+    chosen = list(targets.value)
+    targets.set_value(chosen + ["no_cd14"])
+    at.run()
+    assert any("no_cd14 lacks FL5-A" in w.value and "cannot be gated" in w.value for w in at.warning)
+    assert not any("no_cd14 is not selected" in c.value for c in at.caption)
+    at.multiselect(key=f"ag_targets_{store.current_model}").set_value(chosen)
+    at.run()
     at.button(key="ag_run").click()
     at.run()
     assert not at.exception and not at.error

@@ -175,3 +175,27 @@ def test_an_axis_range_set_by_hand_holds_on_every_plot_of_the_channel_and_is_kep
     run(again)
     assert store_of(again).axis_range("FSC-A") is None and store_of(start()).axis_range("FSC-A") is None
     assert again.button(key="g_ar_auto").disabled
+
+
+# ------------------------------------------------------------------------------ train page
+
+
+def test_a_labs_unassigned_name_is_said_to_be_learned_as_other(loaded):
+    """A lab's labels name the cells of no population "ungated": the Train page leaves it out of
+    the populations to learn, and says that those cells are learned (and shown) as `other`."""
+    from apptest_helpers import goto
+
+    store = store_of(loaded)
+    for name in store.labeled():
+        labels = np.asarray(store.patients[name].labels).astype(object)
+        labels[labels == "other"] = "ungated"
+        store.set_labels(name, labels, "test: the lab's own name")
+    at = run(goto(loaded, "pages/4_train.py"))
+    learned = at.multiselect(key="train_pops").value
+    assert "ungated" not in learned and "B cells" in learned
+    (note,) = [c.value for c in at.caption if c.value.startswith("Learned as `other`")]
+    assert "`ungated`" in note and "`other`" not in note.split(":", 1)[1].split(".")[0]
+    # chosen to be learned: nothing to say
+    at.multiselect(key="train_pops").set_value(learned + ["ungated"])
+    at = run(at)
+    assert not [c.value for c in at.caption if c.value.startswith("Learned as `other`")]
