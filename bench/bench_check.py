@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gating_core.evaluation import METHOD_SETTINGS, leave_one_patient_out, summarize  # noqa: E402
 from gating_core.inputs import load_labeled_input  # noqa: E402
-from gating_core.model import GatingModel  # noqa: E402
+from gating_core.research_model import build_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MULTICENTER = ROOT.parent / "shared" / "data" / "multicenter"
@@ -57,7 +57,7 @@ def main(argv=None) -> int:
             settings = METHOD_SETTINGS[method]
             load = os.getloadavg()[0]
             start, cpu = time.perf_counter(), time.process_time()
-            GatingModel(**settings).fit(samples, labels)
+            build_model(settings).fit(samples, labels)
             train_s, train_cpu = time.perf_counter() - start, time.process_time() - cpu
             start, cpu = time.perf_counter(), time.process_time()
             fast = leave_one_patient_out(samples, labels, methods=(method,), refit="subtract")

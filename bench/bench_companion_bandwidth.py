@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gating_core.classifier import MarginalTransferClassifier  # noqa: E402
 from gating_core.evaluation import METHOD_SETTINGS  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
+from gating_core.research_model import build_model  # noqa: E402
 from gating_core.synthetic import simulate_centers  # noqa: E402
 from multicenter_data import MULTICENTER, load_multicenter  # noqa: E402
 
@@ -48,7 +49,7 @@ def fold_accuracies(samples, labels, groups, held) -> dict:
     train_labels = [np.asarray(labels[i]).astype(str) for i in train]
     train_groups = [groups[i] for i in train]
     model = GatingModel().fit(train_samples, train_labels, groups=train_groups)
-    baseline = GatingModel(**METHOD_SETTINGS["pooled-logistic"]).fit(train_samples, train_labels,
+    baseline = build_model(METHOD_SETTINGS["pooled-logistic"]).fit(train_samples, train_labels,
                                                                      groups=train_groups)
     # The earlier companion: the same logistic fit at the marginal model's sigma_X, on the same cells.
     cells, drawn = model.standardised_training_cells(train_samples, train_labels)

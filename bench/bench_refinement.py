@@ -99,13 +99,12 @@ def main(argv=None):
     samples, labels = (list(v) for v in zip(*cohort))
     models = {
         "8 patients, defaults": lambda: GatingModel(random_state=0).fit(samples, labels),
-        "3 patients, select=False, n_augment=0": lambda: GatingModel(random_state=0, select=False, n_augment=0).fit(
+        "3 patients, select=False, n_augment=0": lambda: GatingModel(random_state=0, select=False).fit(
             samples[:3], labels[:3]),
         # The same without the companion and self-training, which rescue that model on this patient:
         # a model with many errors, as a reviewer meets on a patient unlike the training ones.
         "3 patients, marginal model alone (select=False, n_augment=0, pooled_weight=0, self_training=False)":
-            lambda: GatingModel(random_state=0, select=False, n_augment=0, pooled_weight=0,
-                                self_training=False).fit(samples[:3], labels[:3]),
+            lambda: GatingModel(random_state=0, select=False, pooled_weight=0).fit(samples[:3], labels[:3]),
     }
     for model_name, build in models.items():
         start = time.perf_counter()

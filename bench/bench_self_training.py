@@ -1,5 +1,5 @@
-"""What self-training at gating time (``GatingModel.self_training``, the default) costs, against
-the same fitted model gating without it, in the same run on the same patient.
+"""What self-training at gating time (``ResearchGatingModel.self_training``, an option) costs,
+against the same fitted model gating without it, in the same run on the same patient.
 
 The model is the default trained on simulated cohort 14's first three centers (9 patients, as in
 ``bench_second_bandwidth.py``). One simulated patient of ``--events`` events is gated in memory
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_second_bandwidth import _fastest_of_each  # noqa: E402
 
-from gating_core.model import GatingModel  # noqa: E402
+from gating_core.research_model import ResearchGatingModel  # noqa: E402
 from gating_core.synthetic import simulate_centers  # noqa: E402
 
 
@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     cohort, centers = simulate_centers(4, 3, seed=14, n_events=6000, strength=2.0)
     kept = [i for i, (s, _) in enumerate(cohort) if centers[s.name] != "center_4"]
     start = time.perf_counter()
-    model = GatingModel().fit([cohort[i][0] for i in kept], [cohort[i][1] for i in kept],
+    model = ResearchGatingModel().fit([cohort[i][0] for i in kept], [cohort[i][1] for i in kept],
                               groups=[centers[cohort[i][0].name] for i in kept])
     print(f"== trained the default on simulated cohort 14, centers 1-3 (9 patients): "
           f"{time.perf_counter() - start:.1f} s", flush=True)

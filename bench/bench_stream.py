@@ -115,7 +115,7 @@ PREVIOUS_DEFAULT = {"n_augment": 4, "bandwidth_x_hedge": 0.5, "self_training": T
 
 def make_model(folder: Path, n_patients: int = 6, n_events: int = 10_000, params=None, name="model.npz") -> Path:
     from gating_core.fcs import Channel, Sample
-    from gating_core.model import GatingModel
+    from gating_core.research_model import build_model
 
     samples, labels = [], []
     for i in range(n_patients):
@@ -125,7 +125,7 @@ def make_model(folder: Path, n_patients: int = 6, n_events: int = 10_000, params
         labels.append(y)
     # The defaults, selection included: the model then carries every fit a gated cell pays for
     # (the second-bandwidth fit exists only when sigma_X was selected).
-    model = GatingModel(**(params or {})).fit(samples, labels)
+    model = build_model(dict(params or {})).fit(samples, labels)  # PREVIOUS_DEFAULT: a ResearchGatingModel
     print(f"{name}: selection; feature maps scored per cell: "
           f"{1 + (model.hedge_classifier_ is not None) + (model.pooled_classifier_ is not None)}, "
           f"self-training {'on' if model.self_training else 'off'}, adapted populations weight "
@@ -138,9 +138,9 @@ def make_model(folder: Path, n_patients: int = 6, n_events: int = 10_000, params
 # -- children: one measured step in a fresh process ---------------------------------------------
 
 def _child(step: str, model_path: str, fcs_path: str, out_dir: str) -> None:
-    from gating_core.model import GatingModel
+    from gating_core.research_model import load_gating_model
 
-    model = GatingModel.load(model_path)
+    model = load_gating_model(model_path)
     _reset_peak()
     baseline = _status_mb("VmRSS")
     t0 = time.perf_counter()
@@ -211,7 +211,7 @@ def scoring_ceiling(model_path: Path) -> dict:
     import numpy as np
 
     from gating_core.cpus import blas_threads, usable_cpus
-    from gating_core.model import GatingModel
+    from gating_core.research_model import load_gating_model
 
     threads = usable_cpus()
     rng = np.random.default_rng(0)
@@ -230,7 +230,7 @@ def scoring_ceiling(model_path: Path) -> dict:
             list(pool.map(lambda b: np.cos(b, out=b), blocks))
         cos_rate = 3 * sum(b.size for b in blocks) / (time.perf_counter() - t)
 
-    model = GatingModel.load(model_path)
+    model = load_gating_model(model_path)
     # Every fit whose features each gated cell needs: the marginal model, its second-bandwidth
     # fit (a model trained with sigma_X selected) and the pooled companion.
     scorers = [c for c in (model.classifier_, getattr(model, "hedge_classifier_", None),
@@ -261,6 +261,7 @@ def _busy_child(model_path: str, fcs_path: str, out_dir: str) -> None:
     from gating_core.fcs import Channel, Sample
     from gating_core.gating import gate_file
     from gating_core.model import GatingModel
+    from gating_core.research_model import load_gating_model
 
     samples, labels = [], []
     for i in range(8):
@@ -270,7 +271,7 @@ def _busy_child(model_path: str, fcs_path: str, out_dir: str) -> None:
     t = time.perf_counter()
     GatingModel(select=True, cv_repeats=1).fit(samples, labels)
     train_s = time.perf_counter() - t
-    model = GatingModel.load(model_path)
+    model = load_gating_model(model_path)
     t = time.perf_counter()
     gate_file(model, fcs_path, out_dir)
     gate_s = time.perf_counter() - t

@@ -64,18 +64,19 @@ def local_cluster(workers: int, threads_per_worker: int = 1, memory_limit="auto"
 
 
 def _load_model_cached(model_bytes: bytes, digest: str):
-    """The GatingModel in ``model_bytes``, loaded once per worker process (keyed by SHA-256)."""
-    from gating_core.model import GatingModel
+    """The GatingModel (or ResearchGatingModel) in ``model_bytes``, loaded once per worker process
+    (keyed by SHA-256)."""
+    from gating_core.research_model import load_gating_model
 
     with _MODEL_LOCK:
         model = _MODEL_CACHE.get(digest)
         if model is None:
-            # GatingModel.load reads a path: go through a private temp file, removed at once.
+            # The loader reads a path: go through a private temp file, removed at once.
             handle, name = tempfile.mkstemp(suffix=".npz", prefix="gating-model-")
             try:
                 with os.fdopen(handle, "wb") as out:
                     out.write(model_bytes)
-                model = GatingModel.load(name)
+                model = load_gating_model(name)
             finally:
                 os.unlink(name)
             _MODEL_CACHE.clear()  # one model at a time is what a batch needs
@@ -145,10 +146,11 @@ def _digest_task(path: str, index: int, params: dict):
     from gating_core.fcs import FCSError
     from gating_core.gating import digest_file
     from gating_core.labels import LabelError
-    from gating_core.model import GatingModel
+    from gating_core.research_model import build_model
 
     try:
-        return digest_file(path, index, GatingModel(**params))
+        # ``params`` are a model's get_params(): a ResearchGatingModel's name its options.
+        return digest_file(path, index, build_model(params))
     except (FCSError, LabelError, OSError, ValueError) as exc:
         return {"file": path, "error": str(exc)}
 
@@ -160,7 +162,8 @@ def digest_files_distributed(paths, model_params: dict, workers=None, scheduler=
     Each worker reads its files where they are (shared storage), compensates, draws the
     training cells and picks the embedding cells, and sends back only those rows: a few
     thousand per patient instead of the file. Returns (digests, errors) in input order;
-    ``GatingModel(**model_params).fit_digests(digests)`` then gives the same model as ``fit``.
+    ``build_model(model_params).fit_digests(digests)`` (:func:`gating_core.research_model.build_model`:
+    a GatingModel, or a ResearchGatingModel for its options) then gives the same model as ``fit``.
     """
     paths = [str(Path(p).resolve()) for p in paths]
     with cluster_client(workers, scheduler, client, connect_timeout) as client:

@@ -22,6 +22,7 @@ import pandas as pd
 from gating_core.baselines import DICAPooling, PooledBaseline
 from gating_core.digest import digest_patient, infer_cell_groups
 from gating_core.model import GatingModel
+from gating_core.research_model import build_model
 
 METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda")
 #: Every method evaluate can run (METHODS are the default set).
@@ -45,7 +46,9 @@ ALL_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5", "dica-margi
                 "marginal-linear", "marginal-agnostic", "marginal-select-worst")
 # Landmark (peak) registration of each channel, with its skip rule (gating_core.alignment).
 ALL_METHODS += ("marginal-landmarks",)
-#: GatingModel settings of each kernel method (on top of the user's model parameters). The
+#: GatingModel settings of each kernel method (on top of the user's model parameters); a method
+#: whose settings name a research option (n_augment, augment_gain, augment_shift,
+#: bandwidth_x_hedge, self_training) is a ResearchGatingModel (research_model.build_model). The
 #: method's family (hinge, linear kernel, agnostic weighting, selection for the worst group, DICA)
 #: is measured as the papers' systems: without the adapted populations.
 METHOD_SETTINGS = {
@@ -142,7 +145,8 @@ def leave_one_patient_out(samples, labels, methods=METHODS, model_params=None, p
     ----------
     samples : list of Sample;  labels : list of ndarray (n_i,)
     methods : iterable of :data:`METHODS`
-    model_params : dict or None, extra GatingModel parameters (for the kernel methods)
+    model_params : dict or None, extra GatingModel parameters (for the kernel methods; naming a
+        research option makes every kernel method a ResearchGatingModel)
     progress : callable(stage: str, fraction: float) or None
     groups : sequence or None
         Groups of the patients, passed to model selection inside each training set.
@@ -305,7 +309,7 @@ def _fold_models(method, samples, labels, held_out_sets, model_params, groups, r
                                                                                           train_labels)
         else:
             train_groups = None if groups is None else [groups[i] for i in train]
-            yield GatingModel(**settings).fit(train_samples, train_labels, groups=train_groups)
+            yield build_model(settings).fit(train_samples, train_labels, groups=train_groups)
 
 
 def summarize(table: pd.DataFrame) -> pd.DataFrame:

@@ -39,8 +39,9 @@ import numpy as np
 from gating_core.classifier import MarginalTransferClassifier
 from gating_core.cpus import run_side_by_side, score_threads, with_blas_threads
 from gating_core.losses import loss_for
-from gating_core.model import METHODS, GatingModel
+from gating_core.model import METHODS
 from gating_core.priors import training_prior
+from gating_core.research_model import build_model
 from gating_core.selection import problem_view
 from gating_core.training_problem import TrainingProblem
 
@@ -62,7 +63,8 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
     held_out_sets : list of list of int
         Patient indices held out of each fold.
     model_params : dict or None
-        GatingModel parameters (as ``GatingModel(**model_params)``).
+        GatingModel parameters (as ``GatingModel(**model_params)``), or ResearchGatingModel ones
+        when they name any of its options (:func:`gating_core.research_model.build_model`).
     groups : sequence of length n_patients or None
         Center / batch / run of each patient (None: inferred from the embeddings of all
         patients, as :meth:`GatingModel.fit` would); each fold's selection holds out whole
@@ -75,7 +77,7 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
     (``training_patients_``, ``groups_``, ``selection_`` are the fold's).
     """
     report = progress or (lambda stage, fraction: None)
-    base = GatingModel(**(model_params or {}))
+    base = build_model(dict(model_params or {}))
     if base.method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {base.method!r}")
     if len(samples) != len(labels):

@@ -397,9 +397,10 @@ def model_file_format(path) -> str:
 
 
 def load_any_model(path):
-    """A GatingModel or an IWNystroemGatingModel, whichever ``path`` holds (checked, no pickle)."""
+    """A GatingModel, a ResearchGatingModel or an IWNystroemGatingModel, whichever ``path`` holds
+    (checked, no pickle)."""
     if model_file_format(path) == IW_FORMAT:
         return IWNystroemGatingModel.load(path)
-    from gating_core.model import GatingModel
+    from gating_core.research_model import load_gating_model
 
-    return GatingModel.load(path)
+    return load_gating_model(path)

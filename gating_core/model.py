@@ -33,8 +33,8 @@ from gating_core.transforms import ChannelTransform
 
 METHODS = ("marginal", "pooling", "multitask")
 DEFAULT_LOSS = "squared"
-#: Shift-augmented copies of each training patient (an option; measured in docs/unseen_data.md, it
-#: gained on one simulated cohort only and cost another: not in the default).
+#: Shift-augmented copies of each training patient (an option of ResearchGatingModel; measured in
+#: docs/unseen_data.md, it gained on one simulated cohort only and cost another: not in the default).
 DEFAULT_AUGMENT = 0
 #: Weight of the pooled companion in the marginal method's probabilities (see GatingModel).
 #: "auto" (chosen by cross-validation over groups) is an option: measured on held-out centers
@@ -43,7 +43,7 @@ DEFAULT_POOLED_WEIGHT = 0.5
 #: Population balance of each patient's training-cell draw (see GatingModel's class_balance).
 DEFAULT_CLASS_BALANCE = 0.0
 #: The marginal method's second fit is at this multiple of the larger of the selected sigma_X and
-#: the median distance between cells (GatingModel's ``bandwidth_x_hedge``).
+#: the median distance between cells (ResearchGatingModel's ``bandwidth_x_hedge``; None: no second fit).
 DEFAULT_BANDWIDTH_X_HEDGE = None
 #: Penalty of the pooled companion's logistic fit: light, as a user would fit the plain baseline.
 POOLED_ALPHA = 1e-5
@@ -91,8 +91,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         cells (JMLR section 8.1 selects it); False: sigma' is that median distance. Only with
         ``select`` and the marginal method; the choice is ``selection_["bandwidth_embedding"]``.
     n_features, n_embedding_features, cells_per_patient, embedding_cells, solver,
-    bandwidth_x, bandwidth_p, alpha, loss, n_augment, augment_gain, augment_shift,
-    patient_weighting :
+    bandwidth_x, bandwidth_p, alpha, loss, patient_weighting :
         Passed to :class:`MarginalTransferClassifier` (bandwidths in standardised units; set
         ones are kept out of the selection).
     pooled_weight : float in [0, 1] or "auto", default=0.5
@@ -147,14 +146,6 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         population (B or NK cells at 0.5%) brings 20 of 4,000 cells to a uniform draw. Measured
         on held-out centers, 1 raised macro-F1 where populations are rare and lowered accuracy
         on the real data's batch protocol (docs/method.md): an option.
-    bandwidth_x_hedge : float in (0, 1) or None, default=None
-        An option: fit the marginal model a second time at ``bandwidth_x_hedge`` times the
-        larger of the selected sigma_X and the median distance between cells, and gate with the
-        mean of the two fits' probabilities (a hedge for a new center needing the bandwidth the
-        cross-validation did not choose). Measured in docs/unseen_data.md it changed nothing on
-        the real sets: not in the default. It costs a second ridge fit and a
-        second set of features in gating. Only with ``select``, sigma_X not given,
-        ``solver="rff"`` and the Gaussian cell kernel.
     kernel_x : {"gaussian", "linear"}, default="gaussian"
         The cell kernels (see :class:`MarginalTransferClassifier`). "linear" (the JMLR
         flow-cytometry experiment): the embedding is the patient's mean standardised cell and
@@ -178,16 +169,11 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         between the training groups and a new run can move further: among the weights they
         cannot tell apart, the most adapted. 0: the transfer model alone. Only ``method="marginal"``; the baselines
         gate as fitted.
-    self_training : bool, default=False
-        An option: at gating time, move each patient's gates towards its own confident cells
-        (:mod:`gating_core.self_training`): the more confident half of every population the
-        model finds among the patient's content-chosen cells, at most 300 cells a population,
-        become pseudo-labels, and a ridge fit of their residuals on the marginal classifier's
-        features (the refinement of JMLR section 9, with the model's labels instead of a
-        reviewer's) is added to the final probabilities. No label of the patient is used.
-        Measured in docs/unseen_data.md it gained half a point on the mass cytometry sets and
-        cost a real flow set and two simulated cohorts: not in the default. Only
-        ``method="marginal"`` with ``solver="rff"``.
+    The research options (shift augmentation, a second fit at a narrower cell bandwidth,
+    self-training at gating time) are not parameters of this model: they are those of
+    :class:`~gating_core.research_model.ResearchGatingModel`, a subclass. This model runs with
+    them off (the class attributes ``n_augment``, ``augment_gain``, ``augment_shift``,
+    ``bandwidth_x_hedge`` and ``self_training``, which its code reads).
 
     A scikit-learn estimator (``clone``, ``get_params``, ``set_params``) whose parameters are
     keyword-only and exactly those the model file stores. What each may hold is declared in
@@ -216,7 +202,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         is no companion; per patient see :meth:`companion_weight`)
     companion_bandwidth_x_ : float or None  the companion's own selected sigma_X (None: the main model's)
     hedge_classifier_ : MarginalTransferClassifier or None
-        The marginal model's second fit (see ``bandwidth_x_hedge``); None when there is none.
+        The marginal model's second fit (ResearchGatingModel's ``bandwidth_x_hedge``); None when
+        there is none.
     adaptive_lda_ : AdaptiveLDA or None
         The populations as Gaussians (see ``adaptive_weight``); None when the weight is 0.
     adaptive_weight_ : float  the adapted populations' share of the final probabilities
@@ -233,6 +220,18 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     #: The choices of ``method``; the model file's checks read them from here, as
     #: :mod:`gating_core.model_io` sits below this module and cannot import it.
     METHODS = METHODS
+
+    # The research options at the values this model runs with. They are ResearchGatingModel's
+    # parameters (gating_core.research_model), not this model's; the code below reads them as
+    # attributes, so one code path serves both classes.
+    n_augment = DEFAULT_AUGMENT
+    augment_gain = 0.08
+    augment_shift = 0.15
+    bandwidth_x_hedge = DEFAULT_BANDWIDTH_X_HEDGE
+    self_training = False
+    #: Their names, for the model file (gating_core.model_io reads them from the class it is given:
+    #: a file storing them at these values is this model's, otherwise a ResearchGatingModel's).
+    RESEARCH_OPTIONS = ("n_augment", "augment_gain", "augment_shift", "bandwidth_x_hedge", "self_training")
 
     _parameter_constraints = {
         "method": [Options(*METHODS)],
@@ -251,9 +250,6 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         "bandwidth_p": [NONE, Interval(numbers.Real, 0, None, "neither")],
         "alpha": [NONE, Interval(numbers.Real, 0, None, "neither")],
         "loss": [Options(*LOSSES)],
-        "n_augment": [Interval(numbers.Integral, 0)],
-        "augment_gain": [Options("auto"), Interval(numbers.Real, 0)],
-        "augment_shift": [Options("auto"), Interval(numbers.Real, 0)],
         "patient_weighting": [Options(*PATIENT_WEIGHTINGS)],
         "pooled_weight": [Options("auto"), Interval(numbers.Real, 0, 1)],
         "prior_shift": [Options(*PRIOR_SHIFTS)],
@@ -268,8 +264,6 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         "dica_components": [Interval(numbers.Integral, 1, 2 * MODEL_DICA_FEATURES)],
         "kernel_x": [Options(*KERNELS_X)],
         "class_balance": [Interval(numbers.Real, 0, 1)],
-        "bandwidth_x_hedge": [NONE, Interval(numbers.Real, 0, 1, "neither")],
-        "self_training": [BOOLEAN],
         "adaptive_weight": [Options("auto"), Interval(numbers.Real, 0, 1)],
     }
 
@@ -277,12 +271,11 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                  select_embedding_bandwidth=False,
                  n_features=512, n_embedding_features=128, cells_per_patient=4000, embedding_cells=20000,
                  solver="rff", bandwidth_x=None, bandwidth_p=None, alpha=None, loss=DEFAULT_LOSS,
-                 n_augment=DEFAULT_AUGMENT, augment_gain=0.08, augment_shift=0.15, patient_weighting="uniform",
+                 patient_weighting="uniform",
                  pooled_weight=DEFAULT_POOLED_WEIGHT, prior_shift="none", align="none", cv_folds=5, cv_repeats=2,
                  selection_cells_per_patient=1500, selection_objective="mean", random_state=0,
                  task_similarity=0.5, dica=None, dica_components=20, kernel_x="gaussian",
-                 class_balance=DEFAULT_CLASS_BALANCE, bandwidth_x_hedge=DEFAULT_BANDWIDTH_X_HEDGE,
-                 self_training=False, adaptive_weight=DEFAULT_ADAPTIVE_WEIGHT):
+                 class_balance=DEFAULT_CLASS_BALANCE, adaptive_weight=DEFAULT_ADAPTIVE_WEIGHT):
         self.method = method
         self.channels = channels
         self.transform = transform
@@ -298,9 +291,6 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         self.bandwidth_p = bandwidth_p
         self.alpha = alpha
         self.loss = loss
-        self.n_augment = n_augment
-        self.augment_gain = augment_gain
-        self.augment_shift = augment_shift
         self.patient_weighting = patient_weighting
         self.pooled_weight = pooled_weight
         self.prior_shift = prior_shift
@@ -315,8 +305,6 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         self.dica_components = dica_components
         self.kernel_x = kernel_x
         self.class_balance = class_balance
-        self.bandwidth_x_hedge = bandwidth_x_hedge
-        self.self_training = self_training
         self.adaptive_weight = adaptive_weight
 
     # -- training ------------------------------------------------------------------------------
@@ -534,7 +522,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
 
     def _fold_copy(self, groups, patients) -> "GatingModel":
         """A model with this one's parameters and preprocessing, to fit on some patients only."""
-        fold = GatingModel(**self.get_params(deep=False))
+        fold = type(self)(**self.get_params(deep=False))  # a subclass's folds keep its options
         for name in ("channels_", "channel_markers_", "transform_", "center_", "scale_", "dica_",
                      "reference_quantiles_", "reference_landmarks_"):
             setattr(fold, name, getattr(self, name, None))

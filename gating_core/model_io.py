@@ -11,7 +11,9 @@ problem.
 
 This module sits below :mod:`gating_core.model`, whose ``GatingModel.save`` / ``GatingModel.load``
 call :func:`save_model` / :func:`load_model`, and so never imports it: :func:`load_model` is
-given the class to build, and reads the choices of its ``method`` from it.
+given the class to build, and reads the choices of its ``method`` and the names of the research
+options (``RESEARCH_OPTIONS``, parameters of
+:class:`~gating_core.research_model.ResearchGatingModel` only) from it.
 """
 
 from __future__ import annotations
@@ -38,7 +40,12 @@ MODEL_FORMAT = "gating_core.model"
 # 2: the pooled companion of the marginal method (files of format 1 load without one).
 # 3: the companion's weight as fitted (pooled_weight="auto"); format-2 files use their parameter.
 # 4: the marginal model's second fit, bandwidth_x_hedge (files of formats 1-3 load without one).
-# 5: self-training at gating time (GatingModel.self_training; files of formats 1-4 gate without it).
+# The research options (n_augment, augment_gain, augment_shift, bandwidth_x_hedge, self_training)
+# left GatingModel's parameters for ResearchGatingModel's without a new format: a file storing
+# them all at GatingModel's values (as every file did before) is a GatingModel's, one storing any
+# other value a ResearchGatingModel's (see _model_params).
+# 5: self-training at gating time (now ResearchGatingModel.self_training; files of formats 1-4 gate
+#    without it).
 # 6: the populations adapted to each patient (GatingModel.adaptive_weight; files of formats 1-5 gate
 #    without them).
 MODEL_FORMAT_VERSION = 6
@@ -145,10 +152,12 @@ def _write_atomically(path: Path, arrays: dict) -> None:
         raise
 
 
-def load_model(cls, path):
+def load_model(cls, path, research_cls=None):
     """Read a ``cls`` (GatingModel) written by :func:`save_model`; raises ModelFileError for anything else.
 
-    The file is read by :func:`gating_core.modelfile.read_archive` (bounded memory, no
+    ``research_cls``: the class to build instead when ``cls`` lacks a research option the file
+    stores away from ``cls``'s value (ResearchGatingModel); None: such a file is a
+    ModelFileError naming what reads it. The file is read by :func:`gating_core.modelfile.read_archive` (bounded memory, no
     pickle, declared sizes checked before decompressing); the JSON description is checked
     field by field and the arrays' shapes against it (see :func:`model_from_parts`).
     """
@@ -165,22 +174,23 @@ def load_model(cls, path):
     if version > MODEL_FORMAT_VERSION:
         raise ModelFileError(path, f"written by a newer gating_core (format {version}); upgrade to read it")
     try:
-        return model_from_parts(cls, meta, arrays, path=path)
+        return model_from_parts(cls, meta, arrays, path=path, research_cls=research_cls)
     except ModelFileError:
         raise
     except (KeyError, TypeError, ValueError, IndexError) as exc:
         raise ModelFileError(path, f"model file is incomplete or inconsistent ({exc})") from None
 
 
-def model_from_parts(cls, meta, arrays, path="model"):
-    """Build a fitted model from a checked description and arrays (see :func:`load_model`).
+def model_from_parts(cls, meta, arrays, path="model", research_cls=None):
+    """Build a fitted model from a checked description and arrays (see :func:`load_model`;
+    ``research_cls`` as there).
 
     Every field is type-checked (:class:`~gating_core.modelfile.Fields`); hyperparameters
     must be ones the constructors accept; array shapes must agree with each other and with
     the description. A violation is a ModelFileError.
     """
     top = Fields(path, meta, "model")
-    params = _model_params(path, top.object("params"), cls)
+    cls, params = _model_params(path, top.object("params"), cls, research_cls)
     model = cls(**params)
     model.channels_ = top.strings("channels", min_length=1, unique=True)
     d = len(model.channels_)
@@ -435,8 +445,8 @@ def _check_hedge_shares_embedding(hedge, main) -> None:
 
 
 def _hedge_model(path, fields: Fields, array, arrays, main: MarginalTransferClassifier, d: int, k: int):
-    """The marginal model's second fit (GatingModel.bandwidth_x_hedge): the main model's settings,
-    embedding map and training embeddings, its own sigma_X and weights."""
+    """The marginal model's second fit (ResearchGatingModel.bandwidth_x_hedge): the main model's
+    settings, embedding map and training embeddings, its own sigma_X and weights."""
     if not (main.solver == "rff" and main.kernel_x == "gaussian"):
         raise ModelFileError(path, "model description: a second fit needs an 'rff' model with the Gaussian "
                                    "cell kernel")
@@ -496,17 +506,30 @@ def _linear_feature_map(path, array, arrays, clf, d: int, n_out: int, prefix: st
     return fm
 
 
-def _model_params(path, fields: Fields, cls) -> dict:
-    """The parameters of a ``cls`` (GatingModel) in the description: the names its constructor
-    accepts, ``method`` one of ``cls.METHODS``."""
-    params = _checked_params(path, fields, inspect.signature(cls).parameters, "model parameter", cls.METHODS)
+def _model_params(path, fields: Fields, cls, research_cls=None) -> tuple:
+    """The class to build and its parameters in the description: (``cls``, the names its
+    constructor accepts, ``method`` one of ``cls.METHODS``), or (``research_cls``, its
+    parameters) when the file stores a research option ``cls`` lacks away from ``cls``'s value."""
+    accepted = dict(inspect.signature(cls).parameters)
+    # The research options ``cls`` has as class attributes only: every file written while they
+    # were GatingModel's parameters stores them, at these values unless they were asked for.
+    absent = [name for name in getattr(cls, "RESEARCH_OPTIONS", ()) if name not in accepted]
+    accepted.update({name: inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in absent})
+    params = _checked_params(path, fields, accepted, "model parameter", cls.METHODS)
     # Files written before class_balance existed drew their training cells uniformly.
     params.setdefault("class_balance", 0.0)
-    # Files written before self-training existed gate as they did.
-    params.setdefault("self_training", False)
-    # ... and before the adapted populations.
+    # ... and before the adapted populations. (Files written before self-training existed gate
+    # without it: its default.)
     params.setdefault("adaptive_weight", 0.0)
-    return params
+    stored = {name: params.pop(name) for name in absent if name in params}
+    asked = {name: value for name, value in stored.items() if value != getattr(cls, name)}
+    if not asked:
+        return cls, params
+    if research_cls is None:
+        described = ", ".join(f"{name}={value!r}" for name, value in asked.items())
+        raise ModelFileError(path, f"a ResearchGatingModel's file ({described}): read it with "
+                                   "gating_core.research_model.load_gating_model or ResearchGatingModel.load")
+    return research_cls, {**params, **stored}
 
 
 def _classifier_params(path, fields: Fields, accepted) -> dict:

@@ -12,6 +12,7 @@ from gating_core.adaptive_lda import AdaptiveLDA
 from gating_core.features import content_hashes
 from gating_core.model import ADAPTIVE_WEIGHT_TOLERANCE, ADAPTIVE_WEIGHTS, GatingModel
 from gating_core.modelfile import ModelFileError
+from gating_core.research_model import ResearchGatingModel
 from modelfile_helpers import rewrite_model_file
 
 
@@ -82,7 +83,7 @@ def small_cohort():
 @pytest.fixture(scope="module")
 def auto_model(small_cohort):
     samples, labels, centers = small_cohort
-    return GatingModel(select=False, n_augment=1, cells_per_patient=1500, self_training=False).fit(
+    return ResearchGatingModel(select=False, n_augment=1, cells_per_patient=1500).fit(
         samples[:4], labels[:4], groups=centers[:4])
 
 
@@ -101,8 +102,8 @@ def test_gating_mixes_the_adapted_populations_at_the_weight(small_cohort, auto_m
     samples, _, _ = small_cohort
     new = samples[5]
     for weight in (0.0, 0.5, 1.0):
-        model = GatingModel(select=False, n_augment=1, cells_per_patient=1500, self_training=False,
-                            adaptive_weight=weight).fit(samples[:4], small_cohort[1][:4])
+        model = ResearchGatingModel(select=False, n_augment=1, cells_per_patient=1500,
+                                    adaptive_weight=weight).fit(samples[:4], small_cohort[1][:4])
         proba = model.predict_proba(new)
         transfer = model._proba(model.standardised_cells(new), model.patient_embedding(new), 50_000)
         if weight == 0:
@@ -117,11 +118,11 @@ def test_gating_mixes_the_adapted_populations_at_the_weight(small_cohort, auto_m
 
 def test_the_model_file_keeps_the_adapted_populations(tmp_path, small_cohort):
     samples, labels, _ = small_cohort
-    model = GatingModel(select=False, n_augment=1, cells_per_patient=1500, self_training=False,
-                        adaptive_weight=0.5).fit(samples[:4], labels[:4])
+    model = ResearchGatingModel(select=False, n_augment=1, cells_per_patient=1500,
+                                adaptive_weight=0.5).fit(samples[:4], labels[:4])
     path = tmp_path / "m.npz"
     model.save(path)
-    loaded = GatingModel.load(path)
+    loaded = ResearchGatingModel.load(path)
     assert loaded.adaptive_weight_ == 0.5
     np.testing.assert_array_equal(loaded.adaptive_lda_.means_, model.adaptive_lda_.means_)
     np.testing.assert_array_equal(loaded.predict_proba(samples[5]), model.predict_proba(samples[5]))
@@ -133,15 +134,15 @@ def test_the_model_file_keeps_the_adapted_populations(tmp_path, small_cohort):
     del meta["adaptive"], meta["params"]["adaptive_weight"]
     old = rewrite_model_file(arrays, tmp_path / "old.npz", meta,
                              drop=("adaptive_means", "adaptive_covariance", "adaptive_priors"))
-    previous = GatingModel.load(old)
+    previous = ResearchGatingModel.load(old)
     assert previous.adaptive_weight == 0.0 and previous.adaptive_lda_ is None
     # Arrays without their description, or a covariance that is none, are refused.
     with pytest.raises(ModelFileError, match="adaptive arrays in a model without them"):
-        GatingModel.load(rewrite_model_file({**arrays}, tmp_path / "stray.npz", meta))
+        ResearchGatingModel.load(rewrite_model_file({**arrays}, tmp_path / "stray.npz", meta))
     meta6 = json.loads(str(np.load(path)["meta"]))
     broken = dict(arrays, adaptive_covariance=-np.eye(len(model.channels_)))
     with pytest.raises(ModelFileError, match="not a covariance"):
-        GatingModel.load(rewrite_model_file(broken, tmp_path / "bad.npz", meta6))
+        ResearchGatingModel.load(rewrite_model_file(broken, tmp_path / "bad.npz", meta6))
 
 
 @pytest.mark.parametrize("weight", [-0.1, 1.5, "half", True])

@@ -8,8 +8,10 @@ import pytest
 
 from gating_core.fcs import read_fcs
 from gating_core.model import GatingModel
+from gating_core.research_model import ResearchGatingModel
 from gating_core.selection import DEFAULT_EMBEDDING_FACTORS
 from helpers import run_cli, sample_cohort, sample_paths
+# With one shift-augmented copy of each patient (a ResearchGatingModel option).
 QUICK = dict(n_features=64, cells_per_patient=500, selection_cells_per_patient=300, cv_folds=3, cv_repeats=1,
              n_augment=1)
 
@@ -20,14 +22,14 @@ def patients():
 
 
 def test_sigma_prime_is_selected_stored_and_round_trips(patients, tmp_path, sample_data_dir):
-    plain = GatingModel(**QUICK).fit(*patients)
+    plain = ResearchGatingModel(**QUICK).fit(*patients)
     assert "bandwidth_embedding" not in plain.selection_
     assert not any("e_factor" in row for row in plain.selection_["table"])
     start = plain.classifier_.bandwidth_embedding_  # the median distance between cells
 
     # sigma_P given: on these simulated patients the search would otherwise fall back to pooling
     # (k_P = 1), where sigma' plays no part
-    model = GatingModel(select_embedding_bandwidth=True, bandwidth_p=1.0, **QUICK).fit(*patients)
+    model = ResearchGatingModel(select_embedding_bandwidth=True, bandwidth_p=1.0, **QUICK).fit(*patients)
     assert model.selection_["embedding_kept"]
     table = model.selection_["table"]
     searched = sorted({row["e_factor"] for row in table if "e_factor" in row})
@@ -44,7 +46,7 @@ def test_sigma_prime_is_selected_stored_and_round_trips(patients, tmp_path, samp
 
     path = tmp_path / "model.npz"
     model.save(path)
-    loaded = GatingModel.load(path)
+    loaded = ResearchGatingModel.load(path)
     assert loaded.select_embedding_bandwidth is True
     assert loaded.selection_["bandwidth_embedding"] == chosen
     assert loaded.classifier_.bandwidth_embedding_ == chosen

@@ -140,8 +140,8 @@ def landmark_model(small_centers):
     from gating_core.model import GatingModel
 
     samples, labels, _ = small_centers
-    return GatingModel(select=False, n_augment=0, align="landmarks", cells_per_patient=1500,
-                       adaptive_weight=0.0, self_training=False).fit(samples[:4], labels[:4])
+    return GatingModel(select=False, align="landmarks", cells_per_patient=1500,
+                       adaptive_weight=0.0).fit(samples[:4], labels[:4])
 
 
 def test_a_landmark_registered_model_round_trips_and_gates_identically(small_centers, landmark_model, tmp_path):
@@ -244,7 +244,7 @@ def test_streamed_gating_registers_as_model_gate(sample_data_dir):
     from gating_core.model import GatingModel
 
     model = GatingModel(select=False, n_features=128, n_embedding_features=32, cells_per_patient=1000,
-                        embedding_cells=3000, n_augment=0, align="landmarks", random_state=3).fit(
+                        embedding_cells=3000, align="landmarks", random_state=3).fit(
         *sample_cohort(range(5, 9)))
     path = sample_data_dir / "new" / "new_patient_02.fcs"
     result = model.gate(read_fcs(path, compensate=True), chunk_size=2048)

@@ -32,7 +32,7 @@ def test_unseen_simulated_centers_gated_better_than_pooled_ridge_and_lda():
     groups = [centers[s.name] for s in samples]
     # The mechanism this test guards is the shift augmentation (an option) with group-aware
     # selection, so the model here is the marginal model with its options on and without the
-    # adapted populations.
+    # adapted populations (a ResearchGatingModel: evaluation builds one for these options).
     mechanism = {"n_augment": 4, "bandwidth_x_hedge": 0.5, "self_training": True, "adaptive_weight": 0.0}
     table = leave_one_group_out(samples, labels, groups, methods=("marginal", "pooled-ridge", "lda"),
                                 model_params=mechanism)
@@ -81,11 +81,12 @@ def test_trained_on_one_replicate_pair_the_other_batch_is_gated_by_the_companion
     twins, and every patient of the other batch lies beyond both in sigma_P: the marginal model
     alone gates them badly. Its share of the blend fades with k_P, so they are gated mostly by
     the pooled companion, not by the even blend."""
-    from gating_core.model import GatingModel
+    from gating_core.research_model import build_model
 
     data = [load_labeled_input(multicenter_dir / f"multicenter_{i:02d}.fcs") for i in (9, 10, 1, 7)]
     samples, labels = [d[0] for d in data], [np.asarray(d[1]).astype(str) for d in data]
-    model = GatingModel(n_augment=n_augment).fit(samples[:2], labels[:2], groups=["B", "B"])
+    # Shift augmentation is a ResearchGatingModel option; without it, the product's GatingModel.
+    model = build_model({"n_augment": n_augment} if n_augment else {}).fit(samples[:2], labels[:2], groups=["B", "B"])
     assert model.classifier_.use_embedding and model.pooled_weight_ == 0.5
     for sample, truth in zip(samples[2:], labels[2:]):
         psi = model.patient_embedding(sample)

@@ -1,4 +1,5 @@
-"""The marginal method's second fit at the narrower cell bandwidth (GatingModel.bandwidth_x_hedge)."""
+"""The marginal method's second fit at the narrower cell bandwidth (ResearchGatingModel.bandwidth_x_hedge,
+an option the product's GatingModel leaves out)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 from modelfile_helpers import rewrite_model_file
 
 from gating_core.held_out import fold_models
-from gating_core.model import DEFAULT_BANDWIDTH_X_HEDGE, GatingModel
+from gating_core.model import DEFAULT_BANDWIDTH_X_HEDGE
+from gating_core.research_model import ResearchGatingModel, load_gating_model
 from gating_core.modelfile import ModelFileError
 from gating_core.synthetic import simulate_centers
 
@@ -23,7 +25,7 @@ SMALL = dict(n_features=96, cells_per_patient=600, selection_cells_per_patient=3
 @pytest.fixture(scope="module")
 def hedged(three_centers):
     samples, labels, groups = three_centers
-    return GatingModel(**SMALL).fit(samples[:4], labels[:4], groups=groups[:4])
+    return ResearchGatingModel(**SMALL).fit(samples[:4], labels[:4], groups=groups[:4])
 
 
 def test_the_second_fit_is_at_half_the_larger_of_the_selected_bandwidth_and_the_median(hedged, three_centers):
@@ -59,7 +61,8 @@ def test_the_second_fit_survives_save_and_older_files_gate_with_one(hedged, thre
     samples, _, _ = three_centers
     path = tmp_path / "hedged.npz"
     hedged.save(path)
-    loaded = GatingModel.load(path)
+    loaded = load_gating_model(path)  # as gate --model and the app read it
+    assert type(loaded) is ResearchGatingModel and loaded.get_params() == hedged.get_params()
     assert loaded.hedge_classifier_.bandwidth_x_ == hedged.hedge_classifier_.bandwidth_x_
     np.testing.assert_array_equal(loaded.predict_proba(samples[5]), hedged.predict_proba(samples[5]))
 
@@ -73,7 +76,7 @@ def test_the_second_fit_survives_save_and_older_files_gate_with_one(hedged, thre
     hedge_arrays = [k for k in arrays if k.startswith("hedge_")]
     old = {k: v for k, v in meta.items() if k != "hedge"}
     old["format_version"] = 3
-    previous = GatingModel.load(rewrite("old.npz", old, drop=hedge_arrays))
+    previous = ResearchGatingModel.load(rewrite("old.npz", old, drop=hedge_arrays))
     assert previous.hedge_classifier_ is None and previous.describe()["second_bandwidth_x"] is None
     cells, psi = hedged.standardised_cells(samples[5]), hedged.patient_embedding(samples[5])
     w = hedged.companion_weight(psi)
@@ -82,31 +85,33 @@ def test_the_second_fit_survives_save_and_older_files_gate_with_one(hedged, thre
     np.testing.assert_allclose(previous.predict_proba(samples[5]), single, atol=1e-6)
 
     with pytest.raises(ModelFileError, match="hedge arrays in a model without"):
-        GatingModel.load(rewrite("orphan.npz", old))
+        ResearchGatingModel.load(rewrite("orphan.npz", old))
     with pytest.raises(ModelFileError, match="hedge_coef"):
-        GatingModel.load(rewrite("missing.npz", meta, drop=["hedge_coef"]))
+        ResearchGatingModel.load(rewrite("missing.npz", meta, drop=["hedge_coef"]))
     bad = json.loads(json.dumps(meta))
     bad["hedge"]["bandwidth_x"] = -1.0
     with pytest.raises(ModelFileError, match="bandwidth_x"):
-        GatingModel.load(rewrite("negative.npz", bad))
+        ResearchGatingModel.load(rewrite("negative.npz", bad))
 
 
 def test_no_second_fit_when_switched_off_or_when_sigma_x_is_not_selected(three_centers):
     samples, labels, groups = three_centers
     fit = dict(groups=groups[:4])
-    assert GatingModel(**{**SMALL, "bandwidth_x_hedge": None}).fit(samples[:4], labels[:4], **fit).hedge_classifier_ is None
-    assert GatingModel(select=False, **SMALL).fit(samples[:4], labels[:4], **fit).hedge_classifier_ is None
-    assert GatingModel(bandwidth_x=2.0, **SMALL).fit(samples[:4], labels[:4], **fit).hedge_classifier_ is None
-    pooling = GatingModel(method="pooling", **SMALL).fit(samples[:4], labels[:4], **fit)
+    one_fit = ResearchGatingModel(**{**SMALL, "bandwidth_x_hedge": None}).fit(samples[:4], labels[:4], **fit)
+    assert one_fit.hedge_classifier_ is None
+    assert ResearchGatingModel(select=False, **SMALL).fit(samples[:4], labels[:4], **fit).hedge_classifier_ is None
+    assert ResearchGatingModel(bandwidth_x=2.0, **SMALL).fit(samples[:4], labels[:4], **fit).hedge_classifier_ is None
+    pooling = ResearchGatingModel(method="pooling", **SMALL).fit(samples[:4], labels[:4], **fit)
     assert pooling.hedge_classifier_ is None
     with pytest.raises(ValueError, match="bandwidth_x_hedge must be None or a number within"):
-        GatingModel(**{**SMALL, "bandwidth_x_hedge": 1.5}).fit(samples[:4], labels[:4], **fit)
+        ResearchGatingModel(**{**SMALL, "bandwidth_x_hedge": 1.5}).fit(samples[:4], labels[:4], **fit)
 
 
 def test_every_fold_of_the_check_fits_its_own_second_model(three_centers):
     samples, labels, groups = three_centers
     folds = fold_models(samples, labels, [[0], [5]], model_params=SMALL, groups=groups)
     for model in folds:
+        assert type(model) is ResearchGatingModel  # the check's folds keep the options' class
         chosen, median = model.classifier_.bandwidth_x_, model.selection_["median_x"]
         assert model.hedge_classifier_.bandwidth_x_ == pytest.approx(0.5 * max(chosen, median))
     # The two folds chose different sigma_X (measured: the median, and four times it).
@@ -124,9 +129,9 @@ def test_the_second_fit_rescues_a_center_the_selected_bandwidth_misgates():
     groups = [center_of[s.name] for s in samples]
     train = [i for i, g in enumerate(groups) if g != "center_3"]
     test = [i for i, g in enumerate(groups) if g == "center_3"]
-    model = GatingModel(random_state=1, self_training=False, adaptive_weight=0.0, n_augment=4,
-                        bandwidth_x_hedge=0.5).fit([samples[i] for i in train], [labels[i] for i in train],
-                                            groups=[groups[i] for i in train])
+    model = ResearchGatingModel(random_state=1, self_training=False, adaptive_weight=0.0, n_augment=4,
+                                bandwidth_x_hedge=0.5).fit([samples[i] for i in train], [labels[i] for i in train],
+                                                           groups=[groups[i] for i in train])
     assert model.hedge_classifier_ is not None
     hedged = [np.mean(model.predict(samples[i]) == np.asarray(labels[i])) for i in test]
     second, model.hedge_classifier_ = model.hedge_classifier_, None
@@ -144,10 +149,10 @@ def test_a_model_whose_selection_fell_back_to_pooling_keeps_its_second_fit_throu
 
     samples, labels, groups = three_centers
     monkeypatch.setattr(selection, "POOLING_MARGIN", 1.0)  # pooling always within the margin
-    model = GatingModel(**SMALL).fit(samples[:4], labels[:4], groups=groups[:4])
+    model = ResearchGatingModel(**SMALL).fit(samples[:4], labels[:4], groups=groups[:4])
     assert not model.classifier_.use_embedding and model.hedge_classifier_ is not None
     assert model.hedge_classifier_.feature_map_.embedding_weights_ is None
     model.save(tmp_path / "pooled.npz")
     assert not any(k.endswith("embedding_weights") for k in np.load(tmp_path / "pooled.npz").files)
-    loaded = GatingModel.load(tmp_path / "pooled.npz")
+    loaded = ResearchGatingModel.load(tmp_path / "pooled.npz")
     np.testing.assert_array_equal(loaded.predict_proba(samples[5]), model.predict_proba(samples[5]))

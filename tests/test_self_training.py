@@ -1,4 +1,5 @@
-"""Self-training at gating time (GatingModel.self_training, gating_core.self_training)."""
+"""Self-training at gating time (ResearchGatingModel.self_training, an option the product's GatingModel
+leaves out; gating_core.self_training)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from gating_core.features import content_hashes, content_subsample
 from gating_core.inputs import load_labeled_input
 from gating_core.model import GatingModel
 from gating_core.refinement import refinement_coef
+from gating_core.research_model import ResearchGatingModel, load_gating_model
 from gating_core.self_training import (SELF_TRAINING_ALPHA, SELF_TRAINING_CELLS, SELF_TRAINING_QUANTILE,
                                        pseudo_labels, self_training_coef)
 from gating_core.synthetic import simulate_centers
@@ -65,7 +67,7 @@ def test_the_coefficients_are_the_refinement_fitted_to_the_pseudo_labels():
 @pytest.fixture(scope="module")
 def model(three_centers):
     samples, labels, groups = three_centers
-    return GatingModel(**SMALL).fit(samples[:4], labels[:4], groups=groups[:4])
+    return ResearchGatingModel(**SMALL).fit(samples[:4], labels[:4], groups=groups[:4])
 
 
 def test_gating_adds_the_pseudo_label_fit_to_the_blend(model, three_centers):
@@ -103,7 +105,7 @@ def test_gating_adds_the_pseudo_label_fit_to_the_blend(model, three_centers):
 
 def test_the_baselines_do_not_self_train(three_centers):
     samples, labels, groups = three_centers
-    pooling = GatingModel(method="pooling", **SMALL).fit(samples[:4], labels[:4], groups=groups[:4])
+    pooling = ResearchGatingModel(method="pooling", **SMALL).fit(samples[:4], labels[:4], groups=groups[:4])
     new = samples[5]
     cells, psi = pooling.standardised_cells(new), pooling.patient_embedding(new)
     np.testing.assert_array_equal(pooling.predict_proba(new), pooling._proba(cells, psi, 50_000))
@@ -113,8 +115,8 @@ def test_the_setting_survives_a_file_and_older_files_gate_without_it(model, thre
     samples, _, _ = three_centers
     path = tmp_path / "m.npz"
     model.save(path)
-    loaded = GatingModel.load(path)
-    assert loaded.self_training is True
+    loaded = load_gating_model(path)  # as gate --model and the app read it
+    assert type(loaded) is ResearchGatingModel and loaded.self_training is True
     np.testing.assert_array_equal(loaded.predict_proba(samples[5]), model.predict_proba(samples[5]))
     arrays = dict(np.load(path))
     meta = json.loads(str(arrays["meta"]))
@@ -122,7 +124,7 @@ def test_the_setting_survives_a_file_and_older_files_gate_without_it(model, thre
     old = json.loads(json.dumps(meta))
     old["format_version"] = 4
     del old["params"]["self_training"]
-    previous = GatingModel.load(rewrite_model_file(arrays, tmp_path / "old.npz", old))
+    previous = ResearchGatingModel.load(rewrite_model_file(arrays, tmp_path / "old.npz", old))
     assert previous.self_training is False and previous.describe()["self_training"] is False
     assert loaded.describe()["self_training"] is True
     cells, psi = model.standardised_cells(samples[5]), model.patient_embedding(samples[5])
@@ -132,7 +134,7 @@ def test_the_setting_survives_a_file_and_older_files_gate_without_it(model, thre
     from gating_core.modelfile import ModelFileError
 
     with pytest.raises(ModelFileError, match="self_training"):
-        GatingModel.load(rewrite_model_file(arrays, tmp_path / "bad.npz", bad))
+        ResearchGatingModel.load(rewrite_model_file(arrays, tmp_path / "bad.npz", bad))
 
 
 @pytest.mark.slow
@@ -145,9 +147,9 @@ def test_self_training_rescues_the_center_the_blend_misgates():
     groups = [center_of[s.name] for s in samples]
     train = [i for i, g in enumerate(groups) if g != "center_3"]
     test = [i for i, g in enumerate(groups) if g == "center_3"]
-    model = GatingModel(random_state=1, adaptive_weight=0.0, self_training=True, n_augment=4,
-                        bandwidth_x_hedge=0.5).fit([samples[i] for i in train], [labels[i] for i in train],
-                                            groups=[groups[i] for i in train])
+    model = ResearchGatingModel(random_state=1, adaptive_weight=0.0, self_training=True, n_augment=4,
+                                bandwidth_x_hedge=0.5).fit([samples[i] for i in train], [labels[i] for i in train],
+                                                           groups=[groups[i] for i in train])
     adapted = [np.mean(model.predict(samples[i]) == np.asarray(labels[i])) for i in test]
     model.self_training = False
     plain = [np.mean(model.predict(samples[i]) == np.asarray(labels[i])) for i in test]
@@ -163,7 +165,8 @@ def test_the_later_batch_of_the_shared_data_gains(multicenter_dir):
     baseline there over three seeds: 0.9081)."""
     data = [load_labeled_input(p) for p in sorted(multicenter_dir.glob("multicenter_*.fcs"))]
     pairs = [f"pair_{(i // 2) + 1}" for i in range(10)]
-    model = GatingModel(adaptive_weight=0.0, self_training=True, n_augment=4, bandwidth_x_hedge=0.5).fit(
+    model = ResearchGatingModel(adaptive_weight=0.0, self_training=True, n_augment=4,
+                                bandwidth_x_hedge=0.5).fit(
         [d[0] for d in data[:8]], [d[1] for d in data[:8]], groups=pairs[:8])
     adapted = [np.mean(model.predict(d[0]) == np.asarray(d[1])) for d in data[8:]]
     model.self_training = False
@@ -182,6 +185,8 @@ def test_train_self_training_writes_a_model_that_gates_with_it(tmp_path):
         flags = [flag] if flag else []
         done = run_cli("train", "--no-selection", "--out", out, *flags, *sample_paths(range(1, 4)))
         assert done.returncode == 0, done.stderr
-        model = GatingModel.load(out)
+        model = load_gating_model(out)
+        # Without the flag the product's model, which has no such parameter.
+        assert type(model) is (ResearchGatingModel if expected else GatingModel)
         assert model.self_training is expected and model.describe()["self_training"] is expected
         assert ("Gating: each patient's gates follow its own confident cells" in done.stdout) is expected

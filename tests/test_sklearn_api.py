@@ -258,7 +258,7 @@ def test_classifier_clone_and_params_round_trip():
 
 
 # Quick settings: cross-validation fits one model per held-out group.
-QUICK = dict(select=False, n_features=128, cells_per_patient=500, n_augment=0, pooled_weight=0.0)
+QUICK = dict(select=False, n_features=128, cells_per_patient=500, pooled_weight=0.0)
 
 
 def test_gating_model_is_a_scikit_learn_estimator_whose_params_are_the_saved_ones(tmp_path):

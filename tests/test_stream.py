@@ -19,7 +19,7 @@ from helpers import SAMPLE_DATA, sample_cohort
 
 def _small_model(samples, labels, **params):
     base = dict(select=False, n_features=128, n_embedding_features=32, cells_per_patient=1000,
-                bandwidth_x=1.0, bandwidth_p=1.0, alpha=1e-3, n_augment=0, random_state=3)
+                bandwidth_x=1.0, bandwidth_p=1.0, alpha=1e-3, random_state=3)
     base.update(params)
     return GatingModel(**base).fit(samples, labels)
 

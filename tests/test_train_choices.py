@@ -95,3 +95,28 @@ def test_each_choice_trains_saves_loads_and_gates_the_same(choice, sample_data_d
         accuracy = float(np.mean(predicted == truth))
         print(choice, fcs.stem, f"{accuracy:.4f}")
         assert accuracy > floor, (choice, fcs.stem, accuracy)
+
+
+def test_the_research_options_train_a_research_model_that_gate_reads(sample_data_dir, tmp_path):
+    """``--augment N`` and ``--second-bandwidth`` (and ``--self-training``) are ResearchGatingModel's
+    parameters: train builds one, its file loads back as one and ``gate`` gates with it; without
+    them the model is the product's GatingModel."""
+    from gating_core.research_model import ResearchGatingModel, load_gating_model
+
+    path = tmp_path / "research.npz"
+    result = run_cli("train", "--augment", "1", *SMALL, "--out", path, *sample_paths(range(1, 5)))
+    assert result.returncode == 0, result.stderr
+    loaded = load_gating_model(path)
+    assert type(loaded) is ResearchGatingModel and loaded.n_augment == 1
+    assert loaded.classifier_.n_augment == 1
+    out = tmp_path / "gated"
+    new = sample_data_dir / "new" / "new_patient_01.fcs"
+    gated = run_cli("gate", "--model", path, "--out-dir", out, new)
+    assert gated.returncode == 0, gated.stderr
+    predicted = pd.read_csv(out / f"{new.stem}.gated.csv")["population"].to_numpy()
+    truth = pd.read_csv(sample_data_dir / "truth" / f"{new.stem}.labels.csv")["population"].to_numpy()
+    assert np.mean(predicted == truth) > 0.98
+
+    plain = tmp_path / "plain.npz"
+    assert run_cli("train", *SMALL, "--out", plain, *sample_paths(range(1, 5))).returncode == 0
+    assert type(load_gating_model(plain)) is GatingModel

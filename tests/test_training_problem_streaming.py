@@ -16,7 +16,7 @@ from gating_core.classifier import MarginalTransferClassifier
 from gating_core.cpus import blas_threads
 from gating_core.digest import digest_patient
 from gating_core.features import MeanEmbedding
-from gating_core.model import GatingModel
+from gating_core.research_model import ResearchGatingModel
 from gating_core.solvers import stacked_rows
 from gating_core.synthetic import simulate_patient
 from gating_core.training_problem import RowFeatures, TrainingProblem, embed_cells, embed_patients, shared_embeddings
@@ -163,9 +163,10 @@ def digests():
 
 
 def _small_model():
-    # The transfer model alone: the adapted populations' cross-validation refits it per fold.
-    return GatingModel(n_features=96, n_embedding_features=24, cells_per_patient=1500, embedding_cells=2500,
-                       selection_cells_per_patient=500, n_augment=2, random_state=0, adaptive_weight=0.0)
+    # The transfer model alone: the adapted populations' cross-validation refits it per fold. Two
+    # shift-augmented copies of each patient (a ResearchGatingModel option).
+    return ResearchGatingModel(n_features=96, n_embedding_features=24, cells_per_patient=1500, embedding_cells=2500,
+                               selection_cells_per_patient=500, n_augment=2, random_state=0, adaptive_weight=0.0)
 
 
 def _summary(model):

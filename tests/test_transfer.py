@@ -161,13 +161,13 @@ def small_centers():
 
 @pytest.fixture(scope="module")
 def blended(small_centers):
-    from gating_core.model import GatingModel
+    from gating_core.research_model import ResearchGatingModel
 
     samples, labels, _ = small_centers
-    # Without the self-training step and the adapted populations: these tests follow the blend
-    # itself (tests/test_self_training.py, tests/test_adaptive_lda.py).
-    return GatingModel(select=False, n_augment=1, cells_per_patient=1500, self_training=False,
-                       adaptive_weight=0.0).fit(samples[:4], labels[:4])
+    # Without the adapted populations: these tests follow the blend itself
+    # (tests/test_adaptive_lda.py). One shift-augmented copy of each patient (a research option).
+    return ResearchGatingModel(select=False, n_augment=1, cells_per_patient=1500,
+                               adaptive_weight=0.0).fit(samples[:4], labels[:4])
 
 
 def test_marginal_probabilities_are_the_weighted_mean_with_the_pooled_companion(blended, small_centers):
@@ -208,12 +208,13 @@ def test_selected_companion_is_the_pooled_logistic_model_at_its_own_bandwidth(sm
     borrowed from the marginal model: it is exactly the pooled logistic regression a user would
     fit, so the blend is never built on a pooled model weaker than the baseline."""
     from gating_core.model import GatingModel
+    from gating_core.research_model import ResearchGatingModel
 
     samples, labels, centers = small_centers
     small = dict(n_features=96, cells_per_patient=600, selection_cells_per_patient=300, cv_repeats=1)
     groups = [centers[s.name] for s in samples[:4]]
-    model = GatingModel(n_augment=1, adaptive_weight=0.0, **small).fit(samples[:4], labels[:4], groups=groups)
-    baseline = GatingModel(method="pooling", loss="logistic", n_augment=0, alpha=1e-5, adaptive_weight=0.0, **small).fit(
+    model = ResearchGatingModel(n_augment=1, adaptive_weight=0.0, **small).fit(samples[:4], labels[:4], groups=groups)
+    baseline = GatingModel(method="pooling", loss="logistic", alpha=1e-5, adaptive_weight=0.0, **small).fit(
         samples[:4], labels[:4], groups=groups)
     companion = model.pooled_classifier_
     assert model.selection_["companion"]["bandwidth_x"] == companion.bandwidth_x_ == model.companion_bandwidth_x_
@@ -223,7 +224,8 @@ def test_selected_companion_is_the_pooled_logistic_model_at_its_own_bandwidth(sm
     cells, psi = model.standardised_cells(new), model.patient_embedding(new)
     np.testing.assert_allclose(companion.predict_proba(cells, psi), baseline.predict_proba(new), atol=1e-9)
     # A sigma_X given by the user is the companion's too, and nothing is selected for it.
-    fixed = GatingModel(n_augment=1, bandwidth_x=2.0, adaptive_weight=0.0, **small).fit(samples[:4], labels[:4], groups=groups)
+    fixed = ResearchGatingModel(n_augment=1, bandwidth_x=2.0, adaptive_weight=0.0, **small).fit(
+        samples[:4], labels[:4], groups=groups)
     assert fixed.pooled_classifier_.bandwidth_x_ == 2.0 and "companion" not in fixed.selection_
 
 
@@ -231,14 +233,14 @@ def test_pooled_weight_zero_and_pooling_fit_no_companion(small_centers):
     from gating_core.model import GatingModel
 
     samples, labels, _ = small_centers
-    alone = GatingModel(select=False, n_augment=0, pooled_weight=0.0, adaptive_weight=0.0, cells_per_patient=800,
-                        self_training=False).fit(samples[:3], labels[:3])
+    alone = GatingModel(select=False, pooled_weight=0.0, adaptive_weight=0.0, cells_per_patient=800).fit(
+        samples[:3], labels[:3])
     assert alone.pooled_classifier_ is None and alone.describe()["pooled_weight"] == 0.0
     new = samples[4]
     np.testing.assert_array_equal(
         alone.predict_proba(new),
         alone.classifier_.predict_proba(alone.standardised_cells(new), alone.patient_embedding(new)))
-    pooling = GatingModel(method="pooling", select=False, n_augment=0, adaptive_weight=0.0,
+    pooling = GatingModel(method="pooling", select=False, adaptive_weight=0.0,
                           cells_per_patient=800).fit(samples[:3], labels[:3])
     assert pooling.pooled_classifier_ is None
     with pytest.raises(ValueError, match="pooled_weight must be 'auto' or a number within"):
@@ -249,13 +251,13 @@ def test_companion_survives_save_and_load_and_older_files_load_without_it(blende
     import json
     import zipfile
 
-    from gating_core.model import GatingModel
     from gating_core.modelfile import ModelFileError
+    from gating_core.research_model import ResearchGatingModel
 
     samples, _, _ = small_centers
     path = tmp_path / "blend.npz"
     blended.save(path)
-    loaded = GatingModel.load(path)
+    loaded = ResearchGatingModel.load(path)
     np.testing.assert_array_equal(loaded.predict_proba(samples[5]), blended.predict_proba(samples[5]))
     assert loaded.pooled_classifier_.bandwidth_x_ == blended.pooled_classifier_.bandwidth_x_
 
@@ -268,7 +270,7 @@ def test_companion_survives_save_and_load_and_older_files_load_without_it(blende
     # A format-1 file has no companion: it gates with the marginal model alone.
     old = {k: v for k, v in meta.items() if k != "pooled"}
     old["format_version"] = 1
-    previous = GatingModel.load(rewrite("old.npz", old, drop=[k for k in arrays if k.startswith("pooled_")]))
+    previous = ResearchGatingModel.load(rewrite("old.npz", old, drop=[k for k in arrays if k.startswith("pooled_")]))
     assert previous.pooled_classifier_ is None
     cells, psi = blended.standardised_cells(samples[5]), blended.patient_embedding(samples[5])
     np.testing.assert_array_equal(previous.predict_proba(samples[5]), blended.classifier_.predict_proba(cells, psi))
@@ -276,9 +278,9 @@ def test_companion_survives_save_and_load_and_older_files_load_without_it(blende
     bad = json.loads(json.dumps(meta))
     bad["pooled"]["classifier"]["use_embedding"] = True
     with pytest.raises(ModelFileError, match="pooled companion"):
-        GatingModel.load(rewrite("bad.npz", bad))
+        ResearchGatingModel.load(rewrite("bad.npz", bad))
     with pytest.raises(ModelFileError, match="pooled_coef"):
-        GatingModel.load(rewrite("missing.npz", meta, drop=["pooled_coef"]))
+        ResearchGatingModel.load(rewrite("missing.npz", meta, drop=["pooled_coef"]))
     assert zipfile.is_zipfile(path)
 
 
@@ -296,7 +298,7 @@ def test_the_even_blend_is_kept_unless_another_weight_clearly_wins_on_held_out_g
 
 @pytest.fixture(scope="module")
 def auto_weighted(small_centers):
-    from gating_core.model import GatingModel
+    from gating_core.research_model import ResearchGatingModel
 
     samples, labels, centers = small_centers
     groups = [centers[s.name] for s in samples]
@@ -304,9 +306,9 @@ def auto_weighted(small_centers):
     # cell bandwidth is given (the one selection chose here), so the companion shares it and
     # "auto" keeps a companion on this cohort (0.25); with its own selected sigma_X the companion
     # is nearly linear here and "auto" drops it (0.0), which leaves no blend to check.
-    model = GatingModel(n_augment=1, cells_per_patient=1000, selection_cells_per_patient=600, cv_folds=3, adaptive_weight=0.0,
-                        cv_repeats=1, pooled_weight="auto", bandwidth_x=3.85,
-                        self_training=False).fit(samples, labels, groups=groups)
+    model = ResearchGatingModel(n_augment=1, cells_per_patient=1000, selection_cells_per_patient=600, cv_folds=3,
+                                adaptive_weight=0.0, cv_repeats=1, pooled_weight="auto",
+                                bandwidth_x=3.85).fit(samples, labels, groups=groups)
     return model
 
 
@@ -334,13 +336,13 @@ def test_auto_weight_is_chosen_over_held_out_centers_and_is_the_weight_used(auto
 def test_auto_weight_survives_save_and_format_2_files_use_their_parameter(auto_weighted, small_centers, tmp_path):
     import json
 
-    from gating_core.model import GatingModel
     from gating_core.modelfile import ModelFileError
+    from gating_core.research_model import ResearchGatingModel
 
     samples, _, _ = small_centers
     path = tmp_path / "auto.npz"
     auto_weighted.save(path)
-    loaded = GatingModel.load(path)
+    loaded = ResearchGatingModel.load(path)
     assert loaded.pooled_weight == "auto" and loaded.pooled_weight_ == auto_weighted.pooled_weight_
     np.testing.assert_array_equal(loaded.predict_proba(samples[4]), auto_weighted.predict_proba(samples[4]))
 
@@ -351,16 +353,16 @@ def test_auto_weight_survives_save_and_format_2_files_use_their_parameter(auto_w
     del older["pooled"]["weight"]
     older["params"]["pooled_weight"] = 0.25
     np.savez_compressed(tmp_path / "v2.npz", **{**arrays, "meta": np.array(json.dumps(older))})
-    assert GatingModel.load(tmp_path / "v2.npz").pooled_weight_ == 0.25
+    assert ResearchGatingModel.load(tmp_path / "v2.npz").pooled_weight_ == 0.25
     # "auto" without the fitted weight cannot be gated honestly: refuse the file.
     older["params"]["pooled_weight"] = "auto"
     np.savez_compressed(tmp_path / "bad.npz", **{**arrays, "meta": np.array(json.dumps(older))})
     with pytest.raises(ModelFileError, match="no weight"):
-        GatingModel.load(tmp_path / "bad.npz")
+        ResearchGatingModel.load(tmp_path / "bad.npz")
     meta["pooled"]["weight"] = 1.5
     np.savez_compressed(tmp_path / "range.npz", **{**arrays, "meta": np.array(json.dumps(meta))})
     with pytest.raises(ModelFileError, match="weight"):
-        GatingModel.load(tmp_path / "range.npz")
+        ResearchGatingModel.load(tmp_path / "range.npz")
 
 
 def test_pooled_weight_option_takes_auto_or_a_weight():
@@ -406,15 +408,15 @@ def test_prior_shift_em_gates_with_adjusted_probabilities(blended, small_centers
     from sklearn.base import clone  # noqa: F401  (GatingModel params are plain values)
 
     from gating_core.features import content_subsample
-    from gating_core.model import GatingModel
     from gating_core.priors import apply_prior_ratio, reestimate_prior
+    from gating_core.research_model import ResearchGatingModel
 
     samples, labels, _ = small_centers
     assert blended.class_prior_.shape == (len(blended.populations_),)
     np.testing.assert_allclose(blended.class_prior_.sum(), 1.0)
     path = tmp_path / "m.npz"
     blended.save(path)
-    em = GatingModel.load(path)
+    em = ResearchGatingModel.load(path)
     em.prior_shift = "em"
     new = samples[4]
     plain = blended.predict_proba(new)
@@ -476,7 +478,7 @@ def test_quantile_registered_model_round_trips_and_ignores_chunking(small_center
     from gating_core.modelfile import ModelFileError
 
     samples, labels, _ = small_centers
-    model = GatingModel(select=False, n_augment=0, align="quantile", cells_per_patient=1500,
+    model = GatingModel(select=False, align="quantile", cells_per_patient=1500,
                         adaptive_weight=0.0).fit(samples[:4], labels[:4])
     assert model.reference_quantiles_.shape == (len(model.channels_), 7)
     new = samples[5]
@@ -644,7 +646,7 @@ def further_baselines(small_centers):
     from gating_core.model import GatingModel
 
     samples, labels, _ = small_centers
-    fixed = dict(select=False, n_augment=0, cells_per_patient=1000, bandwidth_x=2.0, alpha=1e-4)
+    fixed = dict(select=False, cells_per_patient=1000, bandwidth_x=2.0, alpha=1e-4)
     return {name: GatingModel(**fixed, **settings).fit(samples[:4], labels[:4])
             for name, settings in (("hinge", {"loss": "hinge"}),
                                    ("multitask", {"method": "multitask", "task_similarity": 0.01}))}

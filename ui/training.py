@@ -240,9 +240,9 @@ def check_setup(samples, labels, model_params: dict) -> dict:
 
     import numpy as np
 
-    from gating_core.model import GatingModel
+    from gating_core.research_model import build_model
 
-    params = GatingModel(**model_params).get_params()
+    params = build_model(dict(model_params)).get_params()
     params.pop("method", None)
     return {"patients": [s.name for s in samples],
             "populations": sorted({str(p) for y in labels for p in np.unique(np.asarray(y).astype(str))}),

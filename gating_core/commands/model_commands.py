@@ -256,7 +256,10 @@ def _model_params(args) -> dict:
     params["prior_shift"] = args.prior_shift
     if args.augment < 0 or args.augment > 64:
         raise SystemExit(_usage(f"--augment must be within 0..64, got {args.augment}"))
-    params["n_augment"] = args.augment
+    # The research options are ResearchGatingModel's parameters: named only when asked for, so
+    # that a model without them is a GatingModel (research_model.model_class).
+    if args.augment:
+        params["n_augment"] = args.augment
     if args.second_bandwidth:
         params["bandwidth_x_hedge"] = 0.5
     if args.self_training:
@@ -341,8 +344,8 @@ def _model_out_problem(out: Path) -> str | None:
 
 def run_train(args) -> int:
     from gating_core.gate_result import ChannelMismatchError
-    from gating_core.model import GatingModel
     from gating_core.progress import StageProgress
+    from gating_core.research_model import build_model
 
     problem = _model_out_problem(Path(args.out))
     if problem:  # before any input is read or any training starts
@@ -363,8 +366,10 @@ def run_train(args) -> int:
                                                          "random_state")}
         digest_params["class_balance"] = 0.0  # its draw is uniform
     else:
-        model = GatingModel(method=args.method, loss=args.loss, task_similarity=args.task_similarity,
-                            kernel_x=args.kernel_x, **_model_params(args), **dica)
+        params = {"method": args.method, "loss": args.loss, "task_similarity": args.task_similarity,
+                  "kernel_x": args.kernel_x, **_model_params(args), **dica}
+        # --augment, --second-bandwidth, --self-training: a ResearchGatingModel.
+        model = build_model(params)
         digest_params = model.get_params()
     if args.workers or args.scheduler:
         from gating_core.distributed import ClusterError, digest_files_distributed
