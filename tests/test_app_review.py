@@ -286,7 +286,12 @@ def test_quadrant_and_range_gates_are_drawn_and_adjusted_on_the_autogate_page(lo
     edited = GateTree.from_dict(record.autogates["tree"])
     assert edited["CD19 bright"].vertices == [(2.0, 8.0)]
     inside = edited.memberships(record.sample)["CD19 bright"]
-    assert gate_table(at).loc["CD19 bright", "in gate"] == inside.sum()
+    table = gate_table(at)
+    assert table.loc["CD19 bright", "in gate"] == inside.sum()
+    # no population is predicted in the range or the unnamed quadrants: their F1 is a dash, not "None"
+    assert table.loc["CD19 bright", "F1"] == table.loc["CD4+ CD8+", "F1"] == "—"
+    scored = table["F1"][table["F1"] != "—"].astype(float)
+    assert len(scored) and ((scored >= 0) & (scored <= 1)).all()
 
 
 # ------------------------------------------------------------------------------------ 12

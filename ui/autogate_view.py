@@ -45,8 +45,7 @@ def gate_table(tree: GateTree, sample, result_populations, masks, counted):
     gate, and F1 of the gate against the cells the model predicted in it."""
     table = agreement(tree, sample, result_populations, masks, counted=counted)
     table["gate"] = [tree_label(tree, g) for g in table["gate"]]
-    # a gate no population is predicted in has no F1: an empty cell, not the word "None"
-    table["F1"] = pd.to_numeric(table["F1"], errors="coerce")
+    table["F1"] = pd.to_numeric(table["F1"], errors="coerce")  # None where no population is predicted
     return table[["gate", "parent", "count", "% of parent", "% of total", "in gate", "F1"]]
 
 
@@ -317,12 +316,16 @@ def gates_section(store, patient: str, record, model, populations) -> GateTree |
     # F1 against the model's predictions; a result read back from the library after a review
     # holds the reviewed cells only, and the column says so.
     reviewed_only = bool((getattr(result, "details", None) or {}).get("corrected in review"))
-    st.dataframe(gate_table(tree, sample, result.populations, masks, counted), hide_index=True, width="stretch",
+    table = gate_table(tree, sample, result.populations, masks, counted)
+    # A gate no population is predicted in (a quadrant or range kept as drawn) has no F1: shown
+    # as a dash; the grid would show a missing number as the word "None".
+    table["F1"] = [f"{v:.3f}" if np.isfinite(v) else "—" for v in table["F1"]]
+    st.dataframe(table, hide_index=True, width="stretch",
                  key=f"ag_gate_table_{state.ag_chart_version}",
                  column_config={"% of parent": st.column_config.NumberColumn(format="%.1f"),
                                 "% of total": st.column_config.NumberColumn(format="%.2f"),
-                                "F1": st.column_config.NumberColumn(
-                                    "F1 vs reviewed cells" if reviewed_only else "F1 vs predicted", format="%.3f"),
+                                "F1": st.column_config.TextColumn(
+                                    "F1 vs reviewed cells" if reviewed_only else "F1 vs predicted"),
                                 "count": st.column_config.NumberColumn(format="%d"),
                                 "in gate": st.column_config.NumberColumn(format="%d")})
     if state.get("ag_gate_message"):
