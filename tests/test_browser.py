@@ -200,6 +200,31 @@ def choose_patiently(page, label, option, attempts=3):
     wait_idle(page)
 
 
+def add_gate(page, name, button="Add gate"):
+    """Name the pending gate on the Gate page and add it with ``button``."""
+    page.get_by_label("Gate name").fill(name)
+    page.get_by_label("Gate name").press("Enter")
+    wait_idle(page)
+    page.get_by_role("button", name=button).click()
+    page.get_by_text(f"Added gate '{name}'").wait_for()
+    wait_idle(page)
+
+
+def add_quadrants(page, x_label, y_label, x_split, y_split):
+    """Quadrants on the Gate page: the two channels, the split point typed, the gate added."""
+    page.get_by_text("Quadrant", exact=True).click()
+    wait_idle(page)
+    choose(page, "X channel", x_label)
+    choose(page, "Y channel", y_label)
+    for label, value in ((f"Split {x_label} at", x_split), (f"Split {y_label} at", y_split)):
+        page.get_by_label(label).fill(str(value))
+        page.get_by_label(label).press("Enter")
+        wait_idle(page)
+    page.get_by_role("button", name="Add quadrant gate").click()
+    page.get_by_text("Added quadrants CD4+ CD8+, CD4+ CD8-, CD4- CD8+, CD4- CD8-.").wait_for()
+    wait_idle(page)
+
+
 def open_page(page, title):
     page.get_by_test_id("stSidebarNav").get_by_text(title, exact=True).click()
     page.get_by_role("heading", name=HEADINGS[title]).first.wait_for(timeout=60_000)
@@ -234,12 +259,7 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     lasso(page, plot, [(0.15, 0.25), (0.55, 0.1), (0.9, 0.3), (0.8, 0.9), (0.3, 0.85), (0.15, 0.26)])
     page.get_by_text("Selection:").wait_for()
     wait_idle(page)
-    page.get_by_label("Gate name").fill("Main population")
-    page.get_by_label("Gate name").press("Enter")
-    wait_idle(page)
-    page.get_by_role("button", name="Add gate").click()
-    page.get_by_text("Added gate 'Main population'").wait_for()
-    wait_idle(page)
+    add_gate(page, "Main population")
     page.screenshot(path=str(artifacts_dir / "3_gate.png"), full_page=True)
     from gating_core.library import PatientLibrary
 
@@ -408,25 +428,10 @@ def test_quadrant_gate_in_the_browser_with_its_tree_and_backgating(app_url, brow
     low = float(page.get_by_label("CD3 (FL1-A) from").input_value())
     high = float(page.get_by_label("CD3 (FL1-A) to").input_value())
     assert before < low < high
-    page.get_by_label("Gate name").fill("CD3+")
-    page.get_by_label("Gate name").press("Enter")
-    wait_idle(page)
-    page.get_by_role("button", name="Add range gate").click()
-    page.get_by_text("Added gate 'CD3+'").wait_for()
-    wait_idle(page)
+    add_gate(page, "CD3+", "Add range gate")
 
     choose(page, "Parent population", "CD3+ (range)")
-    page.get_by_text("Quadrant", exact=True).click()
-    wait_idle(page)
-    choose(page, "X channel", "CD4 (FL3-A)")
-    choose(page, "Y channel", "CD8 (FL6-A)")
-    for label, value in (("Split CD4 (FL3-A) at", "200"), ("Split CD8 (FL6-A) at", "300")):
-        page.get_by_label(label).fill(value)
-        page.get_by_label(label).press("Enter")
-        wait_idle(page)
-    page.get_by_role("button", name="Add quadrant gate").click()
-    page.get_by_text("Added quadrants CD4+ CD8+, CD4+ CD8-, CD4- CD8+, CD4- CD8-.").wait_for()
-    wait_idle(page)
+    add_quadrants(page, "CD4 (FL3-A)", "CD8 (FL6-A)", 200, 300)
     gate_plot = page.locator(".js-plotly-plot").first
     for name in ("CD4+ CD8-", "CD4- CD8+"):
         assert gate_plot.get_by_text(name, exact=True).count() >= 1

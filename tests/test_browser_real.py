@@ -12,17 +12,15 @@ Screenshots go to test-artifacts/real_*.png.
 
 from __future__ import annotations
 
-import io
 import re
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 
 from gating_core.fcs import read_fcs
-from test_browser import (choose, choose_patiently, download_clicked, lasso, open_page,  # noqa: F401 (fixture)
-                          browser, serving_app, wait_idle)
+from test_browser import (add_gate, add_quadrants, choose, choose_patiently, download_clicked, lasso,  # noqa: F401
+                          open_page, browser, serving_app, wait_idle)  # browser: a fixture
 
 pytestmark = pytest.mark.browser
 
@@ -136,12 +134,7 @@ def test_review_loop_on_real_samples_counts_agree_everywhere(app_url, browser, a
                                  (2.8, -0.25)], cd14_range, cd3_range))
     page.get_by_text("Selection:").wait_for()
     wait_idle(page)
-    page.get_by_label("Gate name").fill("Monocytes")
-    page.get_by_label("Gate name").press("Enter")
-    wait_idle(page)
-    page.get_by_role("button", name="Add gate").click()
-    page.get_by_text("Added gate 'Monocytes'").wait_for()
-    wait_idle(page)
+    add_gate(page, "Monocytes")
     page.screenshot(path=str(artifacts_dir / "real_2_gate_lasso.png"), full_page=True)
 
     # A range on the CD3 histogram, dragged with the box from the toolbar's drag mode.
@@ -155,27 +148,12 @@ def test_review_loop_on_real_samples_counts_agree_everywhere(app_url, browser, a
     wait_idle(page)
     cd3_low = float(page.get_by_label("CD3 from").input_value())
     assert cd3_low == pytest.approx(COFACTOR * np.sinh(3.0), rel=0.05)
-    page.get_by_label("Gate name").fill("CD3+")
-    page.get_by_label("Gate name").press("Enter")
-    wait_idle(page)
-    page.get_by_role("button", name="Add range gate").click()
-    page.get_by_text("Added gate 'CD3+'").wait_for()
-    wait_idle(page)
+    add_gate(page, "CD3+", "Add range gate")
     page.screenshot(path=str(artifacts_dir / "real_3_gate_range.png"), full_page=True)
 
     # Quadrants on CD4 / CD8 inside CD3+, split between the CD4 and the CD8 T cells.
     choose(page, "Parent population", "CD3+ (range)")
-    page.get_by_text("Quadrant", exact=True).click()
-    wait_idle(page)
-    choose(page, "X channel", "CD4")
-    choose(page, "Y channel", "CD8")
-    for label, value in (("Split CD4 at", "12"), ("Split CD8 at", "18")):
-        page.get_by_label(label).fill(value)
-        page.get_by_label(label).press("Enter")
-        wait_idle(page)
-    page.get_by_role("button", name="Add quadrant gate").click()
-    page.get_by_text("Added quadrants CD4+ CD8+, CD4+ CD8-, CD4- CD8+, CD4- CD8-.").wait_for()
-    wait_idle(page)
+    add_quadrants(page, "CD4", "CD8", 12, 18)
     page.screenshot(path=str(artifacts_dir / "real_4_gate_quadrants.png"), full_page=True)
     tree = table_rows(page.locator("[data-testid=stDataFrame]").first)
     assert [plain(g) for g in tree["gate"]] == ["Monocytes", "CD3+", "CD4+ CD8+", "CD4+ CD8-", "CD4- CD8+",
