@@ -170,6 +170,18 @@ def leave_one_patient_out(samples, labels, methods=METHODS, model_params=None, p
                           progress, groups, "leave-one-patient-out", refit=refit)
 
 
+def _distinct_groups(groups, n_patients: int, protocol: str):
+    """The groups as strings and the distinct ones in order of appearance; a ValueError naming
+    ``protocol`` when they do not label every patient or are fewer than two."""
+    groups = [str(g) for g in groups]
+    if len(groups) != n_patients:
+        raise ValueError(f"{len(groups)} group labels for {n_patients} patients")
+    distinct = sorted(set(groups), key=groups.index)
+    if len(distinct) < 2:
+        raise ValueError(f"{protocol} needs patients from at least two groups")
+    return groups, distinct
+
+
 def leave_one_group_out(samples, labels, groups, methods=METHODS, model_params=None, progress=None,
                         refit="full") -> pd.DataFrame:
     """Train on all groups but one (center, batch, run), gate every patient of that one.
@@ -183,12 +195,7 @@ def leave_one_group_out(samples, labels, groups, methods=METHODS, model_params=N
     a whole held-out center pulls them towards itself (on a 3-center simulated cohort that
     flattered the held-out center by up to 22 points, ``tests/test_held_out.py``).
     """
-    groups = [str(g) for g in groups]
-    if len(groups) != len(samples):
-        raise ValueError(f"{len(groups)} group labels for {len(samples)} patients")
-    distinct = sorted(set(groups), key=groups.index)
-    if len(distinct) < 2:
-        raise ValueError("leave-one-group-out needs patients from at least two groups")
+    groups, distinct = _distinct_groups(groups, len(samples), "leave-one-group-out")
     held = [[i for i, g in enumerate(groups) if g == name] for name in distinct]
     return _held_out_runs(samples, labels, held, methods, model_params, progress, groups, "leave-one-group-out",
                           refit=refit)
@@ -199,12 +206,7 @@ def train_on_one_group(samples, labels, groups, methods=METHODS, model_params=No
     turn. With two groups this is leaving one group out, both ways; with more, the hardest
     direction: everything the model knows comes from one run. Protocol "train-on-one-group",
     held_out the group trained on (prefixed "trained on ")."""
-    groups = [str(g) for g in groups]
-    if len(groups) != len(samples):
-        raise ValueError(f"{len(groups)} group labels for {len(samples)} patients")
-    distinct = sorted(set(groups), key=groups.index)
-    if len(distinct) < 2:
-        raise ValueError("training on one group needs patients from at least two groups")
+    groups, distinct = _distinct_groups(groups, len(samples), "training on one group")
     small = [g for g in distinct if groups.count(g) < 2]
     if small:
         raise ValueError(f"training on one group needs two or more patients in each group: {', '.join(small)}")

@@ -139,6 +139,20 @@ def _e(value) -> str:
     return html.escape(str(value), quote=True)
 
 
+
+def _svg_frame(title, x_label, y_label, pw, ph, clip_id) -> list:
+    """The opening of a report plot: the svg element, the plot area, title and axis labels, and
+    a group clipped to the plot area (closed by the caller)."""
+    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
+            f'role="img" aria-label="{_e(title)}">',
+            f'<rect x="{_LEFT}" y="{_TOP}" width="{pw}" height="{ph}" fill="#fff" stroke="#888"/>',
+            f'<text x="{_W / 2}" y="15" text-anchor="middle" font-size="12">{_e(title)}</text>',
+            f'<text x="{_LEFT + pw / 2}" y="{_H - 8}" text-anchor="middle" font-size="11">{_e(x_label)}</text>',
+            f'<text x="12" y="{_TOP + ph / 2}" text-anchor="middle" font-size="11" '
+            f'transform="rotate(-90 12 {_TOP + ph / 2})">{_e(y_label)}</text>',
+            f'<clipPath id="{_e(clip_id)}"><rect x="{_LEFT}" y="{_TOP}" width="{pw}" height="{ph}"/></clipPath>',
+            f'<g clip-path="url(#{_e(clip_id)})">']
+
 def svg_scatter(x, y, colors, x_range, y_range, *, title: str = "", x_label: str = "", y_label: str = "",
                 outlines=(), legend=None, clip_id: str = "clip", splits=()) -> str:
     """A scatter plot as an inline ``<svg>`` element.
@@ -163,15 +177,7 @@ def svg_scatter(x, y, colors, x_range, y_range, *, title: str = "", x_label: str
     def py(v):
         return _TOP + ph - (np.asarray(v, dtype=np.float64) - y0) * sy
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
-             f'role="img" aria-label="{_e(title)}">',
-             f'<rect x="{_LEFT}" y="{_TOP}" width="{pw}" height="{ph}" fill="#fff" stroke="#888"/>',
-             f'<text x="{_W / 2}" y="15" text-anchor="middle" font-size="12">{_e(title)}</text>',
-             f'<text x="{_LEFT + pw / 2}" y="{_H - 8}" text-anchor="middle" font-size="11">{_e(x_label)}</text>',
-             f'<text x="12" y="{_TOP + ph / 2}" text-anchor="middle" font-size="11" '
-             f'transform="rotate(-90 12 {_TOP + ph / 2})">{_e(y_label)}</text>',
-             f'<clipPath id="{_e(clip_id)}"><rect x="{_LEFT}" y="{_TOP}" width="{pw}" height="{ph}"/></clipPath>',
-             f'<g clip-path="url(#{_e(clip_id)})">']
+    parts = _svg_frame(title, x_label, y_label, pw, ph, clip_id)
     xs, ys = px(x), py(y)
     colors = np.asarray(colors).astype(str)
     ok = np.isfinite(xs) & np.isfinite(ys)
@@ -232,15 +238,7 @@ def svg_histogram(values, value_range, *, title: str = "", x_label: str = "", ba
     def px(v):
         return _LEFT + (float(v) - x0) * sx
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
-             f'role="img" aria-label="{_e(title)}">',
-             f'<rect x="{_LEFT}" y="{_TOP}" width="{pw}" height="{ph}" fill="#fff" stroke="#888"/>',
-             f'<text x="{_W / 2}" y="15" text-anchor="middle" font-size="12">{_e(title)}</text>',
-             f'<text x="{_LEFT + pw / 2}" y="{_H - 8}" text-anchor="middle" font-size="11">{_e(x_label)}</text>',
-             f'<text x="12" y="{_TOP + ph / 2}" text-anchor="middle" font-size="11" '
-             f'transform="rotate(-90 12 {_TOP + ph / 2})">events</text>',
-             f'<clipPath id="{_e(clip_id)}"><rect x="{_LEFT}" y="{_TOP}" width="{pw}" height="{ph}"/></clipPath>',
-             f'<g clip-path="url(#{_e(clip_id)})">']
+    parts = _svg_frame(title, x_label, "events", pw, ph, clip_id)
     for k, (name, low, high, text) in enumerate(bands):
         a, b = px(low), px(high)
         parts.append(f'<rect x="{a:.1f}" y="{_TOP}" width="{max(b - a, 0.5):.1f}" height="{ph}" fill="#C00000" '
