@@ -21,7 +21,7 @@ import pandas as pd
 
 from gating_core.baselines import DICAPooling, PooledBaseline
 from gating_core.digest import digest_patient, infer_cell_groups
-from gating_core.model import GatingModel
+from gating_core.model import UNKNOWN, GatingModel
 from gating_core.research_model import build_model
 
 METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda")
@@ -274,10 +274,18 @@ def _held_out_runs(samples, labels, held_out_sets, methods, model_params, progre
                     predicted, novelty = result.populations, result.novelty.score
                 rows[(k, m, i)] = {"protocol": protocol, "held_out": names[k], "patient": samples[i].name,
                                    "method": method, **patient_scores(labels[i], predicted, populations),
-                                   "novelty": novelty}
+                                   "novelty": novelty, "unknown": _unknown_share(predicted, populations)}
     say("done", 1.0)
     # Rows in fold, method, patient order whatever the order of fitting.
     return pd.DataFrame([rows[key] for key in sorted(rows)])
+
+
+def _unknown_share(predicted, populations) -> float:
+    """Share of a patient's cells gated as ``"unknown"`` (beyond every training population),
+    0 when the patient's expert labels name a population so."""
+    if UNKNOWN in populations or not len(predicted):
+        return 0.0
+    return float(np.mean(np.asarray(predicted).astype(str) == UNKNOWN))
 
 
 def _fold_models(method, samples, labels, held_out_sets, model_params, groups, refit, progress):
@@ -324,7 +332,9 @@ def summarize(table: pd.DataFrame) -> pd.DataFrame:
         worst = group.loc[group["accuracy"].idxmin()]
         out.append({**dict(zip(keys, key)), "mean_accuracy": group["accuracy"].mean(),
                     "worst_accuracy": group["accuracy"].min(), "worst_patient": worst["patient"],
-                    "mean_macro_f1": group["macro_f1"].mean(), "worst_macro_f1": group["macro_f1"].min()})
+                    "mean_macro_f1": group["macro_f1"].mean(), "worst_macro_f1": group["macro_f1"].min(),
+                    **({"mean_unknown": group["unknown"].mean(), "max_unknown": group["unknown"].max()}
+                       if "unknown" in group else {})})
     return pd.DataFrame(out)
 
 

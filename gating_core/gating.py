@@ -85,7 +85,7 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
         output = out_dir / f"{output_stem(sample.name)}.gated{EXPORT_SUFFIXES[format]}"
         try:
             with GatedTableWriter(output, sample, format) as writer:
-                populations = np.asarray(model.populations_, dtype=object)
+                populations = np.asarray(model.gated_populations(), dtype=object)
 
                 def sink(start, events, codes, confidence):
                     writer.write(events, populations[codes], confidence)

@@ -28,8 +28,9 @@ from gating_core.model_io import load_model, save_model
 from gating_core.parameters import BOOLEAN, NONE, InstanceOf, Interval, Options, validate_parameters
 from gating_core.priors import PRIOR_SHIFTS, reestimate_prior, training_prior
 from gating_core.self_training import PatientAdjustment, self_training_coef
-from gating_core.streamed_gating import StreamedGating
+from gating_core.streamed_gating import UNKNOWN, StreamedGating  # noqa: F401  (UNKNOWN: importable from here)
 from gating_core.transforms import ChannelTransform
+from gating_core.unknown_cells import UNKNOWN_MARGIN, PopulationReach
 
 METHODS = ("marginal", "pooling", "multitask")
 DEFAULT_LOSS = "squared"
@@ -169,6 +170,16 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         between the training groups and a new run can move further: among the weights they
         cannot tell apart, the most adapted. 0: the transfer model alone. Only ``method="marginal"``; the baselines
         gate as fitted.
+    unknown_margin : float > 0 or None, default=UNKNOWN_MARGIN (3.0)
+        Cells far from every training population are gated as the population ``"unknown"``
+        (confidence 0) instead of being forced into the least unlikely known one
+        (:class:`~gating_core.unknown_cells.PopulationReach`): each population's reach is the
+        99.9th percentile of its training cells' squared Mahalanobis distance (its own
+        covariance) to their patient's mean of it; a gated cell is unknown when its squared
+        distance to every population -- the means moved to the patient by EM, each reach
+        widened by the population's spread in the patient -- exceeds ``unknown_margin`` times
+        that population's reach. Larger: fewer cells called unknown. None: every cell gets a
+        known population (and ``population_reach_`` is None).
     The research options (shift augmentation, a second fit at a narrower cell bandwidth,
     self-training at gating time) are not parameters of this model: they are those of
     :class:`~gating_core.research_model.ResearchGatingModel`, a subclass. This model runs with
@@ -207,6 +218,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     adaptive_lda_ : AdaptiveLDA or None
         The populations as Gaussians (see ``adaptive_weight``); None when the weight is 0.
     adaptive_weight_ : float  the adapted populations' share of the final probabilities
+    population_reach_ : PopulationReach or None
+        Where each population reaches (see ``unknown_margin``); None when no cell is called unknown.
     populations_ : list of str
     training_patients_ : list of str
     selection_ : dict  the chosen parameters and the CV table
@@ -265,6 +278,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         "kernel_x": [Options(*KERNELS_X)],
         "class_balance": [Interval(numbers.Real, 0, 1)],
         "adaptive_weight": [Options("auto"), Interval(numbers.Real, 0, 1)],
+        "unknown_margin": [NONE, Interval(numbers.Real, 0, None, "neither")],
     }
 
     def __init__(self, *, method="marginal", channels=None, transform="auto", compensate=True, select=True,
@@ -275,7 +289,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                  pooled_weight=DEFAULT_POOLED_WEIGHT, prior_shift="none", align="none", cv_folds=5, cv_repeats=2,
                  selection_cells_per_patient=1500, selection_objective="mean", random_state=0,
                  task_similarity=0.5, dica=None, dica_components=20, kernel_x="gaussian",
-                 class_balance=DEFAULT_CLASS_BALANCE, adaptive_weight=DEFAULT_ADAPTIVE_WEIGHT):
+                 class_balance=DEFAULT_CLASS_BALANCE, adaptive_weight=DEFAULT_ADAPTIVE_WEIGHT,
+                 unknown_margin=UNKNOWN_MARGIN):
         self.method = method
         self.channels = channels
         self.transform = transform
@@ -306,6 +321,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         self.kernel_x = kernel_x
         self.class_balance = class_balance
         self.adaptive_weight = adaptive_weight
+        self.unknown_margin = unknown_margin
 
     # -- training ------------------------------------------------------------------------------
 
@@ -375,6 +391,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         if self.method == "marginal" and len(digests) < 2:
             raise ValueError("marginal transfer learns across patients: give at least two labeled patients")
         report("Transforming events", 0.05)
+        self.population_reach_ = None  # the folds of a refit do not inherit it
         cells, embedding_cells, labels = self.prepare_digests(digests)
         samples = digests
         self._set_groups(groups, embedding_cells, [d.name for d in digests])
@@ -412,6 +429,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         self.training_patients_ = [s.name for s in samples]
         self._fit_novelty()
         self._fit_adaptive(cells, embedding_cells, labels, params, report)
+        self._fit_reach(cells, labels)
         report("Done", 1.0)
         return self
 
@@ -455,6 +473,11 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         if weight > 0:
             self.adaptive_lda_ = AdaptiveLDA().fit(cells, labels, classes=self.populations_)
             self.adaptive_weight_ = weight
+
+    def _fit_reach(self, cells, labels):
+        """Where each population reaches (``population_reach_``; see ``unknown_margin``)."""
+        self.population_reach_ = (None if self.unknown_margin is None else
+                                  PopulationReach().fit(cells, labels, self.populations_))
 
     def _choose_adaptive_weight(self, cells, embedding_cells, labels, params) -> float:
         """``adaptive_weight="auto"``: the largest weight of ``ADAPTIVE_WEIGHTS`` whose mixture
@@ -775,15 +798,14 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         for start in range(0, n, chunk_size):
             cells = self._registered(self._standardise(events[start:start + chunk_size][:, indices]), registration)
             proba = self._adjusted_proba(cells, embedding, chunk_size, adjust)
-            best = np.argmax(proba, axis=1)
-            codes[start:start + len(cells)] = best
-            confidence[start:start + len(cells)] = proba[np.arange(len(best)), best]
+            codes[start:start + len(cells)], confidence[start:start + len(cells)] = self._assign(proba, cells, adjust)
         # An object array shares one str per population: 8 bytes per event instead of 4 x the
         # longest name, which matters on files of millions of events.
-        populations = np.asarray(self.populations_, dtype=object)[codes] if n else np.array([], dtype=object)
-        counts = np.bincount(codes, minlength=len(self.populations_)) if n else np.zeros(len(self.populations_), int)
-        return GateResult(populations, confidence, self.novelty(sample, embedding), list(self.populations_),
-                          {name: int(c) for name, c in zip(self.populations_, counts)})
+        names = self.gated_populations()
+        populations = np.asarray(names, dtype=object)[codes] if n else np.array([], dtype=object)
+        counts = np.bincount(codes, minlength=len(names)) if n else np.zeros(len(names), int)
+        return GateResult(populations, confidence, self.novelty(sample, embedding), names,
+                          {name: int(c) for name, c in zip(names, counts)})
 
     def predict(self, sample) -> np.ndarray:
         """Population of every event of ``sample``: (n_events,) str."""
@@ -820,6 +842,10 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
             # populations, then do not depend on the order of the patient's events.
             ordered = chosen[np.argsort(content_hashes(chosen), kind="stable")] if len(chosen) else chosen
             adjust.gaussians = lda.adapt(ordered)
+        reach = getattr(self, "population_reach_", None)
+        if reach is not None:
+            ordered = chosen[np.argsort(content_hashes(chosen), kind="stable")] if len(chosen) else chosen
+            adjust.reach = reach.for_patient(ordered, self.unknown_margin)
         return adjust
 
     def _transfer_adjustment(self, chosen, embedding) -> PatientAdjustment:
@@ -967,6 +993,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
                                        if getattr(self, "hedge_classifier_", None) is not None else None),
                 "self_training": self._self_trains(),
                 "adaptive_weight": float(getattr(self, "adaptive_weight_", 0.0)),
+                "unknown_margin": (None if getattr(self, "population_reach_", None) is None
+                                   else float(self.unknown_margin)),
                 "transform": self.transform_.to_dict()}
 
 

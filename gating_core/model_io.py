@@ -28,6 +28,7 @@ import numpy as np
 
 from gating_core import __version__
 from gating_core.adaptive_lda import AdaptiveLDA
+from gating_core.unknown_cells import PopulationReach
 from gating_core.alignment import ALIGNMENTS, LEVELS, MAX_PEAKS, LandmarkReference
 from gating_core.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS, MarginalTransferClassifier
 from gating_core.dica import DICA_MODES, MODEL_DICA_FEATURES, cell_projection_from_arrays
@@ -48,7 +49,9 @@ MODEL_FORMAT = "gating_core.model"
 #    without it).
 # 6: the populations adapted to each patient (GatingModel.adaptive_weight; files of formats 1-5 gate
 #    without them).
-MODEL_FORMAT_VERSION = 6
+# 7: the populations' reach, which calls cells beyond all of them unknown (GatingModel.unknown_margin;
+#    files of formats 1-6 call no cell unknown).
+MODEL_FORMAT_VERSION = 7
 
 
 def save_model(model, path) -> None:
@@ -84,6 +87,9 @@ def save_model(model, path) -> None:
     if adaptive is not None:
         meta["adaptive"] = {"weight": float(model.adaptive_weight_), "em_steps": int(adaptive.em_steps),
                             "min_population_cells": float(adaptive.min_population_cells)}
+    reach = getattr(model, "population_reach_", None)
+    if reach is not None:
+        meta["reach"] = {"quantile": float(reach.reach_quantile), "em_steps": int(reach.em_steps)}
     arrays = {
         "meta": np.array(json.dumps(meta)),
         "center": model.center_, "scale": model.scale_,
@@ -121,6 +127,9 @@ def save_model(model, path) -> None:
     if adaptive is not None:
         arrays.update(adaptive_means=adaptive.means_, adaptive_covariance=adaptive.covariance_,
                       adaptive_priors=adaptive.priors_)
+    if reach is not None:
+        arrays.update(reach_means=reach.means_, reach_whitening=reach.whitening_, reach_log_dets=reach.log_dets_,
+                      reach_priors=reach.priors_, reach_distances=reach.reach_, reach_typical=reach.typical_)
     if hedge is not None:
         arrays.update(hedge_coef=hedge.coef_, hedge_intercept=hedge.intercept_,
                       hedge_cell_weights=hedge.feature_map_.cell_weights_, hedge_offsets=hedge.feature_map_.offsets_)
@@ -313,7 +322,38 @@ def model_from_parts(cls, meta, arrays, path="model", research_cls=None):
         model.pooled_weight_ = float(weight)
     model.adaptive_lda_, model.adaptive_weight_ = _adaptive_populations(path, top.object("adaptive", optional=True),
                                                                         array, arrays, model.populations_, d_cells)
+    model.population_reach_ = _population_reach(path, top.object("reach", optional=True), array, arrays,
+                                                model.populations_, d_cells)
+    if model.population_reach_ is None:
+        model.unknown_margin = None  # files before format 7, or fitted with unknown_margin=None
+    elif model.unknown_margin is None:
+        raise ModelFileError(path, "model file is inconsistent: the populations' reach in a model without unknown_margin")
     return model
+
+
+def _population_reach(path, fields, array, arrays, populations, d: int):
+    """Where each population reaches (GatingModel.unknown_margin): a PopulationReach, or None
+    for a model that calls no cell unknown."""
+    if fields is None:
+        if any(name.startswith("reach_") for name in arrays):
+            raise ModelFileError(path, "model file is inconsistent: reach arrays in a model without them")
+        return None
+    k = len(populations)
+    reach = PopulationReach(reach_quantile=fields.number("quantile", within=(0.0, 1.0)),
+                            em_steps=fields.integer("em_steps", minimum=0, maximum=1000))
+    reach.classes_ = np.asarray(populations).astype(str)
+    reach.means_ = array("reach_means", k, d).astype(np.float64)
+    reach.whitening_ = array("reach_whitening", k, d, d).astype(np.float64)
+    reach.log_dets_ = array("reach_log_dets", k).astype(np.float64)
+    reach.priors_ = array("reach_priors", k).astype(np.float64)
+    reach.reach_ = array("reach_distances", k).astype(np.float64)
+    reach.typical_ = array("reach_typical", k).astype(np.float64)
+    if not (np.all(reach.priors_ > 0) and abs(reach.priors_.sum() - 1) < 1e-6):
+        raise ModelFileError(path, "model file is inconsistent: array 'reach_priors' is not a distribution")
+    for name, values in (("reach_distances", reach.reach_), ("reach_typical", reach.typical_)):
+        if not np.all(values > 0):
+            raise ModelFileError(path, f"model file is inconsistent: array {name!r} must be positive")
+    return reach
 
 
 def _adaptive_populations(path, fields, array, arrays, populations, d: int):
@@ -393,6 +433,8 @@ def _checked_params(path, fields: Fields, accepted, where: str, methods) -> dict
             out[key] = fields.number(key, positive=True, within=(0.0, 1.0), nullable=True)
         elif key == "task_similarity":
             out[key] = fields.number(key, positive=True, within=(0.0, 1.0), nullable=True)
+        elif key == "unknown_margin":
+            out[key] = fields.number(key, positive=True, within=(0.0, 1e6), nullable=True)
         elif key in ("pooled_weight", "adaptive_weight"):
             out[key] = "auto" if fields.raw(key) == "auto" else fields.number(key, within=(0.0, 1.0))
         elif key in ("compensate", "select", "use_embedding", "calibrate", "select_embedding_bandwidth",

@@ -110,6 +110,13 @@ MODEL_MEMBERS = {
     "adaptive_means": Member("f", 2),
     "adaptive_covariance": Member("f", 2),
     "adaptive_priors": Member("f", 1),
+    # each population's reach, beyond which cells are unknown (format 7)
+    "reach_means": Member("f", 2),
+    "reach_whitening": Member("f", 3),
+    "reach_log_dets": Member("f", 1),
+    "reach_priors": Member("f", 1),
+    "reach_distances": Member("f", 1),
+    "reach_typical": Member("f", 1),
     # the DICA projection after standardisation (GatingModel's ``dica``)
     "dica_frequencies": Member("f", 2),
     "dica_feature_mean": Member("f", 1),

@@ -110,11 +110,13 @@ class PatientAdjustment:
 
     ``gaussians`` (a :class:`~gating_core.adaptive_lda.PatientGaussians`, or None) are the
     patient's own populations adapted by EM; the model mixes their posteriors in with
-    :meth:`mix`, at its weight ``adaptive_weight_``.
+    :meth:`mix`, at its weight ``adaptive_weight_``. ``reach`` (a
+    :class:`~gating_core.unknown_cells.PatientReach`, or None) is where its populations reach:
+    the model calls cells beyond all of them unknown.
     """
 
-    def __init__(self, ratio=None, coef=None, gaussians=None):
-        self.ratio, self.coef, self.gaussians = ratio, coef, gaussians
+    def __init__(self, ratio=None, coef=None, gaussians=None, reach=None):
+        self.ratio, self.coef, self.gaussians, self.reach = ratio, coef, gaussians, reach
 
     def mix(self, proba: np.ndarray, cells: np.ndarray, weight: float) -> np.ndarray:
         """``(1 - weight) proba + weight p_gaussians(cells)``, in place; unchanged without

@@ -15,6 +15,9 @@ from gating_core.features import content_hashes
 from gating_core.gate_result import StreamedGate
 from gating_core.self_training import PatientAdjustment
 
+#: The population of cells beyond every training population (GatingModel's ``unknown_margin``).
+UNKNOWN = "unknown"
+
 
 class StreamedGating:
     """:meth:`gate_chunks` and what it needs (a mixin of GatingModel)."""
@@ -43,7 +46,7 @@ class StreamedGating:
             Events scored at a time (rounded up to whole scoring blocks, as in :meth:`gate`).
         sink : callable(start, events, codes, confidence) or None
             Receives each scored chunk: the events as read (m, n_channels), the population
-            codes (m,) int16 into ``populations_`` and the confidences (m,) float32.
+            codes (m,) int16 into :meth:`gated_populations` and the confidences (m,) float32.
 
         Returns
         -------
@@ -57,24 +60,47 @@ class StreamedGating:
         registration, embedding, chosen = self._patient_frame(chosen_raw, list(range(len(indices))))
         adjust = self._patient_adjustment(chosen, embedding)
         chunk_size = max(1, -(-int(chunk_size) // SCORE_BLOCK)) * SCORE_BLOCK
-        counts = np.zeros(len(self.populations_), dtype=np.int64)
+        names = self.gated_populations()
+        counts = np.zeros(len(names), dtype=np.int64)
         total_confidence, seen = 0.0, 0
         for start, events in chunks(chunk_size):
             if start != seen or (len(events) != chunk_size and start + len(events) != n):
                 raise ValueError(f"{sample.name}: chunks must come in order, {chunk_size} events each")
             cells = self._registered(self._standardised_rows(events, indices), registration)
             proba = self._adjusted_proba(cells, embedding, chunk_size, adjust)
-            codes = np.argmax(proba, axis=1).astype(np.int16)
-            confidence = proba[np.arange(len(codes)), codes].astype(np.float32, copy=False)
-            counts += np.bincount(codes, minlength=len(self.populations_))
+            codes, confidence = self._assign(proba, cells, adjust)
+            counts += np.bincount(codes, minlength=len(names))
             total_confidence += float(confidence.sum(dtype=np.float64))
             seen += len(events)
             if sink is not None:
                 sink(start, events, codes, confidence)
         if seen != n:
             raise ValueError(f"{sample.name}: the second pass gave {seen} events, the first {n}")
-        return StreamedGate(self.novelty(sample, embedding), {p: int(c) for p, c in zip(self.populations_, counts)},
-                            n, total_confidence / n if n else 0.0, list(self.populations_))
+        return StreamedGate(self.novelty(sample, embedding), {p: int(c) for p, c in zip(names, counts)},
+                            n, total_confidence / n if n else 0.0, names)
+
+    def gated_populations(self) -> list:
+        """The populations gating gives, in code order: ``populations_``, then ``"unknown"``
+        when the model calls cells beyond every population unknown (``population_reach_``) and
+        no training population has that name."""
+        names = [str(p) for p in self.populations_]
+        if getattr(self, "population_reach_", None) is not None and UNKNOWN not in names:
+            names.append(UNKNOWN)
+        return names
+
+    def _assign(self, proba, cells, adjust: PatientAdjustment):
+        """Population codes (n,) int16 into :meth:`gated_populations` and confidences (n,)
+        float32 of cells from their probabilities (n, k): the most probable population, or
+        ``"unknown"`` (confidence 0: no population's) for a cell beyond every population."""
+        codes = np.argmax(proba, axis=1).astype(np.int16)
+        confidence = proba[np.arange(len(codes)), codes].astype(np.float32, copy=False)
+        reach = getattr(self, "population_reach_", None)
+        if reach is not None and adjust.reach is not None and len(codes):
+            far = reach.unknown(cells, adjust.reach)
+            if far.any():
+                codes[far] = self.gated_populations().index(UNKNOWN)
+                confidence[far] = 0.0
+        return codes, confidence
 
     def _patient_adjustment(self, chosen, frame) -> PatientAdjustment:
         """What scoring does to the model's probabilities of this patient: by default its prior

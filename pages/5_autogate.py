@@ -7,7 +7,8 @@ from gating_core.autogates import flat_statistics
 from gating_core.gates import AxisScale, Gate, GateError, safe_stem
 from gating_core.plotting import population_colors
 from ui import autogate_view, cache, charts, exports
-from ui.app_state import missing_model_channels, shape_from_selection
+from ui.app_state import (acceptance_acknowledgement, missing_model_channels, shape_from_selection,
+                          unknown_cells_notice)
 from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, model_offers,
                        model_picker, plot_range, refresh_status, require_patients, scale_select, show_label_change)
 from ui.training import is_transductive, refit_caption
@@ -72,6 +73,9 @@ if novelty is not None and bool(getattr(novelty, "is_novel", False)):
 elif novelty is not None:
     st.success(f"{patient} resembles the training patients (novelty score {novelty.score:.2f}, "
                f"threshold {novelty.threshold:.2f}).", icon=":material/check_circle:")
+unknown_notice = unknown_cells_notice(patient, record.populations, model.populations_)
+if unknown_notice:
+    st.warning(unknown_notice, icon=":material/help:")
 if record.label_source.startswith("auto-gate"):
     st.info(f"{patient} was accepted: it is a historical patient for the next training.")
 st.caption(f"Auto-gated with the model **{record.result_model or 'not recorded'}**"
@@ -224,8 +228,7 @@ elif confirm_action(
         f"ag_accept_{patient}", "Accept this patient…", "Accept: make these its labels",
         lambda: (st.markdown(f"**{patient}**: its labels now and after accepting, cells per population:"),
                  show_label_change(record.labels if record.is_labeled else None, reviewed)),
-        acknowledge=(f"{patient} is unlike every training patient; I reviewed its populations by hand."
-                     if is_novel else None),
+        acknowledge=acceptance_acknowledgement(patient, is_novel, reviewed, model.populations_),
         help="Its (corrected) populations become labels: it joins the historical patients."):
     try:
         store.accept(patient)

@@ -208,3 +208,35 @@ def autogate_templates(gate_trees: dict, populations, trained_on=()) -> list[str
     trained_on = set(trained_on)
     scored = [(len(template_matches(tree, populations)), name) for name, tree in gate_trees.items() if len(tree)]
     return [name for n, name in sorted(scored, key=lambda t: (t[1] not in trained_on, -t[0], t[1])) if n > 0]
+
+
+def unknown_cells_notice(patient: str, populations, model_populations=()) -> str | None:
+    """What the Auto-gate page says when a model gated cells of ``patient`` as "unknown" (beyond
+    every population it was trained on), or None when it gated none. ``model_populations``: the
+    model's populations (a model trained on a population the lab named "unknown" has no such
+    cells to report)."""
+    from gating_core.model import UNKNOWN
+
+    if UNKNOWN in {str(p) for p in model_populations}:
+        return None
+    values = np.asarray(populations).astype(str, copy=False)
+    n = int(np.count_nonzero(values == UNKNOWN))
+    if n == 0:
+        return None
+    return (f"**{n:,} cells of {patient} ({100.0 * n / len(values):.2g}%) lie beyond every population the model "
+            f"was trained on** and are gated as '{UNKNOWN}': a population the training patients lacked, or "
+            "debris or an instrument fault. Review them; moved to a population, they count as it.")
+
+
+def acceptance_acknowledgement(patient: str, is_novel: bool, populations, model_populations=()) -> str | None:
+    """The box to tick before accepting ``patient``'s reviewed populations as labels, or None:
+    when the patient is unlike every training patient, or when cells are still "unknown" (as
+    labels they would become a population of that name in the next training)."""
+    from gating_core.model import UNKNOWN
+
+    reasons = []
+    if is_novel:
+        reasons.append(f"{patient} is unlike every training patient; I reviewed its populations by hand")
+    if unknown_cells_notice(patient, populations, model_populations) is not None:
+        reasons.append(f"its '{UNKNOWN}' cells become a population '{UNKNOWN}' of the next training")
+    return ("; ".join(reasons) + ".") if reasons else None

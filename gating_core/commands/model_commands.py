@@ -26,6 +26,8 @@ ALIGNMENTS = ("none", "quantile", "landmarks")
 DEFAULT_POOLED_WEIGHT = 0.5
 DEFAULT_ADAPTIVE_WEIGHT = "auto"
 DEFAULT_CLASS_BALANCE = 0.0
+# gating_core.unknown_cells.UNKNOWN_MARGIN (checked by tests/test_unknown_cells.py).
+UNKNOWN_MARGIN = 3.0
 # The choices of ``train`` (gating_core.model.METHODS and gating_core.classifier.LOSSES,
 # checked by tests/test_train_choices.py).
 TRAIN_METHODS = ("marginal", "pooling", "multitask")
@@ -194,6 +196,10 @@ def _model_options(parser) -> None:
                        help="share of each patient's own populations (Gaussians adapted to its cells by EM) in the "
                             "final probabilities, 0 to 1, or 'auto' (default: chosen by cross-validation over "
                             "groups; 0: the transfer model alone)")
+    group.add_argument("--unknown-margin", type=_unknown_margin, default=UNKNOWN_MARGIN, metavar="M",
+                       help="call a gated cell 'unknown' when it lies beyond every training population: its squared "
+                            "distance to each exceeds M times that population's reach (the 99.9th percentile of its "
+                            f"training cells'); larger calls fewer cells unknown, 'none' never (default {UNKNOWN_MARGIN:g})")
     group.add_argument("--align", choices=ALIGNMENTS, default="none",
                        help="register each channel of every patient before the kernel model sees it: quantile "
                             "(quantiles onto the training patients' mean) or landmarks (density peaks onto the "
@@ -226,6 +232,21 @@ def _pooled_weight(text):
     return weight
 
 
+def _unknown_margin(text):
+    """An argparse type: 'none' or a positive number (a value already parsed passes)."""
+    if text is None or isinstance(text, float):
+        return text
+    if str(text).lower() == "none":
+        return None
+    try:
+        margin = float(text)
+    except ValueError:
+        margin = float("nan")
+    if not 0.0 < margin < 1e6:
+        raise argparse.ArgumentTypeError(f"must be 'none' or a positive number, got {text!r}")
+    return margin
+
+
 def _unit_interval(zero_allowed: bool):
     """An argparse type: a number within [0, 1] (or (0, 1] when 0 is not allowed)."""
     def parse(text: str) -> float:
@@ -251,6 +272,7 @@ def _model_params(args) -> dict:
               "class_balance": args.class_balance, "random_state": args.seed}
     params["pooled_weight"] = _pooled_weight(args.pooled_weight)
     params["adaptive_weight"] = _pooled_weight(args.adaptive_weight)
+    params["unknown_margin"] = _unknown_margin(args.unknown_margin)
     params["patient_weighting"] = args.patient_weighting
     params["selection_objective"] = args.selection_objective
     params["prior_shift"] = args.prior_shift
@@ -454,6 +476,9 @@ def run_train(args) -> int:
                chosen.get("reason", "as set")).rstrip(".")
         print(f"Adapted populations: weight {info['adaptive_weight']:g} ({how}; each patient's populations are "
               "refitted to its own cells by EM; --adaptive-weight 0 turns them off)")
+    if info.get("unknown_margin") is not None:
+        print(f"Unknown cells: a gated cell beyond every population ({info['unknown_margin']:g} x its reach) is "
+              "called 'unknown' (--unknown-margin none turns this off)")
     if args.method == IW_METHOD:
         print(f"Kept {info['training_cells']:,} training cells and {info['n_landmarks']} landmarks per refit: "
               "`gate` refits the model for each new patient")
@@ -475,6 +500,7 @@ def _iw_model(args):
                         ("--second-bandwidth", args.second_bandwidth),
                         ("--self-training", args.self_training),
                         ("--adaptive-weight", args.adaptive_weight != DEFAULT_ADAPTIVE_WEIGHT),
+                        ("--unknown-margin", args.unknown_margin != UNKNOWN_MARGIN),
                         ("--align", args.align != "none")):
         if given:
             return _usage(f"{flag} does not apply to --method {IW_METHOD} (a squared-loss KRR refitted per patient)")
