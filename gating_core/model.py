@@ -824,11 +824,15 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         """The final probabilities of standardised (registered) cells of one patient: the blend
         (:meth:`_proba`), then ``adjust`` (its prior ratio and self-training step), then the
         patient's adapted populations mixed in (``adaptive_weight_``)."""
+        weight = float(getattr(self, "adaptive_weight_", 0.0))
+        if weight >= 1.0 and adjust.gaussians is not None:
+            # The transfer model's share is 0: scoring it would only be multiplied away.
+            return AdaptiveLDA.proba(cells, adjust.gaussians)
         if adjust.coef is None:
             proba = adjust(self._proba(cells, embedding, chunk_size))
         else:
             proba = adjust(*self._proba(cells, embedding, chunk_size, project=adjust.coef))
-        return adjust.mix(proba, cells, float(getattr(self, "adaptive_weight_", 0.0)))
+        return adjust.mix(proba, cells, weight)
 
     def _patient_adjustment(self, chosen, embedding) -> PatientAdjustment:
         """What gating this patient does after the blend (:class:`~gating_core.self_training.PatientAdjustment`):

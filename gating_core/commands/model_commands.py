@@ -687,7 +687,8 @@ def run_evaluate(args) -> int:
             print()
             print(f"{protocol}, per patient")
             shown = part[seed_column + ["held_out", "patient", "method", "accuracy", "macro_f1", "novelty"]
-                         + f1_columns].rename(columns={c: c[3:] for c in f1_columns})
+                         + (["unknown"] if part["unknown"].any() else []) + f1_columns
+                         ].rename(columns={c: c[3:] for c in f1_columns})
             print(shown.to_string(index=False))
         print()
         print("Summary (mean and worst patient, per protocol" + (" and seed)" if seeds else ")"))
