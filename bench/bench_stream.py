@@ -110,7 +110,8 @@ def write_file(path: Path, n_events: int, seed: int = 1) -> None:
 
 #: The previous default model's settings (shift augmentation, a second cell bandwidth,
 #: self-training; no adapted populations), for ``--against-previous``.
-PREVIOUS_DEFAULT = {"n_augment": 4, "bandwidth_x_hedge": 0.5, "self_training": True, "adaptive_weight": 0.0}
+PREVIOUS_DEFAULT = {"n_augment": 4, "bandwidth_x_hedge": 0.5, "self_training": True, "adaptive_weight": 0.0,
+                    "unknown_margin": None}
 
 
 def make_model(folder: Path, n_patients: int = 6, n_events: int = 10_000, params=None, name="model.npz") -> Path:
@@ -129,7 +130,8 @@ def make_model(folder: Path, n_patients: int = 6, n_events: int = 10_000, params
     print(f"{name}: selection; feature maps scored per cell: "
           f"{1 + (model.hedge_classifier_ is not None) + (model.pooled_classifier_ is not None)}, "
           f"self-training {'on' if model.self_training else 'off'}, adapted populations weight "
-          f"{getattr(model, 'adaptive_weight_', 0.0):g}", flush=True)
+          f"{getattr(model, 'adaptive_weight_', 0.0):g}, unknown cells "
+          f"{'on' if getattr(model, 'population_reach_', None) is not None else 'off'}", flush=True)
     path = folder / name
     model.save(path)
     return path
@@ -181,13 +183,23 @@ def run_child(step: str, model_path: Path, fcs: Path, out_dir: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+#: The default with its parts weighed otherwise, for ``--against-previous``: the transfer model
+#: scored beside the adapted populations (a weight below 1), with and without the unknown-cell call.
+MIXED = {"adaptive_weight": 0.5}
+MIXED_NO_UNKNOWN = {"adaptive_weight": 0.5, "unknown_margin": None}
+
+
 def against_previous(folder: Path, sizes) -> int:
     """The gating step of the default model beside the previous default's, on the same files,
-    each in a fresh process, three times each (the best time kept: the machine is shared)."""
-    models = {"default": make_model(folder), "previous": make_model(folder, params=PREVIOUS_DEFAULT,
-                                                                    name="previous.npz")}
-    print("\n== Gating step (two chunked reads, compensation, content hash, scoring), best of 3 ==")
-    print(f"{'events':>11} | {'default ev/s':>13} {'previous ev/s':>14} | default / previous")
+    each in a fresh process, three times each (the best time kept: the machine is shared). Also
+    the default with its adapted populations at weight 0.5 (the transfer model scored too), with
+    and without the unknown-cell call: what gating costs when cross-validation picks a mix."""
+    models = {"default": make_model(folder),
+              "g=0.5": make_model(folder, params=MIXED, name="mixed.npz"),
+              "g=0.5, no unknown": make_model(folder, params=MIXED_NO_UNKNOWN, name="mixed_no_unknown.npz"),
+              "previous": make_model(folder, params=PREVIOUS_DEFAULT, name="previous.npz")}
+    print("\n== Gating step (two chunked reads, compensation, content hash, scoring), best of 3; events/s ==")
+    print(f"{'events':>11} | " + " ".join(f"{name:>18}" for name in models) + " | default / previous")
     for n in sizes:
         fcs = folder / f"file_{n}.fcs"
         write_file(fcs, n)
@@ -195,8 +207,8 @@ def against_previous(folder: Path, sizes) -> int:
         for name, path in models.items():
             best = min(run_child("gate", path, fcs, folder)["seconds"] for _ in range(3))
             rates[name] = n / best
-        print(f"{n:>11,} | {rates['default']:>13,.0f} {rates['previous']:>14,.0f} | "
-              f"x{rates['default'] / rates['previous']:.2f}", flush=True)
+        print(f"{n:>11,} | " + " ".join(f"{rates[name]:>18,.0f}" for name in models) +
+              f" | x{rates['default'] / rates['previous']:.2f}", flush=True)
         fcs.unlink()
     return 0
 

@@ -791,7 +791,8 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         # bitwise independent of it. The linear cell kernel (products of up to 65,536 rows from
         # the chunk's start) and the Nystroem / exact solvers (one product per chunk) put a cell
         # in another product when chunk_size changes, which BLAS may round differently:
-        # independent of chunk_size to float32 rounding only.
+        # independent of chunk_size to float32 rounding only. So is the unknown-cell call (one
+        # product per chunk): a cell within float32 rounding of the margin may fall either way.
         chunk_size = max(1, -(-int(chunk_size) // SCORE_BLOCK)) * SCORE_BLOCK
         codes = np.empty(n, dtype=np.int16)
         confidence = np.empty(n, dtype=np.float32)

@@ -148,7 +148,7 @@ class PopulationReach:
         spread = np.ones(len(means))
         if len(cells) == 0:
             return spread
-        scaled = np.stack([self._squared(cells, means[j], j) / self.reach_[j] for j in range(len(means))], axis=1)
+        scaled = self.squared_distances(cells, means) / self.reach_
         nearest = scaled.argmin(axis=1)
         for j in range(len(means)):
             own = scaled[nearest == j, j]
@@ -182,7 +182,7 @@ class PopulationReach:
         if len(z) == 0:
             return means
         for step in range(self.em_steps + trim_steps):
-            squared = np.stack([self._squared(z, means[j], j) for j in range(len(means))], axis=1)
+            squared = self.squared_distances(z, means)
             logits = -0.5 * (squared + self.log_dets_) + np.log(np.maximum(shares, 1e-9))
             logits -= logits.max(axis=1, keepdims=True)
             resp = np.exp(logits)
@@ -195,16 +195,26 @@ class PopulationReach:
             means = np.where(movable[:, None], (resp.T @ z) / np.maximum(expected, 1e-12)[:, None], self.means_)
         return means
 
+    def squared_distances(self, cells, means, dtype=np.float64) -> np.ndarray:
+        """Squared Mahalanobis distance of each cell (n, d) to each population (k,) around
+        ``means`` (k, d), in its own shape: (n, k) of ``dtype``. One (n, d) x (d, k d) product."""
+        k, d = self.whitening_.shape[:2]
+        whitening = np.ascontiguousarray(self.whitening_.transpose(1, 0, 2).reshape(d, k * d), dtype=dtype)
+        offsets = np.einsum("kd,kde->ke", np.asarray(means, dtype=np.float64), self.whitening_).reshape(-1)
+        projected = np.asarray(cells, dtype=dtype) @ whitening
+        projected -= offsets.astype(dtype)
+        np.square(projected, out=projected)
+        return projected.reshape(len(projected), k, d).sum(axis=2)
+
     def distance(self, cells, means, spread=None) -> np.ndarray:
         """How far each cell (n, d) lies beyond every population: min over populations j of
         squared distance to ``means[j]`` / (``reach_[j]`` x ``spread[j]``) (n,); ``spread``
-        (k,) None: 1. Above the margin: unknown."""
-        x = np.asarray(cells, dtype=np.float64)
+        (k,) None: 1. Above the margin: unknown. Computed in float32 (the margin is no
+        finer than that)."""
         reach = self.reach_ if spread is None else self.reach_ * np.asarray(spread)
-        nearest = np.full(len(x), np.inf)
-        for j in range(len(means)):
-            np.minimum(nearest, self._squared(x, means[j], j) / reach[j], out=nearest)
-        return nearest
+        squared = self.squared_distances(cells, means, np.float32)
+        squared /= reach.astype(np.float32)
+        return squared.min(axis=1) if len(squared) else np.empty(0, np.float32)
 
     def unknown(self, cells, patient: PatientReach) -> np.ndarray:
         """Whether each cell (n, d) of a patient is beyond every one of its populations, each
