@@ -175,15 +175,15 @@ def test_damage_inside_data_leaves_no_partial_file(sample_model, tmp_path):
 
 def test_failure_while_writing_removes_the_partial_file(sample_model, tmp_path, monkeypatch):
     calls = {"n": 0}
-    original = GatingModel._proba
+    original = GatingModel._assign  # once per scored chunk, whatever the model's parts
 
-    def failing(self, cells, embedding, chunk_size, **kwargs):
+    def failing(self, proba, cells, adjust):
         calls["n"] += 1
         if calls["n"] == 4:  # after some chunks were written
             raise OSError("disk full")
-        return original(self, cells, embedding, chunk_size, **kwargs)
+        return original(self, proba, cells, adjust)
 
-    monkeypatch.setattr(GatingModel, "_proba", failing)
+    monkeypatch.setattr(GatingModel, "_assign", failing)
     out = tmp_path / "out"
     out.mkdir()
     records = gate_file(sample_model, SAMPLE_DATA / "new" / "new_patient_01.fcs", out, chunk_size=2048)
