@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from gating_core.features import MeanEmbedding, content_subsample
-from gating_core.transforms import is_time_like
+from gating_core.fcs.transforms import is_time_like
 
 
 @dataclass

@@ -16,7 +16,7 @@ file has a spillover matrix), over the cells a row counts, never on display bins
 * **CV**: ``100 * SD / mean`` (SD with n - 1), in percent as FlowJo shows it; no value (NaN)
   when the mean is at or below zero or the population has fewer than two cells.
 
-Channels: every channel but time-like ones (:func:`gating_core.transforms.is_time_like`).
+Channels: every channel but time-like ones (:func:`gating_core.fcs.transforms.is_time_like`).
 Nothing here imports streamlit or plotly.
 """
 
@@ -37,7 +37,7 @@ def statistic_column(statistic: str, label: str) -> str:
 
 def marker_channels(sample) -> list[str]:
     """The channels ($PnN) whose statistics a table shows: every channel but time-like ones."""
-    from gating_core.transforms import is_time_like
+    from gating_core.fcs.transforms import is_time_like
 
     return [pnn for pnn in sample.pnn if not is_time_like(pnn)]
 

@@ -29,7 +29,7 @@ from gating_core.parameters import BOOLEAN, NONE, InstanceOf, Interval, Options,
 from gating_core.priors import PRIOR_SHIFTS, reestimate_prior, training_prior
 from gating_core.self_training import PatientAdjustment, self_training_coef
 from gating_core.streamed_gating import StreamedGating
-from gating_core.transforms import ChannelTransform
+from gating_core.fcs.transforms import ChannelTransform
 
 METHODS = ("marginal", "pooling", "multitask")
 DEFAULT_LOSS = "squared"
@@ -76,11 +76,11 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         Channels to use ($PnN or $PnS); None: every channel all training patients share, except
         time / event-count channels and constant ones.
     transform : "auto", ChannelTransform or dict
-        "auto": chosen from what the files are (:func:`~gating_core.transforms.default_transform`:
+        "auto": chosen from what the files are (:func:`~gating_core.fcs.transforms.default_transform`:
         arcsinh(x / 5) on a mass cytometer, arcsinh(x / 150) on flow fluorescence, scatter linear,
         channels already on a 0-1023 channel scale used as they are); a dict changes some
         channels of that choice, ``{"FL1.LOG": "arcsinh:150", "CD3": "channel-scale"}`` (keys
-        $PnN or marker; values as :func:`~gating_core.transforms.parse_transform_spec` reads).
+        $PnN or marker; values as :func:`~gating_core.fcs.transforms.parse_transform_spec` reads).
     compensate : bool, default=True
         Apply a file's spillover matrix before gating.
     select : bool, default=True

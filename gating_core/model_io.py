@@ -34,7 +34,7 @@ from gating_core.dica import DICA_MODES, MODEL_DICA_FEATURES, cell_projection_fr
 from gating_core.features import KERNELS_X, LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding, ProductRFF
 from gating_core.modelfile import Fields, ModelFileError, archive_array, check_scalar, parse_json, read_archive
 from gating_core.priors import PRIOR_SHIFTS
-from gating_core.transforms import ChannelTransform
+from gating_core.fcs.transforms import ChannelTransform
 
 MODEL_FORMAT = "gating_core.model"
 # 2: the pooled companion of the marginal method (files of format 1 load without one).

@@ -15,7 +15,7 @@ from gating_core.alignment import ALIGNMENTS, LandmarkReference, QuantileRegistr
 from gating_core.digest import DigestView, find_channel
 from gating_core.features import content_subsample
 from gating_core.gate_result import ChannelMismatchError
-from gating_core.transforms import ChannelTransform, default_transform, is_time_like, with_overrides
+from gating_core.fcs.transforms import ChannelTransform, default_transform, is_time_like, with_overrides
 
 class ChannelPreprocessing:
     """Channels, compensation, transform and standardisation of a GatingModel (a mixin: it

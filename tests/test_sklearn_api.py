@@ -15,7 +15,7 @@ from sklearn.utils.validation import check_is_fitted
 from gating_core.classifier import EXPECTED_FAILED_CHECKS, MarginalTransferClassifier, expected_failed_checks
 from gating_core.model import GatingModel
 from gating_core.selection import select_hyperparameters
-from gating_core.transforms import ChannelTransform
+from gating_core.fcs.transforms import ChannelTransform
 from helpers import sample_cohort
 
 SKLEARN_AT_LEAST_1_6 = tuple(int(p) for p in sklearn.__version__.split(".")[:2]) >= (1, 6)

@@ -270,7 +270,7 @@ def axis_range_editor(store: Store, channels: list[str], sample, key: str, token
 
 def default_xy(channels: list[str]) -> tuple[int, int]:
     """Indices of a sensible first projection: skip time-like channels; two different ones."""
-    from gating_core.transforms import is_time_like
+    from gating_core.fcs.transforms import is_time_like
 
     usable = [i for i, c in enumerate(channels) if not is_time_like(c)]
     if len(usable) < 2:

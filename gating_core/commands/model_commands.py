@@ -275,7 +275,7 @@ def _model_params(args) -> dict:
 
 def _transform_overrides(items) -> dict:
     """``--transform CHANNEL=KIND`` options as GatingModel's ``transform`` dict (usage errors exit 2)."""
-    from gating_core.transforms import parse_transform_spec
+    from gating_core.fcs.transforms import parse_transform_spec
 
     overrides = {}
     for item in items:
@@ -423,7 +423,7 @@ def run_train(args) -> int:
     info = model.describe()
     print(f"Method: {_method_label(info['method'], info['loss'], info['task_similarity'])}")
     print(f"Channels: {', '.join(info['channels'])}")
-    from gating_core.transforms import ChannelTransform, describe_transform
+    from gating_core.fcs.transforms import ChannelTransform, describe_transform
 
     print("Transform: " + "; ".join(describe_transform(ChannelTransform.from_dict(info["transform"]),
                                                          info["channels"])))
