@@ -32,7 +32,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core.classifier import MarginalTransferClassifier  # noqa: E402
+from gating_core.method.classifier import MarginalTransferClassifier  # noqa: E402
 from gating_core.evaluation import METHOD_SETTINGS  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
 from gating_core.research_model import build_model  # noqa: E402

@@ -27,7 +27,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gating_core.baselines import DICAPooling  # noqa: E402
-from gating_core.dica import DICA, distributional_variance, toy_domains  # noqa: E402
+from gating_core.method.dica import DICA, distributional_variance, toy_domains  # noqa: E402
 
 MULTICENTER = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multicenter"
 # The paper's own Table 2 figures (GvHD data, 30 patients) are not printed: they are not in

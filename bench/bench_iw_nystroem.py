@@ -27,7 +27,7 @@ from scipy.stats import multivariate_normal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core.iw_nystroem import (ImportanceWeightedNystroemKRR, exact_weighted_krr,  # noqa: E402
+from gating_core.method.iw_nystroem import (ImportanceWeightedNystroemKRR, exact_weighted_krr,  # noqa: E402
                                      gaussian_kernel)
 
 MULTICENTER = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multicenter"

@@ -52,7 +52,7 @@ _PUBLIC = {
     # the model
     "GatingModel": "model", "GateResult": "gate_result", "Novelty": "gate_result",
     "ChannelMismatchError": "errors",
-    "MarginalTransferClassifier": "classifier",
+    "MarginalTransferClassifier": "method.classifier",
     # hand-drawn and imported gates
     "Gate": "gates", "GateTree": "gates", "AxisScale": "gates", "GateError": "errors",
     "apply_gatingml": "gates", "apply_workspace": "gates",

@@ -18,7 +18,7 @@ from sklearn.discriminant_analysis import LinearDiscriminantAnalysis, QuadraticD
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.linear_model import LogisticRegression
 
-from gating_core.dica import DICA
+from gating_core.method.dica import DICA
 from gating_core.model import GatingModel
 
 __all__ = ["PooledBaseline", "LDABaseline", "DICAPooling"]
@@ -73,7 +73,7 @@ class DICAPooling:
 
     Cells are the product's (the channels, transform and standardisation a
     :class:`~gating_core.model.GatingModel` chooses, each patient's seeded draw of
-    ``cells_per_patient`` cells); :class:`~gating_core.dica.DICA` is fitted on the training
+    ``cells_per_patient`` cells); :class:`~gating_core.method.dica.DICA` is fitted on the training
     patients, then a multinomial logistic regression on the projected cells of all of them
     pooled.
     ``fit(samples, labels)``, ``predict(sample) -> (n,)`` labels.

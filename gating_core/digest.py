@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gating_core.features import MeanEmbedding, content_subsample
+from gating_core.method.features import MeanEmbedding, content_subsample
 from gating_core.fcs.transforms import is_time_like
 
 
@@ -109,12 +109,12 @@ def infer_cell_groups(embedding_cells, names, n_embedding_features=128, random_s
     """Groups of near-duplicate patients from their standardised cells (one array per patient).
 
     Embeds every patient with a median-bandwidth kernel mean embedding and links patients as
-    :func:`gating_core.groups.infer_groups` does. Used when no groups are given: by training, and
+    :func:`gating_core.method.groups.infer_groups` does. Used when no groups are given: by training, and
     by the evaluation to choose what to hold out.
     """
-    from gating_core.features import median_pairwise_distance
-    from gating_core.groups import infer_groups
-    from gating_core.training_problem import embed_patients
+    from gating_core.method.features import median_pairwise_distance
+    from gating_core.method.groups import infer_groups
+    from gating_core.method.training_problem import embed_patients
 
     pooled = np.vstack([e[:500] for e in embedding_cells])
     embedder = MeanEmbedding(n_embedding_features, median_pairwise_distance(pooled), pooled.shape[1],

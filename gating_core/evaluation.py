@@ -44,7 +44,7 @@ ALL_METHODS += ("marginal-no-adaptive", "adaptive-lda", "marginal-augment", "mar
 # patient weighting and selection on the worst held-out group.
 ALL_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5", "dica-marginal", "iw-nystroem",
                 "marginal-linear", "marginal-agnostic", "marginal-select-worst")
-# Landmark (peak) registration of each channel, with its skip rule (gating_core.alignment).
+# Landmark (peak) registration of each channel, with its skip rule (gating_core.method.alignment).
 ALL_METHODS += ("marginal-landmarks",)
 #: GatingModel settings of each kernel method (on top of the user's model parameters); a method
 #: whose settings name a research option (n_augment, augment_gain, augment_shift,
@@ -103,7 +103,7 @@ METHOD_SETTINGS = {
 
 
 def infer_patient_groups(samples, labels, random_state=0) -> list[str]:
-    """Groups of near-duplicate patients (see :func:`gating_core.groups.infer_groups`), found
+    """Groups of near-duplicate patients (see :func:`gating_core.method.groups.infer_groups`), found
     on the same transformed channels and embedding a GatingModel would use."""
     model = GatingModel(random_state=random_state)
     digests = [digest_patient(s, y, 500, model.embedding_cells, seed=model.digest_seed(i), compensate=model.compensate)

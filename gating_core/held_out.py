@@ -1,7 +1,7 @@
 """The held-out check by subtraction: one model per fold, without going back to the cells.
 
 Leaving patients out of a ridge problem removes their statistics from a sum
-(:class:`~gating_core.solvers.RidgeStatistics`). :func:`fold_models` digests every patient
+(:class:`~gating_core.method.solvers.RidgeStatistics`). :func:`fold_models` digests every patient
 once, computes the random features and statistics of every patient once per bandwidth pair,
 and fits each fold -- model selection included, over the fold's own training patients -- from
 sums of the others' statistics. Each fold searches on the patients training on its patients
@@ -9,9 +9,9 @@ would search on (all of them up to ``SELECTION_MAX_PATIENTS``, beyond that the s
 draw among them: :meth:`GatingModel.selection_patients`). The folds' searches run in step and
 share what depends only on the patients trained on: an inner fold of the search without
 patient a that holds out b trains on what the search without b trains on when it holds out a,
-and is decomposed and scored once (:class:`~gating_core.selection.HyperparameterSearch`). The
+and is decomposed and scored once (:class:`~gating_core.method.selection.HyperparameterSearch`). The
 pooled companion's search and fits take views of the marginal model's problems (the same
-cells, drawn and embedded once: :func:`~gating_core.selection.problem_view`). Leaving one
+cells, drawn and embedded once: :func:`~gating_core.method.selection.problem_view`). Leaving one
 patient out of 8-10 then costs 2.5-3 trainings in CPU time (``bench/bench_check.py``), where
 full refits cost one per fold.
 
@@ -26,7 +26,7 @@ With the logistic loss (the pooled companion, ``loss="logistic"``) each fold is 
 iterative solve, started from the solution on all patients and stopped at the looser
 :data:`FOLD_GTOL`; the folds run side by side on the usable CPUs. Its curvature there is
 computed once, and each fold's (minus its held-out patients') preconditions the fold's
-iterations (:func:`gating_core.solvers.logistic_curvature`): the same optimum, in a third of
+iterations (:func:`gating_core.method.solvers.logistic_curvature`): the same optimum, in a third of
 the iterations.
 """
 
@@ -36,14 +36,14 @@ import copy
 
 import numpy as np
 
-from gating_core.classifier import MarginalTransferClassifier
+from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.cpus import run_side_by_side, score_threads, with_blas_threads
-from gating_core.losses import loss_for
+from gating_core.method.losses import loss_for
 from gating_core.model import METHODS
-from gating_core.priors import training_prior
+from gating_core.method.priors import training_prior
 from gating_core.research_model import build_model
-from gating_core.selection import problem_view
-from gating_core.training_problem import TrainingProblem
+from gating_core.method.selection import problem_view
+from gating_core.method.training_problem import TrainingProblem
 
 #: Where a fold's logistic (or hinge) fit stops when it starts from the fit on all patients (the product's
 #: fits stop at solvers.LBFGS_GTOL = 1e-6). That start differs from the fold's optimum by the
@@ -105,7 +105,7 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
     search_exclusions = [sorted(set(range(len(samples))) - set(searched)) for searched in searched_sets]
     search = None
     if base.select and base._wants_search():
-        from gating_core.selection import HyperparameterSearch
+        from gating_core.method.selection import HyperparameterSearch
 
         report("Model selection in every fold (cross-validation over patients)", 0.1)
         search = HyperparameterSearch(cells, drawn, MarginalTransferClassifier(**params), embedding_cells,
@@ -117,7 +117,7 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
         for selection, searched in zip(selections, searched_sets):
             selection["n_patients"] = len(searched)
     if base.alpha is None and loss_for(base.loss).searches_own_penalty:
-        from gating_core.selection import select_logistic_alpha
+        from gating_core.method.selection import select_logistic_alpha
 
         for f, (p, kept) in enumerate(zip(fold_params, kept_sets)):
             report("Choosing the logistic penalty in every fold", 0.6 + 0.05 * f / len(kept_sets))
@@ -153,7 +153,7 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
     for model in models:
         model.companion_bandwidth_x_ = None
     if companion_base is not None:
-        from gating_core.selection import HyperparameterSearch
+        from gating_core.method.selection import HyperparameterSearch
 
         report("Choosing the pooled companion's bandwidth in every fold", 0.75)
         # The companion's cells are the main search's real patients' (same draw): its problem

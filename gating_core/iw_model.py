@@ -1,6 +1,6 @@
 """``train/gate --method iw-nystroem``: importance-weighted Nystroem KRR refitted for each new patient.
 
-:class:`~gating_core.iw_nystroem.ImportanceWeightedNystroemKRR` is transductive: it is fitted
+:class:`~gating_core.method.iw_nystroem.ImportanceWeightedNystroemKRR` is transductive: it is fitted
 for one new patient, from the training cells and that patient's own unlabeled cells. So the
 model a user trains and hands to ``gate`` is not a decision function but what the refit needs:
 the preprocessing (channels, transform, standardisation, as :class:`GatingModel` fits them), a
@@ -38,9 +38,9 @@ from sklearn.exceptions import NotFittedError
 
 from gating_core import __version__
 from gating_core.digest import digest_patient
-from gating_core.features import MeanEmbedding, content_subsample, median_pairwise_distance
+from gating_core.method.features import MeanEmbedding, content_subsample, median_pairwise_distance
 from gating_core.gate_result import GateResult, Novelty
-from gating_core.iw_nystroem import ImportanceWeightedNystroemKRR
+from gating_core.method.iw_nystroem import ImportanceWeightedNystroemKRR
 from gating_core.modelfile import Fields, Member, ModelFileError, archive_array, parse_json, read_archive
 from gating_core.preprocessing import ChannelPreprocessing
 from gating_core.streamed_gating import StreamedGating
@@ -86,7 +86,7 @@ class IWNystroemGatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator)
     embedding_cells : int, default=20000
         Cells of a new patient (content-chosen) its weights are estimated from.
     n_landmarks, alpha, bandwidth, max_weight :
-        Passed to :class:`~gating_core.iw_nystroem.ImportanceWeightedNystroemKRR` (bandwidth in
+        Passed to :class:`~gating_core.method.iw_nystroem.ImportanceWeightedNystroemKRR` (bandwidth in
         standardised units; None: the median distance between the stored training cells).
     random_state : int
 

@@ -1,6 +1,6 @@
 """``GatingModel``: learn gates from expert-gated patients, gate new patients from FCS samples.
 
-It wraps :class:`~gating_core.classifier.MarginalTransferClassifier` with what files need:
+It wraps :class:`~gating_core.method.classifier.MarginalTransferClassifier` with what files need:
 channel matching by $PnN / $PnS, compensation, the per-channel transform, standardisation,
 model selection over patients and a per-patient novelty score. The model file (no pickle, every
 field checked on reading) is :mod:`gating_core.model_io`.
@@ -14,20 +14,20 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
-from gating_core.adaptive_lda import AdaptiveLDA
-from gating_core.alignment import ALIGNMENTS
-from gating_core.classifier import LOSSES, PATIENT_WEIGHTINGS, SCORE_BLOCK, SOLVERS, MarginalTransferClassifier
-from gating_core.dica import DICA_MODES, MODEL_DICA_FEATURES
+from gating_core.method.adaptive_lda import AdaptiveLDA
+from gating_core.method.alignment import ALIGNMENTS
+from gating_core.method.classifier import LOSSES, PATIENT_WEIGHTINGS, SCORE_BLOCK, SOLVERS, MarginalTransferClassifier
+from gating_core.method.dica import DICA_MODES, MODEL_DICA_FEATURES
 from gating_core.cpus import with_blas_threads
 from gating_core.digest import digest_patient, infer_cell_groups
-from gating_core.features import KERNELS_X, content_hashes, content_subsample
+from gating_core.method.features import KERNELS_X, content_hashes, content_subsample
 from gating_core.gate_result import GateResult, Novelty
-from gating_core.losses import loss_for
+from gating_core.method.losses import loss_for
 from gating_core.preprocessing import ChannelPreprocessing
 from gating_core.model_io import load_model, save_model
 from gating_core.parameters import BOOLEAN, NONE, InstanceOf, Interval, Options, validate_parameters
-from gating_core.priors import PRIOR_SHIFTS, reestimate_prior, training_prior
-from gating_core.self_training import PatientAdjustment, self_training_coef
+from gating_core.method.priors import PRIOR_SHIFTS, reestimate_prior, training_prior
+from gating_core.method.self_training import PatientAdjustment, self_training_coef
 from gating_core.streamed_gating import StreamedGating
 from gating_core.fcs.transforms import ChannelTransform
 
@@ -70,7 +70,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         Marginal transfer (the patient's cell distribution is an input), the pooling baseline,
         or the multitask baseline (k_P = ``task_similarity`` between two training patients, 1
         within one; a new patient is gated by the part shared across patients: see
-        :func:`~gating_core.solvers.multitask_ridge_solve`). Multitask uses the squared loss;
+        :func:`~gating_core.method.solvers.multitask_ridge_solve`). Multitask uses the squared loss;
         its bandwidth and penalty are selected as pooling's.
     channels : list of str or None
         Channels to use ($PnN or $PnS); None: every channel all training patients share, except
@@ -108,15 +108,15 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         (:meth:`companion_weight`), so a patient far from every training patient is gated by
         the companion. 0: the marginal model alone (nothing fades then).
         "auto": w from (0, 0.25, 0.5, 0.75, 1) by cross-validation over groups
-        (:func:`~gating_core.selection.select_pooled_weight`), 0.5 unless another weight wins
+        (:func:`~gating_core.method.selection.select_pooled_weight`), 0.5 unless another weight wins
         on held-out groups by more than 0.2 points (and 0.5 when ``select=False`` or there are
         fewer than two groups). Ignored by ``method="pooling"`` and by solvers other than ``"rff"``.
     prior_shift : {"none", "em"}, default="none"
         "em": re-estimate the population proportions of each gated patient from its own
-        unlabeled cells (:mod:`gating_core.priors`) and adjust the probabilities to them.
+        unlabeled cells (:mod:`gating_core.method.priors`) and adjust the probabilities to them.
     align : {"none", "quantile", "landmarks"}, default="none"
         "quantile": register each channel of every patient, training and new, onto reference
-        landmarks before the classifier sees it (:mod:`gating_core.alignment`).
+        landmarks before the classifier sees it (:mod:`gating_core.method.alignment`).
         "landmarks": move each channel's density peaks onto the training patients' consensus
         peaks, leaving a channel of a patient as it is when its peaks do not match one-to-one
         (measured in docs/alignment.md).
@@ -126,7 +126,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     task_similarity : float in (0, 1], default=0.5
         tau of ``method="multitask"`` (ignored by the other methods).
     dica : {None, "supervised", "unsupervised"}, default=None
-        Domain-invariant component analysis (Muandet et al. 2013; :mod:`gating_core.dica`)
+        Domain-invariant component analysis (Muandet et al. 2013; :mod:`gating_core.method.dica`)
         after standardisation: DICA (with the expert labels) or UDICA, fitted on the training
         patients' cells, projects every cell -- training, embedding and gated -- onto
         ``dica_components`` directions along which the patients' distributions differ least
@@ -158,7 +158,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         ``(1 - g) p_transfer + g p_adapted``, where ``p_adapted`` comes from Gaussian
         populations with one shared covariance (LDA) fitted on the training patients and
         adapted to each gated patient by EM over its own content-chosen cells
-        (:class:`~gating_core.adaptive_lda.AdaptiveLDA`). A discriminative model, however
+        (:class:`~gating_core.method.adaptive_lda.AdaptiveLDA`). A discriminative model, however
         flexible, extrapolates its training boundaries when a patient's population sits beyond
         where any training patient had it (a batch or center effect); the adapted populations
         follow it. Where populations are no single Gaussians, the transfer model is the better
@@ -320,7 +320,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         groups : sequence of length n_patients or None
             Center / batch / run of each patient. Model selection holds out whole groups.
             None: near-duplicate patients are found from their embeddings
-            (:func:`gating_core.groups.infer_groups`) and kept together; the same within a
+            (:func:`gating_core.method.groups.infer_groups`) and kept together; the same within a
             single group given to every patient.
         """
         validate_parameters(self)
@@ -361,7 +361,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         ``train --workers`` builds the digests on a Dask cluster, where the files are, and
         calls this; the result is identical to :meth:`fit` on the same files.
         """
-        from gating_core.training_problem import shared_embeddings
+        from gating_core.method.training_problem import shared_embeddings
 
         validate_parameters(self)
         # Selection, the final fit and the companion embed the same patients: each once.
@@ -382,7 +382,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         params = self._classifier_params()
         self.selection_ = {}
         if self.select and len(samples) >= 2 and self._wants_search():
-            from gating_core.selection import select_hyperparameters
+            from gating_core.method.selection import select_hyperparameters
 
             report("Model selection (cross-validation over patients)", 0.15)
             chosen = self.selection_patients(len(cells))
@@ -396,7 +396,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
             self.selection_ = self._apply_selection(params, result)
             self.selection_["n_patients"] = len(chosen)
         if self.alpha is None and loss_for(self.loss).searches_own_penalty:
-            from gating_core.selection import select_logistic_alpha
+            from gating_core.method.selection import select_logistic_alpha
 
             report("Choosing the logistic penalty (cross-validation over groups)", 0.7)
             params["alpha"] = select_logistic_alpha(cells, labels, MarginalTransferClassifier(**params),
@@ -552,7 +552,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
 
     def _embedding_factors(self):
         """The sigma' grid the selection searches (None: sigma' is not selected)."""
-        from gating_core.selection import DEFAULT_EMBEDDING_FACTORS
+        from gating_core.method.selection import DEFAULT_EMBEDDING_FACTORS
 
         return DEFAULT_EMBEDDING_FACTORS if self.select_embedding_bandwidth else None
 
@@ -596,7 +596,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     def _choose_pooled_weight(self, cells, labels, embedding_cells, params, report) -> float:
         if self.pooled_weight != "auto":
             return float(self.pooled_weight)
-        from gating_core.selection import PREFERRED_POOLED_WEIGHT, select_pooled_weight
+        from gating_core.method.selection import PREFERRED_POOLED_WEIGHT, select_pooled_weight
 
         if not self.select:
             return PREFERRED_POOLED_WEIGHT
@@ -631,7 +631,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         base = self._companion_search_base(params)
         if base is None or len(cells) < 2:
             return None
-        from gating_core.selection import select_hyperparameters
+        from gating_core.method.selection import select_hyperparameters
 
         report("Choosing the pooled companion's bandwidth (cross-validation over groups)", 0.88)
         chosen = self.selection_patients(len(cells))
@@ -809,7 +809,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         return adjust.mix(proba, cells, float(getattr(self, "adaptive_weight_", 0.0)))
 
     def _patient_adjustment(self, chosen, embedding) -> PatientAdjustment:
-        """What gating this patient does after the blend (:class:`~gating_core.self_training.PatientAdjustment`):
+        """What gating this patient does after the blend (:class:`~gating_core.method.self_training.PatientAdjustment`):
         the EM prior ratio (``prior_shift="em"``), the self-training step (``self_training``)
         and the populations adapted by EM (``adaptive_weight_``), all from its content-chosen
         cells ``chosen`` (m, d), standardised and registered."""

@@ -27,13 +27,13 @@ from pathlib import Path
 import numpy as np
 
 from gating_core import __version__
-from gating_core.adaptive_lda import AdaptiveLDA
-from gating_core.alignment import ALIGNMENTS, LEVELS, MAX_PEAKS, LandmarkReference
-from gating_core.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS, MarginalTransferClassifier
-from gating_core.dica import DICA_MODES, MODEL_DICA_FEATURES, cell_projection_from_arrays
-from gating_core.features import KERNELS_X, LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding, ProductRFF
+from gating_core.method.adaptive_lda import AdaptiveLDA
+from gating_core.method.alignment import ALIGNMENTS, LEVELS, MAX_PEAKS, LandmarkReference
+from gating_core.method.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS, MarginalTransferClassifier
+from gating_core.method.dica import DICA_MODES, MODEL_DICA_FEATURES, cell_projection_from_arrays
+from gating_core.method.features import KERNELS_X, LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding, ProductRFF
 from gating_core.modelfile import Fields, ModelFileError, archive_array, check_scalar, parse_json, read_archive
-from gating_core.priors import PRIOR_SHIFTS
+from gating_core.method.priors import PRIOR_SHIFTS
 from gating_core.fcs.transforms import ChannelTransform
 
 MODEL_FORMAT = "gating_core.model"

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from gating_core.alignment import ALIGNMENTS, LandmarkReference, QuantileRegistration, channel_quantiles
+from gating_core.method.alignment import ALIGNMENTS, LandmarkReference, QuantileRegistration, channel_quantiles
 from gating_core.digest import DigestView, find_channel
-from gating_core.features import content_subsample
+from gating_core.method.features import content_subsample
 from gating_core.gate_result import ChannelMismatchError
 from gating_core.fcs.transforms import ChannelTransform, default_transform, is_time_like, with_overrides
 
@@ -37,7 +37,7 @@ class ChannelPreprocessing:
         cells = [self._standardise(d.train_events[:, i]) for d, i in zip(digests, indices)]
         embedding_cells = [self._standardise(r) for r in embedding_raw]
         if getattr(self, "dica", None) is not None:  # DICA after standardisation, before everything else
-            from gating_core.dica import fit_cell_projection
+            from gating_core.method.dica import fit_cell_projection
 
             self.dica_ = fit_cell_projection(cells, [d.train_labels for d in digests], self.dica,
                                              self.dica_components, self.random_state)

@@ -35,7 +35,7 @@ class ResearchGatingModel(GatingModel):
     n_augment : int, default=0
         Copies of every training patient with a simulated instrument shift (a random gain and
         offset per channel, in standardised units) added to training as further patients
-        (:class:`~gating_core.classifier.MarginalTransferClassifier`'s ``n_augment``). An
+        (:class:`~gating_core.method.classifier.MarginalTransferClassifier`'s ``n_augment``). An
         option: measured in docs/unseen_data.md it gained on one simulated cohort only and cost
         another. ``train --augment N``.
     augment_gain, augment_shift : float or "auto", default=0.08 and 0.15
@@ -51,7 +51,7 @@ class ResearchGatingModel(GatingModel):
         ``solver="rff"`` and the Gaussian cell kernel. ``train --second-bandwidth`` is 0.5.
     self_training : bool, default=False
         An option: at gating time, move each patient's gates towards its own confident cells
-        (:mod:`gating_core.self_training`): the more confident half of every population the
+        (:mod:`gating_core.method.self_training`): the more confident half of every population the
         model finds among the patient's content-chosen cells, at most 300 cells a population,
         become pseudo-labels, and a ridge fit of their residuals on the marginal classifier's
         features (the refinement of JMLR section 9, with the model's labels instead of a

@@ -89,7 +89,7 @@ method = c2.radio("Method", list(METHOD_LABELS), key="train_method", horizontal=
                        "every patient it gates (seconds per patient; its model file keeps training cells).")
 transductive = method == IW_METHOD
 channels_all = common_channels([r.sample for r in records])
-from gating_core.groups import groups_from_keyword, shared_group_keywords  # noqa: E402
+from gating_core.method.groups import groups_from_keyword, shared_group_keywords  # noqa: E402
 
 group_by = st.selectbox(
     "Groups of patients (center, batch or run)", ["auto", "none", *shared_group_keywords([r.sample for r in records])],

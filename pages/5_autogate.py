@@ -173,7 +173,7 @@ with side_col:
                      key="ag_reassign", disabled=to_pop is None):
             circled.update({int(i): to_pop for i in np.flatnonzero(inside)})
             if refine:
-                from gating_core.refinement import refine_gating
+                from gating_core.method.refinement import refine_gating
 
                 refined = refine_gating(refine_model, sample, list(circled), list(circled.values()))
                 corrected, new_confidence = refined.populations, refined.confidence

@@ -58,7 +58,7 @@ def _train_on_the_page(at, method=None, dica=None, dica_components=None, hand=No
 
 
 def test_supervised_dica_picked_on_the_train_page(library, sample_data_dir):
-    from gating_core.dica import DICA
+    from gating_core.method.dica import DICA
     from gating_core.library import PatientLibrary
     from gating_core.model import GatingModel
 

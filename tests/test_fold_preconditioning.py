@@ -14,7 +14,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gating_core import cpus, solvers
+from gating_core import cpus
+from gating_core.method import solvers
 from gating_core.held_out import FOLD_GTOL
 
 

@@ -4,11 +4,11 @@ of all patients minus the held-out ones, selection included, without refitting f
 import numpy as np
 import pytest
 
-from gating_core.classifier import MarginalTransferClassifier
-from gating_core.training_problem import TrainingProblem
+from gating_core.method.classifier import MarginalTransferClassifier
+from gating_core.method.training_problem import TrainingProblem
 from gating_core.evaluation import leave_one_group_out, leave_one_patient_out, summarize
 from gating_core.held_out import _SharedProblems, fold_models
-from gating_core.selection import HyperparameterSearch, select_hyperparameters
+from gating_core.method.selection import HyperparameterSearch, select_hyperparameters
 from gating_core.synthetic import simulate_centers
 
 
@@ -136,7 +136,7 @@ def test_runs_that_train_on_the_same_patients_share_one_decomposition(cohort, mo
     # Leaving patient a out and holding out b in an inner fold trains on what leaving b out and
     # holding out a does: one eigendecomposition per distinct training set and key, and every
     # run's result is what it gives when run alone.
-    from gating_core.solvers import RidgeStatistics
+    from gating_core.method.solvers import RidgeStatistics
 
     samples, labels, groups = cohort
     cells, embedding_cells, drawn = _standardised(samples, labels)
@@ -162,7 +162,7 @@ def test_runs_that_train_on_the_same_patients_share_one_decomposition(cohort, mo
 
 def test_a_problem_view_is_what_a_fresh_problem_builds(cohort):
     # The pooled companion's problem, taken from the marginal model's (augmented) problem.
-    from gating_core.selection import problem_view
+    from gating_core.method.selection import problem_view
 
     samples, labels, groups = cohort
     cells, embedding_cells, drawn = _standardised(samples, labels)
@@ -216,7 +216,7 @@ def test_a_fold_searches_on_the_seeded_subset_that_training_on_its_patients_woul
 
 def test_logistic_folds_started_from_everyone_stop_at_the_fold_tolerance_and_predict_alike(cohort, monkeypatch):
     import gating_core.held_out as held_out
-    from gating_core import solvers
+    from gating_core.method import solvers
 
     samples, labels, groups = cohort
     cells, embedding_cells, drawn = _standardised(samples, labels)
@@ -247,7 +247,7 @@ def test_logistic_folds_started_from_everyone_stop_at_the_fold_tolerance_and_pre
 
 
 def test_a_bandwidth_one_fold_chose_starts_from_the_nearest_fit_on_everyone(cohort, monkeypatch):
-    from gating_core import solvers
+    from gating_core.method import solvers
 
     samples, labels, groups = cohort
     cells, embedding_cells, drawn = _standardised(samples, labels)

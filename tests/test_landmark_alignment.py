@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gating_core.alignment import (MAX_PEAKS, LandmarkReference, LandmarkRegistration, SkipRule,
+from gating_core.method.alignment import (MAX_PEAKS, LandmarkReference, LandmarkRegistration, SkipRule,
                                    channel_peaks)
 from helpers import sample_cohort
 
@@ -198,7 +198,7 @@ def test_landmark_registration_is_deterministic(small_centers, landmark_model):
 def test_the_command_line_offers_the_alignments():
     import argparse
 
-    from gating_core import alignment
+    from gating_core.method import alignment
     from gating_core.commands import model_commands
 
     assert model_commands.ALIGNMENTS == alignment.ALIGNMENTS

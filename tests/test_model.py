@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from gating_core.classifier import MarginalTransferClassifier
+from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.fcs import Channel, Sample
 from gating_core.gate_result import ChannelMismatchError
 from gating_core.model import GatingModel
@@ -207,7 +207,7 @@ def test_selection_is_reproducible_and_recorded(cohort):
 
 def test_ellipse_task_marginal_transfer_beats_the_paper_and_pooling():
     """JMLR 2021 synthetic task: N=64 tasks of n=256 points, 10 test tasks (paper: 7.22%)."""
-    from gating_core.selection import select_hyperparameters
+    from gating_core.method.selection import select_hyperparameters
     from gating_core.synthetic import ellipse_task
 
     rng = np.random.default_rng(2021)

@@ -50,7 +50,7 @@ def test_import_gating_core_imports_no_app_or_cluster_package():
 def test_public_names_resolve_to_their_modules():
     for name in gating_core.__all__:
         assert getattr(gating_core, name) is not None, name
-    from gating_core.classifier import MarginalTransferClassifier
+    from gating_core.method.classifier import MarginalTransferClassifier
     from gating_core.fcs import read_fcs
     from gating_core.interop import from_flowkit, to_anndata
     from gating_core.model import GatingModel

@@ -145,7 +145,7 @@ def test_a_model_whose_selection_fell_back_to_pooling_keeps_its_second_fit_throu
                                                                                           monkeypatch):
     """Where the embedding loses on held-out groups, the marginal method's model is a pooled one;
     its second fit is pooled too, and the file holds no embedding weights for either."""
-    import gating_core.selection as selection
+    import gating_core.method.selection as selection
 
     samples, labels, groups = three_centers
     monkeypatch.setattr(selection, "POOLING_MARGIN", 1.0)  # pooling always within the margin

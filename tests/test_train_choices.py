@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gating_core.classifier import LOSSES
+from gating_core.method.classifier import LOSSES
 from gating_core.commands import model_commands
 from gating_core.fcs import read_fcs
 from gating_core.model import METHODS, GatingModel

@@ -15,7 +15,7 @@ from pathlib import Path
 from ui.jobs import Job, start_job
 
 
-#: The Train page's choices (gating_core.model.METHODS, gating_core.classifier.LOSSES).
+#: The Train page's choices (gating_core.model.METHODS, gating_core.method.classifier.LOSSES).
 METHOD_LABELS = {"marginal": "Marginal transfer (recommended)", "pooling": "Pooling",
                  "multitask": "Multitask (baseline)",
                  "iw-nystroem": "Importance-weighted Nystroem (refitted per patient)"}
@@ -87,7 +87,7 @@ def method_params(method: str, loss: str, task_similarity: float, dica: str = "n
             raise ValueError(f"task similarity must be within (0, 1], got {task_similarity!r}")
         params["task_similarity"] = float(task_similarity)
     if dica != "none":
-        from gating_core.dica import check_dica_settings
+        from gating_core.method.dica import check_dica_settings
 
         check_dica_settings(dica, int(dica_components))
         params.update(dica=dica, dica_components=int(dica_components))

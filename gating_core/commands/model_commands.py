@@ -21,18 +21,18 @@ EVALUATION_METHODS += ("marginal-no-adaptive", "adaptive-lda", "marginal-augment
 EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5", "dica-marginal", "iw-nystroem",
                        "marginal-linear", "marginal-agnostic", "marginal-select-worst")
 EVALUATION_METHODS += ("marginal-landmarks",)
-# gating_core.alignment.ALIGNMENTS (checked by tests/test_landmark_alignment.py).
+# gating_core.method.alignment.ALIGNMENTS (checked by tests/test_landmark_alignment.py).
 ALIGNMENTS = ("none", "quantile", "landmarks")
 DEFAULT_POOLED_WEIGHT = 0.5
 DEFAULT_ADAPTIVE_WEIGHT = "auto"
 DEFAULT_CLASS_BALANCE = 0.0
-# The choices of ``train`` (gating_core.model.METHODS and gating_core.classifier.LOSSES,
+# The choices of ``train`` (gating_core.model.METHODS and gating_core.method.classifier.LOSSES,
 # checked by tests/test_train_choices.py).
 TRAIN_METHODS = ("marginal", "pooling", "multitask")
 LOSSES = ("squared", "logistic", "hinge")
 DEFAULT_LOSS = "squared"
 DEFAULT_TASK_SIMILARITY = 0.5
-# gating_core.features.KERNELS_X (checked by tests/test_linear_kernel.py).
+# gating_core.method.features.KERNELS_X (checked by tests/test_linear_kernel.py).
 KERNELS_X = ("gaussian", "linear")
 # Importance-weighted Nystroem KRR (gating_core.iw_model): transductive, refitted for each
 # patient at gate time, so its model file keeps training cells (2,000 per patient by default).
@@ -572,7 +572,7 @@ def run_gate(args) -> int:
 def _evaluation_groups(args, samples, labels):
     """(groups, how they were found) for ``evaluate``."""
     from gating_core.evaluation import infer_patient_groups
-    from gating_core.groups import groups_from_csv, groups_from_keyword
+    from gating_core.method.groups import groups_from_csv, groups_from_keyword
 
     if args.groups:
         if Path(args.groups).is_file():
@@ -586,7 +586,7 @@ def run_evaluate(args) -> int:
 
     from gating_core.evaluation import (leave_one_group_out, leave_one_patient_out, novelty_curve, patient_folds,
                                         repeat_over_seeds, summarize, summarize_seeds, train_on_one_group)
-    from gating_core.groups import GroupsError
+    from gating_core.method.groups import GroupsError
     from gating_core.gate_result import ChannelMismatchError
     from gating_core.progress import StageProgress
 

@@ -19,7 +19,7 @@ What f0 is here -- the blend with the pooled companion
 -------------------------------------------------------
 A :class:`~gating_core.model.GatingModel` gates with BLENDED probabilities,
 ``(1 - w) p_marginal + w p_pooled`` (then the EM prior ratio when ``prior_shift="em"``, then
-the self-training step of :mod:`gating_core.self_training` when ``self_training``). This
+the self-training step of :mod:`gating_core.method.self_training` when ``self_training``). This
 module refines THAT function: f0(x) is the vector of the model's final probabilities of cell x
 (what :meth:`GatingModel.gate` takes the argmax of), and the squared loss to the one-hot label is
 the Brier loss. Refining the marginal scores alone and re-blending would leave a confidently
@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gating_core.classifier import SCORE_BLOCK
+from gating_core.method.classifier import SCORE_BLOCK
 
 #: lambda of the refinement (units: the SUM over corrected cells of squared errors). On the
 #: sample data (bench/bench_refinement.py) 0.1, 1 and 10 all reached 99% agreement with 25-150

@@ -6,7 +6,7 @@ data-driven starting points (the median distance between cells for sigma_X, betw
 embeddings for sigma_P), and the ridge penalty lambda on a log grid; the grid is extended when
 the best value sits on its edge, within the paper's range 1e-2..1e4 of the starting point. For
 every bandwidth pair, the whole lambda path costs one eigendecomposition per fold
-(:class:`~gating_core.solvers.RidgeStatistics`), which keeps the default search practical.
+(:class:`~gating_core.method.solvers.RidgeStatistics`), which keeps the default search practical.
 
 The search is coordinate-wise: sigma_X (with lambda), then sigma_P (with lambda), then, when
 asked (``embedding_factors``), the embedding bandwidth sigma' on a small grid around its median
@@ -17,7 +17,7 @@ patients of their accuracy, averaged over repeated random fold splits; a held-ou
 scored with the fitted intercept, s = F coef + intercept, exactly as the fitted model scores it
 (tests/test_transfer.py checks the two agree).
 
-Folds hold out whole GROUPS (centers, batches, runs; :mod:`gating_core.groups`) when they are
+Folds hold out whole GROUPS (centers, batches, runs; :mod:`gating_core.method.groups`) when they are
 known or inferred: a sigma_P chosen on folds where every held-out patient's twin is in training
 favours a narrow k_P that cannot reach a new center. Augmented copies of a patient (see
 ``MarginalTransferClassifier.n_augment``) always leave training with their source, and only
@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gating_core.classifier import MarginalTransferClassifier
+from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.cpus import one_blas_thread, run_side_by_side, score_threads
-from gating_core.solvers import RidgeStatistics
-from gating_core.training_problem import TrainingProblem, check_training_set
+from gating_core.method.solvers import RidgeStatistics
+from gating_core.method.training_problem import TrainingProblem, check_training_set
 
 DEFAULT_X_FACTORS = (0.25, 0.5, 1.0, 2.0)
 DEFAULT_P_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -167,7 +167,7 @@ class HyperparameterSearch:
 
     def folds(self, excluded) -> list:
         """Held-out patient sets (indices into all patients) of a run without ``excluded``."""
-        from gating_core.groups import group_folds
+        from gating_core.method.groups import group_folds
 
         excluded = set(excluded)
         if not excluded:
@@ -463,8 +463,8 @@ def select_logistic_alpha(samples, labels, base: MarginalTransferClassifier, emb
     The ridge path's closed form does not carry over to the logistic loss, so each fold is an
     L-BFGS solve; the path runs from the strongest penalty to the weakest with warm starts.
     """
-    from gating_core.solvers import fit_weighted_logistic
-    from gating_core.groups import group_folds
+    from gating_core.method.solvers import fit_weighted_logistic
+    from gating_core.method.groups import group_folds
 
     samples, labels = check_training_set(samples, labels)
     probe = MarginalTransferClassifier(**{**base.get_params(), "cells_per_patient": cells_per_patient,
@@ -543,8 +543,8 @@ def select_pooled_weight(samples, labels, main: MarginalTransferClassifier, comp
     groups : sequence (n_patients,) or None
         Center / batch / run of each patient; None: every patient its own group.
     """
-    from gating_core.solvers import fit_temperature, fit_weighted_logistic
-    from gating_core.groups import group_folds
+    from gating_core.method.solvers import fit_temperature, fit_weighted_logistic
+    from gating_core.method.groups import group_folds
 
     samples, labels = check_training_set(samples, labels)
     if objective not in ("mean", "worst"):

@@ -1,12 +1,12 @@
 """The losses of the marginal-transfer classifier: one small object per loss.
 
-:class:`~gating_core.classifier.MarginalTransferClassifier` takes its loss by name
+:class:`~gating_core.method.classifier.MarginalTransferClassifier` takes its loss by name
 (``loss="squared"``, a string, so that ``get_params``, ``clone`` and the model file keep it as it
 is) and asks the object :func:`loss_for` makes of that name for everything that differs by loss:
 
 - whether it is fitted from the ridge statistics (sums per patient,
-  :class:`~gating_core.solvers.RidgeStatistics`) or from the features row by row;
-- its fit on some training rows with some row weights (a solver of :mod:`gating_core.solvers`);
+  :class:`~gating_core.method.solvers.RidgeStatistics`) or from the features row by row;
+- its fit on some training rows with some row weights (a solver of :mod:`gating_core.method.solvers`);
 - each training row's mean loss, from which the agnostic patient weighting finds the patients
   the model gates worst;
 - its calibration: the refit on a calibration fold's rows, or none when its softmax is already
@@ -24,7 +24,7 @@ from typing import Sequence
 
 import numpy as np
 
-from gating_core.solvers import (LBFGS_GTOL, RidgeStatistics, fit_weighted_hinge, fit_weighted_logistic,
+from gating_core.method.solvers import (LBFGS_GTOL, RidgeStatistics, fit_weighted_hinge, fit_weighted_logistic,
                                  logistic_curvature, multitask_ridge_solve)
 
 #: L-BFGS iterations of a calibration fold's refit, which starts from the fit on all rows: the
@@ -39,7 +39,7 @@ class TrainingRows:
     Attributes
     ----------
     features : sequence of ndarray of shape (m_r, D), float32
-        Each row's features (a list, or a :class:`~gating_core.training_problem.RowFeatures`
+        Each row's features (a list, or a :class:`~gating_core.method.training_problem.RowFeatures`
         whose ``stacked`` store the iterative solvers read without a copy).
     targets : sequence of ndarray of shape (m_r,)
         Each row's class indices.
@@ -74,7 +74,7 @@ class Loss:
     searches_own_penalty : bool
         The penalty the ridge path selects does not carry over to it: when none is given, it is
         chosen by cross-validated refits with this loss
-        (:func:`~gating_core.selection.select_logistic_alpha`).
+        (:func:`~gating_core.method.selection.select_logistic_alpha`).
     """
 
     name = ""
@@ -105,7 +105,7 @@ class Loss:
             Iterations of an iterative solver.
         gtol : float or None
             Where an iterative solver stops (largest gradient entry); None:
-            :data:`~gating_core.solvers.LBFGS_GTOL`.
+            :data:`~gating_core.method.solvers.LBFGS_GTOL`.
         curvature : ndarray of shape (k, D + 1, D + 1) or None
             The loss's curvature near the solution (:meth:`curvature`), with ``warm``: a
             preconditioner, for the losses that take one.
@@ -151,7 +151,7 @@ class SquaredLoss(Loss):
     ----------
     alpha : float, default=1e-4
     task_similarity : float in (0, 1] or None, default=None
-        tau of the multitask kernel (:func:`~gating_core.solvers.multitask_ridge_solve`); None:
+        tau of the multitask kernel (:func:`~gating_core.method.solvers.multitask_ridge_solve`); None:
         the plain ridge solve (:meth:`RidgeStatistics.fit`).
     """
 
@@ -202,7 +202,7 @@ class _IterativeLoss(Loss):
 
 class LogisticLoss(_IterativeLoss):
     """Weighted multinomial logistic loss (cross-entropy of the softmax), by L-BFGS
-    (:func:`~gating_core.solvers.fit_weighted_logistic`); its probabilities need no temperature."""
+    (:func:`~gating_core.method.solvers.fit_weighted_logistic`); its probabilities need no temperature."""
 
     name = "logistic"
     gives_probabilities = True
@@ -223,7 +223,7 @@ class LogisticLoss(_IterativeLoss):
 
 class HingeLoss(_IterativeLoss):
     """Cost-sensitive one-vs-rest hinge loss (a linear SVM on the features, Huber-smoothed for
-    L-BFGS: :func:`~gating_core.solvers.fit_weighted_hinge`), the loss of the papers'
+    L-BFGS: :func:`~gating_core.method.solvers.fit_weighted_hinge`), the loss of the papers'
     experiments; its margins are calibrated like the ridge scores."""
 
     name = "hinge"

@@ -32,11 +32,11 @@ except ImportError:  # scikit-learn < 1.6: the same check was a private method o
         return estimator._validate_data(X, y, **kwargs)
 
 from gating_core.cpus import one_blas_thread, score_threads
-from gating_core.features import KERNELS_X, LinearProductFeatures
-from gating_core.losses import LOSSES as LOSS_TYPES
-from gating_core.losses import Loss, TrainingRows, loss_for
-from gating_core.solvers import fit_temperature
-from gating_core.training_problem import (LandmarkFeatures, TrainingProblem, _seed, cell_features, check_training_set,
+from gating_core.method.features import KERNELS_X, LinearProductFeatures
+from gating_core.method.losses import LOSSES as LOSS_TYPES
+from gating_core.method.losses import Loss, TrainingRows, loss_for
+from gating_core.method.solvers import fit_temperature
+from gating_core.method.training_problem import (LandmarkFeatures, TrainingProblem, _seed, cell_features, check_training_set,
                                           embed_cells)
 
 SOLVERS = ("rff", "nystroem", "exact")
@@ -104,22 +104,22 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         statistics that make cross-validation a subtraction), multinomial cross-entropy
         (iterative; probabilities without a separate calibration), or the hinge loss of the
         papers' experiments: a cost-sensitive linear SVM on the features (one-vs-rest, cell
-        costs c_ij = 1/(lambda N n_i); :func:`~gating_core.solvers.fit_weighted_hinge`), a
+        costs c_ij = 1/(lambda N n_i); :func:`~gating_core.method.solvers.fit_weighted_hinge`), a
         baseline; its margins are calibrated like the ridge scores (refits on held-out groups).
-        Each is an object of :mod:`gating_core.losses` (:func:`~gating_core.losses.loss_for`).
+        Each is an object of :mod:`gating_core.method.losses` (:func:`~gating_core.method.losses.loss_for`).
     task_similarity : float in (0, 1] or None, default=None
         tau of the multitask kernel k_P(P_i, P_j) = tau for two different training patients,
         1 for the same one (NIPS 2011 / JMLR 2021 section 7.1), instead of a kernel on the
         embeddings: each training patient (and augmented copy) is a task, squared loss
-        (:func:`~gating_core.solvers.multitask_ridge_solve`). A new patient has no task of its
+        (:func:`~gating_core.method.solvers.multitask_ridge_solve`). A new patient has no task of its
         own, so it is gated by the part shared across tasks. Needs ``use_embedding=False`` and
         the squared loss. None: no multitask kernel.
     kernel_x : {"gaussian", "linear"}, default="gaussian"
         The cell kernels k_X and k'_X. "linear", as in the JMLR flow-cytometry experiment
         (section 8.5): k'_X(x, x') = <x, x'>, so Psi(P) is the patient's mean cell
-        (:class:`~gating_core.features.LinearMeanEmbedding`, d entries), and the kernel is
+        (:class:`~gating_core.method.features.LinearMeanEmbedding`, d entries), and the kernel is
         k_P(Psi, Psi') (<x, x'> + 1) with Gaussian k_P
-        (:class:`~gating_core.features.LinearProductFeatures`; ``n_features`` is the budget
+        (:class:`~gating_core.method.features.LinearProductFeatures`; ``n_features`` is the budget
         D_P (d + 1)); without the embedding, a linear model on [x, 1]. ``bandwidth_x`` and
         ``bandwidth_embedding`` are then unused. Needs ``solver="rff"``.
     n_augment : int, default=0
@@ -282,9 +282,9 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             Starting point of the logistic loss's iterations (ignored by the squared loss).
         gtol : float or None
             Where the logistic or hinge loss's L-BFGS stops (largest gradient entry); None:
-            :data:`gating_core.solvers.LBFGS_GTOL`, as :meth:`fit` does.
+            :data:`gating_core.method.solvers.LBFGS_GTOL`, as :meth:`fit` does.
         curvature : ndarray of shape (k, D + 1, D + 1) or None
-            The logistic loss's curvature near the solution (:func:`gating_core.solvers.logistic_curvature`),
+            The logistic loss's curvature near the solution (:func:`gating_core.method.solvers.logistic_curvature`),
             with ``warm_start``: preconditions its iterations (the same stopping rule).
 
         Returns
@@ -388,7 +388,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         self.temperature_ = temperature
 
     def _loss_function(self) -> Loss:
-        """The :mod:`~gating_core.losses` object of ``loss`` at this penalty (and multitask kernel)."""
+        """The :mod:`~gating_core.method.losses` object of ``loss`` at this penalty (and multitask kernel)."""
         if self.task_similarity is None:
             return loss_for(self.loss, alpha=self.alpha)
         return loss_for(self.loss, alpha=self.alpha, task_similarity=float(self.task_similarity))
@@ -417,7 +417,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         probabilities that are honest on patients the model has not seen. A loss that gives
         probabilities already (the logistic loss) has temperature 1.
         """
-        from gating_core.groups import group_folds
+        from gating_core.method.groups import group_folds
 
         n_patients = problem.n_patients
         if loss.gives_probabilities:

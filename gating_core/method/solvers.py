@@ -218,7 +218,7 @@ class PerRowMatrices:
 
 def stacked_rows(features) -> np.ndarray:
     """All rows' features as one (sum n_i, D) float32 array: the ``stacked`` store of a
-    :class:`~gating_core.training_problem.RowFeatures` as it is (no copy), else the list stacked."""
+    :class:`~gating_core.method.training_problem.RowFeatures` as it is (no copy), else the list stacked."""
     stacked = getattr(features, "stacked", None)
     if stacked is not None and stacked.dtype == np.float32:
         return stacked

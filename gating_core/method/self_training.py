@@ -4,7 +4,7 @@ On a patient from a center the model has never seen, most errors sit where a pop
 boundary has moved with the instrument (the background of ``ungated`` rises, positive signals
 compress), while the cores of the populations are still gated with confidence. Self-training
 takes those confident cells as the patient's own labels and moves the model's function towards
-them, with the refinement of :mod:`gating_core.refinement` (JMLR 2021, section 9), whose
+them, with the refinement of :mod:`gating_core.method.refinement` (JMLR 2021, section 9), whose
 corrections here come from the model instead of a reviewer:
 
     f = f0 + phi(P_T, x) B,   B = argmin  sum_{j pseudo-labeled} ||f(x_j) - y_j||^2 + lambda ||B||^2
@@ -29,9 +29,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from gating_core.adaptive_lda import AdaptiveLDA
-from gating_core.priors import apply_prior_ratio
-from gating_core.refinement import corrected_probabilities, refinement_coef
+from gating_core.method.adaptive_lda import AdaptiveLDA
+from gating_core.method.priors import apply_prior_ratio
+from gating_core.method.refinement import corrected_probabilities, refinement_coef
 
 #: A population's cells whose confidence is at or above this quantile of its cells' confidences
 #: are candidates for its pseudo-labels (0.5: the more confident half).
@@ -108,7 +108,7 @@ class PatientAdjustment:
     same cells (``shift``, (n, k): the marginal classifier's features projected on ``coef``),
     it adjusts the probabilities in place and returns them.
 
-    ``gaussians`` (a :class:`~gating_core.adaptive_lda.PatientGaussians`, or None) are the
+    ``gaussians`` (a :class:`~gating_core.method.adaptive_lda.PatientGaussians`, or None) are the
     patient's own populations adapted by EM; the model mixes their posteriors in with
     :meth:`mix`, at its weight ``adaptive_weight_``.
     """

@@ -1,7 +1,7 @@
 """Labeled patients made ready for the solver: cells drawn, embeddings, features, statistics.
 
-:class:`TrainingProblem` is what :class:`~gating_core.classifier.MarginalTransferClassifier`
-solves once, model selection (:mod:`gating_core.selection`) solves for many bandwidths and
+:class:`TrainingProblem` is what :class:`~gating_core.method.classifier.MarginalTransferClassifier`
+solves once, model selection (:mod:`gating_core.method.selection`) solves for many bandwidths and
 penalties, and the held-out check (:mod:`gating_core.held_out`) solves for many subsets of
 patients. Beside it: the content-chosen cells of an embedding, the feature maps (random Fourier
 features or Nystroem / exact landmarks), and the simulated instrument shifts of augmentation.
@@ -19,9 +19,9 @@ import numpy as np
 from scipy.linalg import eigh
 
 from gating_core.cpus import allowed_workers, one_blas_thread, run_side_by_side, score_threads
-from gating_core.features import (ExactKernel, LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding, ProductRFF,
+from gating_core.method.features import (ExactKernel, LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding, ProductRFF,
                                    content_subsample, median_pairwise_distance)
-from gating_core.solvers import RidgeStatistics
+from gating_core.method.solvers import RidgeStatistics
 
 MAX_SHIFT_SD, MAX_GAIN_SD = 0.5, 0.3
 
@@ -104,7 +104,7 @@ def embed_patients(embedder: MeanEmbedding, samples, max_cells: int) -> np.ndarr
 def cell_features(feature_map, x, embedding, use_embedding=True, out=None) -> np.ndarray:
     """phi(P, x) of cells ``x`` (n, d) of one patient with embedding Psi(P): (n, D) float32.
 
-    ``feature_map``: a :class:`~gating_core.features.ProductRFF` or a :class:`LandmarkFeatures`;
+    ``feature_map``: a :class:`~gating_core.method.features.ProductRFF` or a :class:`LandmarkFeatures`;
     ``use_embedding=False`` ignores the embedding (k_P = 1).
     """
     # One BLAS thread: OpenBLAS computes a small product (a patient of 2,000 cells times d x D)
@@ -165,7 +165,7 @@ class TrainingProblem:
     """Labeled patients made ready for the solver under one classifier's settings; nothing fitted.
 
     :meth:`MarginalTransferClassifier.fit` solves it once and sets the estimator's fitted
-    attributes from it; model selection (:mod:`gating_core.selection`) builds one and solves it
+    attributes from it; model selection (:mod:`gating_core.method.selection`) builds one and solves it
     for many bandwidths and penalties. The estimator is only read (its parameters).
 
     Parameters

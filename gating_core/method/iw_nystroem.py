@@ -30,7 +30,7 @@ import numpy as np
 from scipy.linalg import cho_factor, cho_solve, eigh
 
 from gating_core.cpus import one_blas_thread
-from gating_core.features import median_pairwise_distance
+from gating_core.method.features import median_pairwise_distance
 
 #: Eigenvalues of K_mm below this fraction of the largest are dropped (pseudo-inverse).
 RELATIVE_TOLERANCE = 1e-10

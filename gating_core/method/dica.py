@@ -36,7 +36,7 @@ import numpy as np
 from scipy.linalg import eigh
 
 from gating_core.cpus import one_blas_thread
-from gating_core.features import MeanEmbedding, median_pairwise_distance
+from gating_core.method.features import MeanEmbedding, median_pairwise_distance
 
 
 class DICA:
