@@ -66,7 +66,7 @@ def multicenter():
         print(f"\n(multicenter data not found at {MULTICENTER}: skipped)")
         return
     from gating_core.evaluation import leave_one_patient_out, summarize
-    from gating_core.inputs import load_labeled_input
+    from gating_core.io.inputs import load_labeled_input
 
     data = [load_labeled_input(p) for p in sorted(MULTICENTER.glob("multicenter_*.fcs"))]
     samples, labels = [d[0] for d in data], [d[1] for d in data]

@@ -89,7 +89,7 @@ def multicenter(n_landmarks=500):
         print(f"\n(multicenter data not found at {MULTICENTER}: skipped)")
         return
     from gating_core.digest import digest_patient
-    from gating_core.inputs import load_labeled_input
+    from gating_core.io.inputs import load_labeled_input
     from gating_core.model import GatingModel
 
     data = [load_labeled_input(p) for p in sorted(MULTICENTER.glob("multicenter_*.fcs"))]

@@ -65,7 +65,7 @@ def bench_training(n_patients=10, n_events=50_000) -> dict:
 def bench_multicenter_training() -> dict | None:
     if not (MULTICENTER / "multicenter_01.fcs").exists():
         return None
-    from gating_core.inputs import load_labeled_input
+    from gating_core.io.inputs import load_labeled_input
 
     data = [load_labeled_input(p) for p in sorted(MULTICENTER.glob("multicenter_*.fcs"))]
     start = time.perf_counter()

@@ -30,8 +30,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gating_core.fcs import read_fcs  # noqa: E402
-from gating_core.inputs import load_labeled_input  # noqa: E402
-from gating_core.labels import read_labels_csv  # noqa: E402
+from gating_core.io.inputs import load_labeled_input  # noqa: E402
+from gating_core.io.labels import read_labels_csv  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
 from gating_core.method.refinement import DEFAULT_ALPHA, _PatientFrame, refine_gating  # noqa: E402
 

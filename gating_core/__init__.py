@@ -13,7 +13,7 @@ Modules:
   writing FCS 3.1, and the :class:`~gating_core.fcs.FCSError` raised for unreadable files.
 - ``export``: the one export path (gated CSV, FCS with a population channel, Parquet, h5ad);
   ``gated_table``: the gated CSV / Parquet writers and ``read_gated_csv``.
-- ``inputs``: :func:`~gating_core.inputs.read_input`, the one reader of an input file (FCS with
+- ``inputs``: :func:`~gating_core.io.inputs.read_input`, the one reader of an input file (FCS with
   ``<stem>.labels.csv``, FCS alone, gated CSV) into patients, and ``load_labeled_input``.
 - ``labels``: the labels CSV beside an FCS file, and ``Provenance`` (where labels came from).
 - ``interop``: FlowKit samples and AnnData (``flowkit_interop``, ``anndata_interop``, which also
@@ -47,8 +47,8 @@ _PUBLIC = {
     "read_fcs": "fcs", "read_fcs_all": "fcs", "write_fcs": "fcs", "fcs_info": "fcs",
     "Sample": "fcs", "Channel": "fcs", "FCSError": "errors",
     # labels and exports
-    "read_input": "inputs", "load_labeled_input": "inputs", "LabelError": "errors", "Provenance": "labels",
-    "export_sample": "export", "read_gated_csv": "export", "read_fcs_with_populations": "export",
+    "read_input": "io.inputs", "load_labeled_input": "io.inputs", "LabelError": "errors", "Provenance": "io.labels",
+    "export_sample": "io.export", "read_gated_csv": "io.export", "read_fcs_with_populations": "io.export",
     # the model
     "GatingModel": "model", "GateResult": "gate_result", "Novelty": "gate_result",
     "ChannelMismatchError": "errors",
@@ -57,8 +57,8 @@ _PUBLIC = {
     "Gate": "gates", "GateTree": "gates", "AxisScale": "gates", "GateError": "errors",
     "apply_gatingml": "gates", "apply_workspace": "gates",
     # interoperability
-    "from_flowkit": "interop", "to_flowkit": "interop", "to_anndata": "interop",
-    "from_anndata": "interop", "as_sample": "interop",
+    "from_flowkit": "io.interop", "to_flowkit": "io.interop", "to_anndata": "io.interop",
+    "from_anndata": "io.interop", "as_sample": "io.interop",
     "export_gatingml": "gate_export", "export_flowjo_workspace": "gate_export",
     # errors
     "GatingCoreError": "errors",

@@ -145,7 +145,7 @@ def _digest_task(path: str, index: int, params: dict):
     """On a worker: read one labeled INPUT and reduce it to a PatientDigest (or an error)."""
     from gating_core.fcs import FCSError
     from gating_core.gating import digest_file
-    from gating_core.labels import LabelError
+    from gating_core.io.labels import LabelError
     from gating_core.research_model import build_model
 
     try:

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.flowkit_interop import flowkit_sample_via_fcs
+from gating_core.io.flowkit_interop import flowkit_sample_via_fcs
 from gating_core.gates import GATE_KINDS, AxisScale, GateError, GateTree, xml_gate_id
 
 __all__ = ["StrategyWriter", "gating_strategy", "export_gatingml", "export_flowjo_workspace"]
@@ -237,7 +237,7 @@ def export_flowjo_workspace(tree: GateTree, path: str | os.PathLike, samples, *,
     path : the .wsp file to write.
     samples : the patients (:class:`~gating_core.fcs.Sample`) the workspace lists; each is named
         by its FCS file name (:func:`workspace_sample_id`) and carries the keywords an FCS
-        export of it would (:func:`gating_core.export.export_keywords`): only those needed to
+        export of it would (:func:`gating_core.io.export.export_keywords`): only those needed to
         read the data, plus ``keep_keywords``, or every keyword with ``include_identifying``.
 
     Re-import with :func:`gating_core.gates.apply_workspace`. Raises GateError when the gates

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.export import EXPORT_SUFFIXES, GatedTableWriter, dropped_keyword_count, export_sample
+from gating_core.io.export import EXPORT_SUFFIXES, GatedTableWriter, dropped_keyword_count, export_sample
 from gating_core.fcs import FCSError, read_fcs_all, stream_fcs_all
 from gating_core.digest import PatientDigest
 from gating_core.gate_result import ChannelMismatchError
@@ -52,7 +52,7 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
               include_identifying: bool = False, keep_keywords=()) -> list[dict]:
     """Gate every data set of one FCS file; write ``<out_dir>/<stem>.gated.csv`` for each
     (``.gated.parquet`` / ``.gated.fcs`` / ``.gated.h5ad`` for the other ``format`` values of
-    :func:`~gating_core.export.export_sample`).
+    :func:`~gating_core.io.export.export_sample`).
 
     CSV and Parquet are streamed: the DATA segment is read in windows of ``chunk_size``
     events, twice (the content-hashed embedding cells, then scoring), and each window is
@@ -60,7 +60,7 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
     whatever the file size; the gated CSV is byte-identical to
     ``export_sample(..., model.gate(read_fcs(...)))``. FCS and h5ad outputs need every
     population before the first byte (codes, data type) and read the patient whole; they keep
-    the keywords of :func:`~gating_core.export.export_sample`'s policy (``include_identifying``,
+    the keywords of :func:`~gating_core.io.export.export_sample`'s policy (``include_identifying``,
     ``keep_keywords``).
 
     Returns one record per data set: ``file``, ``patient``, ``events``, ``counts``,
@@ -162,7 +162,7 @@ def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50
 def digest_file(path, index: int, model: GatingModel) -> PatientDigest:
     """The :class:`PatientDigest` of the ``index``-th training INPUT (FCS with its labels file,
     or a gated CSV), drawn as ``model.fit`` would. Raises FCSError or LabelError."""
-    from gating_core.inputs import load_labeled_input
+    from gating_core.io.inputs import load_labeled_input
 
     sample, labels = load_labeled_input(path, compensate=model.compensate)
     return model.digest(sample, labels, index)

@@ -755,7 +755,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         """Gate one patient: population and confidence of every event, in file order.
 
         ``sample``: a :class:`~gating_core.fcs.Sample`, a ``flowkit.Sample`` or an AnnData
-        (converted by :func:`gating_core.interop.as_sample`)."""
+        (converted by :func:`gating_core.io.interop.as_sample`)."""
         self._check_fitted()
         sample = self._compensated(sample)
         indices = self._channel_indices(sample)

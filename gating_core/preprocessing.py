@@ -102,7 +102,7 @@ class ChannelPreprocessing:
         return self._registered(cells, self._chosen_cells(sample.events, indices)[0])
 
     def _compensated(self, sample):
-        from gating_core.interop import as_sample  # a flowkit.Sample or an AnnData is welcome too
+        from gating_core.io.interop import as_sample  # a flowkit.Sample or an AnnData is welcome too
 
         sample = as_sample(sample)
         if self.compensate and sample.has_spillover and not sample.compensated:

@@ -286,7 +286,7 @@ def test_train_lopo_autogate_correct_accept_export(trained, sample_data_dir):
     assert stats["count"].to_dict() == counts.to_dict()
     assert stats["% of total"].sum() == pytest.approx(100.0)
     # export: the gated CSV the download button serves
-    from gating_core.export import read_gated_csv
+    from gating_core.io.export import read_gated_csv
     from ui import exports
 
     path = Path(store.work_dir) / "check.gated.csv"

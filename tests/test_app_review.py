@@ -103,7 +103,7 @@ def test_moving_a_vertex_relabels_only_the_cells_it_moves(loaded):
     """A tree covering Lymphocytes -> T cells / NK cells: moving a vertex of Lymphocytes relabels
     only cells whose gate membership changed; every population without a gate keeps exactly the
     model's labels and confidences, and "corrected by hand" counts the relabeled cells."""
-    from gating_core.export import read_gated_csv
+    from gating_core.io.export import read_gated_csv
     from ui import exports
 
     store = store_of(loaded)
@@ -169,7 +169,7 @@ def test_moving_a_vertex_relabels_only_the_cells_it_moves(loaded):
 def test_page_batch_table_statistics_gated_csv_and_report_count_the_same_cells(loaded):
     """After cells are reassigned by hand, every population has one count wherever it is shown."""
     from gating_core.autogates import SAMPLE_DATA_HIERARCHY
-    from gating_core.export import read_gated_csv
+    from gating_core.io.export import read_gated_csv
     from ui import exports
 
     store = store_of(loaded)

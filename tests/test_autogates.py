@@ -13,7 +13,7 @@ from gating_core.autogates import (ALL_EVENTS, MULTICENTER_HIERARCHY, SAMPLE_DAT
 from gating_core.fcs import read_fcs
 from gating_core.gates import (AxisScale, GateError, GateTree, boolean_gate, panel_scale, polygon_gate,
                                rectangle_gate)
-from gating_core.inputs import load_labeled_input
+from gating_core.io.inputs import load_labeled_input
 from ui.app_state import autogate_templates
 from helpers import sample_cohort
 

@@ -41,7 +41,7 @@ def free_port() -> int:
 @pytest.fixture
 def library_with_patients(tmp_path, sample_data_dir):
     """A patient library holding three labeled patients, as a lab would have after importing."""
-    from gating_core.inputs import load_labeled_input
+    from gating_core.io.inputs import load_labeled_input
     from gating_core.library import PatientLibrary
 
     path = tmp_path / "library"
@@ -323,7 +323,7 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     download.save_as(target)
     assert download.suggested_filename == "new_patient_01.gated.csv"
 
-    from gating_core.export import read_gated_csv
+    from gating_core.io.export import read_gated_csv
 
     exported, populations, confidence = read_gated_csv(target)
     original = read_fcs(upload, compensate=True)

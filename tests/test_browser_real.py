@@ -252,7 +252,7 @@ def test_review_loop_on_real_samples_counts_agree_everywhere(app_url, browser, a
         item.save_as(tmp_path / target)
         return tmp_path / target
 
-    from gating_core.export import read_gated_csv
+    from gating_core.io.export import read_gated_csv
 
     exported, populations, _ = read_gated_csv(download("Gated CSV", "gated.csv"))
     populations = np.asarray(populations).astype(str)

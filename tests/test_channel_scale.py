@@ -62,7 +62,7 @@ def test_the_shared_flowcap_files_are_found_on_their_channel_scale(dlbcl_dir):
 
 
 def test_a_user_changes_some_channels_and_keeps_the_rest(sample_data_dir, tmp_path):
-    from gating_core.inputs import load_labeled_input
+    from gating_core.io.inputs import load_labeled_input
     from gating_core.model import GatingModel
     from gating_core.fcs.transforms import describe_transform, parse_transform_spec
 

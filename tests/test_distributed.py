@@ -178,7 +178,7 @@ def test_gate_result_independent_of_chunk_size_on_cluster(batch, client, tmp_pat
     b = gate_files_distributed(batch["model_path"], batch["good"][:1], tmp_path / "b", chunk_size=3_000,
                                client=client)
     assert a[0]["counts"] == b[0]["counts"]
-    from gating_core.export import read_gated_csv
+    from gating_core.io.export import read_gated_csv
 
     _, pop_a, conf_a = read_gated_csv(tmp_path / "a" / "new_0.gated.csv")
     _, pop_b, conf_b = read_gated_csv(tmp_path / "b" / "new_0.gated.csv")

@@ -14,7 +14,7 @@ from gating_core.distributed import ClusterError
 from gating_core.errors import GatingCoreError
 from gating_core.fcs import FCSError
 from gating_core.gates import GateError, GateImportError
-from gating_core.labels import LabelError
+from gating_core.io.labels import LabelError
 from gating_core.library import LibraryError, PatientLibrary
 from gating_core.gate_result import ChannelMismatchError
 from gating_core.modelfile import ModelFileError
@@ -107,7 +107,7 @@ def test_every_input_error_shares_one_root_and_keeps_its_old_base():
 
 # Where each error was defined before gating_core.errors held them all: those imports keep working.
 OLD_HOMES = {"gating_core.fcs": ["FCSError"], "gating_core.fcs.sample": ["FCSError"],
-             "gating_core.labels": ["LabelError"], "gating_core.method.groups": ["GroupsError"],
+             "gating_core.io.labels": ["LabelError"], "gating_core.method.groups": ["GroupsError"],
              "gating_core.gates": ["GateError", "GateImportError"],
              "gating_core.gates.errors": ["GateError", "GateImportError"],
              "gating_core.gate_result": ["ChannelMismatchError"], "gating_core.modelfile": ["ModelFileError"],

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from gating_core.cli import main as cli_main
-from gating_core.export import (dropped_keyword_count, export_keywords, export_sample, read_fcs_with_populations)
+from gating_core.io.export import (dropped_keyword_count, export_keywords, export_sample, read_fcs_with_populations)
 from gating_core.fcs import read_fcs, read_fcs_all, write_fcs
 from gating_core.library import PatientLibrary, is_allowed
 from helpers import sample_cohort

@@ -257,7 +257,7 @@ def fcs_bytes(tmp_path, sample, name="x.fcs"):
 
 
 def test_ingest_fcs_with_labels_bad_file_and_hostile_names(tmp_path):
-    pytest.importorskip("gating_core.labels")
+    pytest.importorskip("gating_core.io.labels")
     sample = random_sample(n=300, seed=1)
     tree = lymph_tree()
     labels = tree.labels(sample)

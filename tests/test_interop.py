@@ -16,7 +16,7 @@ from gating_core import (
     GatingModel, as_sample, export_flowjo_workspace, export_gatingml, export_sample, from_flowkit, read_fcs,
     read_fcs_with_populations, read_gated_csv, to_flowkit,
 )
-from gating_core.export import export_keywords
+from gating_core.io.export import export_keywords
 from gating_core.fcs import Channel, Sample
 from gating_core.gate_export import workspace_sample_id
 from gating_core.gates import (

@@ -166,7 +166,7 @@ def test_streamed_csv_and_whole_file_outputs_agree(small_model, sample_data_dir,
     (fcs_record,) = gate_file(small_model, path, tmp_path, format="fcs")
     assert csv_record["counts"] == fcs_record["counts"]
     assert csv_record["fit_seconds"] > 0 and fcs_record["fit_seconds"] > 0
-    from gating_core.export import read_fcs_with_populations
+    from gating_core.io.export import read_fcs_with_populations
 
     gated = pd.read_csv(csv_record["output"])["population"].to_numpy().astype(str)
     _, written = read_fcs_with_populations(fcs_record["output"])

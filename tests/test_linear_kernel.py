@@ -14,7 +14,7 @@ from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.fcs import read_fcs
 from gating_core.method.features import (KERNELS_X, ExactLinearProductKernel, LinearMeanEmbedding, LinearProductFeatures,
                                   ProductRFF)
-from gating_core.inputs import load_labeled_input
+from gating_core.io.inputs import load_labeled_input
 from gating_core.model import GatingModel
 from gating_core.modelfile import ModelFileError
 from gating_core.method.selection import DEFAULT_EMBEDDING_FACTORS, select_hyperparameters

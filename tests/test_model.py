@@ -32,7 +32,7 @@ def test_model_learns_every_population_and_gates_new_patients_accurately(model, 
     assert model.channels_[:2] == ["FSC-A", "SSC-A"] and len(model.channels_) == 9
     assert model.transform_.kinds[:3] == ["linear", "linear", "arcsinh"]
     from gating_core.fcs import read_fcs
-    from gating_core.labels import read_labels_csv
+    from gating_core.io.labels import read_labels_csv
 
     for stem in ("new_patient_01", "new_patient_02"):
         sample = read_fcs(sample_data_dir / "new" / f"{stem}.fcs", compensate=True)
@@ -60,7 +60,7 @@ def test_confidence_is_lower_on_misclassified_cells(model, sample_data_dir):
     whose every channel reads 2 or 3 times higher they make a few dozen (measured 37 in
     72,000), and the confidence of those is lower (measured 0.55 against 0.77 on average)."""
     from gating_core.fcs import read_fcs
-    from gating_core.labels import read_labels_csv
+    from gating_core.io.labels import read_labels_csv
 
     wrong_confidence, right_confidence = [], []
     for name in ("new_patient_01", "new_patient_02", "new_patient_03"):

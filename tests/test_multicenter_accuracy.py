@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gating_core.evaluation import leave_one_group_out, summarize
-from gating_core.inputs import load_labeled_input
+from gating_core.io.inputs import load_labeled_input
 from gating_core.synthetic import simulate_centers
 
 

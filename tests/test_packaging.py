@@ -52,7 +52,7 @@ def test_public_names_resolve_to_their_modules():
         assert getattr(gating_core, name) is not None, name
     from gating_core.method.classifier import MarginalTransferClassifier
     from gating_core.fcs import read_fcs
-    from gating_core.interop import from_flowkit, to_anndata
+    from gating_core.io.interop import from_flowkit, to_anndata
     from gating_core.model import GatingModel
 
     assert gating_core.GatingModel is GatingModel and gating_core.read_fcs is read_fcs
@@ -144,7 +144,7 @@ def test_wheel_installs_in_a_fresh_venv_and_runs_without_streamlit(tmp_path, sam
     assert wheel.name == f"gating_core-{gating_core.__version__}-py3-none-any.whl"
     files = zipfile.ZipFile(wheel).namelist()
     for module in ("gating_core/__init__.py", "gating_core/commands/__init__.py", "gating_core/commands/info.py",
-                   "gating_core/library/__init__.py", "gating_core/library/privacy.py", "gating_core/interop.py"):
+                   "gating_core/library/__init__.py", "gating_core/library/privacy.py", "gating_core/io/interop.py"):
         assert module in files
     assert not [f for f in files if f.startswith(("ui/", "pages/", "tests/", "bench/", "app.py"))]
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from gating_core.fcs import read_fcs
-from gating_core.labels import read_labels_csv
+from gating_core.io.labels import read_labels_csv
 from gating_core.method.refinement import _PatientFrame, corrected_probabilities, refine_gating, refinement_coef
 from gating_core.research_model import ResearchGatingModel
 from helpers import sample_cohort

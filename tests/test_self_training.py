@@ -10,7 +10,7 @@ import pytest
 from modelfile_helpers import rewrite_model_file
 
 from gating_core.method.features import content_hashes, content_subsample
-from gating_core.inputs import load_labeled_input
+from gating_core.io.inputs import load_labeled_input
 from gating_core.model import GatingModel
 from gating_core.method.refinement import refinement_coef
 from gating_core.research_model import ResearchGatingModel, load_gating_model

@@ -23,7 +23,7 @@ def _confidence(record) -> np.ndarray:
 @st.cache_data(max_entries=16, show_spinner="Writing the gated CSV…")
 def gated_csv(token: str, _record, _work_dir) -> bytes:
     """The gated CSV download (also what the zip holds), through the one export path."""
-    from gating_core.export import export_bytes
+    from gating_core.io.export import export_bytes
 
     return export_bytes(_record.sample, _record.populations, _confidence(_record), format="csv",
                         work_dir=_work_dir)
@@ -32,15 +32,15 @@ def gated_csv(token: str, _record, _work_dir) -> bytes:
 @st.cache_data(max_entries=16, show_spinner="Writing the FCS file…")
 def gated_fcs(token: str, _record, _work_dir) -> bytes:
     """The "FCS with population channel" download: only the keywords needed to read the data
-    (:func:`gating_core.export.export_sample`'s default policy)."""
-    from gating_core.export import export_bytes
+    (:func:`gating_core.io.export.export_sample`'s default policy)."""
+    from gating_core.io.export import export_bytes
 
     return export_bytes(_record.sample, _record.populations, format="fcs", work_dir=_work_dir)
 
 
 def fcs_keyword_note(record) -> str | None:
     """What the FCS download leaves out, in one line (None when it leaves nothing out)."""
-    from gating_core.export import dropped_keyword_count
+    from gating_core.io.export import dropped_keyword_count
 
     dropped = dropped_keyword_count(record.sample)
     if not dropped:

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from gating_core.gates import AxisScale, GateError, GateTree, panel_scale
-from gating_core.labels import Provenance
+from gating_core.io.labels import Provenance
 from ui.library_view import LibraryView, _library_token
 from ui.patient_record import PatientRecord, _new_token, _novelty_details
 

@@ -207,7 +207,7 @@ def _export_gates(args) -> int:
         return 1
     print(f"wrote {len(tree)} gate(s) of {args.patient} to {out}")
     if out.suffix.lower() == ".wsp":
-        from gating_core.export import dropped_keyword_count
+        from gating_core.io.export import dropped_keyword_count
         from gating_core.library.privacy import dropped_note
 
         dropped = dropped_keyword_count(sample, include_identifying=args.include_identifying,

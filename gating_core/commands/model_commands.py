@@ -293,8 +293,8 @@ def _transform_overrides(items) -> dict:
 def _load_inputs(paths, compensate: bool):
     """Labeled patients from INPUT paths; returns (samples, labels, errors)."""
     from gating_core.fcs import FCSError
-    from gating_core.inputs import load_labeled_input
-    from gating_core.labels import LabelError
+    from gating_core.io.inputs import load_labeled_input
+    from gating_core.io.labels import LabelError
 
     samples, labels, errors = [], [], []
     for path in paths:
@@ -382,7 +382,7 @@ def run_train(args) -> int:
     else:
         from gating_core.fcs import FCSError
         from gating_core.gating import digest_file
-        from gating_core.labels import LabelError
+        from gating_core.io.labels import LabelError
 
         digests, errors = [], []
         for i, path in enumerate(args.inputs):

@@ -2,13 +2,13 @@
 
 An input is
 
-* a gated CSV (``*.csv``, as :func:`gating_core.export.write_gated_csv` writes it): one patient,
-  labeled, provenance :attr:`~gating_core.labels.Provenance.GATED_CSV`;
+* a gated CSV (``*.csv``, as :func:`gating_core.io.export.write_gated_csv` writes it): one patient,
+  labeled, provenance :attr:`~gating_core.io.labels.Provenance.GATED_CSV`;
 * an FCS file with ``<stem>.labels.csv`` beside it: its first data set, labeled from that file,
-  provenance :attr:`~gating_core.labels.Provenance.IMPORTED`;
+  provenance :attr:`~gating_core.io.labels.Provenance.IMPORTED`;
 * an FCS file alone: every readable data set of it, unlabeled (``<stem>#<k>`` when several) --
   or, when labels are required, its first data set labeled from the population channel an
-  exported FCS carries (:func:`gating_core.export.write_fcs_with_populations`).
+  exported FCS carries (:func:`gating_core.io.export.write_fcs_with_populations`).
 
 :func:`read_input` reads those; :func:`load_labeled_input` is its form for training and
 evaluation (one labeled patient or an error). The patient library's import, the app's uploads
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.export import POPULATION_KEYWORD, populations_from_sample, read_gated_csv
+from gating_core.io.export import POPULATION_KEYWORD, populations_from_sample, read_gated_csv
 from gating_core.fcs import Sample, SampleList, read_fcs, read_fcs_all
-from gating_core.labels import LabelError, Provenance, labels_path_for, read_labels_csv
+from gating_core.io.labels import LabelError, Provenance, labels_path_for, read_labels_csv
 
 __all__ = ["InputPatient", "read_input", "load_labeled_input"]
 
@@ -35,7 +35,7 @@ class InputPatient:
     """One patient read from an input file (nothing stored yet).
 
     ``labels`` is an ndarray of str of shape (n_events,), or None for an unlabeled patient;
-    ``provenance`` is then None too, else a :class:`~gating_core.labels.Provenance` value, and
+    ``provenance`` is then None too, else a :class:`~gating_core.io.labels.Provenance` value, and
     ``label_source`` the name of the file the labels came from. ``sources`` lists the files read
     as ``(role, path)`` with role ``"fcs"``, ``"labels"`` or ``"gated-csv"``.
     """
@@ -103,7 +103,7 @@ def load_labeled_input(path: str | os.PathLike, compensate: bool = True):
 
     ``path`` ending in ``.csv`` is read as a gated CSV; anything else as an FCS file whose labels
     are in ``<stem>.labels.csv`` beside it (or, failing that, in a population channel written by
-    :func:`gating_core.export.write_fcs_with_populations`). ``compensate`` applies the FCS
+    :func:`gating_core.io.export.write_fcs_with_populations`). ``compensate`` applies the FCS
     spillover matrix when present. Raises LabelError (labels) or FCSError (FCS file).
     """
     patient = read_input(path, compensate=compensate, require_labels=True)[0]

@@ -5,8 +5,8 @@ Gated CSV (design.md section 4): one row per event in the original order, one co
 channel named by its $PnN, then ``population`` (text) and ``confidence`` (0..1). Floats are
 written as the shortest text that reads back to the same float32 (or float64) value, so a
 gated CSV is a lossless training input. Every file is written under a temporary name and
-renamed when complete. Exports go through :func:`gating_core.export.export_sample`, which
-calls these writers (and, for h5ad, :func:`gating_core.anndata_interop.write_gated_h5ad`).
+renamed when complete. Exports go through :func:`gating_core.io.export.export_sample`, which
+calls these writers (and, for h5ad, :func:`gating_core.io.anndata_interop.write_gated_h5ad`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import numpy as np
 
 from gating_core.cpus import score_threads
 from gating_core.fcs import Channel, Sample
-from gating_core.labels import POPULATION_COLUMN, LabelError, _read_csv_table, population_array, read_header
-from gating_core.parquet_columns import repeating_columns
+from gating_core.io.labels import POPULATION_COLUMN, LabelError, _read_csv_table, population_array, read_header
+from gating_core.io.parquet_columns import repeating_columns
 
 __all__ = ["GatedTableWriter", "write_gated_csv", "read_gated_csv", "write_gated_parquet", "CONFIDENCE_COLUMN"]
 
@@ -95,7 +95,7 @@ PARQUET_GROUP_ROWS = 262_144
 
 def _parquet_dictionary_columns(table) -> list[str]:
     """The gated table's columns to dictionary-encode: ``population``, and the channels whose
-    values repeat (:func:`gating_core.parquet_columns.repeating_columns`)."""
+    values repeat (:func:`gating_core.io.parquet_columns.repeating_columns`)."""
     return repeating_columns(table, always=(POPULATION_COLUMN,), never=(CONFIDENCE_COLUMN,))
 
 

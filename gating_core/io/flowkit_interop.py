@@ -2,12 +2,12 @@
 
 :func:`from_flowkit` / :func:`to_flowkit` carry the events exactly, channel names and markers,
 keywords and the spillover matrix. A sample goes to FlowKit through the product's one export
-path (an FCS file written by :func:`gating_core.export.export_sample`, read back by FlowKit), so
+path (an FCS file written by :func:`gating_core.io.export.export_sample`, read back by FlowKit), so
 FlowKit sees what any other tool would: :func:`flowkit_sample_via_fcs`, which the FlowJo
 workspace export uses too.
 
 FlowKit is imported inside the functions that need it, so importing this module never imports
-it. Users import these names from :mod:`gating_core.interop` (or ``gating_core`` itself).
+it. Users import these names from :mod:`gating_core.io.interop` (or ``gating_core`` itself).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.export import export_sample
+from gating_core.io.export import export_sample
 from gating_core.fcs import Channel, Sample, exact_in_float32
 
 __all__ = ["from_flowkit", "to_flowkit", "flowkit_sample_via_fcs"]
@@ -118,7 +118,7 @@ def to_flowkit(sample: Sample, *, include_identifying: bool = True, keep_keyword
     The sample goes through the product's one export path (an FCS 3.1 file in a temporary
     folder, read back by FlowKit), so FlowKit sees what any other tool would: linear values
     (``get_events(source="raw")`` equals ``sample.events``), ``$PnN`` / ``$PnS``, the keywords of
-    :func:`~gating_core.export.export_keywords` and the spillover as ``$SPILLOVER`` in
+    :func:`~gating_core.io.export.export_keywords` and the spillover as ``$SPILLOVER`` in
     ``metadata["spillover"]`` (compensate with
     ``fk.apply_compensation(fk.metadata["spillover"])``, FlowKit's own step).
 

@@ -4,11 +4,11 @@
   ``population`` and ``confidence`` in ``obs``, keywords in ``uns``: the layout scanpy /
   scverse tools expect.
 * :func:`write_gated_h5ad`: that AnnData written as ``.h5ad``, the h5ad format of
-  :func:`gating_core.export.export_sample`.
+  :func:`gating_core.io.export.export_sample`.
 
 anndata is an optional dependency (``pip install gating-core[anndata]``), imported inside the
 functions that need it, so importing this module never imports it. Users import these names
-from :mod:`gating_core.interop` (or ``gating_core`` itself).
+from :mod:`gating_core.io.interop` (or ``gating_core`` itself).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from gating_core.fcs import Channel, Sample
-from gating_core.gated_table import _atomic_target, _check_lengths
+from gating_core.io.gated_table import _atomic_target, _check_lengths
 
 __all__ = ["to_anndata", "from_anndata", "write_gated_h5ad"]
 
@@ -69,7 +69,7 @@ def to_anndata(sample: Sample, result=None, *, populations=None, confidence=None
     include_identifying : keep every keyword (default True: an in-memory conversion). With
         False only those needed to read the data are kept (the allow-list of
         :mod:`gating_core.library.privacy`, as the h5ad export of
-        :func:`~gating_core.export.export_sample` does by default), plus ``keep_keywords``.
+        :func:`~gating_core.io.export.export_sample` does by default), plus ``keep_keywords``.
     keep_keywords : names of further keywords to keep (case-insensitive; ``$PnV`` for every
         channel's).
     """

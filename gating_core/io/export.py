@@ -1,7 +1,7 @@
 """Writing gating results: gated CSV, FCS 3.1 with a population channel, Parquet and h5ad.
 
 The gated tables (CSV, Parquet; :class:`GatedTableWriter` chunk by chunk) are written by
-:mod:`gating_core.gated_table`, h5ad by :mod:`gating_core.anndata_interop`; their names are
+:mod:`gating_core.io.gated_table`, h5ad by :mod:`gating_core.io.anndata_interop`; their names are
 importable from here too.
 
 FCS with populations: the events plus a ``population`` channel of integer codes; the keywords
@@ -27,16 +27,16 @@ from urllib.parse import unquote
 
 import numpy as np
 
-from gating_core.anndata_interop import write_gated_h5ad
+from gating_core.io.anndata_interop import write_gated_h5ad
 from gating_core.fcs import FCSError, Sample, read_fcs, write_fcs
-from gating_core.gated_table import (CONFIDENCE_COLUMN, GatedTableWriter, _check_lengths, read_gated_csv,
+from gating_core.io.gated_table import (CONFIDENCE_COLUMN, GatedTableWriter, _check_lengths, read_gated_csv,
                                      write_gated_csv, write_gated_parquet)
-from gating_core.labels import POPULATION_COLUMN
+from gating_core.io.labels import POPULATION_COLUMN
 from gating_core.library.privacy import DROPPED_KEYWORD, POLICY_KEYWORD, keep_names, policy_note, split_keywords
 
 __all__ = ["export_sample", "export_bytes", "export_keywords", "dropped_keyword_count", "write_fcs_with_populations",
            "populations_from_sample", "read_fcs_with_populations", "POPULATION_KEYWORD",
-           # the gated tables, from gating_core.gated_table and gating_core.anndata_interop
+           # the gated tables, from gating_core.io.gated_table and gating_core.io.anndata_interop
            "write_gated_csv", "read_gated_csv", "GatedTableWriter", "write_gated_parquet", "write_gated_h5ad",
            "CONFIDENCE_COLUMN"]
 
@@ -178,7 +178,7 @@ def export_sample(path: str | os.PathLike, sample: Sample, populations=None, con
     confidence : array-like of float in [0, 1] (gated CSV only), or None.
     format : ``"csv"`` (gated CSV), ``"fcs"`` (FCS 3.1 with a population channel when
         ``populations`` is given), ``"parquet"`` (the gated CSV's columns, typed) or ``"h5ad"``
-        (AnnData, :func:`gating_core.interop.to_anndata`; needs the anndata package); default
+        (AnnData, :func:`gating_core.io.interop.to_anndata`; needs the anndata package); default
         from the suffix (``.fcs``, ``.parquet``, ``.h5ad``), else CSV.
     include_identifying : keep every keyword. By default an FCS or h5ad export keeps only
         those needed to read and interpret the data (an allow-list, see

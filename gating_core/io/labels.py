@@ -4,7 +4,7 @@ The labels file ``<stem>.labels.csv`` (header ``population``, one row per event,
 order) beside an FCS file, and :class:`Provenance`, where a patient's labels came from. Every way
 a labels file can be wrong becomes a :class:`LabelError` naming the file. Reading a labeled
 input (FCS + labels file, gated CSV, FCS with a population channel) is
-:func:`gating_core.inputs.read_input`.
+:func:`gating_core.io.inputs.read_input`.
 """
 
 from __future__ import annotations

@@ -2,10 +2,10 @@
 
 * :func:`from_flowkit` / :func:`to_flowkit`: between ``flowkit.Sample`` and this project's
   :class:`~gating_core.fcs.Sample`, events exact, channel names and markers, keywords and the
-  spillover matrix carried (defined in :mod:`gating_core.flowkit_interop`).
+  spillover matrix carried (defined in :mod:`gating_core.io.flowkit_interop`).
 * :func:`to_anndata` / :func:`from_anndata`: a gated patient as an ``anndata.AnnData`` (events in
   ``X``, channels in ``var``, ``population`` and ``confidence`` in ``obs``, keywords in ``uns``),
-  the layout scanpy / scverse tools expect (defined in :mod:`gating_core.anndata_interop`).
+  the layout scanpy / scverse tools expect (defined in :mod:`gating_core.io.anndata_interop`).
   anndata is an optional dependency (``pip install gating-core[anndata]``).
 * :func:`as_sample`: whatever a caller hands the model (our Sample, a ``flowkit.Sample``, an
   AnnData) as our Sample; :meth:`GatingModel.gate` goes through it.
@@ -22,9 +22,9 @@ costs nothing and never imports either.
 
 from __future__ import annotations
 
-from gating_core.anndata_interop import _is_anndata, from_anndata, to_anndata
+from gating_core.io.anndata_interop import _is_anndata, from_anndata, to_anndata
 from gating_core.fcs import Sample
-from gating_core.flowkit_interop import _is_flowkit_sample, from_flowkit, to_flowkit
+from gating_core.io.flowkit_interop import _is_flowkit_sample, from_flowkit, to_flowkit
 
 __all__ = ["from_flowkit", "to_flowkit", "to_anndata", "from_anndata", "as_sample"]
 
