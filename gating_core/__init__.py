@@ -59,7 +59,7 @@ _PUBLIC = {
     # interoperability
     "from_flowkit": "io.interop", "to_flowkit": "io.interop", "to_anndata": "io.interop",
     "from_anndata": "io.interop", "as_sample": "io.interop",
-    "export_gatingml": "gate_export", "export_flowjo_workspace": "gate_export",
+    "export_gatingml": "gates.export", "export_flowjo_workspace": "gates.export",
     # errors
     "GatingCoreError": "errors",
 }

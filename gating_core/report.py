@@ -6,7 +6,7 @@
   when the events are given (:mod:`gating_core.marker_stats`). Counts come from the per-event populations, the one source every export
   shares (the gated CSV holds them): with a gate tree the rows are its gates in depth-first
   order, each under its parent gate and counting the cells of the populations below it
-  (:func:`gating_core.autogates.counted_cells`), then the populations no gate names; without
+  (:func:`gating_core.gates.autogates.counted_cells`), then the populations no gate names; without
   one every population is a child of all events (% of parent is then % of total).
 * :func:`patient_report_html`: one self-contained HTML page per patient (no script, no
   network): plots of the events with the gates drawn (inline SVG drawn here, so nothing needs
@@ -49,7 +49,7 @@ def population_rows(patient: str, populations=None, *, tree=None, sample=None, m
         Without them a tree's gates are counted by membership.
     tree : gating_core.gates.GateTree, optional
         When it holds gates, its gates come first, depth-first, each under its parent gate,
-        counting the cells :func:`gating_core.autogates.counted_cells` gives it; the populations
+        counting the cells :func:`gating_core.gates.autogates.counted_cells` gives it; the populations
         no gate names follow as children of all events.
     sample : gating_core.fcs.Sample, optional
         Needed with a tree when ``memberships`` is not given. With ``markers``, each row also
@@ -69,7 +69,7 @@ def population_rows(patient: str, populations=None, *, tree=None, sample=None, m
     """
     import pandas as pd
 
-    from gating_core.autogates import counted_cells
+    from gating_core.gates.autogates import counted_cells
     from gating_core.marker_stats import MarkerStatistics
 
     conf = None if confidence is None else np.asarray(confidence, dtype=np.float64)
@@ -434,7 +434,7 @@ def patient_report_html(patient: str, sample, populations, *, confidence=None, n
                             confidence=confidence, source=source, known=known, markers=False)
     counted = None
     if tree is not None and len(tree):
-        from gating_core.autogates import counted_cells
+        from gating_core.gates.autogates import counted_cells
 
         counted = counted_cells(tree, populations, memberships, known)
     shown = table.drop(columns=["patient", "source"] + (["mean confidence"] if confidence is None else []))

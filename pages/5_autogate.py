@@ -3,7 +3,7 @@
 import numpy as np
 import streamlit as st
 
-from gating_core.autogates import flat_statistics
+from gating_core.gates.autogates import flat_statistics
 from gating_core.gates import AxisScale, Gate, GateError, safe_stem
 from gating_core.plotting import population_colors
 from ui import autogate_view, cache, charts, exports
@@ -202,7 +202,7 @@ st.dataframe(stats.drop(columns=["patient"]), hide_index=True, width="stretch",
 
 st.subheader("Gates", anchor="gates")
 # The result in the training patients' gate hierarchy: each gate fitted to this patient's
-# predicted cells on its parent's plot (gating_core.autogates), editable like drawn gates.
+# predicted cells on its parent's plot (gating_core.gates.autogates), editable like drawn gates.
 if autogate_view.gates_section(store, patient, record, model, pop_names) is None:
     st.caption("The training patients carry labels but no gate tree, so the populations are shown as "
                "children of all events (% of parent is % of total). Draw a gate tree on a training patient "

@@ -88,7 +88,7 @@ def library_with_patients(tmp_path):
     library.import_files([files / f"{PATIENT}.fcs", files / f"{PATIENT}.labels.csv"])
     # a gate tree drawn from its labels, as a lab would have: the Gate page shows its statistics,
     # its gates and back-gating, all over a million events
-    from gating_core.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
+    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
     from gating_core.gates import panel_scale
 
     stored = library.load_sample(PATIENT, compensate=True)

@@ -142,7 +142,7 @@ def test_h5ad_uns_keeps_only_what_reads_the_data(planted, tmp_path):
 
 def test_flowjo_workspace_keeps_only_what_reads_the_data(planted, tmp_path):
     pytest.importorskip("flowkit")
-    from gating_core.gate_export import export_flowjo_workspace
+    from gating_core.gates.export import export_flowjo_workspace
     from gating_core.gates import GateTree, rectangle_gate
 
     _, sample = planted

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gating_core.fcs import Channel, Sample
-from gating_core.gate_export import export_gatingml
+from gating_core.gates.export import export_gatingml
 from gating_core.gates import (
     GATE_KINDS, GATE_TYPES, AxisGate, AxisScale, Band, BooleanGate, Gate, GateError, GateTree, PolygonGate,
     QuadrantGate, RangeGate, RectangleGate, Region, Split, apply_gatingml, boolean_gate, polygon_gate,

@@ -18,7 +18,7 @@ from gating_core import (
 )
 from gating_core.io.export import export_keywords
 from gating_core.fcs import Channel, Sample
-from gating_core.gate_export import workspace_sample_id
+from gating_core.gates.export import workspace_sample_id
 from gating_core.gates import (
     AxisScale, GateError, GateTree, apply_gatingml, apply_workspace, gate_name_from_xml, polygon_gate,
     rectangle_gate, xml_gate_id,

@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gating_core.autogates import SAMPLE_DATA_HIERARCHY, counted_cells, tree_from_labels
+from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, counted_cells, tree_from_labels
 from gating_core.fcs import Sample, read_fcs
 from gating_core.gates import GateTree, boolean_gate, panel_scale, quadrant_gates, range_gate, rectangle_gate
 from gating_core.report import (ALL_EVENTS, BATCH_COLUMNS, batch_table, patient_report_html, population_rows,

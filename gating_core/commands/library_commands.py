@@ -181,7 +181,7 @@ def _export(args) -> int:
 def _export_gates(args) -> int:
     from pathlib import Path
 
-    from gating_core.gate_export import export_flowjo_workspace, export_gatingml
+    from gating_core.gates.export import export_flowjo_workspace, export_gatingml
     from gating_core.gates import GateError, GateTree
 
     out = Path(args.out)

@@ -14,7 +14,7 @@ The two conversions live in modules of their own because they sit on either side
 path: the h5ad export is written through :func:`to_anndata`, while :func:`to_flowkit` goes
 through an exported FCS file. This module, above both, is where users import them from.
 
-Gates go the other way in :mod:`gating_core.gate_export` (GatingML 2.0 and FlowJo workspaces).
+Gates go the other way in :mod:`gating_core.gates.export` (GatingML 2.0 and FlowJo workspaces).
 
 FlowKit and anndata are imported inside the functions that need them, so importing this module
 costs nothing and never imports either.
