@@ -413,7 +413,7 @@ def sidebar_text(at: AppTest) -> str:
 
 
 def test_channel_label_shows_marker_with_detector_once():
-    from gating_core.plotting import channel_label
+    from gating_core.reports.plotting import channel_label
 
     assert channel_label("FL3-A", "CD4") == "CD4 (FL3-A)"
     assert channel_label("FL3-A", "") == "FL3-A"

@@ -11,7 +11,7 @@ import json
 import numpy as np
 from PIL import Image
 
-from gating_core import plotting
+from gating_core.reports import plotting
 from gating_core.gates import AxisScale
 from apptest_helpers import goto, start, store_of
 

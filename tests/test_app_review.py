@@ -236,12 +236,12 @@ def test_report_draws_quadrant_and_range_gates_and_a_failure_says_why(loaded, mo
     band = next(s for s in svgs if "Lymphocytes \u2192 CD19 bright" in s)
     assert 'fill-opacity="0.12"' in band
     # any failure is shown on the page with its reason, the download off
-    import gating_core.report
+    import gating_core.reports.report
 
     def broken(*args, **kwargs):
         raise ValueError("the disk is full")
 
-    monkeypatch.setattr(gating_core.report, "patient_report_html", broken)
+    monkeypatch.setattr(gating_core.reports.report, "patient_report_html", broken)
     exports._patient_report.clear()
     at.run()
     assert any(e.value == f"The report of {NEW} cannot be written: ValueError: the disk is full" for e in at.error)

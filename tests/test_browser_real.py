@@ -80,7 +80,7 @@ def modebar_button(page, plot, value):
 
 def test_review_loop_on_real_samples_counts_agree_everywhere(app_url, browser, artifacts_dir, multicenter_dir,
                                                              tmp_path):
-    from gating_core.plotting import display_range
+    from gating_core.reports.plotting import display_range
 
     page = browser.new_page(viewport={"width": 1500, "height": 2200}, accept_downloads=True)
     page.set_default_timeout(120_000)

@@ -19,7 +19,7 @@ from gating_core.gates import (
     quadrant_gates, range_gate, rectangle_gate,
 )
 from gating_core.gates.drawing import straight_outline
-from gating_core.report import patient_report_html
+from gating_core.reports.report import patient_report_html
 
 # A gate tree as the library stored it when one Gate class held every kind (written by that
 # code), with each kind: rectangle, polygon, a quadrant split on arcsinh axes, range, boolean.

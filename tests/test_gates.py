@@ -8,7 +8,7 @@ import flowkit
 import numpy as np
 import pytest
 
-from gating_core import plotting
+from gating_core.reports import plotting
 from gating_core.fcs import Channel, Sample, write_fcs
 from gating_core.gates import (
     OTHER, AxisScale, GateError, GateImportError, GateTree, apply_gatingml, apply_workspace,
@@ -436,7 +436,7 @@ def test_replace_geometry_on_new_scales_and_statistics_name_channels():
                                   tuple(arcsinh.forward(np.array([2.5, 2.5])))], "rectangle", arcsinh, arcsinh)
     assert tree["low"].x_scale == arcsinh
     assert tree.memberships(sample)["low"].sum() == 9  # 0..2 x 0..2
-    from gating_core.plotting import sample_channel_label
+    from gating_core.reports.plotting import sample_channel_label
 
     stats = tree.statistics(sample, channel_label=sample_channel_label)
     assert stats.loc[0, "axes"] == "CD3 (A) / CD4 (B)"

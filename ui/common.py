@@ -160,8 +160,8 @@ def model_picker(container, store: Store, key: str, label: str = "Current model"
 
 
 def channel_label(sample, pnn: str) -> str:
-    """The marker with its detector, e.g. "CD4 (FL3-A)" (see ``gating_core.plotting.channel_label``)."""
-    from gating_core.plotting import sample_channel_label
+    """The marker with its detector, e.g. "CD4 (FL3-A)" (see ``gating_core.reports.plotting.channel_label``)."""
+    from gating_core.reports.plotting import sample_channel_label
 
     return sample_channel_label(sample, pnn)
 

@@ -38,7 +38,7 @@ def load_model_bytes(data: bytes, work_dir, name: str | None = None):
 
 def model_channel_labels(model) -> list[str]:
     """The model's channels as people name them: marker with detector ("CD4 (FL3-A)")."""
-    from gating_core.plotting import channel_label
+    from gating_core.reports.plotting import channel_label
 
     markers = list(getattr(model, "channel_markers_", None) or [])
     markers += [""] * (len(model.channels_) - len(markers))

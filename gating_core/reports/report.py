@@ -3,7 +3,7 @@
 * :func:`population_rows` / :func:`batch_table`: one row per patient and population with its
   parent, count, % of parent and % of total (and mean confidence when the populations come
   from a model), then the median, geometric mean and CV of each marker over the row's cells
-  when the events are given (:mod:`gating_core.marker_stats`). Counts come from the per-event populations, the one source every export
+  when the events are given (:mod:`gating_core.reports.marker_stats`). Counts come from the per-event populations, the one source every export
   shares (the gated CSV holds them): with a gate tree the rows are its gates in depth-first
   order, each under its parent gate and counting the cells of the populations below it
   (:func:`gating_core.gates.autogates.counted_cells`), then the populations no gate names; without
@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from gating_core.plotting import display_range, population_colors, sample_channel_label, subsample_indices
+from gating_core.reports.plotting import display_range, population_colors, sample_channel_label, subsample_indices
 
 __all__ = ["ALL_EVENTS", "BATCH_COLUMNS", "population_rows", "batch_table", "patient_report_html", "svg_scatter",
            "svg_histogram"]
@@ -54,7 +54,7 @@ def population_rows(patient: str, populations=None, *, tree=None, sample=None, m
     sample : gating_core.fcs.Sample, optional
         Needed with a tree when ``memberships`` is not given. With ``markers``, each row also
         holds the median, geometric mean and CV of every marker over its cells
-        (:class:`gating_core.marker_stats.MarkerStatistics`, channels labelled "CD4 (FL3-A)").
+        (:class:`gating_core.reports.marker_stats.MarkerStatistics`, channels labelled "CD4 (FL3-A)").
     memberships : dict gate name -> bool array of shape (n_events,), optional
     confidence : array of shape (n_events,), optional
         Per-event confidence; gives the mean confidence of each row's events.
@@ -70,7 +70,7 @@ def population_rows(patient: str, populations=None, *, tree=None, sample=None, m
     import pandas as pd
 
     from gating_core.gates.autogates import counted_cells
-    from gating_core.marker_stats import MarkerStatistics
+    from gating_core.reports.marker_stats import MarkerStatistics
 
     conf = None if confidence is None else np.asarray(confidence, dtype=np.float64)
     if populations is None and (tree is None or not len(tree)):
@@ -276,7 +276,7 @@ def _scale_of(sample, pnn):
 
 def _default_channels(sample) -> list[tuple[str, str]]:
     """Two plots for a flat result: scatter (FSC / SSC) and the first two other channels."""
-    from gating_core.qc import fluorescence_channels, time_channel_index
+    from gating_core.reports.qc import fluorescence_channels, time_channel_index
 
     names = sample.pnn
     fsc = next((n for n in names if n.upper().startswith("FSC") and n.upper().endswith("-A")),
@@ -412,8 +412,8 @@ def patient_report_html(patient: str, sample, populations, *, confidence=None, n
     tree, memberships : gate tree of the patient and its memberships, optional
     source, model_name, file_name : shown in the header (escaped)
     low_confidence : the confidence below which cells are counted as uncertain
-    qc : gating_core.qc.QualityReport, optional (computed when None)
-    compensation : gating_core.qc.CompensationInfo, optional (computed when None)
+    qc : gating_core.reports.qc.QualityReport, optional (computed when None)
+    compensation : gating_core.reports.qc.CompensationInfo, optional (computed when None)
     generated : timestamp text (default: now, UTC)
     known : population names of the model beside those present (see ``population_rows``)
     gate_notes : dict gate name -> text, optional: gates kept as the template drew them and why
@@ -422,7 +422,7 @@ def patient_report_html(patient: str, sample, populations, *, confidence=None, n
     -------
     str: the HTML document (UTF-8 text, no external resource).
     """
-    from gating_core.qc import compensation_info, quality_flags
+    from gating_core.reports.qc import compensation_info, quality_flags
 
     qc = qc if qc is not None else quality_flags(sample)
     compensation = compensation if compensation is not None else compensation_info(sample)

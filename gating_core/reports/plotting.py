@@ -273,11 +273,11 @@ def population_table(events: np.ndarray, channel_names, populations: np.ndarray,
         populations without a parent use all events, so % of parent equals % of total.
     confidence : optional (n,) confidences; adds a mean-confidence column.
     cofactors : optional (d,) arcsinh cofactors: the median, geometric mean and CV of every
-        channel instead of its median alone (:class:`gating_core.marker_stats.MarkerStatistics`).
+        channel instead of its median alone (:class:`gating_core.reports.marker_stats.MarkerStatistics`).
     """
     import pandas as pd
 
-    from gating_core.marker_stats import MarkerStatistics
+    from gating_core.reports.marker_stats import MarkerStatistics
 
     stats = MarkerStatistics(events, channel_names, cofactors) if cofactors is not None else None
 
