@@ -88,7 +88,7 @@ def multicenter(n_landmarks=500):
     if not (MULTICENTER / "multicenter_01.fcs").exists():
         print(f"\n(multicenter data not found at {MULTICENTER}: skipped)")
         return
-    from gating_core.digest import digest_patient
+    from gating_core.model.digest import digest_patient
     from gating_core.io.inputs import load_labeled_input
     from gating_core.model import GatingModel
 

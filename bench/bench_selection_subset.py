@@ -32,7 +32,7 @@ MULTICENTER = REPO.parent / "shared" / "data" / "multicenter"
 
 
 def _fit(train_samples, train_labels, limit, groups=None):
-    import gating_core.model as model_module
+    import gating_core.model.estimator as model_module
 
     saved = model_module.SELECTION_MAX_PATIENTS
     model_module.SELECTION_MAX_PATIENTS = limit

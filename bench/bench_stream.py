@@ -115,7 +115,7 @@ PREVIOUS_DEFAULT = {"n_augment": 4, "bandwidth_x_hedge": 0.5, "self_training": T
 
 def make_model(folder: Path, n_patients: int = 6, n_events: int = 10_000, params=None, name="model.npz") -> Path:
     from gating_core.fcs import Channel, Sample
-    from gating_core.research_model import build_model
+    from gating_core.model.research import build_model
 
     samples, labels = [], []
     for i in range(n_patients):
@@ -138,7 +138,7 @@ def make_model(folder: Path, n_patients: int = 6, n_events: int = 10_000, params
 # -- children: one measured step in a fresh process ---------------------------------------------
 
 def _child(step: str, model_path: str, fcs_path: str, out_dir: str) -> None:
-    from gating_core.research_model import load_gating_model
+    from gating_core.model.research import load_gating_model
 
     model = load_gating_model(model_path)
     _reset_peak()
@@ -211,7 +211,7 @@ def scoring_ceiling(model_path: Path) -> dict:
     import numpy as np
 
     from gating_core.cpus import blas_threads, usable_cpus
-    from gating_core.research_model import load_gating_model
+    from gating_core.model.research import load_gating_model
 
     threads = usable_cpus()
     rng = np.random.default_rng(0)
@@ -261,7 +261,7 @@ def _busy_child(model_path: str, fcs_path: str, out_dir: str) -> None:
     from gating_core.fcs import Channel, Sample
     from gating_core.gating import gate_file
     from gating_core.model import GatingModel
-    from gating_core.research_model import load_gating_model
+    from gating_core.model.research import load_gating_model
 
     samples, labels = [], []
     for i in range(8):

@@ -50,7 +50,7 @@ _PUBLIC = {
     "read_input": "io.inputs", "load_labeled_input": "io.inputs", "LabelError": "errors", "Provenance": "io.labels",
     "export_sample": "io.export", "read_gated_csv": "io.export", "read_fcs_with_populations": "io.export",
     # the model
-    "GatingModel": "model", "GateResult": "gate_result", "Novelty": "gate_result",
+    "GatingModel": "model.estimator", "GateResult": "model.result", "Novelty": "model.result",
     "ChannelMismatchError": "errors",
     "MarginalTransferClassifier": "method.classifier",
     # hand-drawn and imported gates

@@ -6,7 +6,7 @@ training patient's cells pooled, on the product's own cells.
 * :class:`DICAPooling`: DICA (Muandet et al. 2013) fitted on the training patients, then a
   pooled logistic regression on the projected cells (``dica-pooling``).
 
-Each takes its cells from a :class:`~gating_core.model.GatingModel` (channels, transform,
+Each takes its cells from a :class:`~gating_core.model.estimator.GatingModel` (channels, transform,
 standardisation, the seeded draw of each patient's cells), so the baselines and the method see
 the same cells. ``fit(samples, labels)``, ``predict(sample) -> (n,)`` labels.
 """
@@ -19,7 +19,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.linear_model import LogisticRegression
 
 from gating_core.method.dica import DICA
-from gating_core.model import GatingModel
+from gating_core.model.estimator import GatingModel
 
 __all__ = ["PooledBaseline", "LDABaseline", "DICAPooling"]
 
@@ -30,7 +30,7 @@ class PooledBaseline:
     (``"trees"``, scikit-learn's HistGradientBoostingClassifier with its defaults).
 
     Each training patient contributes the same seeded uniform draw of cells as a GatingModel
-    with ``class_balance=0`` (a :class:`~gating_core.digest.PatientDigest`); channels and
+    with ``class_balance=0`` (a :class:`~gating_core.model.digest.PatientDigest`); channels and
     transform are chosen the same way.
     """
 
@@ -72,7 +72,7 @@ class DICAPooling:
     """DICA as preprocessing before pooling: one classifier on every patient's projected cells.
 
     Cells are the product's (the channels, transform and standardisation a
-    :class:`~gating_core.model.GatingModel` chooses, each patient's seeded draw of
+    :class:`~gating_core.model.estimator.GatingModel` chooses, each patient's seeded draw of
     ``cells_per_patient`` cells); :class:`~gating_core.method.dica.DICA` is fitted on the training
     patients, then a multinomial logistic regression on the projected cells of all of them
     pooled.

@@ -66,7 +66,7 @@ def local_cluster(workers: int, threads_per_worker: int = 1, memory_limit="auto"
 def _load_model_cached(model_bytes: bytes, digest: str):
     """The GatingModel (or ResearchGatingModel) in ``model_bytes``, loaded once per worker process
     (keyed by SHA-256)."""
-    from gating_core.research_model import load_gating_model
+    from gating_core.model.research import load_gating_model
 
     with _MODEL_LOCK:
         model = _MODEL_CACHE.get(digest)
@@ -146,7 +146,7 @@ def _digest_task(path: str, index: int, params: dict):
     from gating_core.fcs import FCSError
     from gating_core.gating import digest_file
     from gating_core.io.labels import LabelError
-    from gating_core.research_model import build_model
+    from gating_core.model.research import build_model
 
     try:
         # ``params`` are a model's get_params(): a ResearchGatingModel's name its options.
@@ -162,7 +162,7 @@ def digest_files_distributed(paths, model_params: dict, workers=None, scheduler=
     Each worker reads its files where they are (shared storage), compensates, draws the
     training cells and picks the embedding cells, and sends back only those rows: a few
     thousand per patient instead of the file. Returns (digests, errors) in input order;
-    ``build_model(model_params).fit_digests(digests)`` (:func:`gating_core.research_model.build_model`:
+    ``build_model(model_params).fit_digests(digests)`` (:func:`gating_core.model.research.build_model`:
     a GatingModel, or a ResearchGatingModel for its options) then gives the same model as ``fit``.
     """
     paths = [str(Path(p).resolve()) for p in paths]

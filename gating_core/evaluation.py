@@ -20,9 +20,9 @@ import numpy as np
 import pandas as pd
 
 from gating_core.baselines import DICAPooling, PooledBaseline
-from gating_core.digest import digest_patient, infer_cell_groups
-from gating_core.model import GatingModel
-from gating_core.research_model import build_model
+from gating_core.model.digest import digest_patient, infer_cell_groups
+from gating_core.model.estimator import GatingModel
+from gating_core.model.research import build_model
 
 METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda")
 #: Every method evaluate can run (METHODS are the default set).
@@ -39,7 +39,7 @@ ALL_METHODS += ("marginal-no-adaptive", "adaptive-lda", "marginal-augment", "mar
                 "marginal-self-training", "previous-default")
 # The method's family: the papers' hinge loss and multitask kernel, DICA before marginal transfer
 # (the distributional variant), importance-weighted Nystroem KRR refitted for each held-out
-# patient on its own unlabeled cells (gating_core.iw_model, the command line's defaults), linear
+# patient on its own unlabeled cells (gating_core.model.iw_model, the command line's defaults), linear
 # k_X / k'_X as in the JMLR flow-cytometry experiment, and for the worst patient the agnostic
 # patient weighting and selection on the worst held-out group.
 ALL_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5", "dica-marginal", "iw-nystroem",
@@ -301,7 +301,7 @@ def _fold_models(method, samples, labels, held_out_sets, model_params, groups, r
             yield PooledBaseline(method, random_state=(model_params or {}).get("random_state", 0)).fit(
                 train_samples, train_labels)
         elif method == "iw-nystroem":
-            from gating_core.iw_model import IWNystroemGatingModel
+            from gating_core.model.iw_model import IWNystroemGatingModel
 
             params = model_params or {}
             yield IWNystroemGatingModel(channels=params.get("channels"), compensate=params.get("compensate", True),

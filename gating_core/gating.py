@@ -12,9 +12,9 @@ import numpy as np
 
 from gating_core.io.export import EXPORT_SUFFIXES, GatedTableWriter, dropped_keyword_count, export_sample
 from gating_core.fcs import FCSError, read_fcs_all, stream_fcs_all
-from gating_core.digest import PatientDigest
-from gating_core.gate_result import ChannelMismatchError
-from gating_core.model import GatingModel
+from gating_core.model.digest import PatientDigest
+from gating_core.model.result import ChannelMismatchError
+from gating_core.model.estimator import GatingModel
 
 def output_stem(sample_name: str) -> str:
     """File-system-safe stem for a patient (:func:`gating_core.gates.names.safe_name`): Unicode
@@ -106,7 +106,7 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
 
 
 def _add_fit_cost(record: dict, model) -> None:
-    """A transductive model (``gating_core.iw_model``) refits for each patient: its cost, in
+    """A transductive model (``gating_core.model.iw_model``) refits for each patient: its cost, in
     seconds, joins the patient's record as ``fit_seconds``."""
     seconds = getattr(model, "last_fit_seconds_", None)
     if seconds is not None:

@@ -39,9 +39,9 @@ import numpy as np
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.cpus import run_side_by_side, score_threads, with_blas_threads
 from gating_core.method.losses import loss_for
-from gating_core.model import METHODS
+from gating_core.model.estimator import METHODS
 from gating_core.method.priors import training_prior
-from gating_core.research_model import build_model
+from gating_core.model.research import build_model
 from gating_core.method.selection import problem_view
 from gating_core.method.training_problem import TrainingProblem
 
@@ -64,7 +64,7 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
         Patient indices held out of each fold.
     model_params : dict or None
         GatingModel parameters (as ``GatingModel(**model_params)``), or ResearchGatingModel ones
-        when they name any of its options (:func:`gating_core.research_model.build_model`).
+        when they name any of its options (:func:`gating_core.model.research.build_model`).
     groups : sequence of length n_patients or None
         Center / batch / run of each patient (None: inferred from the embeddings of all
         patients, as :meth:`GatingModel.fit` would); each fold's selection holds out whole

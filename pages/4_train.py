@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from gating_core.modelfile import ModelFileError
+from gating_core.model.file_checks import ModelFileError
 from ui.app_state import common_channels, incompatible_label_sets, label_set_disagreements, training_panel
 from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcome, job_progress, model_offers,
                        model_picker, others_jobs, refresh_status, require_patients, session_name_input)

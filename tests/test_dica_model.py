@@ -12,7 +12,7 @@ import pytest
 
 from gating_core import GatingModel, read_fcs
 from gating_core.fcs import stream_fcs_all
-from gating_core.modelfile import ModelFileError
+from gating_core.model.file_checks import ModelFileError
 from helpers import SAMPLE_DATA, run_cli, sample_cohort, sample_paths
 
 # What `train --no-selection --cells-per-patient 1000 --dica supervised --dica-components 8`

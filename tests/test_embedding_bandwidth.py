@@ -8,7 +8,7 @@ import pytest
 
 from gating_core.fcs import read_fcs
 from gating_core.model import GatingModel
-from gating_core.research_model import ResearchGatingModel
+from gating_core.model.research import ResearchGatingModel
 from gating_core.method.selection import DEFAULT_EMBEDDING_FACTORS
 from helpers import run_cli, sample_cohort, sample_paths
 # With one shift-augmented copy of each patient (a ResearchGatingModel option).

@@ -16,8 +16,8 @@ from gating_core.fcs import FCSError
 from gating_core.gates import GateError, GateImportError
 from gating_core.io.labels import LabelError
 from gating_core.library import LibraryError, PatientLibrary
-from gating_core.gate_result import ChannelMismatchError
-from gating_core.modelfile import ModelFileError
+from gating_core.model.result import ChannelMismatchError
+from gating_core.model.file_checks import ModelFileError
 from helpers import quick_model_file, run_cli
 
 UNDECODABLE = os.fsdecode(b"x\xff")  # a file name that is not UTF-8 (surrogateescape on Linux)
@@ -110,7 +110,7 @@ OLD_HOMES = {"gating_core.fcs": ["FCSError"], "gating_core.fcs.sample": ["FCSErr
              "gating_core.io.labels": ["LabelError"], "gating_core.method.groups": ["GroupsError"],
              "gating_core.gates": ["GateError", "GateImportError"],
              "gating_core.gates.errors": ["GateError", "GateImportError"],
-             "gating_core.gate_result": ["ChannelMismatchError"], "gating_core.modelfile": ["ModelFileError"],
+             "gating_core.model.result": ["ChannelMismatchError"], "gating_core.model.file_checks": ["ModelFileError"],
              "gating_core.library": ["LibraryError", "ConflictError"],
              "gating_core.library.common": ["LibraryError", "ConflictError"],
              "gating_core.library.catalog": ["CatalogVersionError"], "gating_core.distributed": ["ClusterError"],

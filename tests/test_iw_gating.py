@@ -1,5 +1,5 @@
 """``train --method iw-nystroem`` / ``gate``: importance-weighted Nystroem KRR refitted for each new
-patient from the training cells its model file keeps (gating_core.iw_model)."""
+patient from the training cells its model file keeps (gating_core.model.iw_model)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from gating_core.fcs import read_fcs
-from gating_core.iw_model import IW_FORMAT, IWNystroemGatingModel, load_any_model, model_file_format
+from gating_core.model.iw_model import IW_FORMAT, IWNystroemGatingModel, load_any_model, model_file_format
 from gating_core.model import GatingModel
-from gating_core.modelfile import ModelFileError
+from gating_core.model.file_checks import ModelFileError
 from helpers import run_cli, sample_cohort, sample_paths
 
 # Label agreement with the truth, measured with the default settings (2,000 cells per patient,

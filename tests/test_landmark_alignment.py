@@ -146,7 +146,7 @@ def landmark_model(small_centers):
 
 def test_a_landmark_registered_model_round_trips_and_gates_identically(small_centers, landmark_model, tmp_path):
     from gating_core.model import GatingModel
-    from gating_core.modelfile import ModelFileError
+    from gating_core.model.file_checks import ModelFileError
 
     samples, labels, _ = small_centers
     model = landmark_model

@@ -16,7 +16,7 @@ from gating_core.method.features import (KERNELS_X, ExactLinearProductKernel, Li
                                   ProductRFF)
 from gating_core.io.inputs import load_labeled_input
 from gating_core.model import GatingModel
-from gating_core.modelfile import ModelFileError
+from gating_core.model.file_checks import ModelFileError
 from gating_core.method.selection import DEFAULT_EMBEDDING_FACTORS, select_hyperparameters
 from gating_core.method.training_problem import cell_features
 from helpers import run_cli, sample_cohort, sample_paths

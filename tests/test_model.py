@@ -7,9 +7,9 @@ import pytest
 
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.fcs import Channel, Sample
-from gating_core.gate_result import ChannelMismatchError
+from gating_core.model.result import ChannelMismatchError
 from gating_core.model import GatingModel
-from gating_core.modelfile import ModelFileError
+from gating_core.model.file_checks import ModelFileError
 from gating_core.synthetic import simulate_patient
 from helpers import sample_cohort
 

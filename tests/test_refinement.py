@@ -7,7 +7,7 @@ import pytest
 from gating_core.fcs import read_fcs
 from gating_core.io.labels import read_labels_csv
 from gating_core.method.refinement import _PatientFrame, corrected_probabilities, refine_gating, refinement_coef
-from gating_core.research_model import ResearchGatingModel
+from gating_core.model.research import ResearchGatingModel
 from helpers import sample_cohort
 
 

@@ -231,7 +231,7 @@ def test_not_fitted_until_fit_and_fitted_state_only_from_fit():
 
 def test_unfitted_gating_models_raise_scikit_learns_not_fitted_error(tmp_path):
     from gating_core.fcs import Channel, Sample
-    from gating_core.iw_model import IWNystroemGatingModel
+    from gating_core.model.iw_model import IWNystroemGatingModel
 
     sample = Sample("p", np.zeros((10, 2), dtype=np.float32), [Channel("FSC-A"), Channel("SSC-A")])
     for model, message in [(GatingModel(), "GatingModel is not fitted yet"),

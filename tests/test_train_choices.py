@@ -101,7 +101,7 @@ def test_the_research_options_train_a_research_model_that_gate_reads(sample_data
     """``--augment N`` and ``--second-bandwidth`` (and ``--self-training``) are ResearchGatingModel's
     parameters: train builds one, its file loads back as one and ``gate`` gates with it; without
     them the model is the product's GatingModel."""
-    from gating_core.research_model import ResearchGatingModel, load_gating_model
+    from gating_core.model.research import ResearchGatingModel, load_gating_model
 
     path = tmp_path / "research.npz"
     result = run_cli("train", "--augment", "1", *SMALL, "--out", path, *sample_paths(range(1, 5)))

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from gating_core.digest import digest_patient
+from gating_core.model.digest import digest_patient
 from gating_core.io.inputs import load_labeled_input
 from gating_core.model import GatingModel
 from helpers import run_cli

@@ -14,9 +14,9 @@ import pytest
 import gating_core.method.training_problem as tp
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.cpus import blas_threads
-from gating_core.digest import digest_patient
+from gating_core.model.digest import digest_patient
 from gating_core.method.features import MeanEmbedding
-from gating_core.research_model import ResearchGatingModel
+from gating_core.model.research import ResearchGatingModel
 from gating_core.method.solvers import stacked_rows
 from gating_core.synthetic import simulate_patient
 from gating_core.method.training_problem import RowFeatures, TrainingProblem, embed_cells, embed_patients, shared_embeddings
@@ -238,7 +238,7 @@ def test_gating_model_is_the_model_the_code_fitted_before_the_change(digests):
 
 def test_infer_cell_groups_embeds_every_cell_of_each_patient_as_before(patients, monkeypatch):
     import gating_core.method.groups as groups
-    from gating_core.digest import infer_cell_groups
+    from gating_core.model.digest import infer_cell_groups
     from gating_core.method.features import median_pairwise_distance
 
     samples, _ = patients

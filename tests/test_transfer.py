@@ -161,7 +161,7 @@ def small_centers():
 
 @pytest.fixture(scope="module")
 def blended(small_centers):
-    from gating_core.research_model import ResearchGatingModel
+    from gating_core.model.research import ResearchGatingModel
 
     samples, labels, _ = small_centers
     # Without the adapted populations: these tests follow the blend itself
@@ -208,7 +208,7 @@ def test_selected_companion_is_the_pooled_logistic_model_at_its_own_bandwidth(sm
     borrowed from the marginal model: it is exactly the pooled logistic regression a user would
     fit, so the blend is never built on a pooled model weaker than the baseline."""
     from gating_core.model import GatingModel
-    from gating_core.research_model import ResearchGatingModel
+    from gating_core.model.research import ResearchGatingModel
 
     samples, labels, centers = small_centers
     small = dict(n_features=96, cells_per_patient=600, selection_cells_per_patient=300, cv_repeats=1)
@@ -251,8 +251,8 @@ def test_companion_survives_save_and_load_and_older_files_load_without_it(blende
     import json
     import zipfile
 
-    from gating_core.modelfile import ModelFileError
-    from gating_core.research_model import ResearchGatingModel
+    from gating_core.model.file_checks import ModelFileError
+    from gating_core.model.research import ResearchGatingModel
 
     samples, _, _ = small_centers
     path = tmp_path / "blend.npz"
@@ -298,7 +298,7 @@ def test_the_even_blend_is_kept_unless_another_weight_clearly_wins_on_held_out_g
 
 @pytest.fixture(scope="module")
 def auto_weighted(small_centers):
-    from gating_core.research_model import ResearchGatingModel
+    from gating_core.model.research import ResearchGatingModel
 
     samples, labels, centers = small_centers
     groups = [centers[s.name] for s in samples]
@@ -336,8 +336,8 @@ def test_auto_weight_is_chosen_over_held_out_centers_and_is_the_weight_used(auto
 def test_auto_weight_survives_save_and_format_2_files_use_their_parameter(auto_weighted, small_centers, tmp_path):
     import json
 
-    from gating_core.modelfile import ModelFileError
-    from gating_core.research_model import ResearchGatingModel
+    from gating_core.model.file_checks import ModelFileError
+    from gating_core.model.research import ResearchGatingModel
 
     samples, _, _ = small_centers
     path = tmp_path / "auto.npz"
@@ -409,7 +409,7 @@ def test_prior_shift_em_gates_with_adjusted_probabilities(blended, small_centers
 
     from gating_core.method.features import content_subsample
     from gating_core.method.priors import apply_prior_ratio, reestimate_prior
-    from gating_core.research_model import ResearchGatingModel
+    from gating_core.model.research import ResearchGatingModel
 
     samples, labels, _ = small_centers
     assert blended.class_prior_.shape == (len(blended.populations_),)
@@ -475,7 +475,7 @@ def test_registration_survives_ties_and_bounds_its_slopes():
 
 def test_quantile_registered_model_round_trips_and_ignores_chunking(small_centers, tmp_path):
     from gating_core.model import GatingModel
-    from gating_core.modelfile import ModelFileError
+    from gating_core.model.file_checks import ModelFileError
 
     samples, labels, _ = small_centers
     model = GatingModel(select=False, align="quantile", cells_per_patient=1500,
@@ -676,7 +676,7 @@ def test_a_model_file_with_a_bad_task_similarity_is_refused(further_baselines, t
     import json
 
     from gating_core.model import GatingModel
-    from gating_core.modelfile import ModelFileError
+    from gating_core.model.file_checks import ModelFileError
 
     path = tmp_path / "multitask.npz"
     further_baselines["multitask"].save(path)

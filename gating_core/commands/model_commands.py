@@ -12,7 +12,7 @@ from gating_core.errors import print_error
 
 # Kept here rather than imported so that the command line starts without numpy and scikit-learn;
 # tests/test_transfer.py checks them against gating_core.evaluation.ALL_METHODS and
-# gating_core.model.DEFAULT_POOLED_WEIGHT; tests/test_class_balance.py DEFAULT_CLASS_BALANCE.
+# gating_core.model.estimator.DEFAULT_POOLED_WEIGHT; tests/test_class_balance.py DEFAULT_CLASS_BALANCE.
 EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda", "marginal-alone", "marginal-auto",
                       "marginal-em", "marginal-quantile", "dica-pooling")
 EVALUATION_METHODS += ("qda", "trees")
@@ -26,7 +26,7 @@ ALIGNMENTS = ("none", "quantile", "landmarks")
 DEFAULT_POOLED_WEIGHT = 0.5
 DEFAULT_ADAPTIVE_WEIGHT = "auto"
 DEFAULT_CLASS_BALANCE = 0.0
-# The choices of ``train`` (gating_core.model.METHODS and gating_core.method.classifier.LOSSES,
+# The choices of ``train`` (gating_core.model.estimator.METHODS and gating_core.method.classifier.LOSSES,
 # checked by tests/test_train_choices.py).
 TRAIN_METHODS = ("marginal", "pooling", "multitask")
 LOSSES = ("squared", "logistic", "hinge")
@@ -34,7 +34,7 @@ DEFAULT_LOSS = "squared"
 DEFAULT_TASK_SIMILARITY = 0.5
 # gating_core.method.features.KERNELS_X (checked by tests/test_linear_kernel.py).
 KERNELS_X = ("gaussian", "linear")
-# Importance-weighted Nystroem KRR (gating_core.iw_model): transductive, refitted for each
+# Importance-weighted Nystroem KRR (gating_core.model.iw_model): transductive, refitted for each
 # patient at gate time, so its model file keeps training cells (2,000 per patient by default).
 IW_METHOD = "iw-nystroem"
 DEFAULT_CELLS_PER_PATIENT = 4000
@@ -343,9 +343,9 @@ def _model_out_problem(out: Path) -> str | None:
 
 
 def run_train(args) -> int:
-    from gating_core.gate_result import ChannelMismatchError
+    from gating_core.model.result import ChannelMismatchError
     from gating_core.progress import StageProgress
-    from gating_core.research_model import build_model
+    from gating_core.model.research import build_model
 
     problem = _model_out_problem(Path(args.out))
     if problem:  # before any input is read or any training starts
@@ -464,7 +464,7 @@ def run_train(args) -> int:
 def _iw_model(args):
     """The IWNystroemGatingModel of ``train --method iw-nystroem``, or an exit status when an
     option of the kernel models was asked of it."""
-    from gating_core.iw_model import IWNystroemGatingModel
+    from gating_core.model.iw_model import IWNystroemGatingModel
 
     for flag, given in (("--loss", args.loss != DEFAULT_LOSS), ("--pooled-weight", args.pooled_weight != DEFAULT_POOLED_WEIGHT),
                         ("--task-similarity", args.task_similarity != DEFAULT_TASK_SIMILARITY),
@@ -494,8 +494,8 @@ def _method_label(method: str, loss: str, task_similarity: float) -> str:
 def run_gate(args) -> int:
     from gating_core.gating import output_name_clashes
     from gating_core.library.privacy import dropped_note
-    from gating_core.iw_model import IW_METHOD as iw_method, load_any_model
-    from gating_core.modelfile import ModelFileError
+    from gating_core.model.iw_model import IW_METHOD as iw_method, load_any_model
+    from gating_core.model.file_checks import ModelFileError
 
     # Two inputs whose patients map to one output name (the same stem from different folders,
     # names differing only in case or in characters a file name cannot hold, a data set of a
@@ -587,7 +587,7 @@ def run_evaluate(args) -> int:
     from gating_core.evaluation import (leave_one_group_out, leave_one_patient_out, novelty_curve, patient_folds,
                                         repeat_over_seeds, summarize, summarize_seeds, train_on_one_group)
     from gating_core.method.groups import GroupsError
-    from gating_core.gate_result import ChannelMismatchError
+    from gating_core.model.result import ChannelMismatchError
     from gating_core.progress import StageProgress
 
     samples, labels, errors = _load_inputs(args.inputs, not args.no_compensation)

@@ -59,7 +59,7 @@ def to_anndata(sample: Sample, result=None, *, populations=None, confidence=None
       many keywords the keyword policy left out; 0 with ``include_identifying``) and
       ``keyword_policy`` (the policy in words), ``spillover`` and
       ``spillover_channels`` when the sample has a spillover matrix, and ``gating``
-      (``populations``, ``novelty``) when ``result`` is a :class:`~gating_core.gate_result.GateResult`.
+      (``populations``, ``novelty``) when ``result`` is a :class:`~gating_core.model.result.GateResult`.
 
     Parameters
     ----------

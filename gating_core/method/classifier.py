@@ -1,7 +1,7 @@
 """The marginal-transfer classifier on arrays: f(P, x) learned from labeled samples.
 
 ``MarginalTransferClassifier`` is the array-level estimator (scikit-learn conventions). It
-knows nothing of FCS files, channels or transforms; :class:`gating_core.model.GatingModel`
+knows nothing of FCS files, channels or transforms; :class:`gating_core.model.estimator.GatingModel`
 wraps it with those. Inputs are already on the gating scale (transformed, standardised).
 
 Objective (Blanchard et al., JMLR 2021, eq. 5) with every patient weighing the same:
@@ -232,7 +232,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             holds out whole groups, and augmented copies stay with their source.
         embedding_samples : list of ndarray of shape (m_i, d) or None
             List form only: the cells each patient's embedding is computed from, when the
-            caller chose them (as :class:`~gating_core.model.GatingModel` does); default:
+            caller chose them (as :class:`~gating_core.model.estimator.GatingModel` does); default:
             ``X``.
         centers : array-like of shape (n_cells,) or None
             Array form only: the center / batch / run of each cell's patient (constant within
@@ -460,7 +460,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         X : ndarray of shape (n_cells, d)
         embedding : ndarray of shape (2L,) or None
             The embedding of the patient ALL of ``X`` belongs to, when the caller has it (as
-            :class:`~gating_core.model.GatingModel`, which scores a patient chunk by chunk);
+            :class:`~gating_core.model.estimator.GatingModel`, which scores a patient chunk by chunk);
             ``X`` is then only shape-checked. None: computed from ``X`` (or from each patient
             of ``groups``).
         chunk_size : int

@@ -17,7 +17,7 @@ expansion on the corrected cells, delta(x) = sum_i a_i k_X(x, x_i): cells near t
 
 What f0 is here -- the blend with the pooled companion
 -------------------------------------------------------
-A :class:`~gating_core.model.GatingModel` gates with BLENDED probabilities,
+A :class:`~gating_core.model.estimator.GatingModel` gates with BLENDED probabilities,
 ``(1 - w) p_marginal + w p_pooled`` (then the EM prior ratio when ``prior_shift="em"``, then
 the self-training step of :mod:`gating_core.method.self_training` when ``self_training``). This
 module refines THAT function: f0(x) is the vector of the model's final probabilities of cell x
@@ -126,7 +126,7 @@ def refine_gating(model, sample, cells, labels, alpha=DEFAULT_ALPHA, chunk_size=
 
     Parameters
     ----------
-    model : fitted :class:`~gating_core.model.GatingModel`
+    model : fitted :class:`~gating_core.model.estimator.GatingModel`
     sample : the patient (a :class:`~gating_core.fcs.Sample` or what ``model.gate`` takes)
     cells : array-like of int, shape (m,)  event indices the reviewer corrected (repeats: last wins)
     labels : array-like of str, shape (m,)  the population given to each, one of ``model.populations_``

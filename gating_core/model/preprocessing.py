@@ -1,6 +1,6 @@
 """From a panel's raw events to the cells the classifier sees: GatingModel's channel half.
 
-:class:`ChannelPreprocessing` is mixed into :class:`~gating_core.model.GatingModel`: it chooses
+:class:`ChannelPreprocessing` is mixed into :class:`~gating_core.model.estimator.GatingModel`: it chooses
 the channels every training patient shares (by ``$PnN``, or ``$PnS`` when detectors differ),
 compensates, fixes one transform per channel for the panel and the standardisation, and turns
 any sample's events into standardised (and, with ``align="quantile"`` or ``"landmarks"``,
@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from gating_core.method.alignment import ALIGNMENTS, LandmarkReference, QuantileRegistration, channel_quantiles
-from gating_core.digest import DigestView, find_channel
+from gating_core.model.digest import DigestView, find_channel
 from gating_core.method.features import content_subsample
-from gating_core.gate_result import ChannelMismatchError
+from gating_core.model.result import ChannelMismatchError
 from gating_core.fcs.transforms import ChannelTransform, default_transform, is_time_like, with_overrides
 
 class ChannelPreprocessing:

@@ -1,6 +1,6 @@
 """``ResearchGatingModel``: the product's model with the options its default leaves out.
 
-:class:`~gating_core.model.GatingModel` is the product's estimator; three options measured
+:class:`~gating_core.model.estimator.GatingModel` is the product's estimator; three options measured
 against it and not in its default (docs/unseen_data.md, docs/method.md "Options") are kept here,
 in one place, as the five parameters of a subclass: shift augmentation (``n_augment``,
 ``augment_gain``, ``augment_shift``), a second fit at a narrower cell bandwidth
@@ -16,8 +16,8 @@ from __future__ import annotations
 import inspect
 import numbers
 
-from gating_core.model import GatingModel
-from gating_core.model_io import load_model
+from gating_core.model.estimator import GatingModel
+from gating_core.model.file import load_model
 from gating_core.parameters import BOOLEAN, NONE, Interval, Options
 
 #: ResearchGatingModel's own parameters (GatingModel's class attributes of the same names hold
@@ -26,7 +26,7 @@ RESEARCH_OPTIONS = GatingModel.RESEARCH_OPTIONS
 
 
 class ResearchGatingModel(GatingModel):
-    """:class:`~gating_core.model.GatingModel` with the research options as parameters.
+    """:class:`~gating_core.model.estimator.GatingModel` with the research options as parameters.
 
     Every parameter of GatingModel (keyword-only, as there), and:
 

@@ -19,9 +19,9 @@ Probabilities: the KRR's one-hot scores clipped at 0 and normalised per cell. Th
 populations but are not calibrated as GatingModel's are; ``confidence`` is that normalised
 score.
 
-The model file is its own format (``gating_core.iw_model``): plain arrays plus a JSON
+The model file is its own format (tag ``gating_core.iw_model``): plain arrays plus a JSON
 description, read with the same checks as a GatingModel file (no pickle, declared sizes and
-every field checked; a problem is a :class:`~gating_core.modelfile.ModelFileError`).
+every field checked; a problem is a :class:`~gating_core.model.file_checks.ModelFileError`).
 """
 
 from __future__ import annotations
@@ -37,13 +37,13 @@ from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
 from gating_core import __version__
-from gating_core.digest import digest_patient
+from gating_core.model.digest import digest_patient
 from gating_core.method.features import MeanEmbedding, content_subsample, median_pairwise_distance
-from gating_core.gate_result import GateResult, Novelty
+from gating_core.model.result import GateResult, Novelty
 from gating_core.method.iw_nystroem import ImportanceWeightedNystroemKRR
-from gating_core.modelfile import Fields, Member, ModelFileError, archive_array, parse_json, read_archive
-from gating_core.preprocessing import ChannelPreprocessing
-from gating_core.streamed_gating import StreamedGating
+from gating_core.model.file_checks import Fields, Member, ModelFileError, archive_array, parse_json, read_archive
+from gating_core.model.preprocessing import ChannelPreprocessing
+from gating_core.model.streaming import StreamedGating
 
 IW_FORMAT = "gating_core.iw_model"
 IW_FORMAT_VERSION = 1
@@ -79,7 +79,7 @@ class IWNystroemGatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator)
     Parameters
     ----------
     channels, transform, compensate :
-        As :class:`~gating_core.model.GatingModel` (the same channel choice, transform and
+        As :class:`~gating_core.model.estimator.GatingModel` (the same channel choice, transform and
         standardisation).
     cells_per_patient : int, default=2000
         Training cells of each patient kept in the model (a seeded draw, as GatingModel draws).
@@ -127,7 +127,7 @@ class IWNystroemGatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator)
         return np.random.SeedSequence([int(self.random_state or 0), 10, int(index)])
 
     def digest(self, sample, labels, index: int):
-        """The ``index``-th training patient's :class:`~gating_core.digest.PatientDigest`, as
+        """The ``index``-th training patient's :class:`~gating_core.model.digest.PatientDigest`, as
         :meth:`fit` draws it (uniformly: the density ratio is fitted on cells as they come)."""
         return digest_patient(sample, labels, self.cells_per_patient, self.embedding_cells,
                               seed=self.digest_seed(index), compensate=self.compensate)
@@ -142,7 +142,7 @@ class IWNystroemGatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator)
         return self.fit_digests(digests, progress=progress, groups=groups)
 
     def fit_digests(self, digests, progress=None, groups=None):
-        """:meth:`fit` from :class:`~gating_core.digest.PatientDigest` objects."""
+        """:meth:`fit` from :class:`~gating_core.model.digest.PatientDigest` objects."""
         report = progress or (lambda stage, fraction: None)
         if len(digests) == 0:
             raise ValueError("no training patients")
@@ -299,7 +299,7 @@ class IWNystroemGatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator)
                   "cells": self.cells_, "labels": self.labels_, "train_embeddings": self.train_embeddings_,
                   "embedding_frequencies": self.embedder_.frequencies_}
         path = Path(path)
-        from gating_core.model_io import _write_atomically
+        from gating_core.model.file import _write_atomically
 
         _write_atomically(path, arrays)
 
@@ -327,7 +327,7 @@ class IWNystroemGatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator)
 
 
 def _from_parts(cls, path, top: Fields, arrays) -> IWNystroemGatingModel:
-    from gating_core.model_io import _transform  # the transform's checks, shared with GatingModel files
+    from gating_core.model.file import _transform  # the transform's checks, shared with GatingModel files
 
     params = top.object("params")
     known = set(cls().get_params())
@@ -386,7 +386,7 @@ def model_file_format(path) -> str:
     """The format tag of a model file (``gating_core.model`` or ``gating_core.iw_model``),
     reading its description only; a ModelFileError when it has none."""
     path = Path(path)
-    from gating_core.modelfile import MODEL_MEMBERS
+    from gating_core.model.file_checks import MODEL_MEMBERS
 
     # Any member of either format may be there (the loader then checks its own); only the
     # description is read.
@@ -401,6 +401,6 @@ def load_any_model(path):
     (checked, no pickle)."""
     if model_file_format(path) == IW_FORMAT:
         return IWNystroemGatingModel.load(path)
-    from gating_core.research_model import load_gating_model
+    from gating_core.model.research import load_gating_model
 
     return load_gating_model(path)

@@ -3,7 +3,7 @@
 It wraps :class:`~gating_core.method.classifier.MarginalTransferClassifier` with what files need:
 channel matching by $PnN / $PnS, compensation, the per-channel transform, standardisation,
 model selection over patients and a per-patient novelty score. The model file (no pickle, every
-field checked on reading) is :mod:`gating_core.model_io`.
+field checked on reading) is :mod:`gating_core.model.file`.
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ from gating_core.method.alignment import ALIGNMENTS
 from gating_core.method.classifier import LOSSES, PATIENT_WEIGHTINGS, SCORE_BLOCK, SOLVERS, MarginalTransferClassifier
 from gating_core.method.dica import DICA_MODES, MODEL_DICA_FEATURES
 from gating_core.cpus import with_blas_threads
-from gating_core.digest import digest_patient, infer_cell_groups
+from gating_core.model.digest import digest_patient, infer_cell_groups
 from gating_core.method.features import KERNELS_X, content_hashes, content_subsample
-from gating_core.gate_result import GateResult, Novelty
+from gating_core.model.result import GateResult, Novelty
 from gating_core.method.losses import loss_for
-from gating_core.preprocessing import ChannelPreprocessing
-from gating_core.model_io import load_model, save_model
+from gating_core.model.preprocessing import ChannelPreprocessing
+from gating_core.model.file import load_model, save_model
 from gating_core.parameters import BOOLEAN, NONE, InstanceOf, Interval, Options, validate_parameters
 from gating_core.method.priors import PRIOR_SHIFTS, reestimate_prior, training_prior
 from gating_core.method.self_training import PatientAdjustment, self_training_coef
-from gating_core.streamed_gating import StreamedGating
+from gating_core.model.streaming import StreamedGating
 from gating_core.fcs.transforms import ChannelTransform
 
 METHODS = ("marginal", "pooling", "multitask")
@@ -142,7 +142,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         How each patient's ``cells_per_patient`` training cells are drawn: 0 uniformly (each
         population in proportion to its share of the events), 1 the same number of cells from
         every population as far as its cells go, in between shares proportional to
-        ``count ** (1 - class_balance)`` (:func:`~gating_core.digest.training_rows`). A rare
+        ``count ** (1 - class_balance)`` (:func:`~gating_core.model.digest.training_rows`). A rare
         population (B or NK cells at 0.5%) brings 20 of 4,000 cells to a uniform draw. Measured
         on held-out centers, 1 raised macro-F1 where populations are rare and lowered accuracy
         on the real data's batch protocol (docs/method.md): an option.
@@ -171,7 +171,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         gate as fitted.
     The research options (shift augmentation, a second fit at a narrower cell bandwidth,
     self-training at gating time) are not parameters of this model: they are those of
-    :class:`~gating_core.research_model.ResearchGatingModel`, a subclass. This model runs with
+    :class:`~gating_core.model.research.ResearchGatingModel`, a subclass. This model runs with
     them off (the class attributes ``n_augment``, ``augment_gain``, ``augment_shift``,
     ``bandwidth_x_hedge`` and ``self_training``, which its code reads).
 
@@ -218,18 +218,18 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     """
 
     #: The choices of ``method``; the model file's checks read them from here, as
-    #: :mod:`gating_core.model_io` sits below this module and cannot import it.
+    #: :mod:`gating_core.model.file` sits below this module and cannot import it.
     METHODS = METHODS
 
     # The research options at the values this model runs with. They are ResearchGatingModel's
-    # parameters (gating_core.research_model), not this model's; the code below reads them as
+    # parameters (gating_core.model.research), not this model's; the code below reads them as
     # attributes, so one code path serves both classes.
     n_augment = DEFAULT_AUGMENT
     augment_gain = 0.08
     augment_shift = 0.15
     bandwidth_x_hedge = DEFAULT_BANDWIDTH_X_HEDGE
     self_training = False
-    #: Their names, for the model file (gating_core.model_io reads them from the class it is given:
+    #: Their names, for the model file (gating_core.model.file reads them from the class it is given:
     #: a file storing them at these values is this model's, otherwise a ResearchGatingModel's).
     RESEARCH_OPTIONS = ("n_augment", "augment_gain", "augment_shift", "bandwidth_x_hedge", "self_training")
 
@@ -347,7 +347,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         return np.random.SeedSequence([int(self.random_state or 0), 10, int(index)])
 
     def digest(self, sample, labels, index: int):
-        """The :class:`~gating_core.digest.PatientDigest` of the ``index``-th training patient,
+        """The :class:`~gating_core.model.digest.PatientDigest` of the ``index``-th training patient,
         drawn as :meth:`fit` draws it (``cells_per_patient``, ``class_balance``,
         ``embedding_cells``, compensation, seed :meth:`digest_seed`)."""
         return digest_patient(sample, labels, self.cells_per_patient, self.embedding_cells,
@@ -726,7 +726,7 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
         """The patient's registration (or None) and its content-chosen cells, registered."""
         raw = events[:, indices]
         chosen = self._standardise(raw[content_subsample(raw, self.embedding_cells, parallel=True)])
-        registration = self._patient_registration(chosen)  # gating_core.preprocessing
+        registration = self._patient_registration(chosen)  # gating_core.model.preprocessing
         return registration, self._registered(chosen, registration)
 
     @staticmethod
@@ -903,13 +903,13 @@ class GatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
     # -- persistence -----------------------------------------------------------------------------
 
     def save(self, path) -> None:
-        """Write the model as .npz (arrays + JSON; no pickle), atomically (:func:`gating_core.model_io.save_model`)."""
+        """Write the model as .npz (arrays + JSON; no pickle), atomically (:func:`gating_core.model.file.save_model`)."""
         save_model(self, path)
 
     @classmethod
     def load(cls, path) -> "GatingModel":
         """Read a model written by :meth:`save`; raises ModelFileError for anything else
-        (:func:`gating_core.model_io.load_model`: no pickle, every field and shape checked)."""
+        (:func:`gating_core.model.file.load_model`: no pickle, every field and shape checked)."""
         return load_model(cls, path)
 
     # -- the scikit-learn view: one sample is one patient --------------------------------------

@@ -2,18 +2,18 @@
 
 One ``.npz`` (``numpy.savez_compressed``) holds plain numeric arrays and one JSON document
 (``meta``, a unicode array) with channels, transform, populations, hyperparameters and versions.
-Reading never unpickles: :func:`gating_core.modelfile.read_archive` reads the archive with
+Reading never unpickles: :func:`gating_core.model.file_checks.read_archive` reads the archive with
 bounded memory and declared sizes checked, every field of the description is type-checked
-(:class:`~gating_core.modelfile.Fields`), hyperparameters must be ones the constructors accept,
+(:class:`~gating_core.model.file_checks.Fields`), hyperparameters must be ones the constructors accept,
 and every array's shape must agree with the description. A model sent by someone else cannot
-run code, and a damaged one is a :class:`~gating_core.modelfile.ModelFileError` naming the
+run code, and a damaged one is a :class:`~gating_core.model.file_checks.ModelFileError` naming the
 problem.
 
-This module sits below :mod:`gating_core.model`, whose ``GatingModel.save`` / ``GatingModel.load``
+This module sits below :mod:`gating_core.model.estimator`, whose ``GatingModel.save`` / ``GatingModel.load``
 call :func:`save_model` / :func:`load_model`, and so never imports it: :func:`load_model` is
 given the class to build, and reads the choices of its ``method`` and the names of the research
 options (``RESEARCH_OPTIONS``, parameters of
-:class:`~gating_core.research_model.ResearchGatingModel` only) from it.
+:class:`~gating_core.model.research.ResearchGatingModel` only) from it.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from gating_core.method.alignment import ALIGNMENTS, LEVELS, MAX_PEAKS, Landmark
 from gating_core.method.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS, MarginalTransferClassifier
 from gating_core.method.dica import DICA_MODES, MODEL_DICA_FEATURES, cell_projection_from_arrays
 from gating_core.method.features import KERNELS_X, LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding, ProductRFF
-from gating_core.modelfile import Fields, ModelFileError, archive_array, check_scalar, parse_json, read_archive
+from gating_core.model.file_checks import Fields, ModelFileError, archive_array, check_scalar, parse_json, read_archive
 from gating_core.method.priors import PRIOR_SHIFTS
 from gating_core.fcs.transforms import ChannelTransform
 
@@ -157,7 +157,7 @@ def load_model(cls, path, research_cls=None):
 
     ``research_cls``: the class to build instead when ``cls`` lacks a research option the file
     stores away from ``cls``'s value (ResearchGatingModel); None: such a file is a
-    ModelFileError naming what reads it. The file is read by :func:`gating_core.modelfile.read_archive` (bounded memory, no
+    ModelFileError naming what reads it. The file is read by :func:`gating_core.model.file_checks.read_archive` (bounded memory, no
     pickle, declared sizes checked before decompressing); the JSON description is checked
     field by field and the arrays' shapes against it (see :func:`model_from_parts`).
     """
@@ -185,7 +185,7 @@ def model_from_parts(cls, meta, arrays, path="model", research_cls=None):
     """Build a fitted model from a checked description and arrays (see :func:`load_model`;
     ``research_cls`` as there).
 
-    Every field is type-checked (:class:`~gating_core.modelfile.Fields`); hyperparameters
+    Every field is type-checked (:class:`~gating_core.model.file_checks.Fields`); hyperparameters
     must be ones the constructors accept; array shapes must agree with each other and with
     the description. A violation is a ModelFileError.
     """
@@ -528,7 +528,7 @@ def _model_params(path, fields: Fields, cls, research_cls=None) -> tuple:
     if research_cls is None:
         described = ", ".join(f"{name}={value!r}" for name, value in asked.items())
         raise ModelFileError(path, f"a ResearchGatingModel's file ({described}): read it with "
-                                   "gating_core.research_model.load_gating_model or ResearchGatingModel.load")
+                                   "gating_core.model.research.load_gating_model or ResearchGatingModel.load")
     return research_cls, {**params, **stored}
 
 

@@ -1,6 +1,6 @@
 """Gating a patient whose events arrive in chunks (GatingModel's streamed half).
 
-:class:`StreamedGating` is mixed into :class:`~gating_core.model.GatingModel`: two passes over
+:class:`StreamedGating` is mixed into :class:`~gating_core.model.estimator.GatingModel`: two passes over
 the chunks -- the content-chosen cells of the embedding first, then scoring -- give exactly what
 :meth:`GatingModel.gate` gives on the whole sample, with memory bounded by a few chunks.
 """
@@ -12,7 +12,7 @@ import numpy as np
 from gating_core.method.classifier import SCORE_BLOCK
 from gating_core.cpus import parallel_rows, with_blas_threads
 from gating_core.method.features import content_hashes
-from gating_core.gate_result import StreamedGate
+from gating_core.model.result import StreamedGate
 from gating_core.method.self_training import PatientAdjustment
 
 
