@@ -9,7 +9,7 @@ which makes it the plain pooled-logistic baseline. Per held-out fold, from the s
 - ``previous``: the marginal model + a companion refitted at the marginal model's sigma_X (the
   earlier default);
 - ``marginal-alone``: the marginal model without a companion;
-- ``pooled-logistic``: the baseline of ``gating_core.evaluation`` (``METHOD_SETTINGS``).
+- ``pooled-logistic``: the baseline of ``gating_core.evaluation.protocols`` (``METHOD_SETTINGS``).
 
 Protocols: the shared multicenter data (when present) leaving one replicate pair out, training on
 batch A and gating batch B, and leaving one patient out; simulated cohorts

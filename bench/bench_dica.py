@@ -26,7 +26,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core.baselines import DICAPooling  # noqa: E402
+from gating_core.evaluation.baselines import DICAPooling  # noqa: E402
 from gating_core.method.dica import DICA, distributional_variance, toy_domains  # noqa: E402
 
 MULTICENTER = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multicenter"

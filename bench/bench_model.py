@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core.baselines import LDABaseline  # noqa: E402
+from gating_core.evaluation.baselines import LDABaseline  # noqa: E402
 from gating_core.fcs import read_fcs, write_fcs  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
 from gating_core.synthetic import simulate_patient  # noqa: E402

@@ -326,7 +326,7 @@ def test_train_lopo_autogate_correct_accept_export(trained, sample_data_dir):
 
 
 def test_leave_one_patient_out_table_marks_the_worst_patient(trained):
-    pytest.importorskip("gating_core.evaluation")
+    pytest.importorskip("gating_core.evaluation.protocols")
     at = trained
     store = store_of(at)
     at.button(key="lopo_button").click()

@@ -70,7 +70,7 @@ def test_the_command_line_asks_for_it(tmp_path):
 
 
 def test_the_check_by_subtraction_is_not_asked_to_select_it():
-    """gating_core.held_out does not search sigma': evaluate refuses that pairing by name
+    """gating_core.evaluation.held_out does not search sigma': evaluate refuses that pairing by name
     (and leaves one patient out by full refits when --refit is not given)."""
     result = run_cli("evaluate", "--select-embedding-bandwidth", "--refit", "subtract", *sample_paths(range(1, 4)))
     assert result.returncode == 2

@@ -1,4 +1,4 @@
-"""The held-out check by subtraction (gating_core.held_out): each fold fitted from the statistics
+"""The held-out check by subtraction (gating_core.evaluation.held_out): each fold fitted from the statistics
 of all patients minus the held-out ones, selection included, without refitting from files."""
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.training_problem import TrainingProblem
 from gating_core.evaluation import leave_one_group_out, leave_one_patient_out, summarize
-from gating_core.held_out import _SharedProblems, fold_models
+from gating_core.evaluation.held_out import _SharedProblems, fold_models
 from gating_core.method.selection import HyperparameterSearch, select_hyperparameters
 from gating_core.synthetic import simulate_centers
 
@@ -215,7 +215,7 @@ def test_a_fold_searches_on_the_seeded_subset_that_training_on_its_patients_woul
 
 
 def test_logistic_folds_started_from_everyone_stop_at_the_fold_tolerance_and_predict_alike(cohort, monkeypatch):
-    import gating_core.held_out as held_out
+    import gating_core.evaluation.held_out as held_out
     from gating_core.method import solvers
 
     samples, labels, groups = cohort

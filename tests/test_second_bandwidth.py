@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from modelfile_helpers import rewrite_model_file
 
-from gating_core.held_out import fold_models
+from gating_core.evaluation.held_out import fold_models
 from gating_core.model import DEFAULT_BANDWIDTH_X_HEDGE
 from gating_core.model.research import ResearchGatingModel, load_gating_model
 from gating_core.model.file_checks import ModelFileError

@@ -11,7 +11,7 @@ from gating_core.commands import DEFAULT_KEYWORDS_HELP, add_keyword_options, pri
 from gating_core.errors import print_error
 
 # Kept here rather than imported so that the command line starts without numpy and scikit-learn;
-# tests/test_transfer.py checks them against gating_core.evaluation.ALL_METHODS and
+# tests/test_transfer.py checks them against gating_core.evaluation.protocols.ALL_METHODS and
 # gating_core.model.estimator.DEFAULT_POOLED_WEIGHT; tests/test_class_balance.py DEFAULT_CLASS_BALANCE.
 EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda", "marginal-alone", "marginal-auto",
                       "marginal-em", "marginal-quantile", "dica-pooling")
@@ -571,7 +571,7 @@ def run_gate(args) -> int:
 
 def _evaluation_groups(args, samples, labels):
     """(groups, how they were found) for ``evaluate``."""
-    from gating_core.evaluation import infer_patient_groups
+    from gating_core.evaluation.protocols import infer_patient_groups
     from gating_core.method.groups import groups_from_csv, groups_from_keyword
 
     if args.groups:
@@ -584,7 +584,7 @@ def _evaluation_groups(args, samples, labels):
 def run_evaluate(args) -> int:
     import pandas as pd
 
-    from gating_core.evaluation import (leave_one_group_out, leave_one_patient_out, novelty_curve, patient_folds,
+    from gating_core.evaluation.protocols import (leave_one_group_out, leave_one_patient_out, novelty_curve, patient_folds,
                                         repeat_over_seeds, summarize, summarize_seeds, train_on_one_group)
     from gating_core.method.groups import GroupsError
     from gating_core.model.result import ChannelMismatchError
@@ -599,7 +599,7 @@ def run_evaluate(args) -> int:
         return _usage("leave-one-patient-out needs at least three labeled patients")
     params = _model_params(args)
     params.pop("compensate", None)
-    # The held-out check by subtraction (gating_core.held_out) does not search sigma' yet: with
+    # The held-out check by subtraction (gating_core.evaluation.held_out) does not search sigma' yet: with
     # --select-embedding-bandwidth every fold is a full refit, which does.
     patient_refit = args.refit or "subtract"
     if args.select_embedding_bandwidth:

@@ -266,7 +266,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         """Fit from a :class:`TrainingProblem` already built: what :meth:`fit` does once the
         features are computed.
 
-        The held-out check (:mod:`gating_core.held_out`) builds one problem for all patients
+        The held-out check (:mod:`gating_core.evaluation.held_out`) builds one problem for all patients
         and fits each fold on :meth:`TrainingProblem.subset` of it, without touching cells again.
 
         Parameters

@@ -288,7 +288,7 @@ def toy_domains(n_domains=10, n_dims=5, mean_cells=200, shift_sd=0.0, seed=0):
 #: What ``GatingModel(dica=...)`` accepts (besides None: no projection).
 DICA_MODES = ("supervised", "unsupervised")
 #: L, random frequencies of the projection inside a GatingModel (D = 2L features per cell), as
-#: :class:`gating_core.baselines.DICAPooling`: every gated event costs O(d L + L m).
+#: :class:`gating_core.evaluation.baselines.DICAPooling`: every gated event costs O(d L + L m).
 MODEL_DICA_FEATURES = 300
 
 

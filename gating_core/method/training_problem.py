@@ -2,7 +2,7 @@
 
 :class:`TrainingProblem` is what :class:`~gating_core.method.classifier.MarginalTransferClassifier`
 solves once, model selection (:mod:`gating_core.method.selection`) solves for many bandwidths and
-penalties, and the held-out check (:mod:`gating_core.held_out`) solves for many subsets of
+penalties, and the held-out check (:mod:`gating_core.evaluation.held_out`) solves for many subsets of
 patients. Beside it: the content-chosen cells of an embedding, the feature maps (random Fourier
 features or Nystroem / exact landmarks), and the simulated instrument shifts of augmentation.
 """

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from gating_core.baselines import DICAPooling, PooledBaseline
+from gating_core.evaluation.baselines import DICAPooling, PooledBaseline
 from gating_core.model.digest import digest_patient, infer_cell_groups
 from gating_core.model.estimator import GatingModel
 from gating_core.model.research import build_model
@@ -152,7 +152,7 @@ def leave_one_patient_out(samples, labels, methods=METHODS, model_params=None, p
         Groups of the patients, passed to model selection inside each training set.
     refit : {"subtract", "full"}, default="subtract"
         How each fold's kernel model is fitted. "subtract": from the statistics of all
-        patients, computed once, minus the held-out one (:func:`gating_core.held_out.fold_models`;
+        patients, computed once, minus the held-out one (:func:`gating_core.evaluation.held_out.fold_models`;
         selection included, per fold; about the cost of one training). The held-out patient's
         labels never reach its fold, but its unlabeled cells take a 1/N share in the channels'
         transform and standardisation. "full": a new GatingModel per fold from its training
@@ -288,7 +288,7 @@ def _fold_models(method, samples, labels, held_out_sets, model_params, groups, r
     # DICA is fitted on labeled cells: from all patients it would see the held-out one's labels.
     by_subtraction = by_subtraction and settings.get("dica") is None
     if by_subtraction:
-        from gating_core.held_out import fold_models
+        from gating_core.evaluation.held_out import fold_models
 
         yield from fold_models(samples, labels, held_out_sets, settings, groups, progress=progress)
         return
