@@ -7,7 +7,7 @@ Prints, with ratios against baselines measured in the same run:
    fresh process, all pools at their defaults (sized by ``gating_core.cpus``):
    - ``gate``: ``GatingModel.gate_chunks`` without output (two chunked reads of the file,
      compensation, the content hash, scoring) -- the gating step;
-   - ``csv`` / ``parquet``: ``gating_core.gating.gate_file`` end to end to the gated file;
+   - ``csv`` / ``parquet``: ``gating_core.batch.files.gate_file`` end to end to the gated file;
    - ``in-memory``: today's path (read the whole file, ``GatingModel.gate``, write the CSV),
      for the memory baseline and to check the streamed CSV is byte-identical (SHA-256);
    peak memory = VmHWM minus the resident size after imports and model load.
@@ -152,14 +152,14 @@ def _child(step: str, model_path: str, fcs_path: str, out_dir: str) -> None:
         result = model.gate_chunks(stream.sample, stream.chunks)
         n = result.n_events
     elif step in ("csv", "parquet"):
-        from gating_core.gating import gate_file
+        from gating_core.batch.files import gate_file
 
         record = gate_file(model, fcs_path, out_dir, format=step)[0]
         assert "error" not in record, record
         n = record["events"]
         extra["output"] = record["output"]
     elif step == "in-memory":
-        from gating_core.gating import _gate_file_whole
+        from gating_core.batch.files import _gate_file_whole
 
         record = _gate_file_whole(model, fcs_path, out_dir, format="csv")[0]
         assert "error" not in record, record
@@ -259,7 +259,7 @@ BUSY = "import time\nend = time.time() + {seconds}\nx = 0\nwhile time.time() < e
 
 def _busy_child(model_path: str, fcs_path: str, out_dir: str) -> None:
     from gating_core.fcs import Channel, Sample
-    from gating_core.gating import gate_file
+    from gating_core.batch.files import gate_file
     from gating_core.model import GatingModel
     from gating_core.model.research import load_gating_model
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gating_core.distributed import ClusterError
+from gating_core.batch.distributed import ClusterError
 from gating_core.errors import GatingCoreError
 from gating_core.fcs import FCSError
 from gating_core.gates import GateError, GateImportError
@@ -113,7 +113,7 @@ OLD_HOMES = {"gating_core.fcs": ["FCSError"], "gating_core.fcs.sample": ["FCSErr
              "gating_core.model.result": ["ChannelMismatchError"], "gating_core.model.file_checks": ["ModelFileError"],
              "gating_core.library": ["LibraryError", "ConflictError"],
              "gating_core.library.common": ["LibraryError", "ConflictError"],
-             "gating_core.library.catalog": ["CatalogVersionError"], "gating_core.distributed": ["ClusterError"],
+             "gating_core.library.catalog": ["CatalogVersionError"], "gating_core.batch.distributed": ["ClusterError"],
              "gating_core": ["FCSError", "LabelError", "GateError", "ChannelMismatchError", "GatingCoreError"]}
 
 

@@ -159,7 +159,7 @@ def test_an_iw_file_is_not_a_gating_model_and_damage_is_named(small_model, tmp_p
 def test_streamed_csv_and_whole_file_outputs_agree(small_model, sample_data_dir, tmp_path):
     """gate_file streams CSV in chunks and reads the patient whole for FCS output: the same
     refit, the same labels, and the refit's cost in both records."""
-    from gating_core.gating import gate_file
+    from gating_core.batch.files import gate_file
 
     path = sample_data_dir / "new" / "new_patient_01.fcs"
     (csv_record,) = gate_file(small_model, path, tmp_path, chunk_size=5000, format="csv")

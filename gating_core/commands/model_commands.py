@@ -372,7 +372,7 @@ def run_train(args) -> int:
         model = build_model(params)
         digest_params = model.get_params()
     if args.workers or args.scheduler:
-        from gating_core.distributed import ClusterError, digest_files_distributed
+        from gating_core.batch.distributed import ClusterError, digest_files_distributed
 
         try:
             digests, errors = digest_files_distributed(args.inputs, digest_params, workers=args.workers,
@@ -381,7 +381,7 @@ def run_train(args) -> int:
             return _fail(str(exc))
     else:
         from gating_core.fcs import FCSError
-        from gating_core.gating import digest_file
+        from gating_core.batch.files import digest_file
         from gating_core.io.labels import LabelError
 
         digests, errors = [], []
@@ -492,7 +492,7 @@ def _method_label(method: str, loss: str, task_similarity: float) -> str:
 
 
 def run_gate(args) -> int:
-    from gating_core.gating import output_name_clashes
+    from gating_core.batch.files import output_name_clashes
     from gating_core.library.privacy import dropped_note
     from gating_core.model.iw_model import IW_METHOD as iw_method, load_any_model
     from gating_core.model.file_checks import ModelFileError
@@ -527,7 +527,7 @@ def run_gate(args) -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.workers or args.scheduler:
-        from gating_core.distributed import ClusterError, gate_files_distributed
+        from gating_core.batch.distributed import ClusterError, gate_files_distributed
 
         try:
             records = gate_files_distributed(args.model, args.fcs, out_dir, workers=args.workers,
@@ -537,7 +537,7 @@ def run_gate(args) -> int:
         except ClusterError as exc:
             return _fail(str(exc))
     else:
-        from gating_core.gating import gate_file
+        from gating_core.batch.files import gate_file
 
         records = []
         iterator = args.fcs

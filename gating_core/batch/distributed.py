@@ -1,7 +1,7 @@
 """Gating many FCS files in parallel on a Dask distributed cluster.
 
 One task per FCS file. Each task runs the same code as the serial path
-(:func:`gating_core.gating.gate_file`), so outputs are byte-identical to a one-process run on
+(:func:`gating_core.batch.files.gate_file`), so outputs are byte-identical to a one-process run on
 the same kind of CPU. A worker whose CPU gets another BLAS kernel (OpenBLAS picks one per CPU
 model) may round the float32 scores differently: confidences then differ in their last float32
 bits (4.8e-7 at most between the Haswell and SkylakeX kernels on the sample data), and a
@@ -87,7 +87,7 @@ def _load_model_cached(model_bytes: bytes, digest: str):
 def _gate_task(model_bytes: bytes, digest: str, fcs_path: str, out_dir: str, chunk_size: int,
                format: str = "csv", include_identifying: bool = False, keep_keywords=()) -> list[dict]:
     """Worker side: gate one file with the serial code path, BLAS limited to one thread."""
-    from gating_core.gating import gate_file
+    from gating_core.batch.files import gate_file
 
     try:
         from threadpoolctl import threadpool_limits
@@ -144,7 +144,7 @@ def cluster_client(workers=None, scheduler=None, client=None, connect_timeout="3
 def _digest_task(path: str, index: int, params: dict):
     """On a worker: read one labeled INPUT and reduce it to a PatientDigest (or an error)."""
     from gating_core.fcs import FCSError
-    from gating_core.gating import digest_file
+    from gating_core.batch.files import digest_file
     from gating_core.io.labels import LabelError
     from gating_core.model.research import build_model
 
@@ -204,15 +204,15 @@ def gate_files_distributed(model_path, fcs_paths, out_dir, workers=None, schedul
     connect_timeout : str or float
         How long to keep trying to reach ``scheduler``.
     format : str
-        Output format, as :func:`gating_core.gating.gate_file` takes it (default gated CSV).
+        Output format, as :func:`gating_core.batch.files.gate_file` takes it (default gated CSV).
     include_identifying, keep_keywords
-        The keyword policy of FCS and h5ad outputs, as :func:`gating_core.gating.gate_file`
+        The keyword policy of FCS and h5ad outputs, as :func:`gating_core.batch.files.gate_file`
         takes it.
 
     Returns
     -------
     list of dict, one record per data set, files in the given order: the records
-    :func:`gating_core.gating.gate_file` returns (``file`` and ``output`` as the caller wrote
+    :func:`gating_core.batch.files.gate_file` returns (``file`` and ``output`` as the caller wrote
     them). A file that fails, even by crashing its worker, gets a record with ``error``; the
     other files are gated regardless.
 
