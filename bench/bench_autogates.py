@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 
 from gating_core import GatingModel, load_labeled_input, read_fcs
-from gating_core.gates.autogates import (MULTICENTER_HIERARCHY, SAMPLE_DATA_HIERARCHY, UNASSIGNED, agreement,
-                                   fit_gate_tree, gate_populations, tree_from_labels)
 from gating_core.gates import panel_scale
+from gating_core.gates.autogates import (MULTICENTER_HIERARCHY, SAMPLE_DATA_HIERARCHY, UNASSIGNED, agreement,
+                                         fit_gate_tree, gate_populations, tree_from_labels)
 
 REPO = Path(__file__).resolve().parent.parent
 MULTICENTER = REPO.parent / "shared" / "data" / "multicenter"

@@ -70,7 +70,7 @@ DEFAULT_ALTERNATIVES = ("logistic", "logistic-plain", "wide")
 #: part for the same penalty). ``companion-rff``: the refit without the linear columns (a check
 #: that the refit reproduces the companion). ``lda``: scikit-learn's LDA on the fold model's
 #: training cells (the same seeded class_balance=0 draws and standardisation as the ``lda``
-#: baseline of evaluation.py), its posteriors.
+#: baseline of evaluation/protocols.py), its posteriors.
 #: ``marginal-plus-linear``: the default's marginal model (same product features, augmented
 #: copies, weights, penalty, calibration) with x / sqrt(d) appended to its features: the kernel
 #: k_P k_X + <x, x'> / d (a pooled linear part beside the patient-dependent Gaussian one).

@@ -32,8 +32,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core.method.classifier import MarginalTransferClassifier  # noqa: E402
 from gating_core.evaluation import METHOD_SETTINGS  # noqa: E402
+from gating_core.method.classifier import MarginalTransferClassifier  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
 from gating_core.model.research import build_model  # noqa: E402
 from gating_core.synthetic import simulate_centers  # noqa: E402

@@ -235,8 +235,8 @@ def page_reruns(n_events: int = 1_000_000, seed: int = 7, repeats: int = 3) -> l
     from streamlit.runtime.scriptrunner.script_cache import ScriptCache
     from streamlit.testing.v1 import AppTest, local_script_runner
 
-    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
     from gating_core.gates import panel_scale
+    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
     from gating_core.library import PatientLibrary
     from gating_core.synthetic.patients import simulate_patient
     from gating_core.synthetic.sample_data import write_labels_csv, write_sample

@@ -21,8 +21,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core.method.groups import groups_from_csv  # noqa: E402
 from gating_core.io.inputs import load_labeled_input  # noqa: E402
+from gating_core.method.groups import groups_from_csv  # noqa: E402
 from gating_core.model.iw_model import IWNystroemGatingModel  # noqa: E402
 
 MULTICENTER = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multicenter"

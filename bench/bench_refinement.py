@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gating_core.fcs import read_fcs  # noqa: E402
 from gating_core.io.inputs import load_labeled_input  # noqa: E402
 from gating_core.io.labels import read_labels_csv  # noqa: E402
-from gating_core.model import GatingModel  # noqa: E402
 from gating_core.method.refinement import DEFAULT_ALPHA, _PatientFrame, refine_gating  # noqa: E402
+from gating_core.model import GatingModel  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data"
 

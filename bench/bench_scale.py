@@ -68,8 +68,8 @@ def _gate_child(model_path: str, fcs_path: str, out_dir: str, chunk_size: int) -
     """Subprocess body: gate one file, print timings and memory as JSON."""
     import numpy as np  # noqa: F401
 
-    from gating_core.io.export import write_gated_csv
     from gating_core.fcs import read_fcs
+    from gating_core.io.export import write_gated_csv
     from gating_core.model import GatingModel
 
     model = GatingModel.load(model_path)

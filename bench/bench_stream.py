@@ -258,8 +258,8 @@ BUSY = "import time\nend = time.time() + {seconds}\nx = 0\nwhile time.time() < e
 
 
 def _busy_child(model_path: str, fcs_path: str, out_dir: str) -> None:
-    from gating_core.fcs import Channel, Sample
     from gating_core.batch.files import gate_file
+    from gating_core.fcs import Channel, Sample
     from gating_core.model import GatingModel
     from gating_core.model.research import load_gating_model
 

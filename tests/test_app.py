@@ -811,8 +811,8 @@ def _gate_table(at: AppTest) -> pd.DataFrame:  # the Auto-gate page's table of g
 
 
 def test_autogate_comes_back_as_editable_gates_in_the_training_hierarchy(trained, sample_data_dir):
-    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, counted_cells, relabel_after_edit, tree_from_labels
     from gating_core.gates import panel_scale
+    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, counted_cells, relabel_after_edit, tree_from_labels
     from gating_core.library import PatientLibrary
 
     at = trained
@@ -901,8 +901,8 @@ def test_autogate_comes_back_as_editable_gates_in_the_training_hierarchy(trained
 
 
 def test_autogate_keeps_range_and_boolean_gates_of_the_template_and_adjusts_only_shapes(trained):
-    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
     from gating_core.gates import boolean_gate, range_gate
+    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
 
     at = trained
     store = store_of(at)

@@ -58,8 +58,8 @@ def _train_on_the_page(at, method=None, dica=None, dica_components=None, hand=No
 
 
 def test_supervised_dica_picked_on_the_train_page(library, sample_data_dir):
-    from gating_core.method.dica import DICA
     from gating_core.library import PatientLibrary
+    from gating_core.method.dica import DICA
     from gating_core.model import GatingModel
 
     at = _train_on_the_page(start(), dica="supervised", dica_components=10,
@@ -89,8 +89,8 @@ def iw_trained(library):
 
 
 def test_iw_model_trained_on_the_page_is_stored_checked_and_gates(iw_trained, library, sample_data_dir):
-    from gating_core.model.iw_model import IWNystroemGatingModel, load_any_model
     from gating_core.library import PatientLibrary
+    from gating_core.model.iw_model import IWNystroemGatingModel, load_any_model
 
     at = iw_trained
     store = store_of(at)

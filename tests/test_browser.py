@@ -46,8 +46,8 @@ def library_with_patients(tmp_path, sample_data_dir):
 
     path = tmp_path / "library"
     library = PatientLibrary(path)
-    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
     from gating_core.gates import panel_scale
+    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
 
     loaded = {stem: load_labeled_input(sample_data_dir / f"{stem}.fcs") for stem in ("patient_01", "patient_02",
                                                                                       "patient_04")}
@@ -379,8 +379,8 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     stored = library.load_gate_result("new_patient_01")
     assert stored.details["autogates"]["edited"] is True
     # only the cells whose gate membership changed follow the gates; the others keep their population
-    from gating_core.gates.autogates import relabel_after_edit
     from gating_core.gates import GateTree
+    from gating_core.gates.autogates import relabel_after_edit
 
     expected, changed = relabel_after_edit(
         GateTree.from_dict(reviewed.details["autogates"]["tree"]), GateTree.from_dict(stored.details["autogates"]["tree"]),

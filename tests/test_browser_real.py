@@ -183,8 +183,8 @@ def test_review_loop_on_real_samples_counts_agree_everywhere(app_url, browser, a
     wait_idle(page)
     page.screenshot(path=str(artifacts_dir / "real_6_autogate.png"), full_page=True)
 
-    from gating_core.gates.autogates import relabel_after_edit
     from gating_core.gates import GateTree
+    from gating_core.gates.autogates import relabel_after_edit
     from gating_core.library import PatientLibrary
 
     library = PatientLibrary(tmp_path / "library")

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from gating_core.fcs import read_fcs
+from gating_core.method.selection import DEFAULT_EMBEDDING_FACTORS
 from gating_core.model import GatingModel
 from gating_core.model.research import ResearchGatingModel
-from gating_core.method.selection import DEFAULT_EMBEDDING_FACTORS
 from helpers import run_cli, sample_cohort, sample_paths
 # With one shift-augmented copy of each patient (a ResearchGatingModel option).
 QUICK = dict(n_features=64, cells_per_patient=500, selection_cells_per_patient=300, cv_folds=3, cv_repeats=1,

@@ -16,8 +16,8 @@ from gating_core.fcs import FCSError
 from gating_core.gates import GateError, GateImportError
 from gating_core.io.labels import LabelError
 from gating_core.library import LibraryError, PatientLibrary
-from gating_core.model.result import ChannelMismatchError
 from gating_core.model.file_checks import ModelFileError
+from gating_core.model.result import ChannelMismatchError
 from helpers import quick_model_file, run_cli
 
 UNDECODABLE = os.fsdecode(b"x\xff")  # a file name that is not UTF-8 (surrogateescape on Linux)

@@ -7,9 +7,9 @@ import flowkit as fk
 import numpy as np
 import pytest
 
-from gating_core.io.export import (read_fcs_with_populations, read_gated_csv, write_fcs_with_populations,
-                                write_gated_csv)
 from gating_core.fcs import FCSError, Sample, Channel, read_fcs
+from gating_core.io.export import (read_fcs_with_populations, read_gated_csv, write_fcs_with_populations,
+                                   write_gated_csv)
 from gating_core.io.inputs import load_labeled_input
 from gating_core.io.labels import LabelError, read_labels_csv
 

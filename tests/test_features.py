@@ -6,7 +6,7 @@ import pytest
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.features import content_hashes, content_subsample
 from gating_core.method.features import (ExactKernel, MeanEmbedding, ProductRFF, exact_embedding_inner,
-                                  median_pairwise_distance)
+                                         median_pairwise_distance)
 from gating_core.synthetic import ellipse_task
 
 

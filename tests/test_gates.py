@@ -8,12 +8,12 @@ import flowkit
 import numpy as np
 import pytest
 
-from gating_core.reports import plotting
 from gating_core.fcs import Channel, Sample, write_fcs
 from gating_core.gates import (
     OTHER, AxisScale, GateError, GateImportError, GateTree, apply_gatingml, apply_workspace,
     polygon_gate, rectangle_gate, safe_stem, suggest_scale,
 )
+from gating_core.reports import plotting
 from ui.app_state import channel_presence, common_channels, rename_channels, shape_from_selection
 from ui.ingest import classify, ingest_files
 

@@ -4,11 +4,11 @@ of all patients minus the held-out ones, selection included, without refitting f
 import numpy as np
 import pytest
 
-from gating_core.method.classifier import MarginalTransferClassifier
-from gating_core.method.training_problem import TrainingProblem
 from gating_core.evaluation import leave_one_group_out, leave_one_patient_out, summarize
 from gating_core.evaluation.held_out import _SharedProblems, fold_models
+from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.selection import HyperparameterSearch, select_hyperparameters
+from gating_core.method.training_problem import TrainingProblem
 from gating_core.synthetic import simulate_centers
 
 
@@ -22,8 +22,8 @@ def cohort():
 
 def _standardised(samples, labels, n_cells=800):
     """Per-patient standardised cells (fewer than cells_per_patient: every cell is drawn)."""
-    from gating_core.model.digest import digest_patient
     from gating_core.model import GatingModel
+    from gating_core.model.digest import digest_patient
 
     model = GatingModel(cells_per_patient=n_cells)
     digests = [digest_patient(s, y, n_cells, 5000, seed=model.digest_seed(i)) for i, (s, y) in

@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gating_core.method.alignment import (MAX_PEAKS, LandmarkReference, LandmarkRegistration, SkipRule,
-                                   channel_peaks)
+from gating_core.method.alignment import (MAX_PEAKS, LandmarkReference, LandmarkRegistration, SkipRule, channel_peaks)
 from helpers import sample_cohort
 
 
@@ -198,8 +197,8 @@ def test_landmark_registration_is_deterministic(small_centers, landmark_model):
 def test_the_command_line_offers_the_alignments():
     import argparse
 
-    from gating_core.method import alignment
     from gating_core.commands import model_commands
+    from gating_core.method import alignment
 
     assert model_commands.ALIGNMENTS == alignment.ALIGNMENTS
     assert "marginal-landmarks" in model_commands.EVALUATION_METHODS

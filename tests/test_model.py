@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.fcs import Channel, Sample
-from gating_core.model.result import ChannelMismatchError
+from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.model import GatingModel
 from gating_core.model.file_checks import ModelFileError
+from gating_core.model.result import ChannelMismatchError
 from gating_core.synthetic import simulate_patient
 from helpers import sample_cohort
 

@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, counted_cells, tree_from_labels
 from gating_core.fcs import Sample, read_fcs
 from gating_core.gates import GateTree, boolean_gate, panel_scale, quadrant_gates, range_gate, rectangle_gate
+from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, counted_cells, tree_from_labels
 from gating_core.reports.report import (ALL_EVENTS, BATCH_COLUMNS, batch_table, patient_report_html, population_rows,
-                                svg_histogram, svg_scatter)
+                                        svg_histogram, svg_scatter)
 
 SAMPLE_DATA = Path(__file__).resolve().parent.parent / "sample_data"
 

@@ -11,8 +11,8 @@ from modelfile_helpers import rewrite_model_file
 
 from gating_core.evaluation.held_out import fold_models
 from gating_core.model import DEFAULT_BANDWIDTH_X_HEDGE
-from gating_core.model.research import ResearchGatingModel, load_gating_model
 from gating_core.model.file_checks import ModelFileError
+from gating_core.model.research import ResearchGatingModel, load_gating_model
 from gating_core.synthetic import simulate_centers
 
 # Without the self-training step at gating time: these tests follow the blend of the fits themselves.

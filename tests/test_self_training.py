@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from modelfile_helpers import rewrite_model_file
 
-from gating_core.method.features import content_hashes, content_subsample
 from gating_core.io.inputs import load_labeled_input
-from gating_core.model import GatingModel
+from gating_core.method.features import content_hashes, content_subsample
 from gating_core.method.refinement import refinement_coef
-from gating_core.model.research import ResearchGatingModel, load_gating_model
 from gating_core.method.self_training import (SELF_TRAINING_ALPHA, SELF_TRAINING_CELLS, SELF_TRAINING_QUANTILE,
-                                       pseudo_labels, self_training_coef)
+                                              pseudo_labels, self_training_coef)
+from gating_core.model import GatingModel
+from gating_core.model.research import ResearchGatingModel, load_gating_model
 from gating_core.synthetic import simulate_centers
 from helpers import run_cli, sample_paths
 

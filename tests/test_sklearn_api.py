@@ -12,10 +12,10 @@ from sklearn.exceptions import NotFittedError
 from sklearn.model_selection import GroupKFold, LeaveOneGroupOut, cross_val_score
 from sklearn.utils.validation import check_is_fitted
 
-from gating_core.method.classifier import EXPECTED_FAILED_CHECKS, MarginalTransferClassifier, expected_failed_checks
-from gating_core.model import GatingModel
-from gating_core.method.selection import select_hyperparameters
 from gating_core.fcs.transforms import ChannelTransform
+from gating_core.method.classifier import EXPECTED_FAILED_CHECKS, MarginalTransferClassifier, expected_failed_checks
+from gating_core.method.selection import select_hyperparameters
+from gating_core.model import GatingModel
 from helpers import sample_cohort
 
 SKLEARN_AT_LEAST_1_6 = tuple(int(p) for p in sklearn.__version__.split(".")[:2]) >= (1, 6)

@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gating_core.method.classifier import LOSSES
 from gating_core.commands import model_commands
 from gating_core.fcs import read_fcs
+from gating_core.method.classifier import LOSSES
 from gating_core.model import METHODS, GatingModel
 from helpers import run_cli, sample_cohort, sample_paths
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from gating_core.reports import plotting
 from gating_core.gates import AxisScale
+from gating_core.reports import plotting
 
 MAX_DOTS = 20_000
 

@@ -6,8 +6,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from gating_core.reports import plotting
 from gating_core.gates import AxisScale, Band, Region, Split
+from gating_core.reports import plotting
 
 DENSITY_COLORS = "Turbo"  # the familiar blue-to-red pseudocolor of flow software
 

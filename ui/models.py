@@ -21,8 +21,8 @@ def load_model_bytes(data: bytes, work_dir, name: str | None = None):
     :func:`gating_core.model.iw_model.load_any_model`: checked, no pickle) from uploaded bytes,
     written under a generated name first. A problem is a ModelFileError naming ``name`` (the
     uploaded file's name, shown only; never a path) rather than the generated one."""
-    from gating_core.model.iw_model import load_any_model
     from gating_core.model.file_checks import ModelFileError
+    from gating_core.model.iw_model import load_any_model
 
     path = Path(work_dir) / f"upload-{uuid.uuid4().hex}.npz"
     path.write_bytes(data)

@@ -143,8 +143,8 @@ def cluster_client(workers=None, scheduler=None, client=None, connect_timeout="3
 
 def _digest_task(path: str, index: int, params: dict):
     """On a worker: read one labeled INPUT and reduce it to a PatientDigest (or an error)."""
-    from gating_core.fcs import FCSError
     from gating_core.batch.files import digest_file
+    from gating_core.fcs import FCSError
     from gating_core.io.labels import LabelError
     from gating_core.model.research import build_model
 

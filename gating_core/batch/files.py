@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.io.export import EXPORT_SUFFIXES, GatedTableWriter, dropped_keyword_count, export_sample
 from gating_core.fcs import FCSError, read_fcs_all, stream_fcs_all
+from gating_core.io.export import EXPORT_SUFFIXES, GatedTableWriter, dropped_keyword_count, export_sample
 from gating_core.model.digest import PatientDigest
-from gating_core.model.result import ChannelMismatchError
 from gating_core.model.estimator import GatingModel
+from gating_core.model.result import ChannelMismatchError
 
 def output_stem(sample_name: str) -> str:
     """File-system-safe stem for a patient (:func:`gating_core.gates.names.safe_name`): Unicode

@@ -181,8 +181,8 @@ def _export(args) -> int:
 def _export_gates(args) -> int:
     from pathlib import Path
 
-    from gating_core.gates.export import export_flowjo_workspace, export_gatingml
     from gating_core.gates import GateError, GateTree
+    from gating_core.gates.export import export_flowjo_workspace, export_gatingml
 
     out = Path(args.out)
     if out.suffix.lower() not in (".xml", ".wsp"):

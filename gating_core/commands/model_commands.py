@@ -257,7 +257,7 @@ def _model_params(args) -> dict:
     if args.augment < 0 or args.augment > 64:
         raise SystemExit(_usage(f"--augment must be within 0..64, got {args.augment}"))
     # The research options are ResearchGatingModel's parameters: named only when asked for, so
-    # that a model without them is a GatingModel (research_model.model_class).
+    # that a model without them is a GatingModel (model.research.model_class).
     if args.augment:
         params["n_augment"] = args.augment
     if args.second_bandwidth:
@@ -343,9 +343,9 @@ def _model_out_problem(out: Path) -> str | None:
 
 
 def run_train(args) -> int:
+    from gating_core.model.research import build_model
     from gating_core.model.result import ChannelMismatchError
     from gating_core.progress import StageProgress
-    from gating_core.model.research import build_model
 
     problem = _model_out_problem(Path(args.out))
     if problem:  # before any input is read or any training starts
@@ -380,8 +380,8 @@ def run_train(args) -> int:
         except ClusterError as exc:
             return _fail(str(exc))
     else:
-        from gating_core.fcs import FCSError
         from gating_core.batch.files import digest_file
+        from gating_core.fcs import FCSError
         from gating_core.io.labels import LabelError
 
         digests, errors = [], []
@@ -494,8 +494,8 @@ def _method_label(method: str, loss: str, task_similarity: float) -> str:
 def run_gate(args) -> int:
     from gating_core.batch.files import output_name_clashes
     from gating_core.library.privacy import dropped_note
-    from gating_core.model.iw_model import IW_METHOD as iw_method, load_any_model
     from gating_core.model.file_checks import ModelFileError
+    from gating_core.model.iw_model import IW_METHOD as iw_method, load_any_model
 
     # Two inputs whose patients map to one output name (the same stem from different folders,
     # names differing only in case or in characters a file name cannot hold, a data set of a
@@ -584,8 +584,9 @@ def _evaluation_groups(args, samples, labels):
 def run_evaluate(args) -> int:
     import pandas as pd
 
-    from gating_core.evaluation.protocols import (leave_one_group_out, leave_one_patient_out, novelty_curve, patient_folds,
-                                        repeat_over_seeds, summarize, summarize_seeds, train_on_one_group)
+    from gating_core.evaluation.protocols import (leave_one_group_out, leave_one_patient_out, novelty_curve,
+                                                  patient_folds, repeat_over_seeds, summarize, summarize_seeds,
+                                                  train_on_one_group)
     from gating_core.method.groups import GroupsError
     from gating_core.model.result import ChannelMismatchError
     from gating_core.progress import StageProgress

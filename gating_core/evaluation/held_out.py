@@ -36,14 +36,14 @@ import copy
 
 import numpy as np
 
-from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.cpus import run_side_by_side, score_threads, with_blas_threads
+from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.losses import loss_for
-from gating_core.model.estimator import METHODS
 from gating_core.method.priors import training_prior
-from gating_core.model.research import build_model
 from gating_core.method.selection import problem_view
 from gating_core.method.training_problem import TrainingProblem
+from gating_core.model.estimator import METHODS
+from gating_core.model.research import build_model
 
 #: Where a fold's logistic (or hinge) fit stops when it starts from the fit on all patients (the product's
 #: fits stop at solvers.LBFGS_GTOL = 1e-6). That start differs from the fold's optimum by the

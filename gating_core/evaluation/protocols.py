@@ -48,7 +48,7 @@ ALL_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5", "dica-margi
 ALL_METHODS += ("marginal-landmarks",)
 #: GatingModel settings of each kernel method (on top of the user's model parameters); a method
 #: whose settings name a research option (n_augment, augment_gain, augment_shift,
-#: bandwidth_x_hedge, self_training) is a ResearchGatingModel (research_model.build_model). The
+#: bandwidth_x_hedge, self_training) is a ResearchGatingModel (model.research.build_model). The
 #: method's family (hinge, linear kernel, agnostic weighting, selection for the worst group, DICA)
 #: is measured as the papers' systems: without the adapted populations.
 METHOD_SETTINGS = {

@@ -39,8 +39,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.io.flowkit_interop import flowkit_sample_via_fcs
 from gating_core.gates import GATE_KINDS, AxisScale, GateError, GateTree, xml_gate_id
+from gating_core.io.flowkit_interop import flowkit_sample_via_fcs
 
 __all__ = ["StrategyWriter", "gating_strategy", "export_gatingml", "export_flowjo_workspace"]
 

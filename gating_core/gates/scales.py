@@ -143,7 +143,7 @@ def panel_scale(pnn: str, samples) -> AxisScale:
     the parameters of every kind (``dataclasses.replace(scale, kind=...)`` switches kind).
     """
     from gating_core.fcs.transforms import (FLOW_COFACTOR, MASS_COFACTOR, channel_scale_reason, is_scatter,
-                                        is_time_like, looks_like_mass_cytometry)
+                                            is_time_like, looks_like_mass_cytometry)
 
     samples = list(samples)
     mass = channel_scale = False

@@ -27,10 +27,10 @@ from urllib.parse import unquote
 
 import numpy as np
 
-from gating_core.io.anndata_interop import write_gated_h5ad
 from gating_core.fcs import FCSError, Sample, read_fcs, write_fcs
+from gating_core.io.anndata_interop import write_gated_h5ad
 from gating_core.io.gated_table import (CONFIDENCE_COLUMN, GatedTableWriter, _check_lengths, read_gated_csv,
-                                     write_gated_csv, write_gated_parquet)
+                                        write_gated_csv, write_gated_parquet)
 from gating_core.io.labels import POPULATION_COLUMN
 from gating_core.library.privacy import DROPPED_KEYWORD, POLICY_KEYWORD, keep_names, policy_note, split_keywords
 

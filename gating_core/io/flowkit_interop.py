@@ -18,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.io.export import export_sample
 from gating_core.fcs import Channel, Sample, exact_in_float32
+from gating_core.io.export import export_sample
 
 __all__ = ["from_flowkit", "to_flowkit", "flowkit_sample_via_fcs"]
 

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.io.export import POPULATION_KEYWORD, populations_from_sample, read_gated_csv
 from gating_core.fcs import Sample, SampleList, read_fcs, read_fcs_all
+from gating_core.io.export import POPULATION_KEYWORD, populations_from_sample, read_gated_csv
 from gating_core.io.labels import LabelError, Provenance, labels_path_for, read_labels_csv
 
 __all__ = ["InputPatient", "read_input", "load_labeled_input"]

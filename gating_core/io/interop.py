@@ -22,8 +22,8 @@ costs nothing and never imports either.
 
 from __future__ import annotations
 
-from gating_core.io.anndata_interop import _is_anndata, from_anndata, to_anndata
 from gating_core.fcs import Sample
+from gating_core.io.anndata_interop import _is_anndata, from_anndata, to_anndata
 from gating_core.io.flowkit_interop import _is_flowkit_sample, from_flowkit, to_flowkit
 
 __all__ = ["from_flowkit", "to_flowkit", "to_anndata", "from_anndata", "as_sample"]

@@ -38,11 +38,11 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.model.digest import PatientDigest
 from gating_core.fcs import Channel
-from gating_core.library.common import LibraryError
 import gating_core.library.catalog as catalog
+from gating_core.library.common import LibraryError
 import gating_core.library.storage as storage
+from gating_core.model.digest import PatientDigest
 
 #: Bump when what :func:`~gating_core.model.digest.digest_patient` draws changes: old digests then miss.
 DIGEST_FORMAT = 1

@@ -36,8 +36,8 @@ from gating_core.method.features import KERNELS_X, LinearProductFeatures
 from gating_core.method.losses import LOSSES as LOSS_TYPES
 from gating_core.method.losses import Loss, TrainingRows, loss_for
 from gating_core.method.solvers import fit_temperature
-from gating_core.method.training_problem import (LandmarkFeatures, TrainingProblem, _seed, cell_features, check_training_set,
-                                          embed_cells)
+from gating_core.method.training_problem import (LandmarkFeatures, TrainingProblem, _seed, cell_features,
+                                                 check_training_set, embed_cells)
 
 SOLVERS = ("rff", "nystroem", "exact")
 LOSSES = tuple(LOSS_TYPES)  # the names, as the model file and the command line check them

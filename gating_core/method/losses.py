@@ -25,7 +25,7 @@ from typing import Sequence
 import numpy as np
 
 from gating_core.method.solvers import (LBFGS_GTOL, RidgeStatistics, fit_weighted_hinge, fit_weighted_logistic,
-                                 logistic_curvature, multitask_ridge_solve)
+                                        logistic_curvature, multitask_ridge_solve)
 
 #: L-BFGS iterations of a calibration fold's refit, which starts from the fit on all rows: the
 #: fold's optimum differs from it by the held-out patients only.

@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.cpus import one_blas_thread, run_side_by_side, score_threads
+from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.solvers import RidgeStatistics
 from gating_core.method.training_problem import TrainingProblem, check_training_set
 
@@ -463,8 +463,8 @@ def select_logistic_alpha(samples, labels, base: MarginalTransferClassifier, emb
     The ridge path's closed form does not carry over to the logistic loss, so each fold is an
     L-BFGS solve; the path runs from the strongest penalty to the weakest with warm starts.
     """
-    from gating_core.method.solvers import fit_weighted_logistic
     from gating_core.method.groups import group_folds
+    from gating_core.method.solvers import fit_weighted_logistic
 
     samples, labels = check_training_set(samples, labels)
     probe = MarginalTransferClassifier(**{**base.get_params(), "cells_per_patient": cells_per_patient,
@@ -543,8 +543,8 @@ def select_pooled_weight(samples, labels, main: MarginalTransferClassifier, comp
     groups : sequence (n_patients,) or None
         Center / batch / run of each patient; None: every patient its own group.
     """
-    from gating_core.method.solvers import fit_temperature, fit_weighted_logistic
     from gating_core.method.groups import group_folds
+    from gating_core.method.solvers import fit_temperature, fit_weighted_logistic
 
     samples, labels = check_training_set(samples, labels)
     if objective not in ("mean", "worst"):

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gating_core.method.features import MeanEmbedding, content_subsample
 from gating_core.fcs.transforms import is_time_like
+from gating_core.method.features import MeanEmbedding, content_subsample
 
 
 @dataclass

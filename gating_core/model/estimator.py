@@ -14,22 +14,22 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
+from gating_core.cpus import with_blas_threads
+from gating_core.fcs.transforms import ChannelTransform
 from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.alignment import ALIGNMENTS
 from gating_core.method.classifier import LOSSES, PATIENT_WEIGHTINGS, SCORE_BLOCK, SOLVERS, MarginalTransferClassifier
 from gating_core.method.dica import DICA_MODES, MODEL_DICA_FEATURES
-from gating_core.cpus import with_blas_threads
-from gating_core.model.digest import digest_patient, infer_cell_groups
 from gating_core.method.features import KERNELS_X, content_hashes, content_subsample
-from gating_core.model.result import GateResult, Novelty
 from gating_core.method.losses import loss_for
-from gating_core.model.preprocessing import ChannelPreprocessing
-from gating_core.model.file import load_model, save_model
-from gating_core.parameters import BOOLEAN, NONE, InstanceOf, Interval, Options, validate_parameters
 from gating_core.method.priors import PRIOR_SHIFTS, reestimate_prior, training_prior
 from gating_core.method.self_training import PatientAdjustment, self_training_coef
+from gating_core.model.digest import digest_patient, infer_cell_groups
+from gating_core.model.file import load_model, save_model
+from gating_core.model.preprocessing import ChannelPreprocessing
+from gating_core.model.result import GateResult, Novelty
 from gating_core.model.streaming import StreamedGating
-from gating_core.fcs.transforms import ChannelTransform
+from gating_core.parameters import BOOLEAN, NONE, InstanceOf, Interval, Options, validate_parameters
 
 METHODS = ("marginal", "pooling", "multitask")
 DEFAULT_LOSS = "squared"
