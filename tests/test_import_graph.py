@@ -128,7 +128,7 @@ def drawn_layers(text: str) -> dict[str, tuple[int, int | None]]:
 
 
 def token_of(module: str, placed: dict) -> str | None:
-    """The drawing's token for ``module``: its own (``digest``, ``library/privacy``), else its
+    """The drawing's token for ``module``: its own (``cli``, ``library/privacy``), else its
     nearest package's (``fcs/``); ``__init__`` is the library's own package file."""
     if module == "gating_core":
         return "__init__" if "__init__" in placed else None
