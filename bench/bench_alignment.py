@@ -58,9 +58,9 @@ from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gating_core.alignment import (LandmarkReference, LandmarkRegistration,  # noqa: E402
-                                   QuantileRegistration, SkipRule, channel_quantiles)
-from gating_core.inputs import load_labeled_input  # noqa: E402
+from gating_core.io.inputs import load_labeled_input  # noqa: E402
+from gating_core.method.alignment import (LandmarkReference, LandmarkRegistration, QuantileRegistration,  # noqa: E402
+                                          SkipRule, channel_quantiles)
 from gating_core.model import GatingModel  # noqa: E402
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"

@@ -1,7 +1,7 @@
 """How well auto-gates fitted as gates agree with the cell-level predictions they come from.
 
 For each data set: a template gate tree is drawn from one training patient's expert labels
-(``gating_core.autogates.tree_from_labels`` with the data set's hierarchy: the data carry labels,
+(``gating_core.gates.autogates.tree_from_labels`` with the data set's hierarchy: the data carry labels,
 not gates), a model is trained on the training patients, each new patient is gated, and the
 template's gates are fitted to its predicted populations (``fit_gate_tree``). Printed per
 population: F1 of the fitted gate's membership against the cells predicted in it (what the
@@ -22,9 +22,9 @@ import numpy as np
 import pandas as pd
 
 from gating_core import GatingModel, load_labeled_input, read_fcs
-from gating_core.autogates import (MULTICENTER_HIERARCHY, SAMPLE_DATA_HIERARCHY, UNASSIGNED, agreement,
-                                   fit_gate_tree, gate_populations, tree_from_labels)
 from gating_core.gates import panel_scale
+from gating_core.gates.autogates import (MULTICENTER_HIERARCHY, SAMPLE_DATA_HIERARCHY, UNASSIGNED, agreement,
+                                         fit_gate_tree, gate_populations, tree_from_labels)
 
 REPO = Path(__file__).resolve().parent.parent
 MULTICENTER = REPO.parent / "shared" / "data" / "multicenter"

@@ -55,7 +55,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core.classifier import MarginalTransferClassifier  # noqa: E402
+from gating_core.method.classifier import MarginalTransferClassifier  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
 
 ALTERNATIVES = ("logistic", "logistic-plain", "wide", "companion-sx", "wider-sx")
@@ -70,7 +70,7 @@ DEFAULT_ALTERNATIVES = ("logistic", "logistic-plain", "wide")
 #: part for the same penalty). ``companion-rff``: the refit without the linear columns (a check
 #: that the refit reproduces the companion). ``lda``: scikit-learn's LDA on the fold model's
 #: training cells (the same seeded class_balance=0 draws and standardisation as the ``lda``
-#: baseline of evaluation.py), its posteriors.
+#: baseline of evaluation/protocols.py), its posteriors.
 #: ``marginal-plus-linear``: the default's marginal model (same product features, augmented
 #: copies, weights, penalty, calibration) with x / sqrt(d) appended to its features: the kernel
 #: k_P k_X + <x, x'> / d (a pooled linear part beside the patient-dependent Gaussian one).
@@ -97,7 +97,7 @@ class AppendedLinear:
 
 
 def fit_marginal_extra(name, model, cells, labels, embedding_cells):
-    from gating_core.training_problem import TrainingProblem, cell_features
+    from gating_core.method.training_problem import TrainingProblem, cell_features
 
     base = model.classifier_
     clf = MarginalTransferClassifier(**base.get_params())
@@ -156,8 +156,8 @@ def fit_extra(name, model, cells, labels, embedding_cells):
             p = lda.predict_proba(x)
             return np.stack([p[:, j] if j >= 0 else np.zeros(len(x)) for j in order], axis=1)
         return lda_proba
-    from gating_core.solvers import fit_weighted_logistic
-    from gating_core.training_problem import TrainingProblem, cell_features
+    from gating_core.method.solvers import fit_weighted_logistic
+    from gating_core.method.training_problem import TrainingProblem, cell_features
 
     companion = model.pooled_classifier_
     if companion is None:
@@ -303,7 +303,7 @@ def combinations(meta, patient, parts, fast=False) -> dict:
     out["surer model"] = marginal if h_marginal < h_companion else companion
     if not fast:
         out["knn-smooth"] = knn_smooth(parts["cells"], default)
-    from gating_core.priors import apply_prior_ratio, reestimate_prior
+    from gating_core.method.priors import apply_prior_ratio, reestimate_prior
 
     drawn, true = np.asarray(meta["class_prior"]), np.maximum(np.asarray(meta["true_prior"]), 1e-6)
     if meta.get("class_balance", 0.0) > 0:  # a population-balanced draw: its prior, corrected

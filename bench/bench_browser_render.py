@@ -30,8 +30,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core import plotting  # noqa: E402
 from gating_core.gates import AxisScale  # noqa: E402
+from gating_core.reports import plotting  # noqa: E402
 from gating_core.synthetic.patients import simulate_patient  # noqa: E402
 from ui import charts  # noqa: E402
 

@@ -30,8 +30,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gating_core.evaluation import METHOD_SETTINGS, leave_one_patient_out, summarize  # noqa: E402
-from gating_core.inputs import load_labeled_input  # noqa: E402
-from gating_core.research_model import build_model  # noqa: E402
+from gating_core.io.inputs import load_labeled_input  # noqa: E402
+from gating_core.model.research import build_model  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MULTICENTER = ROOT.parent / "shared" / "data" / "multicenter"

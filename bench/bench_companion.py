@@ -18,7 +18,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core.inputs import load_labeled_input  # noqa: E402
+from gating_core.io.inputs import load_labeled_input  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
 from gating_core.synthetic import simulate_centers  # noqa: E402
 

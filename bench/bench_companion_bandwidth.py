@@ -9,7 +9,7 @@ which makes it the plain pooled-logistic baseline. Per held-out fold, from the s
 - ``previous``: the marginal model + a companion refitted at the marginal model's sigma_X (the
   earlier default);
 - ``marginal-alone``: the marginal model without a companion;
-- ``pooled-logistic``: the baseline of ``gating_core.evaluation`` (``METHOD_SETTINGS``).
+- ``pooled-logistic``: the baseline of ``gating_core.evaluation.protocols`` (``METHOD_SETTINGS``).
 
 Protocols: the shared multicenter data (when present) leaving one replicate pair out, training on
 batch A and gating batch B, and leaving one patient out; simulated cohorts
@@ -32,10 +32,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core.classifier import MarginalTransferClassifier  # noqa: E402
 from gating_core.evaluation import METHOD_SETTINGS  # noqa: E402
+from gating_core.method.classifier import MarginalTransferClassifier  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
-from gating_core.research_model import build_model  # noqa: E402
+from gating_core.model.research import build_model  # noqa: E402
 from gating_core.synthetic import simulate_centers  # noqa: E402
 from multicenter_data import MULTICENTER, load_multicenter  # noqa: E402
 

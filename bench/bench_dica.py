@@ -26,8 +26,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core.baselines import DICAPooling  # noqa: E402
-from gating_core.dica import DICA, distributional_variance, toy_domains  # noqa: E402
+from gating_core.evaluation.baselines import DICAPooling  # noqa: E402
+from gating_core.method.dica import DICA, distributional_variance, toy_domains  # noqa: E402
 
 MULTICENTER = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multicenter"
 # The paper's own Table 2 figures (GvHD data, 30 patients) are not printed: they are not in
@@ -66,7 +66,7 @@ def multicenter():
         print(f"\n(multicenter data not found at {MULTICENTER}: skipped)")
         return
     from gating_core.evaluation import leave_one_patient_out, summarize
-    from gating_core.inputs import load_labeled_input
+    from gating_core.io.inputs import load_labeled_input
 
     data = [load_labeled_input(p) for p in sorted(MULTICENTER.glob("multicenter_*.fcs"))]
     samples, labels = [d[0] for d in data], [d[1] for d in data]

@@ -3,7 +3,7 @@ and pooling, one cell or the paper's whole table.
 
 Protocol of every figure (docs/ellipse.md says why): N training tasks of n points each
 (:func:`~gating_core.synthetic.ellipse_task`); model selection by cross-validation over tasks
-(:func:`~gating_core.selection.select_hyperparameters`, 5 folds x 2 repeats, on the n points of
+(:func:`~gating_core.method.selection.select_hyperparameters`, 5 folds x 2 repeats, on the n points of
 every task); the final model fitted on all N tasks. Then 10 test tasks, each drawn with
 n + FRESH_POINTS points: a test task's embedding is built from its first n points only (an
 unlabeled sample of the size the training tasks had), and its error is measured on the
@@ -39,8 +39,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core.classifier import MarginalTransferClassifier  # noqa: E402
-from gating_core.selection import DEFAULT_EMBEDDING_FACTORS, select_hyperparameters  # noqa: E402
+from gating_core.method.classifier import MarginalTransferClassifier  # noqa: E402
+from gating_core.method.selection import DEFAULT_EMBEDDING_FACTORS, select_hyperparameters  # noqa: E402
 from gating_core.synthetic import ellipse_task  # noqa: E402
 
 #: The paper's marginal-transfer test error, (N, n) -> error; only the cells found in the text.
@@ -150,7 +150,7 @@ HINGE_ALPHAS = (1e-7, 1e-6, 1e-5, 1e-4, 1e-3)
 def select_hinge_alpha(samples, labels, params: dict, alphas=HINGE_ALPHAS, folds: int = 5) -> float:
     """The hinge loss's lambda at ``params``' bandwidths, by cross-validation over tasks (whole
     tasks held out, mean held-out accuracy); ties go to the larger penalty."""
-    from gating_core.groups import group_folds
+    from gating_core.method.groups import group_folds
 
     probe = {**params, "n_features": min(params["n_features"], 256), "calibrate": False}
     scores = np.zeros(len(alphas))

@@ -73,7 +73,7 @@ def serialise(fig, phases: Phases) -> None:
 def explore_run(record, state, scales) -> Phases:
     """One rerun of the Explore page for one patient (``state``: the page's controls)."""
     from gating_core.gates import AxisScale, with_kind
-    from gating_core.plotting import histogram_1d, population_colors
+    from gating_core.reports.plotting import histogram_1d, population_colors
     from ui import cache, charts
 
     p = Phases()
@@ -204,7 +204,7 @@ def run(n_events: int = 1_000_000, seed: int = 7, repeats: int = 3) -> list[tupl
 def binning_check(sample, scales) -> None:
     """The cached-bin density against numpy.histogram2d on the same million events: identical
     counts, and what each costs (the bins of a channel once, then a bincount per pair)."""
-    from gating_core import plotting
+    from gating_core.reports import plotting
 
     if not hasattr(plotting, "bin_indices"):
         return  # the code before the bin cache
@@ -235,8 +235,8 @@ def page_reruns(n_events: int = 1_000_000, seed: int = 7, repeats: int = 3) -> l
     from streamlit.runtime.scriptrunner.script_cache import ScriptCache
     from streamlit.testing.v1 import AppTest, local_script_runner
 
-    from gating_core.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
     from gating_core.gates import panel_scale
+    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
     from gating_core.library import PatientLibrary
     from gating_core.synthetic.patients import simulate_patient
     from gating_core.synthetic.sample_data import write_labels_csv, write_sample

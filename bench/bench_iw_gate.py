@@ -1,7 +1,7 @@
 """``gate --method iw-nystroem`` on held-out groups: accuracy and refit cost per patient.
 
 Leaves each group of a groups CSV out in turn (default: the replicate pairs of the shared
-multicenter CyTOF data), trains an :class:`~gating_core.iw_model.IWNystroemGatingModel` on the
+multicenter CyTOF data), trains an :class:`~gating_core.model.iw_model.IWNystroemGatingModel` on the
 other patients exactly as ``train --method iw-nystroem`` does, gates each held-out patient (one
 refit each) and prints per patient the accuracy against the expert labels and the refit's
 seconds, then the mean and the worst. ``evaluate --protocol group --method marginal`` on the
@@ -21,9 +21,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core.groups import groups_from_csv  # noqa: E402
-from gating_core.inputs import load_labeled_input  # noqa: E402
-from gating_core.iw_model import IWNystroemGatingModel  # noqa: E402
+from gating_core.io.inputs import load_labeled_input  # noqa: E402
+from gating_core.method.groups import groups_from_csv  # noqa: E402
+from gating_core.model.iw_model import IWNystroemGatingModel  # noqa: E402
 
 MULTICENTER = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multicenter"
 

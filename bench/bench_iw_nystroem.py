@@ -27,8 +27,8 @@ from scipy.stats import multivariate_normal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core.iw_nystroem import (ImportanceWeightedNystroemKRR, exact_weighted_krr,  # noqa: E402
-                                     gaussian_kernel)
+from gating_core.method.iw_nystroem import (ImportanceWeightedNystroemKRR, exact_weighted_krr,  # noqa: E402
+                                            gaussian_kernel)
 
 MULTICENTER = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "multicenter"
 # lambda large enough that the fit is biased towards where training points are dense, the
@@ -88,9 +88,9 @@ def multicenter(n_landmarks=500):
     if not (MULTICENTER / "multicenter_01.fcs").exists():
         print(f"\n(multicenter data not found at {MULTICENTER}: skipped)")
         return
-    from gating_core.digest import digest_patient
-    from gating_core.inputs import load_labeled_input
+    from gating_core.io.inputs import load_labeled_input
     from gating_core.model import GatingModel
+    from gating_core.model.digest import digest_patient
 
     data = [load_labeled_input(p) for p in sorted(MULTICENTER.glob("multicenter_*.fcs"))]
     samples, labels = [d[0] for d in data], [np.asarray(d[1]).astype(str) for d in data]

@@ -93,9 +93,9 @@ def _digests_checksum(digests) -> str:
 def _train_child(library_dir: str, mode: str) -> None:
     """Subprocess body: one training (or the old read path) on the library; prints JSON."""
     from gating_core.cpus import usable_cpus
-    from gating_core.digest import digest_patient
     from gating_core.library import PatientLibrary
     from gating_core.model import GatingModel
+    from gating_core.model.digest import digest_patient
 
     import gating_core.library.storage as storage
 

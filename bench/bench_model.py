@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core.baselines import LDABaseline  # noqa: E402
+from gating_core.evaluation.baselines import LDABaseline  # noqa: E402
 from gating_core.fcs import read_fcs, write_fcs  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
 from gating_core.synthetic import simulate_patient  # noqa: E402
@@ -65,7 +65,7 @@ def bench_training(n_patients=10, n_events=50_000) -> dict:
 def bench_multicenter_training() -> dict | None:
     if not (MULTICENTER / "multicenter_01.fcs").exists():
         return None
-    from gating_core.inputs import load_labeled_input
+    from gating_core.io.inputs import load_labeled_input
 
     data = [load_labeled_input(p) for p in sorted(MULTICENTER.glob("multicenter_*.fcs"))]
     start = time.perf_counter()

@@ -8,7 +8,7 @@ gives. Two reviews run side by side from the model's gating:
 
 - relabel only: the circled cells take label A, nothing else moves (the app without the option);
 - refinement: every correction so far refits the patient's decision function
-  (:func:`gating_core.refinement.refine_gating`), so similar cells move too.
+  (:func:`gating_core.method.refinement.refine_gating`), so similar cells move too.
 
 Printed: the curve (corrected cells -> agreement with the truth) for both, and the corrected
 cells each needed to reach ``--target`` agreement. Models: trained on all eight sample patients
@@ -30,10 +30,10 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gating_core.fcs import read_fcs  # noqa: E402
-from gating_core.inputs import load_labeled_input  # noqa: E402
-from gating_core.labels import read_labels_csv  # noqa: E402
+from gating_core.io.inputs import load_labeled_input  # noqa: E402
+from gating_core.io.labels import read_labels_csv  # noqa: E402
+from gating_core.method.refinement import DEFAULT_ALPHA, _PatientFrame, refine_gating  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
-from gating_core.refinement import DEFAULT_ALPHA, _PatientFrame, refine_gating  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data"
 

@@ -68,8 +68,8 @@ def _gate_child(model_path: str, fcs_path: str, out_dir: str, chunk_size: int) -
     """Subprocess body: gate one file, print timings and memory as JSON."""
     import numpy as np  # noqa: F401
 
-    from gating_core.export import write_gated_csv
     from gating_core.fcs import read_fcs
+    from gating_core.io.export import write_gated_csv
     from gating_core.model import GatingModel
 
     model = GatingModel.load(model_path)
@@ -174,7 +174,7 @@ def bench_gate(folder: Path, sizes, chunk_size: int) -> list[dict]:
 def bench_dask(folder: Path, n_files: int, n_events: int, chunk_size: int) -> dict:
     from dask.distributed import Client
 
-    from gating_core.distributed import gate_files_distributed, local_cluster
+    from gating_core.batch.distributed import gate_files_distributed, local_cluster
 
     model_path = _make_model(folder)
     data = folder / "batch"
@@ -188,7 +188,7 @@ def bench_dask(folder: Path, n_files: int, n_events: int, chunk_size: int) -> di
     for workers in (1, 2):
         out = folder / f"dask_{workers}"
         with local_cluster(workers) as cluster, Client(cluster) as client:
-            client.run(lambda: __import__("gating_core.gating"))  # imports outside the timing
+            client.run(lambda: __import__("gating_core.batch.files"))  # imports outside the timing
             cpu_before = sum(client.run(_process_cpu_seconds).values())
             start = time.perf_counter()
             records = gate_files_distributed(model_path, paths, out, chunk_size=chunk_size, client=client)

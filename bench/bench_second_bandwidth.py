@@ -24,7 +24,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gating_core.research_model import ResearchGatingModel  # noqa: E402
+from gating_core.model.research import ResearchGatingModel  # noqa: E402
 from gating_core.synthetic import simulate_centers  # noqa: E402
 
 

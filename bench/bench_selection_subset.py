@@ -32,7 +32,7 @@ MULTICENTER = REPO.parent / "shared" / "data" / "multicenter"
 
 
 def _fit(train_samples, train_labels, limit, groups=None):
-    import gating_core.model as model_module
+    import gating_core.model.estimator as model_module
 
     saved = model_module.SELECTION_MAX_PATIENTS
     model_module.SELECTION_MAX_PATIENTS = limit
@@ -49,7 +49,7 @@ def _accuracy(model, sample, labels) -> float:
 
 
 def real_data(folder: Path) -> None:
-    from gating_core.inputs import load_labeled_input
+    from gating_core.io.inputs import load_labeled_input
 
     rows = list(csv.DictReader(open(folder / "groups.csv", encoding="utf-8")))
     pair_of = {r["patient"]: r["pair"] for r in rows}

@@ -1,6 +1,6 @@
 """Model-selection variants measured on unseen centers: the search's feature count and sigma_X grid.
 
-The hyperparameter search (``gating_core.selection``) scores candidates on ``SEARCH_FEATURES``
+The hyperparameter search (``gating_core.method.selection``) scores candidates on ``SEARCH_FEATURES``
 random features and steps sigma_X by factors ``DEFAULT_X_FACTORS`` of the median distance. This
 bench runs one protocol of ``python -m gating_core evaluate`` (or ``bench/bench_centers.py``'s
 simulated cohorts) with those two settings changed for every kernel method of the run, so that a
@@ -48,7 +48,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(ours)
     if not rest or rest[0] not in ("evaluate", "centers"):
         parser.error("after --, 'evaluate ARGS' (the CLI) or 'centers ARGS' (bench_centers.py)")
-    import gating_core.selection as selection
+    import gating_core.method.selection as selection
 
     if args.search_features:
         selection.SEARCH_FEATURES = args.search_features

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_second_bandwidth import _fastest_of_each  # noqa: E402
 
-from gating_core.research_model import ResearchGatingModel  # noqa: E402
+from gating_core.model.research import ResearchGatingModel  # noqa: E402
 from gating_core.synthetic import simulate_centers  # noqa: E402
 
 

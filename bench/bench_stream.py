@@ -7,7 +7,7 @@ Prints, with ratios against baselines measured in the same run:
    fresh process, all pools at their defaults (sized by ``gating_core.cpus``):
    - ``gate``: ``GatingModel.gate_chunks`` without output (two chunked reads of the file,
      compensation, the content hash, scoring) -- the gating step;
-   - ``csv`` / ``parquet``: ``gating_core.gating.gate_file`` end to end to the gated file;
+   - ``csv`` / ``parquet``: ``gating_core.batch.files.gate_file`` end to end to the gated file;
    - ``in-memory``: today's path (read the whole file, ``GatingModel.gate``, write the CSV),
      for the memory baseline and to check the streamed CSV is byte-identical (SHA-256);
    peak memory = VmHWM minus the resident size after imports and model load.
@@ -116,7 +116,7 @@ PREVIOUS_DEFAULT = {"n_augment": 4, "bandwidth_x_hedge": 0.5, "self_training": T
 
 def make_model(folder: Path, n_patients: int = 6, n_events: int = 10_000, params=None, name="model.npz") -> Path:
     from gating_core.fcs import Channel, Sample
-    from gating_core.research_model import build_model
+    from gating_core.model.research import build_model
 
     samples, labels = [], []
     for i in range(n_patients):
@@ -140,7 +140,7 @@ def make_model(folder: Path, n_patients: int = 6, n_events: int = 10_000, params
 # -- children: one measured step in a fresh process ---------------------------------------------
 
 def _child(step: str, model_path: str, fcs_path: str, out_dir: str) -> None:
-    from gating_core.research_model import load_gating_model
+    from gating_core.model.research import load_gating_model
 
     model = load_gating_model(model_path)
     _reset_peak()
@@ -154,14 +154,14 @@ def _child(step: str, model_path: str, fcs_path: str, out_dir: str) -> None:
         result = model.gate_chunks(stream.sample, stream.chunks)
         n = result.n_events
     elif step in ("csv", "parquet"):
-        from gating_core.gating import gate_file
+        from gating_core.batch.files import gate_file
 
         record = gate_file(model, fcs_path, out_dir, format=step)[0]
         assert "error" not in record, record
         n = record["events"]
         extra["output"] = record["output"]
     elif step == "in-memory":
-        from gating_core.gating import _gate_file_whole
+        from gating_core.batch.files import _gate_file_whole
 
         record = _gate_file_whole(model, fcs_path, out_dir, format="csv")[0]
         assert "error" not in record, record
@@ -223,7 +223,7 @@ def scoring_ceiling(model_path: Path) -> dict:
     import numpy as np
 
     from gating_core.cpus import blas_threads, usable_cpus
-    from gating_core.research_model import load_gating_model
+    from gating_core.model.research import load_gating_model
 
     threads = usable_cpus()
     rng = np.random.default_rng(0)
@@ -270,10 +270,10 @@ BUSY = "import time\nend = time.time() + {seconds}\nx = 0\nwhile time.time() < e
 
 
 def _busy_child(model_path: str, fcs_path: str, out_dir: str) -> None:
+    from gating_core.batch.files import gate_file
     from gating_core.fcs import Channel, Sample
-    from gating_core.gating import gate_file
     from gating_core.model import GatingModel
-    from gating_core.research_model import load_gating_model
+    from gating_core.model.research import load_gating_model
 
     samples, labels = [], []
     for i in range(8):

@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_unseen import SETS, _shared  # noqa: E402
 from gating_core.model import UNKNOWN, GatingModel  # noqa: E402
-from gating_core.unknown_cells import UNKNOWN_MARGIN  # noqa: E402
+from gating_core.method.unknown_cells import UNKNOWN_MARGIN  # noqa: E402
 from gating_core.synthetic import simulate_centers, simulate_hard_cohort  # noqa: E402
 
 #: Share of a patient's events planted as a new population.

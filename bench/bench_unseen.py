@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gating_core.evaluation import (leave_one_group_out, patient_folds, summarize,  # noqa: E402
                                     train_on_one_group)
-from gating_core.inputs import load_labeled_input  # noqa: E402
+from gating_core.io.inputs import load_labeled_input  # noqa: E402
 from gating_core.synthetic import simulate_centers, simulate_hard_cohort  # noqa: E402
 
 SHARED = Path(os.environ.get("GATING_SHARED_DATA", Path(__file__).resolve().parent.parent.parent / "shared" / "data"))

@@ -7,26 +7,37 @@ stay fast and do not pay for scikit-learn or FlowKit until a name that needs the
 
     from gating_core import read_fcs, GatingModel, to_anndata
 
-Modules:
+Packages, by concept (each ``__init__`` says what it holds):
 
 - ``fcs``: reading FCS 2.0/3.0/3.1/3.2 files into :class:`~gating_core.fcs.Sample` objects,
-  writing FCS 3.1, and the :class:`~gating_core.fcs.FCSError` raised for unreadable files.
-- ``export``: the one export path (gated CSV, FCS with a population channel, Parquet, h5ad);
-  ``gated_table``: the gated CSV / Parquet writers and ``read_gated_csv``.
-- ``inputs``: :func:`~gating_core.inputs.read_input`, the one reader of an input file (FCS with
-  ``<stem>.labels.csv``, FCS alone, gated CSV) into patients, and ``load_labeled_input``.
-- ``labels``: the labels CSV beside an FCS file, and ``Provenance`` (where labels came from).
-- ``interop``: FlowKit samples and AnnData (``flowkit_interop``, ``anndata_interop``, which also
-  writes h5ad); ``gate_export``: gates as GatingML 2.0 / FlowJo workspace.
-- ``transforms``: per-channel arcsinh / logicle transforms and their defaults.
-- ``features`` / ``classifier`` / ``model``: the marginal-transfer kernel classifier.
-- ``modelfile``: reading a model ``.npz`` within memory bounds, with a typed description.
-- ``errors``: :class:`~gating_core.errors.GatingCoreError`, root of every bad-input error, and
-  every one of those errors.
-- ``evaluation``: leave-one-group-out / leave-one-patient-out evaluation beside the baselines.
+  writing FCS 3.1, the :class:`~gating_core.fcs.FCSError` raised for unreadable files, and
+  ``fcs.transforms``: per-channel arcsinh / logicle transforms and their defaults.
+- ``io``: files in and out. ``io.inputs`` (:func:`~gating_core.io.inputs.read_input`, the one
+  reader of an input file -- FCS with ``<stem>.labels.csv``, FCS alone, gated CSV -- into
+  patients, and ``load_labeled_input``), ``io.labels`` (the labels CSV beside an FCS file, and
+  ``Provenance``), ``io.export`` (the one export path: gated CSV, FCS with a population channel,
+  Parquet, h5ad), ``io.gated_table`` (the gated CSV / Parquet writers, ``read_gated_csv``),
+  ``io.interop`` (FlowKit samples and AnnData).
+- ``method``: the marginal-transfer kernel classifier on arrays (features, solvers, losses,
+  ``method.classifier``, model selection, alignment, DICA, ...); it knows nothing of files.
+- ``model``: the product's estimator, :class:`~gating_core.model.estimator.GatingModel`
+  (importable as ``gating_core.model.GatingModel``), its preprocessing, streamed gating,
+  ``GateResult``, training digests and its model file (``model.file``, read within memory
+  bounds through ``model.file_checks``).
+- ``gates``: hand-drawn and imported gates and gate trees; ``gates.export`` writes them as
+  GatingML 2.0 / FlowJo workspace; ``gates.autogates`` fits an auto-gated patient's gates.
+- ``reports``: plot data, marker statistics, quality flags and the HTML report.
+- ``evaluation``: leave-one-group-out / leave-one-patient-out evaluation beside the baselines,
+  and the held-out check by subtraction.
+- ``batch``: gating and digesting files one by one, or on a Dask cluster.
 - ``synthetic``: the multi-patient flow simulator and the JMLR ellipse task.
 - ``library``: the persistent patient library (SQLite catalog + Parquet events).
-- ``cli``: ``gating-core ...`` / ``python -m gating_core ...``.
+- ``commands``: the command line's commands.
+
+And modules: ``errors`` (:class:`~gating_core.errors.GatingCoreError`, root of every bad-input
+error, and every one of those errors), ``parameters`` (what an estimator's parameters may hold),
+``cpus`` (CPUs, BLAS threads and the thread pools), ``progress``, and ``cli`` (``gating-core ...``
+/ ``python -m gating_core ...``).
 """
 
 from __future__ import annotations
@@ -47,19 +58,19 @@ _PUBLIC = {
     "read_fcs": "fcs", "read_fcs_all": "fcs", "write_fcs": "fcs", "fcs_info": "fcs",
     "Sample": "fcs", "Channel": "fcs", "FCSError": "errors",
     # labels and exports
-    "read_input": "inputs", "load_labeled_input": "inputs", "LabelError": "errors", "Provenance": "labels",
-    "export_sample": "export", "read_gated_csv": "export", "read_fcs_with_populations": "export",
+    "read_input": "io.inputs", "load_labeled_input": "io.inputs", "LabelError": "errors", "Provenance": "io.labels",
+    "export_sample": "io.export", "read_gated_csv": "io.export", "read_fcs_with_populations": "io.export",
     # the model
-    "GatingModel": "model", "GateResult": "gate_result", "Novelty": "gate_result",
+    "GatingModel": "model.estimator", "GateResult": "model.result", "Novelty": "model.result",
     "ChannelMismatchError": "errors",
-    "MarginalTransferClassifier": "classifier",
+    "MarginalTransferClassifier": "method.classifier",
     # hand-drawn and imported gates
     "Gate": "gates", "GateTree": "gates", "AxisScale": "gates", "GateError": "errors",
     "apply_gatingml": "gates", "apply_workspace": "gates",
     # interoperability
-    "from_flowkit": "interop", "to_flowkit": "interop", "to_anndata": "interop",
-    "from_anndata": "interop", "as_sample": "interop",
-    "export_gatingml": "gate_export", "export_flowjo_workspace": "gate_export",
+    "from_flowkit": "io.interop", "to_flowkit": "io.interop", "to_anndata": "io.interop",
+    "from_anndata": "io.interop", "as_sample": "io.interop",
+    "export_gatingml": "gates.export", "export_flowjo_workspace": "gates.export",
     # errors
     "GatingCoreError": "errors",
 }

@@ -6,7 +6,7 @@ here, so a caller, and the command line above all, can catch one type and show `
 the file's name (when there is one) and the problem, never a traceback. Subclasses keep their
 older base classes (``ValueError``, ``RuntimeError``) so code that catches those still works,
 and each stays importable from the module that raises it (``from gating_core.fcs import
-FCSError``, ``from gating_core.modelfile import ModelFileError``, ...).
+FCSError``, ``from gating_core.model.file_checks import ModelFileError``, ...).
 
 ``path`` is the file concerned (``None`` when there is none), ``problem`` the message without it.
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pandas as pd
 import streamlit as st
 
-from gating_core import qc
+from gating_core.reports import qc
 from ui import cache, exports
 from ui.app_state import channel_presence
 from ui.common import SAMPLE_DATA, channel_label, get_store, refresh_status, show_messages
@@ -98,7 +98,7 @@ table = pd.DataFrame(rows)
 st.dataframe(table, hide_index=True, width="stretch",
              column_config={"events": st.column_config.NumberColumn(format="%d")})
 
-# QC on load: saturation at $PnR - 1 and drift along the time channel (gating_core.qc), once per
+# QC on load: saturation at $PnR - 1 and drift along the time channel (gating_core.reports.qc), once per
 # version of each patient's events; the details are at the bottom of the page. Patients of the
 # library whose events are not read yet are checked on demand there (reading the whole library
 # to fill a table would cost its size in memory).

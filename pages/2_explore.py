@@ -5,7 +5,7 @@ import numpy as np
 import streamlit as st
 
 from gating_core.gates import AxisScale
-from gating_core.plotting import population_colors
+from gating_core.reports.plotting import population_colors
 from ui import cache, charts, explore_view
 from ui.app_state import common_channels
 from ui.common import (axis_range_editor, channel_label, default_xy, get_store, plot_range, require_patients,

@@ -7,7 +7,7 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
-from gating_core.modelfile import ModelFileError
+from gating_core.model.file_checks import ModelFileError
 from ui.app_state import common_channels, incompatible_label_sets, label_set_disagreements, training_panel
 from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcome, job_progress, model_offers,
                        model_picker, others_jobs, refresh_status, require_patients, session_name_input)
@@ -89,7 +89,7 @@ method = c2.radio("Method", list(METHOD_LABELS), key="train_method", horizontal=
                        "every patient it gates (seconds per patient; its model file keeps training cells).")
 transductive = method == IW_METHOD
 channels_all = common_channels([r.sample for r in records])
-from gating_core.groups import groups_from_keyword, shared_group_keywords  # noqa: E402
+from gating_core.method.groups import groups_from_keyword, shared_group_keywords  # noqa: E402
 
 group_by = st.selectbox(
     "Groups of patients (center, batch or run)", ["auto", "none", *shared_group_keywords([r.sample for r in records])],

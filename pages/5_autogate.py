@@ -3,9 +3,9 @@
 import numpy as np
 import streamlit as st
 
-from gating_core.autogates import flat_statistics
 from gating_core.gates import AxisScale, Gate, GateError, safe_stem
-from gating_core.plotting import population_colors
+from gating_core.gates.autogates import flat_statistics
+from gating_core.reports.plotting import population_colors
 from ui import autogate_view, cache, charts, exports
 from ui.app_state import (acceptance_acknowledgement, missing_model_channels, shape_from_selection,
                           unknown_cells_notice)
@@ -177,7 +177,7 @@ with side_col:
                      key="ag_reassign", disabled=to_pop is None):
             circled.update({int(i): to_pop for i in np.flatnonzero(inside)})
             if refine:
-                from gating_core.refinement import refine_gating
+                from gating_core.method.refinement import refine_gating
 
                 refined = refine_gating(refine_model, sample, list(circled), list(circled.values()))
                 corrected, new_confidence = refined.populations, refined.confidence
@@ -206,7 +206,7 @@ st.dataframe(stats.drop(columns=["patient"]), hide_index=True, width="stretch",
 
 st.subheader("Gates", anchor="gates")
 # The result in the training patients' gate hierarchy: each gate fitted to this patient's
-# predicted cells on its parent's plot (gating_core.autogates), editable like drawn gates.
+# predicted cells on its parent's plot (gating_core.gates.autogates), editable like drawn gates.
 if autogate_view.gates_section(store, patient, record, model, pop_names) is None:
     st.caption("The training patients carry labels but no gate tree, so the populations are shown as "
                "children of all events (% of parent is % of total). Draw a gate tree on a training patient "

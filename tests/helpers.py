@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gating_core.inputs import load_labeled_input
+from gating_core.io.inputs import load_labeled_input
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE_DATA = REPO / "sample_data"

@@ -8,11 +8,11 @@ import pandas as pd
 import pytest
 
 from gating_core import read_fcs
-from gating_core.adaptive_lda import AdaptiveLDA
-from gating_core.features import content_hashes
+from gating_core.method.adaptive_lda import AdaptiveLDA
+from gating_core.method.features import content_hashes
 from gating_core.model import ADAPTIVE_WEIGHT_TOLERANCE, ADAPTIVE_WEIGHTS, GatingModel
-from gating_core.modelfile import ModelFileError
-from gating_core.research_model import ResearchGatingModel
+from gating_core.model.file_checks import ModelFileError
+from gating_core.model.research import ResearchGatingModel
 from modelfile_helpers import rewrite_model_file
 
 

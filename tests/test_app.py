@@ -286,7 +286,7 @@ def test_train_lopo_autogate_correct_accept_export(trained, sample_data_dir):
     assert stats["count"].to_dict() == counts.to_dict()
     assert stats["% of total"].sum() == pytest.approx(100.0)
     # export: the gated CSV the download button serves
-    from gating_core.export import read_gated_csv
+    from gating_core.io.export import read_gated_csv
     from ui import exports
 
     path = Path(store.work_dir) / "check.gated.csv"
@@ -326,7 +326,7 @@ def test_train_lopo_autogate_correct_accept_export(trained, sample_data_dir):
 
 
 def test_leave_one_patient_out_table_marks_the_worst_patient(trained):
-    pytest.importorskip("gating_core.evaluation")
+    pytest.importorskip("gating_core.evaluation.protocols")
     at = trained
     store = store_of(at)
     at.button(key="lopo_button").click()
@@ -413,7 +413,7 @@ def sidebar_text(at: AppTest) -> str:
 
 
 def test_channel_label_shows_marker_with_detector_once():
-    from gating_core.plotting import channel_label
+    from gating_core.reports.plotting import channel_label
 
     assert channel_label("FL3-A", "CD4") == "CD4 (FL3-A)"
     assert channel_label("FL3-A", "") == "FL3-A"
@@ -811,8 +811,8 @@ def _gate_table(at: AppTest) -> pd.DataFrame:  # the Auto-gate page's table of g
 
 
 def test_autogate_comes_back_as_editable_gates_in_the_training_hierarchy(trained, sample_data_dir):
-    from gating_core.autogates import SAMPLE_DATA_HIERARCHY, counted_cells, relabel_after_edit, tree_from_labels
     from gating_core.gates import panel_scale
+    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, counted_cells, relabel_after_edit, tree_from_labels
     from gating_core.library import PatientLibrary
 
     at = trained
@@ -901,8 +901,8 @@ def test_autogate_comes_back_as_editable_gates_in_the_training_hierarchy(trained
 
 
 def test_autogate_keeps_range_and_boolean_gates_of_the_template_and_adjusts_only_shapes(trained):
-    from gating_core.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
     from gating_core.gates import boolean_gate, range_gate
+    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
 
     at = trained
     store = store_of(at)

@@ -11,8 +11,8 @@ import json
 import numpy as np
 from PIL import Image
 
-from gating_core import plotting
 from gating_core.gates import AxisScale
+from gating_core.reports import plotting
 from apptest_helpers import goto, start, store_of
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from gating_core import plotting
+from gating_core.reports import plotting
 
 REPO = Path(__file__).resolve().parent.parent
 APP = str(REPO / "app.py")

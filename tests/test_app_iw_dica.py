@@ -41,7 +41,7 @@ def test_dica_and_iw_choices_become_model_parameters():
 
 def test_the_app_trains_iw_models_with_the_command_lines_defaults():
     from gating_core.commands.model_commands import IW_CELLS_PER_PATIENT
-    from gating_core.iw_model import IW_METHOD, IWNystroemGatingModel
+    from gating_core.model.iw_model import IW_METHOD, IWNystroemGatingModel
 
     assert IW_DEFAULTS == {"cells_per_patient": IW_CELLS_PER_PATIENT,
                            "n_landmarks": IWNystroemGatingModel().n_landmarks}
@@ -58,8 +58,8 @@ def _train_on_the_page(at, method=None, dica=None, dica_components=None, hand=No
 
 
 def test_supervised_dica_picked_on_the_train_page(library, sample_data_dir):
-    from gating_core.dica import DICA
     from gating_core.library import PatientLibrary
+    from gating_core.method.dica import DICA
     from gating_core.model import GatingModel
 
     at = _train_on_the_page(start(), dica="supervised", dica_components=10,
@@ -89,8 +89,8 @@ def iw_trained(library):
 
 
 def test_iw_model_trained_on_the_page_is_stored_checked_and_gates(iw_trained, library, sample_data_dir):
-    from gating_core.iw_model import IWNystroemGatingModel, load_any_model
     from gating_core.library import PatientLibrary
+    from gating_core.model.iw_model import IWNystroemGatingModel, load_any_model
 
     at = iw_trained
     store = store_of(at)
@@ -132,7 +132,7 @@ def test_iw_model_trained_on_the_page_is_stored_checked_and_gates(iw_trained, li
 
 
 def test_an_iw_model_file_uploads_and_a_corrupt_one_is_refused(library, tmp_path):
-    from gating_core.iw_model import IWNystroemGatingModel
+    from gating_core.model.iw_model import IWNystroemGatingModel
 
     model = IWNystroemGatingModel(cells_per_patient=300, n_landmarks=50).fit(*sample_cohort([1, 2, 4]))
     path = tmp_path / "iw.npz"

@@ -1,4 +1,4 @@
-"""Auto-gate page: "Apply corrections to similar cells" (gating_core.refinement) in the app."""
+"""Auto-gate page: "Apply corrections to similar cells" (gating_core.method.refinement) in the app."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ def circle_errors(at, sample_data_dir, patient="new_patient_03"):
 
 
 def test_a_correction_with_refinement_moves_similar_cells_and_says_how_many(autogated, sample_data_dir):
-    from gating_core.refinement import refine_gating
+    from gating_core.method.refinement import refine_gating
 
     at = autogated
     store = at.session_state["store"]

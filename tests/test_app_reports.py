@@ -100,8 +100,8 @@ def test_sample_data_loads_without_qc_warnings(library):
 def gated(library, sample_data_dir):
     """Sample data, a model trained on three patients (one carries a gate tree), new_patient_02 auto-gated."""
     pytest.importorskip("gating_core.model")
-    from gating_core.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
     from gating_core.gates import panel_scale
+    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
     at = start()
     at.button[0].click()
     at.run()
@@ -121,7 +121,7 @@ def gated(library, sample_data_dir):
 
 def test_batch_table_and_report_downloads(gated):
     at = gated
-    from gating_core.autogates import counted_cells
+    from gating_core.gates.autogates import counted_cells
     from ui import exports
 
     store = store_of(at)

@@ -41,7 +41,7 @@ def run(at: AppTest) -> AppTest:
 def drawn_tree(store, names, patient="patient_01") -> GateTree:
     """The gates ``names`` (parents first) of the hierarchy a lab draws on the sample data,
     fitted to ``patient``'s labels: a leaf whose children are left out keeps its own outline."""
-    from gating_core.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
+    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
 
     record = store.patients[patient]
     scales = {c: store.panel_transform(c) for c in record.sample.pnn}
@@ -103,7 +103,7 @@ def test_moving_a_vertex_relabels_only_the_cells_it_moves(loaded):
     """A tree covering Lymphocytes -> T cells / NK cells: moving a vertex of Lymphocytes relabels
     only cells whose gate membership changed; every population without a gate keeps exactly the
     model's labels and confidences, and "corrected by hand" counts the relabeled cells."""
-    from gating_core.export import read_gated_csv
+    from gating_core.io.export import read_gated_csv
     from ui import exports
 
     store = store_of(loaded)
@@ -168,8 +168,8 @@ def test_moving_a_vertex_relabels_only_the_cells_it_moves(loaded):
 
 def test_page_batch_table_statistics_gated_csv_and_report_count_the_same_cells(loaded):
     """After cells are reassigned by hand, every population has one count wherever it is shown."""
-    from gating_core.autogates import SAMPLE_DATA_HIERARCHY
-    from gating_core.export import read_gated_csv
+    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY
+    from gating_core.io.export import read_gated_csv
     from ui import exports
 
     store = store_of(loaded)
@@ -236,12 +236,12 @@ def test_report_draws_quadrant_and_range_gates_and_a_failure_says_why(loaded, mo
     band = next(s for s in svgs if "Lymphocytes \u2192 CD19 bright" in s)
     assert 'fill-opacity="0.12"' in band
     # any failure is shown on the page with its reason, the download off
-    import gating_core.report
+    import gating_core.reports.report
 
     def broken(*args, **kwargs):
         raise ValueError("the disk is full")
 
-    monkeypatch.setattr(gating_core.report, "patient_report_html", broken)
+    monkeypatch.setattr(gating_core.reports.report, "patient_report_html", broken)
     exports._patient_report.clear()
     at.run()
     assert any(e.value == f"The report of {NEW} cannot be written: ValueError: the disk is full" for e in at.error)
@@ -361,7 +361,7 @@ def test_trees_and_selectors_are_depth_first_everywhere(loaded):
 def test_fit_again_defaults_to_the_training_patient_whose_gates_were_drawn(loaded):
     """An accepted patient carries gates too; the template offered first stays the training
     patient the lab drew the tree on."""
-    from gating_core.autogates import SAMPLE_DATA_HIERARCHY
+    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY
 
     store = store_of(loaded)
     at = autogate(loaded, drawn_tree(store, [g[0] for g in SAMPLE_DATA_HIERARCHY]), targets=(NEW, "new_patient_02"))

@@ -41,13 +41,13 @@ def free_port() -> int:
 @pytest.fixture
 def library_with_patients(tmp_path, sample_data_dir):
     """A patient library holding three labeled patients, as a lab would have after importing."""
-    from gating_core.inputs import load_labeled_input
+    from gating_core.io.inputs import load_labeled_input
     from gating_core.library import PatientLibrary
 
     path = tmp_path / "library"
     library = PatientLibrary(path)
-    from gating_core.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
     from gating_core.gates import panel_scale
+    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
 
     loaded = {stem: load_labeled_input(sample_data_dir / f"{stem}.fcs") for stem in ("patient_01", "patient_02",
                                                                                       "patient_04")}
@@ -323,7 +323,7 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     download.save_as(target)
     assert download.suggested_filename == "new_patient_01.gated.csv"
 
-    from gating_core.export import read_gated_csv
+    from gating_core.io.export import read_gated_csv
 
     exported, populations, confidence = read_gated_csv(target)
     original = read_fcs(upload, compensate=True)
@@ -379,8 +379,8 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     stored = library.load_gate_result("new_patient_01")
     assert stored.details["autogates"]["edited"] is True
     # only the cells whose gate membership changed follow the gates; the others keep their population
-    from gating_core.autogates import relabel_after_edit
     from gating_core.gates import GateTree
+    from gating_core.gates.autogates import relabel_after_edit
 
     expected, changed = relabel_after_edit(
         GateTree.from_dict(reviewed.details["autogates"]["tree"]), GateTree.from_dict(stored.details["autogates"]["tree"]),

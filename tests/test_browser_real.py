@@ -80,7 +80,7 @@ def modebar_button(page, plot, value):
 
 def test_review_loop_on_real_samples_counts_agree_everywhere(app_url, browser, artifacts_dir, multicenter_dir,
                                                              tmp_path):
-    from gating_core.plotting import display_range
+    from gating_core.reports.plotting import display_range
 
     page = browser.new_page(viewport={"width": 1500, "height": 2200}, accept_downloads=True)
     page.set_default_timeout(120_000)
@@ -183,8 +183,8 @@ def test_review_loop_on_real_samples_counts_agree_everywhere(app_url, browser, a
     wait_idle(page)
     page.screenshot(path=str(artifacts_dir / "real_6_autogate.png"), full_page=True)
 
-    from gating_core.autogates import relabel_after_edit
     from gating_core.gates import GateTree
+    from gating_core.gates.autogates import relabel_after_edit
     from gating_core.library import PatientLibrary
 
     library = PatientLibrary(tmp_path / "library")
@@ -252,7 +252,7 @@ def test_review_loop_on_real_samples_counts_agree_everywhere(app_url, browser, a
         item.save_as(tmp_path / target)
         return tmp_path / target
 
-    from gating_core.export import read_gated_csv
+    from gating_core.io.export import read_gated_csv
 
     exported, populations, _ = read_gated_csv(download("Gated CSV", "gated.csv"))
     populations = np.asarray(populations).astype(str)

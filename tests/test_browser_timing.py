@@ -88,8 +88,8 @@ def library_with_patients(tmp_path):
     library.import_files([files / f"{PATIENT}.fcs", files / f"{PATIENT}.labels.csv"])
     # a gate tree drawn from its labels, as a lab would have: the Gate page shows its statistics,
     # its gates and back-gating, all over a million events
-    from gating_core.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
     from gating_core.gates import panel_scale
+    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, tree_from_labels
 
     stored = library.load_sample(PATIENT, compensate=True)
     tree = tree_from_labels(stored, labels, SAMPLE_DATA_HIERARCHY, {c: panel_scale(c, [stored]) for c in stored.pnn})

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from gating_core import read_fcs
-from gating_core.transforms import (CHANNEL_SCALE_TOP, channel_scale_channels, channel_scale_reason,
-                                    default_transform)
+from gating_core.fcs.transforms import (CHANNEL_SCALE_TOP, channel_scale_channels, channel_scale_reason,
+                                        default_transform)
 
 
 def _channel_numbers(rng, n=5000):
@@ -62,9 +62,9 @@ def test_the_shared_flowcap_files_are_found_on_their_channel_scale(dlbcl_dir):
 
 
 def test_a_user_changes_some_channels_and_keeps_the_rest(sample_data_dir, tmp_path):
-    from gating_core.inputs import load_labeled_input
+    from gating_core.fcs.transforms import describe_transform, parse_transform_spec
+    from gating_core.io.inputs import load_labeled_input
     from gating_core.model import GatingModel
-    from gating_core.transforms import describe_transform, parse_transform_spec
 
     assert parse_transform_spec("arcsinh:5") == ("arcsinh", {"cofactor": 5.0})
     assert parse_transform_spec("channel-scale") == ("linear", {"scale": CHANNEL_SCALE_TOP})

@@ -1,4 +1,4 @@
-"""DICA / UDICA (gating_core.dica): the primal D x D form against Algorithm 1's quantities, the
+"""DICA / UDICA (gating_core.method.dica): the primal D x D form against Algorithm 1's quantities, the
 paper's toy (unseen domains less spread than after KPCA) and dica-pooling in evaluate."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from scipy.linalg import eigh
 from sklearn.decomposition import KernelPCA
 from sklearn.linear_model import LogisticRegression
 
-from gating_core.dica import DICA, distributional_variance, fourier_features, toy_domains
-from gating_core.features import MeanEmbedding
+from gating_core.method.dica import DICA, distributional_variance, fourier_features, toy_domains
+from gating_core.method.features import MeanEmbedding
 
 
 def _split(seed, shift_sd=1.0):

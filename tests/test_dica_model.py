@@ -12,7 +12,7 @@ import pytest
 
 from gating_core import GatingModel, read_fcs
 from gating_core.fcs import stream_fcs_all
-from gating_core.modelfile import ModelFileError
+from gating_core.model.file_checks import ModelFileError
 from helpers import SAMPLE_DATA, run_cli, sample_cohort, sample_paths
 
 # What `train --no-selection --cells-per-patient 1000 --dica supervised --dica-components 8`
@@ -177,8 +177,8 @@ def test_models_without_dica_store_no_dica_arrays(tmp_path):
 def test_evaluate_dica_marginal_fits_dica_on_each_fold_only(monkeypatch):
     """dica-marginal never takes the subtraction shortcut (its DICA would see the held-out
     patient's labels): a full refit per fold, even with refit="subtract"."""
-    import gating_core.held_out as held_out
     from gating_core.evaluation import ALL_METHODS, leave_one_patient_out
+    import gating_core.evaluation.held_out as held_out
     from gating_core.synthetic import simulate_cohort
 
     assert "dica-marginal" in ALL_METHODS

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gating_core.distributed import gate_files_distributed, local_cluster
-from gating_core.gating import gate_file
+from gating_core.batch.distributed import gate_files_distributed, local_cluster
+from gating_core.batch.files import gate_file
 from gating_core.model import GatingModel
 from gating_core.synthetic import simulate_cohort, simulate_patient, write_sample
 from helpers import run_cli
@@ -138,7 +138,7 @@ def test_model_file_loaded_once_per_worker(batch, client, tmp_path):
     gate_files_distributed(batch["model_path"], paths, tmp_path, chunk_size=CHUNK, client=client)
 
     def cached_models():
-        from gating_core import distributed
+        from gating_core.batch import distributed
 
         return list(distributed._MODEL_CACHE)
 
@@ -178,7 +178,7 @@ def test_gate_result_independent_of_chunk_size_on_cluster(batch, client, tmp_pat
     b = gate_files_distributed(batch["model_path"], batch["good"][:1], tmp_path / "b", chunk_size=3_000,
                                client=client)
     assert a[0]["counts"] == b[0]["counts"]
-    from gating_core.export import read_gated_csv
+    from gating_core.io.export import read_gated_csv
 
     _, pop_a, conf_a = read_gated_csv(tmp_path / "a" / "new_0.gated.csv")
     _, pop_b, conf_b = read_gated_csv(tmp_path / "b" / "new_0.gated.csv")
@@ -187,7 +187,7 @@ def test_gate_result_independent_of_chunk_size_on_cluster(batch, client, tmp_pat
 
 
 def test_unreachable_scheduler_is_a_clear_error(batch, tmp_path):
-    from gating_core.distributed import ClusterError
+    from gating_core.batch.distributed import ClusterError
 
     with pytest.raises(ClusterError, match=r"cannot reach the Dask scheduler at tcp://127\.0\.0\.1:9: "):
         gate_files_distributed(batch["model_path"], batch["good"][:1], tmp_path, scheduler="tcp://127.0.0.1:9",

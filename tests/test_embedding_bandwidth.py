@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from gating_core.fcs import read_fcs
+from gating_core.method.selection import DEFAULT_EMBEDDING_FACTORS
 from gating_core.model import GatingModel
-from gating_core.research_model import ResearchGatingModel
-from gating_core.selection import DEFAULT_EMBEDDING_FACTORS
+from gating_core.model.research import ResearchGatingModel
 from helpers import run_cli, sample_cohort, sample_paths
 # With one shift-augmented copy of each patient (a ResearchGatingModel option).
 QUICK = dict(n_features=64, cells_per_patient=500, selection_cells_per_patient=300, cv_folds=3, cv_repeats=1,
@@ -70,7 +70,7 @@ def test_the_command_line_asks_for_it(tmp_path):
 
 
 def test_the_check_by_subtraction_is_not_asked_to_select_it():
-    """gating_core.held_out does not search sigma': evaluate refuses that pairing by name
+    """gating_core.evaluation.held_out does not search sigma': evaluate refuses that pairing by name
     (and leaves one patient out by full refits when --refit is not given)."""
     result = run_cli("evaluate", "--select-embedding-bandwidth", "--refit", "subtract", *sample_paths(range(1, 4)))
     assert result.returncode == 2

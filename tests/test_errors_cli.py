@@ -10,14 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from gating_core.distributed import ClusterError
+from gating_core.batch.distributed import ClusterError
 from gating_core.errors import GatingCoreError
 from gating_core.fcs import FCSError
 from gating_core.gates import GateError, GateImportError
-from gating_core.labels import LabelError
+from gating_core.io.labels import LabelError
 from gating_core.library import LibraryError, PatientLibrary
-from gating_core.gate_result import ChannelMismatchError
-from gating_core.modelfile import ModelFileError
+from gating_core.model.file_checks import ModelFileError
+from gating_core.model.result import ChannelMismatchError
 from helpers import quick_model_file, run_cli
 
 UNDECODABLE = os.fsdecode(b"x\xff")  # a file name that is not UTF-8 (surrogateescape on Linux)
@@ -107,13 +107,13 @@ def test_every_input_error_shares_one_root_and_keeps_its_old_base():
 
 # Where each error was defined before gating_core.errors held them all: those imports keep working.
 OLD_HOMES = {"gating_core.fcs": ["FCSError"], "gating_core.fcs.sample": ["FCSError"],
-             "gating_core.labels": ["LabelError"], "gating_core.groups": ["GroupsError"],
+             "gating_core.io.labels": ["LabelError"], "gating_core.method.groups": ["GroupsError"],
              "gating_core.gates": ["GateError", "GateImportError"],
              "gating_core.gates.errors": ["GateError", "GateImportError"],
-             "gating_core.gate_result": ["ChannelMismatchError"], "gating_core.modelfile": ["ModelFileError"],
+             "gating_core.model.result": ["ChannelMismatchError"], "gating_core.model.file_checks": ["ModelFileError"],
              "gating_core.library": ["LibraryError", "ConflictError"],
              "gating_core.library.common": ["LibraryError", "ConflictError"],
-             "gating_core.library.catalog": ["CatalogVersionError"], "gating_core.distributed": ["ClusterError"],
+             "gating_core.library.catalog": ["CatalogVersionError"], "gating_core.batch.distributed": ["ClusterError"],
              "gating_core": ["FCSError", "LabelError", "GateError", "ChannelMismatchError", "GatingCoreError"]}
 
 

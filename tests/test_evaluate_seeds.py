@@ -51,7 +51,7 @@ def test_summarize_seeds_counts_ties_for_each_method():
 
 
 def test_the_worst_patient_methods_fit_what_their_names_say():
-    from gating_core.evaluation import _fold_models
+    from gating_core.evaluation.protocols import _fold_models
 
     samples, labels = sample_cohort(range(1, 4))
     fitted = {}

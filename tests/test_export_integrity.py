@@ -21,11 +21,11 @@ from hypothesis import strategies as st
 from test_fcs_properties import build_dataset
 
 from gating_core import fcs as fcs_module
-from gating_core.fcs import writer as fcs_writer
 from gating_core.cli import main as cli_main
-from gating_core.export import (export_bytes, export_keywords, export_sample, read_fcs_with_populations,
-                                write_fcs_with_populations)
+from gating_core.fcs import writer as fcs_writer
 from gating_core.fcs import FCSError, choose_delimiter, read_fcs, write_fcs
+from gating_core.io.export import (export_bytes, export_keywords, export_sample, read_fcs_with_populations,
+                                   write_fcs_with_populations)
 from gating_core.library import PatientLibrary, is_identifying
 
 # What a clinical instrument writes about the person and the run (all must stay home) ...
@@ -188,7 +188,7 @@ def test_api_exports_follow_the_same_policy(tmp_path, private):
 
 
 def test_gated_csv_downloads_and_zip_go_through_the_export_function(tmp_path, monkeypatch):
-    from gating_core import export
+    from gating_core.io import export
     from ui import exports
 
     source = fortessa_like(tmp_path / "z.fcs")

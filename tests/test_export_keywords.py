@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 
 from gating_core.cli import main as cli_main
-from gating_core.export import (dropped_keyword_count, export_keywords, export_sample, read_fcs_with_populations)
 from gating_core.fcs import read_fcs, read_fcs_all, write_fcs
+from gating_core.io.export import (dropped_keyword_count, export_keywords, export_sample, read_fcs_with_populations)
 from gating_core.library import PatientLibrary, is_allowed
 from helpers import sample_cohort
 
@@ -142,8 +142,8 @@ def test_h5ad_uns_keeps_only_what_reads_the_data(planted, tmp_path):
 
 def test_flowjo_workspace_keeps_only_what_reads_the_data(planted, tmp_path):
     pytest.importorskip("flowkit")
-    from gating_core.gate_export import export_flowjo_workspace
     from gating_core.gates import GateTree, rectangle_gate
+    from gating_core.gates.export import export_flowjo_workspace
 
     _, sample = planted
     tree = GateTree([rectangle_gate("Cells", "FSC-A", "SSC-A", (10_000, 200_000), (0, 150_000))])

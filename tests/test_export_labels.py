@@ -7,11 +7,11 @@ import flowkit as fk
 import numpy as np
 import pytest
 
-from gating_core.export import (read_fcs_with_populations, read_gated_csv, write_fcs_with_populations,
-                                write_gated_csv)
 from gating_core.fcs import FCSError, Sample, Channel, read_fcs
-from gating_core.inputs import load_labeled_input
-from gating_core.labels import LabelError, read_labels_csv
+from gating_core.io.export import (read_fcs_with_populations, read_gated_csv, write_fcs_with_populations,
+                                   write_gated_csv)
+from gating_core.io.inputs import load_labeled_input
+from gating_core.io.labels import LabelError, read_labels_csv
 
 POPULATIONS = np.array(["B cells", "CD4 T cells", 'odd, "quoted"', "CD8+/CD4-", "ünicode", "NA"])
 

@@ -290,7 +290,7 @@ def test_upload_report_names_a_skipped_data_set(tmp_path):
 
 
 def test_batch_gating_records_a_skipped_data_set(tmp_path):
-    from gating_core.gating import gate_file
+    from gating_core.batch.files import gate_file
 
     class NoModel:  # what gate_file's streamed path uses: .compensate, .populations_, .gate_chunks
         compensate = False

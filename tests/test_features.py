@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from gating_core.classifier import MarginalTransferClassifier
-from gating_core.features import content_hashes, content_subsample
-from gating_core.features import (ExactKernel, MeanEmbedding, ProductRFF, exact_embedding_inner,
-                                  median_pairwise_distance)
+from gating_core.method.classifier import MarginalTransferClassifier
+from gating_core.method.features import content_hashes, content_subsample
+from gating_core.method.features import (ExactKernel, MeanEmbedding, ProductRFF, exact_embedding_inner,
+                                         median_pairwise_distance)
 from gating_core.synthetic import ellipse_task
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gating_core import cpus, solvers
-from gating_core.held_out import FOLD_GTOL
+from gating_core import cpus
+from gating_core.evaluation.held_out import FOLD_GTOL
+from gating_core.method import solvers
 
 
 def _patients(seed=0, patients=5, cells=1500, dim=8, k=3):

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 
 from gating_core.fcs import Channel, Sample
-from gating_core.gate_export import export_gatingml
 from gating_core.gates import (
     GATE_KINDS, GATE_TYPES, AxisGate, AxisScale, Band, BooleanGate, Gate, GateError, GateTree, PolygonGate,
     QuadrantGate, RangeGate, RectangleGate, Region, Split, apply_gatingml, boolean_gate, polygon_gate,
     quadrant_gates, range_gate, rectangle_gate,
 )
 from gating_core.gates.drawing import straight_outline
-from gating_core.report import patient_report_html
+from gating_core.gates.export import export_gatingml
+from gating_core.reports.report import patient_report_html
 
 # A gate tree as the library stored it when one Gate class held every kind (written by that
 # code), with each kind: rectangle, polygon, a quadrant split on arcsinh axes, range, boolean.

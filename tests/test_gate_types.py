@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from gating_core.fcs import Channel, Sample, read_fcs
-from gating_core.gate_export import export_flowjo_workspace, export_gatingml
 from gating_core.gates import (
     AxisScale, Gate, GateError, GateTree, apply_gatingml, boolean_gate, gate_name_from_xml, polygon_gate,
     quadrant_gates, quadrant_names, range_gate, rectangle_gate,
 )
+from gating_core.gates.export import export_flowjo_workspace, export_gatingml
 
 ASINH = AxisScale("arcsinh", cofactor=150.0)
 LOGICLE = AxisScale("logicle", top=262144.0, width=0.5, decades=4.5)
@@ -281,7 +281,7 @@ def test_a_polygon_nested_in_a_quadrant_and_a_boolean_over_branches_round_trip(p
 # ------------------------------------------------------------------------------------ back-gating
 
 def test_backgating_highlights_the_population_on_every_ancestor_plot(patient):
-    from gating_core.backgating import backgating, gate_path
+    from gating_core.gates.backgating import backgating, gate_path
 
     tree = lab_tree()
     masks = tree.memberships(patient)
@@ -305,8 +305,8 @@ def test_backgating_highlights_the_population_on_every_ancestor_plot(patient):
 
 
 def test_range_gates_round_trip_through_a_flowjo_workspace(patient, tmp_path):
-    from gating_core.gate_export import workspace_sample_id
     from gating_core.gates import apply_workspace
+    from gating_core.gates.export import workspace_sample_id
 
     tree = GateTree([rectangle_gate("Leukocytes", "FSC-A", "SSC-A", (20000, 150000), (5000, 90000)),
                      range_gate("CD3+", "CD3", 1.5, 5.6, ASINH, parent="Leukocytes"),

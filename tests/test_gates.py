@@ -8,12 +8,12 @@ import flowkit
 import numpy as np
 import pytest
 
-from gating_core import plotting
 from gating_core.fcs import Channel, Sample, write_fcs
 from gating_core.gates import (
     OTHER, AxisScale, GateError, GateImportError, GateTree, apply_gatingml, apply_workspace,
     polygon_gate, rectangle_gate, safe_stem, suggest_scale,
 )
+from gating_core.reports import plotting
 from ui.app_state import channel_presence, common_channels, rename_channels, shape_from_selection
 from ui.ingest import classify, ingest_files
 
@@ -257,7 +257,7 @@ def fcs_bytes(tmp_path, sample, name="x.fcs"):
 
 
 def test_ingest_fcs_with_labels_bad_file_and_hostile_names(tmp_path):
-    pytest.importorskip("gating_core.labels")
+    pytest.importorskip("gating_core.io.labels")
     sample = random_sample(n=300, seed=1)
     tree = lymph_tree()
     labels = tree.labels(sample)
@@ -436,7 +436,7 @@ def test_replace_geometry_on_new_scales_and_statistics_name_channels():
                                   tuple(arcsinh.forward(np.array([2.5, 2.5])))], "rectangle", arcsinh, arcsinh)
     assert tree["low"].x_scale == arcsinh
     assert tree.memberships(sample)["low"].sum() == 9  # 0..2 x 0..2
-    from gating_core.plotting import sample_channel_label
+    from gating_core.reports.plotting import sample_channel_label
 
     stats = tree.statistics(sample, channel_label=sample_channel_label)
     assert stats.loc[0, "axes"] == "CD3 (A) / CD4 (B)"

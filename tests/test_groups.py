@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from gating_core.groups import GroupsError, group_folds, groups_from_csv, groups_from_keyword, infer_groups
+from gating_core.method.groups import GroupsError, group_folds, groups_from_csv, groups_from_keyword, infer_groups
 from gating_core.synthetic import draw_center, simulate_centers, simulate_patient, write_centers
 from helpers import run_cli
 

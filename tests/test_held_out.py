@@ -1,14 +1,14 @@
-"""The held-out check by subtraction (gating_core.held_out): each fold fitted from the statistics
+"""The held-out check by subtraction (gating_core.evaluation.held_out): each fold fitted from the statistics
 of all patients minus the held-out ones, selection included, without refitting from files."""
 
 import numpy as np
 import pytest
 
-from gating_core.classifier import MarginalTransferClassifier
-from gating_core.training_problem import TrainingProblem
 from gating_core.evaluation import leave_one_group_out, leave_one_patient_out, summarize
-from gating_core.held_out import _SharedProblems, fold_models
-from gating_core.selection import HyperparameterSearch, select_hyperparameters
+from gating_core.evaluation.held_out import _SharedProblems, fold_models
+from gating_core.method.classifier import MarginalTransferClassifier
+from gating_core.method.selection import HyperparameterSearch, select_hyperparameters
+from gating_core.method.training_problem import TrainingProblem
 from gating_core.synthetic import simulate_centers
 
 
@@ -22,8 +22,8 @@ def cohort():
 
 def _standardised(samples, labels, n_cells=800):
     """Per-patient standardised cells (fewer than cells_per_patient: every cell is drawn)."""
-    from gating_core.digest import digest_patient
     from gating_core.model import GatingModel
+    from gating_core.model.digest import digest_patient
 
     model = GatingModel(cells_per_patient=n_cells)
     digests = [digest_patient(s, y, n_cells, 5000, seed=model.digest_seed(i)) for i, (s, y) in
@@ -136,7 +136,7 @@ def test_runs_that_train_on_the_same_patients_share_one_decomposition(cohort, mo
     # Leaving patient a out and holding out b in an inner fold trains on what leaving b out and
     # holding out a does: one eigendecomposition per distinct training set and key, and every
     # run's result is what it gives when run alone.
-    from gating_core.solvers import RidgeStatistics
+    from gating_core.method.solvers import RidgeStatistics
 
     samples, labels, groups = cohort
     cells, embedding_cells, drawn = _standardised(samples, labels)
@@ -162,7 +162,7 @@ def test_runs_that_train_on_the_same_patients_share_one_decomposition(cohort, mo
 
 def test_a_problem_view_is_what_a_fresh_problem_builds(cohort):
     # The pooled companion's problem, taken from the marginal model's (augmented) problem.
-    from gating_core.selection import problem_view
+    from gating_core.method.selection import problem_view
 
     samples, labels, groups = cohort
     cells, embedding_cells, drawn = _standardised(samples, labels)
@@ -190,9 +190,9 @@ def test_a_fold_searches_on_the_seeded_subset_that_training_on_its_patients_woul
     # GatingModel.fit searches on at most SELECTION_MAX_PATIENTS patients (a seeded draw); so
     # does each fold, among its own training patients. A patient outside that draw trains the
     # fold's model but its labels never reach the fold's selection.
-    import gating_core.model
+    import gating_core.model.estimator
 
-    monkeypatch.setattr(gating_core.model, "SELECTION_MAX_PATIENTS", 3)
+    monkeypatch.setattr(gating_core.model.estimator, "SELECTION_MAX_PATIENTS", 3)
     samples, labels, groups = cohort
     settings = {"n_features": 128, "cells_per_patient": 1000, "selection_cells_per_patient": 400}
     first = fold_models(samples, labels, [[2]], settings, groups)[0]
@@ -208,15 +208,15 @@ def test_a_fold_searches_on_the_seeded_subset_that_training_on_its_patients_woul
     assert first.selection_["companion"] == second.selection_["companion"]
     assert not np.array_equal(first.classifier_.coef_, second.classifier_.coef_)
     # Without the cap, all five training patients are searched on: another selection.
-    monkeypatch.setattr(gating_core.model, "SELECTION_MAX_PATIENTS", 50)
+    monkeypatch.setattr(gating_core.model.estimator, "SELECTION_MAX_PATIENTS", 50)
     everyone = fold_models(samples, labels, [[2]], settings, groups)[0]
     assert everyone.selection_["n_patients"] == 5
     assert everyone.selection_["table"] != first.selection_["table"]
 
 
 def test_logistic_folds_started_from_everyone_stop_at_the_fold_tolerance_and_predict_alike(cohort, monkeypatch):
-    import gating_core.held_out as held_out
-    from gating_core import solvers
+    import gating_core.evaluation.held_out as held_out
+    from gating_core.method import solvers
 
     samples, labels, groups = cohort
     cells, embedding_cells, drawn = _standardised(samples, labels)
@@ -247,7 +247,7 @@ def test_logistic_folds_started_from_everyone_stop_at_the_fold_tolerance_and_pre
 
 
 def test_a_bandwidth_one_fold_chose_starts_from_the_nearest_fit_on_everyone(cohort, monkeypatch):
-    from gating_core import solvers
+    from gating_core.method import solvers
 
     samples, labels, groups = cohort
     cells, embedding_cells, drawn = _standardised(samples, labels)

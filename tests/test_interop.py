@@ -16,13 +16,13 @@ from gating_core import (
     GatingModel, as_sample, export_flowjo_workspace, export_gatingml, export_sample, from_flowkit, read_fcs,
     read_fcs_with_populations, read_gated_csv, to_flowkit,
 )
-from gating_core.export import export_keywords
 from gating_core.fcs import Channel, Sample
-from gating_core.gate_export import workspace_sample_id
 from gating_core.gates import (
     AxisScale, GateError, GateTree, apply_gatingml, apply_workspace, gate_name_from_xml, polygon_gate,
     rectangle_gate, xml_gate_id,
 )
+from gating_core.gates.export import workspace_sample_id
+from gating_core.io.export import export_keywords
 from helpers import REPO, run_cli, sample_cohort, sample_paths
 
 

@@ -1,5 +1,5 @@
 """``train --method iw-nystroem`` / ``gate``: importance-weighted Nystroem KRR refitted for each new
-patient from the training cells its model file keeps (gating_core.iw_model)."""
+patient from the training cells its model file keeps (gating_core.model.iw_model)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from gating_core.fcs import read_fcs
-from gating_core.iw_model import IW_FORMAT, IWNystroemGatingModel, load_any_model, model_file_format
 from gating_core.model import GatingModel
-from gating_core.modelfile import ModelFileError
+from gating_core.model.file_checks import ModelFileError
+from gating_core.model.iw_model import IW_FORMAT, IWNystroemGatingModel, load_any_model, model_file_format
 from helpers import run_cli, sample_cohort, sample_paths
 
 # Label agreement with the truth, measured with the default settings (2,000 cells per patient,
@@ -159,14 +159,14 @@ def test_an_iw_file_is_not_a_gating_model_and_damage_is_named(small_model, tmp_p
 def test_streamed_csv_and_whole_file_outputs_agree(small_model, sample_data_dir, tmp_path):
     """gate_file streams CSV in chunks and reads the patient whole for FCS output: the same
     refit, the same labels, and the refit's cost in both records."""
-    from gating_core.gating import gate_file
+    from gating_core.batch.files import gate_file
 
     path = sample_data_dir / "new" / "new_patient_01.fcs"
     (csv_record,) = gate_file(small_model, path, tmp_path, chunk_size=5000, format="csv")
     (fcs_record,) = gate_file(small_model, path, tmp_path, format="fcs")
     assert csv_record["counts"] == fcs_record["counts"]
     assert csv_record["fit_seconds"] > 0 and fcs_record["fit_seconds"] > 0
-    from gating_core.export import read_fcs_with_populations
+    from gating_core.io.export import read_fcs_with_populations
 
     gated = pd.read_csv(csv_record["output"])["population"].to_numpy().astype(str)
     _, written = read_fcs_with_populations(fcs_record["output"])
@@ -177,9 +177,9 @@ def test_streamed_csv_and_whole_file_outputs_agree(small_model, sample_data_dir,
 def test_evaluate_refits_iw_nystroem_on_each_fold_beside_the_baselines(monkeypatch):
     """``evaluate --method iw-nystroem``: each fold trains an IWNystroemGatingModel on the other
     patients (never by subtraction) and gates the held-out one, refitted on its own cells."""
-    import gating_core.held_out as held_out
     from gating_core.commands import model_commands
     from gating_core.evaluation import leave_one_patient_out
+    import gating_core.evaluation.held_out as held_out
     from gating_core.synthetic import simulate_cohort
 
     assert "iw-nystroem" in model_commands.EVALUATION_METHODS

@@ -1,4 +1,4 @@
-"""Importance-weighted Nystroem KRR (gating_core.iw_nystroem): exact in its limits, weights
+"""Importance-weighted Nystroem KRR (gating_core.method.iw_nystroem): exact in its limits, weights
 that track the density ratio, and weighting that helps under covariate shift."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy.stats import norm
 
-from gating_core.iw_nystroem import ImportanceWeightedNystroemKRR, exact_weighted_krr, gaussian_kernel
+from gating_core.method.iw_nystroem import ImportanceWeightedNystroemKRR, exact_weighted_krr, gaussian_kernel
 
 
 def _regression(n=250, seed=0):

@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gating_core.alignment import (MAX_PEAKS, LandmarkReference, LandmarkRegistration, SkipRule,
-                                   channel_peaks)
+from gating_core.method.alignment import (MAX_PEAKS, LandmarkReference, LandmarkRegistration, SkipRule, channel_peaks)
 from helpers import sample_cohort
 
 
@@ -146,7 +145,7 @@ def landmark_model(small_centers):
 
 def test_a_landmark_registered_model_round_trips_and_gates_identically(small_centers, landmark_model, tmp_path):
     from gating_core.model import GatingModel
-    from gating_core.modelfile import ModelFileError
+    from gating_core.model.file_checks import ModelFileError
 
     samples, labels, _ = small_centers
     model = landmark_model
@@ -198,8 +197,8 @@ def test_landmark_registration_is_deterministic(small_centers, landmark_model):
 def test_the_command_line_offers_the_alignments():
     import argparse
 
-    from gating_core import alignment
     from gating_core.commands import model_commands
+    from gating_core.method import alignment
 
     assert model_commands.ALIGNMENTS == alignment.ALIGNMENTS
     assert "marginal-landmarks" in model_commands.EVALUATION_METHODS

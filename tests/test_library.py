@@ -128,7 +128,7 @@ def test_unlabeled_fcs_round_trip_keeps_events_channels_and_keywords(tmp_path):
 
 
 def test_labeled_fcs_round_trip_to_gated_csv(tmp_path):
-    from gating_core.export import read_gated_csv
+    from gating_core.io.export import read_gated_csv
 
     path, events, labels = write_patient(tmp_path, "p01", n=300, seed=1)
     library = PatientLibrary(tmp_path / "lib")
@@ -150,7 +150,7 @@ def test_labeled_fcs_round_trip_to_gated_csv(tmp_path):
 
 
 def test_gated_csv_import_export_is_equal_to_the_input(tmp_path):
-    from gating_core.export import read_gated_csv, write_gated_csv
+    from gating_core.io.export import read_gated_csv, write_gated_csv
 
     events, labels = synthetic_events(250, seed=2)
     source = Sample("src", events, [Channel(n, s) for n, s in zip(PNN, PNS)])
@@ -172,7 +172,7 @@ def test_gated_csv_import_export_is_equal_to_the_input(tmp_path):
 
 
 def test_cli_import_list_export_remove(tmp_path, capsys):
-    from gating_core.export import read_gated_csv
+    from gating_core.io.export import read_gated_csv
 
     lib = tmp_path / "lib"
     path_a, events_a, labels_a = write_patient(tmp_path, "alpha", seed=3)
@@ -214,7 +214,7 @@ def test_cli_runs_as_a_module_and_honours_the_environment_variable(tmp_path):
 
 
 def test_multicenter_file_round_trip(tmp_path, multicenter_dir):
-    from gating_core.inputs import load_labeled_input
+    from gating_core.io.inputs import load_labeled_input
 
     path = multicenter_dir / "multicenter_01.fcs"
     library = PatientLibrary(tmp_path / "lib")

@@ -10,15 +10,15 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gating_core.classifier import MarginalTransferClassifier
 from gating_core.fcs import read_fcs
-from gating_core.features import (KERNELS_X, ExactLinearProductKernel, LinearMeanEmbedding, LinearProductFeatures,
-                                  ProductRFF)
-from gating_core.inputs import load_labeled_input
+from gating_core.io.inputs import load_labeled_input
+from gating_core.method.classifier import MarginalTransferClassifier
+from gating_core.method.features import (KERNELS_X, ExactLinearProductKernel, LinearMeanEmbedding,
+                                         LinearProductFeatures, ProductRFF)
+from gating_core.method.selection import DEFAULT_EMBEDDING_FACTORS, select_hyperparameters
+from gating_core.method.training_problem import cell_features
 from gating_core.model import GatingModel
-from gating_core.modelfile import ModelFileError
-from gating_core.selection import DEFAULT_EMBEDDING_FACTORS, select_hyperparameters
-from gating_core.training_problem import cell_features
+from gating_core.model.file_checks import ModelFileError
 from helpers import run_cli, sample_cohort, sample_paths
 
 

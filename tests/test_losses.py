@@ -1,4 +1,4 @@
-"""The loss objects of gating_core.losses: the name table, and what each loss's fit through
+"""The loss objects of gating_core.method.losses: the name table, and what each loss's fit through
 MarginalTransferClassifier is (the closed-form ridge solution, a stationary point of the
 logistic objective, a hinge classifier that gates like the ridge one).
 
@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from sklearn.base import clone
 
-from gating_core import classifier
-from gating_core.classifier import MarginalTransferClassifier
-from gating_core.losses import LOSSES, HingeLoss, LogisticLoss, SquaredLoss, TrainingRows, loss_for
-from gating_core.training_problem import TrainingProblem
+from gating_core.method import classifier
+from gating_core.method.classifier import MarginalTransferClassifier
+from gating_core.method.losses import LOSSES, HingeLoss, LogisticLoss, SquaredLoss, TrainingRows, loss_for
+from gating_core.method.training_problem import TrainingProblem
 
 SMALL = dict(n_features=64, n_embedding_features=8, cells_per_patient=200, alpha=1e-2, random_state=0)
 CLASSES = np.array(["a", "b", "c"])

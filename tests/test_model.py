@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from gating_core.classifier import MarginalTransferClassifier
 from gating_core.fcs import Channel, Sample
-from gating_core.gate_result import ChannelMismatchError
+from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.model import GatingModel
-from gating_core.modelfile import ModelFileError
+from gating_core.model.file_checks import ModelFileError
+from gating_core.model.result import ChannelMismatchError
 from gating_core.synthetic import simulate_patient
 from helpers import sample_cohort
 
@@ -32,7 +32,7 @@ def test_model_learns_every_population_and_gates_new_patients_accurately(model, 
     assert model.channels_[:2] == ["FSC-A", "SSC-A"] and len(model.channels_) == 9
     assert model.transform_.kinds[:3] == ["linear", "linear", "arcsinh"]
     from gating_core.fcs import read_fcs
-    from gating_core.labels import read_labels_csv
+    from gating_core.io.labels import read_labels_csv
 
     for stem in ("new_patient_01", "new_patient_02"):
         sample = read_fcs(sample_data_dir / "new" / f"{stem}.fcs", compensate=True)
@@ -60,7 +60,7 @@ def test_confidence_is_lower_on_misclassified_cells(model, sample_data_dir):
     whose every channel reads 2 or 3 times higher they make a few dozen (measured 37 in
     72,000), and the confidence of those is lower (measured 0.55 against 0.77 on average)."""
     from gating_core.fcs import read_fcs
-    from gating_core.labels import read_labels_csv
+    from gating_core.io.labels import read_labels_csv
 
     wrong_confidence, right_confidence = [], []
     for name in ("new_patient_01", "new_patient_02", "new_patient_03"):
@@ -207,7 +207,7 @@ def test_selection_is_reproducible_and_recorded(cohort):
 
 def test_ellipse_task_marginal_transfer_beats_the_paper_and_pooling():
     """JMLR 2021 synthetic task: N=64 tasks of n=256 points, 10 test tasks (paper: 7.22%)."""
-    from gating_core.selection import select_hyperparameters
+    from gating_core.method.selection import select_hyperparameters
     from gating_core.synthetic import ellipse_task
 
     rng = np.random.default_rng(2021)

@@ -6,8 +6,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gating_core.export import write_gated_csv
 from gating_core.fcs import Channel, Sample, read_fcs, write_fcs
+from gating_core.io.export import write_gated_csv
 from gating_core.synthetic import ellipse_task
 from helpers import run_cli
 

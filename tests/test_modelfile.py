@@ -22,8 +22,8 @@ from hypothesis import strategies as st
 
 from gating_core.errors import GatingCoreError
 from gating_core.model import GatingModel
-from gating_core.modelfile import ModelFileError
-from gating_core.modelfile import MODEL_MEMBERS, expansion_limit
+from gating_core.model.file_checks import ModelFileError
+from gating_core.model.file_checks import MODEL_MEMBERS, expansion_limit
 from gating_core.synthetic import simulate_patient
 from helpers import sample_cohort
 

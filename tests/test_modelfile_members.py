@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from gating_core.model import GatingModel
-from gating_core.modelfile import ModelFileError
+from gating_core.model.file_checks import ModelFileError
 from gating_core.synthetic import simulate_patient
 from helpers import SAMPLE_DATA, quick_model_file, run_cli
 
@@ -170,7 +170,7 @@ def test_a_member_shorter_than_declared_is_refused(model_file, tmp_path):
 def test_reading_a_lying_member_stops_one_byte_past_its_declared_size(model_file, tmp_path, monkeypatch):
     """Memory-safe: however far the stream would inflate, at most the declared size + 1 byte is
     decompressed."""
-    import gating_core.modelfile as modelfile
+    import gating_core.model.file_checks as modelfile
 
     path = _lying_about_size(model_file, tmp_path, "coef", bytes(8 << 20))  # 8 MiB of hidden zeros
     declared = {}

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gating_core.evaluation import leave_one_group_out, summarize
-from gating_core.inputs import load_labeled_input
+from gating_core.io.inputs import load_labeled_input
 from gating_core.synthetic import simulate_centers
 
 
@@ -81,7 +81,7 @@ def test_trained_on_one_replicate_pair_the_other_batch_is_gated_by_the_companion
     twins, and every patient of the other batch lies beyond both in sigma_P: the marginal model
     alone gates them badly. Its share of the blend fades with k_P, so they are gated mostly by
     the pooled companion, not by the even blend."""
-    from gating_core.research_model import build_model
+    from gating_core.model.research import build_model
 
     data = [load_labeled_input(multicenter_dir / f"multicenter_{i:02d}.fcs") for i in (9, 10, 1, 7)]
     samples, labels = [d[0] for d in data], [np.asarray(d[1]).astype(str) for d in data]

@@ -16,9 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_fcs_properties import build_fcs
 
+from gating_core.batch.files import gate_file, output_name_clashes, output_stem
 from gating_core.fcs import read_fcs
 from gating_core.gates.names import MAX_STEM_BYTES, safe_name, safe_stem
-from gating_core.gating import gate_file, output_name_clashes, output_stem
 from helpers import SAMPLE_DATA, quick_model_file, run_cli
 
 NEW = SAMPLE_DATA / "new"

@@ -50,9 +50,9 @@ def test_import_gating_core_imports_no_app_or_cluster_package():
 def test_public_names_resolve_to_their_modules():
     for name in gating_core.__all__:
         assert getattr(gating_core, name) is not None, name
-    from gating_core.classifier import MarginalTransferClassifier
     from gating_core.fcs import read_fcs
-    from gating_core.interop import from_flowkit, to_anndata
+    from gating_core.io.interop import from_flowkit, to_anndata
+    from gating_core.method.classifier import MarginalTransferClassifier
     from gating_core.model import GatingModel
 
     assert gating_core.GatingModel is GatingModel and gating_core.read_fcs is read_fcs
@@ -60,6 +60,29 @@ def test_public_names_resolve_to_their_modules():
     assert gating_core.from_flowkit is from_flowkit and gating_core.to_anndata is to_anndata
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         gating_core.not_a_name  # noqa: B018
+
+
+def test_packages_that_were_modules_keep_their_names_and_load_them_on_first_use():
+    # gating_core.model and gating_core.evaluation were modules: what users imported from them
+    # still imports, from the module that now defines it, and only when asked for.
+    code = ("import sys\n"
+            "import gating_core.model.file_checks\n"
+            "estimator = 'gating_core.model.estimator' in sys.modules\n"
+            "import gating_core.evaluation.held_out\n"
+            "print(repr((estimator, 'gating_core.evaluation.protocols' in sys.modules)))\n"
+            "from gating_core.model import DEFAULT_POOLED_WEIGHT, METHODS, GatingModel\n"
+            "from gating_core.evaluation import leave_one_group_out, summarize\n"
+            "print(repr((GatingModel.__module__, leave_one_group_out.__module__, summarize.__module__)))\n"
+            "import gating_core.model, gating_core.evaluation\n"
+            "print(repr(set(gating_core.model.__all__) <= set(dir(gating_core.model))))\n"
+            "try:\n    gating_core.model.not_a_name\nexcept AttributeError as e:\n    print(repr(str(e)))\n")
+    result = python(code)
+    assert result.returncode == 0, result.stderr
+    loaded, modules, listed, missing = map(eval, result.stdout.splitlines())
+    assert loaded == (False, False)
+    assert modules == ("gating_core.model.estimator", "gating_core.evaluation.protocols",
+                       "gating_core.evaluation.protocols")
+    assert listed and "no attribute 'not_a_name'" in missing
 
 
 def test_version_is_defined_once_and_printed_by_the_cli():
@@ -144,7 +167,10 @@ def test_wheel_installs_in_a_fresh_venv_and_runs_without_streamlit(tmp_path, sam
     assert wheel.name == f"gating_core-{gating_core.__version__}-py3-none-any.whl"
     files = zipfile.ZipFile(wheel).namelist()
     for module in ("gating_core/__init__.py", "gating_core/commands/__init__.py", "gating_core/commands/info.py",
-                   "gating_core/library/__init__.py", "gating_core/library/privacy.py", "gating_core/interop.py"):
+                   "gating_core/library/__init__.py", "gating_core/library/privacy.py", "gating_core/io/interop.py",
+                   "gating_core/model/__init__.py", "gating_core/model/estimator.py", "gating_core/method/classifier.py",
+                   "gating_core/evaluation/protocols.py", "gating_core/batch/files.py", "gating_core/reports/report.py",
+                   "gating_core/fcs/transforms.py"):
         assert module in files
     assert not [f for f in files if f.startswith(("ui/", "pages/", "tests/", "bench/", "app.py"))]
 

@@ -13,12 +13,12 @@ import pytest
 
 from sklearn.base import clone
 
-from gating_core.iw_model import load_any_model
 from gating_core.model import GatingModel
-from gating_core.modelfile import ModelFileError
-from gating_core.parameters import BOOLEAN, NONE, InstanceOf, Interval, Options, validate_parameters
-from gating_core.research_model import (RESEARCH_OPTIONS, ResearchGatingModel, build_model, load_gating_model,
+from gating_core.model.file_checks import ModelFileError
+from gating_core.model.iw_model import load_any_model
+from gating_core.model.research import (RESEARCH_OPTIONS, ResearchGatingModel, build_model, load_gating_model,
                                         model_class)
+from gating_core.parameters import BOOLEAN, NONE, InstanceOf, Interval, Options, validate_parameters
 from helpers import sample_cohort
 from modelfile_helpers import rewrite_model_file
 

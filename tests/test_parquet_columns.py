@@ -1,5 +1,5 @@
 """Dictionary encoding in the Parquet files we write: only columns whose values repeat
-(gating_core.parquet_columns), in the library's event files and the gated tables."""
+(gating_core.io.parquet_columns), in the library's event files and the gated tables."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gating_core.export import export_sample
 from gating_core.fcs import Sample, read_fcs
-from gating_core.gated_table import GatedTableWriter
+from gating_core.io.export import export_sample
+from gating_core.io.gated_table import GatedTableWriter
+from gating_core.io.parquet_columns import MAX_DISTINCT_SHARE, SAMPLE_ROWS, repeating_columns
 from gating_core.library.storage import read_events, write_events_temp
-from gating_core.parquet_columns import MAX_DISTINCT_SHARE, SAMPLE_ROWS, repeating_columns
 
 
 def _dictionary_encoded(path) -> dict:

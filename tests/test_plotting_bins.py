@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gating_core import plotting
+from gating_core.reports import plotting
 
 
 def _awkward_values(rng, n):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gating_core import plotting
+from gating_core.reports import plotting
 
 
 def _bins(x, y, x_range, y_range, bins):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gating_core.classifier import SCORE_BLOCK, MarginalTransferClassifier, _softmax
+from gating_core.method.classifier import SCORE_BLOCK, MarginalTransferClassifier, _softmax
 
 
 def _reference_softmax(scores):

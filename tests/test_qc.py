@@ -1,4 +1,4 @@
-"""QC flags (saturation at $PnR - 1, time drift) and compensation provenance: gating_core.qc."""
+"""QC flags (saturation at $PnR - 1, time drift) and compensation provenance: gating_core.reports.qc."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from gating_core.fcs import Channel, Sample, read_fcs, write_fcs
-from gating_core.qc import compensation_info, quality_flags, raw_ceiling
+from gating_core.reports.qc import compensation_info, quality_flags, raw_ceiling
 
 
 def _sample(events, names, ranges, keywords=None, **kwargs):

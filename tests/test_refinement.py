@@ -1,13 +1,13 @@
-"""Refinement from corrections (gating_core.refinement): the ridge step, and on the sample data
+"""Refinement from corrections (gating_core.method.refinement): the ridge step, and on the sample data
 a few corrected cells of a wrongly gated population fix many more than themselves."""
 
 import numpy as np
 import pytest
 
 from gating_core.fcs import read_fcs
-from gating_core.labels import read_labels_csv
-from gating_core.refinement import _PatientFrame, corrected_probabilities, refine_gating, refinement_coef
-from gating_core.research_model import ResearchGatingModel
+from gating_core.io.labels import read_labels_csv
+from gating_core.method.refinement import _PatientFrame, corrected_probabilities, refine_gating, refinement_coef
+from gating_core.model.research import ResearchGatingModel
 from helpers import sample_cohort
 
 

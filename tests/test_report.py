@@ -1,4 +1,4 @@
-"""Batch table (patient x population) and the one-page HTML report: gating_core.report."""
+"""Batch table (patient x population) and the one-page HTML report: gating_core.reports.report."""
 
 from __future__ import annotations
 
@@ -10,11 +10,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gating_core.autogates import SAMPLE_DATA_HIERARCHY, counted_cells, tree_from_labels
 from gating_core.fcs import Sample, read_fcs
 from gating_core.gates import GateTree, boolean_gate, panel_scale, quadrant_gates, range_gate, rectangle_gate
-from gating_core.report import (ALL_EVENTS, BATCH_COLUMNS, batch_table, patient_report_html, population_rows,
-                                svg_histogram, svg_scatter)
+from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, counted_cells, tree_from_labels
+from gating_core.reports.report import (ALL_EVENTS, BATCH_COLUMNS, batch_table, patient_report_html, population_rows,
+                                        svg_histogram, svg_scatter)
 
 SAMPLE_DATA = Path(__file__).resolve().parent.parent / "sample_data"
 
@@ -275,7 +275,7 @@ def test_each_row_has_the_median_geometric_mean_and_cv_of_every_marker():
 
 
 def test_marker_statistics_of_bright_cells_are_their_geometric_mean_and_empty_cells_have_none():
-    from gating_core.marker_stats import MarkerStatistics
+    from gating_core.reports.marker_stats import MarkerStatistics
 
     stats = MarkerStatistics(np.array([[1e3], [1e4], [1e5]]), ["CD4"], [5.0])  # a mass cytometer's cofactor
     values = stats(np.ones(3, bool))
@@ -290,8 +290,8 @@ def test_marker_statistics_of_bright_cells_are_their_geometric_mean_and_empty_ce
 
 
 def test_statistics_table_holds_the_same_marker_statistics():
-    from gating_core.marker_stats import MarkerStatistics
-    from gating_core.plotting import population_table, sample_channel_label
+    from gating_core.reports.marker_stats import MarkerStatistics
+    from gating_core.reports.plotting import population_table, sample_channel_label
 
     sample, labels = _small_sample()
     markers = MarkerStatistics.of_sample(sample, sample_channel_label)

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from modelfile_helpers import rewrite_model_file
 
-from gating_core.held_out import fold_models
+from gating_core.evaluation.held_out import fold_models
 from gating_core.model import DEFAULT_BANDWIDTH_X_HEDGE
-from gating_core.research_model import ResearchGatingModel, load_gating_model
-from gating_core.modelfile import ModelFileError
+from gating_core.model.file_checks import ModelFileError
+from gating_core.model.research import ResearchGatingModel, load_gating_model
 from gating_core.synthetic import simulate_centers
 
 # Without the self-training step at gating time: these tests follow the blend of the fits themselves.
@@ -145,7 +145,7 @@ def test_a_model_whose_selection_fell_back_to_pooling_keeps_its_second_fit_throu
                                                                                           monkeypatch):
     """Where the embedding loses on held-out groups, the marginal method's model is a pooled one;
     its second fit is pooled too, and the file holds no embedding weights for either."""
-    import gating_core.selection as selection
+    import gating_core.method.selection as selection
 
     samples, labels, groups = three_centers
     monkeypatch.setattr(selection, "POOLING_MARGIN", 1.0)  # pooling always within the margin

@@ -1,5 +1,5 @@
 """Self-training at gating time (ResearchGatingModel.self_training, an option the product's GatingModel
-leaves out; gating_core.self_training)."""
+leaves out; gating_core.method.self_training)."""
 
 from __future__ import annotations
 
@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 from modelfile_helpers import rewrite_model_file
 
-from gating_core.features import content_hashes, content_subsample
-from gating_core.inputs import load_labeled_input
+from gating_core.io.inputs import load_labeled_input
+from gating_core.method.features import content_hashes, content_subsample
+from gating_core.method.refinement import refinement_coef
+from gating_core.method.self_training import (SELF_TRAINING_ALPHA, SELF_TRAINING_CELLS, SELF_TRAINING_QUANTILE,
+                                              pseudo_labels, self_training_coef)
 from gating_core.model import GatingModel
-from gating_core.refinement import refinement_coef
-from gating_core.research_model import ResearchGatingModel, load_gating_model
-from gating_core.self_training import (SELF_TRAINING_ALPHA, SELF_TRAINING_CELLS, SELF_TRAINING_QUANTILE,
-                                       pseudo_labels, self_training_coef)
+from gating_core.model.research import ResearchGatingModel, load_gating_model
 from gating_core.synthetic import simulate_centers
 from helpers import run_cli, sample_paths
 
@@ -131,7 +131,7 @@ def test_the_setting_survives_a_file_and_older_files_gate_without_it(model, thre
     np.testing.assert_allclose(previous.predict_proba(samples[5]), model._proba(cells, psi, 50_000), atol=1e-6)
     bad = json.loads(json.dumps(meta))
     bad["params"]["self_training"] = "yes"
-    from gating_core.modelfile import ModelFileError
+    from gating_core.model.file_checks import ModelFileError
 
     with pytest.raises(ModelFileError, match="self_training"):
         ResearchGatingModel.load(rewrite_model_file(arrays, tmp_path / "bad.npz", bad))

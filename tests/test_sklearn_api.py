@@ -12,10 +12,10 @@ from sklearn.exceptions import NotFittedError
 from sklearn.model_selection import GroupKFold, LeaveOneGroupOut, cross_val_score
 from sklearn.utils.validation import check_is_fitted
 
-from gating_core.classifier import EXPECTED_FAILED_CHECKS, MarginalTransferClassifier, expected_failed_checks
+from gating_core.fcs.transforms import ChannelTransform
+from gating_core.method.classifier import EXPECTED_FAILED_CHECKS, MarginalTransferClassifier, expected_failed_checks
+from gating_core.method.selection import select_hyperparameters
 from gating_core.model import GatingModel
-from gating_core.selection import select_hyperparameters
-from gating_core.transforms import ChannelTransform
 from helpers import sample_cohort
 
 SKLEARN_AT_LEAST_1_6 = tuple(int(p) for p in sklearn.__version__.split(".")[:2]) >= (1, 6)
@@ -231,7 +231,7 @@ def test_not_fitted_until_fit_and_fitted_state_only_from_fit():
 
 def test_unfitted_gating_models_raise_scikit_learns_not_fitted_error(tmp_path):
     from gating_core.fcs import Channel, Sample
-    from gating_core.iw_model import IWNystroemGatingModel
+    from gating_core.model.iw_model import IWNystroemGatingModel
 
     sample = Sample("p", np.zeros((10, 2), dtype=np.float32), [Channel("FSC-A"), Channel("SSC-A")])
     for model, message in [(GatingModel(), "GatingModel is not fitted yet"),

@@ -11,7 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gating_core import cpus, solvers
+from gating_core import cpus
+from gating_core.method import solvers
 from helpers import sample_cohort
 
 

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from gating_core import GatingModel, read_fcs
-from gating_core.features import content_subsample
-from gating_core.export import GatedTableWriter, export_sample
+from gating_core.batch.files import _gate_file_whole, gate_file
 from gating_core.fcs import FCSError, read_fcs_all, stream_fcs_all, write_fcs
-from gating_core.gating import _gate_file_whole, gate_file
+from gating_core.io.export import GatedTableWriter, export_sample
+from gating_core.method.features import content_subsample
 from helpers import SAMPLE_DATA, sample_cohort
 
 

@@ -13,11 +13,11 @@ import pandas as pd
 import pytest
 
 from gating_core.fcs import read_fcs
+from gating_core.fcs.transforms import CHANNEL_SCALE_TOP, channel_scale_channels, default_transform
 from gating_core.synthetic import (CHANNEL_MAX, CHANNELS, HARD_COHORTS, LOG_AMPLIFIER_BASELINE, LOG_AMPLIFIER_FLOOR,
                                    POPULATIONS, RANGE_MAX, Center, channel_column, draw_center,
                                    intensity_to_channel, scatter_to_channel, simulate_centers, simulate_cohort,
                                    simulate_hard_cohort, simulate_patient, write_sample)
-from gating_core.transforms import CHANNEL_SCALE_TOP, channel_scale_channels, default_transform
 
 REPO = Path(__file__).resolve().parent.parent
 FLUORESCENCE = list(CHANNELS[2:])

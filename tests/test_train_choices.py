@@ -7,9 +7,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gating_core.classifier import LOSSES
 from gating_core.commands import model_commands
 from gating_core.fcs import read_fcs
+from gating_core.method.classifier import LOSSES
 from gating_core.model import METHODS, GatingModel
 from helpers import run_cli, sample_cohort, sample_paths
 
@@ -101,7 +101,7 @@ def test_the_research_options_train_a_research_model_that_gate_reads(sample_data
     """``--augment N`` and ``--second-bandwidth`` (and ``--self-training``) are ResearchGatingModel's
     parameters: train builds one, its file loads back as one and ``gate`` gates with it; without
     them the model is the product's GatingModel."""
-    from gating_core.research_model import ResearchGatingModel, load_gating_model
+    from gating_core.model.research import ResearchGatingModel, load_gating_model
 
     path = tmp_path / "research.npz"
     result = run_cli("train", "--augment", "1", *SMALL, "--out", path, *sample_paths(range(1, 5)))

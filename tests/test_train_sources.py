@@ -2,9 +2,9 @@
 
 import numpy as np
 
-from gating_core.digest import digest_patient
-from gating_core.inputs import load_labeled_input
+from gating_core.io.inputs import load_labeled_input
 from gating_core.model import GatingModel
+from gating_core.model.digest import digest_patient
 from helpers import run_cli
 
 

@@ -11,15 +11,16 @@ import contextlib
 import numpy as np
 import pytest
 
-import gating_core.training_problem as tp
-from gating_core.classifier import MarginalTransferClassifier
+import gating_core.method.training_problem as tp
 from gating_core.cpus import blas_threads
-from gating_core.digest import digest_patient
-from gating_core.features import MeanEmbedding
-from gating_core.research_model import ResearchGatingModel
-from gating_core.solvers import stacked_rows
+from gating_core.method.classifier import MarginalTransferClassifier
+from gating_core.method.features import MeanEmbedding
+from gating_core.method.solvers import stacked_rows
+from gating_core.method.training_problem import (RowFeatures, TrainingProblem, embed_cells, embed_patients,
+                                                 shared_embeddings)
+from gating_core.model.digest import digest_patient
+from gating_core.model.research import ResearchGatingModel
 from gating_core.synthetic import simulate_patient
-from gating_core.training_problem import RowFeatures, TrainingProblem, embed_cells, embed_patients, shared_embeddings
 
 
 def _patients(n=5, n_events=2500, seed=91):
@@ -237,9 +238,9 @@ def test_gating_model_is_the_model_the_code_fitted_before_the_change(digests):
 
 
 def test_infer_cell_groups_embeds_every_cell_of_each_patient_as_before(patients, monkeypatch):
-    import gating_core.groups as groups
-    from gating_core.digest import infer_cell_groups
-    from gating_core.features import median_pairwise_distance
+    import gating_core.method.groups as groups
+    from gating_core.method.features import median_pairwise_distance
+    from gating_core.model.digest import infer_cell_groups
 
     samples, _ = patients
     cells = [samples[0], samples[0][:-7] + 0.01, *samples[1:]]  # a near-duplicate pair, sizes differ
@@ -257,7 +258,7 @@ def test_infer_cell_groups_embeds_every_cell_of_each_patient_as_before(patients,
 
 
 def test_ridge_statistics_keep_float32_rows_and_give_the_float64_values_of_before():
-    from gating_core.solvers import PerRowMatrices, RidgeStatistics
+    from gating_core.method.solvers import PerRowMatrices, RidgeStatistics
 
     rng = np.random.default_rng(8)
     dim, k = 24, 3

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from modelfile_helpers import rewrite_model_file
 
-from gating_core.classifier import MarginalTransferClassifier
-from gating_core.solvers import fit_weighted_logistic
-from gating_core.training_problem import augment_patients, shift_spread
-from gating_core.selection import select_hyperparameters
+from gating_core.method.classifier import MarginalTransferClassifier
+from gating_core.method.selection import select_hyperparameters
+from gating_core.method.solvers import fit_weighted_logistic
+from gating_core.method.training_problem import augment_patients, shift_spread
 from gating_core.synthetic import ellipse_task
 
 
@@ -62,7 +62,7 @@ def test_classifier_records_sources_and_gates_with_augmentation():
 
 
 def test_selection_falls_back_to_pooling_unless_the_embedding_wins_by_the_margin(monkeypatch):
-    import gating_core.selection as selection
+    import gating_core.method.selection as selection
 
     xs, ys = _blobs(6, n=200, seed=3)
     base = MarginalTransferClassifier(n_features=64)
@@ -87,7 +87,7 @@ def test_selection_never_splits_a_group():
     xs, ys = _blobs(6, n=100, seed=4)
     seen = []
 
-    import gating_core.groups as groups_module
+    import gating_core.method.groups as groups_module
 
     original = groups_module.group_folds
 
@@ -161,7 +161,7 @@ def small_centers():
 
 @pytest.fixture(scope="module")
 def blended(small_centers):
-    from gating_core.research_model import ResearchGatingModel
+    from gating_core.model.research import ResearchGatingModel
 
     samples, labels, _ = small_centers
     # Without the adapted populations: these tests follow the blend itself
@@ -208,7 +208,7 @@ def test_selected_companion_is_the_pooled_logistic_model_at_its_own_bandwidth(sm
     borrowed from the marginal model: it is exactly the pooled logistic regression a user would
     fit, so the blend is never built on a pooled model weaker than the baseline."""
     from gating_core.model import GatingModel
-    from gating_core.research_model import ResearchGatingModel
+    from gating_core.model.research import ResearchGatingModel
 
     samples, labels, centers = small_centers
     small = dict(n_features=96, cells_per_patient=600, selection_cells_per_patient=300, cv_repeats=1)
@@ -251,8 +251,8 @@ def test_companion_survives_save_and_load_and_older_files_load_without_it(blende
     import json
     import zipfile
 
-    from gating_core.modelfile import ModelFileError
-    from gating_core.research_model import ResearchGatingModel
+    from gating_core.model.file_checks import ModelFileError
+    from gating_core.model.research import ResearchGatingModel
 
     samples, _, _ = small_centers
     path = tmp_path / "blend.npz"
@@ -285,7 +285,7 @@ def test_companion_survives_save_and_load_and_older_files_load_without_it(blende
 
 
 def test_the_even_blend_is_kept_unless_another_weight_clearly_wins_on_held_out_groups():
-    from gating_core.selection import POOLED_WEIGHT_MARGIN, choose_pooled_weight
+    from gating_core.method.selection import POOLED_WEIGHT_MARGIN, choose_pooled_weight
 
     assert POOLED_WEIGHT_MARGIN == 0.002
     # Within the margin of the best: the weight nearest 0.5 (ties: the lower one).
@@ -298,7 +298,7 @@ def test_the_even_blend_is_kept_unless_another_weight_clearly_wins_on_held_out_g
 
 @pytest.fixture(scope="module")
 def auto_weighted(small_centers):
-    from gating_core.research_model import ResearchGatingModel
+    from gating_core.model.research import ResearchGatingModel
 
     samples, labels, centers = small_centers
     groups = [centers[s.name] for s in samples]
@@ -313,7 +313,7 @@ def auto_weighted(small_centers):
 
 
 def test_auto_weight_is_chosen_over_held_out_centers_and_is_the_weight_used(auto_weighted, small_centers):
-    from gating_core.selection import DEFAULT_POOLED_WEIGHTS, choose_pooled_weight
+    from gating_core.method.selection import DEFAULT_POOLED_WEIGHTS, choose_pooled_weight
 
     samples, _, _ = small_centers
     model = auto_weighted
@@ -336,8 +336,8 @@ def test_auto_weight_is_chosen_over_held_out_centers_and_is_the_weight_used(auto
 def test_auto_weight_survives_save_and_format_2_files_use_their_parameter(auto_weighted, small_centers, tmp_path):
     import json
 
-    from gating_core.modelfile import ModelFileError
-    from gating_core.research_model import ResearchGatingModel
+    from gating_core.model.file_checks import ModelFileError
+    from gating_core.model.research import ResearchGatingModel
 
     samples, _, _ = small_centers
     path = tmp_path / "auto.npz"
@@ -390,7 +390,7 @@ def test_command_line_names_match_the_library():
 # -- class-prior re-estimation (prior_shift="em") -----------------------------------------------
 
 def test_em_recovers_a_shifted_prior_from_calibrated_posteriors():
-    from gating_core.priors import reestimate_prior
+    from gating_core.method.priors import reestimate_prior
 
     rng = np.random.default_rng(0)
     # Two unit-variance Gaussians at -1 and +1: exact posteriors under a 50/50 training prior.
@@ -407,9 +407,9 @@ def test_em_recovers_a_shifted_prior_from_calibrated_posteriors():
 def test_prior_shift_em_gates_with_adjusted_probabilities(blended, small_centers, tmp_path):
     from sklearn.base import clone  # noqa: F401  (GatingModel params are plain values)
 
-    from gating_core.features import content_subsample
-    from gating_core.priors import apply_prior_ratio, reestimate_prior
-    from gating_core.research_model import ResearchGatingModel
+    from gating_core.method.features import content_subsample
+    from gating_core.method.priors import apply_prior_ratio, reestimate_prior
+    from gating_core.model.research import ResearchGatingModel
 
     samples, labels, _ = small_centers
     assert blended.class_prior_.shape == (len(blended.populations_),)
@@ -442,7 +442,7 @@ def test_prior_shift_em_gates_with_adjusted_probabilities(blended, small_centers
 # -- quantile registration (align="quantile") ----------------------------------------------------
 
 def test_registration_undoes_an_instrument_gain_and_offset():
-    from gating_core.alignment import LEVELS, QuantileRegistration, channel_quantiles
+    from gating_core.method.alignment import LEVELS, QuantileRegistration, channel_quantiles
 
     rng = np.random.default_rng(3)
     reference_cells = np.column_stack([rng.normal(0, 1, 20000), rng.gamma(2.0, 1.0, 20000)])
@@ -458,7 +458,7 @@ def test_registration_undoes_an_instrument_gain_and_offset():
 
 
 def test_registration_survives_ties_and_bounds_its_slopes():
-    from gating_core.alignment import MIN_GAP, SLOPE_LIMITS, QuantileRegistration, channel_quantiles
+    from gating_core.method.alignment import MIN_GAP, SLOPE_LIMITS, QuantileRegistration, channel_quantiles
 
     piled = np.zeros((1000, 1))
     piled[-30:, 0] = np.linspace(1, 2, 30)  # 97% of the events at exactly zero
@@ -475,7 +475,7 @@ def test_registration_survives_ties_and_bounds_its_slopes():
 
 def test_quantile_registered_model_round_trips_and_ignores_chunking(small_centers, tmp_path):
     from gating_core.model import GatingModel
-    from gating_core.modelfile import ModelFileError
+    from gating_core.model.file_checks import ModelFileError
 
     samples, labels, _ = small_centers
     model = GatingModel(select=False, align="quantile", cells_per_patient=1500,
@@ -505,7 +505,7 @@ def test_quantile_registered_model_round_trips_and_ignores_chunking(small_center
 def test_weighted_hinge_is_the_cost_sensitive_svm():
     from scipy.optimize import minimize
 
-    from gating_core.solvers import fit_weighted_hinge
+    from gating_core.method.solvers import fit_weighted_hinge
 
     rng = np.random.default_rng(1)
     f = [rng.normal(0, 1, (n, 3)).astype(np.float32) for n in (40, 15)]  # unequal n_i: the costs differ
@@ -544,7 +544,7 @@ def test_hinge_loss_classifier_gates_and_is_calibrated_on_held_out_patients():
 
 
 def _tiny_statistics(rng, n_tasks=3, dim=4, k=2):
-    from gating_core.solvers import RidgeStatistics
+    from gating_core.method.solvers import RidgeStatistics
 
     stats = RidgeStatistics(dim, k)
     features, targets = [], []
@@ -583,7 +583,7 @@ def test_a_penalty_below_the_grams_rounding_takes_the_eigendecomposition():
     """Duplicate float32 feature columns make the centred Gram singular up to rounding; at a
     penalty far below that rounding the Cholesky route would fail or differ, so the fit is the
     eigendecomposition's (negative rounding eigenvalues clipped at zero), to the bit."""
-    from gating_core.solvers import RidgeStatistics
+    from gating_core.method.solvers import RidgeStatistics
 
     rng = np.random.default_rng(9)
     stats = RidgeStatistics(6, 2)
@@ -598,7 +598,7 @@ def test_a_penalty_below_the_grams_rounding_takes_the_eigendecomposition():
 
 
 def test_multitask_solve_equals_ridge_on_the_explicit_multitask_features():
-    from gating_core.solvers import multitask_ridge_solve
+    from gating_core.method.solvers import multitask_ridge_solve
 
     rng = np.random.default_rng(3)
     stats, features, targets = _tiny_statistics(rng)
@@ -623,7 +623,7 @@ def test_multitask_solve_equals_ridge_on_the_explicit_multitask_features():
 
 
 def test_multitask_with_tau_one_is_one_ridge_on_all_tasks_and_tau_is_checked():
-    from gating_core.solvers import multitask_ridge_solve
+    from gating_core.method.solvers import multitask_ridge_solve
 
     rng = np.random.default_rng(4)
     stats, features, targets = _tiny_statistics(rng)
@@ -676,7 +676,7 @@ def test_a_model_file_with_a_bad_task_similarity_is_refused(further_baselines, t
     import json
 
     from gating_core.model import GatingModel
-    from gating_core.modelfile import ModelFileError
+    from gating_core.model.file_checks import ModelFileError
 
     path = tmp_path / "multitask.npz"
     further_baselines["multitask"].save(path)
@@ -696,8 +696,8 @@ def test_a_model_file_with_a_bad_task_similarity_is_refused(further_baselines, t
 # -- model selection: intercept in the held-out scores, lambda's edge, sigma' ---------------------
 
 def test_held_out_scores_are_those_of_the_fitted_model_intercept_included():
-    from gating_core.selection import HyperparameterSearch
-    from gating_core.solvers import RidgeStatistics
+    from gating_core.method.selection import HyperparameterSearch
+    from gating_core.method.solvers import RidgeStatistics
 
     xs, ys = _blobs(6, n=300, seed=3)
     # three cells in four of one class: the intercept carries that prior
@@ -741,7 +741,7 @@ def test_lambda_grid_is_extended_at_its_edge_and_results_are_unchanged_inside_it
 
 
 def test_the_embedding_bandwidth_is_selected_when_asked():
-    from gating_core.selection import DEFAULT_EMBEDDING_FACTORS
+    from gating_core.method.selection import DEFAULT_EMBEDDING_FACTORS
 
     x, y = ellipse_task(10, 32, 0)[:2]
     base = MarginalTransferClassifier(n_features=64, n_embedding_features=32, cells_per_patient=32)

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from gating_core.fcs.transforms import (ChannelTransform, default_transform, is_scatter, is_time_like,
+                                        looks_like_mass_cytometry, transform_for_display)
 from gating_core.synthetic import simulate_patient
-from gating_core.transforms import (ChannelTransform, default_transform, is_scatter, is_time_like,
-                                    looks_like_mass_cytometry, transform_for_display)
 
 
 def test_channel_kinds_are_recognised():

@@ -11,8 +11,8 @@ import pytest
 from gating_core.commands import model_commands
 from gating_core.evaluation import summarize
 from gating_core.model import UNKNOWN, GatingModel
-from gating_core.modelfile import ModelFileError
-from gating_core.unknown_cells import UNKNOWN_MARGIN, PopulationReach
+from gating_core.model.file_checks import ModelFileError
+from gating_core.method.unknown_cells import UNKNOWN_MARGIN, PopulationReach
 from helpers import run_cli, sample_cohort, sample_paths
 from modelfile_helpers import rewrite_model_file
 
@@ -142,7 +142,7 @@ def test_the_model_gates_a_new_population_as_unknown_and_counts_it(model):
 
 def test_streamed_gating_calls_the_same_cells_unknown(model, tmp_path):
     from gating_core.fcs import read_fcs, write_fcs
-    from gating_core.gating import gate_file
+    from gating_core.batch.files import gate_file
 
     sample, labels = (x[0] for x in sample_cohort([6]))
     with_new, planted = _with_planted_population(model, sample, labels)

@@ -203,7 +203,7 @@ def autogate_templates(gate_trees: dict, populations, trained_on=()) -> list[str
     matching leaves first, then by name.
 
     ``gate_trees``: patient name -> GateTree (the labeled patients')."""
-    from gating_core.autogates import template_matches
+    from gating_core.gates.autogates import template_matches
 
     trained_on = set(trained_on)
     scored = [(len(template_matches(tree, populations)), name) for name, tree in gate_trees.items() if len(tree)]

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from gating_core import plotting
 from gating_core.gates import AxisScale
+from gating_core.reports import plotting
 
 MAX_DOTS = 20_000
 
@@ -40,7 +40,7 @@ def bin_indices(token: str, channel: str, scale: dict, value_range: tuple, bins:
 def density(token: str, mask_key: str, x_channel: str, y_channel: str, x_scale: dict, y_scale: dict,
             x_range: tuple, y_range: tuple, bins: int, _sample, _mask=None):
     """Counts of all events (or the ``_mask`` events, named by ``mask_key``) on a bins x bins
-    grid: :func:`gating_core.plotting.density_grid`'s result, from cached bin indices."""
+    grid: :func:`gating_core.reports.plotting.density_grid`'s result, from cached bin indices."""
     x_bins = bin_indices(token, x_channel, x_scale, tuple(x_range), bins, _sample)
     y_bins = bin_indices(token, y_channel, y_scale, tuple(y_range), bins, _sample)
     return plotting.density_from_bins(x_bins, y_bins, x_range, y_range, bins=bins, mask=_mask)
@@ -48,7 +48,7 @@ def density(token: str, mask_key: str, x_channel: str, y_channel: str, x_scale: 
 
 @st.cache_data(max_entries=256, show_spinner=False)
 def histogram(token: str, channel: str, scale: dict, value_range: tuple, bins: int, _sample):
-    """:func:`gating_core.plotting.histogram_1d` of all events of one channel, from cached bins."""
+    """:func:`gating_core.reports.plotting.histogram_1d` of all events of one channel, from cached bins."""
     return plotting.histogram_from_bins(bin_indices(token, channel, scale, tuple(value_range), bins, _sample),
                                         value_range, bins=bins)
 
@@ -112,7 +112,7 @@ def population_grid(token: str, populations_token: str, names: tuple, x_channel:
                     x_scale: dict, y_scale: dict, x_range: tuple, y_range: tuple, bins: int, _sample,
                     _populations):
     """Events of each population of ``names`` per bin of the density grid (the population view):
-    :func:`gating_core.plotting.population_grid_from_bins` from the density's cached bin indices.
+    :func:`gating_core.reports.plotting.population_grid_from_bins` from the density's cached bin indices.
     Keyed by the events (``token``) and by the populations' version (``populations_token``):
     editing gates or correcting an auto-gate gives a new version, so no stale colours are drawn."""
     x_bins = bin_indices(token, x_channel, x_scale, tuple(x_range), bins, _sample)

@@ -6,8 +6,8 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from gating_core import plotting
 from gating_core.gates import AxisScale, Band, Region, Split
+from gating_core.reports import plotting
 
 DENSITY_COLORS = "Turbo"  # the familiar blue-to-red pseudocolor of flow software
 
@@ -129,7 +129,7 @@ def _png_data_uri(rgba: np.ndarray) -> str:
 
 
 def _population_image(panel, colors, top):
-    """One panel of the population view: :func:`gating_core.plotting.population_image` drawn as
+    """One panel of the population view: :func:`gating_core.reports.plotting.population_image` drawn as
     an image spanning the density view's bins (so both views share axes). An image, not 20,000
     WebGL dots: the browser draws it without WebGL (bench/bench_browser_render.py)."""
     counts, xc, yc = panel["grid"]

@@ -160,8 +160,8 @@ def model_picker(container, store: Store, key: str, label: str = "Current model"
 
 
 def channel_label(sample, pnn: str) -> str:
-    """The marker with its detector, e.g. "CD4 (FL3-A)" (see ``gating_core.plotting.channel_label``)."""
-    from gating_core.plotting import sample_channel_label
+    """The marker with its detector, e.g. "CD4 (FL3-A)" (see ``gating_core.reports.plotting.channel_label``)."""
+    from gating_core.reports.plotting import sample_channel_label
 
     return sample_channel_label(sample, pnn)
 
@@ -270,7 +270,7 @@ def axis_range_editor(store: Store, channels: list[str], sample, key: str, token
 
 def default_xy(channels: list[str]) -> tuple[int, int]:
     """Indices of a sensible first projection: skip time-like channels; two different ones."""
-    from gating_core.transforms import is_time_like
+    from gating_core.fcs.transforms import is_time_like
 
     usable = [i for i, c in enumerate(channels) if not is_time_like(c)]
     if len(usable) < 2:

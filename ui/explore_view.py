@@ -46,7 +46,7 @@ def overlay_curves(records, channel: str, scale: dict, value_range: tuple, popul
     """One curve per patient: the histogram of ``channel`` (display coordinates of ``scale``)
     over ``value_range`` for the events of ``population``: {"name", "counts", "centers",
     "cells"} (cells: events of the population, those outside the range included)."""
-    from gating_core import plotting
+    from gating_core.reports import plotting
 
     curves = []
     for record in records:
@@ -100,11 +100,11 @@ def overlay_section(store, names: list[str], default: list[str], first_index: in
 
 def overlay_table(records, channel: str, population: str, label: str):
     """Per patient: the population's cells, and the median, geometric mean and CV of the marker
-    over them (:class:`gating_core.marker_stats.MarkerStatistics`, raw units)."""
+    over them (:class:`gating_core.reports.marker_stats.MarkerStatistics`, raw units)."""
     import pandas as pd
 
     from gating_core.gates import panel_scale
-    from gating_core.marker_stats import MarkerStatistics
+    from gating_core.reports.marker_stats import MarkerStatistics
 
     rows = []
     for record in records:

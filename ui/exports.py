@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
-from gating_core.plotting import population_table
+from gating_core.reports.plotting import population_table
 from ui.app_state import zip_files
 
 
@@ -23,7 +23,7 @@ def _confidence(record) -> np.ndarray:
 @st.cache_data(max_entries=16, show_spinner="Writing the gated CSV…")
 def gated_csv(token: str, _record, _work_dir) -> bytes:
     """The gated CSV download (also what the zip holds), through the one export path."""
-    from gating_core.export import export_bytes
+    from gating_core.io.export import export_bytes
 
     return export_bytes(_record.sample, _record.populations, _confidence(_record), format="csv",
                         work_dir=_work_dir)
@@ -32,15 +32,15 @@ def gated_csv(token: str, _record, _work_dir) -> bytes:
 @st.cache_data(max_entries=16, show_spinner="Writing the FCS file…")
 def gated_fcs(token: str, _record, _work_dir) -> bytes:
     """The "FCS with population channel" download: only the keywords needed to read the data
-    (:func:`gating_core.export.export_sample`'s default policy)."""
-    from gating_core.export import export_bytes
+    (:func:`gating_core.io.export.export_sample`'s default policy)."""
+    from gating_core.io.export import export_bytes
 
     return export_bytes(_record.sample, _record.populations, format="fcs", work_dir=_work_dir)
 
 
 def fcs_keyword_note(record) -> str | None:
     """What the FCS download leaves out, in one line (None when it leaves nothing out)."""
-    from gating_core.export import dropped_keyword_count
+    from gating_core.io.export import dropped_keyword_count
 
     dropped = dropped_keyword_count(record.sample)
     if not dropped:
@@ -54,9 +54,9 @@ def fcs_keyword_note(record) -> str | None:
 @st.cache_data(max_entries=32, show_spinner=False)
 def statistics(token: str, _record):
     """Each population's count, shares, mean confidence and its markers' median, geometric mean
-    and CV (:mod:`gating_core.marker_stats`): the Populations table and the statistics CSV."""
-    from gating_core.marker_stats import MarkerStatistics
-    from gating_core.plotting import sample_channel_label
+    and CV (:mod:`gating_core.reports.marker_stats`): the Populations table and the statistics CSV."""
+    from gating_core.reports.marker_stats import MarkerStatistics
+    from gating_core.reports.plotting import sample_channel_label
 
     markers = MarkerStatistics.of_sample(_record.sample, sample_channel_label)
     frame = population_table(markers.events, markers.labels, _record.populations,
@@ -78,20 +78,20 @@ def all_as_zip(records, work_dir) -> bytes:
 
 
 # ------------------------------------------------------------------------------------------
-# Quality flags, compensation, batch table and per-patient report (gating_core.qc / .report)
+# Quality flags, compensation, batch table and per-patient report (gating_core.reports.qc / .report)
 
 @st.cache_data(max_entries=256, show_spinner=False)
 def quality(token: str, _record):
-    """:func:`gating_core.qc.quality_flags` of a patient, once per version of its events."""
-    from gating_core.qc import quality_flags
+    """:func:`gating_core.reports.qc.quality_flags` of a patient, once per version of its events."""
+    from gating_core.reports.qc import quality_flags
 
     return quality_flags(_record.sample)
 
 
 @st.cache_data(max_entries=256, show_spinner=False)
 def compensation(token: str, _record):
-    """:func:`gating_core.qc.compensation_info` of a patient."""
-    from gating_core.qc import compensation_info
+    """:func:`gating_core.reports.qc.compensation_info` of a patient."""
+    from gating_core.reports.qc import compensation_info
 
     return compensation_info(_record.sample)
 
@@ -106,7 +106,7 @@ def _gates_of(record):
 
 
 def _population_entry(record) -> dict:
-    """Keyword arguments of :func:`gating_core.report.population_rows` for one patient."""
+    """Keyword arguments of :func:`gating_core.reports.report.population_rows` for one patient."""
     from ui import cache
 
     result = record.load_result()
@@ -126,17 +126,17 @@ def _population_entry(record) -> dict:
 
 @st.cache_data(max_entries=256, show_spinner=False)
 def _rows(key: str, _record):
-    from gating_core.report import population_rows
+    from gating_core.reports.report import population_rows
 
     return population_rows(**_population_entry(_record))
 
 
 def batch_frame(records):
-    """Every patient x population of ``records`` (see :func:`gating_core.report.batch_table`);
+    """Every patient x population of ``records`` (see :func:`gating_core.reports.report.batch_table`);
     each patient's rows cached until its populations or gates change."""
     import pandas as pd
 
-    from gating_core.report import BATCH_COLUMNS
+    from gating_core.reports.report import BATCH_COLUMNS
 
     frames = [_rows(_report_key(r), r) for r in records if r.populations is not None]
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=BATCH_COLUMNS)
@@ -154,7 +154,7 @@ def _report_key(record) -> str:
 
 @st.cache_data(max_entries=16, show_spinner="Writing the report…")
 def _patient_report(key: str, _record) -> bytes:
-    from gating_core.report import patient_report_html
+    from gating_core.reports.report import patient_report_html
 
     entry = _population_entry(_record)
     result = _record.load_result()

@@ -88,7 +88,7 @@ def seed_range(state, range_key: str, chart_key: str, scale: AxisScale, raw_limi
 def backgating_section(record, tree: GateTree, masks: dict, default: str | None, axis_ranges=None) -> None:
     """Back-gating: the chosen population coloured on top of each ancestor plot. ``axis_ranges``:
     the panel's ranges set by hand ($PnN -> (low, high) raw units; :meth:`Store.axis_range`)."""
-    from gating_core.backgating import backgating
+    from gating_core.gates.backgating import backgating
 
     sample = record.sample
     st.markdown("#### Back-gating")

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from gating_core.gates import GateImportError, apply_gatingml, apply_workspace, safe_stem
-from gating_core.labels import Provenance
+from gating_core.io.labels import Provenance
 
 
 FCS_SUFFIXES = (".fcs", ".lmd")
@@ -29,7 +29,7 @@ class LoadedPatient:
     """One patient built from uploaded files.
 
     ``labels`` is None for a new (unlabeled) patient; ``label_source`` says where labels came
-    from: the short name of their :class:`~gating_core.labels.Provenance` ("labels CSV",
+    from: the short name of their :class:`~gating_core.io.labels.Provenance` ("labels CSV",
     "gated CSV", "FlowJo workspace", "GatingML").
     """
 
@@ -104,7 +104,7 @@ def ingest_files(files, work_dir, existing=None, compensate: bool = True,
     IngestReport
     """
     from gating_core.fcs import FCSError
-    from gating_core.inputs import read_input
+    from gating_core.io.inputs import read_input
 
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -185,7 +185,7 @@ def split_name_clashes(patients, existing_names):
 
 
 def _attach_labels(file_name, path, fcs_by_stem, existing, report):
-    from gating_core.labels import LabelError, read_labels_csv
+    from gating_core.io.labels import LabelError, read_labels_csv
 
     stem = safe_stem(file_name, "labels")
     patient = fcs_by_stem.get(stem.casefold())
@@ -213,8 +213,8 @@ def _attach_labels(file_name, path, fcs_by_stem, existing, report):
 
 
 def _load_gated(file_name, path, taken, report):
-    from gating_core.inputs import read_input
-    from gating_core.labels import LabelError
+    from gating_core.io.inputs import read_input
+    from gating_core.io.labels import LabelError
 
     try:
         [gated] = read_input(path)  # a gated CSV: one labeled patient
@@ -275,8 +275,8 @@ def load_folder(folder, labeled_pattern: str = "*.fcs", new_subfolder: str = "ne
     """Patients from a folder like ``sample_data/``: ``<stem>.fcs`` (+ ``<stem>.labels.csv``) are
     historical when labels are beside them, and ``new/*.fcs`` are new patients."""
     from gating_core.fcs import FCSError
-    from gating_core.inputs import read_input
-    from gating_core.labels import LabelError
+    from gating_core.io.inputs import read_input
+    from gating_core.io.labels import LabelError
 
     def add(path: Path, shown_as: str, labeled: bool) -> None:
         try:

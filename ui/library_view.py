@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from gating_core.gates import GateError, GateTree
-from gating_core.labels import Provenance
+from gating_core.io.labels import Provenance
 from gating_core.library import LibraryError
 from ui.patient_record import PatientRecord, StoredResult, _new_token
 

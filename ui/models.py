@@ -18,11 +18,11 @@ def model_bytes(model, work_dir) -> bytes:
 
 def load_model_bytes(data: bytes, work_dir, name: str | None = None):
     """A GatingModel or an IWNystroemGatingModel (whichever the file holds, read by
-    :func:`gating_core.iw_model.load_any_model`: checked, no pickle) from uploaded bytes,
+    :func:`gating_core.model.iw_model.load_any_model`: checked, no pickle) from uploaded bytes,
     written under a generated name first. A problem is a ModelFileError naming ``name`` (the
     uploaded file's name, shown only; never a path) rather than the generated one."""
-    from gating_core.iw_model import load_any_model
-    from gating_core.modelfile import ModelFileError
+    from gating_core.model.file_checks import ModelFileError
+    from gating_core.model.iw_model import load_any_model
 
     path = Path(work_dir) / f"upload-{uuid.uuid4().hex}.npz"
     path.write_bytes(data)
@@ -38,7 +38,7 @@ def load_model_bytes(data: bytes, work_dir, name: str | None = None):
 
 def model_channel_labels(model) -> list[str]:
     """The model's channels as people name them: marker with detector ("CD4 (FL3-A)")."""
-    from gating_core.plotting import channel_label
+    from gating_core.reports.plotting import channel_label
 
     markers = list(getattr(model, "channel_markers_", None) or [])
     markers += [""] * (len(model.channels_) - len(markers))

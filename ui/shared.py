@@ -85,7 +85,7 @@ def library_labels(library, patient_id: str, labeling_id: int, name: str):
 
 def library_model(library, model_id: str):
     """The stored model ``model_id`` (a GatingModel or an IW Nystroem model), shared between sessions."""
-    from gating_core.iw_model import load_any_model
+    from gating_core.model.iw_model import load_any_model
     from ui.jobs import library_key
 
     return shared(("model", library_key(library.path), model_id), lambda: load_any_model(library.model_path(model_id)))

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from gating_core.gates import AxisScale, GateError, GateTree, panel_scale
-from gating_core.labels import Provenance
+from gating_core.io.labels import Provenance
 from ui.library_view import LibraryView, _library_token
 from ui.patient_record import PatientRecord, _new_token, _novelty_details
 
@@ -361,7 +361,7 @@ class Store(LibraryView):
         After an edit only the cells whose gate membership changed follow the gates
         (``autogates.relabel_after_edit``); every other cell keeps its population and confidence.
         ``unfitted``: gates kept as the template drew them, with the reason."""
-        from gating_core.autogates import relabel_after_edit, unassigned_name
+        from gating_core.gates.autogates import relabel_after_edit, unassigned_name
 
         record = self.patients[name]
         record.load_result()

@@ -15,7 +15,7 @@ from pathlib import Path
 from ui.jobs import Job, start_job
 
 
-#: The Train page's choices (gating_core.model.METHODS, gating_core.classifier.LOSSES).
+#: The Train page's choices (gating_core.model.estimator.METHODS, gating_core.method.classifier.LOSSES).
 METHOD_LABELS = {"marginal": "Marginal transfer (recommended)", "pooling": "Pooling",
                  "multitask": "Multitask (baseline)",
                  "iw-nystroem": "Importance-weighted Nystroem (refitted per patient)"}
@@ -27,7 +27,7 @@ DICA_LABELS = {"none": "None (the channels as they are)", "supervised": "DICA (s
 DEFAULT_DICA_COMPONENTS = 20
 #: The cell kernels k_X / k'_X of the kernel methods (GatingModel's ``kernel_x``).
 KERNEL_LABELS = {"gaussian": "Gaussian (default)", "linear": "Linear (JMLR flow experiment: Psi the mean cell)"}
-#: The importance-weighted Nystroem model (gating_core.iw_model): a sibling of GatingModel that
+#: The importance-weighted Nystroem model (gating_core.model.iw_model): a sibling of GatingModel that
 #: keeps training cells and refits for each new patient, with the command line's defaults
 #: (``train --method iw-nystroem``: 2,000 cells per patient, 300 landmarks).
 IW_METHOD = "iw-nystroem"
@@ -53,7 +53,7 @@ def refit_caption(seconds: dict) -> str:
 def model_class(method: str):
     """The estimator class the Train page's ``method`` trains (imported when asked for)."""
     if method == IW_METHOD:
-        from gating_core.iw_model import IWNystroemGatingModel
+        from gating_core.model.iw_model import IWNystroemGatingModel
 
         return IWNystroemGatingModel
     from gating_core.model import GatingModel
@@ -87,7 +87,7 @@ def method_params(method: str, loss: str, task_similarity: float, dica: str = "n
             raise ValueError(f"task similarity must be within (0, 1], got {task_similarity!r}")
         params["task_similarity"] = float(task_similarity)
     if dica != "none":
-        from gating_core.dica import check_dica_settings
+        from gating_core.method.dica import check_dica_settings
 
         check_dica_settings(dica, int(dica_components))
         params.update(dica=dica, dica_components=int(dica_components))
@@ -240,7 +240,7 @@ def check_setup(samples, labels, model_params: dict) -> dict:
 
     import numpy as np
 
-    from gating_core.research_model import build_model
+    from gating_core.model.research import build_model
 
     params = build_model(dict(model_params)).get_params()
     params.pop("method", None)

@@ -181,8 +181,8 @@ def _export(args) -> int:
 def _export_gates(args) -> int:
     from pathlib import Path
 
-    from gating_core.gate_export import export_flowjo_workspace, export_gatingml
     from gating_core.gates import GateError, GateTree
+    from gating_core.gates.export import export_flowjo_workspace, export_gatingml
 
     out = Path(args.out)
     if out.suffix.lower() not in (".xml", ".wsp"):
@@ -207,7 +207,7 @@ def _export_gates(args) -> int:
         return 1
     print(f"wrote {len(tree)} gate(s) of {args.patient} to {out}")
     if out.suffix.lower() == ".wsp":
-        from gating_core.export import dropped_keyword_count
+        from gating_core.io.export import dropped_keyword_count
         from gating_core.library.privacy import dropped_note
 
         dropped = dropped_keyword_count(sample, include_identifying=args.include_identifying,

@@ -11,8 +11,8 @@ from gating_core.commands import DEFAULT_KEYWORDS_HELP, add_keyword_options, pri
 from gating_core.errors import print_error
 
 # Kept here rather than imported so that the command line starts without numpy and scikit-learn;
-# tests/test_transfer.py checks them against gating_core.evaluation.ALL_METHODS and
-# gating_core.model.DEFAULT_POOLED_WEIGHT; tests/test_class_balance.py DEFAULT_CLASS_BALANCE.
+# tests/test_transfer.py checks them against gating_core.evaluation.protocols.ALL_METHODS and
+# gating_core.model.estimator.DEFAULT_POOLED_WEIGHT; tests/test_class_balance.py DEFAULT_CLASS_BALANCE.
 EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda", "marginal-alone", "marginal-auto",
                       "marginal-em", "marginal-quantile", "dica-pooling")
 EVALUATION_METHODS += ("qda", "trees")
@@ -21,22 +21,22 @@ EVALUATION_METHODS += ("marginal-no-adaptive", "adaptive-lda", "marginal-augment
 EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5", "dica-marginal", "iw-nystroem",
                        "marginal-linear", "marginal-agnostic", "marginal-select-worst")
 EVALUATION_METHODS += ("marginal-landmarks",)
-# gating_core.alignment.ALIGNMENTS (checked by tests/test_landmark_alignment.py).
+# gating_core.method.alignment.ALIGNMENTS (checked by tests/test_landmark_alignment.py).
 ALIGNMENTS = ("none", "quantile", "landmarks")
 DEFAULT_POOLED_WEIGHT = 0.5
 DEFAULT_ADAPTIVE_WEIGHT = "auto"
 DEFAULT_CLASS_BALANCE = 0.0
-# gating_core.unknown_cells.UNKNOWN_MARGIN (checked by tests/test_unknown_cells.py).
+# gating_core.method.unknown_cells.UNKNOWN_MARGIN (checked by tests/test_unknown_cells.py).
 UNKNOWN_MARGIN = 3.0
-# The choices of ``train`` (gating_core.model.METHODS and gating_core.classifier.LOSSES,
+# The choices of ``train`` (gating_core.model.estimator.METHODS and gating_core.method.classifier.LOSSES,
 # checked by tests/test_train_choices.py).
 TRAIN_METHODS = ("marginal", "pooling", "multitask")
 LOSSES = ("squared", "logistic", "hinge")
 DEFAULT_LOSS = "squared"
 DEFAULT_TASK_SIMILARITY = 0.5
-# gating_core.features.KERNELS_X (checked by tests/test_linear_kernel.py).
+# gating_core.method.features.KERNELS_X (checked by tests/test_linear_kernel.py).
 KERNELS_X = ("gaussian", "linear")
-# Importance-weighted Nystroem KRR (gating_core.iw_model): transductive, refitted for each
+# Importance-weighted Nystroem KRR (gating_core.model.iw_model): transductive, refitted for each
 # patient at gate time, so its model file keeps training cells (2,000 per patient by default).
 IW_METHOD = "iw-nystroem"
 DEFAULT_CELLS_PER_PATIENT = 4000
@@ -279,7 +279,7 @@ def _model_params(args) -> dict:
     if args.augment < 0 or args.augment > 64:
         raise SystemExit(_usage(f"--augment must be within 0..64, got {args.augment}"))
     # The research options are ResearchGatingModel's parameters: named only when asked for, so
-    # that a model without them is a GatingModel (research_model.model_class).
+    # that a model without them is a GatingModel (model.research.model_class).
     if args.augment:
         params["n_augment"] = args.augment
     if args.second_bandwidth:
@@ -297,7 +297,7 @@ def _model_params(args) -> dict:
 
 def _transform_overrides(items) -> dict:
     """``--transform CHANNEL=KIND`` options as GatingModel's ``transform`` dict (usage errors exit 2)."""
-    from gating_core.transforms import parse_transform_spec
+    from gating_core.fcs.transforms import parse_transform_spec
 
     overrides = {}
     for item in items:
@@ -315,8 +315,8 @@ def _transform_overrides(items) -> dict:
 def _load_inputs(paths, compensate: bool):
     """Labeled patients from INPUT paths; returns (samples, labels, errors)."""
     from gating_core.fcs import FCSError
-    from gating_core.inputs import load_labeled_input
-    from gating_core.labels import LabelError
+    from gating_core.io.inputs import load_labeled_input
+    from gating_core.io.labels import LabelError
 
     samples, labels, errors = [], [], []
     for path in paths:
@@ -365,9 +365,9 @@ def _model_out_problem(out: Path) -> str | None:
 
 
 def run_train(args) -> int:
-    from gating_core.gate_result import ChannelMismatchError
+    from gating_core.model.research import build_model
+    from gating_core.model.result import ChannelMismatchError
     from gating_core.progress import StageProgress
-    from gating_core.research_model import build_model
 
     problem = _model_out_problem(Path(args.out))
     if problem:  # before any input is read or any training starts
@@ -394,7 +394,7 @@ def run_train(args) -> int:
         model = build_model(params)
         digest_params = model.get_params()
     if args.workers or args.scheduler:
-        from gating_core.distributed import ClusterError, digest_files_distributed
+        from gating_core.batch.distributed import ClusterError, digest_files_distributed
 
         try:
             digests, errors = digest_files_distributed(args.inputs, digest_params, workers=args.workers,
@@ -402,9 +402,9 @@ def run_train(args) -> int:
         except ClusterError as exc:
             return _fail(str(exc))
     else:
+        from gating_core.batch.files import digest_file
         from gating_core.fcs import FCSError
-        from gating_core.gating import digest_file
-        from gating_core.labels import LabelError
+        from gating_core.io.labels import LabelError
 
         digests, errors = [], []
         for i, path in enumerate(args.inputs):
@@ -445,7 +445,7 @@ def run_train(args) -> int:
     info = model.describe()
     print(f"Method: {_method_label(info['method'], info['loss'], info['task_similarity'])}")
     print(f"Channels: {', '.join(info['channels'])}")
-    from gating_core.transforms import ChannelTransform, describe_transform
+    from gating_core.fcs.transforms import ChannelTransform, describe_transform
 
     print("Transform: " + "; ".join(describe_transform(ChannelTransform.from_dict(info["transform"]),
                                                          info["channels"])))
@@ -489,7 +489,7 @@ def run_train(args) -> int:
 def _iw_model(args):
     """The IWNystroemGatingModel of ``train --method iw-nystroem``, or an exit status when an
     option of the kernel models was asked of it."""
-    from gating_core.iw_model import IWNystroemGatingModel
+    from gating_core.model.iw_model import IWNystroemGatingModel
 
     for flag, given in (("--loss", args.loss != DEFAULT_LOSS), ("--pooled-weight", args.pooled_weight != DEFAULT_POOLED_WEIGHT),
                         ("--task-similarity", args.task_similarity != DEFAULT_TASK_SIMILARITY),
@@ -518,10 +518,10 @@ def _method_label(method: str, loss: str, task_similarity: float) -> str:
 
 
 def run_gate(args) -> int:
-    from gating_core.gating import output_name_clashes
+    from gating_core.batch.files import output_name_clashes
     from gating_core.library.privacy import dropped_note
-    from gating_core.iw_model import IW_METHOD as iw_method, load_any_model
-    from gating_core.modelfile import ModelFileError
+    from gating_core.model.file_checks import ModelFileError
+    from gating_core.model.iw_model import IW_METHOD as iw_method, load_any_model
 
     # Two inputs whose patients map to one output name (the same stem from different folders,
     # names differing only in case or in characters a file name cannot hold, a data set of a
@@ -553,7 +553,7 @@ def run_gate(args) -> int:
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.workers or args.scheduler:
-        from gating_core.distributed import ClusterError, gate_files_distributed
+        from gating_core.batch.distributed import ClusterError, gate_files_distributed
 
         try:
             records = gate_files_distributed(args.model, args.fcs, out_dir, workers=args.workers,
@@ -563,7 +563,7 @@ def run_gate(args) -> int:
         except ClusterError as exc:
             return _fail(str(exc))
     else:
-        from gating_core.gating import gate_file
+        from gating_core.batch.files import gate_file
 
         records = []
         iterator = args.fcs
@@ -597,8 +597,8 @@ def run_gate(args) -> int:
 
 def _evaluation_groups(args, samples, labels):
     """(groups, how they were found) for ``evaluate``."""
-    from gating_core.evaluation import infer_patient_groups
-    from gating_core.groups import groups_from_csv, groups_from_keyword
+    from gating_core.evaluation.protocols import infer_patient_groups
+    from gating_core.method.groups import groups_from_csv, groups_from_keyword
 
     if args.groups:
         if Path(args.groups).is_file():
@@ -610,10 +610,11 @@ def _evaluation_groups(args, samples, labels):
 def run_evaluate(args) -> int:
     import pandas as pd
 
-    from gating_core.evaluation import (leave_one_group_out, leave_one_patient_out, novelty_curve, patient_folds,
-                                        repeat_over_seeds, summarize, summarize_seeds, train_on_one_group)
-    from gating_core.groups import GroupsError
-    from gating_core.gate_result import ChannelMismatchError
+    from gating_core.evaluation.protocols import (leave_one_group_out, leave_one_patient_out, novelty_curve,
+                                                  patient_folds, repeat_over_seeds, summarize, summarize_seeds,
+                                                  train_on_one_group)
+    from gating_core.method.groups import GroupsError
+    from gating_core.model.result import ChannelMismatchError
     from gating_core.progress import StageProgress
 
     samples, labels, errors = _load_inputs(args.inputs, not args.no_compensation)
@@ -625,7 +626,7 @@ def run_evaluate(args) -> int:
         return _usage("leave-one-patient-out needs at least three labeled patients")
     params = _model_params(args)
     params.pop("compensate", None)
-    # The held-out check by subtraction (gating_core.held_out) does not search sigma' yet: with
+    # The held-out check by subtraction (gating_core.evaluation.held_out) does not search sigma' yet: with
     # --select-embedding-bandwidth every fold is a full refit, which does.
     patient_refit = args.refit or "subtract"
     if args.select_embedding_bandwidth:

@@ -31,7 +31,9 @@ The package, one module per concept: ``sample`` (:class:`Sample`, :class:`Channe
 keywords), ``locate`` (where its DATA is), ``data`` (DATA bytes to events), ``spillover``,
 ``reader`` (:func:`read_fcs`, :func:`read_fcs_all`, :func:`fcs_info`), ``stream``
 (:class:`EventStream`, chunked reading) and ``writer`` (:func:`write_fcs`). Every public name
-is importable from ``gating_core.fcs`` itself.
+of these is importable from ``gating_core.fcs`` itself. Beside them, ``transforms``: the
+per-channel arcsinh / logicle / linear transforms and their defaults, chosen from what a file's
+channels and keywords say (imported from ``gating_core.fcs.transforms``, not re-exported).
 
 :func:`write_fcs` writes FCS 3.1 (float32, or float64 when a value needs it) byte by byte, with
 a TEXT delimiter that occurs in no keyword name or value (see :func:`choose_delimiter`).

@@ -24,6 +24,12 @@ gate type (``polygon``, ``rectangle``, ``quadrant``, ``interval`` for range gate
 ``registry`` (stored kind -> class), ``drawing`` (what plots draw), ``gate`` (every type and
 constructor in one import), ``tree`` (GateTree, memberships), ``imports`` (FlowJo / GatingML
 import), ``names`` (safe stems), ``errors``. Every name is importable from ``gating_core.gates``.
+
+Beside them, imported from their own modules (not re-exported here, so importing the gates stays
+free of FlowKit's writers): ``export`` (a tree as GatingML 2.0 / FlowJo workspace),
+``autogates`` (an auto-gated patient's gates fitted in the training hierarchy, the cells an
+adjusted gate relabels, the cells each gate counts) and ``backgating`` (a population's cells on
+its ancestors' plots).
 """
 
 from gating_core.gates.drawing import Band, Region, Split

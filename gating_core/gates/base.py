@@ -147,7 +147,7 @@ class Gate(metaclass=_GateClass):
     @abstractmethod
     def flowkit_gate(self, writer):
         """The FlowKit gate this gate exports as; ``writer`` is the
-        :class:`~gating_core.gate_export.StrategyWriter` building the strategy."""
+        :class:`~gating_core.gates.export.StrategyWriter` building the strategy."""
 
     def write_flowkit(self, writer) -> None:
         """Add this gate to the writer's GatingStrategy, under its parent."""

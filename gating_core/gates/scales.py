@@ -133,7 +133,7 @@ def panel_scale(pnn: str, samples) -> AxisScale:
     axes and a gate tree copied between patients keeps its meaning.
 
     - default kind: linear for scatter channels (FSC, SSC, time-like) and for channels whose
-      values are already on a channel scale (:func:`~gating_core.transforms.channel_scale_reason`),
+      values are already on a channel scale (:func:`~gating_core.fcs.transforms.channel_scale_reason`),
       arcsinh otherwise;
     - arcsinh cofactor: 5 on a mass cytometer (``$CYT``, metal channel names or ion-count data
       of the first patient), else 150;
@@ -142,8 +142,8 @@ def panel_scale(pnn: str, samples) -> AxisScale:
     Returns an :class:`AxisScale` whose ``kind`` is the default kind and whose other fields hold
     the parameters of every kind (``dataclasses.replace(scale, kind=...)`` switches kind).
     """
-    from gating_core.transforms import (FLOW_COFACTOR, MASS_COFACTOR, channel_scale_reason, is_scatter,
-                                        is_time_like, looks_like_mass_cytometry)
+    from gating_core.fcs.transforms import (FLOW_COFACTOR, MASS_COFACTOR, channel_scale_reason, is_scatter,
+                                            is_time_like, looks_like_mass_cytometry)
 
     samples = list(samples)
     mass = channel_scale = False

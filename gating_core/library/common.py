@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from gating_core.errors import ConflictError, LibraryError  # noqa: F401  (the library's errors, importable from here)
-from gating_core.labels import Provenance  # noqa: F401  (the library's name for it since the start)
+from gating_core.io.labels import Provenance  # noqa: F401  (the library's name for it since the start)
 
 
 LIBRARY_ENV = "GATING_LIBRARY"

@@ -1,6 +1,6 @@
 """Training digests kept beside the library's patients, so a retrain reads only what changed.
 
-Training needs a few thousand rows of each labeled patient (a :class:`~gating_core.digest.PatientDigest`:
+Training needs a few thousand rows of each labeled patient (a :class:`~gating_core.model.digest.PatientDigest`:
 the seeded draw of training cells with their labels, and the content-chosen embedding cells).
 Reading 200 patients' events to draw them again costs more than the rest of reading a
 library; :func:`library_digests` keeps each digest in ``digests/<patient id>-<settings key>.npz``
@@ -38,13 +38,13 @@ from pathlib import Path
 
 import numpy as np
 
-from gating_core.digest import PatientDigest
 from gating_core.fcs import Channel
-from gating_core.library.common import LibraryError
 import gating_core.library.catalog as catalog
+from gating_core.library.common import LibraryError
 import gating_core.library.storage as storage
+from gating_core.model.digest import PatientDigest
 
-#: Bump when what :func:`~gating_core.digest.digest_patient` draws changes: old digests then miss.
+#: Bump when what :func:`~gating_core.model.digest.digest_patient` draws changes: old digests then miss.
 DIGEST_FORMAT = 1
 DIGEST_DIR = "digests"
 

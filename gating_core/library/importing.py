@@ -125,8 +125,8 @@ class ImportMixin:
             raise LibraryError("file not found", path=path)
         if not path.is_file():
             raise LibraryError("is not a file", path=path)
-        from gating_core.inputs import read_input  # the one reader of input files
-        from gating_core.labels import LabelError
+        from gating_core.io.inputs import read_input  # the one reader of input files
+        from gating_core.io.labels import LabelError
 
         try:
             # Stored as measured; compensation is applied when training (see load_training_set).

@@ -116,7 +116,7 @@ class ModelsMixin:
             return self._model_info(conn, row)
 
     def model_path(self, model_id: str) -> Path:
-        """Path of the stored model file; open it with ``gating_core.iw_model.load_any_model`` (a
+        """Path of the stored model file; open it with ``gating_core.model.iw_model.load_any_model`` (a
         GatingModel or an importance-weighted Nystroem model file). Do not modify it."""
         with self._connect() as conn:
             row = conn.execute("SELECT f.relpath FROM models m JOIN files f ON f.id = m.file_id WHERE m.id = ?",

@@ -197,7 +197,7 @@ class PatientsMixin:
 
         Labels are the current labels (confidence 1) or, for an unlabeled patient, the latest
         auto-gate result. FCS export of an unlabeled patient without a result writes the events
-        alone. Written by :func:`gating_core.export.export_sample`: an FCS export keeps only the
+        alone. Written by :func:`gating_core.io.export.export_sample`: an FCS export keeps only the
         keywords needed to read the data (see :mod:`gating_core.library.privacy`), plus
         ``keep_keywords``, or every keyword with ``include_identifying``; it reads back with
         exactly the stored events. The audit entry records how many keywords were left out
@@ -217,7 +217,7 @@ class PatientsMixin:
         if not is_fcs and populations is None:
             raise LibraryError("has no labels and no auto-gate result; export it as .fcs, or label "
                                "or auto-gate it first", patient=sample.name)
-        from gating_core.export import dropped_keyword_count, export_sample
+        from gating_core.io.export import dropped_keyword_count, export_sample
         from gating_core.library.privacy import keep_names
 
         keep_keywords = keep_names(keep_keywords)

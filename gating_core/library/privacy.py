@@ -3,7 +3,7 @@
 The library keeps every keyword of an imported file (the lab may need them to trace a sample),
 but anything that leaves the product -- ``library export``, ``gate --format fcs / h5ad``, the
 app's download buttons, a FlowJo workspace, the Python API's
-:func:`gating_core.export.export_sample` -- keeps only the keywords listed here. Everything else
+:func:`gating_core.io.export.export_sample` -- keeps only the keywords listed here. Everything else
 is left out unless the caller asks: ``include_identifying=True`` (``--include-identifying``)
 keeps every keyword, ``keep_keywords=[...]`` (``--keep-keyword NAME``) keeps the named ones.
 
@@ -64,7 +64,7 @@ CHANNEL_SUFFIXES = ("N", "S", "B", "E", "R", "G", "V", "D", "T", "F", "O", "L", 
 #: The keywords an FCS export adds to say what it left out.
 DROPPED_KEYWORD = "GATING_DROPPED_KEYWORDS"
 POLICY_KEYWORD = "GATING_KEYWORD_POLICY"
-# The product's own keywords (population channel of gating_core.export, the two above).
+# The product's own keywords (population channel of gating_core.io.export, the two above).
 PRODUCT_KEYWORDS = re.compile(r"GATING_(POPULATION_(CHANNEL|COUNT|\d+)|DROPPED_KEYWORDS|KEYWORD_POLICY)")
 
 #: What the default policy keeps, in words (an export's GATING_KEYWORD_POLICY; no '$' or '/':

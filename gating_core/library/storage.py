@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from gating_core.parquet_columns import repeating_columns
+from gating_core.io.parquet_columns import repeating_columns
 
 TEMP_SUFFIX = ".part"
 # A temp file whose writer is still alive is left alone unless it is older than this.

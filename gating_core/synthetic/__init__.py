@@ -28,7 +28,7 @@ All off by default (the default simulation, and so ``sample_data/``, is unchange
   exports and many CSV-to-FCS conversions hold them: fluorescence compensated, then 10-bit
   log channel numbers (whole numbers 0..1023, 256 per decade, :func:`intensity_to_channel`),
   scatter linear on 0..1023 (:func:`scatter_to_channel`), ``$PnE 0,0``, a meaningless
-  ``$PnR`` 262144 and no ``$SPILLOVER``. ``gating_core.transforms.channel_scale_reason``
+  ``$PnR`` 262144 and no ``$SPILLOVER``. ``gating_core.fcs.transforms.channel_scale_reason``
   recognises such channels.
 - ``population_shift`` (:class:`Center`, :func:`simulate_centers`): one population moves in one
   channel at one center only (offsets in decades), e.g. beyond where the other centers have it.

@@ -1,0 +1,168 @@
+"""Work on files: the serial paths that batch and cluster runs share.
+
+``gate_file`` gates an FCS file with a trained model; ``digest_file`` reduces a labeled
+training INPUT to what training needs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from gating_core.fcs import FCSError, read_fcs_all, stream_fcs_all
+from gating_core.io.export import EXPORT_SUFFIXES, GatedTableWriter, dropped_keyword_count, export_sample
+from gating_core.model.digest import PatientDigest
+from gating_core.model.estimator import GatingModel
+from gating_core.model.result import ChannelMismatchError
+
+def output_stem(sample_name: str) -> str:
+    """File-system-safe stem for a patient (:func:`gating_core.gates.names.safe_name`): Unicode
+    letters and digits kept, every other run of characters one ``_``: ``"Guava Muse#2"`` ->
+    ``"Guava_Muse_2"``, ``"patient ü 東京 03"`` -> ``"patient_ü_東京_03"``."""
+    from gating_core.gates.names import safe_name
+
+    return safe_name(sample_name, "patient")
+
+
+def output_name_clashes(fcs_paths, format: str = "csv") -> list[list[str]]:
+    """Groups of inputs whose data sets would write the same output file in one folder (the
+    same name, or names that differ only in case, which many file systems do not tell apart).
+
+    The data sets of each file are named from its TEXT segments, as :func:`gate_file` names
+    them; each clash lists ``"<file>"`` or ``"<file> (data set <name>)"``."""
+    from gating_core.fcs.reader import data_set_names
+
+    suffix = f".gated{EXPORT_SUFFIXES[format]}"
+    writers: dict[str, list[str]] = {}
+    for path in fcs_paths:
+        names = data_set_names(path) or [Path(path).stem]
+        for name in names:
+            output = (output_stem(name) + suffix).casefold()
+            label = str(path) if len(names) == 1 else f"{path} (data set {name})"
+            writers.setdefault(output, []).append(label)
+    return [labels for labels in writers.values() if len(labels) > 1]
+
+
+#: Output formats :func:`gate_file` writes chunk by chunk (the others need the whole patient).
+STREAMED_FORMATS = ("csv", "parquet")
+
+
+def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, format: str = "csv", *,
+              include_identifying: bool = False, keep_keywords=()) -> list[dict]:
+    """Gate every data set of one FCS file; write ``<out_dir>/<stem>.gated.csv`` for each
+    (``.gated.parquet`` / ``.gated.fcs`` / ``.gated.h5ad`` for the other ``format`` values of
+    :func:`~gating_core.io.export.export_sample`).
+
+    CSV and Parquet are streamed: the DATA segment is read in windows of ``chunk_size``
+    events, twice (the content-hashed embedding cells, then scoring), and each window is
+    compensated, scored and written before the next is read, so memory stays bounded
+    whatever the file size; the gated CSV is byte-identical to
+    ``export_sample(..., model.gate(read_fcs(...)))``. FCS and h5ad outputs need every
+    population before the first byte (codes, data type) and read the patient whole; they keep
+    the keywords of :func:`~gating_core.io.export.export_sample`'s policy (``include_identifying``,
+    ``keep_keywords``).
+
+    Returns one record per data set: ``file``, ``patient``, ``events``, ``counts``,
+    ``novelty`` (dict), ``output`` (path), for FCS and h5ad ``dropped_keywords`` (how many
+    keywords the export left out) or, when the file cannot be gated, ``error`` (the
+    message naming the file and the problem). Never raises for a bad input file; a file that
+    fails part way leaves no output file behind.
+    """
+    if format not in STREAMED_FORMATS:
+        return _gate_file_whole(model, fcs_path, out_dir, chunk_size, format,
+                                include_identifying=include_identifying, keep_keywords=keep_keywords)
+    fcs_path = Path(fcs_path)
+    out_dir = Path(out_dir)
+    try:
+        streams = stream_fcs_all(fcs_path, compensate=model.compensate)
+    except FCSError as exc:
+        return [{"file": str(fcs_path), "patient": fcs_path.stem, "error": str(exc)}]
+    records = []
+    for stream in streams:
+        sample = stream.sample
+        record = {"file": str(fcs_path), "patient": sample.name}
+        output = out_dir / f"{output_stem(sample.name)}.gated{EXPORT_SUFFIXES[format]}"
+        try:
+            with GatedTableWriter(output, sample, format) as writer:
+                populations = np.asarray(model.gated_populations(), dtype=object)
+
+                def sink(start, events, codes, confidence):
+                    writer.write(events, populations[codes], confidence)
+
+                result = model.gate_chunks(sample, stream.chunks, chunk_size=chunk_size, sink=sink)
+            record.update(events=result.n_events, counts=result.counts, novelty=result.novelty.to_dict(),
+                          output=str(output), mean_confidence=float(result.mean_confidence))
+            _add_fit_cost(record, model)
+        except FCSError as exc:
+            message = str(exc)
+            if len(streams) > 1:
+                message = _unreadable(fcs_path, sample.name, exc.problem)
+            record["error"] = message
+        except (ChannelMismatchError, ValueError, OSError) as exc:
+            record["error"] = _naming_the_file(fcs_path, exc)
+        records.append(record)
+    return records + _skipped_records(fcs_path, streams)
+
+
+def _add_fit_cost(record: dict, model) -> None:
+    """A transductive model (``gating_core.model.iw_model``) refits for each patient: its cost, in
+    seconds, joins the patient's record as ``fit_seconds``."""
+    seconds = getattr(model, "last_fit_seconds_", None)
+    if seconds is not None:
+        record["fit_seconds"] = float(seconds)
+
+
+def _naming_the_file(fcs_path: Path, exc: Exception) -> str:
+    message = str(exc)
+    return message if fcs_path.name in message else f"{fcs_path.name}: {message}"
+
+
+def _unreadable(fcs_path: Path, name: str, problem: str) -> str:
+    return f"{fcs_path.name}: data set {name} cannot be read: {problem}"
+
+
+def _skipped_records(fcs_path: Path, data_sets) -> list[dict]:
+    """A record for each data set of the file that could not be read."""
+    return [{"file": str(fcs_path), "patient": name, "error": _unreadable(fcs_path, name, problem)}
+            for name, problem in getattr(data_sets, "skipped", [])]
+
+
+def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, format: str = "csv", *,
+                     include_identifying: bool = False, keep_keywords=()) -> list[dict]:
+    """:func:`gate_file` reading each data set whole (FCS and h5ad outputs; the reference the
+    streamed path is tested against)."""
+    fcs_path = Path(fcs_path)
+    out_dir = Path(out_dir)
+    try:
+        samples = read_fcs_all(fcs_path, compensate=model.compensate)
+    except FCSError as exc:
+        return [{"file": str(fcs_path), "patient": fcs_path.stem, "error": str(exc)}]
+    records = []
+    for sample in samples:
+        record = {"file": str(fcs_path), "patient": sample.name}
+        try:
+            result = model.gate(sample, chunk_size=chunk_size)
+            output = out_dir / f"{output_stem(sample.name)}.gated{EXPORT_SUFFIXES[format]}"
+            export_sample(output, sample, result.populations, result.confidence, format=format,
+                          include_identifying=include_identifying, keep_keywords=keep_keywords)
+            record.update(events=sample.n_events, counts=result.counts, novelty=result.novelty.to_dict(),
+                          output=str(output), mean_confidence=float(result.confidence.mean()) if sample.n_events else 0.0)
+            dropped = dropped_keyword_count(sample, format=format, include_identifying=include_identifying,
+                                            keep_keywords=keep_keywords)
+            if dropped is not None:
+                record["dropped_keywords"] = dropped
+            _add_fit_cost(record, model)
+        except (ChannelMismatchError, FCSError, ValueError, OSError) as exc:
+            record["error"] = _naming_the_file(fcs_path, exc)
+        records.append(record)
+    return records + _skipped_records(fcs_path, samples)
+
+
+def digest_file(path, index: int, model: GatingModel) -> PatientDigest:
+    """The :class:`PatientDigest` of the ``index``-th training INPUT (FCS with its labels file,
+    or a gated CSV), drawn as ``model.fit`` would. Raises FCSError or LabelError."""
+    from gating_core.io.inputs import load_labeled_input
+
+    sample, labels = load_labeled_input(path, compensate=model.compensate)
+    return model.digest(sample, labels, index)

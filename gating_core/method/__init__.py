@@ -1,0 +1,14 @@
+"""The method on arrays: the marginal-transfer kernel classifier and what it is built from.
+
+Nothing here knows of files, channels or transforms: a patient is an array of cells (and its
+labels). ``features`` (mean embeddings, random and linear product features), ``training_problem``
+(labeled patients made ready for a solver), ``solvers`` (ridge statistics, logistic and hinge
+solves, temperature), ``losses`` (one object per loss), ``classifier``
+(:class:`~gating_core.method.classifier.MarginalTransferClassifier`), ``selection``
+(cross-validation over groups), ``groups`` (centers, batches, replicate twins), ``alignment``
+(per-patient registration of each channel), ``priors`` (class-prior re-estimation),
+``refinement`` and ``self_training`` (a patient's refit from corrections or from its own
+confident cells), ``dica`` (domain-invariant projection), ``adaptive_lda`` (populations as
+Gaussians adapted to each patient) and ``iw_nystroem`` (importance-weighted Nystroem KRR for
+one new patient). Import each name from its module; this package re-exports nothing.
+"""

@@ -1,0 +1,406 @@
+"""``train/gate --method iw-nystroem``: importance-weighted Nystroem KRR refitted for each new patient.
+
+:class:`~gating_core.method.iw_nystroem.ImportanceWeightedNystroemKRR` is transductive: it is fitted
+for one new patient, from the training cells and that patient's own unlabeled cells. So the
+model a user trains and hands to ``gate`` is not a decision function but what the refit needs:
+the preprocessing (channels, transform, standardisation, as :class:`GatingModel` fits them), a
+seeded draw of each training patient's standardised cells with their labels (at most
+``cells_per_patient`` each: 2,000 by default, so a model of 8 patients on 9 channels holds
+16,000 x 9 numbers) and the estimator's parameters. Gating a patient then
+
+1. picks its content-chosen cells (the same ``embedding_cells`` rows, chosen by a hash of
+   their values, that GatingModel embeds: independent of event order and of chunking),
+2. refits the weighted Nystroem KRR on the stored training cells with weights
+   p_new / p_train estimated from those cells (the fit's cost, ``last_fit_seconds_``, is what
+   ``gate`` prints per patient),
+3. scores every event in chunks (streamed files never held whole).
+
+Probabilities: the KRR's one-hot scores clipped at 0 and normalised per cell. They rank the
+populations but are not calibrated as GatingModel's are; ``confidence`` is that normalised
+score.
+
+The model file is its own format (tag ``gating_core.iw_model``): plain arrays plus a JSON
+description, read with the same checks as a GatingModel file (no pickle, declared sizes and
+every field checked; a problem is a :class:`~gating_core.model.file_checks.ModelFileError`).
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from sklearn.base import BaseEstimator
+from sklearn.exceptions import NotFittedError
+
+from gating_core import __version__
+from gating_core.method.features import MeanEmbedding, content_subsample, median_pairwise_distance
+from gating_core.method.iw_nystroem import ImportanceWeightedNystroemKRR
+from gating_core.model.digest import digest_patient
+from gating_core.model.file_checks import Fields, Member, ModelFileError, archive_array, parse_json, read_archive
+from gating_core.model.preprocessing import ChannelPreprocessing
+from gating_core.model.result import GateResult, Novelty
+from gating_core.model.streaming import StreamedGating
+
+IW_FORMAT = "gating_core.iw_model"
+IW_FORMAT_VERSION = 1
+IW_METHOD = "iw-nystroem"
+#: Frequencies of the kernel mean embedding the novelty score is computed from.
+NOVELTY_FEATURES = 64
+#: The most training cells a file may hold (the refit is O(n m^2) per patient).
+MAX_TRAINING_CELLS = 2_000_000
+
+IW_MEMBERS = {
+    "meta": Member("U", 0, itemsizes=None, finite=False),
+    "center": Member("f", 1),
+    "scale": Member("f", 1),
+    "cells": Member("f", 2),
+    "labels": Member("i", 1, itemsizes=(1, 2, 4, 8)),
+    "train_embeddings": Member("f", 2),
+    "embedding_frequencies": Member("f", 2),
+}
+
+
+@dataclass
+class PatientFit:
+    """One new patient's refit: the estimator, its embedding (novelty) and the fit's seconds."""
+
+    estimator: ImportanceWeightedNystroemKRR
+    embedding: np.ndarray
+    seconds: float
+
+
+class IWNystroemGatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator):
+    """Gating by importance-weighted Nystroem KRR, refitted for every new patient.
+
+    Parameters
+    ----------
+    channels, transform, compensate :
+        As :class:`~gating_core.model.estimator.GatingModel` (the same channel choice, transform and
+        standardisation).
+    cells_per_patient : int, default=2000
+        Training cells of each patient kept in the model (a seeded draw, as GatingModel draws).
+    embedding_cells : int, default=20000
+        Cells of a new patient (content-chosen) its weights are estimated from.
+    n_landmarks, alpha, bandwidth, max_weight :
+        Passed to :class:`~gating_core.method.iw_nystroem.ImportanceWeightedNystroemKRR` (bandwidth in
+        standardised units; None: the median distance between the stored training cells).
+    random_state : int
+
+    Attributes
+    ----------
+    channels_, channel_markers_, transform_, center_, scale_ : as GatingModel
+    cells_ : ndarray (n, d) float32  stored standardised training cells
+    labels_ : ndarray (n,) int  their population codes into ``populations_``
+    populations_ : list of str
+    training_patients_ : list of str
+    bandwidth_ : float  the kernel bandwidth in use
+    embedder_ : MeanEmbedding, train_embeddings_ : ndarray (n_patients, 2L)  for novelty
+    novelty_reference_, novelty_threshold_ : float
+    last_fit_seconds_ : float  the cost of the last patient's refit (None before any)
+    """
+
+    method = IW_METHOD
+    align = "none"  # ChannelPreprocessing reads it; quantile registration is not offered here
+
+    def __init__(self, channels=None, transform="auto", compensate=True, cells_per_patient=2000,
+                 embedding_cells=20000, n_landmarks=300, alpha=1e-4, bandwidth=None, max_weight=20.0,
+                 random_state=0):
+        self.channels = channels
+        self.transform = transform
+        self.compensate = compensate
+        self.cells_per_patient = cells_per_patient
+        self.embedding_cells = embedding_cells
+        self.n_landmarks = n_landmarks
+        self.alpha = alpha
+        self.bandwidth = bandwidth
+        self.max_weight = max_weight
+        self.random_state = random_state
+
+    # -- training: keep what the per-patient refit needs ---------------------------------------
+
+    def digest_seed(self, index: int) -> np.random.SeedSequence:
+        """Seed of the ``index``-th patient's cell draw (GatingModel's, so the same cells)."""
+        return np.random.SeedSequence([int(self.random_state or 0), 10, int(index)])
+
+    def digest(self, sample, labels, index: int):
+        """The ``index``-th training patient's :class:`~gating_core.model.digest.PatientDigest`, as
+        :meth:`fit` draws it (uniformly: the density ratio is fitted on cells as they come)."""
+        return digest_patient(sample, labels, self.cells_per_patient, self.embedding_cells,
+                              seed=self.digest_seed(index), compensate=self.compensate)
+
+    def fit(self, samples, labels, progress=None, groups=None):
+        """Keep the preprocessing and each patient's seeded cells (samples: list of Sample,
+        labels: list of (n_events_i,) population names). ``groups`` is accepted for the
+        common interface and not used: nothing is selected across patients."""
+        if len(samples) != len(labels):
+            raise ValueError(f"{len(samples)} patients but {len(labels)} label arrays")
+        digests = [self.digest(s, y, i) for i, (s, y) in enumerate(zip(samples, labels))]
+        return self.fit_digests(digests, progress=progress, groups=groups)
+
+    def fit_digests(self, digests, progress=None, groups=None):
+        """:meth:`fit` from :class:`~gating_core.model.digest.PatientDigest` objects."""
+        report = progress or (lambda stage, fraction: None)
+        if len(digests) == 0:
+            raise ValueError("no training patients")
+        report("Transforming events", 0.1)
+        cells, embedding_cells, labels = self.prepare_digests(digests)
+        all_labels = np.concatenate([np.asarray(y).astype(str) for y in labels])
+        populations, codes = np.unique(all_labels, return_inverse=True)
+        if len(populations) < 2:
+            raise ValueError(f"the training patients hold one population only ({populations[0]}): nothing to gate")
+        self.populations_ = [str(p) for p in populations]
+        self.cells_ = np.vstack(cells).astype(np.float32)
+        self.labels_ = codes.astype(np.int16)
+        if len(self.cells_) > MAX_TRAINING_CELLS:
+            raise ValueError(f"{len(self.cells_):,} training cells: at most {MAX_TRAINING_CELLS:,} "
+                             "(lower cells_per_patient)")
+        self.training_patients_ = [d.name for d in digests]
+        self.bandwidth_ = float(self.bandwidth) if self.bandwidth is not None else \
+            median_pairwise_distance(self.cells_, random_state=self.random_state)
+        report("Embedding the patients (novelty)", 0.5)
+        self.embedder_ = MeanEmbedding(NOVELTY_FEATURES, self.bandwidth_, self.cells_.shape[1],
+                                       random_state=np.random.SeedSequence([int(self.random_state or 0), 12]))
+        self.train_embeddings_ = np.vstack([self.embedder_.transform(e) for e in embedding_cells])
+        self._fit_novelty()
+        self.last_fit_seconds_ = None
+        report("Done", 1.0)
+        return self
+
+    def _fit_novelty(self):
+        """As GatingModel's: distances to the nearest training patient, in units of the
+        training patients' median nearest-neighbour distance."""
+        e = self.train_embeddings_
+        if len(e) < 2:
+            self.novelty_reference_, self.novelty_threshold_ = 1.0, float("inf")
+            return
+        d = np.sqrt(((e[:, None] - e[None]) ** 2).sum(-1))
+        np.fill_diagonal(d, np.inf)
+        nn = d.min(axis=1)
+        self.novelty_reference_ = float(np.median(nn)) or 1e-12
+        self.novelty_threshold_ = float(max(1.5, 1.25 * nn.max() / self.novelty_reference_))
+
+    # -- gating: refit for the patient, then score ---------------------------------------------
+
+    def _check_fitted(self):
+        """Raise scikit-learn's NotFittedError (what any estimator raises) before fit or load."""
+        if not hasattr(self, "cells_"):
+            raise NotFittedError("this IWNystroemGatingModel is not fitted yet: call fit() or load it")
+
+    def estimator(self) -> ImportanceWeightedNystroemKRR:
+        """The (unfitted) per-patient estimator with this model's parameters."""
+        return ImportanceWeightedNystroemKRR(n_landmarks=self.n_landmarks, alpha=self.alpha, bandwidth=self.bandwidth_,
+                                             max_weight=self.max_weight, random_state=self.random_state)
+
+    def _patient_frame(self, events, indices):
+        """(registration None, the patient's :class:`PatientFit`, its content-chosen cells):
+        what :meth:`StreamedGating.gate_chunks` asks of a model before scoring."""
+        raw = events[:, indices]
+        chosen = self._standardise(raw[content_subsample(raw, self.embedding_cells)])
+        if len(chosen) == 0:
+            raise ValueError("no events to gate")
+        start = time.perf_counter()
+        population_names = np.asarray(self.populations_)[self.labels_]
+        estimator = self.estimator().fit(self.cells_, population_names, chosen)
+        seconds = time.perf_counter() - start
+        self.last_fit_seconds_ = seconds
+        return None, PatientFit(estimator, self.embedder_.transform(chosen), seconds), chosen
+
+    def _prior_ratio(self, chosen, frame):
+        return None
+
+    @staticmethod
+    def _registered(cells, registration):
+        return cells
+
+    def _proba(self, cells, frame: PatientFit, chunk_size) -> np.ndarray:
+        """Scores clipped at 0 and normalised per cell: (n, k) float32, columns in
+        ``populations_`` order (the estimator's classes are the same sorted names)."""
+        scores = np.maximum(frame.estimator.decision_function(cells), 0.0)
+        total = scores.sum(axis=1, keepdims=True)
+        k = scores.shape[1]
+        proba = np.divide(scores, total, out=np.full_like(scores, 1.0 / k), where=total > 0)
+        return proba.astype(np.float32)
+
+    def novelty(self, sample=None, embedding=None) -> Novelty:
+        """Novelty of a patient (``embedding``: its PatientFit or embedding vector)."""
+        self._check_fitted()
+        if isinstance(embedding, PatientFit):
+            embedding = embedding.embedding
+        if embedding is None:
+            sample = self._compensated(sample)
+            raw = sample.events[:, self._channel_indices(sample)]
+            embedding = self.embedder_.transform(self._standardise(raw[content_subsample(raw, self.embedding_cells)]))
+        distances = np.sqrt(((self.train_embeddings_ - embedding) ** 2).sum(axis=1))
+        nearest = int(np.argmin(distances))
+        score = float(distances[nearest] / self.novelty_reference_)
+        is_novel = bool(score > self.novelty_threshold_)
+        name, peer = getattr(sample, "name", "this patient"), self.training_patients_[nearest]
+        if is_novel:
+            message = (f"{name} is unlike every training patient (novelty {score:.1f}, threshold "
+                       f"{self.novelty_threshold_:.1f}; nearest: {peer}). Review its gates by hand.")
+        else:
+            message = (f"{name} resembles the training patients (novelty {score:.1f} <= "
+                       f"{self.novelty_threshold_:.1f}; nearest: {peer}).")
+        return Novelty(score, self.novelty_threshold_, is_novel, peer, message)
+
+    def gate(self, sample, chunk_size=50_000) -> GateResult:
+        """Refit for this patient and gate every event (file order): a GateResult, as
+        :meth:`GatingModel.gate` returns. The same code path as a streamed file."""
+        self._check_fitted()
+        sample = self._compensated(sample)
+        events = sample.events
+        codes = np.empty(sample.n_events, dtype=np.int16)
+        confidence = np.empty(sample.n_events, dtype=np.float32)
+
+        def chunks(size):
+            for start in range(0, len(events), size):
+                yield start, events[start:start + size]
+
+        def sink(start, chunk, chunk_codes, chunk_confidence):
+            codes[start:start + len(chunk)] = chunk_codes
+            confidence[start:start + len(chunk)] = chunk_confidence
+
+        result = self.gate_chunks(sample, chunks, chunk_size=chunk_size, sink=sink)
+        populations = np.asarray(self.populations_, dtype=object)[codes]
+        return GateResult(populations, confidence, result.novelty, list(self.populations_), result.counts)
+
+    def predict(self, sample) -> np.ndarray:
+        """Population of every event: (n_events,) str."""
+        return self.gate(sample).populations
+
+    def describe(self) -> dict:
+        """A JSON-friendly summary (as GatingModel.describe)."""
+        self._check_fitted()
+        return {"method": self.method, "loss": "squared", "task_similarity": None, "channels": self.channels_,
+                "markers": self.channel_markers_, "populations": self.populations_,
+                "training_patients": self.training_patients_, "training_cells": int(len(self.cells_)),
+                "bandwidth_x": self.bandwidth_, "bandwidth_p": None, "alpha": float(self.alpha),
+                "n_landmarks": int(self.n_landmarks), "cv_accuracy": None, "pooled_weight": 0.0,
+                "transform": self.transform_.to_dict()}
+
+    # -- the model file -------------------------------------------------------------------------
+
+    def save(self, path) -> None:
+        """Write the model as .npz (arrays + JSON; no pickle), atomically."""
+        self._check_fitted()
+        params = {k: (v if isinstance(v, (str, int, float, bool, list, type(None))) else "custom")
+                  for k, v in self.get_params().items()}
+        meta = {"format": IW_FORMAT, "format_version": IW_FORMAT_VERSION, "gating_core_version": __version__,
+                "numpy_version": np.__version__, "python_version": platform.python_version(),
+                "params": params, "channels": self.channels_, "channel_markers": self.channel_markers_,
+                "transform": self.transform_.to_dict(), "populations": self.populations_,
+                "training_patients": self.training_patients_, "bandwidth": self.bandwidth_,
+                "novelty": {"reference": self.novelty_reference_, "threshold": self.novelty_threshold_}}
+        arrays = {"meta": np.array(json.dumps(meta)), "center": self.center_, "scale": self.scale_,
+                  "cells": self.cells_, "labels": self.labels_, "train_embeddings": self.train_embeddings_,
+                  "embedding_frequencies": self.embedder_.frequencies_}
+        path = Path(path)
+        from gating_core.model.file import _write_atomically
+
+        _write_atomically(path, arrays)
+
+    @classmethod
+    def load(cls, path) -> "IWNystroemGatingModel":
+        """Read a model written by :meth:`save`; anything else is a ModelFileError."""
+        path = Path(path)
+        arrays = read_archive(path, IW_MEMBERS)
+        if "meta" not in arrays:
+            raise ModelFileError(path, "not a gating model file (no model description inside)")
+        meta = parse_json(path, str(arrays.pop("meta")))
+        if meta.get("format") != IW_FORMAT:
+            raise ModelFileError(path, f"not an {IW_METHOD} model file")
+        version = meta.get("format_version")
+        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+            raise ModelFileError(path, f"model description: format_version must be a positive integer, got {version!r}"[:200])
+        if version > IW_FORMAT_VERSION:
+            raise ModelFileError(path, f"written by a newer gating_core (format {version}); upgrade to read it")
+        try:
+            return _from_parts(cls, path, Fields(path, meta, "model"), arrays)
+        except ModelFileError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise ModelFileError(path, f"model file is incomplete or inconsistent ({exc})") from None
+
+
+def _from_parts(cls, path, top: Fields, arrays) -> IWNystroemGatingModel:
+    from gating_core.model.file import _transform  # the transform's checks, shared with GatingModel files
+
+    params = top.object("params")
+    known = set(cls().get_params())
+    unknown = sorted(set(params.data) - known)
+    if unknown:
+        raise ModelFileError(path, f"model description: unknown model parameter {unknown[0]!r}"[:300])
+    model = cls(channels=params.strings("channels", nullable=True, optional=True),
+                compensate=bool(params.boolean("compensate")),
+                cells_per_patient=params.integer("cells_per_patient", minimum=1, maximum=10 ** 9),
+                embedding_cells=params.integer("embedding_cells", minimum=1, maximum=10 ** 9),
+                n_landmarks=params.integer("n_landmarks", minimum=1, maximum=100_000),
+                alpha=params.number("alpha", positive=True),
+                bandwidth=params.number("bandwidth", positive=True, nullable=True),
+                max_weight=params.number("max_weight", positive=True),
+                random_state=params.integer("random_state", minimum=0, maximum=2 ** 63, nullable=True))
+    model.channels_ = top.strings("channels", min_length=1, unique=True)
+    d = len(model.channels_)
+    model.channel_markers_ = top.strings("channel_markers")
+    if len(model.channel_markers_) != d:
+        raise ModelFileError(path, f"model description: {d} channels but {len(model.channel_markers_)} markers")
+    model.transform_ = _transform(path, top.object("transform"), d)
+    model.populations_ = top.strings("populations", min_length=2, unique=True)
+    model.training_patients_ = top.strings("training_patients", min_length=1)
+    model.bandwidth_ = top.number("bandwidth", positive=True)
+    novelty = top.object("novelty")
+    model.novelty_reference_ = novelty.number("reference", positive=True)
+    model.novelty_threshold_ = novelty.number("threshold", positive=True, allow_inf=True)
+
+    def array(name, *shape):
+        return archive_array(path, arrays, name, *shape)
+
+    model.center_ = array("center", d).astype(np.float32)
+    model.scale_ = array("scale", d).astype(np.float32)
+    if not np.all(model.scale_ != 0):
+        raise ModelFileError(path, "model file is inconsistent: array 'scale' holds zeros")
+    model.cells_ = array("cells", None, d).astype(np.float32)
+    n = len(model.cells_)
+    if not 2 <= n <= MAX_TRAINING_CELLS:
+        raise ModelFileError(path, f"model file is inconsistent: {n} training cells (2 to {MAX_TRAINING_CELLS:,})")
+    labels = array("labels", n)
+    k = len(model.populations_)
+    if labels.min() < 0 or labels.max() >= k:
+        raise ModelFileError(path, f"model file is inconsistent: labels outside the {k} populations")
+    model.labels_ = labels.astype(np.int16)
+    n_patients = len(model.training_patients_)
+    frequencies = array("embedding_frequencies", d, NOVELTY_FEATURES).astype(np.float64)
+    model.train_embeddings_ = array("train_embeddings", n_patients, 2 * NOVELTY_FEATURES).astype(np.float64)
+    embedder = MeanEmbedding.__new__(MeanEmbedding)
+    embedder.n_features, embedder.bandwidth, embedder.frequencies_ = NOVELTY_FEATURES, model.bandwidth_, frequencies
+    model.embedder_ = embedder
+    model.last_fit_seconds_ = None
+    return model
+
+
+def model_file_format(path) -> str:
+    """The format tag of a model file (``gating_core.model`` or ``gating_core.iw_model``),
+    reading its description only; a ModelFileError when it has none."""
+    path = Path(path)
+    from gating_core.model.file_checks import MODEL_MEMBERS
+
+    # Any member of either format may be there (the loader then checks its own); only the
+    # description is read.
+    arrays = read_archive(path, {**MODEL_MEMBERS, **IW_MEMBERS}, only=("meta",))
+    if "meta" not in arrays:
+        raise ModelFileError(path, "not a gating model file (no model description inside)")
+    return str(parse_json(path, str(arrays["meta"])).get("format"))
+
+
+def load_any_model(path):
+    """A GatingModel, a ResearchGatingModel or an IWNystroemGatingModel, whichever ``path`` holds
+    (checked, no pickle)."""
+    if model_file_format(path) == IW_FORMAT:
+        return IWNystroemGatingModel.load(path)
+    from gating_core.model.research import load_gating_model
+
+    return load_gating_model(path)

@@ -1,0 +1,173 @@
+"""From a panel's raw events to the cells the classifier sees: GatingModel's channel half.
+
+:class:`ChannelPreprocessing` is mixed into :class:`~gating_core.model.estimator.GatingModel`: it chooses
+the channels every training patient shares (by ``$PnN``, or ``$PnS`` when detectors differ),
+compensates, fixes one transform per channel for the panel and the standardisation, and turns
+any sample's events into standardised (and, with ``align="quantile"`` or ``"landmarks"``,
+registered) cells.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gating_core.fcs.transforms import ChannelTransform, default_transform, is_time_like, with_overrides
+from gating_core.method.alignment import ALIGNMENTS, LandmarkReference, QuantileRegistration, channel_quantiles
+from gating_core.method.features import content_subsample
+from gating_core.model.digest import DigestView, find_channel
+from gating_core.model.result import ChannelMismatchError
+
+class ChannelPreprocessing:
+    """Channels, compensation, transform and standardisation of a GatingModel (a mixin: it
+    reads the model's parameters and sets ``channels_``, ``channel_markers_``, ``transform_``,
+    ``center_``, ``scale_``, ``reference_quantiles_`` and ``reference_landmarks_``)."""
+
+    def prepare_digests(self, digests):
+        """Choose channels, transform and standardisation from training digests.
+
+        Returns, per patient, the standardised training cells (m_i, d), the standardised cells
+        its embedding is computed from (e_i, d) and the training cells' labels (m_i,).
+        """
+        patients = [DigestView(d) for d in digests]
+        self._choose_channels(patients)
+        indices = [self._channel_indices(v) for v in patients]
+        embedding_raw = [d.embedding_events[:, i] for d, i in zip(digests, indices)]
+        self._fit_scales(embedding_raw, patients[0])
+        self.dica_ = None
+        cells = [self._standardise(d.train_events[:, i]) for d, i in zip(digests, indices)]
+        embedding_cells = [self._standardise(r) for r in embedding_raw]
+        if getattr(self, "dica", None) is not None:  # DICA after standardisation, before everything else
+            from gating_core.method.dica import fit_cell_projection
+
+            self.dica_ = fit_cell_projection(cells, [d.train_labels for d in digests], self.dica,
+                                             self.dica_components, self.random_state)
+            cells = [self._invariant(x) for x in cells]
+            embedding_cells = [self._invariant(e) for e in embedding_cells]
+        self.reference_quantiles_ = None
+        self.reference_landmarks_ = None
+        if self.align not in ALIGNMENTS:
+            raise ValueError(f"align must be one of {ALIGNMENTS}, got {self.align!r}")
+        if self.align == "quantile":
+            landmarks = [channel_quantiles(e) for e in embedding_cells]
+            self.reference_quantiles_ = np.mean(landmarks, axis=0)
+            maps = [QuantileRegistration(q, self.reference_quantiles_) for q in landmarks]
+            cells = [m.transform(x) for m, x in zip(maps, cells)]
+            embedding_cells = [m.transform(e) for m, e in zip(maps, embedding_cells)]
+        if self.align == "landmarks":
+            # Each training patient registered as a new one will be: from its content-chosen
+            # cells, by the rule that leaves unmatched channels as they are.
+            self.reference_landmarks_ = LandmarkReference.fit(embedding_cells)
+            maps = [self.reference_landmarks_.registration(e) for e in embedding_cells]
+            cells = [m.transform(x) for m, x in zip(maps, cells)]
+            embedding_cells = [m.transform(e) for m, e in zip(maps, embedding_cells)]
+        return cells, embedding_cells, [d.train_labels for d in digests]
+
+    def _patient_registration(self, chosen):
+        """The registration of one patient fitted on its content-chosen standardised cells
+        (m, d): a QuantileRegistration, a LandmarkRegistration, or None without ``align``."""
+        if getattr(self, "reference_quantiles_", None) is not None:
+            return QuantileRegistration(channel_quantiles(chosen), self.reference_quantiles_)
+        if getattr(self, "reference_landmarks_", None) is not None:
+            return self.reference_landmarks_.registration(chosen)
+        return None
+
+    def _fit_scales(self, raw_parts, first):
+        """The transform (unless given) and the standardisation, from raw events on channels_."""
+        if isinstance(self.transform, ChannelTransform):
+            self.transform_ = self.transform
+        else:
+            pooled = np.vstack([r[: 20000] for r in raw_parts])
+            ranges = [first.channels[i].range for i in self._channel_indices(first)]
+            self.transform_ = default_transform(self.channels_, pooled, first.keywords, ranges)
+            if isinstance(self.transform, dict):  # some channels' transforms set by the user
+                self.transform_ = with_overrides(self.transform_, self.channels_, self.channel_markers_,
+                                                 self.transform)
+            elif self.transform != "auto":
+                raise ValueError(f"transform must be 'auto', a ChannelTransform or a dict of channel -> "
+                                 f"transform, got {self.transform!r}")
+        pooled = np.vstack([self.transform_.apply(r[content_subsample(r, 5000)]) for r in raw_parts])
+        self.center_ = pooled.mean(axis=0).astype(np.float32)
+        scale = pooled.std(axis=0)
+        self.scale_ = np.where(scale > 0, scale, 1.0).astype(np.float32)
+
+    def standardised_cells(self, sample) -> np.ndarray:
+        """A sample's events on the model's channels as the classifier sees them: transformed,
+        standardised (and registered, with ``align="quantile"`` or ``"landmarks"``): (n, d)."""
+        sample = self._compensated(sample)
+        indices = self._channel_indices(sample)
+        cells = self._standardise(sample.events[:, indices])
+        if (getattr(self, "reference_quantiles_", None) is None
+                and getattr(self, "reference_landmarks_", None) is None):
+            return cells
+        return self._registered(cells, self._chosen_cells(sample.events, indices)[0])
+
+    def _compensated(self, sample):
+        from gating_core.io.interop import as_sample  # a flowkit.Sample or an AnnData is welcome too
+
+        sample = as_sample(sample)
+        if self.compensate and sample.has_spillover and not sample.compensated:
+            return sample.compensate()
+        return sample
+
+    def _choose_channels(self, samples):
+        first = samples[0]
+        if self.channels is not None:
+            wanted = list(self.channels)
+        else:
+            wanted = [c.pnn for c in first.channels if not is_time_like(c.pnn)]
+        kept, markers = [], []
+        for name in wanted:
+            index = find_channel(first, name)
+            if index is None:
+                raise ChannelMismatchError(f"{first.name}: no channel {name!r} (channels: {', '.join(first.pnn)})")
+            channel = first.channels[index]
+            if self.channels is None:
+                if any(find_channel(s, channel.pnn, channel.pns) is None for s in samples[1:]):
+                    continue  # not shared by every training patient
+                column = first.events[: 100000, index]
+                if len(column) and float(np.nanmax(column)) == float(np.nanmin(column)):
+                    continue  # constant: carries nothing
+            kept.append(channel.pnn)
+            markers.append(channel.pns)
+        if not kept:
+            raise ChannelMismatchError("the training patients share no usable channel")
+        self.channels_, self.channel_markers_ = kept, markers
+        for s in samples[1:]:
+            self._channel_indices(s)
+
+    def _channel_indices(self, sample) -> list[int]:
+        indices, missing = [], []
+        for pnn, pns in zip(self.channels_, self.channel_markers_):
+            index = find_channel(sample, pnn, pns)
+            if index is None:
+                missing.append(f"{pnn} ({pns})" if pns and pns != pnn else pnn)
+            indices.append(index)
+        if missing:
+            raise ChannelMismatchError(
+                f"{sample.name}: missing channel{'s' if len(missing) > 1 else ''} {', '.join(missing)} "
+                f"needed by the model (file has: {', '.join(sample.pnn)})")
+        return indices
+
+    def _standardise(self, raw: np.ndarray) -> np.ndarray:
+        """Raw events (n, d) on the model's channels -> the cells the classifier sees: (n, d),
+        or (n, dica_components) when the model has a DICA projection."""
+        return self._invariant(self._scaled(raw))
+
+    #: Rows projected at a time by DICA: bounds the (rows, 2L) float64 features in memory, and
+    #: fixed so that a chunk's cells get the same bits whichever path gates it.
+    DICA_BLOCK = 4096
+
+    def _invariant(self, cells: np.ndarray) -> np.ndarray:
+        """Standardised cells (n, d) through the model's DICA projection (``dica``): (n, m)
+        float32; unchanged without one."""
+        dica = getattr(self, "dica_", None)
+        if dica is None:
+            return cells
+        return dica.transform(cells, chunk_size=self.DICA_BLOCK).astype(np.float32)
+
+    def _scaled(self, raw: np.ndarray) -> np.ndarray:
+        """Transformed and standardised events (n, d), before any DICA projection."""
+        out = self.transform_.apply(raw)
+        out -= self.center_
+        out /= self.scale_
+        return out

@@ -1,0 +1,405 @@
+"""Data preparation for scatter plots and histograms of cytometry events.
+
+Nothing here draws: it turns events into what a plot needs, cheaply enough for a million events
+per patient. Pseudocolor density is a 2-D histogram of *all* events (``numpy.histogram2d``, one
+pass); dots colored by population use a fixed, reproducible display subsample, while counts
+always come from all events. Axis ticks sit at round *raw* values (0, 10, 100, 1000, ...) placed
+at their transformed positions, so an arcsinh or logicle axis still reads in instrument units.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import numpy as np
+
+from gating_core.gates import AxisScale, suggest_scale  # noqa: F401  (re-exported for callers)
+
+# Okabe-Ito-like qualitative palette, readable for common colour-vision deficiencies, then more.
+PALETTE = [
+    "#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000",
+    "#8C564B", "#9467BD", "#17BECF", "#BCBD22", "#7F7F7F", "#1F77B4", "#FF7F0E", "#2CA02C",
+]
+OTHER_COLOR = "#B0B0B0"
+
+
+def channel_label(pnn: str, pns: str | None = "") -> str:
+    """How a channel is named to people: its marker ($PnS) with the detector ($PnN) once.
+
+    ``("FL3-A", "CD4")`` -> ``"CD4 (FL3-A)"``; without a marker, or when the marker is the
+    detector name, just ``"FL3-A"``; when the marker text already names the detector
+    (``"Forward Scatter (FSC-HLin)"``) it is shown as is, never with the detector a second time.
+    Every table, axis and picker of the app names channels through this function.
+    """
+    pnn = str(pnn)
+    marker = str(pns or "").strip()
+    if not marker or marker.casefold() == pnn.strip().casefold():
+        return pnn
+    if pnn.strip() and pnn.strip().casefold() in marker.casefold():
+        return marker
+    return f"{marker} ({pnn})"
+
+
+def sample_channel_label(sample, pnn: str) -> str:
+    """:func:`channel_label` of the channel ``pnn`` of ``sample`` (``pnn`` itself when absent)."""
+    try:
+        channel = sample.channels[sample.channel_index(pnn)]
+    except (KeyError, IndexError, ValueError):
+        return str(pnn)
+    return channel_label(channel.pnn, channel.pns)
+
+
+def subsample_indices(n_events: int, max_points: int, seed: int = 0) -> np.ndarray:
+    """Sorted indices of at most ``max_points`` events, the same for the same (n, max, seed)."""
+    if n_events <= max_points:
+        return np.arange(n_events)
+    return _drawn_subsample(int(n_events), int(max_points), int(seed)).copy()
+
+
+@functools.lru_cache(maxsize=16)
+def _drawn_subsample(n_events: int, max_points: int, seed: int) -> np.ndarray:
+    # Drawing 500,000 of a million events (a full permutation, then a sort) costs ~50 ms and
+    # every robust axis range of a large patient asks for the same draw: kept once per size.
+    rng = np.random.default_rng(seed)
+    return np.sort(rng.choice(n_events, size=max_points, replace=False))
+
+
+def display_range(values: np.ndarray, low_pct: float = 0.1, high_pct: float = 99.9, pad: float = 0.05):
+    """Robust (lo, hi) of display-coordinate values: percentiles with a small margin.
+
+    Accepts a 1-D array or a list of arrays (several patients share one range).
+    """
+    if isinstance(values, (list, tuple)):
+        parts = [np.asarray(v, dtype=np.float64).ravel() for v in values]
+        values = np.concatenate(parts) if parts else np.zeros(1)
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    if values.size == 0:
+        return (0.0, 1.0)
+    if values.size > 500_000:  # percentiles of a fixed subsample are as good and 10x cheaper
+        values = values[subsample_indices(values.size, 500_000)]
+    lo, hi = np.percentile(values, [low_pct, high_pct])
+    if not hi > lo:
+        lo, hi = float(values.min()), float(values.max())
+    if not hi > lo:
+        lo, hi = lo - 0.5, hi + 0.5
+    margin = (hi - lo) * pad
+    return (float(lo - margin), float(hi + margin))
+
+
+def density_grid(x: np.ndarray, y: np.ndarray, x_range, y_range, bins: int = 200):
+    """2-D histogram of all events in display coordinates.
+
+    Returns
+    -------
+    counts : ndarray (bins, bins), int — rows are y bins, columns x bins (heatmap orientation)
+    x_centers, y_centers : ndarray (bins,)
+    """
+    x = np.asarray(x, dtype=np.float64)
+    y = np.asarray(y, dtype=np.float64)
+    finite = np.isfinite(x) & np.isfinite(y)
+    counts, x_edges, y_edges = np.histogram2d(x[finite], y[finite], bins=bins, range=[list(x_range), list(y_range)])
+    return counts.T.astype(np.int64), (x_edges[:-1] + x_edges[1:]) / 2, (y_edges[:-1] + y_edges[1:]) / 2
+
+
+def bin_indices(values: np.ndarray, value_range, bins: int = 200) -> np.ndarray:
+    """The histogram bin of every value, for binning the same channel many times over.
+
+    Bins are those of ``numpy.histogram`` / ``numpy.histogram2d`` with ``range=value_range``:
+    ``bins`` equal bins between ``numpy.linspace`` edges, each closed on the left, the last
+    also on the right, so counting these indices gives exactly their counts.
+
+    Returns
+    -------
+    indices : ndarray (n,), int16 (int32 above 32,766 bins) -- in ``[0, bins)``, or ``bins``
+        for a value outside the range or not finite.
+    """
+    values = np.asarray(values, dtype=np.float64).ravel()
+    edges = np.linspace(float(value_range[0]), float(value_range[1]), bins + 1)
+    lo, hi = edges[0], edges[-1]
+    out = np.full(values.shape, bins, dtype=np.int16 if bins < np.iinfo(np.int16).max else np.int32)
+    with np.errstate(invalid="ignore"):
+        inside = (values >= lo) & (values <= hi)  # NaN is neither
+    kept = values[inside]
+    # Arithmetic bin, then moved by one where rounding put a value across an edge -- what
+    # numpy.histogram does for equal bins; 5x cheaper than searchsorted on the edges.
+    index = ((kept - lo) * (bins / (hi - lo))).astype(np.intp)
+    index[index == bins] = bins - 1
+    index[kept < edges[index]] -= 1
+    index[(kept >= edges[index + 1]) & (index != bins - 1)] += 1
+    out[inside] = index
+    return out
+
+
+def _centers(value_range, bins: int) -> np.ndarray:
+    edges = np.linspace(float(value_range[0]), float(value_range[1]), bins + 1)
+    return (edges[:-1] + edges[1:]) / 2
+
+
+def density_from_bins(x_bins: np.ndarray, y_bins: np.ndarray, x_range, y_range, bins: int = 200, mask=None):
+    """:func:`density_grid` from :func:`bin_indices` of both channels (same bins, same result):
+    one ``numpy.bincount`` instead of a 2-D histogram, 15-25x less time per pair of channels at a
+    million events once each channel's bins are known (``bench/bench_explore.py``).
+
+    mask : optional (n,) bool, the events to count (a parent population).
+    """
+    side = bins + 1  # the last row and column collect the events outside the ranges
+    flat = y_bins.astype(np.int32) * side + x_bins
+    if mask is not None:
+        flat = flat[np.asarray(mask, dtype=bool)]
+    counts = np.bincount(flat, minlength=side * side).reshape(side, side)[:bins, :bins]
+    return counts.astype(np.int64), _centers(x_range, bins), _centers(y_range, bins)
+
+
+def histogram_from_bins(value_bins: np.ndarray, value_range, bins: int = 200, mask=None):
+    """:func:`histogram_1d` from :func:`bin_indices` (same bins, same counts)."""
+    if mask is not None:
+        value_bins = value_bins[np.asarray(mask, dtype=bool)]
+    counts = np.bincount(value_bins, minlength=bins + 1)[:bins]
+    return counts.astype(np.int64), _centers(value_range, bins)
+
+
+def log_density(counts: np.ndarray) -> np.ndarray:
+    """log10(counts) with empty bins as NaN, so they show as background in a heatmap (1 event -> 0)."""
+    out = np.full(counts.shape, np.nan)
+    filled = counts > 0
+    out[filled] = np.log10(counts[filled])
+    return out
+
+
+def histogram_1d(values: np.ndarray, value_range, bins: int = 200):
+    """Counts and bin centers of one channel in display coordinates (all events)."""
+    values = np.asarray(values, dtype=np.float64)
+    values = values[np.isfinite(values)]
+    counts, edges = np.histogram(values, bins=bins, range=tuple(value_range))
+    return counts, (edges[:-1] + edges[1:]) / 2
+
+
+_SUPERSCRIPT = str.maketrans("-0123456789", "\u207b\u2070\u00b9\u00b2\u00b3\u2074\u2075\u2076\u2077\u2078\u2079")
+
+
+def _format_raw(value: float) -> str:
+    """Short raw-unit label: 0, 10, 1000, 10\u2074 (powers of ten above 10^4 as superscripts)."""
+    if value == 0:
+        return "0"
+    magnitude = abs(value)
+    sign = "-" if value < 0 else ""
+    exponent = math.log10(magnitude)
+    if abs(exponent - round(exponent)) < 1e-9 and (round(exponent) > 6 or round(exponent) < -2):
+        return f"{sign}10" + str(int(round(exponent))).translate(_SUPERSCRIPT)
+    if magnitude >= 1e6:
+        return f"{value / 1e6:g}M"
+    if magnitude >= 1e4:
+        return f"{value / 1e3:g}K"
+    return f"{value:g}"
+
+
+def _nice_linear_ticks(lo: float, hi: float, target: int = 6) -> np.ndarray:
+    span = hi - lo
+    if not span > 0:
+        return np.array([lo])
+    raw_step = span / target
+    power = 10 ** math.floor(math.log10(raw_step))
+    step = min((m * power for m in (1, 2, 2.5, 5, 10) if m * power >= raw_step), default=10 * power)
+    start = math.ceil(lo / step) * step
+    return np.arange(start, hi + step * 1e-9, step)
+
+
+def raw_ticks(scale: AxisScale, display_lo: float, display_hi: float, max_ticks: int = 9):
+    """Tick positions (display coordinates) and labels (raw units) for an axis.
+
+    Linear axes get round steps. arcsinh / logicle axes get 0 and ±10^k within the range,
+    thinned to at most ``max_ticks`` so labels do not collide.
+
+    Returns
+    -------
+    tickvals : list of float (display coordinates)
+    ticktext : list of str (raw values)
+    """
+    if scale.kind == "linear":
+        ticks = _nice_linear_ticks(display_lo, display_hi)
+        return [float(t) for t in ticks], [_format_raw(float(t)) for t in ticks]
+    raw_lo, raw_hi = (float(v) for v in scale.inverse(np.array([display_lo, display_hi])))
+    candidates = [0.0]
+    for k in range(-3, 10):
+        candidates.extend([10.0 ** k, -(10.0 ** k)])
+    candidates = sorted(c for c in candidates if raw_lo <= c <= raw_hi)
+    if not candidates:
+        ticks = _nice_linear_ticks(display_lo, display_hi)
+        raw = scale.inverse(ticks)
+        return [float(t) for t in ticks], [f"{r:.3g}" for r in raw]
+    positions = scale.forward(np.array(candidates))
+    # Keep ticks at least 4% of the axis apart; 0 first, then large magnitudes, so a crowded
+    # region near zero loses its small +-1, +-10 ticks rather than the decades users read.
+    min_gap = (display_hi - display_lo) * 0.04
+    priority = sorted(range(len(candidates)), key=lambda i: (candidates[i] != 0, -abs(candidates[i])))
+    accepted: list[int] = []
+    for i in priority:
+        if all(abs(positions[i] - positions[j]) >= min_gap for j in accepted):
+            accepted.append(i)
+    accepted.sort(key=lambda i: positions[i])
+    kept_vals = [float(positions[i]) for i in accepted]
+    kept_text = [_format_raw(candidates[i]) for i in accepted]
+    while len(kept_vals) > max_ticks:
+        kept_vals, kept_text = kept_vals[::2], kept_text[::2]
+    return kept_vals, kept_text
+
+
+def population_colors(populations) -> dict:
+    """Stable colour per population name; ``other``/``ungated`` are grey."""
+    colors, k = {}, 0
+    for name in populations:
+        if name in colors:
+            continue
+        if str(name).casefold() in ("other", "ungated", "unlabeled", "unlabelled"):
+            colors[name] = OTHER_COLOR
+        else:
+            colors[name] = PALETTE[k % len(PALETTE)]
+            k += 1
+    return colors
+
+
+def population_table(events: np.ndarray, channel_names, populations: np.ndarray,
+                     parents: dict | None = None, confidence: np.ndarray | None = None, cofactors=None):
+    """Per-population statistics: count, % of total, % of parent, median of every channel.
+
+    Parameters
+    ----------
+    events : (n, d) raw values
+    channel_names : list of d names
+    populations : (n,) str labels
+    parents : dict population -> parent population (its share uses the parent's count);
+        populations without a parent use all events, so % of parent equals % of total.
+    confidence : optional (n,) confidences; adds a mean-confidence column.
+    cofactors : optional (d,) arcsinh cofactors: the median, geometric mean and CV of every
+        channel instead of its median alone (:class:`gating_core.reports.marker_stats.MarkerStatistics`).
+    """
+    import pandas as pd
+
+    from gating_core.reports.marker_stats import MarkerStatistics
+
+    stats = MarkerStatistics(events, channel_names, cofactors) if cofactors is not None else None
+
+    populations = np.asarray(populations).astype(str)
+    total = populations.shape[0]
+    names, inverse, counts = np.unique(populations, return_inverse=True, return_counts=True)
+    order = np.argsort(-counts, kind="stable")
+    parents = parents or {}
+    count_of = dict(zip(names, counts))
+    rows = []
+    for i in order:
+        name = names[i]
+        mask = inverse == i
+        parent = parents.get(name)
+        parent_count = count_of.get(parent, total) if parent else total
+        row = {"population": name, "count": int(counts[i]), "% of total": 100.0 * counts[i] / total,
+               "% of parent": 100.0 * counts[i] / parent_count if parent_count else 0.0}
+        if confidence is not None:
+            row["mean confidence"] = float(np.mean(confidence[mask]))
+        if stats is not None:
+            row.update(stats(mask))
+            rows.append(row)
+            continue
+        medians = np.median(events[mask], axis=0) if mask.any() else np.full(len(channel_names), np.nan)
+        for ch, med in zip(channel_names, medians):
+            row[f"median {ch}"] = float(med)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+# -- population view: every event binned, each bin coloured by its majority population --------
+
+MIN_SHADE = 0.2  # a bin of one event: 20% of its population's colour over white, still visible
+
+
+def population_grid_from_bins(x_bins: np.ndarray, y_bins: np.ndarray, codes: np.ndarray, n_populations: int,
+                              x_range, y_range, bins: int = 200):
+    """Events of each population in each bin of the density grid (:func:`density_from_bins`'s
+    bins), from :func:`bin_indices` of both channels: one ``numpy.bincount`` over
+    (bin x population), so the population view counts every event at the cost of a density.
+
+    Parameters
+    ----------
+    x_bins, y_bins : ndarray (n,), :func:`bin_indices` of the two channels (``bins`` = outside).
+    codes : ndarray (n,), int -- each event's population as an index in ``[0, n_populations)``.
+    n_populations : int
+
+    Returns
+    -------
+    counts : ndarray (n_populations, bins, bins), int64 -- ``counts[p]`` is population ``p``'s
+        :func:`density_grid` (rows y bins, columns x bins); events outside either range are left out.
+    x_centers, y_centers : ndarray (bins,)
+    """
+    codes = np.asarray(codes)
+    if codes.shape != x_bins.shape or x_bins.shape != y_bins.shape:
+        raise ValueError(f"population codes {codes.shape} and bin indices {x_bins.shape}, {y_bins.shape} "
+                         "must hold one entry per event")
+    n_populations = int(n_populations)
+    if codes.size and (codes.min() < 0 or codes.max() >= n_populations):
+        raise ValueError(f"population codes must lie in [0, {n_populations})")
+    side = bins + 1  # the last row and column collect the events outside the ranges
+    flat = (y_bins.astype(np.int64) * side + x_bins) * n_populations + codes
+    counts = np.bincount(flat, minlength=side * side * n_populations).reshape(side, side, n_populations)
+    return (np.ascontiguousarray(counts[:bins, :bins].transpose(2, 0, 1)).astype(np.int64),
+            _centers(x_range, bins), _centers(y_range, bins))
+
+
+def majority_population(counts: np.ndarray):
+    """The population holding most events of each bin of :func:`population_grid_from_bins`.
+
+    A tie goes to the population listed first (the lowest index; ``numpy.argmax`` keeps the
+    first maximum), so the same counts always give the same picture.
+
+    Returns
+    -------
+    winner : ndarray (bins, bins), int64 -- population index, -1 for an empty bin
+    winner_count : ndarray (bins, bins), int64 -- its events in the bin (0 when empty)
+    total : ndarray (bins, bins), int64 -- events of all populations in the bin
+    """
+    counts = np.asarray(counts)
+    total = counts.sum(axis=0)
+    winner = counts.argmax(axis=0).astype(np.int64)
+    winner_count = np.take_along_axis(counts, winner[None], axis=0)[0].astype(np.int64)
+    winner[total == 0] = -1
+    return winner, winner_count, total.astype(np.int64)
+
+
+def _rgb(color: str) -> tuple:
+    text = str(color).lstrip("#")
+    if len(text) != 6:
+        raise ValueError(f"colour {color!r} is not #rrggbb")
+    return tuple(int(text[i:i + 2], 16) for i in (0, 2, 4))
+
+
+def population_image(counts: np.ndarray, colors, top: int | None = None) -> np.ndarray:
+    """The population view as an RGBA image: each bin in the colour of its majority population
+    (:func:`majority_population`), mixed with white by the bin's event count on a log scale --
+    one event ``MIN_SHADE`` of the colour, ``top`` events (default: the fullest bin) all of it --
+    so sparse bins are pale and dense bins full colour; empty bins transparent (the white plot
+    background shows, with its grid, as in the density view).
+
+    Parameters
+    ----------
+    counts : ndarray (n_populations, bins, bins), :func:`population_grid_from_bins`'s counts
+    colors : n_populations ``#rrggbb`` colours, in the order of ``counts``
+    top : events of a full-colour bin (several panels share one, to compare them)
+
+    Returns
+    -------
+    rgba : ndarray (bins, bins, 4), uint8 -- row 0 is the lowest y bin
+    """
+    winner, _, total = majority_population(counts)
+    palette = np.array([_rgb(c) for c in colors], dtype=np.float64).reshape(-1, 3)
+    if palette.shape[0] != counts.shape[0]:
+        raise ValueError(f"{palette.shape[0]} colours for {counts.shape[0]} populations")
+    top = max(int(total.max()) if top is None else int(top), 10)
+    filled = total > 0
+    shade = np.zeros(total.shape)
+    shade[filled] = MIN_SHADE + (1 - MIN_SHADE) * np.clip(np.log10(total[filled]) / np.log10(top), 0, 1)
+    colour = palette[np.maximum(winner, 0)]
+    mixed = 255.0 + (colour - 255.0) * shade[..., None]
+    rgba = np.zeros(total.shape + (4,), dtype=np.uint8)
+    rgba[..., :3] = np.rint(mixed).astype(np.uint8)
+    rgba[..., 3] = np.where(filled, 255, 0)
+    return rgba
