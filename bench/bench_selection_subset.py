@@ -32,16 +32,17 @@ MULTICENTER = REPO.parent / "shared" / "data" / "multicenter"
 
 
 def _fit(train_samples, train_labels, limit, groups=None):
-    import gating_core.model.estimator as model_module
+    import gating_core.model.transfer as transfer_module
+    from gating_core.model import GatingModel
 
-    saved = model_module.SELECTION_MAX_PATIENTS
-    model_module.SELECTION_MAX_PATIENTS = limit
+    saved = transfer_module.SELECTION_MAX_PATIENTS
+    transfer_module.SELECTION_MAX_PATIENTS = limit
     try:
         cpu = time.process_time()
-        model = model_module.GatingModel().fit(train_samples, train_labels, groups=groups)
+        model = GatingModel().fit(train_samples, train_labels, groups=groups)
         return model, time.process_time() - cpu
     finally:
-        model_module.SELECTION_MAX_PATIENTS = saved
+        transfer_module.SELECTION_MAX_PATIENTS = saved
 
 
 def _accuracy(model, sample, labels) -> float:

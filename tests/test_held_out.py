@@ -190,9 +190,9 @@ def test_a_fold_searches_on_the_seeded_subset_that_training_on_its_patients_woul
     # GatingModel.fit searches on at most SELECTION_MAX_PATIENTS patients (a seeded draw); so
     # does each fold, among its own training patients. A patient outside that draw trains the
     # fold's model but its labels never reach the fold's selection.
-    import gating_core.model.estimator
+    import gating_core.model.transfer
 
-    monkeypatch.setattr(gating_core.model.estimator, "SELECTION_MAX_PATIENTS", 3)
+    monkeypatch.setattr(gating_core.model.transfer, "SELECTION_MAX_PATIENTS", 3)
     samples, labels, groups = cohort
     settings = {"n_features": 128, "cells_per_patient": 1000, "selection_cells_per_patient": 400}
     first = fold_models(samples, labels, [[2]], settings, groups)[0]
@@ -208,7 +208,7 @@ def test_a_fold_searches_on_the_seeded_subset_that_training_on_its_patients_woul
     assert first.selection_["companion"] == second.selection_["companion"]
     assert not np.array_equal(first.classifier_.coef_, second.classifier_.coef_)
     # Without the cap, all five training patients are searched on: another selection.
-    monkeypatch.setattr(gating_core.model.estimator, "SELECTION_MAX_PATIENTS", 50)
+    monkeypatch.setattr(gating_core.model.transfer, "SELECTION_MAX_PATIENTS", 50)
     everyone = fold_models(samples, labels, [[2]], settings, groups)[0]
     assert everyone.selection_["n_patients"] == 5
     assert everyone.selection_["table"] != first.selection_["table"]

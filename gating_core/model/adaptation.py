@@ -1,0 +1,185 @@
+"""What gating does per new patient beyond the transfer model, in
+:class:`~gating_core.model.estimator.GatingModel` (a mixin): the patient's own populations
+adapted by EM and their weight (chosen by cross-validation over groups), the populations' reach
+that calls cells beyond all of them unknown, the EM prior ratio and the self-training step."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from gating_core.method.adaptive_lda import AdaptiveLDA
+from gating_core.method.features import content_hashes
+from gating_core.method.priors import reestimate_prior, training_prior
+from gating_core.method.self_training import PatientAdjustment, self_training_coef
+from gating_core.method.unknown_cells import PopulationReach
+
+#: The adapted populations' share of the final probabilities (GatingModel's ``adaptive_weight``):
+#: chosen among these by cross-validation over groups ("auto").
+ADAPTIVE_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: With nothing to hold out (one training patient), "auto" takes this weight.
+FALLBACK_ADAPTIVE_WEIGHT = 0.5
+#: Weights whose held-out mean-plus-worst accuracy is within this of the best are not told apart
+#: by the few patients a fold holds out; "auto" takes the largest of them (see
+#: PatientAdaptation._choose_adaptive_weight).
+ADAPTIVE_WEIGHT_TOLERANCE = 0.01
+
+
+class PatientAdaptation:
+    """The adapted populations, the unknown-cell reach and the per-patient adjustment (mixed
+    into GatingModel, whose parameters and fitted attributes it reads)."""
+
+    def _fit_adaptive(self, cells, embedding_cells, labels, params, report):
+        """The adapted populations (``adaptive_lda_``) and their share (``adaptive_weight_``)."""
+        self.adaptive_lda_, self.adaptive_weight_ = None, 0.0
+        if self.method != "marginal":  # the baselines (pooling, multitask) gate as fitted
+            return
+        if self.adaptive_weight != "auto" and float(self.adaptive_weight) == 0.0:
+            return
+        if self.adaptive_weight == "auto":
+            report("Weighing the adapted populations (cross-validation over groups)", 0.92)
+            weight = self._choose_adaptive_weight(cells, embedding_cells, labels, params)
+        else:
+            weight = float(self.adaptive_weight)
+        if weight > 0:
+            self.adaptive_lda_ = AdaptiveLDA().fit(cells, labels, classes=self.populations_)
+            self.adaptive_weight_ = weight
+
+    def _fit_reach(self, cells, labels):
+        """Where each population reaches (``population_reach_``; see ``unknown_margin``)."""
+        self.population_reach_ = (None if self.unknown_margin is None else
+                                  PopulationReach().fit(cells, labels, self.populations_))
+
+    def _choose_adaptive_weight(self, cells, embedding_cells, labels, params) -> float:
+        """``adaptive_weight="auto"``: the largest weight of ``ADAPTIVE_WEIGHTS`` whose mixture
+        gates the held-out groups' patients within ``ADAPTIVE_WEIGHT_TOLERANCE`` of the best
+        (mean plus worst-patient accuracy).
+
+        Each fold holds out whole groups and refits the transfer model on the others with the
+        hyperparameters selected on all patients (refitting the search in every fold would
+        multiply training by the folds), and the Gaussians likewise; each held-out patient is
+        gated as a new one (its embedding, self-training and EM from its content-chosen cells)
+        on its labeled training cells. The table is ``selection_["adaptive_weight"]``."""
+        groups = list(self.groups_)
+        if len(set(groups)) < 2:
+            # One group (every patient near-duplicates of the others, or one center given):
+            # patients are then the only units to hold out.
+            groups = list(self.training_patients_)
+        unique = sorted(set(groups))
+        if len(unique) < 2:
+            self.selection_["adaptive_weight"] = {"chosen": FALLBACK_ADAPTIVE_WEIGHT, "folds": 0,
+                                                  "reason": "fewer than two patients to hold out"}
+            return FALLBACK_ADAPTIVE_WEIGHT
+        rng = np.random.default_rng(np.random.SeedSequence([int(self.random_state or 0), 31]))
+        order = [unique[i] for i in rng.permutation(len(unique))]
+        n_folds = min(int(self.cv_folds), len(unique))
+        accuracy = {w: [] for w in ADAPTIVE_WEIGHTS}
+        fixed = {"companion_bandwidth_x": self.companion_bandwidth_x_, "pooled_weight": self.pooled_weight_}
+        fold_params = dict(params)  # the selected hyperparameters, kept in every fold
+        for j in range(n_folds):
+            held_groups = set(order[j::n_folds])
+            train = [i for i, g in enumerate(groups) if g not in held_groups]
+            held = [i for i, g in enumerate(groups) if g in held_groups]
+            fold = self._fold_copy([self.groups_[i] for i in train], [self.training_patients_[i] for i in train])
+            fold._fit_transfer([cells[i] for i in train], [embedding_cells[i] for i in train],
+                               [labels[i] for i in train], fold_params, lambda stage, f: None, fixed=fixed)
+            fold.populations_ = [str(c) for c in fold.classifier_.classes_]
+            fold.class_prior_ = training_prior([labels[i] for i in train], fold.classifier_.classes_)
+            gaussians = AdaptiveLDA().fit([cells[i] for i in train], [labels[i] for i in train],
+                                          classes=fold.populations_)
+            columns = np.searchsorted(np.asarray(self.populations_), np.asarray(fold.populations_))
+            for i in held:
+                embedding = fold.classifier_.embed(embedding_cells[i])
+                adjust = fold._patient_adjustment(embedding_cells[i], embedding)
+                transfer = fold._adjusted_proba(cells[i], embedding, 50_000, adjust)
+                adapted = AdaptiveLDA.proba(cells[i], gaussians.adapt(embedding_cells[i]))
+                truth = np.asarray(labels[i]).astype(str)
+                for w in ADAPTIVE_WEIGHTS:
+                    mixed = (1.0 - w) * transfer + w * adapted
+                    predicted = np.asarray(self.populations_)[columns[np.argmax(mixed, axis=1)]]
+                    accuracy[w].append(float(np.mean(predicted == truth)))
+        means = {w: float(np.mean(a)) for w, a in accuracy.items()}
+        worst = {w: float(np.min(a)) for w, a in accuracy.items()}
+        # A lab signs every patient: the weight is judged by the mean AND the worst held-out
+        # patient, equally.
+        score = {w: means[w] + worst[w] for w in ADAPTIVE_WEIGHTS}
+        best = max(score.values())
+        # The held-out patients come from the training groups, so the folds see only the shifts
+        # between those groups; a new run can move further, and the adapted populations are what
+        # follows it. Among the weights the folds cannot tell apart, the most adapted one.
+        chosen = max(w for w, v in score.items() if v >= best - ADAPTIVE_WEIGHT_TOLERANCE)
+        self.selection_["adaptive_weight"] = {
+            "chosen": chosen, "folds": n_folds,
+            "cv_accuracy": {str(w): m for w, m in means.items()},
+            "cv_worst": {str(w): v for w, v in worst.items()}}
+        return chosen
+
+    def _fold_copy(self, groups, patients):
+        """A model of this one's class, parameters and preprocessing, to fit on some patients only."""
+        fold = type(self)(**self.get_params(deep=False))  # a subclass's folds keep its options
+        for name in ("channels_", "channel_markers_", "transform_", "center_", "scale_", "dica_",
+                     "reference_quantiles_", "reference_landmarks_"):
+            setattr(fold, name, getattr(self, name, None))
+        fold.groups_, fold.groups_inferred_ = list(groups), self.groups_inferred_
+        fold.selection_ = dict(self.selection_)
+        fold.training_patients_ = list(patients)
+        return fold
+
+    def _adjusted_proba(self, cells, embedding, chunk_size, adjust: PatientAdjustment) -> np.ndarray:
+        """The final probabilities of standardised (registered) cells of one patient: the blend
+        (:meth:`_proba`), then ``adjust`` (its prior ratio and self-training step), then the
+        patient's adapted populations mixed in (``adaptive_weight_``)."""
+        weight = float(getattr(self, "adaptive_weight_", 0.0))
+        if weight >= 1.0 and adjust.gaussians is not None:
+            # The transfer model's share is 0: scoring it would only be multiplied away.
+            return AdaptiveLDA.proba(cells, adjust.gaussians)
+        if adjust.coef is None:
+            proba = adjust(self._proba(cells, embedding, chunk_size))
+        else:
+            proba = adjust(*self._proba(cells, embedding, chunk_size, project=adjust.coef))
+        return adjust.mix(proba, cells, weight)
+
+    def _patient_adjustment(self, chosen, embedding) -> PatientAdjustment:
+        """What gating this patient does after the blend (:class:`~gating_core.method.self_training.PatientAdjustment`):
+        the EM prior ratio (``prior_shift="em"``), the self-training step (``self_training``)
+        and the populations adapted by EM (``adaptive_weight_``), all from its content-chosen
+        cells ``chosen`` (m, d), standardised and registered."""
+        adjust = self._transfer_adjustment(chosen, embedding)
+        lda = getattr(self, "adaptive_lda_", None)
+        if lda is not None and float(getattr(self, "adaptive_weight_", 0.0)) > 0:
+            # In the order of their content hashes: EM's sums, hence every bit of the adapted
+            # populations, then do not depend on the order of the patient's events.
+            ordered = chosen[np.argsort(content_hashes(chosen), kind="stable")] if len(chosen) else chosen
+            adjust.gaussians = lda.adapt(ordered)
+        reach = getattr(self, "population_reach_", None)
+        if reach is not None:
+            ordered = chosen[np.argsort(content_hashes(chosen), kind="stable")] if len(chosen) else chosen
+            adjust.reach = reach.for_patient(ordered, self.unknown_margin)
+        return adjust
+
+    def _transfer_adjustment(self, chosen, embedding) -> PatientAdjustment:
+        """The transfer model's part of :meth:`_patient_adjustment`."""
+        ratio = self._prior_ratio(chosen, embedding)
+        if not self._self_trains() or len(chosen) == 0:
+            return PatientAdjustment(ratio)
+        # In the order of their content hashes: the pseudo-labels drawn (and, for the same
+        # embedding and prior ratio, every bit of the fit) then do not depend on the order of
+        # the patient's events.
+        chosen = chosen[np.argsort(content_hashes(chosen), kind="stable")]
+        proba = PatientAdjustment(ratio)(self._proba(chosen, embedding, 50_000))
+        coef = self_training_coef(self.classifier_._features(chosen, embedding), proba, random_state=self.random_state)
+        return PatientAdjustment(ratio, coef)
+
+    def _self_trains(self) -> bool:
+        """Whether gating takes the self-training step: ``self_training`` on a marginal model of
+        random features (the baselines, pooling and multitask, are left as they are)."""
+        return bool(getattr(self, "self_training", False)) and self.method == "marginal" and self.solver == "rff"
+
+    def _prior_ratio(self, chosen, embedding):
+        """New prior / training prior of this patient (``prior_shift="em"``), else None.
+
+        Estimated on the content-chosen cells the embedding comes from (``chosen``, (m, d)),
+        so it is bounded in cost and identical whatever the chunking."""
+        if self.prior_shift == "none":
+            return None
+        prior = reestimate_prior(self._proba(chosen, embedding, 50_000), self.class_prior_)
+        return (prior / self.class_prior_).astype(np.float32)
