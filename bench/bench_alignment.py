@@ -58,6 +58,7 @@ from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from gating_core.model.research import ResearchGatingModel
 from gating_core.io.inputs import load_labeled_input  # noqa: E402
 from gating_core.method.alignment import (LandmarkReference, LandmarkRegistration, QuantileRegistration,  # noqa: E402
                                           SkipRule, channel_quantiles)
@@ -141,7 +142,7 @@ class Split:
     held-out patient."""
 
     def __init__(self, samples, labels, train, test):
-        self.model = GatingModel(cells_per_patient=CELLS_PER_PATIENT, class_balance=0.0, random_state=0)
+        self.model = GatingModel(cells_per_patient=CELLS_PER_PATIENT, random_state=0)
         digests = [self.model.digest(samples[i], labels[i], k) for k, i in enumerate(train)]
         self.cells, self.embedding_cells, self.labels = self.model.prepare_digests(digests)
         self.test_cells, self.test_chosen, self.test_labels = [], [], []
@@ -194,7 +195,7 @@ class Split:
 
 def check_product_path(samples, labels, train, test, split: Split) -> None:
     """GatingModel(align="landmarks") registers training and held-out cells as :class:`Split` does."""
-    model = GatingModel(cells_per_patient=CELLS_PER_PATIENT, class_balance=0.0, random_state=0, align="landmarks")
+    model = ResearchGatingModel(cells_per_patient=CELLS_PER_PATIENT, class_balance=0.0, random_state=0, align="landmarks")
     cells, _ = model.standardised_training_cells([samples[i] for i in train], [labels[i] for i in train])
     mine, held_out, _ = split.registered("landmarks", SkipRule())
     for a, b in zip(cells, mine):

@@ -55,6 +55,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from gating_core.model.research import ResearchGatingModel
 from gating_core.method.classifier import MarginalTransferClassifier  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
 
@@ -210,7 +211,7 @@ def simulated_folds(seed: int):
 
 
 def run_fold(path: Path, train, test, groups, alternatives, class_balance=0.0) -> None:
-    model = GatingModel(random_state=0, class_balance=class_balance)
+    model = ResearchGatingModel(random_state=0, class_balance=class_balance)
     digests = [model.digest(s, y, i) for i, (s, y) in enumerate(train)]
     model.fit_digests(digests, groups=groups)
     cells, embedding_cells, labels = model.prepare_digests(digests)

@@ -60,7 +60,7 @@ def _train_on_the_page(at, method=None, dica=None, dica_components=None, hand=No
 def test_supervised_dica_picked_on_the_train_page(library, sample_data_dir):
     from gating_core.library import PatientLibrary
     from gating_core.method.dica import DICA
-    from gating_core.model import GatingModel
+    from gating_core.model.research import load_gating_model
 
     at = _train_on_the_page(start(), dica="supervised", dica_components=10,
                             hand={"hp_select": False, "hp_cells_per_patient": 500, "hp_n_features": 64})
@@ -72,7 +72,7 @@ def test_supervised_dica_picked_on_the_train_page(library, sample_data_dir):
     assert store.current_model.startswith("marginal, DICA (10), 3 patients")
     # the library's copy is the same DICA model, and it gates: new_patient_01 measured at 0.9986
     # agreement with the truth (three patients, 500 cells each, 64 features, no selection)
-    stored = GatingModel.load(PatientLibrary(library, create=False).model_path(store.model_ids[store.current_model]))
+    stored = load_gating_model(PatientLibrary(library, create=False).model_path(store.model_ids[store.current_model]))
     assert stored.dica == "supervised" and stored.dica_.n_components == 10
     sample = store.patients["new_patient_01"].sample
     predicted = stored.predict(sample)
@@ -165,9 +165,9 @@ def test_an_iw_model_file_uploads_and_a_corrupt_one_is_refused(library, tmp_path
 
 
 def test_model_kind_of_a_dica_model_without_fitting():
-    from gating_core.model import GatingModel
+    from gating_core.model.research import ResearchGatingModel
 
-    model = GatingModel(method="pooling", dica="unsupervised", dica_components=7)
+    model = ResearchGatingModel(method="pooling", dica="unsupervised", dica_components=7)
     assert model_kind(model) == "pooling, UDICA (7)"
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from gating_core.model import DEFAULT_CLASS_BALANCE, GatingModel
+from gating_core.model.research import ResearchGatingModel
 from gating_core.model.digest import digest_patient, population_allocation, training_rows
 from gating_core.synthetic import simulate_patient
 from helpers import run_cli
@@ -60,7 +61,7 @@ def test_digests_and_training_follow_class_balance():
     with pytest.raises(ValueError, match="class_balance"):
         digest_patient(sample, labels, 1000, 2000, class_balance=2.0)
 
-    model = GatingModel(class_balance=1.0, cells_per_patient=1000, embedding_cells=2000)
+    model = ResearchGatingModel(class_balance=1.0, cells_per_patient=1000, embedding_cells=2000)
     _, drawn = model.standardised_training_cells([sample], [labels])
     expected = digest_patient(sample, labels, 1000, 2000, seed=model.digest_seed(0), class_balance=1.0)
     np.testing.assert_array_equal(drawn[0], expected.train_labels)  # what fit draws for its first patient
@@ -78,11 +79,11 @@ def test_the_library_keeps_a_digest_per_class_balance(tmp_path):
     seed = np.random.SeedSequence([0, 10, 0])
     assert "class_balance" not in digest_settings(500, 1500, seed, True)  # digests stored before it stay valid
     assert digest_settings(500, 1500, seed, True, 1.0)["class_balance"] == 1.0
-    uniform, _ = library_digests(library, GatingModel(cells_per_patient=500, embedding_cells=1500, class_balance=0.0))
-    balanced, stats = library_digests(library, GatingModel(cells_per_patient=500, embedding_cells=1500,
+    uniform, _ = library_digests(library, ResearchGatingModel(cells_per_patient=500, embedding_cells=1500, class_balance=0.0))
+    balanced, stats = library_digests(library, ResearchGatingModel(cells_per_patient=500, embedding_cells=1500,
                                                            class_balance=1.0))
     assert stats.misses == 2  # a different draw: not served from the uniform draw's files
-    again, stats = library_digests(library, GatingModel(cells_per_patient=500, embedding_cells=1500,
+    again, stats = library_digests(library, ResearchGatingModel(cells_per_patient=500, embedding_cells=1500,
                                                         class_balance=1.0))
     assert stats.hits == 2
     for a, b in zip(balanced, again):

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from gating_core.model.research import ResearchGatingModel
 from gating_core import GatingModel, read_fcs
 from gating_core.fcs import stream_fcs_all
 from gating_core.model.file_checks import ModelFileError
@@ -27,7 +28,7 @@ def _truth(name):
 @pytest.fixture(scope="module")
 def dica_model():
     samples, labels = sample_cohort()
-    return GatingModel(**CLI_PARAMS).fit(samples, labels)
+    return ResearchGatingModel(**CLI_PARAMS).fit(samples, labels)
 
 
 def test_projection_shapes_and_unit_variance(dica_model):
@@ -54,21 +55,21 @@ def test_dica_model_gates_new_patients_far_above_chance(dica_model):
 
 def test_unsupervised_dica_also_gates(dica_model):
     samples, labels = sample_cohort(range(1, 5))
-    model = GatingModel(select=False, cells_per_patient=1000, dica="unsupervised", dica_components=8).fit(
+    model = ResearchGatingModel(select=False, cells_per_patient=1000, dica="unsupervised", dica_components=8).fit(
         samples, labels)
     path = SAMPLE_DATA / "new" / "new_patient_01.fcs"
     accuracy = np.mean(model.predict(read_fcs(path, compensate=True)).astype(str) == _truth(path.stem))
     assert accuracy >= 0.8, accuracy
     # UDICA ignores the labels: another labelling of the same cells gives the same projection
     shuffled = [np.roll(y, 7) for y in labels]
-    other = GatingModel(select=False, cells_per_patient=1000, dica="unsupervised", dica_components=8).fit(
+    other = ResearchGatingModel(select=False, cells_per_patient=1000, dica="unsupervised", dica_components=8).fit(
         samples, shuffled)
     np.testing.assert_array_equal(other.dica_.projection_, model.dica_.projection_)
 
 
 def test_save_load_gate_equals_in_memory_exactly(dica_model, tmp_path):
     dica_model.save(tmp_path / "m.npz")
-    loaded = GatingModel.load(tmp_path / "m.npz")
+    loaded = ResearchGatingModel.load(tmp_path / "m.npz")
     assert loaded.get_params()["dica"] == "supervised" and loaded.dica_components == 8
     np.testing.assert_array_equal(loaded.dica_.projection_, dica_model.dica_.projection_)
     sample = read_fcs(SAMPLE_DATA / "new" / "new_patient_02.fcs", compensate=True)
@@ -80,7 +81,7 @@ def test_save_load_gate_equals_in_memory_exactly(dica_model, tmp_path):
 def test_streamed_gating_applies_dica_chunk_by_chunk(dica_model):
     """gate_chunks (the path of `gate` on files) equals gate() bit for bit, with the embedding
     cut inside the file and chunks smaller than the file."""
-    model = GatingModel(**{**CLI_PARAMS, "embedding_cells": 3000})
+    model = ResearchGatingModel(**{**CLI_PARAMS, "embedding_cells": 3000})
     model.fit(*sample_cohort(range(5, 9)))
     path = SAMPLE_DATA / "new" / "new_patient_03.fcs"
     result = model.gate(read_fcs(path, compensate=True), chunk_size=2048)
@@ -88,7 +89,7 @@ def test_streamed_gating_applies_dica_chunk_by_chunk(dica_model):
     codes, confidence = [], []
     summary = model.gate_chunks(stream.sample, stream.chunks, chunk_size=2048,
                                 sink=lambda start, events, c, p: (codes.append(c), confidence.append(p)))
-    assert np.array_equal(np.asarray(model.populations_, dtype=object)[np.concatenate(codes)], result.populations)
+    assert np.array_equal(np.asarray(model.gated_populations(), dtype=object)[np.concatenate(codes)], result.populations)
     assert np.array_equal(np.concatenate(confidence), result.confidence)
     assert summary.novelty.score == result.novelty.score
 
@@ -114,7 +115,7 @@ def test_bad_dica_values_are_refused(tmp_path):
                             ({"dica": "supervised", "dica_components": 2.5}, "dica_components must be an integer"),
                             ({"dica": "supervised", "dica_components": 601}, "dica_components must be an integer")]:
         with pytest.raises(ValueError, match=message):
-            GatingModel(select=False, cells_per_patient=300, **params).fit(samples, labels)
+            ResearchGatingModel(select=False, cells_per_patient=300, **params).fit(samples, labels)
     result = run_cli("train", "--out", tmp_path / "m.npz", "--dica-components", 5, SAMPLE_DATA / "patient_01.fcs")
     assert result.returncode == 2 and "--dica-components needs --dica" in result.stderr
     result = run_cli("train", "--out", tmp_path / "m.npz", "--dica", "supervised", "--dica-components", 0,
@@ -162,7 +163,7 @@ def test_damaged_dica_model_files_are_refused(dica_model, tmp_path):
         bad = tmp_path / f"{change.__name__}.npz"
         _rewrite(good, bad, change)
         with pytest.raises(ModelFileError, match=message):
-            GatingModel.load(bad)
+            ResearchGatingModel.load(bad)
 
 
 def test_models_without_dica_store_no_dica_arrays(tmp_path):

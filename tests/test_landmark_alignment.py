@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from gating_core.model.research import ResearchGatingModel
 from gating_core.method.alignment import (MAX_PEAKS, LandmarkReference, LandmarkRegistration, SkipRule, channel_peaks)
 from helpers import sample_cohort
 
@@ -136,15 +137,15 @@ def small_centers():
 
 @pytest.fixture(scope="module")
 def landmark_model(small_centers):
-    from gating_core.model import GatingModel
+    from gating_core.model.research import ResearchGatingModel
 
     samples, labels, _ = small_centers
-    return GatingModel(select=False, align="landmarks", cells_per_patient=1500,
+    return ResearchGatingModel(select=False, align="landmarks", cells_per_patient=1500,
                        adaptive_weight=0.0).fit(samples[:4], labels[:4])
 
 
 def test_a_landmark_registered_model_round_trips_and_gates_identically(small_centers, landmark_model, tmp_path):
-    from gating_core.model import GatingModel
+    from gating_core.model.research import ResearchGatingModel
     from gating_core.model.file_checks import ModelFileError
 
     samples, labels, _ = small_centers
@@ -158,7 +159,7 @@ def test_a_landmark_registered_model_round_trips_and_gates_identically(small_cen
     assert isinstance(registration, LandmarkRegistration) and registration.registered_channels.any()
     path = tmp_path / "landmarks.npz"
     model.save(path)
-    loaded = GatingModel.load(path)
+    loaded = ResearchGatingModel.load(path)
     np.testing.assert_array_equal(loaded.predict_proba(new), model.predict_proba(new))
     np.testing.assert_array_equal(loaded.gate(new).populations, result.populations)
     np.testing.assert_array_equal(loaded.standardised_cells(new), model.standardised_cells(new))
@@ -172,23 +173,23 @@ def test_a_landmark_registered_model_round_trips_and_gates_identically(small_cen
     bad["reference_peaks"][j, :counts[j]] = bad["reference_peaks"][j, :counts[j]][::-1]
     np.savez_compressed(tmp_path / "bad.npz", **bad)
     with pytest.raises(ModelFileError, match="'reference_peaks' are not increasing"):
-        GatingModel.load(tmp_path / "bad.npz")
+        ResearchGatingModel.load(tmp_path / "bad.npz")
     np.savez_compressed(tmp_path / "counts.npz", **dict(arrays, reference_peak_counts=counts + MAX_PEAKS))
     with pytest.raises(ModelFileError, match="'reference_peak_counts' outside"):
-        GatingModel.load(tmp_path / "counts.npz")
+        ResearchGatingModel.load(tmp_path / "counts.npz")
     np.savez_compressed(tmp_path / "shape.npz", **dict(arrays, reference_peaks=table[:, :2].copy()))
     with pytest.raises(ModelFileError, match="'reference_peaks' has shape"):
-        GatingModel.load(tmp_path / "shape.npz")
+        ResearchGatingModel.load(tmp_path / "shape.npz")
     np.savez_compressed(tmp_path / "missing.npz", **{k: v for k, v in arrays.items() if k != "reference_peak_counts"})
     with pytest.raises(ModelFileError, match="no array 'reference_peak_counts'"):
-        GatingModel.load(tmp_path / "missing.npz")
+        ResearchGatingModel.load(tmp_path / "missing.npz")
 
 
 def test_landmark_registration_is_deterministic(small_centers, landmark_model):
-    from gating_core.model import GatingModel
+    from gating_core.model.research import ResearchGatingModel
 
     samples, labels, _ = small_centers
-    again = GatingModel(**landmark_model.get_params()).fit(samples[:4], labels[:4])
+    again = ResearchGatingModel(**landmark_model.get_params()).fit(samples[:4], labels[:4])
     for a, b in zip(again.reference_landmarks_.as_arrays(), landmark_model.reference_landmarks_.as_arrays()):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(again.predict_proba(samples[5]), landmark_model.predict_proba(samples[5]))
@@ -222,12 +223,12 @@ def test_real_batches_skip_the_channel_whose_peaks_change(multicenter_dir):
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
     from multicenter_data import load_multicenter
 
-    from gating_core.model import GatingModel
+    from gating_core.model.research import ResearchGatingModel
 
     samples, labels, _, batches = load_multicenter(multicenter_dir)
     a = [i for i, b in enumerate(batches) if b == "A"][:4]
     b = [i for i, x in enumerate(batches) if x == "B"][0]
-    model = GatingModel(cells_per_patient=500, embedding_cells=8000, class_balance=0.0, align="landmarks")
+    model = ResearchGatingModel(cells_per_patient=500, embedding_cells=8000, class_balance=0.0, align="landmarks")
     model.standardised_training_cells([samples[i] for i in a], [labels[i] for i in a])
     sample = samples[b]
     registration = model._chosen_cells(sample.events, model._channel_indices(sample))[0]
@@ -240,9 +241,9 @@ def test_streamed_gating_registers_as_model_gate(sample_data_dir):
     """Gating a file chunk by chunk (``gate`` on large files) registers each patient from the
     same content-chosen cells as gating it whole."""
     from gating_core.fcs import read_fcs, stream_fcs_all
-    from gating_core.model import GatingModel
+    from gating_core.model.research import ResearchGatingModel
 
-    model = GatingModel(select=False, n_features=128, n_embedding_features=32, cells_per_patient=1000,
+    model = ResearchGatingModel(select=False, n_features=128, n_embedding_features=32, cells_per_patient=1000,
                         embedding_cells=3000, align="landmarks", random_state=3).fit(
         *sample_cohort(range(5, 9)))
     path = sample_data_dir / "new" / "new_patient_02.fcs"
@@ -250,5 +251,5 @@ def test_streamed_gating_registers_as_model_gate(sample_data_dir):
     stream = stream_fcs_all(path, compensate=True)[0]
     codes = []
     model.gate_chunks(stream.sample, stream.chunks, chunk_size=2048, sink=lambda start, events, c, p: codes.append(c))
-    np.testing.assert_array_equal(np.asarray(model.populations_, dtype=object)[np.concatenate(codes)],
+    np.testing.assert_array_equal(np.asarray(model.gated_populations(), dtype=object)[np.concatenate(codes)],
                                   result.populations)

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from gating_core.model.research import ResearchGatingModel, load_gating_model
 from gating_core.fcs import read_fcs
 from gating_core.io.inputs import load_labeled_input
 from gating_core.method.classifier import MarginalTransferClassifier
@@ -113,7 +114,7 @@ def test_kernel_x_is_checked():
     with pytest.raises(ValueError, match="needs solver='rff'"):
         MarginalTransferClassifier(kernel_x="linear", solver="exact").fit(samples, labels)
     # The Gaussian default is unchanged.
-    assert MarginalTransferClassifier().kernel_x == "gaussian" and GatingModel().kernel_x == "gaussian"
+    assert MarginalTransferClassifier().kernel_x == "gaussian" and GatingModel.kernel_x == "gaussian"
     assert isinstance(MarginalTransferClassifier(n_features=32).fit(samples, labels).feature_map_, ProductRFF)
 
 
@@ -139,7 +140,7 @@ def cohort():
 @pytest.fixture(scope="module")
 def linear_model(cohort):
     samples, labels = cohort
-    return GatingModel(kernel_x="linear", cells_per_patient=800, embedding_cells=4000).fit(samples, labels)
+    return ResearchGatingModel(kernel_x="linear", cells_per_patient=800, embedding_cells=4000).fit(samples, labels)
 
 
 def test_linear_model_is_linear_throughout_and_survives_save_and_load(linear_model, sample_data_dir, tmp_path):
@@ -156,7 +157,7 @@ def test_linear_model_is_linear_throughout_and_survives_save_and_load(linear_mod
     assert model.describe()["kernel_x"] == "linear"
     path = tmp_path / "linear.npz"
     model.save(path)
-    loaded = GatingModel.load(path)
+    loaded = ResearchGatingModel.load(path)
     assert loaded.kernel_x == "linear" and loaded.classifier_.kernel_x == "linear"
     for name in ("new_patient_01", "new_patient_03"):
         sample = read_fcs(sample_data_dir / "new" / f"{name}.fcs", compensate=True)
@@ -187,7 +188,7 @@ def test_a_linear_model_file_with_mismatched_arrays_is_refused(linear_model, tmp
     bad = tmp_path / "bad.npz"
     np.savez_compressed(bad, **arrays)
     with pytest.raises(ModelFileError, match="linear kernel's features"):
-        GatingModel.load(bad)
+        ResearchGatingModel.load(bad)
 
 
 def test_linear_marginal_transfer_leaving_one_patient_out_on_sample_data(cohort):
@@ -209,7 +210,7 @@ def test_command_line_trains_and_gates_with_the_linear_kernel(sample_data_dir, t
                      *sample_paths(range(1, 6)))
     assert result.returncode == 0, result.stderr
     assert "Cell kernel: linear" in result.stdout and "sigma_X =" not in result.stdout
-    assert GatingModel.load(model).kernel_x == "linear"
+    assert load_gating_model(model).kernel_x == "linear"
     new = sample_data_dir / "new" / "new_patient_02.fcs"
     result = run_cli("gate", "--model", model, "--out-dir", tmp_path / "out", new)
     assert result.returncode == 0, result.stderr

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from gating_core.model.research import ResearchGatingModel
 from gating_core.fcs import Channel, Sample
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.model import GatingModel
@@ -186,7 +187,7 @@ def test_marginal_transfer_needs_two_patients_and_two_populations(cohort):
 
 def test_pooling_is_the_same_estimator_without_the_embedding(cohort):
     samples, labels = (part[:4] for part in cohort)
-    pooling = GatingModel(method="pooling", select=False).fit(list(samples), list(labels))
+    pooling = ResearchGatingModel(method="pooling", select=False).fit(list(samples), list(labels))
     assert pooling.classifier_.use_embedding is False
     assert pooling.classifier_.feature_map_.embedding_weights_ is None
     # Its predictions do not depend on the patient: a cell gets the same label in any context.

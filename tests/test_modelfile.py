@@ -20,6 +20,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gating_core.model.research import ResearchGatingModel, load_gating_model
 from gating_core.errors import GatingCoreError
 from gating_core.model import GatingModel
 from gating_core.model.file_checks import ModelFileError
@@ -213,10 +214,10 @@ def test_limits_let_a_large_legitimate_model_through():
 
 def test_a_saved_exact_solver_model_round_trips(tmp_path):
     samples, labels = sample_cohort(range(1, 4))
-    model = GatingModel(select=False, solver="exact", cells_per_patient=200, n_embedding_features=16,
+    model = ResearchGatingModel(select=False, solver="exact", cells_per_patient=200, n_embedding_features=16,
                         embedding_cells=1000).fit(samples, labels)
     model.save(tmp_path / "exact.npz")
-    loaded = GatingModel.load(tmp_path / "exact.npz")
+    loaded = ResearchGatingModel.load(tmp_path / "exact.npz")
     np.testing.assert_array_equal(loaded.gate(samples[0]).populations, model.gate(samples[0]).populations)
 
 
@@ -285,18 +286,20 @@ def test_bad_model_descriptions_are_model_file_errors(model_bytes, tmp_path, cas
         GatingModel.load(path)
 
 
-def test_a_file_written_before_class_balance_loads_as_a_uniform_draw(model_bytes, tmp_path):
-    def drop(meta):
-        del meta["params"]["class_balance"]
-
-    arrays = _with_meta(model_bytes, drop)
-    _save(tmp_path / "old.npz", arrays)
+def test_a_file_without_class_balance_loads_as_a_uniform_draw(model_bytes, tmp_path):
+    # GatingModel's files store no class_balance (a ResearchGatingModel's parameter); files
+    # written before it existed drew uniformly too. A file storing another value is a
+    # ResearchGatingModel's.
+    assert "class_balance" not in json.loads(str(_members(model_bytes)["meta"]))["params"]
+    _save(tmp_path / "old.npz", _members(model_bytes))
     assert GatingModel.load(tmp_path / "old.npz").class_balance == 0.0
     assert GatingModel.load(tmp_path / "old.npz").describe()["class_balance"] == 0.0
     with_it = _with_meta(model_bytes, _set(["params", "class_balance"], 0.75))
     _save(tmp_path / "new.npz", with_it)
-    assert GatingModel.load(tmp_path / "new.npz").class_balance == 0.75
-    assert GatingModel.load(tmp_path / "new.npz").describe()["class_balance"] == 0.75
+    with pytest.raises(ModelFileError, match="a ResearchGatingModel's file \\(class_balance=0.75\\)"):
+        GatingModel.load(tmp_path / "new.npz")
+    assert load_gating_model(tmp_path / "new.npz").class_balance == 0.75
+    assert load_gating_model(tmp_path / "new.npz").describe()["class_balance"] == 0.75
 
 
 def test_missing_solver_arrays_are_named(model_bytes, tmp_path):

@@ -23,9 +23,17 @@ from helpers import sample_cohort
 from modelfile_helpers import rewrite_model_file
 
 #: The research options' defaults, which every GatingModel file written while they were its
-#: parameters stores.
+#: parameters stores: the options left out of the default, then the method's family.
 RESEARCH_DEFAULTS = {"n_augment": 0, "augment_gain": 0.08, "augment_shift": 0.15, "bandwidth_x_hedge": None,
-                     "self_training": False}
+                     "self_training": False, "method": "marginal", "solver": "rff", "loss": "squared",
+                     "patient_weighting": "uniform", "kernel_x": "gaussian", "select_embedding_bandwidth": False,
+                     "selection_objective": "mean", "prior_shift": "none", "align": "none", "task_similarity": 0.5,
+                     "dica": None, "dica_components": 20, "class_balance": 0.0}
+#: What a lab sets: GatingModel's parameters.
+PRODUCT_PARAMETERS = ["channels", "transform", "compensate", "select", "cells_per_patient", "embedding_cells",
+                      "n_features", "n_embedding_features", "bandwidth_x", "bandwidth_p", "alpha", "pooled_weight",
+                      "adaptive_weight", "unknown_margin", "cv_folds", "cv_repeats", "selection_cells_per_patient",
+                      "random_state"]
 
 
 @pytest.mark.parametrize("cls", [GatingModel, ResearchGatingModel])
@@ -41,10 +49,11 @@ def test_every_parameter_is_keyword_only_and_declared(cls):
 
 def test_the_research_options_are_research_gating_model_parameters_only():
     assert RESEARCH_OPTIONS == tuple(RESEARCH_DEFAULTS)
+    assert list(inspect.signature(GatingModel).parameters) == PRODUCT_PARAMETERS  # 18, from 31
     gating = inspect.signature(GatingModel).parameters
     research = inspect.signature(ResearchGatingModel).parameters
     assert not set(RESEARCH_DEFAULTS) & set(gating)
-    # GatingModel's parameters, then the five, with the defaults GatingModel runs with.
+    # GatingModel's parameters, then the research options, with the defaults GatingModel runs with.
     assert list(research) == list(gating) + list(RESEARCH_DEFAULTS)
     assert {name: research[name].default for name in RESEARCH_DEFAULTS} == RESEARCH_DEFAULTS
     assert {name: getattr(GatingModel(), name) for name in RESEARCH_DEFAULTS} == RESEARCH_DEFAULTS
@@ -79,8 +88,12 @@ def test_clone_and_get_params_round_trip_both_classes():
 
 def test_the_class_follows_the_parameters():
     assert model_class({"alpha": 1e-3}) is GatingModel
-    assert model_class({"alpha": 1e-3, "self_training": False}) is ResearchGatingModel
+    # An option at the value GatingModel runs with asks for nothing GatingModel does not do.
+    assert model_class({"alpha": 1e-3, "self_training": False, "loss": "squared"}) is GatingModel
+    assert type(build_model({"alpha": 1e-3, "loss": "squared"})) is GatingModel
+    assert model_class({"alpha": 1e-3, "loss": "hinge"}) is ResearchGatingModel
     assert type(build_model({"n_augment": 4})) is ResearchGatingModel and build_model({}).n_augment == 0
+    assert build_model({"method": "pooling"}).method == "pooling"
     from gating_core.evaluation import METHOD_SETTINGS
 
     for method in ("marginal-augment", "marginal-second-bandwidth", "marginal-self-training", "previous-default"):
@@ -153,7 +166,7 @@ def test_an_older_file_with_the_options_at_their_defaults_loads_as_a_gating_mode
     ("prior_shift", "EM", "prior_shift must be one of ('none', 'em'), got 'EM'"),
 ])
 def test_a_bad_value_is_refused_naming_the_parameter_before_any_work(name, value, message):
-    model = GatingModel(**{name: value})
+    model = (GatingModel if name in PRODUCT_PARAMETERS else ResearchGatingModel)(**{name: value})
     with pytest.raises(ValueError) as caught:
         validate_parameters(model)
     assert str(caught.value) == message
@@ -177,9 +190,11 @@ def test_a_valid_model_still_fits_and_set_params_is_checked_at_the_next_fit():
     samples, labels = sample_cohort([1, 2])
     model = GatingModel(select=False, cells_per_patient=300, adaptive_weight=0.0).fit(samples, labels)
     assert model.populations_
-    model.set_params(loss="cross-entropy")
-    with pytest.raises(ValueError, match="^loss must be one of"):
+    model.set_params(pooled_weight=2.0)
+    with pytest.raises(ValueError, match="^pooled_weight must be"):
         model.fit(samples, labels)
+    with pytest.raises(ValueError, match="Invalid parameter 'loss'"):
+        model.set_params(loss="hinge")  # a ResearchGatingModel's parameter
 
 
 def test_constraints_describe_themselves():

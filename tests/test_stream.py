@@ -64,7 +64,7 @@ def test_streamed_gating_equals_model_gate_with_embedding_cut_inside_the_file(tm
     codes, confidence = [], []
     model.gate_chunks(stream.sample, stream.chunks, chunk_size=2048,
                       sink=lambda start, events, c, p: (codes.append(c), confidence.append(p)))
-    populations = np.asarray(model.populations_, dtype=object)[np.concatenate(codes)]
+    populations = np.asarray(model.gated_populations(), dtype=object)[np.concatenate(codes)]
     assert np.array_equal(populations, result.populations)
     assert np.array_equal(np.concatenate(confidence), result.confidence)
     indices = model._channel_indices(sample)

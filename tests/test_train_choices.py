@@ -11,6 +11,7 @@ from gating_core.commands import model_commands
 from gating_core.fcs import read_fcs
 from gating_core.method.classifier import LOSSES
 from gating_core.model import METHODS, GatingModel
+from gating_core.model.research import build_model, load_gating_model
 from helpers import run_cli, sample_cohort, sample_paths
 
 SMALL = ("--features", "64", "--cells-per-patient", "500", "--no-selection")
@@ -58,7 +59,7 @@ def test_each_choice_trains_saves_loads_and_gates_the_same(choice, sample_data_d
     assert f"Training ({label}) on 8 patients, 96,000 events" in result.stdout
     assert f"Method: {label}\n" in result.stdout
 
-    loaded = GatingModel.load(path)
+    loaded = load_gating_model(path)
     for key, value in expected.items():
         assert getattr(loaded, key) == value, key
     assert loaded.classifier_.get_params()["loss"] == expected["loss"]
@@ -71,10 +72,10 @@ def test_each_choice_trains_saves_loads_and_gates_the_same(choice, sample_data_d
     # The same model fitted in this process (the library, not the command line) gates as the
     # file does (probabilities to 1e-6), and that model after its own save / load exactly as
     # itself (the same arrays through the same code).
-    fitted = GatingModel(**expected, **SMALL_PARAMS).fit(*sample_cohort())
+    fitted = build_model({**expected, **SMALL_PARAMS}).fit(*sample_cohort())
     again_path = tmp_path / "again.npz"
     fitted.save(again_path)
-    again = GatingModel.load(again_path)
+    again = load_gating_model(again_path)
     new = read_fcs(sample_data_dir / "new" / "new_patient_01.fcs")
     reference = fitted.predict_proba(new)
     np.testing.assert_array_equal(again.predict_proba(new), reference)

@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from gating_core.model.research import ResearchGatingModel
 from gating_core.io.inputs import load_labeled_input
 from gating_core.model import GatingModel
 from gating_core.model.digest import digest_patient
@@ -37,9 +38,9 @@ def test_digests_keep_what_training_needs_and_only_that(sample_data_dir):
     assert digest.n_events == 12000
     rows = {tuple(r): lab for r, lab in zip(sample.events, labels)}
     assert all(rows[tuple(r)] == lab for r, lab in zip(digest.train_events, digest.train_labels))
-    model = GatingModel(method="pooling", select=False, cells_per_patient=1000, embedding_cells=3000)
+    model = ResearchGatingModel(method="pooling", select=False, cells_per_patient=1000, embedding_cells=3000)
     other, other_labels = load_labeled_input(sample_data_dir / "patient_02.fcs")
-    fitted = GatingModel(method="pooling", select=False, cells_per_patient=1000, embedding_cells=3000).fit(
+    fitted = ResearchGatingModel(method="pooling", select=False, cells_per_patient=1000, embedding_cells=3000).fit(
         [sample, other], [labels, other_labels])
     digests = [model.digest(s, y, i) for i, (s, y) in enumerate([(sample, labels), (other, other_labels)])]
     model.fit_digests(digests)

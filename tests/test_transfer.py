@@ -214,7 +214,7 @@ def test_selected_companion_is_the_pooled_logistic_model_at_its_own_bandwidth(sm
     small = dict(n_features=96, cells_per_patient=600, selection_cells_per_patient=300, cv_repeats=1)
     groups = [centers[s.name] for s in samples[:4]]
     model = ResearchGatingModel(n_augment=1, adaptive_weight=0.0, **small).fit(samples[:4], labels[:4], groups=groups)
-    baseline = GatingModel(method="pooling", loss="logistic", alpha=1e-5, adaptive_weight=0.0, **small).fit(
+    baseline = ResearchGatingModel(method="pooling", loss="logistic", alpha=1e-5, adaptive_weight=0.0, **small).fit(
         samples[:4], labels[:4], groups=groups)
     companion = model.pooled_classifier_
     assert model.selection_["companion"]["bandwidth_x"] == companion.bandwidth_x_ == model.companion_bandwidth_x_
@@ -231,6 +231,7 @@ def test_selected_companion_is_the_pooled_logistic_model_at_its_own_bandwidth(sm
 
 def test_pooled_weight_zero_and_pooling_fit_no_companion(small_centers):
     from gating_core.model import GatingModel
+    from gating_core.model.research import ResearchGatingModel
 
     samples, labels, _ = small_centers
     alone = GatingModel(select=False, pooled_weight=0.0, adaptive_weight=0.0, cells_per_patient=800).fit(
@@ -240,7 +241,7 @@ def test_pooled_weight_zero_and_pooling_fit_no_companion(small_centers):
     np.testing.assert_array_equal(
         alone.predict_proba(new),
         alone.classifier_.predict_proba(alone.standardised_cells(new), alone.patient_embedding(new)))
-    pooling = GatingModel(method="pooling", select=False, adaptive_weight=0.0,
+    pooling = ResearchGatingModel(method="pooling", select=False, adaptive_weight=0.0,
                           cells_per_patient=800).fit(samples[:3], labels[:3])
     assert pooling.pooled_classifier_ is None
     with pytest.raises(ValueError, match="pooled_weight must be 'auto' or a number within"):
@@ -474,11 +475,11 @@ def test_registration_survives_ties_and_bounds_its_slopes():
 
 
 def test_quantile_registered_model_round_trips_and_ignores_chunking(small_centers, tmp_path):
-    from gating_core.model import GatingModel
+    from gating_core.model.research import ResearchGatingModel
     from gating_core.model.file_checks import ModelFileError
 
     samples, labels, _ = small_centers
-    model = GatingModel(select=False, align="quantile", cells_per_patient=1500,
+    model = ResearchGatingModel(select=False, align="quantile", cells_per_patient=1500,
                         adaptive_weight=0.0).fit(samples[:4], labels[:4])
     assert model.reference_quantiles_.shape == (len(model.channels_), 7)
     new = samples[5]
@@ -490,14 +491,14 @@ def test_quantile_registered_model_round_trips_and_ignores_chunking(small_center
     assert np.mean(result.populations == labels[5]) > 0.8
     path = tmp_path / "q.npz"
     model.save(path)
-    np.testing.assert_array_equal(GatingModel.load(path).predict_proba(new), model.predict_proba(new))
+    np.testing.assert_array_equal(ResearchGatingModel.load(path).predict_proba(new), model.predict_proba(new))
     arrays = dict(np.load(path))
     arrays["reference_quantiles"] = arrays["reference_quantiles"][:, ::-1].copy()
     np.savez_compressed(tmp_path / "bad.npz", **arrays)
     with pytest.raises(ModelFileError, match="not increasing"):
-        GatingModel.load(tmp_path / "bad.npz")
+        ResearchGatingModel.load(tmp_path / "bad.npz")
     with pytest.raises(ValueError, match="align must be one of"):
-        GatingModel(select=False, align="warp").fit(samples[:2], labels[:2])
+        ResearchGatingModel(select=False, align="warp").fit(samples[:2], labels[:2])
 
 
 # -- further baselines: the hinge loss and the multitask kernel -----------------------------------
@@ -643,18 +644,18 @@ def test_multitask_with_tau_one_is_one_ridge_on_all_tasks_and_tau_is_checked():
 
 @pytest.fixture(scope="module")
 def further_baselines(small_centers):
-    from gating_core.model import GatingModel
+    from gating_core.model.research import ResearchGatingModel
 
     samples, labels, _ = small_centers
     fixed = dict(select=False, cells_per_patient=1000, bandwidth_x=2.0, alpha=1e-4)
-    return {name: GatingModel(**fixed, **settings).fit(samples[:4], labels[:4])
+    return {name: ResearchGatingModel(**fixed, **settings).fit(samples[:4], labels[:4])
             for name, settings in (("hinge", {"loss": "hinge"}),
                                    ("multitask", {"method": "multitask", "task_similarity": 0.01}))}
 
 
 def test_hinge_and_multitask_models_gate_new_centers_and_survive_save_and_load(further_baselines, small_centers,
                                                                                 tmp_path):
-    from gating_core.model import GatingModel
+    from gating_core.model.research import ResearchGatingModel
 
     samples, labels, _ = small_centers
     for name, model in further_baselines.items():
@@ -663,7 +664,7 @@ def test_hinge_and_multitask_models_gate_new_centers_and_survive_save_and_load(f
         assert accuracy > 0.85, (name, accuracy)
         path = tmp_path / f"{name}.npz"
         model.save(path)
-        loaded = GatingModel.load(path)
+        loaded = ResearchGatingModel.load(path)
         assert loaded.get_params() == model.get_params()
         for s in samples[4:]:
             np.testing.assert_array_equal(loaded.predict(s), model.predict(s))
@@ -677,6 +678,7 @@ def test_a_model_file_with_a_bad_task_similarity_is_refused(further_baselines, t
 
     from gating_core.model import GatingModel
     from gating_core.model.file_checks import ModelFileError
+    from gating_core.model.research import ResearchGatingModel
 
     path = tmp_path / "multitask.npz"
     further_baselines["multitask"].save(path)
@@ -690,7 +692,7 @@ def test_a_model_file_with_a_bad_task_similarity_is_refused(further_baselines, t
         bad = tmp_path / "bad.npz"
         np.savez(bad, **arrays)
         with pytest.raises(ModelFileError, match="task_similarity"):
-            GatingModel.load(bad)
+            ResearchGatingModel.load(bad)
 
 
 # -- model selection: intercept in the held-out scores, lambda's edge, sigma' ---------------------

@@ -150,8 +150,10 @@ def start_training(store, *, name: str, method: str, channels, params: dict, sam
     def work(report):
         if method == IW_METHOD:
             model = model_class(method)(channels=channels or None, **params)
-        else:
-            model = model_class(method)(method=method, channels=channels or None, **params)
+        else:  # the product's GatingModel, or a ResearchGatingModel for another method, loss, DICA ...
+            from gating_core.model.research import build_model
+
+            model = build_model({"method": method, "channels": channels or None, **params})
         model.fit(samples, labels, progress=report, groups=groups)
         report("Storing the model in the library", 0.99)  # the last moment a cancel stops it
         model_id = None

@@ -53,7 +53,7 @@ class PooledBaseline:
 
     def fit(self, samples, labels):
         self.preprocessing_ = GatingModel(compensate=self.compensate, cells_per_patient=self.cells_per_patient,
-                                          random_state=self.random_state, class_balance=0.0)
+                                          random_state=self.random_state)  # training cells drawn uniformly
         cells, drawn_labels = self.preprocessing_.standardised_training_cells(samples, labels)
         self.estimator_ = self._estimator().fit(np.vstack(cells), np.concatenate(drawn_labels))
         self.populations_ = [str(c) for c in self.estimator_.classes_]
@@ -96,7 +96,7 @@ class DICAPooling:
 
     def fit(self, samples, labels):
         self.preprocessing_ = GatingModel(compensate=self.compensate, cells_per_patient=self.cells_per_patient,
-                                          random_state=self.random_state, class_balance=0.0)
+                                          random_state=self.random_state)  # training cells drawn uniformly
         cells, drawn_labels = self.preprocessing_.standardised_training_cells(samples, labels)
         if self.features not in self.FEATURES:
             raise ValueError(f"features must be one of {self.FEATURES}, got {self.features!r}")

@@ -18,11 +18,7 @@ from sklearn.exceptions import NotFittedError
 
 from gating_core.cpus import with_blas_threads
 from gating_core.fcs.transforms import ChannelTransform
-from gating_core.method.alignment import ALIGNMENTS
-from gating_core.method.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS
-from gating_core.method.dica import DICA_MODES, MODEL_DICA_FEATURES
-from gating_core.method.features import KERNELS_X
-from gating_core.method.priors import PRIOR_SHIFTS, training_prior
+from gating_core.method.priors import training_prior
 from gating_core.method.unknown_cells import UNKNOWN_MARGIN
 from gating_core.model.adaptation import (ADAPTIVE_WEIGHT_TOLERANCE, ADAPTIVE_WEIGHTS,  # noqa: F401
                                          FALLBACK_ADAPTIVE_WEIGHT, PatientAdaptation)
@@ -56,9 +52,12 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
                   StreamedGating, BaseEstimator):
     """Automatic gating learned from expert-gated patients (docs/method.md, part by part).
 
-    The product's parameters (what the default uses and what a lab would set) come first; the
-    method's family after them. Bandwidths are in standardised units; a parameter set by hand is
-    kept out of model selection.
+    Its parameters are what the default uses and what a lab would set. Bandwidths are in
+    standardised units; a parameter set by hand is kept out of model selection. The method's
+    family (pooling and multitask baselines, losses, solvers, DICA, alignment, ...) and the
+    options measured and left out of the default are the parameters of
+    :class:`~gating_core.model.research.ResearchGatingModel`; this model runs with the default's
+    choices (class attributes its code reads).
 
     Parameters
     ----------
@@ -77,9 +76,9 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
         Training cells drawn per patient; cells of a patient its embedding is computed from.
     n_features, n_embedding_features : int, default=512 and 128
         Random features of the classifier and of the embedding.
-    cv_folds, cv_repeats, selection_cells_per_patient : int
-        Model selection (folds hold out whole groups of patients).
-    random_state : int
+    bandwidth_x, bandwidth_p, alpha : float or None
+        sigma_X, sigma_P and the penalty of :class:`~gating_core.method.classifier.MarginalTransferClassifier`
+        (None: selected).
     pooled_weight : float in [0, 1] or "auto", default=0.5
         The pooled companion's share beside the marginal model, for patients within the
         embedding's reach (:meth:`companion_weight` fades the marginal model's share beyond it).
@@ -88,35 +87,14 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
         (:class:`~gating_core.method.adaptive_lda.AdaptiveLDA`, adapted by EM to its cells).
         "auto": the largest of ``ADAPTIVE_WEIGHTS`` whose held-out mean plus worst-patient
         accuracy is within ``ADAPTIVE_WEIGHT_TOLERANCE`` of the best (cross-validation over
-        groups). Only ``method="marginal"``.
+        groups).
     unknown_margin : float > 0 or None, default=UNKNOWN_MARGIN (3.0)
         A cell whose squared distance to every population exceeds this many times that
         population's reach is gated ``"unknown"`` (confidence 0;
         :class:`~gating_core.method.unknown_cells.PopulationReach`). None: never.
-
-    method : {"marginal", "pooling", "multitask"}, default="marginal"
-        Marginal transfer, or the pooling / multitask baselines (multitask: k_P =
-        ``task_similarity`` between two training patients).
-    solver, bandwidth_x, bandwidth_p, alpha, loss, patient_weighting, kernel_x :
-        Passed to :class:`~gating_core.method.classifier.MarginalTransferClassifier`.
-    select_embedding_bandwidth : bool, default=False
-        Also select sigma' of the embedding (JMLR section 8.1).
-    selection_objective : {"mean", "worst"}, default="mean"
-        What selection maximises over held-out groups.
-    prior_shift : {"none", "em"}, default="none"
-        "em": re-estimate each gated patient's population shares from its cells.
-    align : {"none", "quantile", "landmarks"}, default="none"
-        Register each channel of every patient first (docs/alignment.md).
-    task_similarity : float in (0, 1], default=0.5
-    dica : {None, "supervised", "unsupervised"}, default=None
-        (U)DICA projection of the cells after standardisation; ``dica_components`` directions.
-    dica_components : int, default=20
-    class_balance : float in [0, 1], default=DEFAULT_CLASS_BALANCE
-        0: training cells drawn uniformly; 1: as many from every population as it has.
-
-    The research options (shift augmentation, a second cell bandwidth, self-training) are
-    :class:`~gating_core.model.research.ResearchGatingModel`'s parameters; this model runs with
-    them off (class attributes its code reads).
+    cv_folds, cv_repeats, selection_cells_per_patient : int
+        Model selection (folds hold out whole groups of patients).
+    random_state : int
 
     A scikit-learn estimator (``clone``, ``get_params``, ``set_params``): keyword-only parameters,
     exactly those the model file stores, each declared in ``_parameter_constraints`` and checked
@@ -151,94 +129,80 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
     #: :mod:`gating_core.model.file` sits below this module and cannot import it.
     METHODS = METHODS
 
-    # The research options at the values this model runs with. They are ResearchGatingModel's
-    # parameters (gating_core.model.research), not this model's; the code below reads them as
-    # attributes, so one code path serves both classes.
+    # The research options and the method's family at the values this model runs with. They are
+    # ResearchGatingModel's parameters (gating_core.model.research), not this model's; the code
+    # reads them as attributes, so one code path serves both classes.
     n_augment = DEFAULT_AUGMENT
     augment_gain = 0.08
     augment_shift = 0.15
     bandwidth_x_hedge = DEFAULT_BANDWIDTH_X_HEDGE
     self_training = False
+    # ... and the method's family at the default's choices.
+    method = "marginal"
+    solver = "rff"
+    loss = DEFAULT_LOSS
+    patient_weighting = "uniform"
+    kernel_x = "gaussian"
+    select_embedding_bandwidth = False
+    selection_objective = "mean"
+    prior_shift = "none"
+    align = "none"
+    task_similarity = 0.5
+    dica = None
+    dica_components = 20
+    class_balance = DEFAULT_CLASS_BALANCE
     #: Their names, for the model file (gating_core.model.file reads them from the class it is given:
     #: a file storing them at these values is this model's, otherwise a ResearchGatingModel's).
-    RESEARCH_OPTIONS = ("n_augment", "augment_gain", "augment_shift", "bandwidth_x_hedge", "self_training")
+    RESEARCH_OPTIONS = ("n_augment", "augment_gain", "augment_shift", "bandwidth_x_hedge", "self_training",
+                        "method", "solver", "loss", "patient_weighting", "kernel_x", "select_embedding_bandwidth",
+                        "selection_objective", "prior_shift", "align", "task_similarity", "dica",
+                        "dica_components", "class_balance")
 
     _parameter_constraints = {
-        "method": [Options(*METHODS)],
         "channels": [NONE, InstanceOf((list, tuple), "a list of channel names")],
         "transform": [Options("auto"), InstanceOf(dict, "a dict of channel -> transform"),
                       InstanceOf(ChannelTransform, "a ChannelTransform")],
         "compensate": [BOOLEAN],
         "select": [BOOLEAN],
-        "select_embedding_bandwidth": [BOOLEAN],
-        "n_features": [Interval(numbers.Integral, 1)],
-        "n_embedding_features": [Interval(numbers.Integral, 1)],
         "cells_per_patient": [Interval(numbers.Integral, 1)],
         "embedding_cells": [Interval(numbers.Integral, 1)],
-        "solver": [Options(*SOLVERS)],
+        "n_features": [Interval(numbers.Integral, 1)],
+        "n_embedding_features": [Interval(numbers.Integral, 1)],
         "bandwidth_x": [NONE, Interval(numbers.Real, 0, None, "neither")],
         "bandwidth_p": [NONE, Interval(numbers.Real, 0, None, "neither")],
         "alpha": [NONE, Interval(numbers.Real, 0, None, "neither")],
-        "loss": [Options(*LOSSES)],
-        "patient_weighting": [Options(*PATIENT_WEIGHTINGS)],
         "pooled_weight": [Options("auto"), Interval(numbers.Real, 0, 1)],
-        "prior_shift": [Options(*PRIOR_SHIFTS)],
-        "align": [Options(*ALIGNMENTS)],
+        "adaptive_weight": [Options("auto"), Interval(numbers.Real, 0, 1)],
+        "unknown_margin": [NONE, Interval(numbers.Real, 0, None, "neither")],
         "cv_folds": [Interval(numbers.Integral, 2)],
         "cv_repeats": [Interval(numbers.Integral, 1)],
         "selection_cells_per_patient": [Interval(numbers.Integral, 1)],
-        "selection_objective": [Options("mean", "worst")],
         "random_state": [NONE, Interval(numbers.Integral, 0)],
-        "task_similarity": [Interval(numbers.Real, 0, 1, "right")],
-        "dica": [NONE, Options(*DICA_MODES)],
-        "dica_components": [Interval(numbers.Integral, 1, 2 * MODEL_DICA_FEATURES)],
-        "kernel_x": [Options(*KERNELS_X)],
-        "class_balance": [Interval(numbers.Real, 0, 1)],
-        "adaptive_weight": [Options("auto"), Interval(numbers.Real, 0, 1)],
-        "unknown_margin": [NONE, Interval(numbers.Real, 0, None, "neither")],
     }
 
-    def __init__(self, *, method="marginal", channels=None, transform="auto", compensate=True, select=True,
-                 select_embedding_bandwidth=False,
-                 n_features=512, n_embedding_features=128, cells_per_patient=4000, embedding_cells=20000,
-                 solver="rff", bandwidth_x=None, bandwidth_p=None, alpha=None, loss=DEFAULT_LOSS,
-                 patient_weighting="uniform",
-                 pooled_weight=DEFAULT_POOLED_WEIGHT, prior_shift="none", align="none", cv_folds=5, cv_repeats=2,
-                 selection_cells_per_patient=1500, selection_objective="mean", random_state=0,
-                 task_similarity=0.5, dica=None, dica_components=20, kernel_x="gaussian",
-                 class_balance=DEFAULT_CLASS_BALANCE, adaptive_weight=DEFAULT_ADAPTIVE_WEIGHT,
-                 unknown_margin=UNKNOWN_MARGIN):
-        self.method = method
+    def __init__(self, *, channels=None, transform="auto", compensate=True, select=True,
+                 cells_per_patient=4000, embedding_cells=20000, n_features=512, n_embedding_features=128,
+                 bandwidth_x=None, bandwidth_p=None, alpha=None, pooled_weight=DEFAULT_POOLED_WEIGHT,
+                 adaptive_weight=DEFAULT_ADAPTIVE_WEIGHT, unknown_margin=UNKNOWN_MARGIN,
+                 cv_folds=5, cv_repeats=2, selection_cells_per_patient=1500, random_state=0):
         self.channels = channels
         self.transform = transform
         self.compensate = compensate
         self.select = select
-        self.select_embedding_bandwidth = select_embedding_bandwidth
-        self.n_features = n_features
-        self.n_embedding_features = n_embedding_features
         self.cells_per_patient = cells_per_patient
         self.embedding_cells = embedding_cells
-        self.solver = solver
+        self.n_features = n_features
+        self.n_embedding_features = n_embedding_features
         self.bandwidth_x = bandwidth_x
         self.bandwidth_p = bandwidth_p
         self.alpha = alpha
-        self.loss = loss
-        self.patient_weighting = patient_weighting
         self.pooled_weight = pooled_weight
-        self.prior_shift = prior_shift
-        self.align = align
+        self.adaptive_weight = adaptive_weight
+        self.unknown_margin = unknown_margin
         self.cv_folds = cv_folds
         self.cv_repeats = cv_repeats
         self.selection_cells_per_patient = selection_cells_per_patient
-        self.selection_objective = selection_objective
         self.random_state = random_state
-        self.task_similarity = task_similarity
-        self.dica = dica
-        self.dica_components = dica_components
-        self.kernel_x = kernel_x
-        self.class_balance = class_balance
-        self.adaptive_weight = adaptive_weight
-        self.unknown_margin = unknown_margin
 
     # -- training ------------------------------------------------------------------------------
 

@@ -1,14 +1,15 @@
-"""``ResearchGatingModel``: the product's model with the options its default leaves out.
+"""``ResearchGatingModel``: the product's model with the method's family and the options its
+default leaves out, as parameters.
 
-:class:`~gating_core.model.estimator.GatingModel` is the product's estimator; three options measured
-against it and not in its default (docs/unseen_data.md, docs/method.md "Options") are kept here,
-in one place, as the five parameters of a subclass: shift augmentation (``n_augment``,
-``augment_gain``, ``augment_shift``), a second fit at a narrower cell bandwidth
-(``bandwidth_x_hedge``) and self-training at gating time (``self_training``). The command line's
-``train --augment N / --second-bandwidth / --self-training`` and ``evaluate``'s
-``marginal-augment``, ``marginal-second-bandwidth``, ``marginal-self-training`` and
-``previous-default`` build their models with it (:func:`model_class` chooses the class from
-the parameters); :func:`load_gating_model` reads a model file into whichever of the two it holds.
+:class:`~gating_core.model.estimator.GatingModel` is the product's estimator, with the parameters
+a lab sets. Everything else the method can be -- the pooling and multitask baselines, the hinge and
+logistic losses, the Nystroem and exact solvers, agnostic patient weights, the linear cell
+kernel, DICA, alignment, the EM prior shift, population-balanced training cells, selecting sigma'
+or for the worst group -- and the options measured and left out of the default (shift
+augmentation, a second cell bandwidth, self-training) are kept here, in one place, as the
+parameters of a subclass. ``train``'s options for them and ``evaluate``'s method variants build
+their models with it (:func:`build_model` chooses the class from the parameters);
+:func:`load_gating_model` reads a model file into whichever of the two it holds.
 """
 
 from __future__ import annotations
@@ -16,7 +17,12 @@ from __future__ import annotations
 import inspect
 import numbers
 
-from gating_core.model.estimator import GatingModel
+from gating_core.method.alignment import ALIGNMENTS
+from gating_core.method.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS
+from gating_core.method.dica import DICA_MODES, MODEL_DICA_FEATURES
+from gating_core.method.features import KERNELS_X
+from gating_core.method.priors import PRIOR_SHIFTS
+from gating_core.model.estimator import METHODS, GatingModel
 from gating_core.model.file import load_model
 from gating_core.parameters import BOOLEAN, NONE, Interval, Options
 
@@ -28,7 +34,8 @@ RESEARCH_OPTIONS = GatingModel.RESEARCH_OPTIONS
 class ResearchGatingModel(GatingModel):
     """:class:`~gating_core.model.estimator.GatingModel` with the research options as parameters.
 
-    Every parameter of GatingModel (keyword-only, as there), and:
+    Every parameter of GatingModel (keyword-only, as there), and these (each defaults to the
+    value GatingModel runs with):
 
     Parameters
     ----------
@@ -60,7 +67,36 @@ class ResearchGatingModel(GatingModel):
         cost a real flow set and two simulated cohorts: not in the default. Only
         ``method="marginal"`` with ``solver="rff"``. ``train --self-training``.
 
-    With all five at their defaults it fits and gates as a GatingModel. Its model file stores
+    method : {"marginal", "pooling", "multitask"}, default="marginal"
+        Marginal transfer, or the pooling / multitask baselines (multitask: k_P =
+        ``task_similarity`` between two training patients, 1 within one; a new patient is gated by
+        the part shared across patients). The baselines gate without the adapted populations.
+    solver : {"rff", "nystroem", "exact"}, default="rff"
+    loss : {"squared", "logistic", "hinge"}, default="squared"
+    patient_weighting : {"uniform", "agnostic"}, default="uniform"
+    kernel_x : {"gaussian", "linear"}, default="gaussian"
+        Passed to :class:`~gating_core.method.classifier.MarginalTransferClassifier`.
+    select_embedding_bandwidth : bool, default=False
+        Also select sigma' of the embedding (JMLR section 8.1).
+    selection_objective : {"mean", "worst"}, default="mean"
+        What selection maximises over held-out groups.
+    prior_shift : {"none", "em"}, default="none"
+        "em": re-estimate each gated patient's population shares from its own cells
+        (:mod:`gating_core.method.priors`) and adjust the probabilities to them.
+    align : {"none", "quantile", "landmarks"}, default="none"
+        Register each channel of every patient first (:mod:`gating_core.method.alignment`;
+        measured in docs/alignment.md).
+    task_similarity : float in (0, 1], default=0.5
+        tau of ``method="multitask"``.
+    dica : {None, "supervised", "unsupervised"}, default=None
+        (U)DICA projection of the cells after standardisation onto ``dica_components``
+        directions (:mod:`gating_core.method.dica`).
+    dica_components : int, default=20
+    class_balance : float in [0, 1], default=0
+        0: training cells drawn uniformly; 1: as many from every population as it has
+        (:func:`~gating_core.model.digest.training_rows`).
+
+    With all of them at their defaults it fits and gates as a GatingModel. Its model file stores
     them; :func:`load_gating_model` (and so ``gating-core gate`` and the app) reads a file with
     any of them set back as a ResearchGatingModel, and :meth:`load` reads any GatingModel file
     as one.
@@ -73,42 +109,56 @@ class ResearchGatingModel(GatingModel):
         "augment_shift": [Options("auto"), Interval(numbers.Real, 0)],
         "bandwidth_x_hedge": [NONE, Interval(numbers.Real, 0, 1, "neither")],
         "self_training": [BOOLEAN],
+        "method": [Options(*METHODS)],
+        "solver": [Options(*SOLVERS)],
+        "loss": [Options(*LOSSES)],
+        "patient_weighting": [Options(*PATIENT_WEIGHTINGS)],
+        "kernel_x": [Options(*KERNELS_X)],
+        "select_embedding_bandwidth": [BOOLEAN],
+        "selection_objective": [Options("mean", "worst")],
+        "prior_shift": [Options(*PRIOR_SHIFTS)],
+        "align": [Options(*ALIGNMENTS)],
+        "task_similarity": [Interval(numbers.Real, 0, 1, "right")],
+        "dica": [NONE, Options(*DICA_MODES)],
+        "dica_components": [Interval(numbers.Integral, 1, 2 * MODEL_DICA_FEATURES)],
+        "class_balance": [Interval(numbers.Real, 0, 1)],
     }
 
-    def __init__(self, *, n_augment=GatingModel.n_augment, augment_gain=GatingModel.augment_gain,
-                 augment_shift=GatingModel.augment_shift, bandwidth_x_hedge=GatingModel.bandwidth_x_hedge,
-                 self_training=GatingModel.self_training, **kwargs):
-        super().__init__(**kwargs)
-        self.n_augment = n_augment
-        self.augment_gain = augment_gain
-        self.augment_shift = augment_shift
-        self.bandwidth_x_hedge = bandwidth_x_hedge
-        self.self_training = self_training
+    def __init__(self, **params):
+        own = {name: params.pop(name, getattr(GatingModel, name)) for name in RESEARCH_OPTIONS}
+        super().__init__(**params)  # an unknown name is GatingModel's TypeError
+        for name, value in own.items():
+            setattr(self, name, value)
 
 
 def _full_signature() -> inspect.Signature:
-    """GatingModel's parameters, then these five: scikit-learn's ``get_params`` and ``clone``
-    read the parameters from the signature of ``__init__``, where ``**kwargs`` would hide
-    GatingModel's (a clone would then lose them)."""
-    own = inspect.signature(ResearchGatingModel.__init__).parameters
+    """GatingModel's parameters, then the research options with GatingModel's values as their
+    defaults: scikit-learn's ``get_params`` and ``clone`` read the parameters from the signature
+    of ``__init__``, where ``**params`` would hide them (a clone would then lose them)."""
     inherited = inspect.signature(GatingModel.__init__).parameters
-    return inspect.Signature([*inherited.values()] + [own[name] for name in RESEARCH_OPTIONS])
+    own = [inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=getattr(GatingModel, name))
+           for name in RESEARCH_OPTIONS]
+    return inspect.Signature([*inherited.values()] + own)
 
 
 ResearchGatingModel.__init__.__signature__ = _full_signature()
 
 
 def model_class(params) -> type:
-    """The class that takes ``params`` (names of model parameters): ResearchGatingModel when they
-    name any of its options (even at its default: the caller asked for the option), else
-    GatingModel."""
-    return ResearchGatingModel if any(name in params for name in RESEARCH_OPTIONS) else GatingModel
+    """The class that takes ``params`` (model parameters): ResearchGatingModel when they set any
+    of its options away from GatingModel's value, else GatingModel."""
+    asked = any(name in params and params[name] != getattr(GatingModel, name) for name in RESEARCH_OPTIONS)
+    return ResearchGatingModel if asked else GatingModel
 
 
 def build_model(params: dict) -> GatingModel:
-    """``model_class(params)(**params)``: a GatingModel, or a ResearchGatingModel when ``params``
-    name any of its options."""
-    return model_class(params)(**params)
+    """The model of ``params``: a ResearchGatingModel when they set any of its options away from
+    GatingModel's value, else a GatingModel (research options at those values dropped: it runs
+    with them)."""
+    cls = model_class(params)
+    if cls is GatingModel:
+        params = {name: value for name, value in params.items() if name not in RESEARCH_OPTIONS}
+    return cls(**params)
 
 
 def load_gating_model(path) -> GatingModel:
