@@ -327,7 +327,7 @@ class IWNystroemGatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator)
 
 
 def _from_parts(cls, path, top: Fields, arrays) -> IWNystroemGatingModel:
-    from gating_core.model.file import _transform  # the transform's checks, shared with GatingModel files
+    from gating_core.model.file_params import _transform  # the transform's checks, shared with GatingModel files
 
     params = top.object("params")
     known = set(cls().get_params())
