@@ -4,7 +4,7 @@ One ``.npz`` (``numpy.savez_compressed``) holds plain numeric arrays and one JSO
 (``meta``, a unicode array) with channels, transform, populations, hyperparameters and versions.
 Reading never unpickles: :func:`gating_core.model.file_checks.read_archive` reads the archive with
 bounded memory and declared sizes checked, every field of the description is type-checked
-(:class:`~gating_core.model.file_checks.Fields`), hyperparameters must be ones the constructors accept,
+(:class:`~gating_core.model.file_fields.Fields`), hyperparameters must be ones the constructors accept,
 and every array's shape must agree with the description. A model sent by someone else cannot
 run code, and a damaged one is a :class:`~gating_core.model.file_checks.ModelFileError` naming the
 problem. This module writes the file and reads its classifier; the other fitted parts are read
@@ -34,7 +34,8 @@ from gating_core.method.alignment import LEVELS, MAX_PEAKS
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.dica import cell_projection_from_arrays
 from gating_core.method.features import LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding
-from gating_core.model.file_checks import Fields, ModelFileError, archive_array, parse_json, read_archive
+from gating_core.model.file_checks import ModelFileError, archive_array, read_archive
+from gating_core.model.file_fields import Fields, parse_json
 from gating_core.model.file_params import _classifier_params, _model_params, _transform
 from gating_core.model.file_parts import (_adaptive_populations, _hedge_model, _landmark_reference,
                                           _linear_feature_map, _pooled_companion, _population_reach, _rff_map)
@@ -196,7 +197,7 @@ def model_from_parts(cls, meta, arrays, path="model", research_cls=None):
     """Build a fitted model from a checked description and arrays (see :func:`load_model`;
     ``research_cls`` as there).
 
-    Every field is type-checked (:class:`~gating_core.model.file_checks.Fields`); hyperparameters
+    Every field is type-checked (:class:`~gating_core.model.file_fields.Fields`); hyperparameters
     must be ones the constructors accept; array shapes must agree with each other and with
     the description. A violation is a ModelFileError.
     """

@@ -12,7 +12,8 @@ from gating_core.method.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS
 from gating_core.method.dica import DICA_MODES, MODEL_DICA_FEATURES
 from gating_core.method.features import KERNELS_X
 from gating_core.method.priors import PRIOR_SHIFTS
-from gating_core.model.file_checks import Fields, ModelFileError, check_scalar
+from gating_core.model.file_checks import ModelFileError
+from gating_core.model.file_fields import Fields, check_scalar
 
 
 # Hyperparameters with a specific rule; others the constructor accepts must be JSON scalars.

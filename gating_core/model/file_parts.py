@@ -18,7 +18,8 @@ from gating_core.method.alignment import MAX_PEAKS, LandmarkReference
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.features import LinearProductFeatures, ProductRFF
 from gating_core.method.unknown_cells import PopulationReach
-from gating_core.model.file_checks import Fields, ModelFileError
+from gating_core.model.file_checks import ModelFileError
+from gating_core.model.file_fields import Fields
 from gating_core.model.file_params import _classifier_params
 
 
