@@ -21,9 +21,9 @@ from gating_core.errors import GatingCoreError, describe_error, printable
 # command name -> module under gating_core.commands
 COMMANDS = {
     "info": "info",
-    "train": "model_commands",
-    "gate": "model_commands",
-    "evaluate": "model_commands",
+    "train": "train",
+    "gate": "gate",
+    "evaluate": "evaluate",
     "library": "library_commands",
 }
 

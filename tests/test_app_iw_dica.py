@@ -40,7 +40,7 @@ def test_dica_and_iw_choices_become_model_parameters():
 
 
 def test_the_app_trains_iw_models_with_the_command_lines_defaults():
-    from gating_core.commands.model_commands import IW_CELLS_PER_PATIENT
+    from gating_core.commands.model_options import IW_CELLS_PER_PATIENT
     from gating_core.model.iw_model import IW_METHOD, IWNystroemGatingModel
 
     assert IW_DEFAULTS == {"cells_per_patient": IW_CELLS_PER_PATIENT,

@@ -92,8 +92,8 @@ def test_the_library_keeps_a_digest_per_class_balance(tmp_path):
 
 
 def test_the_command_line_default_is_the_model_default_and_bad_values_are_refused(tmp_path):
-    from gating_core.commands import model_commands
+    from gating_core.commands import model_options
 
-    assert model_commands.DEFAULT_CLASS_BALANCE == DEFAULT_CLASS_BALANCE
+    assert model_options.DEFAULT_CLASS_BALANCE == DEFAULT_CLASS_BALANCE
     done = run_cli("train", "--out", tmp_path / "m.npz", "--class-balance", "1.5", "x.fcs")
     assert done.returncode != 0 and "--class-balance" in done.stderr and "within [0, 1]" in done.stderr

@@ -177,12 +177,12 @@ def test_streamed_csv_and_whole_file_outputs_agree(small_model, sample_data_dir,
 def test_evaluate_refits_iw_nystroem_on_each_fold_beside_the_baselines(monkeypatch):
     """``evaluate --method iw-nystroem``: each fold trains an IWNystroemGatingModel on the other
     patients (never by subtraction) and gates the held-out one, refitted on its own cells."""
-    from gating_core.commands import model_commands
+    from gating_core.commands import evaluate
     from gating_core.evaluation import leave_one_patient_out
     import gating_core.evaluation.held_out as held_out
     from gating_core.synthetic import simulate_cohort
 
-    assert "iw-nystroem" in model_commands.EVALUATION_METHODS
+    assert "iw-nystroem" in evaluate.EVALUATION_METHODS
     monkeypatch.setattr(held_out, "fold_models", lambda *a, **k: pytest.fail("iw-nystroem went through subtraction"))
     fitted = []
     original_fit = IWNystroemGatingModel.fit

@@ -198,19 +198,21 @@ def test_landmark_registration_is_deterministic(small_centers, landmark_model):
 def test_the_command_line_offers_the_alignments():
     import argparse
 
-    from gating_core.commands import model_commands
+    from gating_core.commands import evaluate, model_options, train
     from gating_core.method import alignment
 
-    assert model_commands.ALIGNMENTS == alignment.ALIGNMENTS
-    assert "marginal-landmarks" in model_commands.EVALUATION_METHODS
+    assert model_options.ALIGNMENTS == alignment.ALIGNMENTS
+    assert "marginal-landmarks" in evaluate.EVALUATION_METHODS
     parser = argparse.ArgumentParser()
-    model_commands.register(parser.add_subparsers())
+    subparsers = parser.add_subparsers()
+    train.register(subparsers)
+    evaluate.register(subparsers)
     for command in (["train", "--out", "m.npz", "x.fcs"], ["evaluate", "x.fcs"]):
         args = parser.parse_args(command + ["--align", "landmarks"])
-        assert model_commands._model_params(args)["align"] == "landmarks"
-        assert "align" not in model_commands._model_params(parser.parse_args(command))
+        assert model_options._model_params(args)["align"] == "landmarks"
+        assert "align" not in model_options._model_params(parser.parse_args(command))
     args = parser.parse_args(["train", "--out", "m.npz", "--method", "iw-nystroem", "--align", "quantile", "x.fcs"])
-    assert model_commands._iw_model(args) == 2  # a usage error: iw-nystroem registers nothing
+    assert train._iw_model(args) == 2  # a usage error: iw-nystroem registers nothing
 
 
 def test_real_batches_skip_the_channel_whose_peaks_change(multicenter_dir):

@@ -225,7 +225,7 @@ def test_command_line_trains_and_gates_with_the_linear_kernel(sample_data_dir, t
 
 
 def test_command_line_names_match_the_library():
-    from gating_core.commands.model_commands import KERNELS_X as CLI_KERNELS
+    from gating_core.commands.train import KERNELS_X as CLI_KERNELS
     from gating_core.evaluation import METHOD_SETTINGS
 
     assert CLI_KERNELS == KERNELS_X

@@ -37,7 +37,8 @@ def test_import_gating_core_imports_no_app_or_cluster_package():
     code = ("import sys, gating_core\n"
             "bare = sorted(m for m in sys.modules if m.split('.')[0] in ('sklearn', 'flowkit', 'scipy'))\n"
             "from gating_core import *\n"
-            "import gating_core.cli, gating_core.commands.model_commands, gating_core.commands.library_commands\n"
+            "import gating_core.cli, gating_core.commands.train, gating_core.commands.gate\n"
+            "import gating_core.commands.evaluate, gating_core.commands.library_commands\n"
             f"loaded = sorted(m for m in sys.modules if m.split('.')[0] in {APP_AND_CLUSTER!r})\n"
             "print(repr((bare, loaded)))")
     result = python(code)

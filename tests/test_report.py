@@ -1,4 +1,5 @@
-"""Batch table (patient x population) and the one-page HTML report: gating_core.reports.report."""
+"""Batch table (patient x population) and the one-page HTML report: gating_core.reports.report,
+its plots drawn by gating_core.reports.svg_plots."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import pytest
 from gating_core.fcs import Sample, read_fcs
 from gating_core.gates import GateTree, boolean_gate, panel_scale, quadrant_gates, range_gate, rectangle_gate
 from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, counted_cells, tree_from_labels
-from gating_core.reports.report import (ALL_EVENTS, BATCH_COLUMNS, batch_table, patient_report_html, population_rows,
-                                        svg_histogram, svg_scatter)
+from gating_core.reports.report import ALL_EVENTS, BATCH_COLUMNS, batch_table, patient_report_html, population_rows
+from gating_core.reports.svg_plots import svg_histogram, svg_scatter
 
 SAMPLE_DATA = Path(__file__).resolve().parent.parent / "sample_data"
 

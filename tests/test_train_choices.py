@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gating_core.commands import model_commands
+from gating_core.commands import train
 from gating_core.fcs import read_fcs
 from gating_core.method.classifier import LOSSES
 from gating_core.model import METHODS, GatingModel
@@ -35,10 +35,10 @@ CHOICES = {
 
 
 def test_the_command_line_offers_what_the_model_accepts():
-    assert model_commands.TRAIN_METHODS == METHODS
-    assert model_commands.LOSSES == LOSSES
-    assert model_commands.DEFAULT_LOSS == GatingModel().loss
-    assert model_commands.DEFAULT_TASK_SIMILARITY == GatingModel().task_similarity
+    assert train.TRAIN_METHODS == METHODS
+    assert train.LOSSES == LOSSES
+    assert train.DEFAULT_LOSS == GatingModel().loss
+    assert train.DEFAULT_TASK_SIMILARITY == GatingModel().task_similarity
 
 
 @pytest.mark.parametrize("tau", ["0", "1.5", "much"])

@@ -369,7 +369,7 @@ def test_auto_weight_survives_save_and_format_2_files_use_their_parameter(auto_w
 def test_pooled_weight_option_takes_auto_or_a_weight():
     import argparse
 
-    from gating_core.commands.model_commands import _pooled_weight
+    from gating_core.commands.model_options import _pooled_weight
 
     assert _pooled_weight("auto") == "auto"
     assert _pooled_weight("0.25") == 0.25 and _pooled_weight("0") == 0.0
@@ -380,12 +380,12 @@ def test_pooled_weight_option_takes_auto_or_a_weight():
 
 
 def test_command_line_names_match_the_library():
-    from gating_core.commands import model_commands
+    from gating_core.commands import evaluate, model_options
     from gating_core.evaluation import ALL_METHODS
     from gating_core.model import DEFAULT_POOLED_WEIGHT
 
-    assert sorted(model_commands.EVALUATION_METHODS) == sorted(ALL_METHODS)
-    assert model_commands.DEFAULT_POOLED_WEIGHT == DEFAULT_POOLED_WEIGHT
+    assert sorted(evaluate.EVALUATION_METHODS) == sorted(ALL_METHODS)
+    assert model_options.DEFAULT_POOLED_WEIGHT == DEFAULT_POOLED_WEIGHT
 
 
 # -- class-prior re-estimation (prior_shift="em") -----------------------------------------------

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from gating_core.commands import model_commands
+from gating_core.commands import model_options
 from gating_core.evaluation import summarize
 from gating_core.model import UNKNOWN, GatingModel
 from gating_core.model.file_checks import ModelFileError
@@ -211,7 +211,7 @@ def test_evaluation_counts_the_unknown_share_of_each_patient():
 
 
 def test_the_command_line_default_is_the_models():
-    assert model_commands.UNKNOWN_MARGIN == UNKNOWN_MARGIN == GatingModel().unknown_margin
+    assert model_options.UNKNOWN_MARGIN == UNKNOWN_MARGIN == GatingModel().unknown_margin
 
 
 def test_train_takes_unknown_margin_none_and_refuses_a_bad_margin(tmp_path):

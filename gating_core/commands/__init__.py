@@ -1,4 +1,5 @@
-"""Sub-commands of ``gating-core`` / ``python -m gating_core``; one module per group.
+"""Sub-commands of ``gating-core`` / ``python -m gating_core``; one module per command (``library``: one
+module for its group), and ``model_options`` for what ``train``, ``gate`` and ``evaluate`` share.
 
 Every ``--json`` output goes through :func:`print_json`: one valid JSON document on stdout,
 NaN and infinities as ``null`` (``json.dumps`` would print the invalid ``NaN``).

@@ -6,8 +6,10 @@ and the pooled companion, novelty, gating in memory), ``research``
 and ``load_gating_model``), ``preprocessing`` (its channels, compensation, transform and
 standardisation), ``streaming`` (its gating of a file in chunks), ``digest`` (a labeled patient
 reduced to training rows), ``result`` (``GateResult``, ``Novelty``), ``file`` (the model file:
-``.npz`` + JSON, written and read) and ``file_checks`` (reading it within memory bounds, field by
-field, without trusting it), and ``iw_model`` (``IWNystroemGatingModel``, refitted per gated
+``.npz`` + JSON, written, and read with its classifier), ``file_parts`` (the model's other fitted
+parts read back), ``file_params`` (its hyperparameters and transform checked), ``file_checks``
+(reading its archive within memory bounds, without trusting it) and ``file_fields`` (its JSON
+description, field by field), and ``iw_model`` (``IWNystroemGatingModel``, refitted per gated
 patient, with its own file).
 
 ``from gating_core.model import GatingModel`` (and the module-level settings that were importable

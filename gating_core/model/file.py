@@ -4,10 +4,12 @@ One ``.npz`` (``numpy.savez_compressed``) holds plain numeric arrays and one JSO
 (``meta``, a unicode array) with channels, transform, populations, hyperparameters and versions.
 Reading never unpickles: :func:`gating_core.model.file_checks.read_archive` reads the archive with
 bounded memory and declared sizes checked, every field of the description is type-checked
-(:class:`~gating_core.model.file_checks.Fields`), hyperparameters must be ones the constructors accept,
+(:class:`~gating_core.model.file_fields.Fields`), hyperparameters must be ones the constructors accept,
 and every array's shape must agree with the description. A model sent by someone else cannot
 run code, and a damaged one is a :class:`~gating_core.model.file_checks.ModelFileError` naming the
-problem.
+problem. This module writes the file and reads its classifier; the other fitted parts are read
+by :mod:`gating_core.model.file_parts`, the hyperparameters and the channel transform checked
+by :mod:`gating_core.model.file_params`.
 
 This module sits below :mod:`gating_core.model.estimator`, whose ``GatingModel.save`` / ``GatingModel.load``
 call :func:`save_model` / :func:`load_model`, and so never imports it: :func:`load_model` is
@@ -28,14 +30,15 @@ import numpy as np
 
 from gating_core import __version__
 from gating_core.fcs.transforms import ChannelTransform
-from gating_core.method.adaptive_lda import AdaptiveLDA
-from gating_core.method.alignment import ALIGNMENTS, LEVELS, MAX_PEAKS, LandmarkReference
-from gating_core.method.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS, MarginalTransferClassifier
-from gating_core.method.dica import DICA_MODES, MODEL_DICA_FEATURES, cell_projection_from_arrays
-from gating_core.method.features import KERNELS_X, LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding, ProductRFF
-from gating_core.method.priors import PRIOR_SHIFTS
-from gating_core.method.unknown_cells import PopulationReach
-from gating_core.model.file_checks import Fields, ModelFileError, archive_array, check_scalar, parse_json, read_archive
+from gating_core.method.alignment import LEVELS, MAX_PEAKS
+from gating_core.method.classifier import MarginalTransferClassifier
+from gating_core.method.dica import cell_projection_from_arrays
+from gating_core.method.features import LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding
+from gating_core.model.file_checks import ModelFileError, archive_array, read_archive
+from gating_core.model.file_fields import Fields, parse_json
+from gating_core.model.file_params import _classifier_params, _model_params, _transform
+from gating_core.model.file_parts import (_adaptive_populations, _hedge_model, _landmark_reference,
+                                          _linear_feature_map, _pooled_companion, _population_reach, _rff_map)
 
 MODEL_FORMAT = "gating_core.model"
 # 2: the pooled companion of the marginal method (files of format 1 load without one).
@@ -44,7 +47,7 @@ MODEL_FORMAT = "gating_core.model"
 # The research options (n_augment, augment_gain, augment_shift, bandwidth_x_hedge, self_training)
 # left GatingModel's parameters for ResearchGatingModel's without a new format: a file storing
 # them all at GatingModel's values (as every file did before) is a GatingModel's, one storing any
-# other value a ResearchGatingModel's (see _model_params).
+# other value a ResearchGatingModel's (see file_params._model_params).
 # 5: self-training at gating time (now ResearchGatingModel.self_training; files of formats 1-4 gate
 #    without it).
 # 6: the populations adapted to each patient (GatingModel.adaptive_weight; files of formats 1-5 gate
@@ -139,13 +142,13 @@ def save_model(model, path) -> None:
     _write_atomically(path, arrays)
 
 
-def _landmark_reference(path, peaks, counts) -> LandmarkReference:
-    """The LandmarkReference of ``align="landmarks"`` from its arrays, their values checked."""
-    if not np.all((counts >= 0) & (counts <= MAX_PEAKS)):
-        raise ModelFileError(path, f"model file is inconsistent: 'reference_peak_counts' outside [0, {MAX_PEAKS}]")
-    if any(np.any(np.diff(row[:int(c)]) <= 0) for row, c in zip(peaks, counts)):
-        raise ModelFileError(path, "model file is inconsistent: 'reference_peaks' are not increasing")
-    return LandmarkReference.from_arrays(peaks.astype(np.float64), counts.astype(np.int64))
+def _check_hedge_shares_embedding(hedge, main) -> None:
+    """The file stores one embedding map and one set of training embeddings, the main model's:
+    the second fit (the same patients, draw and seed) must have the same ones."""
+    if not (isinstance(hedge.embedder_, MeanEmbedding) and isinstance(main.embedder_, MeanEmbedding)
+            and np.array_equal(hedge.embedder_.frequencies_, main.embedder_.frequencies_)
+            and np.array_equal(hedge.train_embeddings_, main.train_embeddings_)):
+        raise ValueError("the second fit does not share the main model's embedding: cannot be saved")
 
 
 def _write_atomically(path: Path, arrays: dict) -> None:
@@ -194,7 +197,7 @@ def model_from_parts(cls, meta, arrays, path="model", research_cls=None):
     """Build a fitted model from a checked description and arrays (see :func:`load_model`;
     ``research_cls`` as there).
 
-    Every field is type-checked (:class:`~gating_core.model.file_checks.Fields`); hyperparameters
+    Every field is type-checked (:class:`~gating_core.model.file_fields.Fields`); hyperparameters
     must be ones the constructors accept; array shapes must agree with each other and with
     the description. A violation is a ModelFileError.
     """
@@ -329,274 +332,3 @@ def model_from_parts(cls, meta, arrays, path="model", research_cls=None):
     elif model.unknown_margin is None:
         raise ModelFileError(path, "model file is inconsistent: the populations' reach in a model without unknown_margin")
     return model
-
-
-def _population_reach(path, fields, array, arrays, populations, d: int):
-    """Where each population reaches (GatingModel.unknown_margin): a PopulationReach, or None
-    for a model that calls no cell unknown."""
-    if fields is None:
-        if any(name.startswith("reach_") for name in arrays):
-            raise ModelFileError(path, "model file is inconsistent: reach arrays in a model without them")
-        return None
-    k = len(populations)
-    reach = PopulationReach(reach_quantile=fields.number("quantile", within=(0.0, 1.0)),
-                            em_steps=fields.integer("em_steps", minimum=0, maximum=1000))
-    reach.classes_ = np.asarray(populations).astype(str)
-    reach.means_ = array("reach_means", k, d).astype(np.float64)
-    reach.whitening_ = array("reach_whitening", k, d, d).astype(np.float64)
-    reach.log_dets_ = array("reach_log_dets", k).astype(np.float64)
-    reach.priors_ = array("reach_priors", k).astype(np.float64)
-    reach.reach_ = array("reach_distances", k).astype(np.float64)
-    reach.typical_ = array("reach_typical", k).astype(np.float64)
-    if not (np.all(reach.priors_ > 0) and abs(reach.priors_.sum() - 1) < 1e-6):
-        raise ModelFileError(path, "model file is inconsistent: array 'reach_priors' is not a distribution")
-    for name, values in (("reach_distances", reach.reach_), ("reach_typical", reach.typical_)):
-        if not np.all(values > 0):
-            raise ModelFileError(path, f"model file is inconsistent: array {name!r} must be positive")
-    return reach
-
-
-def _adaptive_populations(path, fields, array, arrays, populations, d: int):
-    """The populations adapted to each gated patient (GatingModel.adaptive_weight), and their
-    weight: (AdaptiveLDA, weight), or (None, 0.0) for a model without them."""
-    if fields is None:
-        if any(name.startswith("adaptive_") for name in arrays):
-            raise ModelFileError(path, "model file is inconsistent: adaptive arrays in a model without them")
-        return None, 0.0
-    k = len(populations)
-    lda = AdaptiveLDA(em_steps=fields.integer("em_steps", minimum=0, maximum=1000),
-                      min_population_cells=fields.number("min_population_cells", within=(0.0, 1e9)))
-    lda.classes_ = np.asarray(populations).astype(str)
-    lda.means_ = array("adaptive_means", k, d).astype(np.float64)
-    lda.covariance_ = array("adaptive_covariance", d, d).astype(np.float64)
-    lda.priors_ = array("adaptive_priors", k).astype(np.float64)
-    if not (np.all(lda.priors_ > 0) and abs(lda.priors_.sum() - 1) < 1e-6):
-        raise ModelFileError(path, "model file is inconsistent: array 'adaptive_priors' is not a distribution")
-    if not np.allclose(lda.covariance_, lda.covariance_.T) or np.any(np.linalg.eigvalsh(lda.covariance_) <= 0):
-        raise ModelFileError(path, "model file is inconsistent: array 'adaptive_covariance' is not a covariance")
-    return lda, fields.number("weight", within=(0.0, 1.0))
-
-
-# Hyperparameters with a specific rule; others the constructor accepts must be JSON scalars.
-_COUNTS = ("n_features", "n_embedding_features", "cells_per_patient", "embedding_cells", "cv_folds",
-           "cv_repeats", "selection_cells_per_patient")
-
-
-# Copies of each training patient: the model file holds an embedding per copy.
-_AUGMENT_LIMIT = 64
-
-
-_BANDWIDTHS = ("bandwidth_x", "bandwidth_p", "bandwidth_embedding", "alpha")
-
-
-# Transform cofactors and scales: float32 arithmetic divides by them.
-_SCALES = (1e-6, 1e12)
-
-
-def _checked_params(path, fields: Fields, accepted, where: str, methods) -> dict:
-    out = {}
-    for key, value in fields.data.items():
-        if key not in accepted or key == "self" or accepted[key].kind in (inspect.Parameter.VAR_POSITIONAL,
-                                                                          inspect.Parameter.VAR_KEYWORD):
-            raise ModelFileError(path, f"model description: unknown {where} {key!r} (written by another version?)"[:300])
-        if key == "method":
-            out[key] = fields.string(key, choices=methods)
-        elif key == "solver":
-            out[key] = fields.string(key, choices=SOLVERS)
-        elif key in _COUNTS:
-            out[key] = fields.integer(key, minimum=1, maximum=10 ** 9)
-        elif key in _BANDWIDTHS:
-            out[key] = fields.number(key, positive=True, nullable=True)
-        elif key == "n_augment":
-            out[key] = fields.integer(key, minimum=0, maximum=_AUGMENT_LIMIT)
-        elif key in ("augment_gain", "augment_shift"):
-            out[key] = "auto" if fields.raw(key) == "auto" else fields.number(key, within=(0.0, 10.0))
-        elif key == "loss":
-            out[key] = fields.string(key, choices=LOSSES)
-        elif key == "patient_weighting":
-            out[key] = fields.string(key, choices=PATIENT_WEIGHTINGS)
-        elif key == "selection_objective":
-            out[key] = fields.string(key, choices=("mean", "worst"))
-        elif key == "align":
-            out[key] = fields.string(key, choices=ALIGNMENTS)
-        elif key == "dica":
-            out[key] = None if fields.raw(key) is None else fields.string(key, choices=DICA_MODES)
-        elif key == "dica_components":
-            out[key] = fields.integer(key, minimum=1, maximum=2 * MODEL_DICA_FEATURES)
-        elif key == "kernel_x":
-            out[key] = fields.string(key, choices=KERNELS_X)
-        elif key == "prior_shift":
-            out[key] = fields.string(key, choices=PRIOR_SHIFTS)
-        elif key == "class_balance":
-            out[key] = fields.number(key, within=(0.0, 1.0))
-        elif key == "bandwidth_x_hedge":
-            out[key] = fields.number(key, positive=True, within=(0.0, 1.0), nullable=True)
-        elif key == "task_similarity":
-            out[key] = fields.number(key, positive=True, within=(0.0, 1.0), nullable=True)
-        elif key == "unknown_margin":
-            out[key] = fields.number(key, positive=True, within=(0.0, 1e6), nullable=True)
-        elif key in ("pooled_weight", "adaptive_weight"):
-            out[key] = "auto" if fields.raw(key) == "auto" else fields.number(key, within=(0.0, 1.0))
-        elif key in ("compensate", "select", "use_embedding", "calibrate", "select_embedding_bandwidth",
-                     "self_training"):
-            out[key] = fields.boolean(key)
-        elif key == "random_state":
-            out[key] = fields.integer(key, minimum=0, maximum=2 ** 63, nullable=True)
-        elif key == "channels":
-            out[key] = fields.strings(key, nullable=True)
-        elif key == "transform":
-            fields.string(key, choices=("auto", "custom"))
-            out[key] = "auto"  # the fitted transform_ is what gates; a custom one is in meta["transform"]
-        else:
-            check_scalar(path, f"{fields.where}.{key}", value)
-            out[key] = value
-    return out
-
-
-def _pooled_companion(path, fields: Fields, array, main: MarginalTransferClassifier, d: int, k: int):
-    """The pooled companion of a loaded marginal model (see GatingModel.pooled_weight)."""
-    companion = MarginalTransferClassifier(**_classifier_params(
-        path, fields.object("classifier"), inspect.signature(MarginalTransferClassifier).parameters))
-    if companion.use_embedding or companion.solver != "rff" or companion.kernel_x != main.kernel_x:
-        raise ModelFileError(path, "model description: the pooled companion must be an 'rff' model "
-                                   "without the patient's embedding, with the main model's kernel_x")
-    companion.classes_ = main.classes_
-    companion.n_features_in_ = d
-    companion.bandwidth_x_ = fields.number("bandwidth_x", positive=True)
-    companion.bandwidth_p_ = None
-    companion.bandwidth_embedding_ = main.bandwidth_embedding_
-    companion.temperature_ = fields.number("temperature", positive=True, within=(0, 1e6))
-    companion.embedder_ = main.embedder_
-    companion.coef_ = array("pooled_coef", None, k).astype(np.float32, copy=False)
-    n_out = companion.coef_.shape[0]
-    companion.intercept_ = array("pooled_intercept", k).astype(np.float32, copy=False)
-    if companion.kernel_x == "linear":
-        companion.feature_map_ = _linear_feature_map(path, array, {}, companion, d, n_out, "pooled_")
-        return companion
-    companion.feature_map_ = _rff_map(path, array, {}, "pooled_", d, n_out, 0, companion.bandwidth_x_, None)
-    return companion
-
-
-def _check_hedge_shares_embedding(hedge, main) -> None:
-    """The file stores one embedding map and one set of training embeddings, the main model's:
-    the second fit (the same patients, draw and seed) must have the same ones."""
-    if not (isinstance(hedge.embedder_, MeanEmbedding) and isinstance(main.embedder_, MeanEmbedding)
-            and np.array_equal(hedge.embedder_.frequencies_, main.embedder_.frequencies_)
-            and np.array_equal(hedge.train_embeddings_, main.train_embeddings_)):
-        raise ValueError("the second fit does not share the main model's embedding: cannot be saved")
-
-
-def _hedge_model(path, fields: Fields, array, arrays, main: MarginalTransferClassifier, d: int, k: int):
-    """The marginal model's second fit (ResearchGatingModel.bandwidth_x_hedge): the main model's
-    settings, embedding map and training embeddings, its own sigma_X and weights."""
-    if not (main.solver == "rff" and main.kernel_x == "gaussian"):
-        raise ModelFileError(path, "model description: a second fit needs an 'rff' model with the Gaussian "
-                                   "cell kernel")
-    hedge = MarginalTransferClassifier(**main.get_params())
-    hedge.bandwidth_x = hedge.bandwidth_x_ = fields.number("bandwidth_x", positive=True)
-    hedge.temperature_ = fields.number("temperature", positive=True, within=(0, 1e6))
-    for name in ("classes_", "n_features_in_", "bandwidth_p_", "bandwidth_embedding_", "embedder_",
-                 "train_embeddings_", "n_patients_"):
-        setattr(hedge, name, getattr(main, name))
-    hedge.coef_ = array("hedge_coef", None, k).astype(np.float32, copy=False)
-    n_out = hedge.coef_.shape[0]
-    hedge.intercept_ = array("hedge_intercept", k).astype(np.float32, copy=False)
-    embedding_rows = main.train_embeddings_.shape[1] if main.feature_map_.embedding_weights_ is not None else 0
-    hedge.feature_map_ = _rff_map(path, array, arrays, "hedge_", d, n_out, embedding_rows, hedge.bandwidth_x_,
-                                  hedge.bandwidth_p_)
-    return hedge
-
-
-def _rff_map(path, array, arrays, prefix: str, d: int, n_out: int, embedding_rows: int, bandwidth_x, bandwidth_p):
-    """The ProductRFF stored under ``prefix``: cell weights (d, D) and offsets (D,), and embedding
-    weights (``embedding_rows``, D) when it uses the patient's embedding (``embedding_rows`` > 0;
-    such weights in ``arrays`` otherwise are an inconsistency)."""
-    fm = ProductRFF.__new__(ProductRFF)
-    fm.cell_weights_ = array(prefix + "cell_weights", d, n_out).astype(np.float32, copy=False)
-    fm.offsets_ = array(prefix + "offsets", n_out).astype(np.float64, copy=False)
-    if embedding_rows:
-        fm.embedding_weights_ = array(prefix + "embedding_weights", embedding_rows, n_out).astype(np.float64, copy=False)
-    elif prefix + "embedding_weights" in arrays:
-        raise ModelFileError(path, "model file is inconsistent: embedding weights in a model that "
-                                   "does not use the patient's embedding")
-    else:
-        fm.embedding_weights_ = None
-    fm.n_features = n_out
-    fm.bandwidth_x, fm.bandwidth_p = bandwidth_x, bandwidth_p
-    fm.scale_ = np.float32(np.sqrt(2.0 / fm.n_features))
-    return fm
-
-
-def _linear_feature_map(path, array, arrays, clf, d: int, n_out: int, prefix: str) -> LinearProductFeatures:
-    """The LinearProductFeatures of a loaded kernel_x='linear' classifier: the k_P frequencies
-    and offsets when it uses the embedding, nothing else; ``coef`` must have D_P (d + 1) rows."""
-    fm = LinearProductFeatures.__new__(LinearProductFeatures)
-    fm.n_dims, fm.bandwidth_p = d, clf.bandwidth_p_
-    if clf.use_embedding and clf.bandwidth_p_ is not None:
-        fm.embedding_weights_ = array("embedding_weights", d, None).astype(np.float64, copy=False)
-        fm.n_embedding_features = fm.embedding_weights_.shape[1]
-        fm.offsets_ = array("offsets", fm.n_embedding_features).astype(np.float64, copy=False)
-    else:
-        if "embedding_weights" in arrays:
-            raise ModelFileError(path, "model file is inconsistent: embedding weights in a model that "
-                                       "does not use the patient's embedding")
-        fm.embedding_weights_, fm.offsets_, fm.n_embedding_features = None, None, 1
-    fm.n_features = fm.n_embedding_features * (d + 1)
-    if n_out != fm.n_features:
-        raise ModelFileError(path, f"model file is inconsistent: array {prefix + 'coef'!r} has {n_out} rows, "
-                                   f"expected {fm.n_features} from the linear kernel's features")
-    return fm
-
-
-def _model_params(path, fields: Fields, cls, research_cls=None) -> tuple:
-    """The class to build and its parameters in the description: (``cls``, the names its
-    constructor accepts, ``method`` one of ``cls.METHODS``), or (``research_cls``, its
-    parameters) when the file stores a research option ``cls`` lacks away from ``cls``'s value."""
-    accepted = dict(inspect.signature(cls).parameters)
-    # The research options ``cls`` has as class attributes only: every file written while they
-    # were GatingModel's parameters stores them, at these values unless they were asked for.
-    absent = [name for name in getattr(cls, "RESEARCH_OPTIONS", ()) if name not in accepted]
-    accepted.update({name: inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY) for name in absent})
-    params = _checked_params(path, fields, accepted, "model parameter", cls.METHODS)
-    # Files written before class_balance existed drew their training cells uniformly.
-    params.setdefault("class_balance", 0.0)
-    # ... and before the adapted populations. (Files written before self-training existed gate
-    # without it: its default.)
-    params.setdefault("adaptive_weight", 0.0)
-    stored = {name: params.pop(name) for name in absent if name in params}
-    asked = {name: value for name, value in stored.items() if value != getattr(cls, name)}
-    if not asked:
-        return cls, params
-    if research_cls is None:
-        described = ", ".join(f"{name}={value!r}" for name, value in asked.items())
-        raise ModelFileError(path, f"a ResearchGatingModel's file ({described}): read it with "
-                                   "gating_core.model.research.load_gating_model or ResearchGatingModel.load")
-    return research_cls, {**params, **stored}
-
-
-def _classifier_params(path, fields: Fields, accepted) -> dict:
-    return _checked_params(path, fields, accepted, "classifier parameter", methods=())
-
-
-def _transform(path, fields: Fields, d: int) -> ChannelTransform:
-    kinds = fields.strings("kinds")
-    params = fields.raw("params")
-    if len(kinds) != d or not isinstance(params, list) or len(params) != d:
-        raise ModelFileError(path, f"model description: transform must give kinds and params for {d} channels")
-    checked = []
-    for j, (kind, p) in enumerate(zip(kinds, params)):
-        entry = Fields(path, p, f"transform.params[{j}]")
-        if kind == "arcsinh":
-            values = {"cofactor": entry.number("cofactor", optional=True, within=_SCALES)}
-        elif kind == "linear":
-            values = {"scale": entry.number("scale", optional=True, within=_SCALES)}
-        elif kind == "logicle":
-            values = {key: entry.number(key) for key in ("T", "W", "M", "A")}
-            t, w, m, a = (values[key] for key in ("T", "W", "M", "A"))
-            if not (t > 0 and m > 0 and 0 <= w <= m / 2 and -w <= a <= m - 2 * w):
-                raise ModelFileError(path, f"model description: transform.params[{j}] are not valid logicle "
-                                           f"parameters (T={t}, W={w}, M={m}, A={a})")
-        else:
-            raise ModelFileError(path, f"model description: unknown transform {kind!r} for channel {j + 1}"[:200])
-        checked.append({key: value for key, value in values.items() if value is not None})
-    return ChannelTransform(kinds, checked)

@@ -40,7 +40,8 @@ from gating_core import __version__
 from gating_core.method.features import MeanEmbedding, content_subsample, median_pairwise_distance
 from gating_core.method.iw_nystroem import ImportanceWeightedNystroemKRR
 from gating_core.model.digest import digest_patient
-from gating_core.model.file_checks import Fields, Member, ModelFileError, archive_array, parse_json, read_archive
+from gating_core.model.file_checks import Member, ModelFileError, archive_array, read_archive
+from gating_core.model.file_fields import Fields, parse_json
 from gating_core.model.preprocessing import ChannelPreprocessing
 from gating_core.model.result import GateResult, Novelty
 from gating_core.model.streaming import StreamedGating
@@ -327,7 +328,7 @@ class IWNystroemGatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator)
 
 
 def _from_parts(cls, path, top: Fields, arrays) -> IWNystroemGatingModel:
-    from gating_core.model.file import _transform  # the transform's checks, shared with GatingModel files
+    from gating_core.model.file_params import _transform  # the transform's checks, shared with GatingModel files
 
     params = top.object("params")
     known = set(cls().get_params())

@@ -9,8 +9,8 @@
   (:func:`gating_core.gates.autogates.counted_cells`), then the populations no gate names; without
   one every population is a child of all events (% of parent is then % of total).
 * :func:`patient_report_html`: one self-contained HTML page per patient (no script, no
-  network): plots of the events with the gates drawn (inline SVG drawn here, so nothing needs
-  plotly's static export), the population table, novelty and confidence, compensation and QC
+  network): plots of the events with the gates drawn (inline SVG, chosen here and drawn by
+  :mod:`gating_core.reports.svg_plots`, so nothing needs plotly's static export), the population table, novelty and confidence, compensation and QC
   flags. Every string that comes from a user or a file (patient and file names, population and
   gate names, channel names, keywords) is HTML-escaped.
 
@@ -20,15 +20,14 @@ Nothing here imports streamlit or plotly; pandas is imported when a table is bui
 from __future__ import annotations
 
 import datetime as _dt
-import html
 import math
 
 import numpy as np
 
 from gating_core.reports.plotting import display_range, population_colors, sample_channel_label, subsample_indices
+from gating_core.reports.svg_plots import _e, svg_histogram, svg_scatter
 
-__all__ = ["ALL_EVENTS", "BATCH_COLUMNS", "population_rows", "batch_table", "patient_report_html", "svg_scatter",
-           "svg_histogram"]
+__all__ = ["ALL_EVENTS", "BATCH_COLUMNS", "population_rows", "batch_table", "patient_report_html"]
 
 ALL_EVENTS = "(all events)"
 BATCH_COLUMNS = ["patient", "source", "population", "parent", "depth", "count", "% of parent", "% of total",
@@ -129,138 +128,7 @@ def batch_table(entries):
 
 
 # --------------------------------------------------------------------------------------------
-# SVG scatter plots
-
-_W, _H = 360, 300
-_LEFT, _RIGHT, _TOP, _BOTTOM = 48, 10, 24, 40
-
-
-def _e(value) -> str:
-    return html.escape(str(value), quote=True)
-
-
-
-def _svg_frame(title, x_label, y_label, pw, ph, clip_id) -> list:
-    """The opening of a report plot: the svg element, the plot area, title and axis labels, and
-    a group clipped to the plot area (closed by the caller)."""
-    return [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" viewBox="0 0 {_W} {_H}" '
-            f'role="img" aria-label="{_e(title)}">',
-            f'<rect x="{_LEFT}" y="{_TOP}" width="{pw}" height="{ph}" fill="#fff" stroke="#888"/>',
-            f'<text x="{_W / 2}" y="15" text-anchor="middle" font-size="12">{_e(title)}</text>',
-            f'<text x="{_LEFT + pw / 2}" y="{_H - 8}" text-anchor="middle" font-size="11">{_e(x_label)}</text>',
-            f'<text x="12" y="{_TOP + ph / 2}" text-anchor="middle" font-size="11" '
-            f'transform="rotate(-90 12 {_TOP + ph / 2})">{_e(y_label)}</text>',
-            f'<clipPath id="{_e(clip_id)}"><rect x="{_LEFT}" y="{_TOP}" width="{pw}" height="{ph}"/></clipPath>',
-            f'<g clip-path="url(#{_e(clip_id)})">']
-
-def svg_scatter(x, y, colors, x_range, y_range, *, title: str = "", x_label: str = "", y_label: str = "",
-                outlines=(), legend=None, clip_id: str = "clip", splits=()) -> str:
-    """A scatter plot as an inline ``<svg>`` element.
-
-    x, y : arrays (m,) in display coordinates; colors : array (m,) of "#rrggbb" strings;
-    x_range, y_range : (lo, hi) of the axes; outlines : list of (name, (k, 2) array, text)
-    polygons drawn over the dots with their name and a text (e.g. "12.3% of parent");
-    legend : dict name -> color; clip_id : id of the plot area's clip path (unique per page);
-    splits : list of ((x, y), {quadrant code: text}) quadrant splits, each drawn as its two
-    dividing lines with every quadrant's text in its corner ("++": top right, "-+": top left...).
-    Dots are 1.6 px squares, one path per colour.
-    """
-    x0, x1 = float(x_range[0]), float(x_range[1])
-    y0, y1 = float(y_range[0]), float(y_range[1])
-    pw, ph = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
-    sx = pw / (x1 - x0) if x1 > x0 else 1.0
-    sy = ph / (y1 - y0) if y1 > y0 else 1.0
-
-    def px(v):
-        return _LEFT + (np.asarray(v, dtype=np.float64) - x0) * sx
-
-    def py(v):
-        return _TOP + ph - (np.asarray(v, dtype=np.float64) - y0) * sy
-
-    parts = _svg_frame(title, x_label, y_label, pw, ph, clip_id)
-    xs, ys = px(x), py(y)
-    colors = np.asarray(colors).astype(str)
-    ok = np.isfinite(xs) & np.isfinite(ys)
-    for color in dict.fromkeys(colors.tolist()):
-        pick = ok & (colors == color)
-        if not pick.any():
-            continue
-        path = "".join(f"M{a:.1f} {b:.1f}h1.6v1.6h-1.6z" for a, b in zip(xs[pick], ys[pick]))
-        parts.append(f'<path fill="{_e(color)}" fill-opacity="0.7" d="{path}"/>')
-    for name, outline, text in outlines:
-        outline = np.asarray(outline, dtype=np.float64)
-        points = " ".join(f"{a:.1f},{b:.1f}" for a, b in zip(px(outline[:, 0]), py(outline[:, 1])))
-        parts.append(f'<polygon points="{points}" fill="none" stroke="#C00000" stroke-width="1.5"/>')
-        cx = float(np.clip(px(outline[:, 0]).mean(), _LEFT + 4, _LEFT + pw - 4))
-        cy = float(np.clip(py(outline[:, 1]).min() - 4, _TOP + 10, _TOP + ph - 4))
-        parts.append(f'<text x="{cx:.1f}" y="{cy:.1f}" text-anchor="middle" font-size="10" fill="#C00000">'
-                     f'{_e(name)} {_e(text)}</text>')
-    for (sx_, sy_), texts in splits:
-        cx, cy = float(px(sx_)), float(py(sy_))
-        parts.append(f'<line x1="{cx:.1f}" y1="{_TOP}" x2="{cx:.1f}" y2="{_TOP + ph}" stroke="#C00000" '
-                     f'stroke-width="1.5"/><line x1="{_LEFT}" y1="{cy:.1f}" x2="{_LEFT + pw}" y2="{cy:.1f}" '
-                     f'stroke="#C00000" stroke-width="1.5"/>')
-        for code, text in texts.items():
-            right, top = code[0] == "+", code[1] == "+"
-            tx = _LEFT + pw - 4 if right else _LEFT + 4
-            ty = _TOP + 12 if top else _TOP + ph - 5
-            parts.append(f'<text x="{tx}" y="{ty}" text-anchor="{"end" if right else "start"}" font-size="10" '
-                         f'fill="#C00000">{_e(text)}</text>')
-    parts.append("</g>")
-    for value, anchor_x, anchor in ((x0, _LEFT, "start"), (x1, _LEFT + pw, "end")):
-        parts.append(f'<text x="{anchor_x}" y="{_TOP + ph + 12}" text-anchor="{anchor}" font-size="9" '
-                     f'fill="#555">{value:.3g}</text>')
-    for value, anchor_y in ((y0, _TOP + ph), (y1, _TOP + 8)):
-        parts.append(f'<text x="{_LEFT - 3}" y="{anchor_y}" text-anchor="end" font-size="9" fill="#555">'
-                     f'{value:.3g}</text>')
-    if legend:
-        for k, (name, color) in enumerate(legend.items()):
-            parts.append(f'<rect x="{_LEFT + 4}" y="{_TOP + 4 + 11 * k}" width="8" height="8" fill="{_e(color)}"/>'
-                         f'<text x="{_LEFT + 15}" y="{_TOP + 11 + 11 * k}" font-size="9">{_e(name)}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
-
-def svg_histogram(values, value_range, *, title: str = "", x_label: str = "", bands=(), bins: int = 120,
-                  clip_id: str = "clip") -> str:
-    """A histogram of one channel as an inline ``<svg>`` element, with range gates as bands.
-
-    values : array (n,) in display coordinates; value_range : (lo, hi) of the axis;
-    bands : list of (name, low, high, text), each shaded from low to high and named.
-    """
-    x0, x1 = float(value_range[0]), float(value_range[1])
-    pw, ph = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
-    sx = pw / (x1 - x0) if x1 > x0 else 1.0
-    values = np.asarray(values, dtype=np.float64)
-    counts, edges = np.histogram(values[np.isfinite(values)], bins=bins, range=(x0, x1))
-    top = max(int(counts.max()) if counts.size else 0, 1)
-
-    def px(v):
-        return _LEFT + (float(v) - x0) * sx
-
-    parts = _svg_frame(title, x_label, "events", pw, ph, clip_id)
-    for k, (name, low, high, text) in enumerate(bands):
-        a, b = px(low), px(high)
-        parts.append(f'<rect x="{a:.1f}" y="{_TOP}" width="{max(b - a, 0.5):.1f}" height="{ph}" fill="#C00000" '
-                     f'fill-opacity="0.12" stroke="#C00000" stroke-width="1.2"/>')
-        cx = float(np.clip((a + b) / 2, _LEFT + 4, _LEFT + pw - 4))
-        parts.append(f'<text x="{cx:.1f}" y="{_TOP + 12 + 11 * k}" text-anchor="middle" font-size="10" '
-                     f'fill="#C00000">{_e(name)} {_e(text)}</text>')
-    base = _TOP + ph
-    path = [f"M{px(edges[0]):.1f} {base}"]
-    for count, left, right in zip(counts, edges[:-1], edges[1:]):
-        y = base - ph * count / top
-        path.append(f"L{px(left):.1f} {y:.1f}L{px(right):.1f} {y:.1f}")
-    path.append(f"L{px(edges[-1]):.1f} {base}Z")
-    parts.append(f'<path fill="#3B5B92" fill-opacity="0.5" stroke="#3B5B92" d="{"".join(path)}"/>')
-    parts.append("</g>")
-    for value, anchor_x, anchor in ((x0, _LEFT, "start"), (x1, _LEFT + pw, "end")):
-        parts.append(f'<text x="{anchor_x}" y="{_TOP + ph + 12}" text-anchor="{anchor}" font-size="9" '
-                     f'fill="#555">{value:.3g}</text>')
-    parts.append(f'<text x="{_LEFT - 3}" y="{_TOP + 8}" text-anchor="end" font-size="9" fill="#555">{top:,}</text>')
-    parts.append("</svg>")
-    return "".join(parts)
-
+# The page's plots
 
 def _axis_label(sample, pnn, scale) -> str:
     """Channel label, with the display transform when it is not linear (the axes are in it)."""

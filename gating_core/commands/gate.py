@@ -1,0 +1,115 @@
+"""``gate``: new patients gated with a trained model, one output file per patient (CSV, Parquet,
+FCS or h5ad), here or on a Dask cluster; its options and checks."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from gating_core.commands import DEFAULT_KEYWORDS_HELP, add_keyword_options, print_json
+from gating_core.commands.model_options import IW_METHOD, _cluster_options, _fail, _usage
+from gating_core.errors import print_error
+
+
+def register(subparsers) -> None:
+    gate = subparsers.add_parser(
+        "gate", help="gate new patients with a trained model",
+        description="Gate FCS files; writes DIR/<stem>.gated.csv per patient (all channels by "
+                    "$PnN, then population and confidence, one row per event in file order), or "
+                    "<stem>.gated.parquet / .fcs / .h5ad with --format.")
+    gate.add_argument("--model", required=True, help="model file written by train")
+    gate.add_argument("--method", choices=(IW_METHOD,),
+                      help="insist on a model of this method (iw-nystroem: importance-weighted Nystroem KRR, refitted "
+                           "for each patient from the training cells its file keeps); default: whatever the model "
+                           "file holds")
+    gate.add_argument("--out-dir", required=True, help="folder for the gated files")
+    gate.add_argument("--chunk-size", type=int, default=50_000,
+                      help="events read, gated and written at a time (CSV and Parquet stream the file: bounds memory)")
+    _cluster_options(gate, "gate files in parallel")
+    gate.add_argument("--format", choices=("csv", "parquet", "fcs", "h5ad"), default="csv",
+                      help="output per patient: gated CSV (default), Parquet (same columns, typed), FCS with a "
+                           "population channel, or AnnData .h5ad (needs the anndata package). CSV and Parquet "
+                           "carry no keywords; FCS and h5ad keep " + DEFAULT_KEYWORDS_HELP)
+    add_keyword_options(gate, "an FCS or h5ad output")
+    gate.add_argument("--json", action="store_true",
+                      help="print one JSON document (a list, one record per patient) instead of text")
+    gate.add_argument("fcs", nargs="+", metavar="FCS")
+    gate.set_defaults(func=run_gate)
+
+
+def run_gate(args) -> int:
+    from gating_core.batch.files import output_name_clashes
+    from gating_core.library.privacy import dropped_note
+    from gating_core.model.file_checks import ModelFileError
+    from gating_core.model.iw_model import IW_METHOD as iw_method, load_any_model
+
+    # Two inputs whose patients map to one output name (the same stem from different folders,
+    # names differing only in case or in characters a file name cannot hold, a data set of a
+    # multi-data-set file) would overwrite each other's output: refused before anything is
+    # gated, so an output file is always the patient its name says.
+    clashes = output_name_clashes(args.fcs, args.format)
+    if clashes:
+        return _usage(f"these inputs would write the same gated {args.format.upper()}; rename one or gate "
+                      "them into separate folders: " + "; ".join(" and ".join(c) for c in clashes))
+    if (args.include_identifying or args.keep_keywords) and args.format not in ("fcs", "h5ad"):
+        return _usage("--include-identifying and --keep-keyword apply to --format fcs and h5ad: "
+                      f"a gated {'CSV' if args.format == 'csv' else 'Parquet'} file carries no keywords")
+    if args.format == "h5ad":
+        try:
+            import anndata  # noqa: F401
+        except ImportError:
+            return _usage("--format h5ad needs the anndata package: pip install 'gating-core[anndata]'")
+    try:
+        model = load_any_model(args.model)
+    except ModelFileError as exc:
+        return _fail(str(exc))
+    transductive = model.method == iw_method
+    if args.method == IW_METHOD and not transductive:
+        return _fail(f"{args.model}: not an {IW_METHOD} model (it holds a {model.method} model); "
+                     f"train one with `train --method {IW_METHOD}`")
+    if transductive and (args.workers or args.scheduler):
+        return _fail(f"{args.model}: an {IW_METHOD} model refits for each patient and gates on this machine; "
+                     "drop --workers / --scheduler")
+    out_dir = Path(args.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if args.workers or args.scheduler:
+        from gating_core.batch.distributed import ClusterError, gate_files_distributed
+
+        try:
+            records = gate_files_distributed(args.model, args.fcs, out_dir, workers=args.workers,
+                                             scheduler=args.scheduler, chunk_size=args.chunk_size,
+                                             format=args.format, include_identifying=args.include_identifying,
+                                             keep_keywords=args.keep_keywords)
+        except ClusterError as exc:
+            return _fail(str(exc))
+    else:
+        from gating_core.batch.files import gate_file
+
+        records = []
+        iterator = args.fcs
+        if sys.stderr.isatty() and len(args.fcs) > 1:
+            from tqdm import tqdm
+
+            iterator = tqdm(args.fcs, desc="gate", unit="file", file=sys.stderr, leave=False)
+        for path in iterator:
+            records.extend(gate_file(model, path, out_dir, chunk_size=args.chunk_size, format=args.format,
+                                     include_identifying=args.include_identifying, keep_keywords=args.keep_keywords))
+    failed = sum("error" in record for record in records)
+    if args.json:
+        print_json(records)
+        return 1 if failed else 0
+    for record in records:
+        if "error" in record:
+            print_error(record["error"])
+            continue
+        counts = ", ".join(f"{name} {count:,}" for name, count in record["counts"].items())
+        print(f"{record['patient']}: {record['events']:,} events -> {record['output']}")
+        print(f"  {counts}")
+        if "fit_seconds" in record:
+            print(f"  {IW_METHOD} refit for this patient: {record['fit_seconds']:.1f} s")
+        novelty = record["novelty"]
+        prefix = "  WARNING: " if novelty["is_novel"] else "  "
+        print(prefix + novelty["message"])
+        if record.get("dropped_keywords"):
+            print("  " + dropped_note(record["dropped_keywords"]))
+    return 1 if failed else 0
