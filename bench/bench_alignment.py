@@ -35,7 +35,7 @@ Data sets and protocols:
 "skipped" is the share of (held-out patient, channel) pairs the rule left unregistered;
 ``--reasons`` tells why, per channel.
 
-The product's path is checked once per data set: ``GatingModel(align="landmarks")`` gives the
+The product's path is checked once per data set: ``ResearchGatingModel(align="landmarks")`` gives the
 same training and held-out cells as this script's registration.
 
 Run: ``python bench/bench_alignment.py [--data dlbcl multicenter sim-absent:Monocytes ...]
@@ -58,11 +58,11 @@ from sklearn.discriminant_analysis import LinearDiscriminantAnalysis
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gating_core.model.research import ResearchGatingModel
 from gating_core.io.inputs import load_labeled_input  # noqa: E402
 from gating_core.method.alignment import (LandmarkReference, LandmarkRegistration, QuantileRegistration,  # noqa: E402
                                           SkipRule, channel_quantiles)
 from gating_core.model import GatingModel  # noqa: E402
+from gating_core.model.research import ResearchGatingModel  # noqa: E402
 
 SHARED = Path(__file__).resolve().parent.parent.parent / "shared" / "data"
 DEFAULT_DATA = ("dlbcl", "multicenter", "sim", "sim-absent:Monocytes", "sim-absent:B cells")
@@ -194,8 +194,8 @@ class Split:
 
 
 def check_product_path(samples, labels, train, test, split: Split) -> None:
-    """GatingModel(align="landmarks") registers training and held-out cells as :class:`Split` does."""
-    model = ResearchGatingModel(cells_per_patient=CELLS_PER_PATIENT, class_balance=0.0, random_state=0, align="landmarks")
+    """ResearchGatingModel(align="landmarks") registers training and held-out cells as :class:`Split` does."""
+    model = ResearchGatingModel(cells_per_patient=CELLS_PER_PATIENT, random_state=0, align="landmarks")
     cells, _ = model.standardised_training_cells([samples[i] for i in train], [labels[i] for i in train])
     mine, held_out, _ = split.registered("landmarks", SkipRule())
     for a, b in zip(cells, mine):

@@ -55,9 +55,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core.model.research import ResearchGatingModel
 from gating_core.method.classifier import MarginalTransferClassifier  # noqa: E402
-from gating_core.model import GatingModel  # noqa: E402
+from gating_core.model.research import ResearchGatingModel  # noqa: E402
 
 ALTERNATIVES = ("logistic", "logistic-plain", "wide", "companion-sx", "wider-sx")
 #: What ``run`` fits when ``--alternatives`` is not given.

@@ -39,10 +39,10 @@ def test_hinge_loss_picked_on_the_train_page_trains_a_hinge_model(library):
     assert store.current_model.startswith("marginal, hinge loss, 3 patients")
     # the library's copy (the model file) is the same hinge model
     from gating_core.library import PatientLibrary
-    from gating_core.model import GatingModel
+    from gating_core.model.research import load_gating_model
 
     model_id = store.model_ids[store.current_model]
-    stored = GatingModel.load(PatientLibrary(library, create=False).model_path(model_id))
+    stored = load_gating_model(PatientLibrary(library, create=False).model_path(model_id))
     assert stored.loss == "hinge"
     sample = store.patients["new_patient_01"].sample
     np.testing.assert_array_equal(stored.predict(sample), model.predict(sample))

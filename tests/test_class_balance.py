@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gating_core.model import DEFAULT_CLASS_BALANCE, GatingModel
+from gating_core.model import DEFAULT_CLASS_BALANCE
 from gating_core.model.research import ResearchGatingModel
 from gating_core.model.digest import digest_patient, population_allocation, training_rows
 from gating_core.synthetic import simulate_patient

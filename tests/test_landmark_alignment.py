@@ -6,7 +6,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gating_core.model.research import ResearchGatingModel
 from gating_core.method.alignment import (MAX_PEAKS, LandmarkReference, LandmarkRegistration, SkipRule, channel_peaks)
 from helpers import sample_cohort
 

@@ -269,8 +269,8 @@ def test_gating_model_is_a_scikit_learn_estimator_whose_params_are_the_saved_one
     assert copy.transform is not transform and copy.transform.kinds == transform.kinds
     assert {k: v for k, v in copy.get_params(deep=True).items() if k != "transform"} == \
         {k: v for k, v in model.get_params().items() if k != "transform"}
-    assert copy.set_params(method="pooling", random_state=3) is copy
-    assert (copy.method, copy.random_state, model.method) == ("pooling", 3, "marginal")
+    assert copy.set_params(pooled_weight=0.25, random_state=3) is copy
+    assert (copy.pooled_weight, copy.random_state, model.pooled_weight) == (0.25, 3, 0.0)
     with pytest.raises(ValueError, match="Invalid parameter"):
         copy.set_params(bandwidth=1.0)
     assert "GatingModel(" in repr(model) and "select=False" in repr(model)

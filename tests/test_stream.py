@@ -14,6 +14,7 @@ from gating_core.batch.files import _gate_file_whole, gate_file
 from gating_core.fcs import FCSError, read_fcs_all, stream_fcs_all, write_fcs
 from gating_core.io.export import GatedTableWriter, export_sample
 from gating_core.method.features import content_subsample
+from gating_core.model.research import build_model
 from helpers import SAMPLE_DATA, sample_cohort
 
 
@@ -21,7 +22,7 @@ def _small_model(samples, labels, **params):
     base = dict(select=False, n_features=128, n_embedding_features=32, cells_per_patient=1000,
                 bandwidth_x=1.0, bandwidth_p=1.0, alpha=1e-3, random_state=3)
     base.update(params)
-    return GatingModel(**base).fit(samples, labels)
+    return build_model(base).fit(samples, labels)  # a ResearchGatingModel for prior_shift="em"
 
 
 @pytest.fixture(scope="module")

@@ -207,7 +207,6 @@ def test_selected_companion_is_the_pooled_logistic_model_at_its_own_bandwidth(sm
     """With selection, the companion's sigma_X is chosen for it (pooled, no augmentation), not
     borrowed from the marginal model: it is exactly the pooled logistic regression a user would
     fit, so the blend is never built on a pooled model weaker than the baseline."""
-    from gating_core.model import GatingModel
     from gating_core.model.research import ResearchGatingModel
 
     samples, labels, centers = small_centers
@@ -676,7 +675,6 @@ def test_hinge_and_multitask_models_gate_new_centers_and_survive_save_and_load(f
 def test_a_model_file_with_a_bad_task_similarity_is_refused(further_baselines, tmp_path):
     import json
 
-    from gating_core.model import GatingModel
     from gating_core.model.file_checks import ModelFileError
     from gating_core.model.research import ResearchGatingModel
 
