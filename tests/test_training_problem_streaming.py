@@ -15,7 +15,7 @@ import gating_core.method.training_problem as tp
 from gating_core.cpus import blas_threads
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.features import MeanEmbedding
-from gating_core.method.solvers import stacked_rows
+from gating_core.method.lbfgs import stacked_rows
 from gating_core.method.training_problem import (RowFeatures, TrainingProblem, embed_cells, embed_patients,
                                                  shared_embeddings)
 from gating_core.model.digest import digest_patient
@@ -258,7 +258,7 @@ def test_infer_cell_groups_embeds_every_cell_of_each_patient_as_before(patients,
 
 
 def test_ridge_statistics_keep_float32_rows_and_give_the_float64_values_of_before():
-    from gating_core.method.solvers import PerRowMatrices, RidgeStatistics
+    from gating_core.method.ridge import PerRowMatrices, RidgeStatistics
 
     rng = np.random.default_rng(8)
     dim, k = 24, 3

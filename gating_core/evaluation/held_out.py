@@ -1,7 +1,7 @@
 """The held-out check by subtraction: one model per fold, without going back to the cells.
 
 Leaving patients out of a ridge problem removes their statistics from a sum
-(:class:`~gating_core.method.solvers.RidgeStatistics`). :func:`fold_models` digests every patient
+(:class:`~gating_core.method.ridge.RidgeStatistics`). :func:`fold_models` digests every patient
 once, computes the random features and statistics of every patient once per bandwidth pair,
 and fits each fold -- model selection included, over the fold's own training patients -- from
 sums of the others' statistics. Each fold searches on the patients training on its patients
@@ -46,7 +46,7 @@ from gating_core.model.estimator import METHODS
 from gating_core.model.research import build_model
 
 #: Where a fold's logistic (or hinge) fit stops when it starts from the fit on all patients (the product's
-#: fits stop at solvers.LBFGS_GTOL = 1e-6). That start differs from the fold's optimum by the
+#: fits stop at lbfgs.LBFGS_GTOL = 1e-6). That start differs from the fold's optimum by the
 #: held-out patients only; stopping at 1e-5 took the multicenter check's fold fits from 50-69
 #: iterations to 19-41 and left every held-out patient's accuracy within 1e-4 of the tighter
 #: tolerance's (bench/bench_check.py).

@@ -111,7 +111,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         tau of the multitask kernel k_P(P_i, P_j) = tau for two different training patients,
         1 for the same one (NIPS 2011 / JMLR 2021 section 7.1), instead of a kernel on the
         embeddings: each training patient (and augmented copy) is a task, squared loss
-        (:func:`~gating_core.method.solvers.multitask_ridge_solve`). A new patient has no task of its
+        (:func:`~gating_core.method.ridge.multitask_ridge_solve`). A new patient has no task of its
         own, so it is gated by the part shared across tasks. Needs ``use_embedding=False`` and
         the squared loss. None: no multitask kernel.
     kernel_x : {"gaussian", "linear"}, default="gaussian"
@@ -282,7 +282,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             Starting point of the logistic loss's iterations (ignored by the squared loss).
         gtol : float or None
             Where the logistic or hinge loss's L-BFGS stops (largest gradient entry); None:
-            :data:`gating_core.method.solvers.LBFGS_GTOL`, as :meth:`fit` does.
+            :data:`gating_core.method.lbfgs.LBFGS_GTOL`, as :meth:`fit` does.
         curvature : ndarray of shape (k, D + 1, D + 1) or None
             The logistic loss's curvature near the solution (:func:`gating_core.method.solvers.logistic_curvature`),
             with ``warm_start``: preconditions its iterations (the same stopping rule).

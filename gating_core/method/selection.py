@@ -6,7 +6,7 @@ data-driven starting points (the median distance between cells for sigma_X, betw
 embeddings for sigma_P), and the ridge penalty lambda on a log grid; the grid is extended when
 the best value sits on its edge, within the paper's range 1e-2..1e4 of the starting point. For
 every bandwidth pair, the whole lambda path costs one eigendecomposition per fold
-(:class:`~gating_core.method.solvers.RidgeStatistics`), which keeps the default search practical.
+(:class:`~gating_core.method.ridge.RidgeStatistics`), which keeps the default search practical.
 
 The search is coordinate-wise: sigma_X (with lambda), then sigma_P (with lambda), then, when
 asked (``embedding_factors``), the embedding bandwidth sigma' on a small grid around its median
@@ -33,7 +33,7 @@ import numpy as np
 
 from gating_core.cpus import one_blas_thread, run_side_by_side, score_threads
 from gating_core.method.classifier import MarginalTransferClassifier
-from gating_core.method.solvers import RidgeStatistics
+from gating_core.method.ridge import RidgeStatistics
 from gating_core.method.training_problem import TrainingProblem, check_training_set
 
 DEFAULT_X_FACTORS = (0.25, 0.5, 1.0, 2.0)

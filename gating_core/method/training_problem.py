@@ -21,7 +21,7 @@ from scipy.linalg import eigh
 from gating_core.cpus import allowed_workers, one_blas_thread, run_side_by_side, score_threads
 from gating_core.method.features import (ExactKernel, LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding,
                                          ProductRFF, content_subsample, median_pairwise_distance)
-from gating_core.method.solvers import RidgeStatistics
+from gating_core.method.ridge import RidgeStatistics
 
 MAX_SHIFT_SD, MAX_GAIN_SD = 0.5, 0.3
 
