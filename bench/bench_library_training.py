@@ -167,7 +167,7 @@ def _run_child(library_dir: Path, mode: str) -> dict:
 
 
 #: Functions whose cumulative time the cold run reports (cProfile, wall seconds inside the fit).
-HOTSPOTS = ("training_problem.embed_patients", "training_problem.embed_cells", "training_problem.cell_features", "ridge.add_patient", "ridge.eigen",
+HOTSPOTS = ("patient_embeddings.embed_patients", "patient_embeddings.embed_cells", "landmarks.cell_features", "ridge.add_patient", "ridge.eigen",
             "lbfgs.minimise_linear", "digest.infer_cell_groups", "selection.run")
 
 STAGE_NAMES = {"Transforming events": "transform+groups", "Model selection (cross-validation over patients)": "selection",

@@ -162,7 +162,7 @@ def test_runs_that_train_on_the_same_patients_share_one_decomposition(cohort, mo
 
 def test_a_problem_view_is_what_a_fresh_problem_builds(cohort):
     # The pooled companion's problem, taken from the marginal model's (augmented) problem.
-    from gating_core.method.selection import problem_view
+    from gating_core.method.training_problem import problem_view
 
     samples, labels, groups = cohort
     cells, embedding_cells, drawn = _standardised(samples, labels)

@@ -11,13 +11,13 @@ import contextlib
 import numpy as np
 import pytest
 
-import gating_core.method.training_problem as tp
+import gating_core.method.patient_embeddings as embeddings
 from gating_core.cpus import blas_threads
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.features import MeanEmbedding
 from gating_core.method.lbfgs import stacked_rows
-from gating_core.method.training_problem import (RowFeatures, TrainingProblem, embed_cells, embed_patients,
-                                                 shared_embeddings)
+from gating_core.method.patient_embeddings import embed_cells, embed_patients, shared_embeddings
+from gating_core.method.training_problem import RowFeatures, TrainingProblem
 from gating_core.model.digest import digest_patient
 from gating_core.model.research import ResearchGatingModel
 from gating_core.synthetic import simulate_patient
@@ -44,13 +44,13 @@ def patients():
 def counted_embeddings(monkeypatch):
     """How many patients ``embed_cells`` embeds (the training problem's only way to embed)."""
     calls = {"n": 0}
-    real = tp.embed_cells
+    real = embeddings.embed_cells
 
     def counting(*args, **kwargs):
         calls["n"] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tp, "embed_cells", counting)
+    monkeypatch.setattr(embeddings, "embed_cells", counting)
     return calls
 
 
@@ -182,7 +182,7 @@ def test_gating_model_is_the_same_with_shared_embeddings_and_threads_as_without(
     monkeypatch.setenv("GATING_SCORE_THREADS", "2")
     shared = _summary(_small_model().fit_digests(digests))
     monkeypatch.setenv("GATING_SCORE_THREADS", "1")
-    monkeypatch.setattr(tp, "shared_embeddings", contextlib.nullcontext)
+    monkeypatch.setattr(embeddings, "shared_embeddings", contextlib.nullcontext)
     alone = _summary(_small_model().fit_digests(digests))
     assert shared["params"] == alone["params"] and shared["kept"] == alone["kept"]
     assert shared["companion"] == alone["companion"] and shared["temperature"] == alone["temperature"]

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from modelfile_helpers import rewrite_model_file
 
+from gating_core.method.augmentation import augment_patients, shift_spread
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.selection import select_hyperparameters
 from gating_core.method.solvers import fit_weighted_logistic
-from gating_core.method.training_problem import augment_patients, shift_spread
 from gating_core.synthetic import ellipse_task
 
 

@@ -11,7 +11,7 @@ share what depends only on the patients trained on: an inner fold of the search 
 patient a that holds out b trains on what the search without b trains on when it holds out a,
 and is decomposed and scored once (:class:`~gating_core.method.selection.HyperparameterSearch`). The
 pooled companion's search and fits take views of the marginal model's problems (the same
-cells, drawn and embedded once: :func:`~gating_core.method.selection.problem_view`). Leaving one
+cells, drawn and embedded once: :func:`~gating_core.method.training_problem.problem_view`). Leaving one
 patient out of 8-10 then costs 2.5-3 trainings in CPU time (``bench/bench_check.py``), where
 full refits cost one per fold.
 
@@ -40,8 +40,7 @@ from gating_core.cpus import run_side_by_side, score_threads, with_blas_threads
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.losses import loss_for
 from gating_core.method.priors import training_prior
-from gating_core.method.selection import problem_view
-from gating_core.method.training_problem import TrainingProblem
+from gating_core.method.training_problem import TrainingProblem, problem_view
 from gating_core.model.estimator import METHODS
 from gating_core.model.research import build_model
 

@@ -2,7 +2,9 @@
 
 Nothing here knows of files, channels or transforms: a patient is an array of cells (and its
 labels). ``features`` (mean embeddings, random and linear product features), ``training_problem``
-(labeled patients made ready for a solver), ``ridge`` (ridge statistics: the squared loss in
+(labeled patients made ready for a solver) with ``patient_embeddings`` (each patient's
+embedding, shared within a training), ``landmarks`` (Nystroem / exact landmark features) and
+``augmentation`` (shifted copies of training patients), ``ridge`` (ridge statistics: the squared loss in
 closed form, and the multitask solve), ``solvers`` (logistic and hinge solves, temperature) on
 ``lbfgs`` (L-BFGS in row blocks), ``losses`` (one object per loss), ``classifier``
 (:class:`~gating_core.method.classifier.MarginalTransferClassifier`), ``selection``

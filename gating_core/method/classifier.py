@@ -33,11 +33,12 @@ except ImportError:  # scikit-learn < 1.6: the same check was a private method o
 
 from gating_core.cpus import one_blas_thread, score_threads
 from gating_core.method.features import KERNELS_X, LinearProductFeatures
+from gating_core.method.landmarks import LandmarkFeatures, cell_features
 from gating_core.method.losses import LOSSES as LOSS_TYPES
 from gating_core.method.losses import Loss, TrainingRows, loss_for
+from gating_core.method.patient_embeddings import embed_cells
 from gating_core.method.solvers import fit_temperature
-from gating_core.method.training_problem import (LandmarkFeatures, TrainingProblem, _seed, cell_features,
-                                                 check_training_set, embed_cells)
+from gating_core.method.training_problem import TrainingProblem, _seed, check_training_set
 
 SOLVERS = ("rff", "nystroem", "exact")
 LOSSES = tuple(LOSS_TYPES)  # the names, as the model file and the command line check them
@@ -131,7 +132,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         Standard deviations of the log-gain and of the offset of those shifts (standardised
         units: 0.15 moves a channel by 15% of its spread across all cells). "auto" measures
         them per channel from the training patients themselves: how much the groups' (centers')
-        channel medians and log inter-quartile ranges differ (:func:`shift_spread`). Centers
+        channel medians and log inter-quartile ranges differ (:func:`~gating_core.method.augmentation.shift_spread`). Centers
         that differ a lot teach large shifts; near-identical runs teach almost none.
     patient_weighting : {"uniform", "agnostic"}, default="uniform"
         "uniform" weighs every patient the same (the 1/n_i objective). "agnostic" minimises the

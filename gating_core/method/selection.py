@@ -26,7 +26,6 @@ real patients are scored.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,7 +33,7 @@ import numpy as np
 from gating_core.cpus import one_blas_thread, run_side_by_side, score_threads
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.ridge import RidgeStatistics
-from gating_core.method.training_problem import TrainingProblem, check_training_set
+from gating_core.method.training_problem import TrainingProblem, check_training_set, problem_view
 
 DEFAULT_X_FACTORS = (0.25, 0.5, 1.0, 2.0)
 DEFAULT_P_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -349,46 +348,6 @@ class _SharedFolds:
             scores = self.features[patient] @ coef + intercept
             self.accuracies[key] = np.mean(np.argmax(scores, axis=1) == self.problem.targets[patient])
         return self.accuracies[key]
-
-
-def problem_view(problem: TrainingProblem, estimator: MarginalTransferClassifier) -> TrainingProblem:
-    """``problem`` under ``estimator``'s settings without drawing or embedding again: what
-    ``TrainingProblem(estimator, ...)`` builds from the same patients, when ``estimator`` draws
-    and embeds them as ``problem``'s estimator did (same ``cells_per_patient``,
-    ``embedding_cells``, ``n_embedding_features``, ``bandwidth_embedding`` and
-    ``random_state``) and either augments them as it did or not at all.
-
-    Without augmentation (``n_augment=0``, the pooled companion) only the real patients' rows
-    are kept: the cells are drawn before any copy is made, so they are the same cells. The
-    solver, feature count, embedding switch and bandwidths are ``estimator``'s.
-    """
-    kernel_x = getattr(estimator, "kernel_x", "gaussian")
-    if kernel_x != getattr(problem, "kernel_x", "gaussian"):
-        raise ValueError("problem_view needs a problem embedded with the estimator's cell kernel")
-    if kernel_x == "linear":  # Psi is the mean cell: no bandwidth, no frequencies to compare
-        embedded_alike = True
-    else:
-        expected_embedding = float(estimator.bandwidth_embedding or problem.median_distance_x)
-        embedded_alike = (problem.embedder.bandwidth == expected_embedding
-                          and problem.embedder.n_features == int(estimator.n_embedding_features))
-    if (problem.random_state != estimator.random_state or not embedded_alike
-            or max(len(x) for x in problem.cells) > int(estimator.cells_per_patient)):
-        raise ValueError("problem_view needs a problem drawn and embedded as the estimator would draw and embed")
-    out = copy.copy(problem)
-    if int(estimator.n_augment) == 0 and problem.n_rows > problem.n_patients:
-        n = problem.n_patients
-        out.cells, out.embeddings, out.source = problem.cells[:n], problem.embeddings[:n], problem.source[:n]
-        if problem.labels is not None:
-            out.labels, out.targets = problem.labels[:n], problem.targets[:n]
-        out.parent_rows = np.arange(n)
-        out.augment_gain = out.augment_shift = None
-    elif problem.n_rows != problem.n_patients * (1 + int(estimator.n_augment)):
-        raise ValueError(f"problem_view: the problem holds {problem.n_rows} rows for {problem.n_patients} patients, "
-                         f"not {1 + int(estimator.n_augment)} per patient")
-    out.solver, out.n_features, out.use_embedding = estimator.solver, estimator.n_features, estimator.use_embedding
-    out.bandwidth_x = float(estimator.bandwidth_x or problem.median_distance_x)
-    out.bandwidth_p = float(estimator.bandwidth_p or problem.median_distance_p) if estimator.use_embedding else None
-    return out
 
 
 def _sort_key(key):
