@@ -285,7 +285,7 @@ def test_companion_survives_save_and_load_and_older_files_load_without_it(blende
 
 
 def test_the_even_blend_is_kept_unless_another_weight_clearly_wins_on_held_out_groups():
-    from gating_core.method.selection import POOLED_WEIGHT_MARGIN, choose_pooled_weight
+    from gating_core.method.companion_selection import POOLED_WEIGHT_MARGIN, choose_pooled_weight
 
     assert POOLED_WEIGHT_MARGIN == 0.002
     # Within the margin of the best: the weight nearest 0.5 (ties: the lower one).
@@ -313,7 +313,7 @@ def auto_weighted(small_centers):
 
 
 def test_auto_weight_is_chosen_over_held_out_centers_and_is_the_weight_used(auto_weighted, small_centers):
-    from gating_core.method.selection import DEFAULT_POOLED_WEIGHTS, choose_pooled_weight
+    from gating_core.method.companion_selection import DEFAULT_POOLED_WEIGHTS, choose_pooled_weight
 
     samples, _, _ = small_centers
     model = auto_weighted

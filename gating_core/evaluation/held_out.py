@@ -116,7 +116,7 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
         for selection, searched in zip(selections, searched_sets):
             selection["n_patients"] = len(searched)
     if base.alpha is None and loss_for(base.loss).searches_own_penalty:
-        from gating_core.method.selection import select_logistic_alpha
+        from gating_core.method.companion_selection import select_logistic_alpha
 
         for f, (p, kept) in enumerate(zip(fold_params, kept_sets)):
             report("Choosing the logistic penalty in every fold", 0.6 + 0.05 * f / len(kept_sets))

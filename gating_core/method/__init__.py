@@ -8,7 +8,8 @@ embedding, shared within a training), ``landmarks`` (Nystroem / exact landmark f
 closed form, and the multitask solve), ``solvers`` (logistic and hinge solves, temperature) on
 ``lbfgs`` (L-BFGS in row blocks), ``losses`` (one object per loss), ``classifier``
 (:class:`~gating_core.method.classifier.MarginalTransferClassifier`), ``selection``
-(cross-validation over groups), ``groups`` (centers, batches, replicate twins), ``alignment``
+(cross-validation over groups) with ``fold_fits`` (the fits its folds share) and
+``companion_selection`` (the pooled companion's penalty and weight), ``groups`` (centers, batches, replicate twins), ``alignment``
 (per-patient registration of each channel), ``priors`` (class-prior re-estimation),
 ``refinement`` and ``self_training`` (a patient's refit from corrections or from its own
 confident cells), ``dica`` (domain-invariant projection), ``adaptive_lda`` (populations as

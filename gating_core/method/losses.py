@@ -75,7 +75,7 @@ class Loss:
     searches_own_penalty : bool
         The penalty the ridge path selects does not carry over to it: when none is given, it is
         chosen by cross-validated refits with this loss
-        (:func:`~gating_core.method.selection.select_logistic_alpha`).
+        (:func:`~gating_core.method.companion_selection.select_logistic_alpha`).
     """
 
     name = ""
