@@ -231,7 +231,7 @@ def test_gating_model_is_the_model_the_code_fitted_before_the_change(digests):
     assert float(np.abs(embeddings[:6]).sum()) == pytest.approx(BEFORE["real_embeddings_abs_sum"], rel=1e-9)
     np.testing.assert_array_equal(embeddings[6:], embeddings[source[6:]])
     # The temperature is a bounded Brent search that stops within xatol = 1e-5 of the best
-    # log t (solvers.fit_temperature), so the recorded search and this one may end 2e-5 apart
+    # log t (calibration.fit_temperature), so the recorded search and this one may end 2e-5 apart
     # once another BLAS kernel's float32 rounding of the scores moves the search's path
     # (9.7e-7 seen on SkylakeX against the figure recorded on Haswell).
     assert got["temperature"] == pytest.approx(BEFORE["temperature"], rel=2e-5)

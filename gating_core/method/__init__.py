@@ -5,9 +5,10 @@ labels). ``features`` (mean embeddings, random and linear product features), ``t
 (labeled patients made ready for a solver) with ``patient_embeddings`` (each patient's
 embedding, shared within a training), ``landmarks`` (Nystroem / exact landmark features) and
 ``augmentation`` (shifted copies of training patients), ``ridge`` (ridge statistics: the squared loss in
-closed form, and the multitask solve), ``solvers`` (logistic and hinge solves, temperature) on
+closed form, and the multitask solve), ``solvers`` (logistic and hinge solves) on
 ``lbfgs`` (L-BFGS in row blocks), ``losses`` (one object per loss), ``classifier``
-(:class:`~gating_core.method.classifier.MarginalTransferClassifier`), ``selection``
+(:class:`~gating_core.method.classifier.MarginalTransferClassifier`) with ``prediction`` (its
+scoring half), ``calibration`` (the temperature) and ``sklearn_checks``, ``selection``
 (cross-validation over groups) with ``fold_fits`` (the fits its folds share) and
 ``companion_selection`` (the pooled companion's penalty and weight), ``groups`` (centers, batches, replicate twins), ``alignment``
 (per-patient registration of each channel), ``priors`` (class-prior re-estimation),

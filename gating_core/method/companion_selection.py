@@ -109,8 +109,9 @@ def select_pooled_weight(samples, labels, main: MarginalTransferClassifier, comp
     groups : sequence (n_patients,) or None
         Center / batch / run of each patient; None: every patient its own group.
     """
+    from gating_core.method.calibration import fit_temperature
     from gating_core.method.groups import group_folds
-    from gating_core.method.solvers import fit_temperature, fit_weighted_logistic
+    from gating_core.method.solvers import fit_weighted_logistic
 
     samples, labels = check_training_set(samples, labels)
     if objective not in ("mean", "worst"):

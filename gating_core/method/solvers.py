@@ -1,15 +1,15 @@
-"""The iterative solves of the marginal-transfer objective on random features, and the calibration.
+"""The iterative solves of the marginal-transfer objective on random features.
 
 - :func:`fit_weighted_logistic`: the multinomial logistic loss with patient weights (L-BFGS),
   and :func:`logistic_curvature`, its curvature near a solution (the held-out check's folds
   start from the fit on all patients, preconditioned by it);
 - :func:`fit_weighted_hinge`: the cost-sensitive linear SVM (one-vs-rest hinge) with patient
-  weights, the loss of the NIPS 2011 / JMLR 2021 experiments (L-BFGS on a Huber-smoothed hinge);
-- :func:`fit_temperature`: the softmax temperature that makes ridge scores probabilities.
+  weights, the loss of the NIPS 2011 / JMLR 2021 experiments (L-BFGS on a Huber-smoothed hinge).
 
 The squared loss's closed form (ridge statistics, the multitask solve) is in
 :mod:`gating_core.method.ridge`; the L-BFGS both solves here run on, in
-:mod:`gating_core.method.lbfgs`.
+:mod:`gating_core.method.lbfgs`; the calibration's temperature in
+:mod:`gating_core.method.calibration`.
 """
 
 from __future__ import annotations
@@ -148,24 +148,3 @@ def fit_weighted_hinge(features, targets, patient_weights, n_classes, alpha, war
         return value, f[rows].T @ residual, residual.sum(axis=0, dtype=np.float64)
 
     return minimise_linear(RowBlocks(block, f, cell_w, alpha, k), warm, max_iter, gtol)
-
-
-
-def fit_temperature(scores, targets) -> float:
-    """The t > 0 minimising the patient-weighted log-loss of softmax(t * scores).
-
-    ``scores``: list of (n_i, k) arrays, ``targets``: list of (n_i,) class indices.
-    """
-    from scipy.optimize import minimize_scalar
-
-    def loss(log_t):
-        total = 0.0
-        for s, y in zip(scores, targets):
-            z = np.exp(log_t) * s.astype(np.float64)
-            z -= z.max(axis=1, keepdims=True)
-            log_p = z[np.arange(len(y)), y] - np.log(np.exp(z).sum(axis=1))
-            total -= log_p.mean()
-        return total / len(scores)
-
-    result = minimize_scalar(loss, bounds=(np.log(0.1), np.log(1000.0)), method="bounded")
-    return float(np.exp(result.x))

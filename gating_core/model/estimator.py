@@ -18,10 +18,11 @@ from gating_core.cpus import with_blas_threads
 from gating_core.fcs.transforms import ChannelTransform
 from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.alignment import ALIGNMENTS
-from gating_core.method.classifier import LOSSES, PATIENT_WEIGHTINGS, SCORE_BLOCK, SOLVERS, MarginalTransferClassifier
+from gating_core.method.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS, MarginalTransferClassifier
 from gating_core.method.dica import DICA_MODES, MODEL_DICA_FEATURES
 from gating_core.method.features import KERNELS_X, content_hashes, content_subsample
 from gating_core.method.losses import loss_for
+from gating_core.method.prediction import SCORE_BLOCK
 from gating_core.method.priors import PRIOR_SHIFTS, reestimate_prior, training_prior
 from gating_core.method.self_training import PatientAdjustment, self_training_coef
 from gating_core.model.digest import digest_patient, infer_cell_groups
