@@ -10,8 +10,8 @@ closed form, and the multitask solve), ``solvers`` (logistic and hinge solves) o
 (:class:`~gating_core.method.classifier.MarginalTransferClassifier`) with ``prediction`` (its
 scoring half), ``calibration`` (the temperature) and ``sklearn_checks``, ``selection``
 (cross-validation over groups) with ``fold_fits`` (the fits its folds share) and
-``companion_selection`` (the pooled companion's penalty and weight), ``groups`` (centers, batches, replicate twins), ``alignment``
-(per-patient registration of each channel), ``priors`` (class-prior re-estimation),
+``companion_selection`` (the pooled companion's penalty and weight), ``groups`` (centers, batches, replicate twins), ``alignment`` and
+``landmark_alignment`` (per-patient registration of each channel), ``priors`` (class-prior re-estimation),
 ``refinement`` and ``self_training`` (a patient's refit from corrections or from its own
 confident cells), ``dica`` (domain-invariant projection), ``adaptive_lda`` (populations as
 Gaussians adapted to each patient) and ``iw_nystroem`` (importance-weighted Nystroem KRR for

@@ -29,10 +29,11 @@ import numpy as np
 from gating_core import __version__
 from gating_core.fcs.transforms import ChannelTransform
 from gating_core.method.adaptive_lda import AdaptiveLDA
-from gating_core.method.alignment import ALIGNMENTS, LEVELS, MAX_PEAKS, LandmarkReference
+from gating_core.method.alignment import ALIGNMENTS, LEVELS
 from gating_core.method.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS, MarginalTransferClassifier
 from gating_core.method.dica import DICA_MODES, MODEL_DICA_FEATURES, cell_projection_from_arrays
 from gating_core.method.features import KERNELS_X, LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding, ProductRFF
+from gating_core.method.landmark_alignment import MAX_PEAKS, LandmarkReference
 from gating_core.method.priors import PRIOR_SHIFTS
 from gating_core.model.file_checks import Fields, ModelFileError, archive_array, check_scalar, parse_json, read_archive
 
