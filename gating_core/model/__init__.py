@@ -8,7 +8,7 @@ standardisation), ``streaming`` (its gating of a file in chunks), ``digest`` (a 
 reduced to training rows), ``result`` (``GateResult``, ``Novelty``), ``file`` (the model file:
 ``.npz`` + JSON, written and read) and ``file_checks`` (reading it within memory bounds, field by
 field, without trusting it), and ``iw_model`` (``IWNystroemGatingModel``, refitted per gated
-patient, with its own file).
+patient) with its own file, ``iw_file``.
 
 ``from gating_core.model import GatingModel`` (and the module-level settings that were importable
 from ``gating_core.model`` when it was one module: ``METHODS``, ``DEFAULT_POOLED_WEIGHT``, ...)
