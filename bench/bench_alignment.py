@@ -59,8 +59,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from gating_core.io.inputs import load_labeled_input  # noqa: E402
-from gating_core.method.alignment import (LandmarkReference, LandmarkRegistration, QuantileRegistration,  # noqa: E402
-                                          SkipRule, channel_quantiles)
+from gating_core.method.alignment import QuantileRegistration, channel_quantiles  # noqa: E402
+from gating_core.method.landmark_alignment import LandmarkReference, LandmarkRegistration, SkipRule  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
 from gating_core.model.research import ResearchGatingModel  # noqa: E402
 

@@ -23,8 +23,9 @@ import pandas as pd
 
 from gating_core import GatingModel, load_labeled_input, read_fcs
 from gating_core.gates import panel_scale
-from gating_core.gates.autogates import (MULTICENTER_HIERARCHY, SAMPLE_DATA_HIERARCHY, UNASSIGNED, agreement,
-                                         fit_gate_tree, gate_populations, tree_from_labels)
+from gating_core.gates.agreement import agreement
+from gating_core.gates.autogates import (MULTICENTER_HIERARCHY, SAMPLE_DATA_HIERARCHY, UNASSIGNED, fit_gate_tree,
+                                         gate_populations, tree_from_labels)
 
 REPO = Path(__file__).resolve().parent.parent
 MULTICENTER = REPO.parent / "shared" / "data" / "multicenter"

@@ -97,7 +97,8 @@ class AppendedLinear:
 
 
 def fit_marginal_extra(name, model, cells, labels, embedding_cells):
-    from gating_core.method.training_problem import TrainingProblem, cell_features
+    from gating_core.method.landmarks import cell_features
+    from gating_core.method.training_problem import TrainingProblem
 
     base = model.classifier_
     clf = MarginalTransferClassifier(**base.get_params())
@@ -156,8 +157,9 @@ def fit_extra(name, model, cells, labels, embedding_cells):
             p = lda.predict_proba(x)
             return np.stack([p[:, j] if j >= 0 else np.zeros(len(x)) for j in order], axis=1)
         return lda_proba
+    from gating_core.method.landmarks import cell_features
     from gating_core.method.solvers import fit_weighted_logistic
-    from gating_core.method.training_problem import TrainingProblem, cell_features
+    from gating_core.method.training_problem import TrainingProblem
 
     companion = model.pooled_classifier_
     if companion is None:

@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gating_core.gates import AxisScale  # noqa: E402
-from gating_core.reports import plotting  # noqa: E402
+from gating_core.reports import plotting, population_view  # noqa: E402
 from gating_core.synthetic.patients import simulate_patient  # noqa: E402
 from ui import charts  # noqa: E402
 
@@ -73,17 +73,17 @@ def figures(n_dots: int) -> dict:
     names = list(colours)
     codes = np.searchsorted(names, np.asarray(labels).astype(str))
     x_bins, y_bins = plotting.bin_indices(x, x_range, 200), plotting.bin_indices(y, y_range, 200)
-    grid = plotting.population_grid_from_bins(x_bins, y_bins, codes, len(names), x_range, y_range, 200)
+    grid = population_view.population_grid_from_bins(x_bins, y_bins, codes, len(names), x_range, y_range, 200)
     binned = charts.scatter_panels([{"title": "render", "grid": grid, "populations": names}], scale, scale, x_range,
                                    y_range, "FSC-A", "SSC-A", mode="population bins", colors=colours, height=560)
     out["population bins, PNG image (Explore now)"] = binned
-    rgba = plotting.population_image(grid[0], [colours[n] for n in names])
+    rgba = population_view.population_image(grid[0], [colours[n] for n in names])
     as_array = go.Figure(binned)
     as_array.data[0].update(source=None, z=rgba, colormodel="rgba")
     out["population bins, RGBA array image"] = as_array
     out["population bins, discrete-colour heatmap"] = _discrete_heatmap(binned, grid, names, colours)
     with_hover = go.Figure(binned)
-    winner, winner_count, total = plotting.majority_population(grid[0])
+    winner, winner_count, total = population_view.majority_population(grid[0])
     text = np.array([[f"{names[w]}: {c:,} of {t:,}" if t else "" for w, c, t in zip(*row)]
                      for row in zip(winner, winner_count, total)], dtype=object)
     with_hover.data[0].update(hovertext=text, hoverinfo="text")
@@ -100,7 +100,7 @@ def _discrete_heatmap(binned, grid, names, colours, levels: int = 8):
     import plotly.graph_objects as go
 
     counts, xc, yc = grid
-    winner, _, total = plotting.majority_population(counts)
+    winner, _, total = population_view.majority_population(counts)
     top = max(int(total.max()), 10)
     filled = total > 0
     level = np.zeros(total.shape, dtype=np.int64)
@@ -109,9 +109,9 @@ def _discrete_heatmap(binned, grid, names, colours, levels: int = 8):
     steps = []
     n = len(names) * levels
     for p, name in enumerate(names):
-        rgb = np.array(plotting._rgb(colours[name]), dtype=float)
+        rgb = np.array(population_view._rgb(colours[name]), dtype=float)
         for lv in range(levels):
-            shade = plotting.MIN_SHADE + (1 - plotting.MIN_SHADE) * (lv + 0.5) / levels
+            shade = population_view.MIN_SHADE + (1 - population_view.MIN_SHADE) * (lv + 0.5) / levels
             r, g, b = np.rint(255 + (rgb - 255) * shade).astype(int)
             k = p * levels + lv
             steps += [[k / n, f"rgb({r},{g},{b})"], [(k + 1) / n, f"rgb({r},{g},{b})"]]

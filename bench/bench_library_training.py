@@ -167,8 +167,8 @@ def _run_child(library_dir: Path, mode: str) -> dict:
 
 
 #: Functions whose cumulative time the cold run reports (cProfile, wall seconds inside the fit).
-HOTSPOTS = ("training_problem.embed_patients", "training_problem.embed_cells", "training_problem.cell_features", "solvers.add_patient", "solvers.eigen",
-            "solvers._minimise_linear", "digest.infer_cell_groups", "selection.run")
+HOTSPOTS = ("patient_embeddings.embed_patients", "patient_embeddings.embed_cells", "landmarks.cell_features", "ridge.add_patient", "ridge.eigen",
+            "lbfgs.minimise_linear", "digest.infer_cell_groups", "selection.run")
 
 STAGE_NAMES = {"Transforming events": "transform+groups", "Model selection (cross-validation over patients)": "selection",
                "Fitting the final model": "final fit", "Fitting the pooled companion": "companion", "Done": "novelty"}

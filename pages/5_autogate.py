@@ -4,7 +4,7 @@ import numpy as np
 import streamlit as st
 
 from gating_core.gates import AxisScale, Gate, GateError, safe_stem
-from gating_core.gates.autogates import flat_statistics
+from gating_core.gates.agreement import flat_statistics
 from gating_core.reports.plotting import population_colors
 from ui import autogate_view, cache, charts, exports
 from ui.app_state import (acceptance_acknowledgement, missing_model_channels, shape_from_selection,

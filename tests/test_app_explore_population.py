@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image
 
 from gating_core.gates import AxisScale
-from gating_core.reports import plotting
+from gating_core.reports import plotting, population_view
 from apptest_helpers import goto, start, store_of
 
 
@@ -39,7 +39,7 @@ def _expected_picture(records, x_ch, y_ch, names, colors):
         grids.append(np.stack([plotting.density_grid(x[pops == n], y[pops == n], x_range, y_range, 200)[0]
                                for n in names]))
     top = max(int(g.sum(axis=0).max()) for g in grids)
-    return plotting.population_image(grids[0], [colors[n] for n in names], top=top), grids[0], x_range, y_range
+    return population_view.population_image(grids[0], [colors[n] for n in names], top=top), grids[0], x_range, y_range
 
 
 def test_population_view_is_one_image_per_patient_of_every_event(library):

@@ -10,9 +10,11 @@ from scipy.spatial import ConvexHull
 from gating_core.fcs import read_fcs
 from gating_core.gates import (AxisScale, GateError, GateTree, boolean_gate, panel_scale, polygon_gate,
                                rectangle_gate)
-from gating_core.gates.autogates import (ALL_EVENTS, MULTICENTER_HIERARCHY, SAMPLE_DATA_HIERARCHY, _trace_outline,
-                                         agreement, counted_cells, fit_gate_tree, fit_polygon, flat_statistics,
-                                         gate_populations, relabel_after_edit, tree_from_labels, unassigned_name)
+from gating_core.gates.agreement import agreement, flat_statistics
+from gating_core.gates.autogates import (ALL_EVENTS, MULTICENTER_HIERARCHY, SAMPLE_DATA_HIERARCHY, counted_cells,
+                                         fit_gate_tree, gate_populations, relabel_after_edit, tree_from_labels,
+                                         unassigned_name)
+from gating_core.gates.polygon_fit import _trace_outline, fit_polygon
 from gating_core.io.inputs import load_labeled_input
 from ui.app_state import autogate_templates
 from helpers import sample_cohort

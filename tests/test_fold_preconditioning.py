@@ -1,5 +1,5 @@
 """The held-out check's logistic folds, preconditioned by the curvature of the fit on all
-patients minus their held-out patients' (solvers.logistic_curvature, solvers._Preconditioned).
+patients minus their held-out patients' (solvers.logistic_curvature, lbfgs._Preconditioned).
 
 The preconditioner changes the path L-BFGS takes, never the problem nor the stopping rule: a
 fold reaches the same optimum, to the same tolerance, in fewer evaluations.
@@ -16,7 +16,7 @@ import pytest
 
 from gating_core import cpus
 from gating_core.evaluation.held_out import FOLD_GTOL
-from gating_core.method import solvers
+from gating_core.method import lbfgs, solvers
 
 
 def _patients(seed=0, patients=5, cells=1500, dim=8, k=3):
@@ -39,24 +39,24 @@ def _softmax(z):
 def _float64_rows(features):
     """``solvers.stacked_rows`` keeping the features float64: the objective's own code (the
     same blocks, the same centring) then evaluates in float64, free of float32 BLAS rounding;
-    only W and b are still rounded to float32 by ``_RowBlocks`` (2^-24 relative)."""
+    only W and b are still rounded to float32 by ``lbfgs.RowBlocks`` (2^-24 relative)."""
     return np.vstack([np.asarray(x, dtype=np.float64) for x in features])
 
 
 def _objective(features, targets, weights, k, alpha):
-    """The fit's own _RowBlocks objective, captured from fit_weighted_logistic."""
+    """The fit's own RowBlocks objective, captured from fit_weighted_logistic."""
     seen = {}
 
     def capture(objective, warm, max_iter, gtol, curvature=None):
         seen["objective"] = objective
         return np.zeros((objective.dim, k)), np.zeros(k)
 
-    original = solvers._minimise_linear
-    solvers._minimise_linear = capture
+    original = solvers.minimise_linear
+    solvers.minimise_linear = capture
     try:
         solvers.fit_weighted_logistic(features, targets, weights, k, alpha)
     finally:
-        solvers._minimise_linear = original
+        solvers.minimise_linear = original
     return seen["objective"]
 
 
@@ -97,7 +97,7 @@ def test_the_curvature_is_the_class_blocks_of_the_losss_hessian(monkeypatch):
     monkeypatch.setattr(solvers, "stacked_rows", _float64_rows)
     objective = _objective(features, targets, weights, 3, alpha)
     theta = objective.centred(coef, intercept)
-    pre = solvers._Preconditioned.build(objective, theta, objective, curvature, 1e-6)
+    pre = lbfgs._Preconditioned.build(objective, theta, objective, curvature, 1e-6)
     step = 1e-3
     for c in range(3):
         coordinates = [d * 3 + c for d in range(4)] + [4 * 3 + c]
@@ -114,17 +114,17 @@ def test_the_curvature_is_the_class_blocks_of_the_losss_hessian(monkeypatch):
 def _fold_fit(features, targets, warm, curvature, gtol, monkeypatch):
     """A fold fit on ``features`` from ``warm``; returns (W, b, objective evaluations)."""
     evaluations = []
-    call = solvers._RowBlocks.__call__
+    call = lbfgs.RowBlocks.__call__
 
     def counted(self, theta, pool=None):
         evaluations.append(1)
         return call(self, theta, pool)
 
-    monkeypatch.setattr(solvers._RowBlocks, "__call__", counted)
+    monkeypatch.setattr(lbfgs.RowBlocks, "__call__", counted)
     n = len(features)
     coef, intercept = solvers.fit_weighted_logistic(features, targets, np.full(n, 1.0 / n), 3, 1e-4, warm=warm,
                                                     gtol=gtol, curvature=curvature)
-    monkeypatch.setattr(solvers._RowBlocks, "__call__", call)
+    monkeypatch.setattr(lbfgs.RowBlocks, "__call__", call)
     return coef, intercept, len(evaluations)
 
 

@@ -136,7 +136,7 @@ def test_runs_that_train_on_the_same_patients_share_one_decomposition(cohort, mo
     # Leaving patient a out and holding out b in an inner fold trains on what leaving b out and
     # holding out a does: one eigendecomposition per distinct training set and key, and every
     # run's result is what it gives when run alone.
-    from gating_core.method.solvers import RidgeStatistics
+    from gating_core.method.ridge import RidgeStatistics
 
     samples, labels, groups = cohort
     cells, embedding_cells, drawn = _standardised(samples, labels)
@@ -162,7 +162,7 @@ def test_runs_that_train_on_the_same_patients_share_one_decomposition(cohort, mo
 
 def test_a_problem_view_is_what_a_fresh_problem_builds(cohort):
     # The pooled companion's problem, taken from the marginal model's (augmented) problem.
-    from gating_core.method.selection import problem_view
+    from gating_core.method.training_problem import problem_view
 
     samples, labels, groups = cohort
     cells, embedding_cells, drawn = _standardised(samples, labels)
@@ -223,13 +223,13 @@ def test_logistic_folds_started_from_everyone_stop_at_the_fold_tolerance_and_pre
     params = {**MarginalTransferClassifier().get_params(), "cells_per_patient": 1000, "n_features": 128,
               "bandwidth_x": 2.0, "bandwidth_p": None, "alpha": 1e-5, "n_augment": 0, "loss": "logistic"}
     kept_sets = [[1, 2, 3, 4, 5], [0, 1, 2, 3, 4]]
-    calls, minimise = [], solvers._minimise_linear
+    calls, minimise = [], solvers.minimise_linear
 
     def spy(objective, warm, max_iter, gtol=None, curvature=None):
         calls.append((warm is not None, gtol, curvature is not None))
         return minimise(objective, warm, max_iter, gtol, curvature)
 
-    monkeypatch.setattr(solvers, "_minimise_linear", spy)
+    monkeypatch.setattr(solvers, "minimise_linear", spy)
     loose = _SharedProblems(cells, drawn, embedding_cells, groups).fit_folds([params, params], kept_sets)
     # everyone (only the folds' starting point: fitted to their tolerance), then the folds,
     # preconditioned by its curvature minus their held-out patient's
@@ -256,13 +256,13 @@ def test_a_bandwidth_one_fold_chose_starts_from_the_nearest_fit_on_everyone(coho
     alone = {**params, "bandwidth_x": 2.5}
     far = {**params, "bandwidth_x": 8.0, "n_features": 64}  # another feature count: never a start
     kept_sets = [[1, 2, 3, 4, 5], [0, 2, 3, 4, 5], [0, 1, 3, 4, 5], [0, 1, 2, 4, 5]]
-    calls, minimise = [], solvers._minimise_linear
+    calls, minimise = [], solvers.minimise_linear
 
     def spy(objective, warm, max_iter, gtol=None, curvature=None):
         calls.append((objective.dim, None if warm is None else np.asarray(warm[0]).copy(), curvature is not None))
         return minimise(objective, warm, max_iter, gtol, curvature)
 
-    monkeypatch.setattr(solvers, "_minimise_linear", spy)
+    monkeypatch.setattr(solvers, "minimise_linear", spy)
     problems = _SharedProblems(cells, drawn, embedding_cells, groups)
     fitted = problems.fit_folds([alone, params, far, params], kept_sets)
     # The bandwidth two folds chose first: its fit on everyone (cold), then those two folds from it;

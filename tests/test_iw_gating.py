@@ -13,7 +13,8 @@ import pytest
 from gating_core.fcs import read_fcs
 from gating_core.model import GatingModel
 from gating_core.model.file_checks import ModelFileError
-from gating_core.model.iw_model import IW_FORMAT, IWNystroemGatingModel, load_any_model, model_file_format
+from gating_core.model.iw_file import IW_FORMAT, model_file_format
+from gating_core.model.iw_model import IWNystroemGatingModel, load_any_model
 from helpers import run_cli, sample_cohort, sample_paths
 
 # Label agreement with the truth, measured with the default settings (2,000 cells per patient,
@@ -177,9 +178,9 @@ def test_streamed_csv_and_whole_file_outputs_agree(small_model, sample_data_dir,
 def test_evaluate_refits_iw_nystroem_on_each_fold_beside_the_baselines(monkeypatch):
     """``evaluate --method iw-nystroem``: each fold trains an IWNystroemGatingModel on the other
     patients (never by subtraction) and gates the held-out one, refitted on its own cells."""
+    import gating_core.evaluation.held_out as held_out
     from gating_core.commands import evaluate
     from gating_core.evaluation import leave_one_patient_out
-    import gating_core.evaluation.held_out as held_out
     from gating_core.synthetic import simulate_cohort
 
     assert "iw-nystroem" in evaluate.EVALUATION_METHODS

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gating_core.method.alignment import (MAX_PEAKS, LandmarkReference, LandmarkRegistration, SkipRule, channel_peaks)
+from gating_core.method.landmark_alignment import (MAX_PEAKS, LandmarkReference, LandmarkRegistration, SkipRule,
+                                                   channel_peaks)
 from helpers import sample_cohort
 
 

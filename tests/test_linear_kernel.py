@@ -16,8 +16,8 @@ from gating_core.io.inputs import load_labeled_input
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.features import (KERNELS_X, ExactLinearProductKernel, LinearMeanEmbedding,
                                          LinearProductFeatures, ProductRFF)
+from gating_core.method.landmarks import cell_features
 from gating_core.method.selection import DEFAULT_EMBEDDING_FACTORS, select_hyperparameters
-from gating_core.method.training_problem import cell_features
 from gating_core.model import GatingModel
 from gating_core.model.file_checks import ModelFileError
 from helpers import run_cli, sample_cohort, sample_paths

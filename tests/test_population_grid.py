@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gating_core.reports import plotting
+from gating_core.reports import plotting, population_view
 
 
 def _bins(x, y, x_range, y_range, bins):
@@ -31,19 +31,19 @@ def test_hand_made_grid_winners_ties_and_empty_bins():
     names = ["A", "B", "C"]
     codes = np.array([names.index(e[2]) for e in events])
     x_bins, y_bins = _bins(x, y, (0, 3), (0, 3), 3)
-    counts, xc, yc = plotting.population_grid_from_bins(x_bins, y_bins, codes, 3, (0, 3), (0, 3), bins=3)
+    counts, xc, yc = population_view.population_grid_from_bins(x_bins, y_bins, codes, 3, (0, 3), (0, 3), bins=3)
     assert counts.shape == (3, 3, 3) and counts.dtype == np.int64
     np.testing.assert_array_equal(xc, [0.5, 1.5, 2.5])
     np.testing.assert_array_equal(yc, [0.5, 1.5, 2.5])
     np.testing.assert_array_equal(counts[0], [[2, 1, 0], [0, 0, 0], [0, 0, 0]])  # A
     np.testing.assert_array_equal(counts[1], [[1, 1, 0], [0, 0, 3], [0, 0, 0]])  # B
     np.testing.assert_array_equal(counts[2], [[0, 0, 0], [0, 0, 2], [0, 0, 1]])  # C
-    winner, winner_count, total = plotting.majority_population(counts)
+    winner, winner_count, total = population_view.majority_population(counts)
     np.testing.assert_array_equal(winner, [[0, 0, -1], [-1, -1, 1], [-1, -1, 2]])
     np.testing.assert_array_equal(winner_count, [[2, 1, 0], [0, 0, 3], [0, 0, 1]])
     np.testing.assert_array_equal(total, [[3, 2, 0], [0, 0, 5], [0, 0, 1]])
     # the tie goes to whichever population is listed first: listed B first, B wins it
-    swapped = plotting.majority_population(counts[[1, 0, 2]])[0]
+    swapped = population_view.majority_population(counts[[1, 0, 2]])[0]
     assert swapped[0, 1] == 0 and swapped[0, 0] == 1  # B (now 0) wins the tie, A (now 1) still wins (0, 0)
 
 
@@ -52,10 +52,10 @@ def test_population_image_colours_shades_and_leaves_empty_bins_clear():
     counts[0, 0, 0] = 1000  # A, the fullest bin: its full colour
     counts[1, 0, 1] = 1     # B, one event: MIN_SHADE of its colour over white
     counts[0, 1, 2], counts[1, 1, 2] = 5, 5  # tie: A; 10 events, a third of the way up log10(1000)
-    rgba = plotting.population_image(counts, ["#0072B2", "#D55E00"])
+    rgba = population_view.population_image(counts, ["#0072B2", "#D55E00"])
     assert rgba.shape == (2, 3, 4) and rgba.dtype == np.uint8
     np.testing.assert_array_equal(rgba[0, 0], [0x00, 0x72, 0xB2, 255])
-    shade = plotting.MIN_SHADE
+    shade = population_view.MIN_SHADE
     np.testing.assert_array_equal(rgba[0, 1], [247, 223, 204, 255])  # 255 + (#D55E00 - 255) * 0.2, rounded
     assert shade == 0.2
     third = shade + (1 - shade) / 3
@@ -63,10 +63,10 @@ def test_population_image_colours_shades_and_leaves_empty_bins_clear():
     for empty in (rgba[0, 2], rgba[1, 0], rgba[1, 1]):
         assert empty[3] == 0
     # a shared top (another panel's fullest bin) pales this panel's bins
-    shared = plotting.population_image(counts, ["#0072B2", "#D55E00"], top=10 ** 6)
+    shared = population_view.population_image(counts, ["#0072B2", "#D55E00"], top=10 ** 6)
     assert shared[0, 0, 0] > rgba[0, 0, 0] and shared[0, 0, 3] == 255
     with pytest.raises(ValueError, match="1 colours for 2 populations"):
-        plotting.population_image(counts, ["#0072B2"])
+        population_view.population_image(counts, ["#0072B2"])
 
 
 @pytest.mark.parametrize("bins", [200, 17])
@@ -80,7 +80,7 @@ def test_counts_per_population_equal_histogram2d(bins):
     x_range, y_range = plotting.display_range(x), plotting.display_range(y)
     x[100:100 + bins + 1] = np.linspace(*x_range, bins + 1)  # every bin edge, the last one included
     x_bins, y_bins = _bins(x, y, x_range, y_range, bins)
-    counts, xc, yc = plotting.population_grid_from_bins(x_bins, y_bins, codes, 5, x_range, y_range, bins=bins)
+    counts, xc, yc = population_view.population_grid_from_bins(x_bins, y_bins, codes, 5, x_range, y_range, bins=bins)
     for p in range(5):
         want, want_xc, want_yc = plotting.density_grid(x[codes == p], y[codes == p], x_range, y_range, bins)
         np.testing.assert_array_equal(counts[p], want)
@@ -93,9 +93,9 @@ def test_counts_per_population_equal_histogram2d(bins):
 def test_grid_rejects_codes_that_do_not_fit():
     bins = np.zeros(4, dtype=np.int16)
     with pytest.raises(ValueError, match=r"must lie in \[0, 2\)"):
-        plotting.population_grid_from_bins(bins, bins, np.array([0, 1, 2, 0]), 2, (0, 1), (0, 1), bins=3)
+        population_view.population_grid_from_bins(bins, bins, np.array([0, 1, 2, 0]), 2, (0, 1), (0, 1), bins=3)
     with pytest.raises(ValueError, match="one entry per event"):
-        plotting.population_grid_from_bins(bins, bins, np.array([0, 1]), 2, (0, 1), (0, 1), bins=3)
+        population_view.population_grid_from_bins(bins, bins, np.array([0, 1]), 2, (0, 1), (0, 1), bins=3)
 
 
 def test_cached_grid_follows_the_populations_when_they_change():

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gating_core.method.classifier import SCORE_BLOCK, MarginalTransferClassifier, _softmax
+from gating_core.method.classifier import MarginalTransferClassifier
+from gating_core.method.prediction import SCORE_BLOCK, _softmax
 
 
 def _reference_softmax(scores):

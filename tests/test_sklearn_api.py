@@ -13,8 +13,9 @@ from sklearn.model_selection import GroupKFold, LeaveOneGroupOut, cross_val_scor
 from sklearn.utils.validation import check_is_fitted
 
 from gating_core.fcs.transforms import ChannelTransform
-from gating_core.method.classifier import EXPECTED_FAILED_CHECKS, MarginalTransferClassifier, expected_failed_checks
+from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.selection import select_hyperparameters
+from gating_core.method.sklearn_checks import EXPECTED_FAILED_CHECKS, expected_failed_checks
 from gating_core.model import GatingModel
 from helpers import sample_cohort
 

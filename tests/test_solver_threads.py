@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from gating_core import cpus
-from gating_core.method import solvers
+from gating_core.method import lbfgs, solvers
 from helpers import sample_cohort
 
 
@@ -33,7 +33,7 @@ def test_one_and_two_threads_fit_the_same_bits(solve):
     if cpus.current_blas_threads() is None:
         pytest.skip("no BLAS loaded")
     features, targets, weights = _problem()
-    assert sum(len(f) for f in features) > 2 * solvers.SOLVER_BLOCK_ROWS
+    assert sum(len(f) for f in features) > 2 * lbfgs.SOLVER_BLOCK_ROWS
     fits = {}
     for threads in (1, 2):
         with cpus.blas_threads(threads):
@@ -68,14 +68,14 @@ def test_the_blocked_objective_is_the_whole_objective():
         seen["centre"] = objective.centre
         return np.zeros((objective.dim, objective.k)), np.zeros(objective.k)
 
-    original = solvers._minimise_linear
-    solvers._minimise_linear = capture
+    original = solvers.minimise_linear
+    solvers.minimise_linear = capture
     try:
         solvers.fit_weighted_logistic(features, targets, weights, 3, alpha)
     finally:
-        solvers._minimise_linear = original
-    blocks = solvers._RowBlocks(None, np.vstack(features), cell_w.astype(np.float32), alpha, 3)
-    assert len(blocks.slices) == -(-18000 // solvers.SOLVER_BLOCK_ROWS) > 1
+        solvers.minimise_linear = original
+    blocks = lbfgs.RowBlocks(None, np.vstack(features), cell_w.astype(np.float32), alpha, 3)
+    assert len(blocks.slices) == -(-18000 // lbfgs.SOLVER_BLOCK_ROWS) > 1
     np.testing.assert_allclose(seen["centre"], cell_w @ f / cell_w.sum(), rtol=1e-5)
     # The value is the model's; the gradient is taken in the centred coordinates (W, c), b = c - m W.
     assert seen["value"] == pytest.approx(value, rel=1e-5)

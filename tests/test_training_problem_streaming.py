@@ -11,13 +11,13 @@ import contextlib
 import numpy as np
 import pytest
 
-import gating_core.method.training_problem as tp
+import gating_core.method.patient_embeddings as embeddings
 from gating_core.cpus import blas_threads
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.features import MeanEmbedding
-from gating_core.method.solvers import stacked_rows
-from gating_core.method.training_problem import (RowFeatures, TrainingProblem, embed_cells, embed_patients,
-                                                 shared_embeddings)
+from gating_core.method.lbfgs import stacked_rows
+from gating_core.method.patient_embeddings import embed_cells, embed_patients, shared_embeddings
+from gating_core.method.training_problem import RowFeatures, TrainingProblem
 from gating_core.model.digest import digest_patient
 from gating_core.model.research import ResearchGatingModel
 from gating_core.synthetic import simulate_patient
@@ -44,13 +44,13 @@ def patients():
 def counted_embeddings(monkeypatch):
     """How many patients ``embed_cells`` embeds (the training problem's only way to embed)."""
     calls = {"n": 0}
-    real = tp.embed_cells
+    real = embeddings.embed_cells
 
     def counting(*args, **kwargs):
         calls["n"] += 1
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(tp, "embed_cells", counting)
+    monkeypatch.setattr(embeddings, "embed_cells", counting)
     return calls
 
 
@@ -182,7 +182,7 @@ def test_gating_model_is_the_same_with_shared_embeddings_and_threads_as_without(
     monkeypatch.setenv("GATING_SCORE_THREADS", "2")
     shared = _summary(_small_model().fit_digests(digests))
     monkeypatch.setenv("GATING_SCORE_THREADS", "1")
-    monkeypatch.setattr(tp, "shared_embeddings", contextlib.nullcontext)
+    monkeypatch.setattr(embeddings, "shared_embeddings", contextlib.nullcontext)
     alone = _summary(_small_model().fit_digests(digests))
     assert shared["params"] == alone["params"] and shared["kept"] == alone["kept"]
     assert shared["companion"] == alone["companion"] and shared["temperature"] == alone["temperature"]
@@ -231,7 +231,7 @@ def test_gating_model_is_the_model_the_code_fitted_before_the_change(digests):
     assert float(np.abs(embeddings[:6]).sum()) == pytest.approx(BEFORE["real_embeddings_abs_sum"], rel=1e-9)
     np.testing.assert_array_equal(embeddings[6:], embeddings[source[6:]])
     # The temperature is a bounded Brent search that stops within xatol = 1e-5 of the best
-    # log t (solvers.fit_temperature), so the recorded search and this one may end 2e-5 apart
+    # log t (calibration.fit_temperature), so the recorded search and this one may end 2e-5 apart
     # once another BLAS kernel's float32 rounding of the scores moves the search's path
     # (9.7e-7 seen on SkylakeX against the figure recorded on Haswell).
     assert got["temperature"] == pytest.approx(BEFORE["temperature"], rel=2e-5)
@@ -258,7 +258,7 @@ def test_infer_cell_groups_embeds_every_cell_of_each_patient_as_before(patients,
 
 
 def test_ridge_statistics_keep_float32_rows_and_give_the_float64_values_of_before():
-    from gating_core.method.solvers import PerRowMatrices, RidgeStatistics
+    from gating_core.method.ridge import PerRowMatrices, RidgeStatistics
 
     rng = np.random.default_rng(8)
     dim, k = 24, 3

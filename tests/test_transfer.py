@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from modelfile_helpers import rewrite_model_file
 
+from gating_core.method.augmentation import augment_patients, shift_spread
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.selection import select_hyperparameters
 from gating_core.method.solvers import fit_weighted_logistic
-from gating_core.method.training_problem import augment_patients, shift_spread
 from gating_core.synthetic import ellipse_task
 
 
@@ -285,7 +285,7 @@ def test_companion_survives_save_and_load_and_older_files_load_without_it(blende
 
 
 def test_the_even_blend_is_kept_unless_another_weight_clearly_wins_on_held_out_groups():
-    from gating_core.method.selection import POOLED_WEIGHT_MARGIN, choose_pooled_weight
+    from gating_core.method.companion_selection import POOLED_WEIGHT_MARGIN, choose_pooled_weight
 
     assert POOLED_WEIGHT_MARGIN == 0.002
     # Within the margin of the best: the weight nearest 0.5 (ties: the lower one).
@@ -313,7 +313,7 @@ def auto_weighted(small_centers):
 
 
 def test_auto_weight_is_chosen_over_held_out_centers_and_is_the_weight_used(auto_weighted, small_centers):
-    from gating_core.method.selection import DEFAULT_POOLED_WEIGHTS, choose_pooled_weight
+    from gating_core.method.companion_selection import DEFAULT_POOLED_WEIGHTS, choose_pooled_weight
 
     samples, _, _ = small_centers
     model = auto_weighted
@@ -544,7 +544,7 @@ def test_hinge_loss_classifier_gates_and_is_calibrated_on_held_out_patients():
 
 
 def _tiny_statistics(rng, n_tasks=3, dim=4, k=2):
-    from gating_core.method.solvers import RidgeStatistics
+    from gating_core.method.ridge import RidgeStatistics
 
     stats = RidgeStatistics(dim, k)
     features, targets = [], []
@@ -583,7 +583,7 @@ def test_a_penalty_below_the_grams_rounding_takes_the_eigendecomposition():
     """Duplicate float32 feature columns make the centred Gram singular up to rounding; at a
     penalty far below that rounding the Cholesky route would fail or differ, so the fit is the
     eigendecomposition's (negative rounding eigenvalues clipped at zero), to the bit."""
-    from gating_core.method.solvers import RidgeStatistics
+    from gating_core.method.ridge import RidgeStatistics
 
     rng = np.random.default_rng(9)
     stats = RidgeStatistics(6, 2)
@@ -598,7 +598,7 @@ def test_a_penalty_below_the_grams_rounding_takes_the_eigendecomposition():
 
 
 def test_multitask_solve_equals_ridge_on_the_explicit_multitask_features():
-    from gating_core.method.solvers import multitask_ridge_solve
+    from gating_core.method.ridge import multitask_ridge_solve
 
     rng = np.random.default_rng(3)
     stats, features, targets = _tiny_statistics(rng)
@@ -623,7 +623,7 @@ def test_multitask_solve_equals_ridge_on_the_explicit_multitask_features():
 
 
 def test_multitask_with_tau_one_is_one_ridge_on_all_tasks_and_tau_is_checked():
-    from gating_core.method.solvers import multitask_ridge_solve
+    from gating_core.method.ridge import multitask_ridge_solve
 
     rng = np.random.default_rng(4)
     stats, features, targets = _tiny_statistics(rng)
@@ -696,8 +696,8 @@ def test_a_model_file_with_a_bad_task_similarity_is_refused(further_baselines, t
 # -- model selection: intercept in the held-out scores, lambda's edge, sigma' ---------------------
 
 def test_held_out_scores_are_those_of_the_fitted_model_intercept_included():
+    from gating_core.method.ridge import RidgeStatistics
     from gating_core.method.selection import HyperparameterSearch
-    from gating_core.method.solvers import RidgeStatistics
 
     xs, ys = _blobs(6, n=300, seed=3)
     # three cells in four of one class: the intercept carries that prior

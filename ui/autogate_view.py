@@ -8,7 +8,8 @@ import pandas as pd
 import streamlit as st
 
 from gating_core.gates import Band, GateError, GateTree, Region, Split
-from gating_core.gates.autogates import agreement, counted_cells, fit_gate_tree
+from gating_core.gates.agreement import agreement
+from gating_core.gates.autogates import counted_cells, fit_gate_tree
 from ui import cache, charts
 from ui.app_state import autogate_templates, shape_from_selection
 from ui.common import channel_label, plot_range

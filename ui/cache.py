@@ -11,7 +11,7 @@ import numpy as np
 import streamlit as st
 
 from gating_core.gates import AxisScale
-from gating_core.reports import plotting
+from gating_core.reports import plotting, population_view
 
 MAX_DOTS = 20_000
 
@@ -112,12 +112,13 @@ def population_grid(token: str, populations_token: str, names: tuple, x_channel:
                     x_scale: dict, y_scale: dict, x_range: tuple, y_range: tuple, bins: int, _sample,
                     _populations):
     """Events of each population of ``names`` per bin of the density grid (the population view):
-    :func:`gating_core.reports.plotting.population_grid_from_bins` from the density's cached bin indices.
+    :func:`gating_core.reports.population_view.population_grid_from_bins` from the density's cached
+    bin indices.
     Keyed by the events (``token``) and by the populations' version (``populations_token``):
     editing gates or correcting an auto-gate gives a new version, so no stale colours are drawn."""
     x_bins = bin_indices(token, x_channel, x_scale, tuple(x_range), bins, _sample)
     y_bins = bin_indices(token, y_channel, y_scale, tuple(y_range), bins, _sample)
     codes = population_codes(populations_token, tuple(names), _populations)
-    counts, x_centers, y_centers = plotting.population_grid_from_bins(x_bins, y_bins, codes, len(names), x_range,
-                                                                      y_range, bins=bins)
+    counts, x_centers, y_centers = population_view.population_grid_from_bins(x_bins, y_bins, codes, len(names),
+                                                                             x_range, y_range, bins=bins)
     return counts.astype(np.int32), x_centers, y_centers  # int32: half the cache, a million fits

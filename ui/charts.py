@@ -7,7 +7,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from gating_core.gates import AxisScale, Band, Region, Split
-from gating_core.reports import plotting
+from gating_core.reports import plotting, population_view
 
 DENSITY_COLORS = "Turbo"  # the familiar blue-to-red pseudocolor of flow software
 
@@ -129,12 +129,12 @@ def _png_data_uri(rgba: np.ndarray) -> str:
 
 
 def _population_image(panel, colors, top):
-    """One panel of the population view: :func:`gating_core.reports.plotting.population_image` drawn as
-    an image spanning the density view's bins (so both views share axes). An image, not 20,000
-    WebGL dots: the browser draws it without WebGL (bench/bench_browser_render.py)."""
+    """One panel of the population view: :func:`gating_core.reports.population_view.population_image`
+    drawn as an image spanning the density view's bins (so both views share axes). An image, not
+    20,000 WebGL dots: the browser draws it without WebGL (bench/bench_browser_render.py)."""
     counts, xc, yc = panel["grid"]
     names = list(panel["populations"])
-    rgba = plotting.population_image(counts, [colors[name] for name in names], top=top)
+    rgba = population_view.population_image(counts, [colors[name] for name in names], top=top)
     dx = float(xc[1] - xc[0]) if len(xc) > 1 else 1.0
     dy = float(yc[1] - yc[0]) if len(yc) > 1 else 1.0
     # No hover text: a text per filled bin (~20,000 at a million events) costs the server ~0.1 s

@@ -1,7 +1,7 @@
 """The held-out check by subtraction: one model per fold, without going back to the cells.
 
 Leaving patients out of a ridge problem removes their statistics from a sum
-(:class:`~gating_core.method.solvers.RidgeStatistics`). :func:`fold_models` digests every patient
+(:class:`~gating_core.method.ridge.RidgeStatistics`). :func:`fold_models` digests every patient
 once, computes the random features and statistics of every patient once per bandwidth pair,
 and fits each fold -- model selection included, over the fold's own training patients -- from
 sums of the others' statistics. Each fold searches on the patients training on its patients
@@ -11,7 +11,7 @@ share what depends only on the patients trained on: an inner fold of the search 
 patient a that holds out b trains on what the search without b trains on when it holds out a,
 and is decomposed and scored once (:class:`~gating_core.method.selection.HyperparameterSearch`). The
 pooled companion's search and fits take views of the marginal model's problems (the same
-cells, drawn and embedded once: :func:`~gating_core.method.selection.problem_view`). Leaving one
+cells, drawn and embedded once: :func:`~gating_core.method.training_problem.problem_view`). Leaving one
 patient out of 8-10 then costs 2.5-3 trainings in CPU time (``bench/bench_check.py``), where
 full refits cost one per fold.
 
@@ -40,13 +40,12 @@ from gating_core.cpus import run_side_by_side, score_threads, with_blas_threads
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.losses import loss_for
 from gating_core.method.priors import training_prior
-from gating_core.method.selection import problem_view
-from gating_core.method.training_problem import TrainingProblem
+from gating_core.method.training_problem import TrainingProblem, problem_view
 from gating_core.model.estimator import METHODS
 from gating_core.model.research import build_model
 
 #: Where a fold's logistic (or hinge) fit stops when it starts from the fit on all patients (the product's
-#: fits stop at solvers.LBFGS_GTOL = 1e-6). That start differs from the fold's optimum by the
+#: fits stop at lbfgs.LBFGS_GTOL = 1e-6). That start differs from the fold's optimum by the
 #: held-out patients only; stopping at 1e-5 took the multicenter check's fold fits from 50-69
 #: iterations to 19-41 and left every held-out patient's accuracy within 1e-4 of the tighter
 #: tolerance's (bench/bench_check.py).
@@ -117,7 +116,7 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
         for selection, searched in zip(selections, searched_sets):
             selection["n_patients"] = len(searched)
     if base.alpha is None and loss_for(base.loss).searches_own_penalty:
-        from gating_core.method.selection import select_logistic_alpha
+        from gating_core.method.companion_selection import select_logistic_alpha
 
         for f, (p, kept) in enumerate(zip(fold_params, kept_sets)):
             report("Choosing the logistic penalty in every fold", 0.6 + 0.05 * f / len(kept_sets))

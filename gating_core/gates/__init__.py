@@ -28,8 +28,9 @@ import), ``names`` (safe stems), ``errors``. Every name is importable from ``gat
 Beside them, imported from their own modules (not re-exported here, so importing the gates stays
 free of FlowKit's writers): ``export`` (a tree as GatingML 2.0 / FlowJo workspace),
 ``autogates`` (an auto-gated patient's gates fitted in the training hierarchy, the cells an
-adjusted gate relabels, the cells each gate counts) and ``backgating`` (a population's cells on
-its ancestors' plots).
+adjusted gate relabels, the cells each gate counts) with ``polygon_fit`` (one gate's polygon
+fitted to its predicted cells) and ``agreement`` (how well the fitted gates hold those cells),
+and ``backgating`` (a population's cells on its ancestors' plots).
 """
 
 from gating_core.gates.drawing import Band, Region, Split

@@ -16,28 +16,11 @@ predicted, or a gate below it names no population the model knows (a "T cells" l
 cells" when the model predicts CD4 and CD8 T cells): a parent fitted to the other populations
 alone would cut those cells away, so it stays as drawn.
 
-How a polygon is fitted (:func:`fit_polygon`), in the display coordinates the gate is defined in:
+Each polygon is fitted by :func:`~gating_core.gates.polygon_fit.fit_polygon` (smoothed 2-D
+histograms of the predicted cells and the others on the parent's plot; the region where the
+predicted cells are denser, its outline simplified to vertices a reviewer can drag).
 
-1. the parent's events are binned on a ``bins`` x ``bins`` grid spanning them (0.05-99.95
-   percentiles; the rare events beyond are counted in the edge bins), once for the cells
-   predicted in the gate and once for the others, and both histograms are smoothed by a
-   Gaussian of ``smoothing`` bins (a kernel density estimate on a grid);
-2. the gate's region is where the predicted cells are denser than the others -- the 2-D
-   decision that agrees best, cell by cell, with the predictions -- and at least ``core``
-   times the predicted cells' peak density (so sparse strays far from the population never
-   widen it);
-3. only the connected piece of that region holding the most predicted cells is kept, holes
-   filled (a gate is one polygon; an outlier island is dropped, not bridged as a convex hull
-   would bridge it, and a concave population stays concave);
-4. its outline is traced along the pixel edges and simplified (Douglas-Peucker) to at most
-   ``max_vertices`` vertices a reviewer can drag; vertices on the grid's border move out to
-   the data's extreme values, so cells piled on an axis end stay inside.
-
-Only numpy and scipy (``scipy.ndimage``) are used: no matplotlib, no shapely.
-
-:func:`agreement` measures how well the fitted gates hold the predicted cells (F1 per gate of
-the gate's membership against the cells predicted in it), :func:`flat_statistics` presents a
-result whose training labels were flat (every population a child of all events).
+How well the fitted gates hold the predicted cells is :func:`~gating_core.gates.agreement.agreement`.
 
 After review the per-cell populations stay the one source of counts: :func:`relabel_after_edit`
 relabels only the cells whose gate membership an adjusted gate changed, and
@@ -49,9 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
-from scipy import ndimage
 
 from gating_core.gates import OTHER, Gate, GateError, GateTree, gate_membership, polygon_gate, rectangle_gate
+from gating_core.gates.polygon_fit import fit_polygon
 
 ALL_EVENTS = "(all events)"
 #: Populations that name no gate (cells no leaf gate claimed). For a gate with children they do
@@ -82,161 +65,6 @@ def template_matches(tree: GateTree, populations) -> list[str]:
     """Names of the template's leaf gates that are populations of ``populations`` (a model's)."""
     known = {str(p) for p in populations}
     return [g.name for g in tree.leaves() if g.name in known]
-
-
-# --------------------------------------------------------------------------------------------
-# Fitting one polygon
-
-
-def _trace_outline(region: np.ndarray) -> np.ndarray:
-    """The outer boundary (k, 2) of a binary pixel region, as lattice corners (i, j) in pixel
-    units, counter-clockwise. At a corner two pixels share only diagonally the walk turns right
-    first, so the whole region stays inside one loop."""
-    padded = np.pad(region, 1)
-    inside = padded[1:-1, 1:-1]
-    edges: dict[tuple, list[tuple]] = {}
-
-    def add(a, b):
-        edges.setdefault(a, []).append(b)
-
-    ii, jj = np.nonzero(inside)
-    for i, j in zip(ii.tolist(), jj.tolist()):
-        pi, pj = i + 1, j + 1  # indices into padded
-        if not padded[pi, pj - 1]:
-            add((i, j), (i + 1, j))
-        if not padded[pi + 1, pj]:
-            add((i + 1, j), (i + 1, j + 1))
-        if not padded[pi, pj + 1]:
-            add((i + 1, j + 1), (i, j + 1))
-        if not padded[pi - 1, pj]:
-            add((i, j + 1), (i, j))
-    start = min(edges)  # the lowest-leftmost corner is on the outer boundary
-    loop = [start]
-    current, heading = start, None
-    used: set[tuple] = set()
-    for _ in range(4 * len(ii) + 8):
-        options = [b for b in edges[current] if (current, b) not in used]
-        if not options:
-            break
-        if heading is not None and len(options) > 1:
-            def turn(b, h=heading, c=current):
-                d = (b[0] - c[0], b[1] - c[1])
-                cross = h[0] * d[1] - h[1] * d[0]  # > 0 a left turn, < 0 a right turn
-                return 0 if cross < 0 else (1 if cross == 0 else 2)
-            options.sort(key=turn)
-        nxt = options[0]
-        used.add((current, nxt))
-        heading = (nxt[0] - current[0], nxt[1] - current[1])
-        current = nxt
-        if current == start:
-            break
-        loop.append(current)
-    return np.asarray(loop, dtype=np.float64)
-
-
-def _douglas_peucker(points: np.ndarray, tolerance: float) -> np.ndarray:
-    """Open polyline simplification: keep the points farther than ``tolerance`` from the chord."""
-    if len(points) < 3:
-        return points
-    keep = np.zeros(len(points), dtype=bool)
-    keep[[0, -1]] = True
-    stack = [(0, len(points) - 1)]
-    while stack:
-        a, b = stack.pop()
-        if b - a < 2:
-            continue
-        chord = points[b] - points[a]
-        seg = points[a + 1:b] - points[a]
-        norm = float(np.hypot(*chord))
-        if norm == 0:
-            dist = np.hypot(seg[:, 0], seg[:, 1])
-        else:
-            dist = np.abs(chord[0] * seg[:, 1] - chord[1] * seg[:, 0]) / norm
-        k = int(np.argmax(dist))
-        if dist[k] > tolerance:
-            keep[a + 1 + k] = True
-            stack += [(a, a + 1 + k), (a + 1 + k, b)]
-    return points[keep]
-
-
-def _simplify_loop(loop: np.ndarray, tolerance: float, max_vertices: int) -> np.ndarray:
-    """A closed loop simplified to at most ``max_vertices`` corners (tolerance grows as needed)."""
-    far = int(np.argmax(np.hypot(*(loop - loop[0]).T)))
-    while True:
-        first = _douglas_peucker(loop[:far + 1], tolerance)
-        second = _douglas_peucker(np.vstack([loop[far:], loop[:1]]), tolerance)
-        simplified = np.vstack([first[:-1], second[:-1]])
-        if len(simplified) <= max_vertices or tolerance > 1e3:
-            return simplified
-        tolerance *= 1.5
-
-
-@dataclass
-class PolygonFit:
-    """What :func:`fit_polygon` found: ``vertices`` (k, 2) in display coordinates, or None when
-    the predicted cells are too few to fit; ``grid`` the plot's bins ((x_edges, y_edges))."""
-
-    vertices: np.ndarray | None
-    n_predicted: int
-    grid: tuple = field(default=(), repr=False)
-
-
-def fit_polygon(points: np.ndarray, predicted: np.ndarray, *, bins: int = 96, smoothing: float = 1.2,
-                core: float = 0.01, max_vertices: int = 30, min_events: int = 10) -> PolygonFit:
-    """Fit one polygon to the predicted cells among a parent's events on one plot.
-
-    Parameters
-    ----------
-    points : ndarray (n_parent_events, 2)
-        The parent's events in the gate's display coordinates (NaN rows are ignored).
-    predicted : ndarray of bool (n_parent_events,)
-        Which of them the model put in this gate's populations.
-    bins, smoothing, core, max_vertices, min_events : see the module docstring.
-
-    Returns
-    -------
-    PolygonFit
-    """
-    points = np.asarray(points, dtype=np.float64)
-    predicted = np.asarray(predicted, dtype=bool)
-    finite = np.all(np.isfinite(points), axis=1)
-    points, predicted = points[finite], predicted[finite]
-    n_pred = int(predicted.sum())
-    if n_pred < min_events:
-        return PolygonFit(None, n_pred)
-    lo = np.percentile(points, 0.05, axis=0)
-    hi = np.percentile(points, 99.95, axis=0)
-    span = np.where(hi > lo, hi - lo, 1.0)
-    lo, hi = lo - 0.02 * span, hi + 0.02 * span
-    clipped = np.clip(points, lo, hi)
-    x_edges = np.linspace(lo[0], hi[0], bins + 1)
-    y_edges = np.linspace(lo[1], hi[1], bins + 1)
-    pos, _, _ = np.histogram2d(clipped[predicted, 0], clipped[predicted, 1], bins=(x_edges, y_edges))
-    neg, _, _ = np.histogram2d(clipped[~predicted, 0], clipped[~predicted, 1], bins=(x_edges, y_edges))
-    pos = ndimage.gaussian_filter(pos, smoothing, mode="constant")
-    neg = ndimage.gaussian_filter(neg, smoothing, mode="constant")
-    region = (pos > neg) & (pos >= core * pos.max())
-    components, n_components = ndimage.label(region)
-    if n_components == 0:
-        return PolygonFit(None, n_pred, (x_edges, y_edges))
-    # the piece holding the most predicted cells (raw counts, not smoothed)
-    raw_pos, _, _ = np.histogram2d(clipped[predicted, 0], clipped[predicted, 1], bins=(x_edges, y_edges))
-    mass = ndimage.sum(raw_pos + 1e-9 * pos, components, index=np.arange(1, n_components + 1))
-    region = ndimage.binary_fill_holes(components == 1 + int(np.argmax(mass)))
-    loop = _trace_outline(region)
-    corners = _simplify_loop(loop, 0.75, max_vertices)
-    if len(corners) < 3:
-        return PolygonFit(None, n_pred, (x_edges, y_edges))
-    # lattice corner (i, j) -> display coordinates; the grid's border -> beyond every event
-    x = np.interp(corners[:, 0], np.arange(bins + 1), x_edges)
-    y = np.interp(corners[:, 1], np.arange(bins + 1), y_edges)
-    data_lo, data_hi = points.min(axis=0), points.max(axis=0)
-    pad = 0.01 * span
-    x = np.where(corners[:, 0] <= 0, min(data_lo[0], lo[0]) - pad[0], x)
-    x = np.where(corners[:, 0] >= bins, max(data_hi[0], hi[0]) + pad[0], x)
-    y = np.where(corners[:, 1] <= 0, min(data_lo[1], lo[1]) - pad[1], y)
-    y = np.where(corners[:, 1] >= bins, max(data_hi[1], hi[1]) + pad[1], y)
-    return PolygonFit(np.column_stack([x, y]), n_pred, (x_edges, y_edges))
 
 
 # --------------------------------------------------------------------------------------------
@@ -538,71 +366,6 @@ def counted_cells(tree: GateTree, populations, memberships, known=()) -> dict[st
                 out[parent] = out[parent] | out[gate.name]
                 parent = tree[parent].parent
     return {g.name: out[g.name] for g in tree.gates}
-
-
-# --------------------------------------------------------------------------------------------
-# Agreement and statistics
-
-
-def agreement(tree: GateTree, sample, populations, memberships=None, unassigned=UNASSIGNED, counted=None):
-    """How well the gates hold the cells predicted in them: DataFrame, one row per gate in
-    depth-first order, with gate, parent, populations, count, % of parent, % of total, in gate
-    (events inside the gate), predicted (cells predicted in the gate's populations), both
-    (those also in the gate), precision, recall, F1 (NaN for a gate with no population). For a
-    gate with children, cells predicted in an ``unassigned`` population are left out of
-    predicted / both / precision / recall / F1, as they are left out of its fit.
-
-    counted : dict gate name -> bool mask, optional
-        The cells each gate counts (:func:`counted_cells`); count and the percentages come from
-        them. Default: from the gates (count = in gate).
-    """
-    import pandas as pd
-
-    populations = np.asarray(populations).astype(str)
-    masks = memberships if memberships is not None else tree.memberships(sample)
-    counts = counted if counted is not None else masks
-    wanted = gate_populations(tree, np.unique(populations))
-    total = sample.n_events
-    rows = []
-    for gate in tree.depth_first():
-        inside = masks[gate.name]
-        count = int(np.count_nonzero(counts[gate.name]))
-        parent_count = total if gate.parent is None else int(np.count_nonzero(counts[gate.parent]))
-        pops = sorted(wanted[gate.name])
-        row = {"gate": gate.name, "parent": gate.parent or ALL_EVENTS, "populations": ", ".join(pops),
-               "count": count, "% of parent": 100.0 * count / parent_count if parent_count else 0.0,
-               "% of total": 100.0 * count / total if total else 0.0, "in gate": int(inside.sum())}
-        if pops:
-            target = np.isin(populations, pops)
-            if tree.children(gate.name):
-                kept = ~np.isin(populations, list(unassigned))
-                inside, target = inside & kept, target & kept
-            both = int((inside & target).sum())
-            n_t, n_g = int(target.sum()), int(inside.sum())
-            precision = both / n_g if n_g else float("nan")
-            recall = both / n_t if n_t else float("nan")
-            f1 = 2 * both / (n_t + n_g) if (n_t + n_g) else float("nan")
-            row.update(predicted=n_t, both=both, precision=precision, recall=recall, F1=f1)
-        else:
-            row.update(predicted=0, both=0, precision=float("nan"), recall=float("nan"), F1=float("nan"))
-        rows.append(row)
-    return pd.DataFrame(rows, columns=["gate", "parent", "populations", "count", "% of parent", "% of total",
-                                       "in gate", "predicted", "both", "precision", "recall", "F1"])
-
-
-def flat_statistics(populations):
-    """A flat result presented as a one-level tree: DataFrame (population, parent = "(all
-    events)", count, % of parent, % of total), one row per population, largest first. With no
-    gate tree, % of parent is % of total: there is no intermediate gate to be a parent."""
-    import pandas as pd
-
-    populations = np.asarray(populations).astype(str)
-    names, counts = np.unique(populations, return_counts=True)
-    order = sorted(range(len(names)), key=lambda i: (names[i] == OTHER, -counts[i], names[i]))
-    total = max(int(populations.size), 1)
-    rows = [{"population": str(names[i]), "parent": ALL_EVENTS, "count": int(counts[i]),
-             "% of parent": 100.0 * counts[i] / total, "% of total": 100.0 * counts[i] / total} for i in order]
-    return pd.DataFrame(rows, columns=["population", "parent", "count", "% of parent", "% of total"])
 
 
 # --------------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ cross-validation is a subtraction and a whole path of lambda values costs one ei
 That is what makes model selection over patients affordable by default. Probabilities come from
 a softmax of the ridge scores whose temperature is fitted on out-of-patient predictions (the same
 idea as a calibrated linear SVM): a cell's confidence reflects how often scores like its own were
-right on patients the model had not seen, and the calibration never changes the predicted label.
+right on patients the model had not seen, and the calibration never changes the predicted label
+(:mod:`gating_core.method.calibration`). Scoring cells is in :mod:`gating_core.method.prediction`.
 """
 
 from __future__ import annotations
@@ -23,60 +24,21 @@ from __future__ import annotations
 import numpy as np
 from sklearn.base import BaseEstimator, ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_is_fitted
 
-try:
-    from sklearn.utils.validation import validate_data
-except ImportError:  # scikit-learn < 1.6: the same check was a private method of the estimator
-    def validate_data(estimator, X, y="no_validation", **kwargs):
-        return estimator._validate_data(X, y, **kwargs)
-
-from gating_core.cpus import one_blas_thread, score_threads
-from gating_core.method.features import KERNELS_X, LinearProductFeatures
+from gating_core.method.calibration import out_of_group_temperature
+from gating_core.method.features import KERNELS_X
+from gating_core.method.landmarks import LandmarkFeatures
 from gating_core.method.losses import LOSSES as LOSS_TYPES
 from gating_core.method.losses import Loss, TrainingRows, loss_for
-from gating_core.method.solvers import fit_temperature
-from gating_core.method.training_problem import (LandmarkFeatures, TrainingProblem, _seed, cell_features,
-                                                 check_training_set, embed_cells)
+from gating_core.method.prediction import ClassifierPrediction, patient_rows, validate_data
+from gating_core.method.training_problem import TrainingProblem, check_training_set
 
 SOLVERS = ("rff", "nystroem", "exact")
 LOSSES = tuple(LOSS_TYPES)  # the names, as the model file and the command line check them
 PATIENT_WEIGHTINGS = ("uniform", "agnostic")
-SCORE_BLOCK = 2048
 
 
-#: scikit-learn estimator checks that cannot apply to a marginal-transfer classifier, with why.
-#: :func:`expected_failed_checks` gives those that apply to one estimator.
-EXPECTED_FAILED_CHECKS = {
-    "check_methods_subset_invariance": (
-        "predictions depend on the patient's whole cell distribution (its kernel mean embedding): "
-        "without groups, the cells passed together are one patient, so a subset of them is another "
-        "patient with another embedding. Per patient (groups=...), results do not depend on batching "
-        "beyond float32 rounding (see FLOAT32_SUBSET_REASON)."),
-}
-
-#: Why the same check may fail without the embedding (pooling): scores are float32 products
-#: through BLAS, and OpenBLAS picks its kernel, hence its rounding, by the number of rows, so a
-#: cell scored alone and among others differ by about 1e-6 on scores of order 10 (float64 or
-#: BLAS-free products would make it exact at 1.5-4x the cost of gating). scikit-learn's float32
-#: tolerance (rtol 1e-4, atol 1e-7) fails a score that lands near zero. tests/test_sklearn_api.py
-#: checks batch invariance to float32 precision instead.
-FLOAT32_SUBSET_REASON = (
-    "scores are float32 BLAS products whose rounding depends on the number of rows passed (about 1e-6 "
-    "on scores of order 10): a score near zero fails scikit-learn's float32 tolerance. Batch invariance "
-    "to float32 precision is tested in tests/test_sklearn_api.py.")
-
-
-def expected_failed_checks(estimator) -> dict:
-    """The :data:`EXPECTED_FAILED_CHECKS` that apply to ``estimator``; without the embedding
-    (``use_embedding=False``, pooling) the subset check for float32 rounding only
-    (:data:`FLOAT32_SUBSET_REASON`): whether it fails depends on where the scores fall."""
-    if getattr(estimator, "use_embedding", False):
-        return dict(EXPECTED_FAILED_CHECKS)
-    return {"check_methods_subset_invariance": FLOAT32_SUBSET_REASON}
-
-
-class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
+class MarginalTransferClassifier(ClassifierPrediction, ClassifierMixin, BaseEstimator):
     """Classifier f(P, x) over cells x of a patient whose cell distribution is P.
 
     Parameters
@@ -111,7 +73,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         tau of the multitask kernel k_P(P_i, P_j) = tau for two different training patients,
         1 for the same one (NIPS 2011 / JMLR 2021 section 7.1), instead of a kernel on the
         embeddings: each training patient (and augmented copy) is a task, squared loss
-        (:func:`~gating_core.method.solvers.multitask_ridge_solve`). A new patient has no task of its
+        (:func:`~gating_core.method.ridge.multitask_ridge_solve`). A new patient has no task of its
         own, so it is gated by the part shared across tasks. Needs ``use_embedding=False`` and
         the squared loss. None: no multitask kernel.
     kernel_x : {"gaussian", "linear"}, default="gaussian"
@@ -131,8 +93,9 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         Standard deviations of the log-gain and of the offset of those shifts (standardised
         units: 0.15 moves a channel by 15% of its spread across all cells). "auto" measures
         them per channel from the training patients themselves: how much the groups' (centers')
-        channel medians and log inter-quartile ranges differ (:func:`shift_spread`). Centers
-        that differ a lot teach large shifts; near-identical runs teach almost none.
+        channel medians and log inter-quartile ranges differ
+        (:func:`~gating_core.method.augmentation.shift_spread`). Centers that differ a lot teach
+        large shifts; near-identical runs teach almost none.
     patient_weighting : {"uniform", "agnostic"}, default="uniform"
         "uniform" weighs every patient the same (the 1/n_i objective). "agnostic" minimises the
         loss of the worst mixture of training patients: the patient weights are updated by
@@ -156,9 +119,12 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
     hold out whole centers, and augmented copies stay with their source.
 
     ``sklearn.utils.estimator_checks.check_estimator`` passes, except the checks listed with
-    their reasons in :data:`EXPECTED_FAILED_CHECKS` (the predictions' dependence on the batch
-    of cells is the method, not a defect): ``check_estimator(clf,
-    expected_failed_checks=expected_failed_checks(clf))``.
+    their reasons in :data:`~gating_core.method.sklearn_checks.EXPECTED_FAILED_CHECKS` (the
+    predictions' dependence on the batch of cells is the method, not a defect):
+    ``check_estimator(clf, expected_failed_checks=expected_failed_checks(clf))``.
+
+    Prediction (``predict``, ``predict_proba``, ``decision_function``, ``ridge_scores``,
+    ``embed``) is the mixin :class:`~gating_core.method.prediction.ClassifierPrediction`.
 
     Attributes
     ----------
@@ -282,7 +248,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             Starting point of the logistic loss's iterations (ignored by the squared loss).
         gtol : float or None
             Where the logistic or hinge loss's L-BFGS stops (largest gradient entry); None:
-            :data:`gating_core.method.solvers.LBFGS_GTOL`, as :meth:`fit` does.
+            :data:`gating_core.method.lbfgs.LBFGS_GTOL`, as :meth:`fit` does.
         curvature : ndarray of shape (k, D + 1, D + 1) or None
             The logistic loss's curvature near the solution (:func:`gating_core.method.solvers.logistic_curvature`),
             with ``warm_start``: preconditions its iterations (the same stopping rule).
@@ -302,7 +268,8 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
         if self.patient_weighting == "agnostic":
             coef, intercept, weights = self._fit_agnostic(problem, loss, data, coef, intercept)
         coef, intercept = coef.astype(np.float32), intercept.astype(np.float32)
-        temperature = self._fit_calibration(problem, loss, data, weights, groups, start=(coef, intercept))
+        temperature = out_of_group_temperature(problem, loss, data, weights, groups, start=(coef, intercept),
+                                               calibrate=self.calibrate, random_state=self.random_state)
         self._set_fitted(problem, feature_map, coef, intercept, weights, temperature)
         return self
 
@@ -410,250 +377,7 @@ class MarginalTransferClassifier(ClassifierMixin, BaseEstimator):
             coef, intercept = loss.fit(data, range(len(data.features)), weights, warm=(coef, intercept))
         return coef, intercept, q[source] / np.bincount(source)[source]
 
-    def _fit_calibration(self, problem, loss, data, weights, groups=None, start=None) -> float:
-        """Softmax temperature fitted on out-of-group scores.
-
-        One scalar keeps the decision (the argmax) unchanged and turns scores into
-        probabilities that are honest on patients the model has not seen. A loss that gives
-        probabilities already (the logistic loss) has temperature 1.
-        """
-        from gating_core.method.groups import group_folds
-
-        n_patients = problem.n_patients
-        if loss.gives_probabilities:
-            return 1.0
-        if not self.calibrate or n_patients < 2:
-            return 10.0  # no patient to hold out: a fixed, moderate sharpness
-        labels = list(range(n_patients)) if groups is None else list(groups)
-        folds = group_folds(labels, 5, 1, random_state=_seed(self.random_state, 4))
-        source = problem.source
-        scores, held_targets = [], []
-        for held in folds:
-            held = set(held)
-            rows = [r for r in range(len(data.features)) if int(source[r]) not in held]
-            coef, intercept = loss.fit_calibration_fold(data, rows, weights, start)
-            with one_blas_thread():  # a small product's bits depend on BLAS's thread count
-                for i in sorted(held):
-                    scores.append(data.features[i] @ coef.astype(np.float32) + intercept.astype(np.float32))
-                    held_targets.append(problem.targets[i])
-        return fit_temperature(scores, held_targets)
-
-    # -- features and prediction ------------------------------------------------------------
-
-    def embed(self, x) -> np.ndarray:
-        """Psi of one patient's cells ``x`` (n, d): ndarray of shape (2L,)."""
-        check_is_fitted(self)
-        return embed_cells(self.embedder_, x, self.embedding_cells)
-
-    def _features(self, x, embedding, out=None):
-        if self.solver == "rff":
-            return cell_features(self.feature_map_, x, embedding, self.use_embedding, out=out)
-        landmarks = LandmarkFeatures(self.landmark_cells_, self.landmark_embeddings_, self.landmark_projection_,
-                                     self.bandwidth_x_, self.bandwidth_p_)
-        return landmarks.transform(x, embedding)
-
-    def ridge_scores(self, X, embedding=None, chunk_size=50_000, *, groups=None):
-        """Uncalibrated ridge scores of cells: (n_cells, n_classes) float32.
-
-        Parameters
-        ----------
-        X : ndarray of shape (n_cells, d)
-        embedding : ndarray of shape (2L,) or None
-            The embedding of the patient ALL of ``X`` belongs to, when the caller has it (as
-            :class:`~gating_core.model.estimator.GatingModel`, which scores a patient chunk by chunk);
-            ``X`` is then only shape-checked. None: computed from ``X`` (or from each patient
-            of ``groups``).
-        chunk_size : int
-            Cells featurised at once on the Nystroem / exact path (bounds memory).
-        groups : array-like of shape (n_cells,) or None
-            The patient of each cell; each patient's cells are scored with that patient's
-            embedding. None: all of ``X`` is one patient.
-        """
-        return self._scores(X, embedding, chunk_size, groups, calibrated=False)
-
-    def _scores(self, X, embedding, chunk_size, groups, calibrated, softmax=False):
-        check_is_fitted(self)
-        if embedding is not None:
-            if groups is not None:
-                raise ValueError("embedding= is one patient's: give groups= or embedding=, not both")
-            return self._patient_scores(self._check_cells(X), embedding, chunk_size, calibrated, softmax=softmax)
-        # float64 and float32 cells are scored as they are (no rounding the caller did not ask for).
-        X = validate_data(self, X, reset=False, dtype=(np.float64, np.float32))
-        rows = patient_rows(groups, len(X))
-        if len(rows) == 1:
-            return self._patient_scores(X, self.embed(X), chunk_size, calibrated, softmax=softmax)
-        scores = np.empty((len(X), len(self.classes_)), dtype=np.float32)
-        for r in rows:
-            x = X[r]
-            scores[r] = self._patient_scores(x, self.embed(x), chunk_size, calibrated, softmax=softmax)
-        return scores
-
-    def _patient_scores(self, x, embedding, chunk_size, calibrated, extra=None, softmax=False):
-        """Ridge scores of the cells ``x`` of ONE patient with embedding ``embedding``, times
-        the temperature when ``calibrated``: (n, n_classes) float32; their softmax (the
-        probabilities) when ``softmax``. With ``extra`` (D, k2): also phi(P, x) @ extra, (n, k2)
-        float32, returned after the scores."""
-        k = len(self.classes_)
-        width = k + (0 if extra is None else extra.shape[1])
-        out = np.empty((len(x), width), dtype=np.float32)
-        scores = out[:, :k] if extra is not None else out
-        if isinstance(getattr(self, "feature_map_", None), LinearProductFeatures):
-            self._linear_scores(x, embedding, scores)
-        elif self.solver == "rff":
-            # The features of every block projected on the coefficients and on ``extra`` at once,
-            # and the block's scores finished (intercept, temperature, softmax) while in cache.
-            self._rff_scores(x, embedding, out, extra, finish=(calibrated, softmax))
-            return scores if extra is None else (scores, out[:, k:])
-        else:
-            for start in range(0, len(x), chunk_size):
-                chunk = x[start:start + chunk_size]
-                np.matmul(self._features(chunk, embedding), self.coef_, out=scores[start:start + len(chunk)])
-        if extra is not None:
-            with one_blas_thread():
-                for lo in range(0, len(x), SCORE_BLOCK):
-                    np.matmul(self._features(x[lo:lo + SCORE_BLOCK], embedding), extra, out=out[lo:lo + SCORE_BLOCK, k:])
-        self._finish_scores(scores, calibrated, softmax)
-        return scores if extra is None else (scores, out[:, k:])
-
-    def _finish_scores(self, scores, calibrated, softmax):
-        """In place: + intercept, x temperature when ``calibrated``, softmax when ``softmax``.
-        Row by row, so a block of rows comes out as it would inside the whole array."""
-        scores += self.intercept_
-        if calibrated:
-            scores *= np.float32(self.temperature_)
-        if softmax:
-            _softmax(scores)
-
-    def _linear_scores(self, x, embedding, scores):
-        """scores = [x, 1] M(P) for the linear cell kernel: one (d + 1, k) matrix per patient
-        (:meth:`LinearProductFeatures.patient_coefficients`), no per-cell features."""
-        fm = self.feature_map_
-        m = fm.patient_coefficients(fm.patient_phase(embedding if self.use_embedding else None), self.coef_)
-        for start in range(0, len(x), 1 << 16):
-            block = np.asarray(x[start:start + (1 << 16)], dtype=np.float32)
-            np.matmul(block, m[:-1], out=scores[start:start + len(block)])
-            scores[start:start + len(block)] += m[-1]
-
-    def _rff_scores(self, x, embedding, scores, extra=None, finish=None):
-        """scores = cos(x B / sigma_X + phase) (sqrt(2/D) coef), block by block; with ``extra``
-        (D, k2), ``scores`` (n, k + k2) gets the features' projection on it in its last columns.
-        ``finish`` = (calibrated, softmax): each block's class scores then get
-        :meth:`_finish_scores` in its thread (on 1,000,000 cells the whole-array passes on the
-        calling thread had taken about 0.1 s of a 1.7 s gating step).
-
-        Blocks of SCORE_BLOCK cells keep the (block, D) feature matrix inside the CPU cache, so
-        the matmul, cosine and projection run at compute speed rather than memory speed; blocks
-        are spread over threads (numpy releases the GIL) with BLAS itself single-threaded, which
-        beats BLAS's own threading on such skinny products. The phase and the feature scale are
-        folded into the weights so that no extra pass over the features is needed.
-        """
-        from concurrent.futures import ThreadPoolExecutor
-
-        fm = self.feature_map_
-        phase = fm.patient_phase(embedding if self.use_embedding else None)
-        weights = np.vstack([fm.cell_weights_, phase[None, :]]).astype(np.float32)
-        projection = self.coef_ if extra is None else np.hstack([self.coef_, extra])
-        projection = (projection * fm.scale_).astype(np.float32)
-        d, k = x.shape[1], self.coef_.shape[1]
-
-        def run(bounds):
-            lo, hi = bounds
-            block = np.empty((hi - lo, d + 1), dtype=np.float32)
-            block[:, :d] = x[lo:hi]
-            block[:, d] = 1.0
-            features = block @ weights
-            np.cos(features, out=features)
-            np.matmul(features, projection, out=scores[lo:hi])
-            if finish is not None:
-                self._finish_scores(scores[lo:hi, :k], *finish)
-
-        bounds = [(lo, min(lo + SCORE_BLOCK, len(x))) for lo in range(0, len(x), SCORE_BLOCK)]
-        threads = max(1, min(score_threads(), len(bounds)))
-        with one_blas_thread():
-            if threads == 1:
-                for b in bounds:
-                    run(b)
-            else:
-                with ThreadPoolExecutor(threads) as pool:
-                    list(pool.map(run, bounds))
-
-    def decision_function(self, X, embedding=None, chunk_size=50_000, *, groups=None):
-        """Calibrated class scores.
-
-        Returns
-        -------
-        ndarray of shape (n_cells, n_classes): log-probabilities up to a per-cell constant;
-        with two classes, shape (n_cells,): the log-odds of ``classes_[1]`` (scikit-learn's
-        convention; positive means ``classes_[1]``). Arguments as in :meth:`ridge_scores`.
-        """
-        scores = self._scores(X, embedding, chunk_size, groups, calibrated=True)
-        if scores.shape[1] == 2:
-            return scores[:, 1] - scores[:, 0]
-        return scores
-
-    def predict_proba(self, X, embedding=None, chunk_size=50_000, *, groups=None):
-        """Probability of each class (columns in ``classes_`` order): (n_cells, n_classes).
-
-        Arguments as in :meth:`ridge_scores`: ``groups`` gives each cell's patient (None: one
-        patient), or ``embedding`` the embedding of the one patient ``X`` belongs to.
-        """
-        return self._scores(X, embedding, chunk_size, groups, calibrated=True, softmax=True)
-
-    def predict_proba_and_project(self, X, embedding, extra):
-        """Probabilities of one patient's cells ``X`` (n, d) with embedding Psi (2L,), and their
-        features projected on ``extra`` (D, k2): phi(P, x) @ extra, (n, k2) float32, from the
-        same features where the solver allows (random features: one set serves both)."""
-        check_is_fitted(self)
-        return self._patient_scores(self._check_cells(X), embedding, 50_000, True, np.asarray(extra, dtype=np.float32),
-                                    softmax=True)
-
-    def predict(self, X, embedding=None, chunk_size=50_000, *, groups=None):
-        """Class of each cell: (n_cells,). Arguments as in :meth:`ridge_scores`."""
-        scores = self._scores(X, embedding, chunk_size, groups, calibrated=True)
-        return self.classes_[np.argmax(scores, axis=1)]
-
-    def _check_cells(self, x):
-        x = np.asarray(x)
-        if x.ndim != 2 or x.shape[1] != self.n_features_in_:
-            raise ValueError(f"expected cells with {self.n_features_in_} channels, got shape {x.shape}")
-        return x
-
-
-def _softmax(scores: np.ndarray) -> np.ndarray:
-    """Row-wise softmax of class scores, in place; returns them."""
-    # The row maxima column by column: numpy's max along a short last axis loops per row, and
-    # was the larger part of scoring's softmax (the same values: a maximum is exact).
-    top = scores[:, 0].copy()
-    for column in range(1, scores.shape[1]):
-        np.maximum(top, scores[:, column], out=top)
-    scores -= top[:, None]
-    np.exp(scores, out=scores)
-    scores /= scores.sum(axis=1, keepdims=True)
-    return scores
-
 
 def _is_patient_list(X) -> bool:
     """True for the list form of the training data: a list/tuple of 2-D per-patient arrays."""
     return isinstance(X, (list, tuple)) and len(X) > 0 and np.ndim(X[0]) == 2
-
-
-def patient_rows(groups, n_cells: int) -> list:
-    """Row indices of each patient of ``groups`` (the patient of each of ``n_cells`` cells).
-
-    Patients in order of their first cell, each patient's rows in increasing order, so that
-    stacking per-patient arrays and splitting them again gives back the same arrays in the same
-    order. ``groups=None``: one patient holding every row.
-    """
-    if groups is None:
-        return [np.arange(n_cells)]
-    groups = np.asarray(groups)
-    if groups.shape != (n_cells,):
-        raise ValueError(f"groups has shape {groups.shape}; expected the patient of each cell ({n_cells},)")
-    _, first, inverse = np.unique(groups, return_index=True, return_inverse=True)
-    rank = np.empty(len(first), dtype=np.intp)
-    rank[np.argsort(first)] = np.arange(len(first))
-    codes = rank[inverse.ravel()]
-    ordered = np.argsort(codes, kind="stable")
-    return np.split(ordered, np.cumsum(np.bincount(codes, minlength=len(first)))[:-1])
-
-

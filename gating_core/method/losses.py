@@ -5,7 +5,7 @@
 is) and asks the object :func:`loss_for` makes of that name for everything that differs by loss:
 
 - whether it is fitted from the ridge statistics (sums per patient,
-  :class:`~gating_core.method.solvers.RidgeStatistics`) or from the features row by row;
+  :class:`~gating_core.method.ridge.RidgeStatistics`) or from the features row by row;
 - its fit on some training rows with some row weights (a solver of :mod:`gating_core.method.solvers`);
 - each training row's mean loss, from which the agnostic patient weighting finds the patients
   the model gates worst;
@@ -24,8 +24,9 @@ from typing import Sequence
 
 import numpy as np
 
-from gating_core.method.solvers import (LBFGS_GTOL, RidgeStatistics, fit_weighted_hinge, fit_weighted_logistic,
-                                        logistic_curvature, multitask_ridge_solve)
+from gating_core.method.lbfgs import LBFGS_GTOL
+from gating_core.method.ridge import RidgeStatistics, multitask_ridge_solve
+from gating_core.method.solvers import fit_weighted_hinge, fit_weighted_logistic, logistic_curvature
 
 #: L-BFGS iterations of a calibration fold's refit, which starts from the fit on all rows: the
 #: fold's optimum differs from it by the held-out patients only.
@@ -74,7 +75,7 @@ class Loss:
     searches_own_penalty : bool
         The penalty the ridge path selects does not carry over to it: when none is given, it is
         chosen by cross-validated refits with this loss
-        (:func:`~gating_core.method.selection.select_logistic_alpha`).
+        (:func:`~gating_core.method.companion_selection.select_logistic_alpha`).
     """
 
     name = ""
@@ -105,7 +106,7 @@ class Loss:
             Iterations of an iterative solver.
         gtol : float or None
             Where an iterative solver stops (largest gradient entry); None:
-            :data:`~gating_core.method.solvers.LBFGS_GTOL`.
+            :data:`~gating_core.method.lbfgs.LBFGS_GTOL`.
         curvature : ndarray of shape (k, D + 1, D + 1) or None
             The loss's curvature near the solution (:meth:`curvature`), with ``warm``: a
             preconditioner, for the losses that take one.
@@ -151,7 +152,7 @@ class SquaredLoss(Loss):
     ----------
     alpha : float, default=1e-4
     task_similarity : float in (0, 1] or None, default=None
-        tau of the multitask kernel (:func:`~gating_core.method.solvers.multitask_ridge_solve`); None:
+        tau of the multitask kernel (:func:`~gating_core.method.ridge.multitask_ridge_solve`); None:
         the plain ridge solve (:meth:`RidgeStatistics.fit`).
     """
 

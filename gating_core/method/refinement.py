@@ -46,7 +46,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gating_core.method.classifier import SCORE_BLOCK
+from gating_core.method.prediction import SCORE_BLOCK
 
 #: lambda of the refinement (units: the SUM over corrected cells of squared errors). On the
 #: sample data (bench/bench_refinement.py) 0.1, 1 and 10 all reached 99% agreement with 25-150

@@ -6,7 +6,7 @@ data-driven starting points (the median distance between cells for sigma_X, betw
 embeddings for sigma_P), and the ridge penalty lambda on a log grid; the grid is extended when
 the best value sits on its edge, within the paper's range 1e-2..1e4 of the starting point. For
 every bandwidth pair, the whole lambda path costs one eigendecomposition per fold
-(:class:`~gating_core.method.solvers.RidgeStatistics`), which keeps the default search practical.
+(:class:`~gating_core.method.ridge.RidgeStatistics`), which keeps the default search practical.
 
 The search is coordinate-wise: sigma_X (with lambda), then sigma_P (with lambda), then, when
 asked (``embedding_factors``), the embedding bandwidth sigma' on a small grid around its median
@@ -22,19 +22,22 @@ known or inferred: a sigma_P chosen on folds where every held-out patient's twin
 favours a narrow k_P that cannot reach a new center. Augmented copies of a patient (see
 ``MarginalTransferClassifier.n_augment``) always leave training with their source, and only
 real patients are scored.
+
+The ridge fits the runs and folds share are :class:`~gating_core.method.fold_fits.SharedFolds`;
+the pooled companion's penalty and weight are chosen in
+:mod:`gating_core.method.companion_selection`.
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from gating_core.cpus import one_blas_thread, run_side_by_side, score_threads
 from gating_core.method.classifier import MarginalTransferClassifier
-from gating_core.method.solvers import RidgeStatistics
-from gating_core.method.training_problem import TrainingProblem, check_training_set
+from gating_core.method.fold_fits import SharedFolds
+from gating_core.method.training_problem import TrainingProblem, check_training_set, problem_view
 
 DEFAULT_X_FACTORS = (0.25, 0.5, 1.0, 2.0)
 DEFAULT_P_FACTORS = (0.25, 0.5, 1.0, 2.0, 4.0)
@@ -232,7 +235,7 @@ class HyperparameterSearch:
         """:meth:`_score` of one key for each of ``runs``.
 
         Runs that train a fold on the same patients share its decomposition and held-out
-        scores (:class:`_SharedFolds`): in the held-out check, the inner fold of the run without
+        scores (:class:`SharedFolds`): in the held-out check, the inner fold of the run without
         patient k that holds out patient j trains on what the run without j trains on when it
         holds out k (80 folds over 8 patients are 42 distinct training sets). The distinct
         training sets are decomposed and scored on the starting lambda grid side by side on the
@@ -245,7 +248,7 @@ class HyperparameterSearch:
                 scored_on.setdefault(frozenset(held_out) | frozenset(run["excluded"]), set()).update(held_out)
         grid = sorted(float(a) for a in self.alphas)
         width = features[0].shape[1]
-        shared = _SharedFolds(features, stats, self.problem,
+        shared = SharedFolds(features, stats, self.problem,
                               keep_rotations=len(scored_on) * width * width * 8 <= ROTATIONS_KEPT_BYTES)
 
         def prepare(held):
@@ -266,14 +269,14 @@ class HyperparameterSearch:
 
         The lambda grid starts as ``self.alphas`` and is extended by a decade at an edge while
         that edge is strictly the best (within ALPHA_LIMITS); each further lambda costs one
-        solve per fold on the fold's eigendecomposition. ``shared``: the :class:`_SharedFolds`
+        solve per fold on the fold's eigendecomposition. ``shared``: the :class:`SharedFolds`
         of these features (None: a fresh one).
         """
-        shared = _SharedFolds(features, stats, self.problem) if shared is None else shared
+        shared = SharedFolds(features, stats, self.problem) if shared is None else shared
         trained_without = [frozenset(held_out) | frozenset(excluded) for held_out in folds]
 
         def scores_of(alpha) -> float:
-            # s(lambda) = F coef + intercept: the fitted model's own scores (_SharedFolds.accuracy).
+            # s(lambda) = F coef + intercept: the fitted model's own scores (SharedFolds.accuracy).
             fold_scores = [[shared.accuracy(held, i, alpha) for i in held_out]
                            for held_out, held in zip(folds, trained_without)]
             if self.objective == "mean":
@@ -293,102 +296,6 @@ class HyperparameterSearch:
             else:
                 break
         return np.array(alphas), np.array(scores)
-
-
-class _SharedFolds:
-    """Ridge fits of one feature set on training sets named by the patients they leave out,
-    and the held-out accuracy of each patient under each fit, each computed once.
-
-    A training set's fit depends only on the patients it leaves out (its rows are every row
-    whose patient is not left out, in order), so every run and fold that trains on it reads
-    the same numbers. Coefficients are dropped once the starting grid is scored, and so are
-    the decompositions (D x D each) unless ``keep_rotations``: a lambda beyond the grid, rarely
-    asked, then decomposes again, to the same result.
-    Safe to fill from several threads: a value computed twice is the same value.
-    """
-
-    def __init__(self, features, stats, problem, keep_rotations=True):
-        self.features, self.stats, self.problem = features, stats, problem
-        self.keep_rotations = keep_rotations
-        self.rotations, self.coefs, self.accuracies = {}, {}, {}
-        self.n_decompositions = 0  # how many eigendecompositions were computed (for tests)
-
-    def rotation(self, held):
-        """``stats.eigen`` of every row whose patient is not in ``held`` (a frozenset)."""
-        if held not in self.rotations:
-            source = self.problem.source
-            self.rotations[held] = self.stats.eigen([r for r in range(self.problem.n_rows)
-                                                     if int(source[r]) not in held])
-            self.n_decompositions += 1
-        return self.rotations[held]
-
-    def prepare(self, held, patients, alphas):
-        """Decompose the training set without ``held`` and score ``patients`` at ``alphas``;
-        keep the scores (and the decomposition if ``keep_rotations``)."""
-        for alpha in alphas:
-            for i in patients:
-                self.accuracy(held, i, alpha)
-            self.coefs.pop((held, alpha), None)
-        if not self.keep_rotations:
-            self.rotations.pop(held, None)
-
-    def coefficients(self, held, alpha):
-        """(coef (D, k) float32, intercept (k,) float32) of the fit without ``held`` at ``alpha``."""
-        key = (held, alpha)
-        if key not in self.coefs:
-            coef, intercept = RidgeStatistics.solve(self.rotation(held), alpha)
-            self.coefs[key] = (coef.astype(np.float32), intercept.astype(np.float32))
-        return self.coefs[key]
-
-    def accuracy(self, held, patient, alpha):
-        """Accuracy on real patient ``patient`` of the fit without ``held`` at ``alpha``, scored
-        with the intercept, s = F coef + intercept, as the fitted model scores it."""
-        key = (held, patient, alpha)
-        if key not in self.accuracies:
-            coef, intercept = self.coefficients(held, alpha)
-            scores = self.features[patient] @ coef + intercept
-            self.accuracies[key] = np.mean(np.argmax(scores, axis=1) == self.problem.targets[patient])
-        return self.accuracies[key]
-
-
-def problem_view(problem: TrainingProblem, estimator: MarginalTransferClassifier) -> TrainingProblem:
-    """``problem`` under ``estimator``'s settings without drawing or embedding again: what
-    ``TrainingProblem(estimator, ...)`` builds from the same patients, when ``estimator`` draws
-    and embeds them as ``problem``'s estimator did (same ``cells_per_patient``,
-    ``embedding_cells``, ``n_embedding_features``, ``bandwidth_embedding`` and
-    ``random_state``) and either augments them as it did or not at all.
-
-    Without augmentation (``n_augment=0``, the pooled companion) only the real patients' rows
-    are kept: the cells are drawn before any copy is made, so they are the same cells. The
-    solver, feature count, embedding switch and bandwidths are ``estimator``'s.
-    """
-    kernel_x = getattr(estimator, "kernel_x", "gaussian")
-    if kernel_x != getattr(problem, "kernel_x", "gaussian"):
-        raise ValueError("problem_view needs a problem embedded with the estimator's cell kernel")
-    if kernel_x == "linear":  # Psi is the mean cell: no bandwidth, no frequencies to compare
-        embedded_alike = True
-    else:
-        expected_embedding = float(estimator.bandwidth_embedding or problem.median_distance_x)
-        embedded_alike = (problem.embedder.bandwidth == expected_embedding
-                          and problem.embedder.n_features == int(estimator.n_embedding_features))
-    if (problem.random_state != estimator.random_state or not embedded_alike
-            or max(len(x) for x in problem.cells) > int(estimator.cells_per_patient)):
-        raise ValueError("problem_view needs a problem drawn and embedded as the estimator would draw and embed")
-    out = copy.copy(problem)
-    if int(estimator.n_augment) == 0 and problem.n_rows > problem.n_patients:
-        n = problem.n_patients
-        out.cells, out.embeddings, out.source = problem.cells[:n], problem.embeddings[:n], problem.source[:n]
-        if problem.labels is not None:
-            out.labels, out.targets = problem.labels[:n], problem.targets[:n]
-        out.parent_rows = np.arange(n)
-        out.augment_gain = out.augment_shift = None
-    elif problem.n_rows != problem.n_patients * (1 + int(estimator.n_augment)):
-        raise ValueError(f"problem_view: the problem holds {problem.n_rows} rows for {problem.n_patients} patients, "
-                         f"not {1 + int(estimator.n_augment)} per patient")
-    out.solver, out.n_features, out.use_embedding = estimator.solver, estimator.n_features, estimator.use_embedding
-    out.bandwidth_x = float(estimator.bandwidth_x or problem.median_distance_x)
-    out.bandwidth_p = float(estimator.bandwidth_p or problem.median_distance_p) if estimator.use_embedding else None
-    return out
 
 
 def _sort_key(key):
@@ -451,159 +358,3 @@ def _coordinate_search(x_factors, p_factors, use_embedding, e_factors=None):
     if float(pooled.max()) >= float(cache[(best_x, best_p, best_e)].max()) - POOLING_MARGIN:
         return best_x, None, None, False
     return best_x, best_p, best_e, True
-
-
-DEFAULT_LOGISTIC_ALPHAS = (1e-5, 1e-4, 1e-3)
-
-
-def select_logistic_alpha(samples, labels, base: MarginalTransferClassifier, embedding_samples=None, groups=None,
-                          cv_folds=5, cells_per_patient=1500, alphas=DEFAULT_LOGISTIC_ALPHAS, progress=None) -> float:
-    """The penalty of the logistic loss, by cross-validation over groups at base's bandwidths.
-
-    The ridge path's closed form does not carry over to the logistic loss, so each fold is an
-    L-BFGS solve; the path runs from the strongest penalty to the weakest with warm starts.
-    """
-    from gating_core.method.groups import group_folds
-    from gating_core.method.solvers import fit_weighted_logistic
-
-    samples, labels = check_training_set(samples, labels)
-    probe = MarginalTransferClassifier(**{**base.get_params(), "cells_per_patient": cells_per_patient,
-                                          "n_features": min(base.n_features, SEARCH_FEATURES)})
-    problem = TrainingProblem(probe, samples, labels, embedding_samples, groups)
-    features = problem.features(problem.feature_map(problem.bandwidth_x, problem.bandwidth_p))
-    targets = problem.targets
-    source = problem.source
-    folds = group_folds(list(range(len(samples))) if groups is None else list(groups), cv_folds, 1,
-                        probe.random_state)
-    ordered = sorted(alphas, reverse=True)
-    scores = np.zeros(len(ordered))
-    for f, held_out in enumerate(folds):
-        held = set(held_out)
-        rows = [r for r in range(len(features)) if int(source[r]) not in held]
-        warm = None
-        for a, alpha in enumerate(ordered):
-            coef, intercept = fit_weighted_logistic([features[r] for r in rows], [targets[r] for r in rows],
-                                                    np.full(len(rows), 1.0 / len(rows)), len(problem.classes),
-                                                    alpha, warm=warm)
-            warm = (coef, intercept)
-            scores[a] += np.mean([np.mean(np.argmax(features[i] @ coef + intercept, axis=1) == targets[i])
-                                  for i in held_out])
-        if progress is not None:
-            progress((f + 1) / len(folds))
-    return float(ordered[int(np.argmax(scores))])
-
-
-#: Weights of the pooled companion the selection compares (see GatingModel.pooled_weight).
-DEFAULT_POOLED_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
-#: The weight kept unless another wins on held-out groups by more than POOLED_WEIGHT_MARGIN:
-#: an even blend of two models that err differently is the safe choice when folds cannot tell.
-PREFERRED_POOLED_WEIGHT = 0.5
-POOLED_WEIGHT_MARGIN = 0.002
-
-
-@dataclass
-class PooledWeightResult:
-    """Outcome of :func:`select_pooled_weight`: the chosen weight, the held-out score of every
-    weight compared (``table``: weight -> score) and the number of folds (0: nothing to
-    compare, the preferred weight was kept)."""
-
-    weight: float
-    table: dict
-    n_folds: int
-
-
-def choose_pooled_weight(scores: dict, preferred=PREFERRED_POOLED_WEIGHT, margin=POOLED_WEIGHT_MARGIN) -> float:
-    """The weight to keep from held-out ``scores`` (weight -> score): among the weights within
-    ``margin`` of the best score, the one nearest ``preferred``."""
-    top = max(scores.values())
-    close = [w for w, s in scores.items() if s >= top - margin]
-    return float(min(close, key=lambda w: (abs(w - preferred), w)))
-
-
-def select_pooled_weight(samples, labels, main: MarginalTransferClassifier, companion: MarginalTransferClassifier,
-                         embedding_samples=None, groups=None, cv_folds=5, cells_per_patient=1500,
-                         weights=DEFAULT_POOLED_WEIGHTS, objective="mean", progress=None) -> PooledWeightResult:
-    """Weight of the pooled companion in the blend, by cross-validation over groups.
-
-    On each fold the marginal model (ridge, from the shared statistics as in
-    :func:`select_hyperparameters`, its scores calibrated by one temperature fitted on all
-    held-out scores) and the pooled companion (logistic, one L-BFGS solve) are fitted on the
-    training groups at most SEARCH_FEATURES random features and ``cells_per_patient`` cells per
-    patient; every weight in ``weights`` blends their probabilities on the held-out patients.
-    Where the patient's distribution helps on unseen groups the weight stays low; where the
-    embedding only extrapolates (centers that differ more than their patients do) it moves to
-    the companion. Scores as in :func:`select_hyperparameters` (``objective``).
-
-    Parameters
-    ----------
-    samples : list of ndarray (n_i, d), labels : list of ndarray (n_i,)
-    main, companion : MarginalTransferClassifier
-        Unfitted, with the parameters the final models will use (bandwidths and penalties set).
-    embedding_samples : list of ndarray (m_i, d) or None
-    groups : sequence (n_patients,) or None
-        Center / batch / run of each patient; None: every patient its own group.
-    """
-    from gating_core.method.groups import group_folds
-    from gating_core.method.solvers import fit_temperature, fit_weighted_logistic
-
-    samples, labels = check_training_set(samples, labels)
-    if objective not in ("mean", "worst"):
-        raise ValueError(f"objective must be 'mean' or 'worst', got {objective!r}")
-    labels_of_group = list(range(len(samples))) if groups is None else list(groups)
-    if len(labels_of_group) != len(samples):
-        raise ValueError(f"{len(labels_of_group)} group labels for {len(samples)} patients")
-    if len(samples) < 3 or len(set(labels_of_group)) < 2:
-        # Two patients leave one to train on: no blend can be judged from that.
-        return PooledWeightResult(PREFERRED_POOLED_WEIGHT, {}, 0)
-    weights = np.asarray(weights, dtype=np.float64)
-
-    def probe(model):
-        return MarginalTransferClassifier(**{**model.get_params(), "cells_per_patient": cells_per_patient,
-                                             "n_features": min(model.n_features, SEARCH_FEATURES)})
-
-    # Both problems draw the same cells of each patient (same seed and count); the marginal one
-    # adds its augmented copies after the real patients.
-    marginal, pooled = probe(main), probe(companion)
-    problem = TrainingProblem(marginal, samples, labels, embedding_samples, groups)
-    features = problem.features(problem.feature_map(problem.bandwidth_x, problem.bandwidth_p))
-    stats, targets = problem.statistics(features), problem.targets
-    plain = TrainingProblem(pooled, samples, labels, embedding_samples, groups)
-    pooled_features = plain.features(plain.feature_map(plain.bandwidth_x, None))
-    n_classes, source = len(problem.classes), problem.source
-    folds = group_folds(labels_of_group, cv_folds, 1, main.random_state)
-    held_scores, held_pooled, held_targets, held_fold = [], [], [], []
-    for f, held_out in enumerate(folds):
-        held = set(held_out)
-        coef, intercept = RidgeStatistics.solve(
-            stats.eigen([r for r in range(len(features)) if int(source[r]) not in held]), marginal.alpha)
-        rows = [i for i in range(len(samples)) if i not in held]
-        p_coef, p_intercept = fit_weighted_logistic([pooled_features[i] for i in rows], [targets[i] for i in rows],
-                                                    np.full(len(rows), 1.0 / len(rows)), n_classes, pooled.alpha)
-        for i in held_out:
-            held_scores.append(features[i] @ coef.astype(np.float32) + intercept.astype(np.float32))
-            logits = pooled_features[i] @ p_coef.astype(np.float32) + p_intercept.astype(np.float32)
-            held_pooled.append(_softmax(logits))
-            held_targets.append(targets[i])
-            held_fold.append(f)
-        if progress is not None:
-            progress((f + 1) / len(folds))
-    temperature = fit_temperature(held_scores, held_targets)
-    accuracy = np.zeros((len(weights), len(held_targets)))
-    for j, (scores, p_pooled, truth) in enumerate(zip(held_scores, held_pooled, held_targets)):
-        p_marginal = _softmax(temperature * scores)
-        for a, w in enumerate(weights):
-            accuracy[a, j] = np.mean(np.argmax((1.0 - w) * p_marginal + w * p_pooled, axis=1) == truth)
-    if objective == "mean":
-        per_weight = accuracy.mean(axis=1)
-    else:
-        fold_of = np.asarray(held_fold)
-        per_weight = np.min([accuracy[:, fold_of == f].mean(axis=1) for f in np.unique(fold_of)], axis=0)
-    table = {float(w): float(s) for w, s in zip(weights, per_weight)}
-    return PooledWeightResult(choose_pooled_weight(table), table, len(folds))
-
-
-def _softmax(scores: np.ndarray) -> np.ndarray:
-    z = np.asarray(scores, dtype=np.float64)
-    z = z - z.max(axis=1, keepdims=True)
-    np.exp(z, out=z)
-    return z / z.sum(axis=1, keepdims=True)

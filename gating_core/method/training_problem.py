@@ -3,162 +3,27 @@
 :class:`TrainingProblem` is what :class:`~gating_core.method.classifier.MarginalTransferClassifier`
 solves once, model selection (:mod:`gating_core.method.selection`) solves for many bandwidths and
 penalties, and the held-out check (:mod:`gating_core.evaluation.held_out`) solves for many subsets of
-patients. Beside it: the content-chosen cells of an embedding, the feature maps (random Fourier
-features or Nystroem / exact landmarks), and the simulated instrument shifts of augmentation.
+patients; :func:`problem_view` gives one problem under another estimator's settings without
+drawing or embedding again. Its parts: the patients' embeddings
+(:mod:`~gating_core.method.patient_embeddings`), the feature maps (random Fourier features in
+:mod:`~gating_core.method.features`, Nystroem / exact landmarks in
+:mod:`~gating_core.method.landmarks`) and the simulated instrument shifts of augmentation
+(:mod:`~gating_core.method.augmentation`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import copy
-import hashlib
-import threading
 
 import numpy as np
-from scipy.linalg import eigh
 
-from gating_core.cpus import allowed_workers, one_blas_thread, run_side_by_side, score_threads
-from gating_core.method.features import (ExactKernel, LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding,
-                                         ProductRFF, content_subsample, median_pairwise_distance)
-from gating_core.method.solvers import RidgeStatistics
-
-MAX_SHIFT_SD, MAX_GAIN_SD = 0.5, 0.3
-
-
-def embed_cells(embedder: MeanEmbedding, x, max_cells: int) -> np.ndarray:
-    """Psi of one patient's cells ``x`` (n, d), from at most ``max_cells`` of them chosen by
-    content (:func:`content_subsample`): ndarray of shape (2L,)."""
-    x = np.asarray(x)
-    return embedder.transform(x[content_subsample(x, max_cells)])
-
-
-#: The embeddings computed within :func:`shared_embeddings` (None outside it): cache key -> Psi.
-_SHARED_EMBEDDINGS: contextvars.ContextVar = contextvars.ContextVar("shared_embeddings", default=None)
-
-
-@contextlib.contextmanager
-def shared_embeddings():
-    """Within the block, every :class:`TrainingProblem` reuses the embeddings already computed
-    for the same cells under the same embedder (frequencies) instead of computing them again.
-
-    A training builds several problems from the same patients: model selection's, the final
-    fit's, the pooled companion's selection and fit. Where two of them embed identical cells
-    (same draw, same augmentation shift) with the same sigma', the result is the same array, so
-    it is computed once. The key is the cells' bytes and the embedder's frequencies, so a
-    different sigma' (selection draws fewer cells, hence another median start) or another
-    augmentation draw is simply another entry: nothing is reused that would differ. Nested
-    blocks share the outer block's cache; it is dropped when the outermost block ends.
-    """
-    if _SHARED_EMBEDDINGS.get() is not None:
-        yield
-        return
-    token = _SHARED_EMBEDDINGS.set({})
-    try:
-        yield
-    finally:
-        _SHARED_EMBEDDINGS.reset(token)
-
-
-def _embedding_key(embedder: MeanEmbedding, x: np.ndarray, max_cells: int) -> tuple:
-    h = hashlib.blake2b(digest_size=16)
-    h.update(np.ascontiguousarray(embedder.frequencies_).tobytes())
-    x = np.ascontiguousarray(x)
-    h.update(x.tobytes())
-    return (h.hexdigest(), x.shape, x.dtype.str, int(max_cells))
-
-
-def embed_patients(embedder: MeanEmbedding, samples, max_cells: int) -> np.ndarray:
-    """Psi of each patient's cells (list of (n_i, d)): ndarray of shape (n_patients, 2L).
-
-    Row i is exactly ``embed_cells(embedder, samples[i], max_cells)``. The patients are embedded
-    side by side on :func:`~gating_core.cpus.score_threads` threads (numpy's cos and sin
-    release the GIL), each with one BLAS thread, whatever the pool size, so the result does not
-    depend on the number of threads; on a thread of a ``concurrent.futures`` pool, serially.
-    Within :func:`shared_embeddings`, a patient embedded before is not embedded again.
-    """
-    cache = _SHARED_EMBEDDINGS.get()
-    keys = [None] * len(samples) if cache is None else [_embedding_key(embedder, x, max_cells) for x in samples]
-    out = np.empty((len(samples), 2 * embedder.n_features))
-    todo = []
-    for i, key in enumerate(keys):
-        if key is not None and key in cache:
-            out[i] = cache[key]
-        else:
-            todo.append(i)
-
-    def run(i):
-        out[i] = embed_cells(embedder, samples[i], max_cells)
-
-    # A pool thread (ours, or any concurrent.futures pool) already holds one CPU's worth of work:
-    # no second pool inside it. Other threads (the app's script thread) may start one.
-    in_pool = threading.current_thread().name.startswith("ThreadPoolExecutor")
-    workers = 1 if in_pool else max(1, min(score_threads(), len(todo)))
-    run_side_by_side(run, todo, workers)
-    if cache is not None:
-        for i in todo:
-            cache.setdefault(keys[i], out[i].copy())
-    return out
-
-
-def cell_features(feature_map, x, embedding, use_embedding=True, out=None) -> np.ndarray:
-    """phi(P, x) of cells ``x`` (n, d) of one patient with embedding Psi(P): (n, D) float32.
-
-    ``feature_map``: a :class:`~gating_core.method.features.ProductRFF` or a :class:`LandmarkFeatures`;
-    ``use_embedding=False`` ignores the embedding (k_P = 1).
-    """
-    # One BLAS thread: OpenBLAS computes a small product (a patient of 2,000 cells times d x D)
-    # differently on one thread and on two (1e-6 apart), and training sizes BLAS from the load
-    # average; a product with d inner terms gains nothing from threads beside the cosine.
-    with one_blas_thread():
-        if isinstance(feature_map, LandmarkFeatures):
-            return feature_map.transform(x, embedding)
-        return feature_map.transform(x, feature_map.patient_phase(embedding if use_embedding else None), out=out)
-
-
-class LandmarkFeatures:
-    """Features K((Psi, x), Z) K_ZZ^{-1/2} on landmark (embedding, cell) pairs Z.
-
-    They reproduce the kernel on the landmarks' span: the Nystroem solver, or, with every
-    training cell a landmark, the exact kernel machine.
-
-    Parameters
-    ----------
-    cells : ndarray of shape (m, d);  embeddings : ndarray of shape (m, 2L)
-        The landmarks: cells and the embedding of the patient each comes from.
-    projection : ndarray of shape (m, D')
-    bandwidth_x, bandwidth_p : float (bandwidth_p None: k_P = 1)
-    """
-
-    def __init__(self, cells, embeddings, projection, bandwidth_x, bandwidth_p):
-        self.cells, self.embeddings, self.projection = cells, embeddings, projection
-        self.bandwidth_x, self.bandwidth_p = bandwidth_x, bandwidth_p
-
-    @classmethod
-    def from_training(cls, cells, embeddings, bandwidth_x, bandwidth_p, max_landmarks=None, random_state=0):
-        """Landmarks from per-patient training cells (list of (m_i, d)) and their patients'
-        embeddings (rows of ``embeddings``): all cells, or a seeded draw of ``max_landmarks``."""
-        rng = np.random.default_rng(random_state)
-        owners = np.concatenate([np.full(len(x), i) for i, x in enumerate(cells)])
-        stacked = np.vstack(cells)
-        if max_landmarks is not None and len(stacked) > max_landmarks:
-            keep = np.sort(rng.choice(len(stacked), max_landmarks, replace=False))
-            stacked, owners = stacked[keep], owners[keep]
-        landmark_cells = stacked.astype(np.float64)
-        landmark_embeddings = embeddings[owners]
-        kernel = ExactKernel(bandwidth_x, bandwidth_p)
-        gram = kernel(landmark_embeddings, landmark_cells, landmark_embeddings, landmark_cells)
-        values, vectors = eigh(gram, driver="evd")
-        keep = values > values.max() * 1e-12
-        return cls(landmark_cells, landmark_embeddings, vectors[:, keep] / np.sqrt(values[keep]),
-                   bandwidth_x, bandwidth_p)
-
-    def transform(self, x, embedding) -> np.ndarray:
-        """Features of cells ``x`` (n, d) of one patient with embedding (2L,): (n, D') float32."""
-        kernel = ExactKernel(self.bandwidth_x, self.bandwidth_p)
-        psi = np.broadcast_to(embedding, (len(x), len(embedding)))
-        gram = kernel(psi, x, self.embeddings, self.cells)
-        return (gram @ self.projection).astype(np.float32)
+from gating_core.cpus import allowed_workers, run_side_by_side
+from gating_core.method.augmentation import augment_patients, shift_spread
+from gating_core.method.features import (LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding, ProductRFF,
+                                         median_pairwise_distance)
+from gating_core.method.landmarks import LandmarkFeatures, cell_features
+from gating_core.method.patient_embeddings import embed_cells, embed_patients, median_embedding_distance
+from gating_core.method.ridge import RidgeStatistics
 
 
 class TrainingProblem:
@@ -390,59 +255,6 @@ class RowFeatures:
         return (self[r] for r in range(len(self)))
 
 
-def shift_spread(embedding_cells, groups=None):
-    """How much groups of patients differ, per channel: (log-gain sd (d,), offset sd (d,)).
-
-    Per patient and channel, the median and the log inter-quartile range of its cells; averaged
-    within each group (center, batch, run; every patient its own group when ``groups`` is None)
-    so that replicates count once; then the standard deviation across groups. Capped at
-    ``MAX_GAIN_SD`` / ``MAX_SHIFT_SD`` (standardised units): beyond that a shift is not an
-    instrument effect but a different panel.
-    """
-    medians = np.array([np.median(e, axis=0) for e in embedding_cells])
-    q25, q75 = zip(*[np.percentile(e, [25, 75], axis=0) for e in embedding_cells])
-    log_iqr = np.log(np.maximum(np.array(q75) - np.array(q25), 1e-3))
-    labels = list(range(len(medians))) if groups is None else list(groups)
-    names = sorted(set(labels), key=labels.index)
-    if len(names) < 2:
-        return np.zeros(medians.shape[1]), np.zeros(medians.shape[1])
-    by_group = lambda values: np.array([values[[i for i, g in enumerate(labels) if g == n]].mean(axis=0) for n in names])
-    gain = np.std(by_group(log_iqr), axis=0, ddof=1)
-    shift = np.std(by_group(medians), axis=0, ddof=1)
-    return np.minimum(gain, MAX_GAIN_SD), np.minimum(shift, MAX_SHIFT_SD)
-
-
-def augment_patients(cells, labels, embedding_cells, n_copies, gain_sd, shift_sd, random_state=0,
-                     shift_embedding_cells=True):
-    """Add ``n_copies`` shifted copies of every patient, as further patients.
-
-    Each copy multiplies each channel by exp(N(0, gain_sd^2)) and adds N(0, shift_sd^2)
-    (``gain_sd``, ``shift_sd``: scalars or per-channel arrays), the same draw for its training
-    cells and its embedding cells, and keeps the source's labels: an instrument or staining
-    shift moves the cells and the expert's gates together. ``shift_embedding_cells=False``
-    (a model without the embedding) gives each copy its source's embedding cells, unshifted
-    and not copied; the draws, hence the copies' training cells, are the same.
-
-    Returns the lists extended (real patients first, then copies in source order) and the
-    source index of every entry.
-    """
-    rng = np.random.default_rng(random_state)
-    d = cells[0].shape[1]
-    out_x, out_y, out_e = list(cells), None if labels is None else list(labels), list(embedding_cells)
-    source = list(range(len(cells)))
-    for i in range(len(cells)):
-        for _ in range(n_copies):
-            gain = np.exp(rng.normal(0.0, 1.0, d) * gain_sd).astype(np.float32)
-            shift = (rng.normal(0.0, 1.0, d) * shift_sd).astype(np.float32)
-            out_x.append(cells[i] * gain + shift)
-            out_e.append(np.asarray(embedding_cells[i], dtype=np.float32) * gain + shift if shift_embedding_cells
-                         else embedding_cells[i])
-            if out_y is not None:
-                out_y.append(labels[i])
-            source.append(i)
-    return out_x, out_y, out_e, np.asarray(source)
-
-
 def check_training_set(samples, labels):
     """Validate a list of per-patient cell arrays and label arrays; returns them as arrays."""
     if len(samples) != len(labels):
@@ -464,15 +276,45 @@ def check_training_set(samples, labels):
     return samples, labels
 
 
-def median_embedding_distance(embeddings) -> float:
-    """Median distance between distinct patients' embeddings (rows of ``embeddings``)."""
-    embeddings = np.asarray(embeddings, dtype=np.float64)
-    if len(embeddings) < 2:
-        return 1.0
-    diff = embeddings[:, None, :] - embeddings[None, :, :]
-    distances = np.sqrt((diff ** 2).sum(-1))[np.triu_indices(len(embeddings), 1)]
-    positive = distances[distances > 0]
-    return float(np.median(positive)) if len(positive) else 1.0
+def problem_view(problem: TrainingProblem, estimator) -> TrainingProblem:
+    """``problem`` under ``estimator``'s settings without drawing or embedding again: what
+    ``TrainingProblem(estimator, ...)`` builds from the same patients, when ``estimator`` draws
+    and embeds them as ``problem``'s estimator did (same ``cells_per_patient``,
+    ``embedding_cells``, ``n_embedding_features``, ``bandwidth_embedding`` and
+    ``random_state``) and either augments them as it did or not at all.
+
+    Without augmentation (``n_augment=0``, the pooled companion) only the real patients' rows
+    are kept: the cells are drawn before any copy is made, so they are the same cells. The
+    solver, feature count, embedding switch and bandwidths are ``estimator``'s.
+    """
+    kernel_x = getattr(estimator, "kernel_x", "gaussian")
+    if kernel_x != getattr(problem, "kernel_x", "gaussian"):
+        raise ValueError("problem_view needs a problem embedded with the estimator's cell kernel")
+    if kernel_x == "linear":  # Psi is the mean cell: no bandwidth, no frequencies to compare
+        embedded_alike = True
+    else:
+        expected_embedding = float(estimator.bandwidth_embedding or problem.median_distance_x)
+        embedded_alike = (problem.embedder.bandwidth == expected_embedding
+                          and problem.embedder.n_features == int(estimator.n_embedding_features))
+    if (problem.random_state != estimator.random_state or not embedded_alike
+            or max(len(x) for x in problem.cells) > int(estimator.cells_per_patient)):
+        raise ValueError("problem_view needs a problem drawn and embedded as the estimator would draw and embed")
+    out = copy.copy(problem)
+    if int(estimator.n_augment) == 0 and problem.n_rows > problem.n_patients:
+        n = problem.n_patients
+        out.cells, out.embeddings, out.source = problem.cells[:n], problem.embeddings[:n], problem.source[:n]
+        if problem.labels is not None:
+            out.labels, out.targets = problem.labels[:n], problem.targets[:n]
+        out.parent_rows = np.arange(n)
+        out.augment_gain = out.augment_shift = None
+    elif problem.n_rows != problem.n_patients * (1 + int(estimator.n_augment)):
+        raise ValueError(f"problem_view: the problem holds {problem.n_rows} rows for {problem.n_patients} patients, "
+                         f"not {1 + int(estimator.n_augment)} per patient")
+    out.solver, out.n_features, out.use_embedding = estimator.solver, estimator.n_features, estimator.use_embedding
+    out.bandwidth_x = float(estimator.bandwidth_x or problem.median_distance_x)
+    out.bandwidth_p = float(estimator.bandwidth_p or problem.median_distance_p) if estimator.use_embedding else None
+    return out
+
 
 
 def _draw(n, m, rng):

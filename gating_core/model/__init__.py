@@ -10,7 +10,7 @@ reduced to training rows), ``result`` (``GateResult``, ``Novelty``), ``file`` (t
 parts read back), ``file_params`` (its hyperparameters and transform checked), ``file_checks``
 (reading its archive within memory bounds, without trusting it) and ``file_fields`` (its JSON
 description, field by field), and ``iw_model`` (``IWNystroemGatingModel``, refitted per gated
-patient, with its own file).
+patient) with its own file, ``iw_file``.
 
 ``from gating_core.model import GatingModel`` (and the module-level settings that were importable
 from ``gating_core.model`` when it was one module: ``METHODS``, ``DEFAULT_POOLED_WEIGHT``, ...)

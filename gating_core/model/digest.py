@@ -114,7 +114,7 @@ def infer_cell_groups(embedding_cells, names, n_embedding_features=128, random_s
     """
     from gating_core.method.features import median_pairwise_distance
     from gating_core.method.groups import infer_groups
-    from gating_core.method.training_problem import embed_patients
+    from gating_core.method.patient_embeddings import embed_patients
 
     pooled = np.vstack([e[:500] for e in embedding_cells])
     embedder = MeanEmbedding(n_embedding_features, median_pairwise_distance(pooled), pooled.shape[1],

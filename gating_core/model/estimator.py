@@ -258,7 +258,7 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
         ``train --workers`` builds the digests on a Dask cluster, where the files are, and
         calls this; the result is identical to :meth:`fit` on the same files.
         """
-        from gating_core.method.training_problem import shared_embeddings
+        from gating_core.method.patient_embeddings import shared_embeddings
 
         validate_parameters(self)
         # Selection, the final fit and the companion embed the same patients: each once.

@@ -30,7 +30,8 @@ import numpy as np
 
 from gating_core import __version__
 from gating_core.fcs.transforms import ChannelTransform
-from gating_core.method.alignment import LEVELS, MAX_PEAKS
+from gating_core.method.alignment import LEVELS
+from gating_core.method.landmark_alignment import MAX_PEAKS
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.dica import cell_projection_from_arrays
 from gating_core.method.features import LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding

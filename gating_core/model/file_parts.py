@@ -14,7 +14,7 @@ import inspect
 import numpy as np
 
 from gating_core.method.adaptive_lda import AdaptiveLDA
-from gating_core.method.alignment import MAX_PEAKS, LandmarkReference
+from gating_core.method.landmark_alignment import MAX_PEAKS, LandmarkReference
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.features import LinearProductFeatures, ProductRFF
 from gating_core.method.unknown_cells import PopulationReach

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gating_core.method.classifier import SCORE_BLOCK
+from gating_core.method.prediction import SCORE_BLOCK
 from gating_core.method.features import content_subsample
 from gating_core.model.result import GateResult
 

@@ -21,48 +21,29 @@ score.
 
 The model file is its own format (tag ``gating_core.iw_model``): plain arrays plus a JSON
 description, read with the same checks as a GatingModel file (no pickle, declared sizes and
-every field checked; a problem is a :class:`~gating_core.model.file_checks.ModelFileError`).
+every field checked; a problem is a :class:`~gating_core.model.file_checks.ModelFileError`),
+written and read by :mod:`gating_core.model.iw_file`.
 """
 
 from __future__ import annotations
 
-import json
-import platform
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import NotFittedError
 
-from gating_core import __version__
 from gating_core.method.features import MeanEmbedding, content_subsample, median_pairwise_distance
 from gating_core.method.iw_nystroem import ImportanceWeightedNystroemKRR
 from gating_core.model.digest import digest_patient
-from gating_core.model.file_checks import Member, ModelFileError, archive_array, read_archive
-from gating_core.model.file_fields import Fields, parse_json
+from gating_core.model.iw_file import (IW_FORMAT, MAX_TRAINING_CELLS, NOVELTY_FEATURES, load_iw_model, model_file_format,
+                                       save_iw_model)
 from gating_core.model.preprocessing import ChannelPreprocessing
 from gating_core.model.result import GateResult, Novelty
 from gating_core.model.streaming import StreamedGating
 
-IW_FORMAT = "gating_core.iw_model"
-IW_FORMAT_VERSION = 1
 IW_METHOD = "iw-nystroem"
-#: Frequencies of the kernel mean embedding the novelty score is computed from.
-NOVELTY_FEATURES = 64
-#: The most training cells a file may hold (the refit is O(n m^2) per patient).
-MAX_TRAINING_CELLS = 2_000_000
-
-IW_MEMBERS = {
-    "meta": Member("U", 0, itemsizes=None, finite=False),
-    "center": Member("f", 1),
-    "scale": Member("f", 1),
-    "cells": Member("f", 2),
-    "labels": Member("i", 1, itemsizes=(1, 2, 4, 8)),
-    "train_embeddings": Member("f", 2),
-    "embedding_frequencies": Member("f", 2),
-}
 
 
 @dataclass
@@ -286,115 +267,16 @@ class IWNystroemGatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator)
     # -- the model file -------------------------------------------------------------------------
 
     def save(self, path) -> None:
-        """Write the model as .npz (arrays + JSON; no pickle), atomically."""
+        """Write the model as .npz (arrays + JSON; no pickle), atomically
+        (:func:`~gating_core.model.iw_file.save_iw_model`)."""
         self._check_fitted()
-        params = {k: (v if isinstance(v, (str, int, float, bool, list, type(None))) else "custom")
-                  for k, v in self.get_params().items()}
-        meta = {"format": IW_FORMAT, "format_version": IW_FORMAT_VERSION, "gating_core_version": __version__,
-                "numpy_version": np.__version__, "python_version": platform.python_version(),
-                "params": params, "channels": self.channels_, "channel_markers": self.channel_markers_,
-                "transform": self.transform_.to_dict(), "populations": self.populations_,
-                "training_patients": self.training_patients_, "bandwidth": self.bandwidth_,
-                "novelty": {"reference": self.novelty_reference_, "threshold": self.novelty_threshold_}}
-        arrays = {"meta": np.array(json.dumps(meta)), "center": self.center_, "scale": self.scale_,
-                  "cells": self.cells_, "labels": self.labels_, "train_embeddings": self.train_embeddings_,
-                  "embedding_frequencies": self.embedder_.frequencies_}
-        path = Path(path)
-        from gating_core.model.file import _write_atomically
-
-        _write_atomically(path, arrays)
+        save_iw_model(self, path)
 
     @classmethod
     def load(cls, path) -> "IWNystroemGatingModel":
-        """Read a model written by :meth:`save`; anything else is a ModelFileError."""
-        path = Path(path)
-        arrays = read_archive(path, IW_MEMBERS)
-        if "meta" not in arrays:
-            raise ModelFileError(path, "not a gating model file (no model description inside)")
-        meta = parse_json(path, str(arrays.pop("meta")))
-        if meta.get("format") != IW_FORMAT:
-            raise ModelFileError(path, f"not an {IW_METHOD} model file")
-        version = meta.get("format_version")
-        if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-            raise ModelFileError(path, f"model description: format_version must be a positive integer, got {version!r}"[:200])
-        if version > IW_FORMAT_VERSION:
-            raise ModelFileError(path, f"written by a newer gating_core (format {version}); upgrade to read it")
-        try:
-            return _from_parts(cls, path, Fields(path, meta, "model"), arrays)
-        except ModelFileError:
-            raise
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise ModelFileError(path, f"model file is incomplete or inconsistent ({exc})") from None
-
-
-def _from_parts(cls, path, top: Fields, arrays) -> IWNystroemGatingModel:
-    from gating_core.model.file_params import _transform  # the transform's checks, shared with GatingModel files
-
-    params = top.object("params")
-    known = set(cls().get_params())
-    unknown = sorted(set(params.data) - known)
-    if unknown:
-        raise ModelFileError(path, f"model description: unknown model parameter {unknown[0]!r}"[:300])
-    model = cls(channels=params.strings("channels", nullable=True, optional=True),
-                compensate=bool(params.boolean("compensate")),
-                cells_per_patient=params.integer("cells_per_patient", minimum=1, maximum=10 ** 9),
-                embedding_cells=params.integer("embedding_cells", minimum=1, maximum=10 ** 9),
-                n_landmarks=params.integer("n_landmarks", minimum=1, maximum=100_000),
-                alpha=params.number("alpha", positive=True),
-                bandwidth=params.number("bandwidth", positive=True, nullable=True),
-                max_weight=params.number("max_weight", positive=True),
-                random_state=params.integer("random_state", minimum=0, maximum=2 ** 63, nullable=True))
-    model.channels_ = top.strings("channels", min_length=1, unique=True)
-    d = len(model.channels_)
-    model.channel_markers_ = top.strings("channel_markers")
-    if len(model.channel_markers_) != d:
-        raise ModelFileError(path, f"model description: {d} channels but {len(model.channel_markers_)} markers")
-    model.transform_ = _transform(path, top.object("transform"), d)
-    model.populations_ = top.strings("populations", min_length=2, unique=True)
-    model.training_patients_ = top.strings("training_patients", min_length=1)
-    model.bandwidth_ = top.number("bandwidth", positive=True)
-    novelty = top.object("novelty")
-    model.novelty_reference_ = novelty.number("reference", positive=True)
-    model.novelty_threshold_ = novelty.number("threshold", positive=True, allow_inf=True)
-
-    def array(name, *shape):
-        return archive_array(path, arrays, name, *shape)
-
-    model.center_ = array("center", d).astype(np.float32)
-    model.scale_ = array("scale", d).astype(np.float32)
-    if not np.all(model.scale_ != 0):
-        raise ModelFileError(path, "model file is inconsistent: array 'scale' holds zeros")
-    model.cells_ = array("cells", None, d).astype(np.float32)
-    n = len(model.cells_)
-    if not 2 <= n <= MAX_TRAINING_CELLS:
-        raise ModelFileError(path, f"model file is inconsistent: {n} training cells (2 to {MAX_TRAINING_CELLS:,})")
-    labels = array("labels", n)
-    k = len(model.populations_)
-    if labels.min() < 0 or labels.max() >= k:
-        raise ModelFileError(path, f"model file is inconsistent: labels outside the {k} populations")
-    model.labels_ = labels.astype(np.int16)
-    n_patients = len(model.training_patients_)
-    frequencies = array("embedding_frequencies", d, NOVELTY_FEATURES).astype(np.float64)
-    model.train_embeddings_ = array("train_embeddings", n_patients, 2 * NOVELTY_FEATURES).astype(np.float64)
-    embedder = MeanEmbedding.__new__(MeanEmbedding)
-    embedder.n_features, embedder.bandwidth, embedder.frequencies_ = NOVELTY_FEATURES, model.bandwidth_, frequencies
-    model.embedder_ = embedder
-    model.last_fit_seconds_ = None
-    return model
-
-
-def model_file_format(path) -> str:
-    """The format tag of a model file (``gating_core.model`` or ``gating_core.iw_model``),
-    reading its description only; a ModelFileError when it has none."""
-    path = Path(path)
-    from gating_core.model.file_checks import MODEL_MEMBERS
-
-    # Any member of either format may be there (the loader then checks its own); only the
-    # description is read.
-    arrays = read_archive(path, {**MODEL_MEMBERS, **IW_MEMBERS}, only=("meta",))
-    if "meta" not in arrays:
-        raise ModelFileError(path, "not a gating model file (no model description inside)")
-    return str(parse_json(path, str(arrays["meta"])).get("format"))
+        """Read a model written by :meth:`save`; anything else is a ModelFileError
+        (:func:`~gating_core.model.iw_file.load_iw_model`)."""
+        return load_iw_model(cls, path)
 
 
 def load_any_model(path):

@@ -12,8 +12,9 @@ from __future__ import annotations
 import numpy as np
 
 from gating_core.fcs.transforms import ChannelTransform, default_transform, is_time_like, with_overrides
-from gating_core.method.alignment import ALIGNMENTS, LandmarkReference, QuantileRegistration, channel_quantiles
+from gating_core.method.alignment import ALIGNMENTS, QuantileRegistration, channel_quantiles
 from gating_core.method.features import content_subsample
+from gating_core.method.landmark_alignment import LandmarkReference
 from gating_core.model.digest import DigestView, find_channel
 from gating_core.model.result import ChannelMismatchError
 

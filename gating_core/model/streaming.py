@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 
 from gating_core.cpus import parallel_rows, with_blas_threads
-from gating_core.method.classifier import SCORE_BLOCK
 from gating_core.method.features import content_hashes
+from gating_core.method.prediction import SCORE_BLOCK
 from gating_core.method.self_training import PatientAdjustment
 from gating_core.model.result import StreamedGate
 

@@ -42,7 +42,7 @@ class TransferFit:
             self.selection_ = self._apply_selection(params, result)
             self.selection_["n_patients"] = len(chosen)
         if self.alpha is None and loss_for(self.loss).searches_own_penalty:
-            from gating_core.method.selection import select_logistic_alpha
+            from gating_core.method.companion_selection import select_logistic_alpha
 
             report("Choosing the logistic penalty (cross-validation over groups)", 0.7)
             params["alpha"] = select_logistic_alpha(cells, labels, MarginalTransferClassifier(**params),
@@ -172,7 +172,7 @@ class TransferFit:
     def _choose_pooled_weight(self, cells, labels, embedding_cells, params, report) -> float:
         if self.pooled_weight != "auto":
             return float(self.pooled_weight)
-        from gating_core.method.selection import PREFERRED_POOLED_WEIGHT, select_pooled_weight
+        from gating_core.method.companion_selection import PREFERRED_POOLED_WEIGHT, select_pooled_weight
 
         if not self.select:
             return PREFERRED_POOLED_WEIGHT

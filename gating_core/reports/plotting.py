@@ -5,6 +5,8 @@ per patient. Pseudocolor density is a 2-D histogram of *all* events (``numpy.his
 pass); dots colored by population use a fixed, reproducible display subsample, while counts
 always come from all events. Axis ticks sit at round *raw* values (0, 10, 100, 1000, ...) placed
 at their transformed positions, so an arcsinh or logicle axis still reads in instrument units.
+The population view (each bin coloured by its majority population) is
+:mod:`gating_core.reports.population_view`.
 """
 
 from __future__ import annotations
@@ -132,7 +134,8 @@ def bin_indices(values: np.ndarray, value_range, bins: int = 200) -> np.ndarray:
     return out
 
 
-def _centers(value_range, bins: int) -> np.ndarray:
+def bin_centers(value_range, bins: int) -> np.ndarray:
+    """Centres of ``bins`` equal bins spanning ``value_range``: ndarray (bins,)."""
     edges = np.linspace(float(value_range[0]), float(value_range[1]), bins + 1)
     return (edges[:-1] + edges[1:]) / 2
 
@@ -149,7 +152,7 @@ def density_from_bins(x_bins: np.ndarray, y_bins: np.ndarray, x_range, y_range, 
     if mask is not None:
         flat = flat[np.asarray(mask, dtype=bool)]
     counts = np.bincount(flat, minlength=side * side).reshape(side, side)[:bins, :bins]
-    return counts.astype(np.int64), _centers(x_range, bins), _centers(y_range, bins)
+    return counts.astype(np.int64), bin_centers(x_range, bins), bin_centers(y_range, bins)
 
 
 def histogram_from_bins(value_bins: np.ndarray, value_range, bins: int = 200, mask=None):
@@ -157,7 +160,7 @@ def histogram_from_bins(value_bins: np.ndarray, value_range, bins: int = 200, ma
     if mask is not None:
         value_bins = value_bins[np.asarray(mask, dtype=bool)]
     counts = np.bincount(value_bins, minlength=bins + 1)[:bins]
-    return counts.astype(np.int64), _centers(value_range, bins)
+    return counts.astype(np.int64), bin_centers(value_range, bins)
 
 
 def log_density(counts: np.ndarray) -> np.ndarray:
@@ -306,100 +309,3 @@ def population_table(events: np.ndarray, channel_names, populations: np.ndarray,
             row[f"median {ch}"] = float(med)
         rows.append(row)
     return pd.DataFrame(rows)
-
-
-# -- population view: every event binned, each bin coloured by its majority population --------
-
-MIN_SHADE = 0.2  # a bin of one event: 20% of its population's colour over white, still visible
-
-
-def population_grid_from_bins(x_bins: np.ndarray, y_bins: np.ndarray, codes: np.ndarray, n_populations: int,
-                              x_range, y_range, bins: int = 200):
-    """Events of each population in each bin of the density grid (:func:`density_from_bins`'s
-    bins), from :func:`bin_indices` of both channels: one ``numpy.bincount`` over
-    (bin x population), so the population view counts every event at the cost of a density.
-
-    Parameters
-    ----------
-    x_bins, y_bins : ndarray (n,), :func:`bin_indices` of the two channels (``bins`` = outside).
-    codes : ndarray (n,), int -- each event's population as an index in ``[0, n_populations)``.
-    n_populations : int
-
-    Returns
-    -------
-    counts : ndarray (n_populations, bins, bins), int64 -- ``counts[p]`` is population ``p``'s
-        :func:`density_grid` (rows y bins, columns x bins); events outside either range are left out.
-    x_centers, y_centers : ndarray (bins,)
-    """
-    codes = np.asarray(codes)
-    if codes.shape != x_bins.shape or x_bins.shape != y_bins.shape:
-        raise ValueError(f"population codes {codes.shape} and bin indices {x_bins.shape}, {y_bins.shape} "
-                         "must hold one entry per event")
-    n_populations = int(n_populations)
-    if codes.size and (codes.min() < 0 or codes.max() >= n_populations):
-        raise ValueError(f"population codes must lie in [0, {n_populations})")
-    side = bins + 1  # the last row and column collect the events outside the ranges
-    flat = (y_bins.astype(np.int64) * side + x_bins) * n_populations + codes
-    counts = np.bincount(flat, minlength=side * side * n_populations).reshape(side, side, n_populations)
-    return (np.ascontiguousarray(counts[:bins, :bins].transpose(2, 0, 1)).astype(np.int64),
-            _centers(x_range, bins), _centers(y_range, bins))
-
-
-def majority_population(counts: np.ndarray):
-    """The population holding most events of each bin of :func:`population_grid_from_bins`.
-
-    A tie goes to the population listed first (the lowest index; ``numpy.argmax`` keeps the
-    first maximum), so the same counts always give the same picture.
-
-    Returns
-    -------
-    winner : ndarray (bins, bins), int64 -- population index, -1 for an empty bin
-    winner_count : ndarray (bins, bins), int64 -- its events in the bin (0 when empty)
-    total : ndarray (bins, bins), int64 -- events of all populations in the bin
-    """
-    counts = np.asarray(counts)
-    total = counts.sum(axis=0)
-    winner = counts.argmax(axis=0).astype(np.int64)
-    winner_count = np.take_along_axis(counts, winner[None], axis=0)[0].astype(np.int64)
-    winner[total == 0] = -1
-    return winner, winner_count, total.astype(np.int64)
-
-
-def _rgb(color: str) -> tuple:
-    text = str(color).lstrip("#")
-    if len(text) != 6:
-        raise ValueError(f"colour {color!r} is not #rrggbb")
-    return tuple(int(text[i:i + 2], 16) for i in (0, 2, 4))
-
-
-def population_image(counts: np.ndarray, colors, top: int | None = None) -> np.ndarray:
-    """The population view as an RGBA image: each bin in the colour of its majority population
-    (:func:`majority_population`), mixed with white by the bin's event count on a log scale --
-    one event ``MIN_SHADE`` of the colour, ``top`` events (default: the fullest bin) all of it --
-    so sparse bins are pale and dense bins full colour; empty bins transparent (the white plot
-    background shows, with its grid, as in the density view).
-
-    Parameters
-    ----------
-    counts : ndarray (n_populations, bins, bins), :func:`population_grid_from_bins`'s counts
-    colors : n_populations ``#rrggbb`` colours, in the order of ``counts``
-    top : events of a full-colour bin (several panels share one, to compare them)
-
-    Returns
-    -------
-    rgba : ndarray (bins, bins, 4), uint8 -- row 0 is the lowest y bin
-    """
-    winner, _, total = majority_population(counts)
-    palette = np.array([_rgb(c) for c in colors], dtype=np.float64).reshape(-1, 3)
-    if palette.shape[0] != counts.shape[0]:
-        raise ValueError(f"{palette.shape[0]} colours for {counts.shape[0]} populations")
-    top = max(int(total.max()) if top is None else int(top), 10)
-    filled = total > 0
-    shade = np.zeros(total.shape)
-    shade[filled] = MIN_SHADE + (1 - MIN_SHADE) * np.clip(np.log10(total[filled]) / np.log10(top), 0, 1)
-    colour = palette[np.maximum(winner, 0)]
-    mixed = 255.0 + (colour - 255.0) * shade[..., None]
-    rgba = np.zeros(total.shape + (4,), dtype=np.uint8)
-    rgba[..., :3] = np.rint(mixed).astype(np.uint8)
-    rgba[..., 3] = np.where(filled, 255, 0)
-    return rgba
