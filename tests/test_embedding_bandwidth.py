@@ -8,8 +8,7 @@ import pytest
 
 from gating_core.fcs import read_fcs
 from gating_core.method.selection import DEFAULT_EMBEDDING_FACTORS
-from gating_core.model import GatingModel
-from gating_core.model.research import ResearchGatingModel
+from gating_core.model.research import ResearchGatingModel, load_gating_model
 from helpers import run_cli, sample_cohort, sample_paths
 # With one shift-augmented copy of each patient (a ResearchGatingModel option).
 QUICK = dict(n_features=64, cells_per_patient=500, selection_cells_per_patient=300, cv_folds=3, cv_repeats=1,
@@ -59,7 +58,7 @@ def test_the_command_line_asks_for_it(tmp_path):
     result = run_cli("train", "--select-embedding-bandwidth", "--features", "64", "--cells-per-patient", "500",
                      "--out", out, *sample_paths(range(1, 5)))
     assert result.returncode == 0, result.stderr
-    model = GatingModel.load(out)
+    model = load_gating_model(out)
     assert model.select_embedding_bandwidth is True
     if model.selection_["embedding_kept"]:
         line = next(l for l in result.stdout.splitlines() if l.startswith("sigma' (embedding, selected) = "))

@@ -292,9 +292,11 @@ def test_upload_report_names_a_skipped_data_set(tmp_path):
 def test_batch_gating_records_a_skipped_data_set(tmp_path):
     from gating_core.batch.files import gate_file
 
-    class NoModel:  # what gate_file's streamed path uses: .compensate, .populations_, .gate_chunks
+    class NoModel:  # what gate_file's streamed path uses: .compensate, .gated_populations, .gate_chunks
         compensate = False
-        populations_ = ["a", "b"]
+
+        def gated_populations(self):
+            return ["a", "b"]
 
         def gate_chunks(self, sample, chunks, chunk_size, sink):
             n_events = sum(len(events) for _, events in chunks(chunk_size))  # the readable data set is read
