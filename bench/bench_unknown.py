@@ -31,31 +31,14 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_unseen import SETS, _shared  # noqa: E402
+from bench_unseen import SETS, load_set  # noqa: E402
 from gating_core.model import UNKNOWN, GatingModel  # noqa: E402
 from gating_core.method.unknown_cells import UNKNOWN_MARGIN  # noqa: E402
-from gating_core.synthetic import simulate_centers, simulate_hard_cohort  # noqa: E402
 
 #: Share of a patient's events planted as a new population.
 PLANTED_SHARE = 0.05
-#: The protocols that train on one group and gate the others (the rest leave one group out).
+#: The sets whose training is one group (with two groups, leaving one out is training on the other).
 ONE_GROUP = ("mc-batch", "dlbcl-batch", "hard-channel-scale-shift")
-
-
-def load_set(name: str):
-    """(samples, labels, groups) of a set of bench_unseen.py, or None when its data are missing."""
-    if name.startswith("mc-"):
-        return _shared("multicenter", "pair" if name == "mc-pair" else "batch")
-    if name.startswith("dlbcl-"):
-        return _shared("dlbcl", "group")
-    if name.startswith("sim-"):
-        cohort, center_of = simulate_centers(4, 3, seed=int(name[4:]), n_events=6000, strength=2.0)
-    elif name.startswith("hard-"):
-        cohort, center_of = simulate_hard_cohort(name[5:], seed=1)
-    else:
-        raise SystemExit(f"unknown set {name!r}; choose from {', '.join(SETS)}")
-    samples = [c[0] for c in cohort]
-    return samples, [np.asarray(c[1]).astype(str) for c in cohort], [center_of[s.name] for s in samples]
 
 
 def splits(name: str, groups, seed: int):

@@ -52,31 +52,36 @@ def _shared(name: str, column: str):
     return [s for s, _ in data], [y for _, y in data], [str(groups[s.name]) for s, _ in data]
 
 
-def run_set(name: str, methods, seed: int) -> pd.DataFrame | None:
-    params = {"random_state": seed}
+def load_set(name: str):
+    """(samples, labels, groups) of a set, or None when its shared data are missing."""
     if name.startswith("mc-"):
-        loaded = _shared("multicenter", "pair" if name == "mc-pair" else "batch")
-        if loaded is None:
-            return None
-        samples, labels, groups = loaded
-        return leave_one_group_out(samples, labels, groups, methods=methods, model_params=params)
+        return _shared("multicenter", "pair" if name == "mc-pair" else "batch")
     if name.startswith("dlbcl-"):
-        loaded = _shared("dlbcl", "group")
-        if loaded is None:
-            return None
-        samples, labels, groups = loaded
-        if name == "dlbcl-batch":
-            return train_on_one_group(samples, labels, groups, methods=methods, model_params=params)
-        return patient_folds(samples, labels, 2, methods=methods, model_params=params, groups=groups, seed=seed)
+        return _shared("dlbcl", "group")
     if name.startswith("sim-"):
         cohort, center_of = simulate_centers(4, 3, seed=int(name[4:]), n_events=6000, strength=2.0)
     elif name.startswith("hard-"):
         cohort, center_of = simulate_hard_cohort(name[5:], seed=1)
     else:
         raise SystemExit(f"unknown set {name!r}; --list names them")
-    samples, labels = [c[0] for c in cohort], [np.asarray(c[1]).astype(str) for c in cohort]
-    groups = [center_of[s.name] for s in samples]
-    if name == "hard-channel-scale-shift":
+    samples = [c[0] for c in cohort]
+    return samples, [np.asarray(c[1]).astype(str) for c in cohort], [center_of[s.name] for s in samples]
+
+
+#: The sets whose protocol is train-on-one-group (the rest leave one group out, but dlbcl-folds:
+#: 2 folds over patients).
+TRAIN_ON_ONE_GROUP = ("dlbcl-batch", "hard-channel-scale-shift")
+
+
+def run_set(name: str, methods, seed: int) -> pd.DataFrame | None:
+    loaded = load_set(name)
+    if loaded is None:
+        return None
+    samples, labels, groups = loaded
+    params = {"random_state": seed}
+    if name == "dlbcl-folds":
+        return patient_folds(samples, labels, 2, methods=methods, model_params=params, groups=groups, seed=seed)
+    if name in TRAIN_ON_ONE_GROUP:
         return train_on_one_group(samples, labels, groups, methods=methods, model_params=params)
     return leave_one_group_out(samples, labels, groups, methods=methods, model_params=params)
 

@@ -145,14 +145,16 @@ class PatientAdaptation:
         cells ``chosen`` (m, d), standardised and registered."""
         adjust = self._transfer_adjustment(chosen, embedding)
         lda = getattr(self, "adaptive_lda_", None)
-        if lda is not None and float(getattr(self, "adaptive_weight_", 0.0)) > 0:
-            # In the order of their content hashes: EM's sums, hence every bit of the adapted
-            # populations, then do not depend on the order of the patient's events.
-            ordered = chosen[np.argsort(content_hashes(chosen), kind="stable")] if len(chosen) else chosen
-            adjust.gaussians = lda.adapt(ordered)
         reach = getattr(self, "population_reach_", None)
+        adapts = lda is not None and float(getattr(self, "adaptive_weight_", 0.0)) > 0
+        if not adapts and reach is None:
+            return adjust
+        # In the order of their content hashes: EM's sums, hence every bit of the adapted
+        # populations and of the reach's means, then do not depend on the order of the events.
+        ordered = chosen[np.argsort(content_hashes(chosen), kind="stable")] if len(chosen) else chosen
+        if adapts:
+            adjust.gaussians = lda.adapt(ordered)
         if reach is not None:
-            ordered = chosen[np.argsort(content_hashes(chosen), kind="stable")] if len(chosen) else chosen
             adjust.reach = reach.for_patient(ordered, self.unknown_margin)
         return adjust
 
