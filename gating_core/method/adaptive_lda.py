@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gating_core.cpus import parallel_rows
+
 #: EM steps over a new patient's cells. The means settle within a few steps from the training
 #: start; a fixed count keeps gating time and results independent of tolerances.
 EM_STEPS = 10
@@ -30,6 +32,8 @@ EM_STEPS = 10
 MIN_POPULATION_CELLS = 3
 #: Relative ridge added to covariances (in units of their mean variance).
 _RIDGE = 1e-6
+#: Cells scored at a time inside a thread: their (block, k) logits stay in the CPU cache.
+PROBA_BLOCK = 4096
 
 
 @dataclass(frozen=True)
@@ -122,30 +126,50 @@ class AdaptiveLDA:
         gaussians = self.training_gaussians()
         if len(z) == 0 or self.em_steps == 0:
             return gaussians
-        means, covariance, shares = self.means_.copy(), self.covariance_, self.priors_.copy()
+        # Every cell's responsibilities sum to 1, so the scatter around the means,
+        # sum_j sum_i r_ij (z_i - m_j)(z_i - m_j)', is z'z - sum_j (m_j s_j' + s_j m_j' - n_j m_j m_j')
+        # with s_j = sum_i r_ij z_i and n_j = sum_i r_ij: one (d, d) product over the cells, not k.
+        gram = z.T @ z
         for _ in range(self.em_steps):
             resp = _softmax(z @ gaussians.coef + gaussians.intercept)
             expected = resp.sum(axis=0)
             shares = np.maximum(expected / len(z), 1e-9)
             movable = expected >= self.min_population_cells
-            means = np.where(movable[:, None], (resp.T @ z) / np.maximum(expected, 1e-12)[:, None], self.means_)
-            scatter = np.zeros_like(covariance)
-            for j in range(len(means)):
-                centred = z - means[j]
-                scatter += (centred * resp[:, j:j + 1]).T @ centred
+            sums = resp.T @ z
+            means = np.where(movable[:, None], sums / np.maximum(expected, 1e-12)[:, None], self.means_)
+            cross = means.T @ sums
+            scatter = gram - cross - cross.T + (means * expected[:, None]).T @ means
             covariance = _regularised(scatter / len(z))
             gaussians = PatientGaussians(means, np.linalg.inv(covariance), np.log(shares))
         return gaussians
 
     @staticmethod
     def proba(cells, gaussians: PatientGaussians) -> np.ndarray:
-        """Posterior population probabilities (n, k) of cells (n, d) under ``gaussians``."""
-        z = np.asarray(cells, dtype=np.float64)
-        return _softmax(z @ gaussians.coef + gaussians.intercept).astype(np.float32)
+        """Posterior population probabilities (n, k) float32 of cells (n, d) under ``gaussians``.
+
+        In float32, block by block on threads: a cell's probabilities do not depend on the
+        block it is scored in, and float32's 7 digits are finer than any posterior gating
+        reads (the cells are standardised, so the logits are a few hundred at most)."""
+        z = np.asarray(cells)
+        coef = np.asarray(gaussians.coef, dtype=np.float32)
+        intercept = np.asarray(gaussians.intercept, dtype=np.float32)
+        out = np.empty((len(z), len(intercept)), dtype=np.float32)
+
+        def run(bounds):
+            for lo in range(bounds[0], bounds[1], PROBA_BLOCK):
+                hi = min(lo + PROBA_BLOCK, bounds[1])
+                block = out[lo:hi]
+                np.matmul(np.asarray(z[lo:hi], dtype=np.float32), coef, out=block)
+                block += intercept
+                _softmax(block)
+
+        parallel_rows(run, len(z))
+        return out
 
 
 def _softmax(logits: np.ndarray) -> np.ndarray:
-    logits = logits - logits.max(axis=1, keepdims=True)
+    """Row-wise softmax of ``logits`` (n, k), in place; returns them."""
+    logits -= logits.max(axis=1, keepdims=True)
     np.exp(logits, out=logits)
     logits /= logits.sum(axis=1, keepdims=True)
     return logits

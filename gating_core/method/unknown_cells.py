@@ -32,6 +32,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from gating_core.cpus import parallel_rows
+
 #: Quantile of a population's training cells' squared distances that defines its reach.
 REACH_QUANTILE = 0.999
 #: A cell is unknown when its squared distance to every population exceeds ``margin`` times
@@ -49,6 +51,9 @@ MIN_SPREAD_CELLS = 20
 _SHRINK_CELLS_PER_DIMENSION = 2.0
 #: Relative ridge added to covariances (in units of their mean variance).
 _RIDGE = 1e-3
+#: Cells whose distances are computed at a time inside a thread (their (block, k d) projection
+#: stays in the CPU cache).
+DISTANCE_BLOCK = 2048
 
 
 @dataclass(frozen=True)
@@ -204,19 +209,42 @@ class PopulationReach:
         projected = np.asarray(cells, dtype=dtype) @ whitening
         projected -= offsets.astype(dtype)
         np.square(projected, out=projected)
-        return projected.reshape(len(projected), k, d).sum(axis=2)
+        return projected @ _population_sums(k, d, dtype)
 
     def distance(self, cells, means, spread=None) -> np.ndarray:
         """How far each cell (n, d) lies beyond every population: min over populations j of
         squared distance to ``means[j]`` / (``reach_[j]`` x ``spread[j]``) (n,); ``spread``
         (k,) None: 1. Above the margin: unknown. Computed in float32 (the margin is no
-        finer than that)."""
+        finer than that), block by block on threads so that each block's (block, k d)
+        projection stays in the CPU cache; a cell's distance does not depend on its block."""
         reach = self.reach_ if spread is None else self.reach_ * np.asarray(spread)
-        squared = self.squared_distances(cells, means, np.float32)
-        squared /= reach.astype(np.float32)
-        return squared.min(axis=1) if len(squared) else np.empty(0, np.float32)
+        k, d = self.whitening_.shape[:2]
+        whitening = np.ascontiguousarray(self.whitening_.transpose(1, 0, 2).reshape(d, k * d), dtype=np.float32)
+        offsets = np.einsum("kd,kde->ke", np.asarray(means, dtype=np.float64), self.whitening_).reshape(-1)
+        offsets = offsets.astype(np.float32)
+        # Each population's sum of squares divided by its reach, in the same product.
+        summing = (_population_sums(k, d, np.float64) / reach).astype(np.float32)
+        z = np.asarray(cells)
+        out = np.empty(len(z), dtype=np.float32)
+
+        def run(bounds):
+            for lo in range(bounds[0], bounds[1], DISTANCE_BLOCK):
+                hi = min(lo + DISTANCE_BLOCK, bounds[1])
+                projected = np.asarray(z[lo:hi], dtype=np.float32) @ whitening
+                projected -= offsets
+                np.square(projected, out=projected)
+                out[lo:hi] = (projected @ summing).min(axis=1)
+
+        parallel_rows(run, len(z))
+        return out
 
     def unknown(self, cells, patient: PatientReach) -> np.ndarray:
         """Whether each cell (n, d) of a patient is beyond every one of its populations, each
         population's reach widened by its spread in the patient: (n,) bool."""
         return self.distance(cells, patient.means, patient.spread) > patient.margin
+
+
+def _population_sums(k: int, d: int, dtype) -> np.ndarray:
+    """(k d, k) of 0 and 1: the product of (n, k d) squared coordinates with it sums each
+    population's d of them (several times faster than numpy's sum over a short last axis)."""
+    return np.kron(np.eye(k, dtype=dtype), np.ones((d, 1), dtype=dtype))
