@@ -119,19 +119,30 @@ class AdaptiveLDA:
         """The populations as trained (no adaptation)."""
         return PatientGaussians(self.means_, np.linalg.inv(self.covariance_), np.log(self.priors_))
 
-    def adapt(self, cells) -> PatientGaussians:
-        """The populations of one patient, from its cells (m, d) by EM started from the training
-        Gaussians. Deterministic: a fixed number of steps in float64."""
+    def adapt(self, cells, start=None) -> PatientGaussians:
+        """The populations of one patient, from its cells (m, d) by EM. Deterministic: a fixed
+        number of steps in float64.
+
+        ``start`` None: EM starts from the training Gaussians. Else (m, k) probabilities of the
+        cells' populations (columns in ``classes_`` order), another model's: the first M-step
+        takes them as its responsibilities. EM finds the nearest fit to its start, so a start
+        that already labels the patient well (a transfer model's posteriors) keeps the
+        Gaussians from settling where the training populations would have led them."""
         z = np.asarray(cells, dtype=np.float64)
         gaussians = self.training_gaussians()
         if len(z) == 0 or self.em_steps == 0:
             return gaussians
+        if start is not None and np.shape(start) != (len(z), len(self.means_)):
+            raise ValueError(f"start must be ({len(z)}, {len(self.means_)}) probabilities, got {np.shape(start)}")
         # Every cell's responsibilities sum to 1, so the scatter around the means,
         # sum_j sum_i r_ij (z_i - m_j)(z_i - m_j)', is z'z - sum_j (m_j s_j' + s_j m_j' - n_j m_j m_j')
         # with s_j = sum_i r_ij z_i and n_j = sum_i r_ij: one (d, d) product over the cells, not k.
         gram = z.T @ z
-        for _ in range(self.em_steps):
-            resp = _softmax(z @ gaussians.coef + gaussians.intercept)
+        for step in range(self.em_steps):
+            if step == 0 and start is not None:
+                resp = np.asarray(start, dtype=np.float64)
+            else:
+                resp = _softmax(z @ gaussians.coef + gaussians.intercept)
             expected = resp.sum(axis=0)
             shares = np.maximum(expected / len(z), 1e-9)
             movable = expected >= self.min_population_cells

@@ -22,6 +22,10 @@ FALLBACK_ADAPTIVE_WEIGHT = 0.5
 #: by the few patients a fold holds out; "auto" takes the largest of them (see
 #: PatientAdaptation._choose_adaptive_weight).
 ADAPTIVE_WEIGHT_TOLERANCE = 0.01
+#: Where EM starts from for each new patient (``adaptive_start_``): the training populations, or
+#: the transfer model's posteriors of the patient's cells (then mixed in at TRANSFER_START_WEIGHT).
+ADAPTIVE_STARTS = ("training", "transfer")
+TRANSFER_START_WEIGHT = 0.5
 
 
 class PatientAdaptation:
@@ -29,30 +33,42 @@ class PatientAdaptation:
     into GatingModel, whose parameters and fitted attributes it reads)."""
 
     def _fit_adaptive(self, cells, embedding_cells, labels, params, report):
-        """The adapted populations (``adaptive_lda_``) and their share (``adaptive_weight_``)."""
-        self.adaptive_lda_, self.adaptive_weight_ = None, 0.0
+        """The adapted populations (``adaptive_lda_``), their share (``adaptive_weight_``) and
+        where their EM starts for a new patient (``adaptive_start_``)."""
+        self.adaptive_lda_, self.adaptive_weight_, self.adaptive_start_ = None, 0.0, "training"
         if self.method != "marginal":  # the baselines (pooling, multitask) gate as fitted
             return
         if self.adaptive_weight != "auto" and float(self.adaptive_weight) == 0.0:
             return
+        start = "training"
         if self.adaptive_weight == "auto":
             report("Weighing the adapted populations (cross-validation over groups)", 0.92)
-            weight = self._choose_adaptive_weight(cells, embedding_cells, labels, params)
+            weight, start = self._choose_adaptive_weight(cells, embedding_cells, labels, params)
         else:
             weight = float(self.adaptive_weight)
         if weight > 0:
             self.adaptive_lda_ = AdaptiveLDA().fit(cells, labels, classes=self.populations_)
-            self.adaptive_weight_ = weight
+            self.adaptive_weight_, self.adaptive_start_ = weight, start
 
     def _fit_reach(self, cells, labels):
         """Where each population reaches (``population_reach_``; see ``unknown_margin``)."""
         self.population_reach_ = (None if self.unknown_margin is None else
                                   PopulationReach().fit(cells, labels, self.populations_))
 
-    def _choose_adaptive_weight(self, cells, embedding_cells, labels, params) -> float:
-        """``adaptive_weight="auto"``: the largest weight of ``ADAPTIVE_WEIGHTS`` whose mixture
-        gates the held-out groups' patients within ``ADAPTIVE_WEIGHT_TOLERANCE`` of the best
-        (mean plus worst-patient accuracy).
+    def _choose_adaptive_weight(self, cells, embedding_cells, labels, params) -> tuple:
+        """``adaptive_weight="auto"``: (weight, start). The largest weight of ``ADAPTIVE_WEIGHTS``
+        whose mixture, EM started from the training populations, gates the held-out groups'
+        patients within ``ADAPTIVE_WEIGHT_TOLERANCE`` of the best (mean plus worst-patient
+        accuracy); but (``TRANSFER_START_WEIGHT``, "transfer") when EM started from the transfer
+        model's posteriors gates them better than every weight by more than that tolerance.
+
+        Each start fails somewhere. From the training populations, EM follows populations that
+        moved beyond the training range (a new batch), where the transfer model's posteriors
+        are wrong and would lead EM astray; but on a new center whose populations are no single
+        Gaussians it can let one population take cells of a large neighbour, where the transfer
+        model, which knows the patient from its embedding, gives EM the better start. The folds
+        hold out training groups, so they see the second kind of patient but not a batch beyond
+        the training range: the transfer start must win clearly.
 
         Each fold holds out whole groups and refits the transfer model on the others with the
         hyperparameters selected on all patients (refitting the search in every fold would
@@ -66,13 +82,14 @@ class PatientAdaptation:
             groups = list(self.training_patients_)
         unique = sorted(set(groups))
         if len(unique) < 2:
-            self.selection_["adaptive_weight"] = {"chosen": FALLBACK_ADAPTIVE_WEIGHT, "folds": 0,
+            self.selection_["adaptive_weight"] = {"chosen": FALLBACK_ADAPTIVE_WEIGHT, "start": "training", "folds": 0,
                                                   "reason": "fewer than two patients to hold out"}
-            return FALLBACK_ADAPTIVE_WEIGHT
+            return FALLBACK_ADAPTIVE_WEIGHT, "training"
         rng = np.random.default_rng(np.random.SeedSequence([int(self.random_state or 0), 31]))
         order = [unique[i] for i in rng.permutation(len(unique))]
         n_folds = min(int(self.cv_folds), len(unique))
         accuracy = {w: [] for w in ADAPTIVE_WEIGHTS}
+        transfer_started = []
         fixed = {"companion_bandwidth_x": self.companion_bandwidth_x_, "pooled_weight": self.pooled_weight_}
         fold_params = dict(params)  # the selected hyperparameters, kept in every fold
         for j in range(n_folds):
@@ -92,11 +109,17 @@ class PatientAdaptation:
                 adjust = fold._patient_adjustment(embedding_cells[i], embedding)
                 transfer = fold._adjusted_proba(cells[i], embedding, 50_000, adjust)
                 adapted = AdaptiveLDA.proba(cells[i], gaussians.adapt(embedding_cells[i]))
+                start = fold._adjusted_proba(embedding_cells[i], embedding, 50_000, adjust)
+                refined = AdaptiveLDA.proba(cells[i], gaussians.adapt(embedding_cells[i], start))
                 truth = np.asarray(labels[i]).astype(str)
+
+                def accuracy_of(proba):
+                    return float(np.mean(np.asarray(self.populations_)[columns[np.argmax(proba, axis=1)]] == truth))
+
                 for w in ADAPTIVE_WEIGHTS:
-                    mixed = (1.0 - w) * transfer + w * adapted
-                    predicted = np.asarray(self.populations_)[columns[np.argmax(mixed, axis=1)]]
-                    accuracy[w].append(float(np.mean(predicted == truth)))
+                    accuracy[w].append(accuracy_of((1.0 - w) * transfer + w * adapted))
+                transfer_started.append(accuracy_of((1.0 - TRANSFER_START_WEIGHT) * transfer
+                                                    + TRANSFER_START_WEIGHT * refined))
         means = {w: float(np.mean(a)) for w, a in accuracy.items()}
         worst = {w: float(np.min(a)) for w, a in accuracy.items()}
         # A lab signs every patient: the weight is judged by the mean AND the worst held-out
@@ -107,11 +130,16 @@ class PatientAdaptation:
         # between those groups; a new run can move further, and the adapted populations are what
         # follows it. Among the weights the folds cannot tell apart, the most adapted one.
         chosen = max(w for w, v in score.items() if v >= best - ADAPTIVE_WEIGHT_TOLERANCE)
+        transfer_score = float(np.mean(transfer_started) + np.min(transfer_started))
+        start = "training"
+        if transfer_score > best + ADAPTIVE_WEIGHT_TOLERANCE:
+            chosen, start = TRANSFER_START_WEIGHT, "transfer"
         self.selection_["adaptive_weight"] = {
-            "chosen": chosen, "folds": n_folds,
+            "chosen": chosen, "start": start, "folds": n_folds,
             "cv_accuracy": {str(w): m for w, m in means.items()},
-            "cv_worst": {str(w): v for w, v in worst.items()}}
-        return chosen
+            "cv_worst": {str(w): v for w, v in worst.items()},
+            "cv_transfer_start": {"accuracy": float(np.mean(transfer_started)), "worst": float(np.min(transfer_started))}}
+        return chosen, start
 
     def _fold_copy(self, groups, patients):
         """A model of this one's class, parameters and preprocessing, to fit on some patients only."""
@@ -153,7 +181,10 @@ class PatientAdaptation:
         # populations and of the reach's means, then do not depend on the order of the events.
         ordered = chosen[np.argsort(content_hashes(chosen), kind="stable")] if len(chosen) else chosen
         if adapts:
-            adjust.gaussians = lda.adapt(ordered)
+            start = None
+            if getattr(self, "adaptive_start_", "training") == "transfer" and len(ordered):
+                start = self._adjusted_proba(ordered, embedding, 50_000, adjust)  # no gaussians yet: unmixed
+            adjust.gaussians = lda.adapt(ordered, start)
         if reach is not None:
             adjust.reach = reach.for_patient(ordered, self.unknown_margin)
         return adjust

@@ -87,7 +87,9 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
         (:class:`~gating_core.method.adaptive_lda.AdaptiveLDA`, adapted by EM to its cells).
         "auto": the largest of ``ADAPTIVE_WEIGHTS`` whose held-out mean plus worst-patient
         accuracy is within ``ADAPTIVE_WEIGHT_TOLERANCE`` of the best (cross-validation over
-        groups).
+        groups), EM starting from the training populations; or ``TRANSFER_START_WEIGHT`` with
+        EM started from the transfer model's posteriors of the patient, when the held-out
+        patients say that beats every weight by more than the tolerance (``adaptive_start_``).
     unknown_margin : float > 0 or None, default=UNKNOWN_MARGIN (3.0)
         A cell whose squared distance to every population exceeds this many times that
         population's reach is gated ``"unknown"`` (confidence 0;
@@ -114,7 +116,8 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
     pooled_weight_ : float  its share within the embedding's reach (0 without one)
     companion_bandwidth_x_ : float or None  its own selected sigma_X
     hedge_classifier_ : MarginalTransferClassifier or None  ResearchGatingModel's second fit
-    adaptive_lda_ : AdaptiveLDA or None;  adaptive_weight_ : float
+    adaptive_lda_ : AdaptiveLDA or None;  adaptive_weight_ : float;  adaptive_start_ : str
+        where each patient's EM starts: "training" populations or "transfer" model's posteriors
     population_reach_ : PopulationReach or None  (None: no cell is called unknown)
     populations_, training_patients_ : list of str
     class_prior_ : ndarray (k,)  population shares of the training patients (each weighing the same)
@@ -362,6 +365,7 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
                                        if getattr(self, "hedge_classifier_", None) is not None else None),
                 "self_training": self._self_trains(),
                 "adaptive_weight": float(getattr(self, "adaptive_weight_", 0.0)),
+                "adaptive_start": str(getattr(self, "adaptive_start_", "training")),
                 "unknown_margin": (None if getattr(self, "population_reach_", None) is None
                                    else float(self.unknown_margin)),
                 "transform": self.transform_.to_dict()}

@@ -55,7 +55,9 @@ MODEL_FORMAT = "gating_core.model"
 #    without them).
 # 7: the populations' reach, which calls cells beyond all of them unknown (GatingModel.unknown_margin;
 #    files of formats 1-6 call no cell unknown).
-MODEL_FORMAT_VERSION = 7
+# 8: where the adapted populations' EM starts ("adaptive": {"start": ...}; files of formats 6-7 start
+#    from the training populations).
+MODEL_FORMAT_VERSION = 8
 
 
 def save_model(model, path) -> None:
@@ -89,7 +91,8 @@ def save_model(model, path) -> None:
         meta["hedge"] = {"bandwidth_x": hedge.bandwidth_x_, "temperature": hedge.temperature_}
     adaptive = getattr(model, "adaptive_lda_", None)
     if adaptive is not None:
-        meta["adaptive"] = {"weight": float(model.adaptive_weight_), "em_steps": int(adaptive.em_steps),
+        meta["adaptive"] = {"weight": float(model.adaptive_weight_), "start": str(model.adaptive_start_),
+                            "em_steps": int(adaptive.em_steps),
                             "min_population_cells": float(adaptive.min_population_cells)}
     reach = getattr(model, "population_reach_", None)
     if reach is not None:
@@ -324,8 +327,8 @@ def model_from_parts(cls, meta, arrays, path="model", research_cls=None):
                 raise ModelFileError(path, "model description: the pooled companion has no weight")
             weight = float(model.pooled_weight)
         model.pooled_weight_ = float(weight)
-    model.adaptive_lda_, model.adaptive_weight_ = _adaptive_populations(path, top.object("adaptive", optional=True),
-                                                                        array, arrays, model.populations_, d_cells)
+    model.adaptive_lda_, model.adaptive_weight_, model.adaptive_start_ = _adaptive_populations(
+        path, top.object("adaptive", optional=True), array, arrays, model.populations_, d_cells)
     model.population_reach_ = _population_reach(path, top.object("reach", optional=True), array, arrays,
                                                 model.populations_, d_cells)
     if model.population_reach_ is None:

@@ -18,6 +18,7 @@ from gating_core.method.landmark_alignment import MAX_PEAKS, LandmarkReference
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.features import LinearProductFeatures, ProductRFF
 from gating_core.method.unknown_cells import PopulationReach
+from gating_core.model.adaptation import ADAPTIVE_STARTS
 from gating_core.model.file_checks import ModelFileError
 from gating_core.model.file_fields import Fields
 from gating_core.model.file_params import _classifier_params
@@ -58,12 +59,13 @@ def _population_reach(path, fields, array, arrays, populations, d: int):
 
 
 def _adaptive_populations(path, fields, array, arrays, populations, d: int):
-    """The populations adapted to each gated patient (GatingModel.adaptive_weight), and their
-    weight: (AdaptiveLDA, weight), or (None, 0.0) for a model without them."""
+    """The populations adapted to each gated patient (GatingModel.adaptive_weight), their
+    weight and where their EM starts: (AdaptiveLDA, weight, start), or (None, 0.0, "training")
+    for a model without them."""
     if fields is None:
         if any(name.startswith("adaptive_") for name in arrays):
             raise ModelFileError(path, "model file is inconsistent: adaptive arrays in a model without them")
-        return None, 0.0
+        return None, 0.0, "training"
     k = len(populations)
     lda = AdaptiveLDA(em_steps=fields.integer("em_steps", minimum=0, maximum=1000),
                       min_population_cells=fields.number("min_population_cells", within=(0.0, 1e9)))
@@ -75,7 +77,8 @@ def _adaptive_populations(path, fields, array, arrays, populations, d: int):
         raise ModelFileError(path, "model file is inconsistent: array 'adaptive_priors' is not a distribution")
     if not np.allclose(lda.covariance_, lda.covariance_.T) or np.any(np.linalg.eigvalsh(lda.covariance_) <= 0):
         raise ModelFileError(path, "model file is inconsistent: array 'adaptive_covariance' is not a covariance")
-    return lda, fields.number("weight", within=(0.0, 1.0))
+    start = fields.string("start", choices=ADAPTIVE_STARTS, optional=True) or "training"  # format 8
+    return lda, fields.number("weight", within=(0.0, 1.0)), start
 
 
 def _pooled_companion(path, fields: Fields, array, main: MarginalTransferClassifier, d: int, k: int):
