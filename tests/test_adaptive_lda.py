@@ -11,6 +11,7 @@ from gating_core import read_fcs
 from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.features import content_hashes
 from gating_core.model import ADAPTIVE_WEIGHT_TOLERANCE, ADAPTIVE_WEIGHTS, GatingModel
+from gating_core.model.adaptation import TRANSFER_START_WEIGHT
 from gating_core.model.file_checks import ModelFileError
 from gating_core.model.research import ResearchGatingModel
 from modelfile_helpers import rewrite_model_file
@@ -93,9 +94,83 @@ def test_auto_weight_is_the_most_adapted_grid_point_within_the_tolerance_of_the_
     score = {float(w): m + table["cv_worst"][w] for w, m in table["cv_accuracy"].items()}
     assert sorted(score) == list(ADAPTIVE_WEIGHTS)
     best = max(score.values())
-    assert table["chosen"] == max(w for w, m in score.items() if m >= best - ADAPTIVE_WEIGHT_TOLERANCE) \
-        == auto_model.adaptive_weight_
+    transfer = table["cv_transfer_start"]["accuracy"] + table["cv_transfer_start"]["worst"]
+    if transfer > best + ADAPTIVE_WEIGHT_TOLERANCE:
+        assert (table["chosen"], table["start"]) == (TRANSFER_START_WEIGHT, "transfer")
+    else:
+        assert table["chosen"] == max(w for w, m in score.items() if m >= best - ADAPTIVE_WEIGHT_TOLERANCE)
+        assert table["start"] == "training"
+    assert table["chosen"] == auto_model.adaptive_weight_ and table["start"] == auto_model.adaptive_start_
     assert (auto_model.adaptive_lda_ is None) == (auto_model.adaptive_weight_ == 0)
+
+
+def test_em_can_start_from_another_models_posteriors():
+    rng = np.random.default_rng(4)
+    training = [_patient(rng) for _ in range(3)]
+    lda = AdaptiveLDA().fit([c for c, _ in training], [y for _, y in training])
+    cells, truth = _patient(rng, moved=(1.4, 1.2))
+    # Started from the training populations' own posteriors, it is the EM that starts from them.
+    logits = cells @ lda.training_gaussians().coef + lda.training_gaussians().intercept
+    own = np.exp(logits - logits.max(axis=1, keepdims=True))
+    own /= own.sum(axis=1, keepdims=True)
+    np.testing.assert_array_equal(lda.adapt(cells, own).means, lda.adapt(cells).means)
+    # Started from the true labels, the first M-step puts every population at its own cells.
+    exact = np.stack([truth == "A", truth == "B"], axis=1).astype(float)
+    one_step = AdaptiveLDA(em_steps=1).fit([c for c, _ in training], [y for _, y in training]).adapt(cells, exact)
+    np.testing.assert_allclose(one_step.means[1], cells[truth == "B"].mean(axis=0), rtol=1e-10)
+    assert np.mean(lda.classes_[np.argmax(AdaptiveLDA.proba(cells, lda.adapt(cells, exact)), 1)] == truth) > 0.95
+    with pytest.raises(ValueError, match="start must be"):
+        lda.adapt(cells, exact[:10])
+
+
+@pytest.fixture(scope="module")
+def new_center_fit():
+    """Simulated 4-center cohort (seed 22): trained on centers 1, 2 and 4, center 3 held out."""
+    from gating_core.synthetic import simulate_centers
+
+    cohort, centers = simulate_centers(4, 3, seed=22, n_events=6000, strength=2.0)
+    train = [c for c in cohort if centers[c[0].name] != "center_3"]
+    held = [c for c in cohort if centers[c[0].name] == "center_3"]
+    model = GatingModel(random_state=0).fit([c[0] for c in train], [c[1] for c in train],
+                                            groups=[centers[c[0].name] for c in train])
+    return model, held
+
+
+def test_em_starts_from_the_transfer_model_where_the_held_out_centers_ask_for_it(new_center_fit, tmp_path):
+    """On this new center EM from the training populations lets the monocytes take a third of
+    the granulocytes; the held-out training centers say EM from the transfer model's posteriors
+    is better (0.996 / 0.985 against 0.962 / 0.818 for the best weight), and so it is here."""
+    model, held = new_center_fit
+    table = model.selection_["adaptive_weight"]
+    assert (model.adaptive_start_, model.adaptive_weight_) == ("transfer", TRANSFER_START_WEIGHT)
+    assert table["start"] == "transfer"
+
+    def accuracies(m):
+        return [np.mean(m.predict(s) == np.asarray(y).astype(str)) for s, y in held]
+
+    chosen = accuracies(model)
+    # Measured: 0.991 mean, 0.978 worst patient; EM from the training populations at weight 1:
+    # 0.636 / 0.402.
+    assert np.mean(chosen) > 0.95 and np.min(chosen) > 0.9
+    model.adaptive_start_, model.adaptive_weight_ = "training", 1.0
+    try:
+        assert np.mean(accuracies(model)) < 0.8
+    finally:
+        model.adaptive_start_, model.adaptive_weight_ = "transfer", TRANSFER_START_WEIGHT
+    # The model file keeps the start; files before format 8 start from the training populations.
+    path = tmp_path / "m.npz"
+    model.save(path)
+    loaded = GatingModel.load(path)
+    assert loaded.adaptive_start_ == "transfer"
+    np.testing.assert_array_equal(loaded.predict_proba(held[0][0]), model.predict_proba(held[0][0]))
+    with zipfile.ZipFile(path) as z:
+        arrays = {n[:-4]: np.load(z.open(n)) for n in z.namelist()}
+    meta = json.loads(str(arrays.pop("meta")))
+    old = dict(meta, format_version=7, adaptive={k: v for k, v in meta["adaptive"].items() if k != "start"})
+    assert GatingModel.load(rewrite_model_file(arrays, tmp_path / "old.npz", old)).adaptive_start_ == "training"
+    bad = dict(meta, adaptive=dict(meta["adaptive"], start="elsewhere"))
+    with pytest.raises(ModelFileError, match="start"):
+        GatingModel.load(rewrite_model_file(arrays, tmp_path / "bad.npz", bad))
 
 
 def test_gating_mixes_the_adapted_populations_at_the_weight(small_cohort, auto_model):

@@ -185,8 +185,10 @@ def run_train(args) -> int:
     if info.get("adaptive_weight"):
         how = ("chosen by cross-validation over groups" if chosen.get("folds") else
                chosen.get("reason", "as set")).rstrip(".")
+        start = ("EM started from the transfer model's posteriors" if info.get("adaptive_start") == "transfer"
+                 else "EM started from the training populations")
         print(f"Adapted populations: weight {info['adaptive_weight']:g} ({how}; each patient's populations are "
-              "refitted to its own cells by EM; --adaptive-weight 0 turns them off)")
+              f"refitted to its own cells by EM, {start}; --adaptive-weight 0 turns them off)")
     if info.get("unknown_margin") is not None:
         print(f"Unknown cells: a gated cell beyond every population ({info['unknown_margin']:g} x its reach) is "
               "called 'unknown' (--unknown-margin none turns this off)")
