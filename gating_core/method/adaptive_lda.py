@@ -167,14 +167,13 @@ class AdaptiveLDA:
         out = np.empty((len(z), len(intercept)), dtype=np.float32)
 
         def run(bounds):
-            for lo in range(bounds[0], bounds[1], PROBA_BLOCK):
-                hi = min(lo + PROBA_BLOCK, bounds[1])
-                block = out[lo:hi]
-                np.matmul(np.asarray(z[lo:hi], dtype=np.float32), coef, out=block)
-                block += intercept
-                _softmax(block)
+            lo, hi = bounds
+            block = out[lo:hi]
+            np.matmul(np.asarray(z[lo:hi], dtype=np.float32), coef, out=block)
+            block += intercept
+            _softmax(block)
 
-        parallel_rows(run, len(z))
+        parallel_rows(run, len(z), max_block=PROBA_BLOCK)
         return out
 
 

@@ -203,13 +203,11 @@ class PopulationReach:
     def squared_distances(self, cells, means, dtype=np.float64) -> np.ndarray:
         """Squared Mahalanobis distance of each cell (n, d) to each population (k,) around
         ``means`` (k, d), in its own shape: (n, k) of ``dtype``. One (n, d) x (d, k d) product."""
-        k, d = self.whitening_.shape[:2]
-        whitening = np.ascontiguousarray(self.whitening_.transpose(1, 0, 2).reshape(d, k * d), dtype=dtype)
-        offsets = np.einsum("kd,kde->ke", np.asarray(means, dtype=np.float64), self.whitening_).reshape(-1)
+        whitening, offsets, sums = self._stacked(means, dtype)
         projected = np.asarray(cells, dtype=dtype) @ whitening
-        projected -= offsets.astype(dtype)
+        projected -= offsets
         np.square(projected, out=projected)
-        return projected @ _population_sums(k, d, dtype)
+        return projected @ sums
 
     def distance(self, cells, means, spread=None) -> np.ndarray:
         """How far each cell (n, d) lies beyond every population: min over populations j of
@@ -218,33 +216,34 @@ class PopulationReach:
         finer than that), block by block on threads so that each block's (block, k d)
         projection stays in the CPU cache; a cell's distance does not depend on its block."""
         reach = self.reach_ if spread is None else self.reach_ * np.asarray(spread)
-        k, d = self.whitening_.shape[:2]
-        whitening = np.ascontiguousarray(self.whitening_.transpose(1, 0, 2).reshape(d, k * d), dtype=np.float32)
-        offsets = np.einsum("kd,kde->ke", np.asarray(means, dtype=np.float64), self.whitening_).reshape(-1)
-        offsets = offsets.astype(np.float32)
-        # Each population's sum of squares divided by its reach, in the same product.
-        summing = (_population_sums(k, d, np.float64) / reach).astype(np.float32)
+        whitening, offsets, sums = self._stacked(means, np.float32)
+        sums /= reach.astype(np.float32)  # each population's sum of squares over its reach, in the same product
         z = np.asarray(cells)
         out = np.empty(len(z), dtype=np.float32)
 
         def run(bounds):
-            for lo in range(bounds[0], bounds[1], DISTANCE_BLOCK):
-                hi = min(lo + DISTANCE_BLOCK, bounds[1])
-                projected = np.asarray(z[lo:hi], dtype=np.float32) @ whitening
-                projected -= offsets
-                np.square(projected, out=projected)
-                out[lo:hi] = (projected @ summing).min(axis=1)
+            lo, hi = bounds
+            projected = np.asarray(z[lo:hi], dtype=np.float32) @ whitening
+            projected -= offsets
+            np.square(projected, out=projected)
+            out[lo:hi] = (projected @ sums).min(axis=1)
 
-        parallel_rows(run, len(z))
+        parallel_rows(run, len(z), max_block=DISTANCE_BLOCK)
         return out
+
+    def _stacked(self, means, dtype):
+        """The populations side by side, for one product with the cells: the whitenings
+        (d, k d), the whitened means (k d,) and the (k d, k) matrix of 0 and 1 whose product with
+        the squared coordinates sums each population's d of them (several times faster than
+        numpy's sum over a short last axis), all of ``dtype``."""
+        k, d = self.whitening_.shape[:2]
+        whitening = np.ascontiguousarray(self.whitening_.transpose(1, 0, 2).reshape(d, k * d), dtype=dtype)
+        offsets = np.einsum("kd,kde->ke", np.asarray(means, dtype=np.float64), self.whitening_).reshape(-1)
+        sums = np.kron(np.eye(k, dtype=dtype), np.ones((d, 1), dtype=dtype))
+        return whitening, offsets.astype(dtype), sums
 
     def unknown(self, cells, patient: PatientReach) -> np.ndarray:
         """Whether each cell (n, d) of a patient is beyond every one of its populations, each
         population's reach widened by its spread in the patient: (n,) bool."""
         return self.distance(cells, patient.means, patient.spread) > patient.margin
 
-
-def _population_sums(k: int, d: int, dtype) -> np.ndarray:
-    """(k d, k) of 0 and 1: the product of (n, k d) squared coordinates with it sums each
-    population's d of them (several times faster than numpy's sum over a short last axis)."""
-    return np.kron(np.eye(k, dtype=dtype), np.ones((d, 1), dtype=dtype))
