@@ -88,13 +88,22 @@ def auto_model(small_cohort):
         samples[:4], labels[:4], groups=centers[:4])
 
 
-def test_auto_weight_is_the_most_adapted_grid_point_within_the_tolerance_of_the_best(auto_model):
+@pytest.mark.parametrize("transfer_start", [False, True])
+def test_auto_weight_is_the_most_adapted_grid_point_within_the_tolerance_of_the_best(small_cohort, auto_model,
+                                                                                     transfer_start):
+    if transfer_start:
+        samples, labels, centers = small_cohort
+        auto_model = ResearchGatingModel(select=False, n_augment=1, cells_per_patient=1500, transfer_start=True).fit(
+            samples[:4], labels[:4], groups=centers[:4])
     table = auto_model.selection_["adaptive_weight"]
     assert table["folds"] == 2  # two training centers
     score = {float(w): m + table["cv_worst"][w] for w, m in table["cv_accuracy"].items()}
     assert sorted(score) == list(ADAPTIVE_WEIGHTS)
     best = max(score.values())
-    transfer = table["cv_transfer_start"]["accuracy"] + table["cv_transfer_start"]["worst"]
+    # The second start is scored (and can be taken) only when the option asks for it.
+    assert ("cv_transfer_start" in table) == transfer_start
+    transfer = (table["cv_transfer_start"]["accuracy"] + table["cv_transfer_start"]["worst"]
+                if transfer_start else -np.inf)
     if transfer > best + ADAPTIVE_WEIGHT_TOLERANCE:
         assert (table["chosen"], table["start"]) == (TRANSFER_START_WEIGHT, "transfer")
     else:
@@ -125,21 +134,23 @@ def test_em_can_start_from_another_models_posteriors():
 
 @pytest.fixture(scope="module")
 def new_center_fit():
-    """Simulated 4-center cohort (seed 22): trained on centers 1, 2 and 4, center 3 held out."""
+    """Simulated 4-center cohort (seed 22): trained on centers 1, 2 and 4, center 3 held out;
+    the model with the second start for EM (ResearchGatingModel's transfer_start)."""
     from gating_core.synthetic import simulate_centers
 
     cohort, centers = simulate_centers(4, 3, seed=22, n_events=6000, strength=2.0)
     train = [c for c in cohort if centers[c[0].name] != "center_3"]
     held = [c for c in cohort if centers[c[0].name] == "center_3"]
-    model = GatingModel(random_state=0).fit([c[0] for c in train], [c[1] for c in train],
-                                            groups=[centers[c[0].name] for c in train])
+    model = ResearchGatingModel(random_state=0, transfer_start=True).fit(
+        [c[0] for c in train], [c[1] for c in train], groups=[centers[c[0].name] for c in train])
     return model, held
 
 
 def test_em_starts_from_the_transfer_model_where_the_held_out_centers_ask_for_it(new_center_fit, tmp_path):
     """On this new center EM from the training populations lets the monocytes take a third of
     the granulocytes; the held-out training centers say EM from the transfer model's posteriors
-    is better (0.996 / 0.985 against 0.962 / 0.818 for the best weight), and so it is here."""
+    is better (0.996 / 0.985 against 0.962 / 0.818 for the best weight), and so the option takes
+    it here."""
     model, held = new_center_fit
     table = model.selection_["adaptive_weight"]
     assert (model.adaptive_start_, model.adaptive_weight_) == ("transfer", TRANSFER_START_WEIGHT)
@@ -149,28 +160,35 @@ def test_em_starts_from_the_transfer_model_where_the_held_out_centers_ask_for_it
         return [np.mean(m.predict(s) == np.asarray(y).astype(str)) for s, y in held]
 
     chosen = accuracies(model)
-    # Measured: 0.991 mean, 0.978 worst patient; EM from the training populations at weight 1:
-    # 0.636 / 0.402.
+    # Measured: 0.991 mean, 0.978 worst patient; EM from the training populations at weight 1
+    # (what the default, without the option, gates this center with): 0.636 / 0.402.
     assert np.mean(chosen) > 0.95 and np.min(chosen) > 0.9
     model.adaptive_start_, model.adaptive_weight_ = "training", 1.0
     try:
         assert np.mean(accuracies(model)) < 0.8
     finally:
         model.adaptive_start_, model.adaptive_weight_ = "transfer", TRANSFER_START_WEIGHT
-    # The model file keeps the start; files before format 8 start from the training populations.
+    # The model file keeps the option and the start (a ResearchGatingModel's file); files before
+    # format 8 start from the training populations.
     path = tmp_path / "m.npz"
     model.save(path)
-    loaded = GatingModel.load(path)
-    assert loaded.adaptive_start_ == "transfer"
+    with pytest.raises(ModelFileError, match="transfer_start"):
+        GatingModel.load(path)
+    loaded = ResearchGatingModel.load(path)
+    assert loaded.adaptive_start_ == "transfer" and loaded.transfer_start
     np.testing.assert_array_equal(loaded.predict_proba(held[0][0]), model.predict_proba(held[0][0]))
     with zipfile.ZipFile(path) as z:
         arrays = {n[:-4]: np.load(z.open(n)) for n in z.namelist()}
     meta = json.loads(str(arrays.pop("meta")))
     old = dict(meta, format_version=7, adaptive={k: v for k, v in meta["adaptive"].items() if k != "start"})
-    assert GatingModel.load(rewrite_model_file(arrays, tmp_path / "old.npz", old)).adaptive_start_ == "training"
+    assert ResearchGatingModel.load(rewrite_model_file(arrays, tmp_path / "old.npz", old)).adaptive_start_ == "training"
     bad = dict(meta, adaptive=dict(meta["adaptive"], start="elsewhere"))
     with pytest.raises(ModelFileError, match="start"):
-        GatingModel.load(rewrite_model_file(arrays, tmp_path / "bad.npz", bad))
+        ResearchGatingModel.load(rewrite_model_file(arrays, tmp_path / "bad.npz", bad))
+    # A file written while the second start was the default's (a GatingModel's, without the
+    # option) still gates with the start it stored.
+    earlier = dict(meta, params={k: v for k, v in meta["params"].items() if k != "transfer_start"})
+    assert GatingModel.load(rewrite_model_file(arrays, tmp_path / "earlier.npz", earlier)).adaptive_start_ == "transfer"
 
 
 def test_gating_mixes_the_adapted_populations_at_the_weight(small_cohort, auto_model):

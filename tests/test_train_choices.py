@@ -121,3 +121,19 @@ def test_the_research_options_train_a_research_model_that_gate_reads(sample_data
     plain = tmp_path / "plain.npz"
     assert run_cli("train", *SMALL, "--out", plain, *sample_paths(range(1, 5))).returncode == 0
     assert type(load_gating_model(plain)) is GatingModel
+
+
+def test_transfer_start_is_an_option_of_train(tmp_path):
+    """``--transfer-start``: the folds also score EM started from the transfer model's posteriors;
+    the model is a ResearchGatingModel whose file keeps the option and the table."""
+    from gating_core.model.research import ResearchGatingModel, load_gating_model
+
+    path = tmp_path / "start.npz"
+    result = run_cli("train", "--transfer-start", *SMALL, "--out", path, *sample_paths(range(1, 5)))
+    assert result.returncode == 0, result.stderr
+    loaded = load_gating_model(path)
+    assert type(loaded) is ResearchGatingModel and loaded.transfer_start is True
+    table = loaded.selection_["adaptive_weight"]
+    assert set(table["cv_transfer_start"]) == {"accuracy", "worst"}
+    assert table["start"] == loaded.adaptive_start_ in ("training", "transfer")
+    assert "EM started from" in result.stdout

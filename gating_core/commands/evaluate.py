@@ -16,7 +16,7 @@ EVALUATION_METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", 
                       "marginal-em", "marginal-quantile", "dica-pooling")
 EVALUATION_METHODS += ("qda", "trees")
 EVALUATION_METHODS += ("marginal-no-adaptive", "adaptive-lda", "marginal-augment", "marginal-second-bandwidth",
-                       "marginal-self-training", "previous-default")
+                       "marginal-self-training", "previous-default", "marginal-transfer-start")
 EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5", "dica-marginal", "iw-nystroem",
                        "marginal-linear", "marginal-agnostic", "marginal-select-worst")
 EVALUATION_METHODS += ("marginal-landmarks",)
@@ -39,9 +39,9 @@ def register(subparsers) -> None:
                                "importance-weighted Nystroem KRR for each held-out patient; marginal-agnostic weighs training "
                                "patients towards the worst mixture, marginal-select-worst chooses every hyperparameter "
                                "for the worst held-out group; marginal-no-adaptive gates without the adapted "
-                               "populations, adaptive-lda with them alone; marginal-augment, marginal-second-bandwidth "
-                               "and marginal-self-training add an option the default leaves out, previous-default all "
-                               "three without the adapted populations; marginal-landmarks registers "
+                               "populations, adaptive-lda with them alone; marginal-augment, marginal-second-bandwidth, "
+                               "marginal-self-training and marginal-transfer-start add an option the default leaves out, "
+                               "previous-default the first three without the adapted populations; marginal-landmarks registers "
                                "each channel's density peaks onto the training patients' consensus peaks, channels "
                                "whose peaks do not match left as they are)")
     evaluate.add_argument("--groups", metavar="FILE|KEYWORD",

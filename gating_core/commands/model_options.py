@@ -67,6 +67,9 @@ def _model_options(parser) -> None:
     group.add_argument("--self-training", action="store_true",
                        help="move each gated patient's gates towards its own confident cells, a self-training "
                             "step at gating time (an option)")
+    group.add_argument("--transfer-start", action="store_true",
+                       help="with --adaptive-weight auto, also let each patient's EM start from the transfer "
+                            "model's posteriors when the held-out groups say that gates better (an option)")
     group.add_argument("--adaptive-weight", type=_pooled_weight, default=DEFAULT_ADAPTIVE_WEIGHT, metavar="W",
                        help="share of each patient's own populations (Gaussians adapted to its cells by EM) in the "
                             "final probabilities, 0 to 1, or 'auto' (default: chosen by cross-validation over "
@@ -160,6 +163,8 @@ def _model_params(args) -> dict:
         params["bandwidth_x_hedge"] = 0.5
     if args.self_training:
         params["self_training"] = True
+    if args.transfer_start:
+        params["transfer_start"] = True
     if args.align != "none":
         params["align"] = args.align
     if args.channels:

@@ -212,6 +212,7 @@ def _iw_model(args):
                         ("--augment", args.augment != 0),
                         ("--second-bandwidth", args.second_bandwidth),
                         ("--self-training", args.self_training),
+                        ("--transfer-start", args.transfer_start),
                         ("--adaptive-weight", args.adaptive_weight != DEFAULT_ADAPTIVE_WEIGHT),
                         ("--unknown-margin", args.unknown_margin != UNKNOWN_MARGIN),
                         ("--align", args.align != "none")):

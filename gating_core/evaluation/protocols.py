@@ -33,10 +33,10 @@ PREDICTOR_METHODS = ("lda", "qda", "trees", "dica-pooling")
 # (scikit-learn's HistGradientBoostingClassifier), on the same cells.
 ALL_METHODS += ("qda", "trees")
 # What each part adds: the default without the adapted populations, with them alone; the default
-# with each option that is not in it (shift augmentation, a second cell bandwidth, self-training),
-# and the previous default (all three, no adapted populations).
+# with each option that is not in it (shift augmentation, a second cell bandwidth, self-training,
+# a second start for EM), and the previous default (the first three, no adapted populations).
 ALL_METHODS += ("marginal-no-adaptive", "adaptive-lda", "marginal-augment", "marginal-second-bandwidth",
-                "marginal-self-training", "previous-default")
+                "marginal-self-training", "previous-default", "marginal-transfer-start")
 # The method's family: the papers' hinge loss and multitask kernel, DICA before marginal transfer
 # (the distributional variant), importance-weighted Nystroem KRR refitted for each held-out
 # patient on its own unlabeled cells (gating_core.model.iw_model, the command line's defaults), linear
@@ -48,7 +48,7 @@ ALL_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5", "dica-margi
 ALL_METHODS += ("marginal-landmarks",)
 #: GatingModel settings of each kernel method (on top of the user's model parameters); a method
 #: whose settings name a research option (n_augment, augment_gain, augment_shift,
-#: bandwidth_x_hedge, self_training) is a ResearchGatingModel (model.research.build_model). The
+#: bandwidth_x_hedge, self_training, transfer_start) is a ResearchGatingModel (model.research.build_model). The
 #: method's family (hinge, linear kernel, agnostic weighting, selection for the worst group, DICA)
 #: is measured as the papers' systems: without the adapted populations.
 METHOD_SETTINGS = {
@@ -82,6 +82,7 @@ METHOD_SETTINGS = {
     "marginal-augment": {"method": "marginal", "n_augment": 4},
     "marginal-second-bandwidth": {"method": "marginal", "bandwidth_x_hedge": 0.5},
     "marginal-self-training": {"method": "marginal", "self_training": True},
+    "marginal-transfer-start": {"method": "marginal", "transfer_start": True},
     # The previous default: shift augmentation, a second cell bandwidth and self-training, no
     # adapted populations.
     "previous-default": {"method": "marginal", "n_augment": 4, "bandwidth_x_hedge": 0.5, "self_training": True,

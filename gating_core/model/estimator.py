@@ -87,9 +87,8 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
         (:class:`~gating_core.method.adaptive_lda.AdaptiveLDA`, adapted by EM to its cells).
         "auto": the largest of ``ADAPTIVE_WEIGHTS`` whose held-out mean plus worst-patient
         accuracy is within ``ADAPTIVE_WEIGHT_TOLERANCE`` of the best (cross-validation over
-        groups), EM starting from the training populations; or ``TRANSFER_START_WEIGHT`` with
-        EM started from the transfer model's posteriors of the patient, when the held-out
-        patients say that beats every weight by more than the tolerance (``adaptive_start_``).
+        groups), EM starting from the training populations (ResearchGatingModel's
+        ``transfer_start`` adds a second start).
     unknown_margin : float > 0 or None, default=UNKNOWN_MARGIN (3.0)
         A cell whose squared distance to every population exceeds this many times that
         population's reach is gated ``"unknown"`` (confidence 0;
@@ -140,6 +139,7 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
     augment_shift = 0.15
     bandwidth_x_hedge = DEFAULT_BANDWIDTH_X_HEDGE
     self_training = False
+    transfer_start = False
     # ... and the method's family at the default's choices.
     method = "marginal"
     solver = "rff"
@@ -157,6 +157,7 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
     #: Their names, for the model file (gating_core.model.file reads them from the class it is given:
     #: a file storing them at these values is this model's, otherwise a ResearchGatingModel's).
     RESEARCH_OPTIONS = ("n_augment", "augment_gain", "augment_shift", "bandwidth_x_hedge", "self_training",
+                        "transfer_start",
                         "method", "solver", "loss", "patient_weighting", "kernel_x", "select_embedding_bandwidth",
                         "selection_objective", "prior_shift", "align", "task_similarity", "dica",
                         "dica_components", "class_balance")

@@ -36,7 +36,7 @@ from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.dica import cell_projection_from_arrays
 from gating_core.method.features import LinearMeanEmbedding, LinearProductFeatures, MeanEmbedding
 from gating_core.model.file_checks import ModelFileError, archive_array, read_archive
-from gating_core.model.file_fields import Fields, parse_json
+from gating_core.model.file_fields import Fields, read_description
 from gating_core.model.file_params import _classifier_params, _model_params, _transform
 from gating_core.model.file_parts import (_adaptive_populations, _hedge_model, _landmark_reference,
                                           _linear_feature_map, _pooled_companion, _population_reach, _rff_map)
@@ -179,16 +179,8 @@ def load_model(cls, path, research_cls=None):
     """
     path = Path(path)
     arrays = read_archive(path)
-    if "meta" not in arrays:
-        raise ModelFileError(path, "not a gating model file (no model description inside)")
-    meta = parse_json(path, str(arrays.pop("meta")))
-    if meta.get("format") != MODEL_FORMAT:
-        raise ModelFileError(path, "not a gating model file (unknown format tag)")
-    version = meta.get("format_version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ModelFileError(path, f"model description: format_version must be a positive integer, got {version!r}"[:200])
-    if version > MODEL_FORMAT_VERSION:
-        raise ModelFileError(path, f"written by a newer gating_core (format {version}); upgrade to read it")
+    meta = read_description(path, arrays, MODEL_FORMAT, MODEL_FORMAT_VERSION,
+                            "not a gating model file (unknown format tag)")
     try:
         return model_from_parts(cls, meta, arrays, path=path, research_cls=research_cls)
     except ModelFileError:

@@ -21,6 +21,23 @@ from gating_core.model.file_checks import MAX_JSON_DEPTH, MAX_META_CHARS
 _STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
 
 
+def read_description(path, arrays: dict, tag: str, newest: int, not_ours: str) -> dict:
+    """The description (``arrays["meta"]``, popped) of a model file of format ``tag``, checked:
+    ``not_ours`` when it is missing or of another format, and a version the reader knows (1 to
+    ``newest``)."""
+    if "meta" not in arrays:
+        raise ModelFileError(path, "not a gating model file (no model description inside)")
+    meta = parse_json(path, str(arrays.pop("meta")))
+    if meta.get("format") != tag:
+        raise ModelFileError(path, not_ours)
+    version = meta.get("format_version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ModelFileError(path, f"model description: format_version must be a positive integer, got {version!r}"[:200])
+    if version > newest:
+        raise ModelFileError(path, f"written by a newer gating_core (format {version}); upgrade to read it")
+    return meta
+
+
 def parse_json(path, text: str) -> dict:
     """The model description: a JSON object of at most MAX_META_CHARS characters and
     MAX_JSON_DEPTH levels; NaN is refused (Infinity is allowed: a threshold may be infinite)."""

@@ -20,7 +20,7 @@ import numpy as np
 from gating_core import __version__
 from gating_core.method.features import MeanEmbedding
 from gating_core.model.file_checks import Member, ModelFileError, archive_array, read_archive
-from gating_core.model.file_fields import Fields, parse_json
+from gating_core.model.file_fields import Fields, parse_json, read_description
 
 IW_FORMAT = "gating_core.iw_model"
 IW_FORMAT_VERSION = 1
@@ -64,16 +64,7 @@ def load_iw_model(cls, path):
     ModelFileError."""
     path = Path(path)
     arrays = read_archive(path, IW_MEMBERS)
-    if "meta" not in arrays:
-        raise ModelFileError(path, "not a gating model file (no model description inside)")
-    meta = parse_json(path, str(arrays.pop("meta")))
-    if meta.get("format") != IW_FORMAT:
-        raise ModelFileError(path, f"not an {cls.method} model file")
-    version = meta.get("format_version")
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ModelFileError(path, f"model description: format_version must be a positive integer, got {version!r}"[:200])
-    if version > IW_FORMAT_VERSION:
-        raise ModelFileError(path, f"written by a newer gating_core (format {version}); upgrade to read it")
+    meta = read_description(path, arrays, IW_FORMAT, IW_FORMAT_VERSION, f"not an {cls.method} model file")
     try:
         return _from_parts(cls, path, Fields(path, meta, "model"), arrays)
     except ModelFileError:
