@@ -73,7 +73,7 @@ def _model_options(parser) -> None:
     group.add_argument("--adaptive-weight", type=_pooled_weight, default=DEFAULT_ADAPTIVE_WEIGHT, metavar="W",
                        help="share of each patient's own populations (Gaussians adapted to its cells by EM) in the "
                             "final probabilities, 0 to 1, or 'auto' (default: chosen by cross-validation over "
-                            "groups, with where EM starts; 0: the transfer model alone)")
+                            "groups; 0: the transfer model alone)")
     group.add_argument("--unknown-margin", type=_unknown_margin, default=UNKNOWN_MARGIN, metavar="M",
                        help="call a gated cell 'unknown' when it lies beyond every training population: its squared "
                             "distance to each exceeds M times that population's reach (the 99.9th percentile of its "

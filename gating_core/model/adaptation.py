@@ -134,14 +134,14 @@ class PatientAdaptation:
         # follows it. Among the weights the folds cannot tell apart, the most adapted one.
         chosen = max(w for w, v in score.items() if v >= best - ADAPTIVE_WEIGHT_TOLERANCE)
         start = "training"
+        if transfer_started and np.mean(transfer_started) + np.min(transfer_started) > best + ADAPTIVE_WEIGHT_TOLERANCE:
+            chosen, start = TRANSFER_START_WEIGHT, "transfer"
         table = {"chosen": chosen, "start": start, "folds": n_folds,
                  "cv_accuracy": {str(w): m for w, m in means.items()},
                  "cv_worst": {str(w): v for w, v in worst.items()}}
         if transfer_started:
-            if float(np.mean(transfer_started) + np.min(transfer_started)) > best + ADAPTIVE_WEIGHT_TOLERANCE:
-                chosen, start = TRANSFER_START_WEIGHT, "transfer"
-            table.update(chosen=chosen, start=start, cv_transfer_start={
-                "accuracy": float(np.mean(transfer_started)), "worst": float(np.min(transfer_started))})
+            table["cv_transfer_start"] = {"accuracy": float(np.mean(transfer_started)),
+                                          "worst": float(np.min(transfer_started))}
         self.selection_["adaptive_weight"] = table
         return chosen, start
 
