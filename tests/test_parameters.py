@@ -25,7 +25,8 @@ from modelfile_helpers import rewrite_model_file
 #: The research options' defaults, which every GatingModel file written while they were its
 #: parameters stores: the options left out of the default, then the method's family.
 RESEARCH_DEFAULTS = {"n_augment": 0, "augment_gain": 0.08, "augment_shift": 0.15, "bandwidth_x_hedge": None,
-                     "self_training": False, "transfer_start": False, "method": "marginal", "solver": "rff", "loss": "squared",
+                     "self_training": False, "transfer_start": False, "adaptive_shapes": True,
+                     "method": "marginal", "solver": "rff", "loss": "squared",
                      "patient_weighting": "uniform", "kernel_x": "gaussian", "select_embedding_bandwidth": False,
                      "selection_objective": "mean", "prior_shift": "none", "align": "none", "task_similarity": 0.5,
                      "dica": None, "dica_components": 20, "class_balance": 0.0}

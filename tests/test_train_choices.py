@@ -129,6 +129,9 @@ def test_transfer_start_is_an_option_of_train(tmp_path):
     from gating_core.model.research import ResearchGatingModel, load_gating_model
 
     path = tmp_path / "start.npz"
+    refused = run_cli("train", "--transfer-start", "--adaptive-weight", "0.5", *SMALL, "--out", path,
+                      *sample_paths(range(1, 5)))
+    assert refused.returncode == 2 and "--adaptive-weight auto" in refused.stderr and not path.exists()
     result = run_cli("train", "--transfer-start", *SMALL, "--out", path, *sample_paths(range(1, 5)))
     assert result.returncode == 0, result.stderr
     loaded = load_gating_model(path)

@@ -381,10 +381,11 @@ def test_pooled_weight_option_takes_auto_or_a_weight():
 def test_command_line_names_match_the_library():
     from gating_core.commands import evaluate, model_options
     from gating_core.evaluation import ALL_METHODS
-    from gating_core.model import DEFAULT_POOLED_WEIGHT
+    from gating_core.model import DEFAULT_ADAPTIVE_WEIGHT, DEFAULT_POOLED_WEIGHT
 
     assert sorted(evaluate.EVALUATION_METHODS) == sorted(ALL_METHODS)
     assert model_options.DEFAULT_POOLED_WEIGHT == DEFAULT_POOLED_WEIGHT
+    assert model_options.DEFAULT_ADAPTIVE_WEIGHT == DEFAULT_ADAPTIVE_WEIGHT
 
 
 # -- class-prior re-estimation (prior_shift="em") -----------------------------------------------

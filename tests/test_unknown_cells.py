@@ -164,7 +164,8 @@ def test_unknown_margin_none_calls_no_cell_unknown(model):
     sample, labels = (x[0] for x in sample_cohort([6]))
     with_new, _ = _with_planted_population(model, sample, labels)
     fresh = GatingModel(**{**model.get_params(), "unknown_margin": None}).fit(*sample_cohort(range(1, 5)))
-    assert fresh.population_reach_ is None
+    # The populations' shapes stay: the adapted populations' own-shape fit uses them.
+    assert fresh.population_reach_ is not None and fresh.adaptive_shapes_ and not fresh._unknown_called()
     result = fresh.gate(with_new)
     assert UNKNOWN not in set(result.populations) and UNKNOWN not in result.counts
     assert fresh.gated_populations() == fresh.populations_ == result.population_names
@@ -191,6 +192,7 @@ def test_model_files_without_the_reach_gate_every_cell_to_a_known_population(mod
     reach_arrays = [name for name in arrays if name.startswith("reach_")]
     older = {**{k: v for k, v in meta.items() if k != "reach"}, "format_version": 6}
     older["params"] = {k: v for k, v in meta["params"].items() if k != "unknown_margin"}
+    older["adaptive"] = {k: v for k, v in meta["adaptive"].items() if k not in ("start", "shapes")}
     old = GatingModel.load(rewrite_model_file(arrays, tmp_path / "old.npz", older, drop=reach_arrays))
     assert old.population_reach_ is None and old.unknown_margin is None
     sample, labels = (x[0] for x in sample_cohort([6]))
@@ -222,7 +224,13 @@ def test_train_takes_unknown_margin_none_and_refuses_a_bad_margin(tmp_path):
                    "--features", "64", "--cells-per-patient", "300")
     assert done.returncode == 0, done.stderr
     assert "Unknown cells" not in done.stdout
-    assert GatingModel.load(out).population_reach_ is None
+    assert not GatingModel.load(out)._unknown_called()
+    # Without the adapted populations either, the model keeps no populations' shapes.
+    bare = tmp_path / "bare.npz"
+    done = run_cli("train", *sample_paths(range(1, 3)), "--out", bare, "--unknown-margin", "none", "--no-selection",
+                   "--features", "64", "--cells-per-patient", "300", "--adaptive-weight", "0")
+    assert done.returncode == 0, done.stderr
+    assert GatingModel.load(bare).population_reach_ is None
 
 
 def test_the_auto_gate_page_reports_unknown_cells_and_asks_before_accepting_them():

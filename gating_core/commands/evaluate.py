@@ -20,6 +20,7 @@ EVALUATION_METHODS += ("marginal-no-adaptive", "adaptive-lda", "marginal-augment
 EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5", "dica-marginal", "iw-nystroem",
                        "marginal-linear", "marginal-agnostic", "marginal-select-worst")
 EVALUATION_METHODS += ("marginal-landmarks",)
+EVALUATION_METHODS += ("marginal-shared-covariance", "marginal-even-weight")
 
 
 def register(subparsers) -> None:
@@ -43,7 +44,9 @@ def register(subparsers) -> None:
                                "marginal-self-training and marginal-transfer-start add an option the default leaves out, "
                                "previous-default the first three without the adapted populations; marginal-landmarks registers "
                                "each channel's density peaks onto the training patients' consensus peaks, channels "
-                               "whose peaks do not match left as they are)")
+                               "whose peaks do not match left as they are; marginal-shared-covariance adapts the "
+                               "populations without their own shapes, marginal-even-weight weighs the transfer model "
+                               "and the two fits a third each whatever the held-out groups say)")
     evaluate.add_argument("--groups", metavar="FILE|KEYWORD",
                           help="the group (center, batch, run) of each patient: a CSV (patient, group) or an "
                                "FCS keyword such as $CYTSN, $INST or $DATE; default: near-duplicate patients "

@@ -11,8 +11,8 @@ from gating_core.errors import print_error
 
 # Kept here rather than imported so that the command line starts without numpy and scikit-learn;
 # tests check each against the library's: gating_core.method.alignment.ALIGNMENTS
-# (tests/test_landmark_alignment.py), gating_core.model.estimator.DEFAULT_POOLED_WEIGHT
-# (tests/test_transfer.py) and DEFAULT_CLASS_BALANCE (tests/test_class_balance.py),
+# (tests/test_landmark_alignment.py), gating_core.model.estimator.DEFAULT_POOLED_WEIGHT and
+# DEFAULT_ADAPTIVE_WEIGHT (tests/test_transfer.py) and DEFAULT_CLASS_BALANCE (tests/test_class_balance.py),
 # gating_core.method.unknown_cells.UNKNOWN_MARGIN (tests/test_unknown_cells.py).
 ALIGNMENTS = ("none", "quantile", "landmarks")
 DEFAULT_POOLED_WEIGHT = 0.5
@@ -71,9 +71,11 @@ def _model_options(parser) -> None:
                        help="with --adaptive-weight auto, also let each patient's EM start from the transfer "
                             "model's posteriors when the held-out groups say that gates better (an option)")
     group.add_argument("--adaptive-weight", type=_pooled_weight, default=DEFAULT_ADAPTIVE_WEIGHT, metavar="W",
-                       help="share of each patient's own populations (Gaussians adapted to its cells by EM) in the "
-                            "final probabilities, 0 to 1, or 'auto' (default: chosen by cross-validation over "
-                            "groups; 0: the transfer model alone)")
+                       help="share of each patient's own populations (two Gaussian fits adapted to its cells by "
+                            "EM: one covariance shared by all populations, and each population's own shape) in the "
+                            "final probabilities, 0 to 1, or 'auto' (default: 2/3, the transfer model and the two "
+                            "fits a third each, unless cross-validation over groups finds it clearly worse; 0: the "
+                            "transfer model alone)")
     group.add_argument("--unknown-margin", type=_unknown_margin, default=UNKNOWN_MARGIN, metavar="M",
                        help="call a gated cell 'unknown' when it lies beyond every training population: its squared "
                             "distance to each exceeds M times that population's reach (the 99.9th percentile of its "
@@ -164,6 +166,9 @@ def _model_params(args) -> dict:
     if args.self_training:
         params["self_training"] = True
     if args.transfer_start:
+        if params["adaptive_weight"] != "auto":
+            raise SystemExit(_usage("--transfer-start is scored by the cross-validation of --adaptive-weight auto: "
+                                    "give both"))
         params["transfer_start"] = True
     if args.align != "none":
         params["align"] = args.align

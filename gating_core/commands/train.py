@@ -183,12 +183,19 @@ def run_train(args) -> int:
         print("Gating: each patient's gates follow its own confident cells (self-training)")
     chosen = getattr(model, "selection_", {}).get("adaptive_weight", {})
     if info.get("adaptive_weight"):
-        how = ("chosen by cross-validation over groups" if chosen.get("folds") else
-               chosen.get("reason", "as set")).rstrip(".")
+        how = "as set"
+        if chosen.get("folds"):
+            how = ("the transfer model and each fit a third; the held-out groups did not find it clearly worse"
+                   if abs(info["adaptive_weight"] - 2 / 3) < 1e-9 else
+                   "the held-out groups found the even thirds clearly worse")
+        elif chosen:
+            how = chosen.get("reason", how).rstrip(".")
         start = ("EM started from the transfer model's posteriors" if info.get("adaptive_start") == "transfer"
                  else "EM started from the training populations")
-        print(f"Adapted populations: weight {info['adaptive_weight']:g} ({how}; each patient's populations are "
-              f"refitted to its own cells by EM, {start}; --adaptive-weight 0 turns them off)")
+        fits = ("one covariance shared by all populations, and each population's own shape"
+                if info.get("adaptive_shapes") else "one covariance shared by all populations")
+        print(f"Adapted populations: weight {info['adaptive_weight']:.3g} ({how}; each patient's populations are "
+              f"refitted to its own cells by EM, {start}; {fits}; --adaptive-weight 0 turns them off)")
     if info.get("unknown_margin") is not None:
         print(f"Unknown cells: a gated cell beyond every population ({info['unknown_margin']:g} x its reach) is "
               "called 'unknown' (--unknown-margin none turns this off)")

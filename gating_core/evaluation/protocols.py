@@ -46,6 +46,9 @@ ALL_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5", "dica-margi
                 "marginal-linear", "marginal-agnostic", "marginal-select-worst")
 # Landmark (peak) registration of each channel, with its skip rule (gating_core.method.alignment).
 ALL_METHODS += ("marginal-landmarks",)
+# The adapted populations' parts: without the own-shape fit (the shared-covariance fit alone), and
+# at the even thirds whatever the held-out groups say.
+ALL_METHODS += ("marginal-shared-covariance", "marginal-even-weight")
 #: GatingModel settings of each kernel method (on top of the user's model parameters); a method
 #: whose settings name a research option (n_augment, augment_gain, augment_shift,
 #: bandwidth_x_hedge, self_training, transfer_start) is a ResearchGatingModel (model.research.build_model). The
@@ -76,8 +79,11 @@ METHOD_SETTINGS = {
     "marginal-agnostic": {"method": "marginal", "patient_weighting": "agnostic", "adaptive_weight": 0.0},
     # The transfer model alone, without the populations adapted to each patient.
     "marginal-no-adaptive": {"method": "marginal", "adaptive_weight": 0.0},
-    # The adapted populations alone (LDA refitted to each patient by EM).
+    # The adapted populations alone (both generative fits, refitted to each patient by EM).
     "adaptive-lda": {"method": "marginal", "adaptive_weight": 1.0},
+    # The adapted populations without their own-shape fit; at the even thirds without the folds' check.
+    "marginal-shared-covariance": {"method": "marginal", "adaptive_shapes": False},
+    "marginal-even-weight": {"method": "marginal", "adaptive_weight": 2.0 / 3.0},
     # The default with each option it leaves out.
     "marginal-augment": {"method": "marginal", "n_augment": 4},
     "marginal-second-bandwidth": {"method": "marginal", "bandwidth_x_hedge": 0.5},

@@ -109,22 +109,35 @@ class PatientAdjustment:
     it adjusts the probabilities in place and returns them.
 
     ``gaussians`` (a :class:`~gating_core.method.adaptive_lda.PatientGaussians`, or None) are the
-    patient's own populations adapted by EM; the model mixes their posteriors in with
-    :meth:`mix`, at its weight ``adaptive_weight_``. ``reach`` (a
+    patient's own populations adapted by EM, sharing one covariance; ``shapes`` (a pair of
+    :class:`~gating_core.method.unknown_cells.PopulationReach` and
+    :class:`~gating_core.method.unknown_cells.PatientReach`, or None) the same populations each in
+    its own training shape. The model mixes their
+    posteriors in with :meth:`mix`, at its weight ``adaptive_weight_``. ``reach`` (a
     :class:`~gating_core.method.unknown_cells.PatientReach`, or None) is where its populations reach:
     the model calls cells beyond all of them unknown.
     """
 
-    def __init__(self, ratio=None, coef=None, gaussians=None, reach=None):
-        self.ratio, self.coef, self.gaussians, self.reach = ratio, coef, gaussians, reach
+    def __init__(self, ratio=None, coef=None, gaussians=None, reach=None, shapes=None):
+        self.ratio, self.coef, self.gaussians, self.reach, self.shapes = ratio, coef, gaussians, reach, shapes
+
+    def adapted(self, cells: np.ndarray) -> np.ndarray:
+        """The adapted populations' posteriors of cells (n, d): (n, k) float32, the mean of the
+        shared-covariance fit's and (with ``shapes``) the own-shape fit's."""
+        proba = AdaptiveLDA.proba(cells, self.gaussians)
+        if self.shapes is not None:
+            reach, patient = self.shapes
+            proba += reach.proba(cells, patient)
+            proba *= np.float32(0.5)
+        return proba
 
     def mix(self, proba: np.ndarray, cells: np.ndarray, weight: float) -> np.ndarray:
-        """``(1 - weight) proba + weight p_gaussians(cells)``, in place; unchanged without
+        """``(1 - weight) proba + weight`` :meth:`adapted`, in place; unchanged without
         gaussians or at weight 0."""
         if self.gaussians is None or weight <= 0:
             return proba
         proba *= np.float32(1.0 - weight)
-        proba += np.float32(weight) * AdaptiveLDA.proba(cells, self.gaussians)
+        proba += np.float32(weight) * self.adapted(cells)
         return proba
 
     def __call__(self, proba: np.ndarray, shift=None) -> np.ndarray:

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from gating_core.cpus import parallel_rows
+from gating_core.cpus import one_blas_thread, parallel_rows
 
 #: Quantile of a population's training cells' squared distances that defines its reach.
 REACH_QUANTILE = 0.999
@@ -59,11 +59,13 @@ DISTANCE_BLOCK = 2048
 @dataclass(frozen=True)
 class PatientReach:
     """One patient's populations for :meth:`PopulationReach.unknown`: their means (k, d), their
-    spread in the patient (k,), each >= 1, and the margin."""
+    spread in the patient (k,), each >= 1, and the margin; and for :meth:`PopulationReach.proba`
+    their log shares in the patient (k,)."""
 
     means: np.ndarray
     spread: np.ndarray
     margin: float
+    log_shares: np.ndarray
 
 
 class PopulationReach:
@@ -172,20 +174,25 @@ class PopulationReach:
         return np.einsum("nd,nd->n", projected, projected)
 
     def for_patient(self, cells, margin=UNKNOWN_MARGIN) -> PatientReach:
-        """The reach of one patient's populations from its cells (m, d): their means
-        (:meth:`patient_means`) and the patient's spread (:meth:`patient_spread`)."""
-        means = self.patient_means(cells, margin)
-        return PatientReach(means, self.patient_spread(cells, means), float(margin))
+        """The reach of one patient's populations from its cells (m, d): their means and shares
+        (:meth:`patient_populations`) and the patient's spread (:meth:`patient_spread`)."""
+        means, shares = self.patient_populations(cells, margin)
+        return PatientReach(means, self.patient_spread(cells, means), float(margin), np.log(shares))
 
     def patient_means(self, cells, margin=UNKNOWN_MARGIN, trim_steps=TRIM_STEPS) -> np.ndarray:
-        """The population means (k, d) of one patient, from its cells (m, d) by EM started from
-        the training means, the shapes fixed; then ``trim_steps`` more steps in which cells
-        beyond ``margin`` (:meth:`distance`) take no part, so that a new population the first
-        steps pulled a known one towards lets it go. Deterministic: fixed steps in float64."""
+        """The population means (k, d) of one patient (:meth:`patient_populations`)."""
+        return self.patient_populations(cells, margin, trim_steps)[0]
+
+    def patient_populations(self, cells, margin=UNKNOWN_MARGIN, trim_steps=TRIM_STEPS) -> tuple:
+        """The population means (k, d) and shares (k,) of one patient, from its cells (m, d) by
+        EM started from the training means and shares, the shapes fixed; then ``trim_steps``
+        more steps in which cells beyond ``margin`` (:meth:`distance`) take no part, so that a
+        new population the first steps pulled a known one towards lets it go. Deterministic:
+        fixed steps in float64."""
         z = np.asarray(cells, dtype=np.float64)
         means, shares = self.means_.copy(), self.priors_.copy()
         if len(z) == 0:
-            return means
+            return means, shares
         for step in range(self.em_steps + trim_steps):
             squared = self.squared_distances(z, means)
             logits = -0.5 * (squared + self.log_dets_) + np.log(np.maximum(shares, 1e-9))
@@ -198,7 +205,38 @@ class PopulationReach:
             shares = np.maximum(expected / max(expected.sum(), 1.0), 1e-9)
             movable = expected >= MIN_POPULATION_CELLS
             means = np.where(movable[:, None], (resp.T @ z) / np.maximum(expected, 1e-12)[:, None], self.means_)
-        return means
+        return means, shares
+
+    def proba(self, cells, patient: PatientReach) -> np.ndarray:
+        """Posterior population probabilities (n, k) float32 of a patient's cells (n, d) under
+        its populations, each a Gaussian of its own training shape around the patient's mean,
+        weighed by the patient's shares (``patient``: :meth:`for_patient`). In float32 (as
+        :meth:`distance`), block by block on threads; a cell's probabilities do not depend on
+        its block."""
+        whitening, offsets, sums = self._stacked(patient.means, np.float32)
+        sums *= np.float32(-0.5)
+        intercept = (np.asarray(patient.log_shares) - 0.5 * self.log_dets_).astype(np.float32)
+        z = np.asarray(cells)
+        out = np.empty((len(z), len(intercept)), dtype=np.float32)
+
+        def run(bounds):
+            lo, hi = bounds
+            projected = np.asarray(z[lo:hi], dtype=np.float32) @ whitening
+            projected -= offsets
+            np.square(projected, out=projected)
+            block = out[lo:hi]
+            np.matmul(projected, sums, out=block)
+            block += intercept
+            block -= block.max(axis=1, keepdims=True)
+            np.exp(block, out=block)
+            block /= block.sum(axis=1, keepdims=True)
+
+        # One BLAS thread even for a single block: OpenBLAS rounds these products differently
+        # with more threads, and a chunk's cells must get the same bits however gating runs
+        # (whole file or streamed, where the chunks are scored inside pools of our own).
+        with one_blas_thread():
+            parallel_rows(run, len(z), max_block=DISTANCE_BLOCK)
+        return out
 
     def squared_distances(self, cells, means, dtype=np.float64) -> np.ndarray:
         """Squared Mahalanobis distance of each cell (n, d) to each population (k,) around

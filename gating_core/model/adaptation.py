@@ -1,7 +1,8 @@
 """What gating does per new patient beyond the transfer model, in
 :class:`~gating_core.model.estimator.GatingModel` (a mixin): the patient's own populations
-adapted by EM and their weight (chosen by cross-validation over groups), the populations' reach
-that calls cells beyond all of them unknown, the EM prior ratio and the self-training step."""
+adapted by EM (two generative fits: one covariance shared by all populations, and each
+population's own shape) and their weight, the populations' reach that calls cells beyond all of
+them unknown, the EM prior ratio and the self-training step."""
 
 from __future__ import annotations
 
@@ -11,16 +12,24 @@ from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.features import content_hashes
 from gating_core.method.priors import reestimate_prior, training_prior
 from gating_core.method.self_training import PatientAdjustment, self_training_coef
-from gating_core.method.unknown_cells import PopulationReach
+from gating_core.method.unknown_cells import UNKNOWN_MARGIN, PopulationReach
 
 #: The adapted populations' share of the final probabilities (GatingModel's ``adaptive_weight``):
-#: chosen among these by cross-validation over groups ("auto").
-ADAPTIVE_WEIGHTS = (0.0, 0.25, 0.5, 0.75, 1.0)
+#: scored on these by cross-validation over groups ("auto").
+ADAPTIVE_WEIGHTS = (0.0, 1.0 / 3.0, 2.0 / 3.0, 1.0)
+#: What "auto" keeps unless the held-out groups show it clearly worse: the transfer model and the
+#: two generative fits a third each.
+EVEN_ADAPTIVE_WEIGHT = 2.0 / 3.0
+#: How much lower (in held-out mean plus worst-patient accuracy) the even weight must score than
+#: the best weight to be left. The folds hold out a few patients of the training groups: a weight
+#: that scored better there by less than this gated the new groups no better (docs/unseen_data.md),
+#: while populations that are no Gaussians at all (the halves of one cluster) cost the generative
+#: fits far more than this.
+EVEN_WEIGHT_MARGIN = 0.2
 #: With nothing to hold out (one training patient), "auto" takes this weight.
-FALLBACK_ADAPTIVE_WEIGHT = 0.5
-#: Weights whose held-out mean-plus-worst accuracy is within this of the best are not told apart
-#: by the few patients a fold holds out; "auto" takes the largest of them (see
-#: PatientAdaptation._choose_adaptive_weight).
+FALLBACK_ADAPTIVE_WEIGHT = EVEN_ADAPTIVE_WEIGHT
+#: The second start of EM (``transfer_start``) is taken when it beats every weight by more than
+#: this.
 ADAPTIVE_WEIGHT_TOLERANCE = 0.01
 #: Where EM starts from for each new patient (``adaptive_start_``): the training populations, or
 #: (ResearchGatingModel's ``transfer_start`` option) the transfer model's posteriors of the
@@ -34,11 +43,16 @@ class PatientAdaptation:
     into GatingModel, whose parameters and fitted attributes it reads)."""
 
     def _fit_adaptive(self, cells, embedding_cells, labels, params, report):
-        """The adapted populations (``adaptive_lda_``), their share (``adaptive_weight_``) and
-        where their EM starts for a new patient (``adaptive_start_``)."""
+        """The adapted populations (``adaptive_lda_``; the own-shape fit, ``adaptive_shapes_``,
+        uses ``population_reach_``), their share (``adaptive_weight_``) and where their EM starts
+        for a new patient (``adaptive_start_``)."""
         self.adaptive_lda_, self.adaptive_weight_, self.adaptive_start_ = None, 0.0, "training"
+        self.adaptive_shapes_ = False
         if self.method != "marginal":  # the baselines (pooling, multitask) gate as fitted
             return
+        if self.transfer_start and self.adaptive_weight != "auto":
+            raise ValueError("transfer_start is scored by the cross-validation of adaptive_weight='auto'; "
+                             f"adaptive_weight is {self.adaptive_weight!r}")
         if self.adaptive_weight != "auto" and float(self.adaptive_weight) == 0.0:
             return
         start = "training"
@@ -50,19 +64,27 @@ class PatientAdaptation:
         if weight > 0:
             self.adaptive_lda_ = AdaptiveLDA().fit(cells, labels, classes=self.populations_)
             self.adaptive_weight_, self.adaptive_start_ = weight, start
+            self.adaptive_shapes_ = bool(self.adaptive_shapes)
 
     def _fit_reach(self, cells, labels):
-        """Where each population reaches (``population_reach_``; see ``unknown_margin``)."""
-        self.population_reach_ = (None if self.unknown_margin is None else
-                                  PopulationReach().fit(cells, labels, self.populations_))
+        """Each population as a Gaussian of its own shape, with its reach (``population_reach_``):
+        the adapted populations' own-shape fit and the unknown-cell call (``unknown_margin``).
+        None when neither is used."""
+        used = self.unknown_margin is not None or getattr(self, "adaptive_shapes_", False)
+        self.population_reach_ = PopulationReach().fit(cells, labels, self.populations_) if used else None
+
+    def _reach_margin(self) -> float:
+        """The margin of the patient EM's trimming steps (:meth:`PopulationReach.patient_populations`):
+        ``unknown_margin``, or its default when no cell is called unknown."""
+        return UNKNOWN_MARGIN if self.unknown_margin is None else float(self.unknown_margin)
 
     def _choose_adaptive_weight(self, cells, embedding_cells, labels, params) -> tuple:
-        """``adaptive_weight="auto"``: (weight, start). The largest weight of ``ADAPTIVE_WEIGHTS``
-        whose mixture, EM started from the training populations, gates the held-out groups'
-        patients within ``ADAPTIVE_WEIGHT_TOLERANCE`` of the best (mean plus worst-patient
-        accuracy). With ``transfer_start`` (ResearchGatingModel's option), (``TRANSFER_START_WEIGHT``,
-        "transfer") when EM started from the transfer model's posteriors gates them better than
-        every weight by more than that tolerance.
+        """``adaptive_weight="auto"``: (weight, start). ``EVEN_ADAPTIVE_WEIGHT`` unless another
+        weight of ``ADAPTIVE_WEIGHTS`` gates the held-out groups' patients better by more than
+        ``EVEN_WEIGHT_MARGIN`` (mean plus worst-patient accuracy), EM started from the training
+        populations; then the best one. With ``transfer_start`` (ResearchGatingModel's option),
+        (``TRANSFER_START_WEIGHT``, "transfer") when EM started from the transfer model's
+        posteriors gates them better than every weight by more than ``ADAPTIVE_WEIGHT_TOLERANCE``.
 
         Each start fails somewhere. From the training populations, EM follows populations that
         moved beyond the training range (a new batch), where the transfer model's posteriors
@@ -105,12 +127,17 @@ class PatientAdaptation:
             fold.class_prior_ = training_prior([labels[i] for i in train], fold.classifier_.classes_)
             gaussians = AdaptiveLDA().fit([cells[i] for i in train], [labels[i] for i in train],
                                           classes=fold.populations_)
+            shapes = (PopulationReach().fit([cells[i] for i in train], [labels[i] for i in train], fold.populations_)
+                      if self.adaptive_shapes else None)
             columns = np.searchsorted(np.asarray(self.populations_), np.asarray(fold.populations_))
             for i in held:
                 embedding = fold.classifier_.embed(embedding_cells[i])
                 adjust = fold._patient_adjustment(embedding_cells[i], embedding)
                 transfer = fold._adjusted_proba(cells[i], embedding, 50_000, adjust)
-                adapted = AdaptiveLDA.proba(cells[i], gaussians.adapt(embedding_cells[i]))
+                patient = PatientAdjustment(gaussians=gaussians.adapt(embedding_cells[i]))
+                if shapes is not None:
+                    patient.shapes = (shapes, shapes.for_patient(embedding_cells[i], self._reach_margin()))
+                adapted = patient.adapted(cells[i])
                 truth = np.asarray(labels[i]).astype(str)
 
                 def accuracy_of(proba):
@@ -120,7 +147,8 @@ class PatientAdaptation:
                     accuracy[w].append(accuracy_of((1.0 - w) * transfer + w * adapted))
                 if self.transfer_start:
                     start = fold._adjusted_proba(embedding_cells[i], embedding, 50_000, adjust)
-                    refined = AdaptiveLDA.proba(cells[i], gaussians.adapt(embedding_cells[i], start))
+                    patient.gaussians = gaussians.adapt(embedding_cells[i], start)
+                    refined = patient.adapted(cells[i])
                     transfer_started.append(accuracy_of((1.0 - TRANSFER_START_WEIGHT) * transfer
                                                         + TRANSFER_START_WEIGHT * refined))
         means = {w: float(np.mean(a)) for w, a in accuracy.items()}
@@ -130,9 +158,11 @@ class PatientAdaptation:
         score = {w: means[w] + worst[w] for w in ADAPTIVE_WEIGHTS}
         best = max(score.values())
         # The held-out patients come from the training groups, so the folds see only the shifts
-        # between those groups; a new run can move further, and the adapted populations are what
-        # follows it. Among the weights the folds cannot tell apart, the most adapted one.
-        chosen = max(w for w, v in score.items() if v >= best - ADAPTIVE_WEIGHT_TOLERANCE)
+        # between those groups, and a new run can move further: the even weight stays unless the
+        # folds say clearly that it fails (then the best-scoring weight, the most adapted of ties).
+        chosen = EVEN_ADAPTIVE_WEIGHT
+        if score[EVEN_ADAPTIVE_WEIGHT] < best - EVEN_WEIGHT_MARGIN:
+            chosen = max(w for w, v in score.items() if v == best)
         start = "training"
         if transfer_started and np.mean(transfer_started) + np.min(transfer_started) > best + ADAPTIVE_WEIGHT_TOLERANCE:
             chosen, start = TRANSFER_START_WEIGHT, "transfer"
@@ -163,7 +193,7 @@ class PatientAdaptation:
         weight = float(getattr(self, "adaptive_weight_", 0.0))
         if weight >= 1.0 and adjust.gaussians is not None:
             # The transfer model's share is 0: scoring it would only be multiplied away.
-            return AdaptiveLDA.proba(cells, adjust.gaussians)
+            return adjust.adapted(cells)
         if adjust.coef is None:
             proba = adjust(self._proba(cells, embedding, chunk_size))
         else:
@@ -179,7 +209,8 @@ class PatientAdaptation:
         lda = getattr(self, "adaptive_lda_", None)
         reach = getattr(self, "population_reach_", None)
         adapts = lda is not None and float(getattr(self, "adaptive_weight_", 0.0)) > 0
-        if not adapts and reach is None:
+        shapes = adapts and getattr(self, "adaptive_shapes_", False) and reach is not None
+        if not adapts and not self._unknown_called():
             return adjust
         # In the order of their content hashes: EM's sums, hence every bit of the adapted
         # populations and of the reach's means, then do not depend on the order of the events.
@@ -189,8 +220,11 @@ class PatientAdaptation:
             if getattr(self, "adaptive_start_", "training") == "transfer" and len(ordered):
                 start = self._adjusted_proba(ordered, embedding, 50_000, adjust)  # no gaussians yet: unmixed
             adjust.gaussians = lda.adapt(ordered, start)
-        if reach is not None:
-            adjust.reach = reach.for_patient(ordered, self.unknown_margin)
+        if shapes or self._unknown_called():
+            # One EM serves both: the own-shape fit's means and shares, and the reach around them.
+            patient = reach.for_patient(ordered, self._reach_margin())
+            adjust.shapes = (reach, patient) if shapes else None
+            adjust.reach = patient if self._unknown_called() else None
         return adjust
 
     def _transfer_adjustment(self, chosen, embedding) -> PatientAdjustment:

@@ -20,8 +20,8 @@ from gating_core.cpus import with_blas_threads
 from gating_core.fcs.transforms import ChannelTransform
 from gating_core.method.priors import training_prior
 from gating_core.method.unknown_cells import UNKNOWN_MARGIN
-from gating_core.model.adaptation import (ADAPTIVE_WEIGHT_TOLERANCE, ADAPTIVE_WEIGHTS,  # noqa: F401
-                                         FALLBACK_ADAPTIVE_WEIGHT, PatientAdaptation)
+from gating_core.model.adaptation import (ADAPTIVE_WEIGHT_TOLERANCE, ADAPTIVE_WEIGHTS, EVEN_ADAPTIVE_WEIGHT,  # noqa: F401
+                                         EVEN_WEIGHT_MARGIN, FALLBACK_ADAPTIVE_WEIGHT, PatientAdaptation)
 from gating_core.model.digest import digest_patient
 from gating_core.model.file import load_model, save_model
 from gating_core.model.gating import PatientGating
@@ -83,12 +83,14 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
         The pooled companion's share beside the marginal model, for patients within the
         embedding's reach (:meth:`companion_weight` fades the marginal model's share beyond it).
     adaptive_weight : "auto" or float in [0, 1], default="auto"
-        g in ``(1 - g) p_transfer + g p_adapted``: the patient's own populations
-        (:class:`~gating_core.method.adaptive_lda.AdaptiveLDA`, adapted by EM to its cells).
-        "auto": the largest of ``ADAPTIVE_WEIGHTS`` whose held-out mean plus worst-patient
-        accuracy is within ``ADAPTIVE_WEIGHT_TOLERANCE`` of the best (cross-validation over
-        groups), EM starting from the training populations (ResearchGatingModel's
-        ``transfer_start`` adds a second start).
+        g in ``(1 - g) p_transfer + g p_adapted``: the patient's own populations adapted by EM
+        to its cells, the mean of two generative fits' posteriors -- every population a Gaussian
+        sharing one covariance (:class:`~gating_core.method.adaptive_lda.AdaptiveLDA`) and every
+        population a Gaussian of its own training shape
+        (:class:`~gating_core.method.unknown_cells.PopulationReach`). "auto": ``EVEN_ADAPTIVE_WEIGHT``
+        (2/3: the transfer model and the two fits a third each) unless cross-validation over
+        groups finds a weight of ``ADAPTIVE_WEIGHTS`` whose held-out mean plus worst-patient
+        accuracy is higher by more than ``EVEN_WEIGHT_MARGIN``.
     unknown_margin : float > 0 or None, default=UNKNOWN_MARGIN (3.0)
         A cell whose squared distance to every population exceeds this many times that
         population's reach is gated ``"unknown"`` (confidence 0;
@@ -117,7 +119,9 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
     hedge_classifier_ : MarginalTransferClassifier or None  ResearchGatingModel's second fit
     adaptive_lda_ : AdaptiveLDA or None;  adaptive_weight_ : float;  adaptive_start_ : str
         where each patient's EM starts: "training" populations or "transfer" model's posteriors
-    population_reach_ : PopulationReach or None  (None: no cell is called unknown)
+    adaptive_shapes_ : bool  whether the adapted populations include the own-shape fit
+    population_reach_ : PopulationReach or None  each population's own shape and reach (the
+        own-shape fit; cells beyond every reach are unknown when ``unknown_margin`` is set)
     populations_, training_patients_ : list of str
     class_prior_ : ndarray (k,)  population shares of the training patients (each weighing the same)
     selection_ : dict  the chosen parameters and the cross-validation tables
@@ -140,6 +144,7 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
     bandwidth_x_hedge = DEFAULT_BANDWIDTH_X_HEDGE
     self_training = False
     transfer_start = False
+    adaptive_shapes = True
     # ... and the method's family at the default's choices.
     method = "marginal"
     solver = "rff"
@@ -157,7 +162,7 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
     #: Their names, for the model file (gating_core.model.file reads them from the class it is given:
     #: a file storing them at these values is this model's, otherwise a ResearchGatingModel's).
     RESEARCH_OPTIONS = ("n_augment", "augment_gain", "augment_shift", "bandwidth_x_hedge", "self_training",
-                        "transfer_start",
+                        "transfer_start", "adaptive_shapes",
                         "method", "solver", "loss", "patient_weighting", "kernel_x", "select_embedding_bandwidth",
                         "selection_objective", "prior_shift", "align", "task_similarity", "dica",
                         "dica_components", "class_balance")
@@ -367,8 +372,8 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
                 "self_training": self._self_trains(),
                 "adaptive_weight": float(getattr(self, "adaptive_weight_", 0.0)),
                 "adaptive_start": str(getattr(self, "adaptive_start_", "training")),
-                "unknown_margin": (None if getattr(self, "population_reach_", None) is None
-                                   else float(self.unknown_margin)),
+                "adaptive_shapes": bool(getattr(self, "adaptive_shapes_", False)),
+                "unknown_margin": None if not self._unknown_called() else float(self.unknown_margin),
                 "transform": self.transform_.to_dict()}
 
 

@@ -57,7 +57,10 @@ MODEL_FORMAT = "gating_core.model"
 #    files of formats 1-6 call no cell unknown).
 # 8: where the adapted populations' EM starts ("adaptive": {"start": ...}; files of formats 6-7 start
 #    from the training populations).
-MODEL_FORMAT_VERSION = 8
+# 9: the adapted populations' own-shape fit ("adaptive": {"shapes": true}, on the populations'
+#    reach, which a model then holds with or without unknown_margin; files of formats 6-8 adapt
+#    the shared-covariance fit alone).
+MODEL_FORMAT_VERSION = 9
 
 
 def save_model(model, path) -> None:
@@ -93,7 +96,8 @@ def save_model(model, path) -> None:
     if adaptive is not None:
         meta["adaptive"] = {"weight": float(model.adaptive_weight_), "start": str(model.adaptive_start_),
                             "em_steps": int(adaptive.em_steps),
-                            "min_population_cells": float(adaptive.min_population_cells)}
+                            "min_population_cells": float(adaptive.min_population_cells),
+                            "shapes": bool(getattr(model, "adaptive_shapes_", False))}
     reach = getattr(model, "population_reach_", None)
     if reach is not None:
         meta["reach"] = {"quantile": float(reach.reach_quantile), "em_steps": int(reach.em_steps)}
@@ -319,12 +323,17 @@ def model_from_parts(cls, meta, arrays, path="model", research_cls=None):
                 raise ModelFileError(path, "model description: the pooled companion has no weight")
             weight = float(model.pooled_weight)
         model.pooled_weight_ = float(weight)
-    model.adaptive_lda_, model.adaptive_weight_, model.adaptive_start_ = _adaptive_populations(
-        path, top.object("adaptive", optional=True), array, arrays, model.populations_, d_cells)
+    (model.adaptive_lda_, model.adaptive_weight_, model.adaptive_start_,
+     model.adaptive_shapes_) = _adaptive_populations(path, top.object("adaptive", optional=True), array, arrays,
+                                                     model.populations_, d_cells)
     model.population_reach_ = _population_reach(path, top.object("reach", optional=True), array, arrays,
                                                 model.populations_, d_cells)
     if model.population_reach_ is None:
+        if model.adaptive_shapes_:
+            raise ModelFileError(path, "model file is inconsistent: the adapted populations' own shapes "
+                                       "without the populations' reach")
         model.unknown_margin = None  # files before format 7, or fitted with unknown_margin=None
-    elif model.unknown_margin is None:
-        raise ModelFileError(path, "model file is inconsistent: the populations' reach in a model without unknown_margin")
+    elif model.unknown_margin is None and not model.adaptive_shapes_:
+        raise ModelFileError(path, "model file is inconsistent: the populations' reach in a model without "
+                                   "unknown_margin or the adapted populations' own shapes")
     return model

@@ -60,12 +60,12 @@ def _population_reach(path, fields, array, arrays, populations, d: int):
 
 def _adaptive_populations(path, fields, array, arrays, populations, d: int):
     """The populations adapted to each gated patient (GatingModel.adaptive_weight), their
-    weight and where their EM starts: (AdaptiveLDA, weight, start), or (None, 0.0, "training")
-    for a model without them."""
+    weight, where their EM starts and whether they include the own-shape fit: (AdaptiveLDA,
+    weight, start, shapes), or (None, 0.0, "training", False) for a model without them."""
     if fields is None:
         if any(name.startswith("adaptive_") for name in arrays):
             raise ModelFileError(path, "model file is inconsistent: adaptive arrays in a model without them")
-        return None, 0.0, "training"
+        return None, 0.0, "training", False
     k = len(populations)
     lda = AdaptiveLDA(em_steps=fields.integer("em_steps", minimum=0, maximum=1000),
                       min_population_cells=fields.number("min_population_cells", within=(0.0, 1e9)))
@@ -78,7 +78,8 @@ def _adaptive_populations(path, fields, array, arrays, populations, d: int):
     if not np.allclose(lda.covariance_, lda.covariance_.T) or np.any(np.linalg.eigvalsh(lda.covariance_) <= 0):
         raise ModelFileError(path, "model file is inconsistent: array 'adaptive_covariance' is not a covariance")
     start = fields.string("start", choices=ADAPTIVE_STARTS, optional=True) or "training"  # format 8
-    return lda, fields.number("weight", within=(0.0, 1.0)), start
+    shapes = bool(fields.boolean("shapes", optional=True))  # format 9
+    return lda, fields.number("weight", within=(0.0, 1.0)), start, shapes
 
 
 def _pooled_companion(path, fields: Fields, array, main: MarginalTransferClassifier, d: int, k: int):

@@ -74,6 +74,11 @@ class ResearchGatingModel(GatingModel):
         more than ``ADAPTIVE_WEIGHT_TOLERANCE``. Measured in docs/unseen_data.md it gained on the
         simulated cohorts only: on the real sets it was never better, and leaving one patient out
         it cost a flow biopsy 23 points. ``train --transfer-start``.
+    adaptive_shapes : bool, default=True
+        Whether the adapted populations include the own-shape fit (every population a Gaussian
+        of its own training shape, :class:`~gating_core.method.unknown_cells.PopulationReach`)
+        beside the shared-covariance one. False: the shared-covariance fit alone, for measuring
+        what the own shapes add (``evaluate --method marginal-shared-covariance``).
 
     method : {"marginal", "pooling", "multitask"}, default="marginal"
         Marginal transfer, or the pooling / multitask baselines (multitask: k_P =
@@ -118,6 +123,7 @@ class ResearchGatingModel(GatingModel):
         "bandwidth_x_hedge": [NONE, Interval(numbers.Real, 0, 1, "neither")],
         "self_training": [BOOLEAN],
         "transfer_start": [BOOLEAN],
+        "adaptive_shapes": [BOOLEAN],
         "method": [Options(*METHODS)],
         "solver": [Options(*SOLVERS)],
         "loss": [Options(*LOSSES)],

@@ -84,9 +84,14 @@ class StreamedGating:
         when the model calls cells beyond every population unknown (``population_reach_``) and
         no training population has that name."""
         names = [str(p) for p in self.populations_]
-        if getattr(self, "population_reach_", None) is not None and UNKNOWN not in names:
+        if self._unknown_called() and UNKNOWN not in names:
             names.append(UNKNOWN)
         return names
+
+    def _unknown_called(self) -> bool:
+        """Whether gating calls cells beyond every population's reach unknown (the reach also
+        serves the adapted populations' own-shape fit, with or without the unknown call)."""
+        return getattr(self, "population_reach_", None) is not None and getattr(self, "unknown_margin", None) is not None
 
     def _assign(self, proba, cells, adjust: PatientAdjustment):
         """Population codes (n,) int16 into :meth:`gated_populations` and confidences (n,)
@@ -95,7 +100,7 @@ class StreamedGating:
         codes = np.argmax(proba, axis=1).astype(np.int16)
         confidence = proba[np.arange(len(codes)), codes].astype(np.float32, copy=False)
         reach = getattr(self, "population_reach_", None)
-        if reach is not None and adjust.reach is not None and len(codes):
+        if self._unknown_called() and adjust.reach is not None and len(codes):
             far = reach.unknown(cells, adjust.reach)
             if far.any():
                 codes[far] = self.gated_populations().index(UNKNOWN)
