@@ -131,7 +131,7 @@ def make_model(folder: Path, n_patients: int = 6, n_events: int = 10_000, params
           f"{1 + (model.hedge_classifier_ is not None) + (model.pooled_classifier_ is not None)}, "
           f"self-training {'on' if model.self_training else 'off'}, adapted populations weight "
           f"{getattr(model, 'adaptive_weight_', 0.0):g}, unknown cells "
-          f"{'on' if getattr(model, 'population_reach_', None) is not None else 'off'}", flush=True)
+          f"{'on' if model._unknown_called() else 'off'}", flush=True)
     path = folder / name
     model.save(path)
     return path
@@ -183,8 +183,8 @@ def run_child(step: str, model_path: Path, fcs: Path, out_dir: Path) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-#: The default with its parts weighed otherwise, for ``--against-previous``: the transfer model
-#: scored beside the adapted populations (a weight below 1), with and without the unknown-cell call.
+#: The default with its parts weighed otherwise, for ``--against-previous``: the adapted
+#: populations at another weight, with and without the unknown-cell call.
 MIXED = {"adaptive_weight": 0.5}
 MIXED_NO_UNKNOWN = {"adaptive_weight": 0.5, "unknown_margin": None}
 
@@ -192,8 +192,8 @@ MIXED_NO_UNKNOWN = {"adaptive_weight": 0.5, "unknown_margin": None}
 def against_previous(folder: Path, sizes) -> int:
     """The gating step of the default model beside the previous default's, on the same files,
     each in a fresh process, three times each (the best time kept: the machine is shared). Also
-    the default with its adapted populations at weight 0.5 (the transfer model scored too), with
-    and without the unknown-cell call: what gating costs when cross-validation picks a mix."""
+    the default with its adapted populations at weight 0.5, with and without the unknown-cell
+    call (which the own-shape fit's posteriors share their distances with)."""
     models = {"default": make_model(folder),
               "g=0.5": make_model(folder, params=MIXED, name="mixed.npz"),
               "g=0.5, no unknown": make_model(folder, params=MIXED_NO_UNKNOWN, name="mixed_no_unknown.npz"),
