@@ -183,10 +183,12 @@ def run_train(args) -> int:
         print("Gating: each patient's gates follow its own confident cells (self-training)")
     chosen = getattr(model, "selection_", {}).get("adaptive_weight", {})
     if info.get("adaptive_weight"):
+        from gating_core.model.adaptation import EVEN_ADAPTIVE_WEIGHT
+
         how = "as set"
         if chosen.get("folds"):
             how = ("the transfer model and each fit a third; the held-out groups did not find it clearly worse"
-                   if abs(info["adaptive_weight"] - 2 / 3) < 1e-9 else
+                   if chosen.get("chosen") == EVEN_ADAPTIVE_WEIGHT else
                    "the held-out groups found the even thirds clearly worse")
         elif chosen:
             how = chosen.get("reason", how).rstrip(".")

@@ -21,7 +21,7 @@ import pandas as pd
 
 from gating_core.evaluation.baselines import DICAPooling, PooledBaseline
 from gating_core.model.digest import digest_patient, infer_cell_groups
-from gating_core.model.estimator import UNKNOWN, GatingModel
+from gating_core.model.estimator import EVEN_ADAPTIVE_WEIGHT, UNKNOWN, GatingModel
 from gating_core.model.research import build_model
 
 METHODS = ("marginal", "pooling", "pooled-ridge", "pooled-logistic", "lda")
@@ -83,7 +83,7 @@ METHOD_SETTINGS = {
     "adaptive-lda": {"method": "marginal", "adaptive_weight": 1.0},
     # The adapted populations without their own-shape fit; at the even thirds without the folds' check.
     "marginal-shared-covariance": {"method": "marginal", "adaptive_shapes": False},
-    "marginal-even-weight": {"method": "marginal", "adaptive_weight": 2.0 / 3.0},
+    "marginal-even-weight": {"method": "marginal", "adaptive_weight": EVEN_ADAPTIVE_WEIGHT},
     # The default with each option it leaves out.
     "marginal-augment": {"method": "marginal", "n_augment": 4},
     "marginal-second-bandwidth": {"method": "marginal", "bandwidth_x_hedge": 0.5},

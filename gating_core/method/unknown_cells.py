@@ -41,7 +41,7 @@ REACH_QUANTILE = 0.999
 UNKNOWN_MARGIN = 3.0
 #: EM steps that move the training means to a new patient's cells.
 EM_STEPS = 10
-#: Then steps without the cells beyond the margin (PopulationReach.patient_means).
+#: Then steps without the cells beyond the margin (PopulationReach.patient_populations).
 TRIM_STEPS = 3
 #: A population with fewer expected cells than this in a patient keeps its training mean there.
 MIN_POPULATION_CELLS = 3
@@ -179,10 +179,6 @@ class PopulationReach:
         means, shares = self.patient_populations(cells, margin)
         return PatientReach(means, self.patient_spread(cells, means), float(margin), np.log(shares))
 
-    def patient_means(self, cells, margin=UNKNOWN_MARGIN, trim_steps=TRIM_STEPS) -> np.ndarray:
-        """The population means (k, d) of one patient (:meth:`patient_populations`)."""
-        return self.patient_populations(cells, margin, trim_steps)[0]
-
     def patient_populations(self, cells, margin=UNKNOWN_MARGIN, trim_steps=TRIM_STEPS) -> tuple:
         """The population means (k, d) and shares (k,) of one patient, from its cells (m, d) by
         EM started from the training means and shares, the shapes fixed; then ``trim_steps``
@@ -221,11 +217,8 @@ class PopulationReach:
 
         def run(bounds):
             lo, hi = bounds
-            projected = np.asarray(z[lo:hi], dtype=np.float32) @ whitening
-            projected -= offsets
-            np.square(projected, out=projected)
             block = out[lo:hi]
-            np.matmul(projected, sums, out=block)
+            np.matmul(_centred_squares(z[lo:hi], whitening, offsets), sums, out=block)
             block += intercept
             block -= block.max(axis=1, keepdims=True)
             np.exp(block, out=block)
@@ -261,10 +254,7 @@ class PopulationReach:
 
         def run(bounds):
             lo, hi = bounds
-            projected = np.asarray(z[lo:hi], dtype=np.float32) @ whitening
-            projected -= offsets
-            np.square(projected, out=projected)
-            out[lo:hi] = (projected @ sums).min(axis=1)
+            out[lo:hi] = (_centred_squares(z[lo:hi], whitening, offsets) @ sums).min(axis=1)
 
         parallel_rows(run, len(z), max_block=DISTANCE_BLOCK)
         return out
@@ -285,3 +275,11 @@ class PopulationReach:
         population's reach widened by its spread in the patient: (n,) bool."""
         return self.distance(cells, patient.means, patient.spread) > patient.margin
 
+
+def _centred_squares(cells, whitening, offsets) -> np.ndarray:
+    """Each cell's whitened coordinates around every population's mean, squared: (n, k d)
+    float32 from cells (n, d), stacked whitenings (d, k d) and whitened means (k d,)."""
+    projected = np.asarray(cells, dtype=np.float32) @ whitening
+    projected -= offsets
+    np.square(projected, out=projected)
+    return projected
