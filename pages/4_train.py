@@ -7,14 +7,16 @@ import pandas as pd
 import plotly.graph_objects as go
 import streamlit as st
 
+from gating_core.fcs.transforms import is_time_like
 from gating_core.model.file_checks import ModelFileError
 from ui.app_state import common_channels, incompatible_label_sets, label_set_disagreements, training_panel
 from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcome, job_progress, model_offers,
                        model_picker, others_jobs, refresh_status, require_patients, session_name_input)
 from ui.jobs import DONE, format_seconds, jobs_for
 from ui.training import (DEFAULT_DICA_COMPONENTS, DICA_LABELS, IW_METHOD, KERNEL_LABELS, LOSS_LABELS, METHOD_LABELS,
-                         check_matches_model, is_transductive, method_label, method_params, model_class, model_kind,
-                         start_check, start_training, training_settings)
+                         TRANSFORM_FORMS, check_matches_model, checked_transform, is_transductive, method_label,
+                         method_params, model_class, model_kind, model_transforms, start_check, start_training,
+                         training_settings, transform_table)
 from ui.models import load_model_bytes, model_bytes, model_channel_labels
 
 store = get_store()
@@ -136,9 +138,43 @@ with st.expander("Advanced: loss, DICA, cell kernel and the multitask baseline")
     if transductive:
         loss, dica, kernel_x = "squared", "none", "gaussian"
 
-with st.expander("Channels and hyperparameters (automatic unless you change them)"):
+with st.expander("Channels, their transforms and hyperparameters (automatic unless you change them)"):
     channels = st.multiselect("Channels", channels_all, format_func=lambda c: channel_label(records[0].sample, c),
                               default=[c for c in channels_all if c.lower() != "time"], key="train_channels")
+    model_channels = channels or [c for c in channels_all if not is_time_like(c)]
+    # Set per channel; kept for the channels still chosen (one dict per session, like the widgets).
+    transforms_set = st.session_state.setdefault("train_transforms", {})
+    for name in [c for c in transforms_set if c not in model_channels]:
+        transforms_set.pop(name)
+    st.markdown("**Channel transforms** (the scale the model learns on; found from these patients' values)")
+    found_key = (tuple(id(r.sample) for r in records), tuple(model_channels))
+    if st.session_state.get("train_found_key") != found_key:  # a few seconds on large panels: once per choice
+        try:
+            st.session_state["train_found"] = transform_table([r.sample for r in records], model_channels, {})
+        except Exception as exc:  # shown, never raised: training decides again from its own cells
+            st.session_state["train_found"] = pd.DataFrame({"channel": model_channels, "found": "", "used": "",
+                                                            "why": f"not found ({exc})"[:200]})
+        st.session_state["train_found_key"] = found_key
+    table = st.session_state["train_found"].copy()
+    for name, text in transforms_set.items():
+        table.loc[table["channel"] == name, ["used", "why"]] = [text, "set by you"]
+    st.dataframe(table, hide_index=True, width="stretch")
+    t1, t2, t3, t4 = st.columns([2, 2, 1, 1], vertical_alignment="bottom")
+    transform_channel = t1.selectbox("Channel", model_channels, key="train_transform_channel",
+                                     format_func=lambda c: channel_label(records[0].sample, c))
+    transform_text = t2.text_input("Transform", key="train_transform_text", help=f"{TRANSFORM_FORMS}.",
+                                   placeholder=str(table.set_index("channel").loc[transform_channel, "found"]))
+    if t3.button("Set", key="train_transform_set"):
+        try:
+            transforms_set[transform_channel] = checked_transform(transform_text)
+        except ValueError as exc:
+            st.error(f"{transform_channel}: {exc}")
+        else:
+            st.rerun()
+    if t4.button("As found", key="train_transform_reset", disabled=not transforms_set,
+                 help="Every channel back to the transform found from its values."):
+        transforms_set.clear()
+        st.rerun()
     hand = st.checkbox("Set hyperparameters by hand", key="train_hand")
     params, hand_defaults = {}, {}
     if hand:
@@ -179,6 +215,9 @@ with st.expander("Channels and hyperparameters (automatic unless you change them
 # The choices above first; what was set by hand overrides them (the IW model's defaults).
 params = {**method_params(method, loss, task_similarity, dica, dica_components, kernel_x), **params}
 changed_by_hand = {k: v for k, v in params.items() if k in hand_defaults and v != hand_defaults[k]}
+if transforms_set:
+    params["transform"] = dict(transforms_set)
+    changed_by_hand["transform"] = ", ".join(f"{c} {t}" for c, t in transforms_set.items())
 
 
 def _training_labels(record):
@@ -222,7 +261,8 @@ if store.models:
     model = store.models[current]
     st.markdown(f"Method: {model_kind(model)}  \n"
                 f"Populations: {', '.join(map(str, model.populations_))}  \n"
-                f"Channels: {', '.join(model_channel_labels(model))}")
+                f"Channels: {', '.join(model_channel_labels(model))}  \n"
+                f"Channel transforms: {model_transforms(model)}")
     st.download_button("Save model (.npz)", data=lambda: model_bytes(model, store.work_dir),
                        file_name="gating_model.npz", mime="application/octet-stream", key="save_model",
                        help="Same format as the command line: `python -m gating_core gate --model …`.")

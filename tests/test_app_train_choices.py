@@ -7,7 +7,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from apptest_helpers import start, store_of, train_on_the_page
+from apptest_helpers import finish_jobs, goto, start, store_of, train_on_the_page
 from ui.training import method_label, method_params
 
 
@@ -73,3 +73,63 @@ def test_the_linear_cell_kernel_picked_on_the_train_page(library, sample_data_di
     truth = pd.read_csv(sample_data_dir / "truth" / "new_patient_01.labels.csv")["population"].to_numpy().astype(str)
     accuracy = np.mean(model.predict(store.patients["new_patient_01"].sample) == truth)
     assert accuracy > 0.99  # 1.0 measured
+
+
+def test_a_channel_transform_set_on_the_train_page_reaches_the_model_and_its_file(library):
+    from gating_core.library import PatientLibrary
+    from gating_core.model.research import load_gating_model
+    from ui.training import check_matches_model, check_setup
+
+    at = start()
+    at.button[0].click()  # the Data page's sample-data button
+    at.run()
+    at = goto(at, "pages/4_train.py")
+    at.multiselect(key="train_patients").set_value(["patient_01", "patient_02", "patient_03"])
+    at.run()
+    table = next(d.value for d in at.dataframe if "found" in d.value.columns)
+    found = dict(zip(table["channel"], table["found"]))
+    assert found["FSC-A"].startswith("linear:") and found["FL1-A"] == "arcsinh:150"
+    at.selectbox(key="train_transform_channel").set_value("FL1-A")
+    at.text_input(key="train_transform_text").set_value("square")
+    at.button(key="train_transform_set").click()
+    at.run()
+    assert any("FL1-A" in e.value and "expected arcsinh" in e.value for e in at.error)
+    at.text_input(key="train_transform_text").set_value(" ArcSinh:40 ")
+    at.button(key="train_transform_set").click()
+    at.run()
+    table = next(d.value for d in at.dataframe if "found" in d.value.columns).set_index("channel")
+    assert tuple(table.loc["FL1-A", ["found", "used", "why"]]) == ("arcsinh:150", "arcsinh:40", "set by you")
+    assert table.loc["FL2-A", "used"] == "arcsinh:150"
+    at.checkbox(key="train_hand").check()
+    at.run()
+    at.checkbox(key="hp_select").uncheck()
+    at.number_input(key="hp_cells_per_patient").set_value(500)
+    at.number_input(key="hp_n_features").set_value(64)
+    at.run()
+    at.button(key="train_button").click()
+    at.run()
+    at = finish_jobs(at)
+    assert not at.exception and not at.error, [e.value for e in at.error]
+    store = store_of(at)
+    model = store.model()
+    by_channel = dict(zip(model.channels_, zip(model.transform_.kinds, model.transform_.params)))
+    assert by_channel["FL1-A"] == ("arcsinh", {"cofactor": 40.0})
+    assert by_channel["FL2-A"] == ("arcsinh", {"cofactor": 150.0})
+    assert any("FL1-A: arcsinh(x / 40)" in m.value and "Channel transforms:" in m.value for m in at.markdown)
+    stored = load_gating_model(PatientLibrary(library, create=False).model_path(store.model_ids[store.current_model]))
+    assert stored.transform == {"FL1-A": "arcsinh:40"}
+    # A check run with these settings is the stored model's check; one without them is not.
+    records = [store.patients[n] for n in ("patient_01", "patient_02", "patient_03")]
+    samples = [r.sample for r in records]
+    labels = [np.where(np.isin(np.asarray(r.labels).astype(str), stored.populations_), np.asarray(r.labels).astype(str),
+                       "other") for r in records]
+    params = {k: v for k, v in stored.get_params().items() if k != "method"}
+    assert check_matches_model({"setup": check_setup(samples, labels, params)}, stored) is True
+    params["transform"] = "auto"
+    assert check_matches_model({"setup": check_setup(samples, labels, params)}, stored) is False
+    # "As found" puts every channel back.
+    at = goto(at, "pages/4_train.py")
+    at.button(key="train_transform_reset").click()
+    at.run()
+    table = next(d.value for d in at.dataframe if "found" in d.value.columns)
+    assert (table["used"] == table["found"]).all()

@@ -163,7 +163,12 @@ def test_review_loop_on_real_samples_counts_agree_everywhere(app_url, browser, a
 
     # Train on the three labeled samples (their uploaded labels), hyperparameters by hand.
     open_page(page, "Train")
-    page.get_by_text("Channels and hyperparameters (automatic unless you change them)").click()
+    page.get_by_text("Channels, their transforms and hyperparameters (automatic unless you change them)").click()
+    wait_idle(page)
+    # Mass cytometry ion counts: every channel found on arcsinh(x / 5), and the table says why.
+    transforms = table_rows(page.locator("[data-testid=stDataFrame]").filter(has_text="found").first)
+    assert len(transforms) == 8 and set(transforms["found"]) == {"arcsinh:5"}
+    assert all(why.startswith("mass cytometry") for why in transforms["why"])
     page.get_by_text("Set hyperparameters by hand", exact=True).click()
     wait_idle(page)
     page.locator("[data-testid=stCheckbox]").filter(has_text=re.compile(r"^select$")).first.click()

@@ -88,3 +88,60 @@ def test_a_user_changes_some_channels_and_keeps_the_rest(sample_data_dir, tmp_pa
     assert GatingModel.load(path).transform_.to_dict() == changed.transform_.to_dict()
     with pytest.raises(ValueError, match="none of the model's channels"):
         GatingModel(transform={"CD99": "linear"}, **settings).fit([s for s, _ in data], [y for _, y in data])
+
+
+def test_why_each_channel_gets_its_transform_and_the_text_that_sets_it_again():
+    from gating_core.fcs.transforms import default_transform_reasons, parse_transform_spec, transform_spec
+
+    rng = np.random.default_rng(0)
+    data = np.column_stack([rng.uniform(0, 262144, 5000), _channel_numbers(rng),
+                            rng.normal(0, 300, 5000) + rng.choice([0.0, 4000.0], 5000)])
+    pnn = ["FSC-A", "FL1.LOG", "FL2-A"]
+    transform = default_transform(pnn, data, {}, [262144.0] * 3)
+    reasons = default_transform_reasons(pnn, data, {}, [262144.0] * 3)
+    assert reasons["FSC-A"].startswith("scatter")
+    assert reasons["FL1.LOG"].startswith("whole numbers from") and "channel scale" in reasons["FL1.LOG"]
+    assert reasons["FL2-A"].startswith("flow fluorescence: arcsinh with cofactor 150")
+    specs = [transform_spec(k, p) for k, p in zip(transform.kinds, transform.params)]
+    assert specs == ["linear:262144", "channel-scale", "arcsinh:150"]
+    assert [parse_transform_spec(s) for s in specs] == list(zip(transform.kinds, transform.params))
+    mass = default_transform_reasons(["CD3(152Sm)Dd", "CD4(145Nd)Dd"], None, {"$CYT": "Helios"})
+    assert all(r.startswith("mass cytometry") for r in mass.values())
+    assert transform_spec("logicle", {"T": 1e5, "W": 0.5, "M": 4.5, "A": 0.0}) == "logicle:100000"
+
+
+def test_the_train_page_table_shows_the_flowcap_channels_on_their_channel_scale(dlbcl_dir):
+    from ui.training import transform_table
+
+    samples = [read_fcs(dlbcl_dir / f"dlbcl_0{i}.fcs") for i in (1, 2)]
+    table = transform_table(samples, ["FL1.LOG", "FL2.LOG", "FL4.LOG"], {"FL4.LOG": "arcsinh:150"})
+    assert table["found"].tolist() == ["channel-scale"] * 3
+    assert table["used"].tolist() == ["channel-scale", "channel-scale", "arcsinh:150"]
+    assert table["why"].iloc[0].startswith("whole numbers from") and table["why"].iloc[2] == "set by you"
+
+
+def test_transforms_set_for_some_channels_are_kept_in_the_model_file(sample_data_dir, tmp_path):
+    import json
+
+    from gating_core.io.inputs import load_labeled_input
+    from gating_core.model import GatingModel
+    from gating_core.model.file_checks import ModelFileError
+
+    data = [load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_0[1-2].fcs"))]
+    model = GatingModel(transform={"FL1-A": "arcsinh:40"}, select=False, n_features=64, cells_per_patient=300,
+                        adaptive_weight=0.0).fit([s for s, _ in data], [y for _, y in data])
+    path = tmp_path / "m.npz"
+    model.save(path)
+    loaded = GatingModel.load(path)
+    assert loaded.transform == {"FL1-A": "arcsinh:40"}  # get_params() as trained: a check can tell it apart
+    assert loaded.transform_.to_dict() == model.transform_.to_dict()
+    # A file whose set transform is no transform is refused, naming the channel.
+    with np.load(path) as archive:
+        arrays = {k: archive[k] for k in archive.files}
+    meta = json.loads(str(arrays["meta"]))
+    meta["params"]["transform"] = {"FL1-A": "square"}
+    arrays["meta"] = np.array(json.dumps(meta))
+    bad = tmp_path / "bad.npz"
+    np.savez(bad, **arrays)
+    with pytest.raises(ModelFileError, match=r"params.transform\['FL1-A'\]"):
+        GatingModel.load(bad)

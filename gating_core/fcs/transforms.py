@@ -183,6 +183,13 @@ def channel_scale_channels(pnn: list[str], data: np.ndarray | None,
     return found
 
 
+def _found(pnn: list[str], data: np.ndarray | None, keywords: dict | None,
+           ranges: list[float | None] | None) -> tuple[bool, dict[str, str]]:
+    """(whether the data are mass cytometry, the channels already on a channel scale with why)."""
+    mass = looks_like_mass_cytometry(pnn, keywords, data)
+    return mass, ({} if mass else channel_scale_channels(pnn, data, ranges))
+
+
 def default_transform(pnn: list[str], data: np.ndarray | None = None, keywords: dict | None = None,
                       ranges: list[float | None] | None = None) -> ChannelTransform:
     """The default transform for channels ``pnn`` (see the module docstring).
@@ -190,10 +197,9 @@ def default_transform(pnn: list[str], data: np.ndarray | None = None, keywords: 
     ``data`` (n, len(pnn)) raw events and ``keywords`` help decide flow vs mass cytometry, find
     channels already on a channel scale (used as they are, divided by
     :data:`CHANNEL_SCALE_TOP`) and set the linear scale of scatter channels (their 99.9th
-    percentile when no $PnR is given).
+    percentile when no $PnR is given). :func:`default_transform_reasons` says why, per channel.
     """
-    mass = looks_like_mass_cytometry(pnn, keywords, data)
-    channel_scale = {} if mass else channel_scale_channels(pnn, data, ranges)
+    mass, channel_scale = _found(pnn, data, keywords, ranges)
     kinds, params = [], []
     for j, name in enumerate(pnn):
         if name in channel_scale:
@@ -211,6 +217,36 @@ def default_transform(pnn: list[str], data: np.ndarray | None = None, keywords: 
             kinds.append("arcsinh")
             params.append({"cofactor": MASS_COFACTOR if mass else FLOW_COFACTOR})
     return ChannelTransform(kinds, params)
+
+
+def default_transform_reasons(pnn: list[str], data: np.ndarray | None = None, keywords: dict | None = None,
+                              ranges: list[float | None] | None = None) -> dict[str, str]:
+    """Why :func:`default_transform` (same arguments) gives each channel of ``pnn`` its transform:
+    channel name -> a short text a user can check against the file."""
+    mass, channel_scale = _found(pnn, data, keywords, ranges)
+    reasons = {}
+    for name in pnn:
+        if name in channel_scale:
+            reasons[name] = channel_scale[name]
+        elif mass:
+            reasons[name] = "mass cytometry (ion counts): arcsinh with cofactor 5, the field's convention"
+        elif is_scatter(name):
+            reasons[name] = "scatter: already linearly distributed, divided by its range"
+        else:
+            reasons[name] = "flow fluorescence: arcsinh with cofactor 150 (compresses the bright decades)"
+    return reasons
+
+
+def transform_spec(kind: str, params: dict) -> str:
+    """The text :func:`parse_transform_spec` reads back into (``kind``, ``params``), logicle up to
+    its W, M and A (which it leaves at their standard values)."""
+    if kind == "arcsinh":
+        return f"arcsinh:{params.get('cofactor', FLOW_COFACTOR):.12g}"
+    if kind == "linear" and params.get("scale") == CHANNEL_SCALE_TOP:
+        return "channel-scale"
+    if kind == "linear":
+        return f"linear:{params.get('scale', 1.0):.12g}"
+    return f"logicle:{params.get('T', 262144.0):.12g}"
 
 
 def parse_transform_spec(spec: str) -> tuple[str, dict]:

@@ -60,7 +60,19 @@ MODEL_FORMAT = "gating_core.model"
 # 9: the adapted populations' own-shape fit ("adaptive": {"shapes": true}, on the populations'
 #    reach, which a model then holds with or without unknown_margin; files of formats 6-8 adapt
 #    the shared-covariance fit alone).
-MODEL_FORMAT_VERSION = 9
+# 10: the transforms a user set for some channels (params.transform: channel -> text, read back as
+#    given; files of formats 1-9 say "auto" or "custom" and read back "auto").
+MODEL_FORMAT_VERSION = 10
+
+
+def _param_value(value):
+    """A parameter as the description holds it: channel -> transform text for the transforms a
+    user set (``transform={...}``; read back as given), "custom" for a whole ChannelTransform."""
+    if isinstance(value, dict):
+        return {str(channel): str(spec) for channel, spec in value.items()}
+    if isinstance(value, ChannelTransform):
+        return "custom"
+    return value
 
 
 def save_model(model, path) -> None:
@@ -71,8 +83,7 @@ def save_model(model, path) -> None:
         "format": MODEL_FORMAT, "format_version": MODEL_FORMAT_VERSION,
         "gating_core_version": __version__, "numpy_version": np.__version__,
         "python_version": platform.python_version(),
-        "params": {k: (v if not isinstance(v, (ChannelTransform, dict)) else "custom")
-                   for k, v in model.get_params().items()},
+        "params": {k: _param_value(v) for k, v in model.get_params().items()},
         "channels": model.channels_, "channel_markers": model.channel_markers_,
         "transform": model.transform_.to_dict(), "populations": model.populations_,
         "training_patients": model.training_patients_,

@@ -84,12 +84,34 @@ def _checked_params(path, fields: Fields, accepted, where: str, methods) -> dict
         elif key == "channels":
             out[key] = fields.strings(key, nullable=True)
         elif key == "transform":
-            fields.string(key, choices=("auto", "custom"))
-            out[key] = "auto"  # the fitted transform_ is what gates; a custom one is in meta["transform"]
+            out[key] = _transform_param(path, fields, key)
         else:
             check_scalar(path, f"{fields.where}.{key}", value)
             out[key] = value
     return out
+
+
+def _transform_param(path, fields: Fields, key: str):
+    """The ``transform`` parameter: "auto", or the channels whose transform the user set, each
+    with its text (:func:`~gating_core.fcs.transforms.parse_transform_spec`), as trained. A
+    ChannelTransform object given whole is stored as "custom" and read back as "auto": the fitted
+    transform (``meta["transform"]``) is what gates either way."""
+    from gating_core.fcs.transforms import parse_transform_spec
+
+    value = fields.raw(key)
+    if not isinstance(value, dict):
+        fields.string(key, choices=("auto", "custom"))
+        return "auto"
+    if len(value) > 10_000:
+        raise ModelFileError(path, "model description: params.transform names more than 10,000 channels")
+    for channel, spec in value.items():
+        try:
+            if not isinstance(spec, str) or not channel:
+                raise ValueError("expected a channel name and a transform text")
+            parse_transform_spec(spec)
+        except ValueError as exc:
+            raise ModelFileError(path, f"model description: params.transform[{channel!r}]: {exc}"[:300]) from None
+    return {str(channel): spec for channel, spec in value.items()}
 
 
 def _model_params(path, fields: Fields, cls, research_cls=None) -> tuple:

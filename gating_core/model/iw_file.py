@@ -23,7 +23,9 @@ from gating_core.model.file_checks import Member, ModelFileError, archive_array,
 from gating_core.model.file_fields import Fields, parse_json, read_description
 
 IW_FORMAT = "gating_core.iw_model"
-IW_FORMAT_VERSION = 1
+# 2: the transforms a user set for some channels (params.transform: channel -> text, read back as
+#    given; files of format 1 read back "auto").
+IW_FORMAT_VERSION = 2
 #: Frequencies of the kernel mean embedding the novelty score is computed from.
 NOVELTY_FEATURES = 64
 #: The most training cells a file may hold (the refit is O(n m^2) per patient).
@@ -42,7 +44,9 @@ IW_MEMBERS = {
 
 def save_iw_model(model, path) -> None:
     """Write ``model`` (fitted) as .npz (arrays + JSON; no pickle), atomically."""
-    params = {k: (v if isinstance(v, (str, int, float, bool, list, type(None))) else "custom")
+    from gating_core.model.file import _param_value  # the transform a user set, as GatingModel files keep it
+
+    params = {k: (v if isinstance(v, (str, int, float, bool, list, type(None))) else _param_value(v))
               for k, v in model.get_params().items()}
     meta = {"format": IW_FORMAT, "format_version": IW_FORMAT_VERSION, "gating_core_version": __version__,
             "numpy_version": np.__version__, "python_version": platform.python_version(),
@@ -75,6 +79,7 @@ def load_iw_model(cls, path):
 
 def _from_parts(cls, path, top: Fields, arrays):
     from gating_core.model.file import _transform  # the transform's checks, shared with GatingModel files
+    from gating_core.model.file_params import _transform_param
 
     params = top.object("params")
     known = set(cls().get_params())
@@ -82,6 +87,7 @@ def _from_parts(cls, path, top: Fields, arrays):
     if unknown:
         raise ModelFileError(path, f"model description: unknown model parameter {unknown[0]!r}"[:300])
     model = cls(channels=params.strings("channels", nullable=True, optional=True),
+                transform=_transform_param(path, params, "transform") if params.has("transform") else "auto",
                 compensate=bool(params.boolean("compensate")),
                 cells_per_patient=params.integer("cells_per_patient", minimum=1, maximum=10 ** 9),
                 embedding_cells=params.integer("embedding_cells", minimum=1, maximum=10 ** 9),

@@ -172,3 +172,33 @@ class ChannelPreprocessing:
         out -= self.center_
         out /= self.scale_
         return out
+
+
+def found_transform(samples, channels, compensate: bool = True) -> tuple:
+    """What training on ``samples`` with ``transform="auto"`` would use for ``channels`` (names,
+    $PnN) and why: (:class:`ChannelTransform`, {channel: reason}). From the first 20,000 events
+    of each sample (compensated when it carries a spillover matrix and ``compensate``), the
+    first sample's keywords and ranges, as GatingModel decides it; for showing the choice
+    before training (the model decides on its content-chosen cells, so on unusual files the two
+    can differ: the fitted ``transform_`` is what gates)."""
+    from gating_core.fcs.transforms import default_transform_reasons
+    from gating_core.io.interop import as_sample
+
+    samples = [as_sample(s) for s in samples]
+    if not samples or not channels:
+        raise ValueError("found_transform needs samples and channels")
+    parts, first_indices = [], None
+    for sample in samples:
+        if compensate and sample.has_spillover and not sample.compensated:
+            sample = sample.compensate()
+        indices = [find_channel(sample, name) for name in channels]
+        missing = [name for name, i in zip(channels, indices) if i is None]
+        if missing:
+            raise ChannelMismatchError(f"{sample.name}: no channel {', '.join(missing)}")
+        first_indices = first_indices or indices
+        parts.append(sample.events[:20000][:, indices])
+    pooled = np.vstack(parts)
+    ranges = [samples[0].channels[i].range for i in first_indices]
+    keywords = samples[0].keywords
+    return (default_transform(list(channels), pooled, keywords, ranges),
+            default_transform_reasons(list(channels), pooled, keywords, ranges))
