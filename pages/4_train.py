@@ -15,8 +15,8 @@ from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcom
 from ui.jobs import DONE, format_seconds, jobs_for
 from ui.training import (DEFAULT_DICA_COMPONENTS, DICA_LABELS, IW_METHOD, KERNEL_LABELS, LOSS_LABELS, METHOD_LABELS,
                          TRANSFORM_FORMS, check_matches_model, checked_transform, is_transductive, method_label,
-                         method_params, model_class, model_kind, model_transforms, start_check, start_training,
-                         training_settings, transform_table)
+                         method_params, model_class, model_kind, model_transforms, panel_view_spec,
+                         same_for_the_model, start_check, start_training, training_settings, transform_table)
 from ui.models import load_model_bytes, model_bytes, model_channel_labels
 
 store = get_store()
@@ -158,7 +158,16 @@ with st.expander("Channels, their transforms and hyperparameters (automatic unle
     table = st.session_state["train_found"].copy()
     for name, text in transforms_set.items():
         table.loc[table["channel"] == name, ["used", "why"]] = [text, "set by you"]
+    table.insert(3, "panel view", [panel_view_spec(store.panel_transform(c)) for c in table["channel"]])
     st.dataframe(table, hide_index=True, width="stretch")
+    unlike_panel = {c: view for c, used, view in zip(table["channel"], table["used"], table["panel view"])
+                    if used and c not in transforms_set and not same_for_the_model(used, view)}
+    if unlike_panel and st.button(
+            f"Use the panel's views ({', '.join(unlike_panel)})", key="train_transform_panel",
+            help="The scales the Explore and Gate pages show these channels on (Channel transforms there); "
+                 "a linear view is the same to the model whatever its scale."):
+        transforms_set.update(unlike_panel)
+        st.rerun()
     t1, t2, t3, t4 = st.columns([2, 2, 1, 1], vertical_alignment="bottom")
     transform_channel = t1.selectbox("Channel", model_channels, key="train_transform_channel",
                                      format_func=lambda c: channel_label(records[0].sample, c))

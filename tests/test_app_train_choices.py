@@ -100,6 +100,19 @@ def test_a_channel_transform_set_on_the_train_page_reaches_the_model_and_its_fil
     table = next(d.value for d in at.dataframe if "found" in d.value.columns).set_index("channel")
     assert tuple(table.loc["FL1-A", ["found", "used", "why"]]) == ("arcsinh:150", "arcsinh:40", "set by you")
     assert table.loc["FL2-A", "used"] == "arcsinh:150"
+    # By default the panel's views (Explore, Gate) are what the model learns on; one changed there
+    # is offered, and taken on a click.
+    assert not any(b.key == "train_transform_panel" for b in at.button)
+    from gating_core.gates import AxisScale
+
+    store_of(at).set_panel_transform("FL2-A", AxisScale("arcsinh", cofactor=400.0))
+    store_of(at).set_panel_transform("FSC-A", AxisScale("linear"))  # linear: the same to the model
+    at.run()
+    assert at.button(key="train_transform_panel").label == "Use the panel's views (FL2-A)"
+    at.button(key="train_transform_panel").click()
+    at.run()
+    table = next(d.value for d in at.dataframe if "found" in d.value.columns).set_index("channel")
+    assert tuple(table.loc["FL2-A", ["used", "panel view", "why"]]) == ("arcsinh:400", "arcsinh:400", "set by you")
     at.checkbox(key="train_hand").check()
     at.run()
     at.checkbox(key="hp_select").uncheck()
@@ -114,10 +127,11 @@ def test_a_channel_transform_set_on_the_train_page_reaches_the_model_and_its_fil
     model = store.model()
     by_channel = dict(zip(model.channels_, zip(model.transform_.kinds, model.transform_.params)))
     assert by_channel["FL1-A"] == ("arcsinh", {"cofactor": 40.0})
-    assert by_channel["FL2-A"] == ("arcsinh", {"cofactor": 150.0})
+    assert by_channel["FL2-A"] == ("arcsinh", {"cofactor": 400.0})
+    assert by_channel["FL3-A"] == ("arcsinh", {"cofactor": 150.0})
     assert any("FL1-A: arcsinh(x / 40)" in m.value and "Channel transforms:" in m.value for m in at.markdown)
     stored = load_gating_model(PatientLibrary(library, create=False).model_path(store.model_ids[store.current_model]))
-    assert stored.transform == {"FL1-A": "arcsinh:40"}
+    assert stored.transform == {"FL1-A": "arcsinh:40", "FL2-A": "arcsinh:400"}
     # A check run with these settings is the stored model's check; one without them is not.
     records = [store.patients[n] for n in ("patient_01", "patient_02", "patient_03")]
     samples = [r.sample for r in records]

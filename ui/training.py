@@ -148,6 +148,26 @@ def checked_transform(text: str) -> str:
     return text
 
 
+def panel_view_spec(scale) -> str:
+    """A panel's view of a channel (an :class:`~gating_core.gates.AxisScale`, as the Explore
+    page sets it) as a model transform text; logicle keeps its top (the model's logicle takes the
+    standard W and M)."""
+    if scale.kind == "arcsinh":
+        return f"arcsinh:{scale.cofactor:.12g}"
+    if scale.kind == "logicle":
+        return f"logicle:{scale.top:.12g}"
+    return "linear"
+
+
+def same_for_the_model(a: str, b: str) -> bool:
+    """Whether two transform texts give the model the same cells: every linear scale does, since
+    the model standardises each channel."""
+    from gating_core.fcs.transforms import parse_transform_spec
+
+    (kind_a, params_a), (kind_b, params_b) = parse_transform_spec(a), parse_transform_spec(b)
+    return kind_a == kind_b and (kind_a == "linear" or params_a == params_b)
+
+
 def model_transforms(model) -> str:
     """A fitted model's channel transforms in a line: "FL1.LOG: channel scale (x / 1024); ..."."""
     from gating_core.fcs.transforms import describe_transform
