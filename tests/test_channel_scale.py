@@ -135,6 +135,13 @@ def test_transforms_set_for_some_channels_are_kept_in_the_model_file(sample_data
     loaded = GatingModel.load(path)
     assert loaded.transform == {"FL1-A": "arcsinh:40"}  # get_params() as trained: a check can tell it apart
     assert loaded.transform_.to_dict() == model.transform_.to_dict()
+    from gating_core.model.iw_model import IWNystroemGatingModel
+
+    iw = IWNystroemGatingModel(transform={"FL1-A": "arcsinh:40"}, cells_per_patient=300, n_landmarks=50).fit(
+        [s for s, _ in data], [y for _, y in data])
+    iw.save(tmp_path / "iw.npz")
+    assert IWNystroemGatingModel.load(tmp_path / "iw.npz").transform == {"FL1-A": "arcsinh:40"}
+    assert iw.transform_.params[iw.channels_.index("FL1-A")] == {"cofactor": 40.0}
     # A file whose set transform is no transform is refused, naming the channel.
     with np.load(path) as archive:
         arrays = {k: archive[k] for k in archive.files}
