@@ -76,6 +76,10 @@ def test_a_user_changes_some_channels_and_keeps_the_rest(sample_data_dir, tmp_pa
     auto = GatingModel(**settings).fit([s for s, _ in data], [y for _, y in data])
     changed = GatingModel(transform={"CD3": "arcsinh:40", "FL2-A": "linear:1000"}, **settings).fit(
         [s for s, _ in data], [y for _, y in data])
+    from gating_core.model.preprocessing import found_transform
+
+    # What the Train page shows before training is what training finds.
+    assert found_transform([s for s, _ in data], auto.channels_)[0].to_dict() == auto.transform_.to_dict()
     by_channel = dict(zip(changed.channels_, zip(changed.transform_.kinds, changed.transform_.params)))
     cd3 = changed.channels_[changed.channel_markers_.index("CD3")]
     assert by_channel[cd3] == ("arcsinh", {"cofactor": 40.0})

@@ -86,6 +86,14 @@ def training_rows(labels, n: int, rng: np.random.Generator, class_balance: float
     return np.sort(np.concatenate(rows))
 
 
+def embedding_rows(sample, embedding_cells=20000) -> np.ndarray:
+    """The rows of ``sample``'s events its embedding is computed from: at most ``embedding_cells``,
+    chosen by a content hash of the events on every channel but time-like ones."""
+    events = sample.events
+    hashed = [i for i, c in enumerate(sample.channels) if not is_time_like(c.pnn)] or list(range(events.shape[1]))
+    return content_subsample(events[:, hashed], embedding_cells)
+
+
 def digest_patient(sample, labels, cells_per_patient=4000, embedding_cells=20000, seed=0,
                    compensate=True, class_balance=0.0) -> PatientDigest:
     """Reduce one labeled patient to a :class:`PatientDigest` (see there); ``class_balance``
@@ -99,8 +107,7 @@ def digest_patient(sample, labels, cells_per_patient=4000, embedding_cells=20000
         sample = sample.compensate()
     events = sample.events
     draw = training_rows(labels, cells_per_patient, np.random.default_rng(seed), class_balance)
-    hashed = [i for i, c in enumerate(sample.channels) if not is_time_like(c.pnn)] or list(range(events.shape[1]))
-    chosen = content_subsample(events[:, hashed], embedding_cells)
+    chosen = embedding_rows(sample, embedding_cells)
     return PatientDigest(sample.name, list(sample.channels), dict(sample.keywords), sample.n_events,
                          np.ascontiguousarray(events[draw]), labels[draw], np.ascontiguousarray(events[chosen]))
 

@@ -174,15 +174,15 @@ class ChannelPreprocessing:
         return out
 
 
-def found_transform(samples, channels, compensate: bool = True) -> tuple:
+def found_transform(samples, channels, compensate: bool = True, embedding_cells: int = 20000) -> tuple:
     """What training on ``samples`` with ``transform="auto"`` would use for ``channels`` (names,
-    $PnN) and why: (:class:`ChannelTransform`, {channel: reason}). From the first 20,000 events
-    of each sample (compensated when it carries a spillover matrix and ``compensate``), the
-    first sample's keywords and ranges, as GatingModel decides it; for showing the choice
-    before training (the model decides on its content-chosen cells, so on unusual files the two
-    can differ: the fitted ``transform_`` is what gates)."""
+    $PnN) and why: (:class:`ChannelTransform`, {channel: reason}), for showing the choice
+    before training. Decided as GatingModel decides it: on each sample's ``embedding_cells``
+    events chosen by content (compensated when it carries a spillover matrix and
+    ``compensate``), with the first sample's keywords and ranges."""
     from gating_core.fcs.transforms import default_transform_reasons
     from gating_core.io.interop import as_sample
+    from gating_core.model.digest import embedding_rows
 
     samples = [as_sample(s) for s in samples]
     if not samples or not channels:
@@ -196,7 +196,7 @@ def found_transform(samples, channels, compensate: bool = True) -> tuple:
         if missing:
             raise ChannelMismatchError(f"{sample.name}: no channel {', '.join(missing)}")
         first_indices = first_indices or indices
-        parts.append(sample.events[:20000][:, indices])
+        parts.append(sample.events[embedding_rows(sample, embedding_cells)][:20000][:, indices])  # as _fit_scales
     pooled = np.vstack(parts)
     ranges = [samples[0].channels[i].range for i in first_indices]
     keywords = samples[0].keywords
