@@ -13,10 +13,10 @@ from ui.app_state import common_channels, incompatible_label_sets, label_set_dis
 from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcome, job_progress, model_offers,
                        model_picker, others_jobs, refresh_status, require_patients, session_name_input)
 from ui.jobs import DONE, format_seconds, jobs_for
+from ui.model_transforms import model_transforms, transform_choices
 from ui.training import (DEFAULT_DICA_COMPONENTS, DICA_LABELS, IW_METHOD, KERNEL_LABELS, LOSS_LABELS, METHOD_LABELS,
-                         TRANSFORM_FORMS, check_matches_model, checked_transform, is_transductive, method_label,
-                         method_params, model_class, model_kind, model_transforms, panel_view_spec,
-                         same_for_the_model, start_check, start_training, training_settings, transform_table)
+                         check_matches_model, is_transductive, method_label, method_params, model_class, model_kind,
+                         start_check, start_training, training_settings)
 from ui.models import load_model_bytes, model_bytes, model_channel_labels
 
 store = get_store()
@@ -142,48 +142,7 @@ with st.expander("Channels, their transforms and hyperparameters (automatic unle
     channels = st.multiselect("Channels", channels_all, format_func=lambda c: channel_label(records[0].sample, c),
                               default=[c for c in channels_all if c.lower() != "time"], key="train_channels")
     model_channels = channels or [c for c in channels_all if not is_time_like(c)]
-    # Set per channel; kept for the channels still chosen (one dict per session, like the widgets).
-    transforms_set = st.session_state.setdefault("train_transforms", {})
-    for name in [c for c in transforms_set if c not in model_channels]:
-        transforms_set.pop(name)
-    st.markdown("**Channel transforms** (the scale the model learns on; found from these patients' values)")
-    found_key = (tuple(id(r.sample) for r in records), tuple(model_channels))
-    if st.session_state.get("train_found_key") != found_key:  # a few seconds on large panels: once per choice
-        try:
-            st.session_state["train_found"] = transform_table([r.sample for r in records], model_channels, {})
-        except Exception as exc:  # shown, never raised: training decides again from its own cells
-            st.session_state["train_found"] = pd.DataFrame({"channel": model_channels, "found": "", "used": "",
-                                                            "why": f"not found ({exc})"[:200]})
-        st.session_state["train_found_key"] = found_key
-    table = st.session_state["train_found"].copy()
-    for name, text in transforms_set.items():
-        table.loc[table["channel"] == name, ["used", "why"]] = [text, "set by you"]
-    table.insert(3, "panel view", [panel_view_spec(store.panel_transform(c)) for c in table["channel"]])
-    st.dataframe(table, hide_index=True, width="stretch")
-    unlike_panel = {c: view for c, used, view in zip(table["channel"], table["used"], table["panel view"])
-                    if used and c not in transforms_set and not same_for_the_model(used, view)}
-    if unlike_panel and st.button(
-            f"Use the panel's views ({', '.join(unlike_panel)})", key="train_transform_panel",
-            help="The scales the Explore and Gate pages show these channels on (Channel transforms there); "
-                 "a linear view is the same to the model whatever its scale."):
-        transforms_set.update(unlike_panel)
-        st.rerun()
-    t1, t2, t3, t4 = st.columns([2, 2, 1, 1], vertical_alignment="bottom")
-    transform_channel = t1.selectbox("Channel", model_channels, key="train_transform_channel",
-                                     format_func=lambda c: channel_label(records[0].sample, c))
-    transform_text = t2.text_input("Transform", key="train_transform_text", help=f"{TRANSFORM_FORMS}.",
-                                   placeholder=str(table.set_index("channel").loc[transform_channel, "found"]))
-    if t3.button("Set", key="train_transform_set"):
-        try:
-            transforms_set[transform_channel] = checked_transform(transform_text)
-        except ValueError as exc:
-            st.error(f"{transform_channel}: {exc}")
-        else:
-            st.rerun()
-    if t4.button("As found", key="train_transform_reset", disabled=not transforms_set,
-                 help="Every channel back to the transform found from its values."):
-        transforms_set.clear()
-        st.rerun()
+    transforms_set = transform_choices(store, records, model_channels)
     hand = st.checkbox("Set hyperparameters by hand", key="train_hand")
     params, hand_defaults = {}, {}
     if hand:

@@ -95,7 +95,10 @@ def test_review_loop_on_real_samples_counts_agree_everywhere(app_url, browser, a
     new_events = read_fcs(multicenter_dir / f"{NEW}.fcs").n_events
     page.get_by_text(re.compile(rf"{NEW}: {new_events:,} events")).wait_for(timeout=300_000)
     wait_idle(page)
-    patients = table_rows(page.locator("[data-testid=stDataFrame]").first).set_index("patient")
+    listing = page.locator("[data-testid=stDataFrame]").first
+    # The grid fills its (hidden) accessible table after it draws; on a busy machine, later.
+    listing.locator("table tbody tr td").first.wait_for(state="attached")
+    patients = table_rows(listing).set_index("patient")
     assert sorted(patients.index) == sorted(TRAINING + (NEW,))
     assert (patients.loc[list(TRAINING), "status"] == "historical (labeled)").all()
     page.screenshot(path=str(artifacts_dir / "real_1_data.png"), full_page=True)
@@ -166,7 +169,9 @@ def test_review_loop_on_real_samples_counts_agree_everywhere(app_url, browser, a
     page.get_by_text("Channels, their transforms and hyperparameters (automatic unless you change them)").click()
     wait_idle(page)
     # Mass cytometry ion counts: every channel found on arcsinh(x / 5), and the table says why.
-    transforms = table_rows(page.locator("[data-testid=stDataFrame]").filter(has_text="found").first)
+    table = page.locator("[data-testid=stDataFrame]").filter(has_text="panel view").first
+    table.locator("table tbody tr td").first.wait_for(state="attached")
+    transforms = table_rows(table)
     assert len(transforms) == 8 and set(transforms["found"]) == {"arcsinh:5"}
     assert all(why.startswith("mass cytometry") for why in transforms["why"])
     page.get_by_text("Set hyperparameters by hand", exact=True).click()

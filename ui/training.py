@@ -114,67 +114,6 @@ def method_label(method: str, loss: str = "squared", task_similarity=None, dica=
     return label
 
 
-#: What a channel's transform may be set to on the Train page
-#: (:func:`gating_core.fcs.transforms.parse_transform_spec`).
-TRANSFORM_FORMS = ("arcsinh:COFACTOR, linear:SCALE (x / SCALE), channel-scale (channel numbers 0-1023 "
-                   "used as they are) or logicle:T")
-
-
-def transform_table(samples, channels, overrides: dict):
-    """The Train page's channel transforms: one row per channel of ``channels`` with the
-    transform training would find on ``samples`` (:func:`gating_core.model.preprocessing.found_transform`),
-    why, and the one it will use (``overrides``: channel -> text set by the user)."""
-    import pandas as pd
-
-    from gating_core.fcs.transforms import transform_spec
-    from gating_core.model.preprocessing import found_transform
-
-    found, reasons = found_transform(samples, channels)
-    rows = []
-    for name, kind, params in zip(channels, found.kinds, found.params):
-        spec = transform_spec(kind, params)
-        rows.append({"channel": name, "found": spec, "used": overrides.get(name, spec),
-                     "why": reasons[name] if name not in overrides else "set by you"})
-    return pd.DataFrame(rows, columns=["channel", "found", "used", "why"])
-
-
-def checked_transform(text: str) -> str:
-    """A transform the user typed, normalised ("ArcSinh:40 " -> "arcsinh:40"); ValueError (naming
-    the accepted forms) when it is none of them."""
-    from gating_core.fcs.transforms import parse_transform_spec
-
-    text = str(text).strip().lower()
-    parse_transform_spec(text)  # its message names the accepted forms
-    return text
-
-
-def panel_view_spec(scale) -> str:
-    """A panel's view of a channel (an :class:`~gating_core.gates.AxisScale`, as the Explore
-    page sets it) as a model transform text; logicle keeps its top (the model's logicle takes the
-    standard W and M)."""
-    if scale.kind == "arcsinh":
-        return f"arcsinh:{scale.cofactor:.12g}"
-    if scale.kind == "logicle":
-        return f"logicle:{scale.top:.12g}"
-    return "linear"
-
-
-def same_for_the_model(a: str, b: str) -> bool:
-    """Whether two transform texts give the model the same cells: every linear scale does, since
-    the model standardises each channel."""
-    from gating_core.fcs.transforms import parse_transform_spec
-
-    (kind_a, params_a), (kind_b, params_b) = parse_transform_spec(a), parse_transform_spec(b)
-    return kind_a == kind_b and (kind_a == "linear" or params_a == params_b)
-
-
-def model_transforms(model) -> str:
-    """A fitted model's channel transforms in a line: "FL1.LOG: channel scale (x / 1024); ..."."""
-    from gating_core.fcs.transforms import describe_transform
-
-    return "; ".join(describe_transform(model.transform_, list(model.channels_)))
-
-
 def model_kind(model) -> str:
     """:func:`method_label` of a fitted model (what the Models list says of it)."""
     if is_transductive(model):
