@@ -115,10 +115,10 @@ def test_why_each_channel_gets_its_transform_and_the_text_that_sets_it_again():
 
 
 def test_the_train_page_table_shows_the_flowcap_channels_on_their_channel_scale(dlbcl_dir):
-    from ui.model_transforms import transform_table
+    from ui.model_transforms import found_table, transform_table
 
     samples = [read_fcs(dlbcl_dir / f"dlbcl_0{i}.fcs") for i in (1, 2)]
-    table = transform_table(samples, ["FL1.LOG", "FL2.LOG", "FL4.LOG"], {"FL4.LOG": "arcsinh:150"})
+    table = transform_table(found_table(samples, ["FL1.LOG", "FL2.LOG", "FL4.LOG"]), {"FL4.LOG": "arcsinh:150"})
     assert table["found"].tolist() == ["channel-scale"] * 3
     assert table["used"].tolist() == ["channel-scale", "channel-scale", "arcsinh:150"]
     assert table["why"].iloc[0].startswith("whole numbers from") and table["why"].iloc[2] == "set by you"

@@ -17,20 +17,25 @@ TRANSFORM_FORMS = ("arcsinh:COFACTOR, linear:SCALE (x / SCALE), channel-scale (c
                    "used as they are) or logicle:T")
 
 
-def transform_table(samples, channels, overrides: dict):
-    """The Train page's channel transforms: one row per channel of ``channels`` with the
-    transform training would find on ``samples`` (:func:`gating_core.model.preprocessing.found_transform`),
-    why, and the one it will use (``overrides``: channel -> text set by the user)."""
+def found_table(samples, channels) -> pd.DataFrame:
+    """One row per channel of ``channels``: the transform training would find on ``samples``
+    (:func:`gating_core.model.preprocessing.found_transform`) as text, and why."""
     from gating_core.fcs.transforms import transform_spec
     from gating_core.model.preprocessing import found_transform
 
     found, reasons = found_transform(samples, channels)
-    rows = []
-    for name, kind, params in zip(channels, found.kinds, found.params):
-        spec = transform_spec(kind, params)
-        rows.append({"channel": name, "found": spec, "used": overrides.get(name, spec),
-                     "why": reasons[name] if name not in overrides else "set by you"})
-    return pd.DataFrame(rows, columns=["channel", "found", "used", "why"])
+    return pd.DataFrame({"channel": list(channels),
+                         "found": [transform_spec(k, p) for k, p in zip(found.kinds, found.params)],
+                         "why": [reasons[name] for name in channels]})
+
+
+def transform_table(found: pd.DataFrame, overrides: dict) -> pd.DataFrame:
+    """The Train page's channel transforms: :func:`found_table` with the transform each channel
+    will use (``overrides``: channel -> text set by the user; why: "set by you")."""
+    used = [overrides.get(c, spec) for c, spec in zip(found["channel"], found["found"])]
+    why = ["set by you" if c in overrides else reason for c, reason in zip(found["channel"], found["why"])]
+    return pd.DataFrame({"channel": found["channel"].tolist(), "found": found["found"].tolist(), "used": used,
+                         "why": why})
 
 
 def checked_transform(text: str) -> str:
@@ -83,14 +88,12 @@ def transform_choices(store, records, channels: list[str]) -> dict:
     found_key = (tuple(id(r.sample) for r in records), tuple(channels))
     if st.session_state.get("train_found_key") != found_key:  # a few seconds on large panels: once per choice
         try:
-            st.session_state["train_found"] = transform_table([r.sample for r in records], channels, {})
+            st.session_state["train_found"] = found_table([r.sample for r in records], channels)
         except Exception as exc:  # shown, never raised: training decides again from its own cells
-            st.session_state["train_found"] = pd.DataFrame({"channel": channels, "found": "", "used": "",
+            st.session_state["train_found"] = pd.DataFrame({"channel": channels, "found": "",
                                                             "why": f"not found ({exc})"[:200]})
         st.session_state["train_found_key"] = found_key
-    table = st.session_state["train_found"].copy()
-    for name, text in transforms_set.items():
-        table.loc[table["channel"] == name, ["used", "why"]] = [text, "set by you"]
+    table = transform_table(st.session_state["train_found"], transforms_set)
     table.insert(3, "panel view", [panel_view_spec(store.panel_transform(c)) for c in table["channel"]])
     st.dataframe(table, hide_index=True, width="stretch")
     unlike_panel = {c: view for c, used, view in zip(table["channel"], table["used"], table["panel view"])

@@ -77,8 +77,7 @@ class ChannelPreprocessing:
         if isinstance(self.transform, ChannelTransform):
             self.transform_ = self.transform
         else:
-            pooled = np.vstack([r[: 20000] for r in raw_parts])
-            ranges = [first.channels[i].range for i in self._channel_indices(first)]
+            pooled, ranges = _transform_evidence(raw_parts, first, self._channel_indices(first))
             self.transform_ = default_transform(self.channels_, pooled, first.keywords, ranges)
             if isinstance(self.transform, dict):  # some channels' transforms set by the user
                 self.transform_ = with_overrides(self.transform_, self.channels_, self.channel_markers_,
@@ -174,6 +173,19 @@ class ChannelPreprocessing:
         return out
 
 
+#: Events per training patient (of those its embedding is computed from) the default transform
+#: is decided on.
+TRANSFORM_CELLS = 20_000
+
+
+def _transform_evidence(raw_parts, first, indices) -> tuple:
+    """What the default transform is decided on: the first TRANSFORM_CELLS events of each
+    patient's ``raw_parts`` (n_i, d) pooled, and the ranges of the first patient's channels at
+    ``indices``."""
+    pooled = np.vstack([r[:TRANSFORM_CELLS] for r in raw_parts])
+    return pooled, [first.channels[i].range for i in indices]
+
+
 def found_transform(samples, channels, compensate: bool = True, embedding_cells: int = 20000) -> tuple:
     """What training on ``samples`` with ``transform="auto"`` would use for ``channels`` (names,
     $PnN) and why: (:class:`ChannelTransform`, {channel: reason}), for showing the choice
@@ -196,9 +208,8 @@ def found_transform(samples, channels, compensate: bool = True, embedding_cells:
         if missing:
             raise ChannelMismatchError(f"{sample.name}: no channel {', '.join(missing)}")
         first_indices = first_indices or indices
-        parts.append(sample.events[embedding_rows(sample, embedding_cells)][:20000][:, indices])  # as _fit_scales
-    pooled = np.vstack(parts)
-    ranges = [samples[0].channels[i].range for i in first_indices]
+        parts.append(sample.events[embedding_rows(sample, embedding_cells)][:, indices])
+    pooled, ranges = _transform_evidence(parts, samples[0], first_indices)
     keywords = samples[0].keywords
     return (default_transform(list(channels), pooled, keywords, ranges),
             default_transform_reasons(list(channels), pooled, keywords, ranges))
