@@ -33,8 +33,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core.evaluation import (leave_one_group_out, patient_folds, summarize,  # noqa: E402
-                                    train_on_one_group)
+from gating_core.evaluation import (group_held_out_sets, leave_one_group_out, one_group_held_out_sets,  # noqa: E402
+                                    patient_fold_sets, patient_folds, summarize, train_on_one_group)
 from gating_core.io.inputs import load_labeled_input  # noqa: E402
 from gating_core.synthetic import simulate_centers, simulate_hard_cohort  # noqa: E402
 
@@ -71,6 +71,15 @@ def load_set(name: str):
 #: The sets whose protocol is train-on-one-group (the rest leave one group out, but dlbcl-folds:
 #: 2 folds over patients).
 TRAIN_ON_ONE_GROUP = ("dlbcl-batch", "hard-channel-scale-shift")
+
+
+def held_out_sets(name: str, groups, seed: int) -> list[list[int]]:
+    """The patients' indices each fold of a set's protocol holds out (as :func:`run_set` runs it)."""
+    if name == "dlbcl-folds":
+        return patient_fold_sets(len(groups), 2, seed)
+    if name in TRAIN_ON_ONE_GROUP:
+        return one_group_held_out_sets(groups, len(groups))
+    return group_held_out_sets(groups, len(groups))
 
 
 def run_set(name: str, methods, seed: int) -> pd.DataFrame | None:

@@ -18,7 +18,8 @@ from __future__ import annotations
 _PROTOCOL_NAMES = (
     "METHODS", "ALL_METHODS", "PREDICTOR_METHODS", "METHOD_SETTINGS", "REFITS",
     "infer_patient_groups", "patient_scores", "leave_one_patient_out", "leave_one_group_out", "train_on_one_group",
-    "patient_folds", "held_out_evaluation", "summarize", "summarize_seeds", "repeat_over_seeds", "novelty_curve",
+    "patient_folds", "held_out_evaluation", "group_held_out_sets", "one_group_held_out_sets", "patient_fold_sets",
+    "summarize", "summarize_seeds", "repeat_over_seeds", "novelty_curve",
 )
 
 __all__ = list(_PROTOCOL_NAMES)

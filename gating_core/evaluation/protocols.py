@@ -202,8 +202,8 @@ def leave_one_group_out(samples, labels, groups, methods=METHODS, model_params=N
     a whole held-out center pulls them towards itself (on a 3-center simulated cohort that
     flattered the held-out center by up to 22 points, ``tests/test_held_out.py``).
     """
-    groups, distinct = _distinct_groups(groups, len(samples), "leave-one-group-out")
-    held = [[i for i, g in enumerate(groups) if g == name] for name in distinct]
+    groups = [str(g) for g in groups]
+    held = group_held_out_sets(groups, len(samples))
     return _held_out_runs(samples, labels, held, methods, model_params, progress, groups, "leave-one-group-out",
                           refit=refit)
 
@@ -214,10 +214,7 @@ def train_on_one_group(samples, labels, groups, methods=METHODS, model_params=No
     direction: everything the model knows comes from one run. Protocol "train-on-one-group",
     held_out the group trained on (prefixed "trained on ")."""
     groups, distinct = _distinct_groups(groups, len(samples), "training on one group")
-    small = [g for g in distinct if groups.count(g) < 2]
-    if small:
-        raise ValueError(f"training on one group needs two or more patients in each group: {', '.join(small)}")
-    held = [[i for i, g in enumerate(groups) if g != name] for name in distinct]
+    held = one_group_held_out_sets(groups, len(samples))
     return _held_out_runs(samples, labels, held, methods, model_params, progress, groups, "train-on-one-group",
                           [f"trained on {name}" for name in distinct], refit="full")
 
@@ -226,14 +223,37 @@ def patient_folds(samples, labels, n_folds=2, methods=METHODS, model_params=None
                   seed=0) -> pd.DataFrame:
     """K-fold over patients: the patients split at random (seeded) into ``n_folds`` folds, each
     gated by a model trained on the others. Protocol "<K>-fold-over-patients"."""
-    if not 2 <= n_folds <= len(samples):
-        raise ValueError(f"{n_folds} folds over {len(samples)} patients")
-    order = np.random.default_rng(np.random.SeedSequence([int(seed), 41])).permutation(len(samples))
-    held = [sorted(int(i) for i in order[k::n_folds]) for k in range(n_folds)]
-    if min(len(samples) - len(h) for h in held) < 2:
-        raise ValueError("every fold needs at least two training patients")
+    held = patient_fold_sets(len(samples), n_folds, seed)
     return _held_out_runs(samples, labels, held, methods, model_params, progress, groups,
                           f"{n_folds}-fold-over-patients", [f"fold {k + 1}" for k in range(n_folds)], refit="full")
+
+
+def group_held_out_sets(groups, n_patients: int) -> list[list[int]]:
+    """Leaving one group out: the patients' indices of each group, groups in order of appearance."""
+    groups, distinct = _distinct_groups(groups, n_patients, "leave-one-group-out")
+    return [[i for i, g in enumerate(groups) if g == name] for name in distinct]
+
+
+def one_group_held_out_sets(groups, n_patients: int) -> list[list[int]]:
+    """Training on one group: for each group in order of appearance, the indices of every patient
+    of the others (the held-out set)."""
+    groups, distinct = _distinct_groups(groups, n_patients, "training on one group")
+    small = [g for g in distinct if groups.count(g) < 2]
+    if small:
+        raise ValueError(f"training on one group needs two or more patients in each group: {', '.join(small)}")
+    return [[i for i, g in enumerate(groups) if g != name] for name in distinct]
+
+
+def patient_fold_sets(n_patients: int, n_folds=2, seed=0) -> list[list[int]]:
+    """K folds over patients: the indices held out by each fold, the patients split at random
+    (seeded)."""
+    if not 2 <= n_folds <= n_patients:
+        raise ValueError(f"{n_folds} folds over {n_patients} patients")
+    order = np.random.default_rng(np.random.SeedSequence([int(seed), 41])).permutation(n_patients)
+    held = [sorted(int(i) for i in order[k::n_folds]) for k in range(n_folds)]
+    if min(n_patients - len(h) for h in held) < 2:
+        raise ValueError("every fold needs at least two training patients")
+    return held
 
 
 def held_out_evaluation(samples, labels, held_out_sets, protocol: str, methods=METHODS, model_params=None,

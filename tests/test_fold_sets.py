@@ -1,0 +1,80 @@
+"""The patients each protocol's folds hold out, and the offline scoring of bench_blend_parts.py
+(the rules that combine the default's parts) on a fold file written by hand."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from gating_core.evaluation import group_held_out_sets, one_group_held_out_sets, patient_fold_sets
+
+BENCH = Path(__file__).resolve().parent.parent / "bench"
+
+
+def test_leaving_one_group_out_holds_out_each_group_in_order_of_appearance():
+    assert group_held_out_sets(["b", "a", "b", "c", 1], 5) == [[0, 2], [1], [3], [4]]
+
+
+def test_training_on_one_group_holds_out_every_other_group():
+    assert one_group_held_out_sets(["x", "y", "x", "y", "z", "z"], 6) == [[1, 3, 4, 5], [0, 2, 4, 5], [0, 1, 2, 3]]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: group_held_out_sets(["a", "a", "a"], 3), "at least two groups"),
+    (lambda: group_held_out_sets(["a", "b"], 3), "2 group labels for 3 patients"),
+    (lambda: one_group_held_out_sets(["a", "b", "a"], 3), "two or more patients in each group: b"),
+    (lambda: patient_fold_sets(5, 1), "1 folds over 5 patients"),
+    (lambda: patient_fold_sets(3, 4), "4 folds over 3 patients"),
+    (lambda: patient_fold_sets(3, 2), "at least two training patients"),
+])
+def test_a_split_that_cannot_be_made_is_refused_with_its_reason(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_folds_over_patients_split_every_patient_once_the_same_way_for_a_seed():
+    folds = patient_fold_sets(30, 2, seed=0)
+    assert [len(f) for f in folds] == [15, 15]
+    assert sorted(folds[0] + folds[1]) == list(range(30))
+    assert all(f == sorted(f) for f in folds)
+    assert patient_fold_sets(30, 2, seed=0) == folds
+    assert patient_fold_sets(30, 2, seed=1) != folds
+    assert [len(f) for f in patient_fold_sets(10, 3, seed=0)] == [4, 3, 3]
+
+
+@pytest.fixture
+def blend_bench(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_blend_parts
+    yield bench_blend_parts
+    sys.modules.pop("bench_blend_parts", None)
+
+
+def test_the_blend_bench_scores_each_rule_from_the_parts_probabilities(tmp_path, blend_bench):
+    # Three cells, populations a and b; the parts disagree so that each rule calls them its own way.
+    transfer = np.array([[0.9, 0.1], [0.9, 0.1], [0.2, 0.8]], np.float32)
+    shared = np.array([[0.1, 0.9], [0.6, 0.4], [0.001, 0.999]], np.float32)
+    own = np.array([[0.1, 0.9], [0.6, 0.4], [0.7, 0.3]], np.float32)
+    weight = 2.0 / 3.0
+    default = (1 - weight) * transfer + weight * (shared + own) / 2
+    arrays = {"populations": np.array(["a", "b"]), "weight": np.float64(weight),
+              "0:transfer": transfer, "0:shared": shared, "0:own": own, "0:default": default,
+              "0:lda": np.array([[0.0, 1.0]] * 3, np.float32), "0:trees": np.array([[1.0, 0.0]] * 3, np.float32),
+              "0:truth": np.array(["a", "a", "b"]), "0:name": np.array("p1"), "0:novelty": np.float64(0.5)}
+    np.savez(tmp_path / "demo__00.npz", **arrays)
+    table = blend_bench.score(tmp_path, "accuracy")["demo"]
+    # default, the thirds: cell 1 b (0.37 against 0.63: wrong), cell 2 a (0.7), cell 3 b (0.7).
+    assert table["default"] == pytest.approx([2 / 3])
+    # a quarter of trees (all a) turns cell 1 only; a quarter of LDA (all b) none.
+    assert table["plus-trees"] == pytest.approx([1.0]) and table["plus-lda"] == pytest.approx([2 / 3])
+    assert table["confidence"] == pytest.approx([2 / 3]) and table["geometric-generative"] == pytest.approx([2 / 3])
+    # vote: shared and own call b on cell 1 (wrong), a on cell 2 and disagree on cell 3 where transfer
+    # and shared call b.
+    assert table["vote"] == pytest.approx([2 / 3])
+    # geometric: the shared fit's 0.001 on cell 3 vetoes a, as does own's 0.9 on b for cell 1.
+    assert table["geometric"] == pytest.approx([2 / 3])
+    assert table["lda"] == pytest.approx([1 / 3]) and table["trees"] == pytest.approx([2 / 3])
+    # novelty 0.5 halves the adapted share (1/3): cell 1 goes to the transfer model's a.
+    assert table["novelty-faded"] == pytest.approx([1.0])
+    assert blend_bench.score(tmp_path, "macro-f1")["demo"]["novelty-faded"] == pytest.approx([1.0])
