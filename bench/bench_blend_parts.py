@@ -38,6 +38,7 @@ then ``python bench/bench_blend_parts.py score DIR``.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from pathlib import Path
@@ -95,7 +96,10 @@ def fit_fold(train_samples, train_labels, train_groups, held_samples, held_label
     populations = np.asarray(model.populations_)
     pooled = {kind: PooledBaseline(kind, random_state=seed).fit(train_samples, train_labels)
               for kind in ("lda", "trees")}
-    arrays = {"populations": populations, "weight": np.float64(model.adaptive_weight_)}
+    # The weight's check as the fold's model made it (each held-out training patient's accuracy
+    # at each weight): other rules for the weight can be scored offline too.
+    arrays = {"populations": populations, "weight": np.float64(model.adaptive_weight_),
+              "weight_check": np.asarray(json.dumps(model.selection_.get("adaptive_weight", {})))}
     for p, (sample, truth) in enumerate(zip(held_samples, held_labels)):
         compensated = model._compensated(sample)
         indices = model._channel_indices(compensated)
