@@ -20,11 +20,11 @@ ADAPTIVE_WEIGHTS = (0.0, 1.0 / 3.0, 2.0 / 3.0, 1.0)
 #: What "auto" keeps unless the held-out groups show it clearly worse: the transfer model and the
 #: two generative fits a third each.
 EVEN_ADAPTIVE_WEIGHT = 2.0 / 3.0
-#: How much lower (in held-out mean plus next-to-worst patient's accuracy: :func:`check_score`) the even weight must score than
-#: the best weight to be left. The folds hold out a few patients of the training groups: a weight
-#: that scored better there by less than this gated the new groups no better (docs/unseen_data.md),
-#: while populations that are no Gaussians at all (the halves of one cluster) cost the generative
-#: fits far more than this.
+#: How much lower (:func:`check_score`: the held-out mean plus the next-to-worst patient's accuracy)
+#: the even weight must score than the best weight to be left. The folds hold out a few patients
+#: of the training groups: a weight that scored better there by less than this gated the new
+#: groups no better (docs/unseen_data.md), while populations that are no Gaussians at all (the
+#: halves of one cluster) cost the generative fits far more than this.
 EVEN_WEIGHT_MARGIN = 0.2
 #: With nothing to hold out (one training patient), "auto" takes this weight.
 FALLBACK_ADAPTIVE_WEIGHT = EVEN_ADAPTIVE_WEIGHT
