@@ -137,6 +137,12 @@ def test_transfer_start_is_an_option_of_train(tmp_path):
     loaded = load_gating_model(path)
     assert type(loaded) is ResearchGatingModel and loaded.transfer_start is True
     table = loaded.selection_["adaptive_weight"]
-    assert set(table["cv_transfer_start"]) == {"accuracy", "worst"}
+    started = table["cv_transfer_start"]
+    assert set(started) == {"accuracy", "worst", "score"}
+    # the score is the mean plus the next-to-worst held-out patient's accuracy (4 held out here)
+    # (a2 <= (a2 + a3 + a4) / 3, so the score is at most (7 mean - worst) / 3)
+    mean, worst = started["accuracy"], started["worst"]
+    assert mean + worst - 1e-12 <= started["score"] <= (7 * mean - worst) / 3 + 1e-12
+    assert len(table["cv_patients"]) == 4 and all(len(a) == 4 for a in table["cv_patients"].values())
     assert table["start"] == loaded.adaptive_start_ in ("training", "transfer")
     assert "EM started from" in result.stdout
