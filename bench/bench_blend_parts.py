@@ -101,11 +101,7 @@ def fit_fold(train_samples, train_labels, train_groups, held_samples, held_label
     arrays = {"populations": populations, "weight": np.float64(model.adaptive_weight_),
               "weight_check": np.asarray(json.dumps(model.selection_.get("adaptive_weight", {})))}
     for p, (sample, truth) in enumerate(zip(held_samples, held_labels)):
-        compensated = model._compensated(sample)
-        indices = model._channel_indices(compensated)
-        registration, embedding, chosen = model._patient_frame(compensated.events, indices)
-        adjust = model._patient_adjustment(chosen, embedding)
-        cells = model._registered(model._standardise(compensated.events[:, indices]), registration)
+        cells, embedding, adjust = model._patient_parts(sample)
         arrays[f"{p}:transfer"] = model._proba(cells, embedding, 50_000)
         if adjust.gaussians is not None:  # weight 0: the fold's model scores the transfer model alone
             arrays[f"{p}:shared"] = AdaptiveLDA.proba(cells, adjust.gaussians)

@@ -75,8 +75,14 @@ class PatientGating:
     def predict_proba(self, sample) -> np.ndarray:
         """Probability of each population (columns in ``populations_`` order): (n_events, k)."""
         self._check_fitted()
+        cells, embedding, adjust = self._patient_parts(sample)
+        return self._adjusted_proba(cells, embedding, 50_000, adjust)
+
+    def _patient_parts(self, sample):
+        """Every event of one patient standardised and registered (n, d), its embedding Psi and
+        its :class:`~gating_core.method.self_training.PatientAdjustment`: what scoring it needs."""
         sample = self._compensated(sample)
         indices = self._channel_indices(sample)
         registration, embedding, chosen = self._patient_frame(sample.events, indices)
         cells = self._registered(self._standardise(sample.events[:, indices]), registration)
-        return self._adjusted_proba(cells, embedding, 50_000, self._patient_adjustment(chosen, embedding))
+        return cells, embedding, self._patient_adjustment(chosen, embedding)
