@@ -3,9 +3,10 @@
 Replays what ``pages/2_explore.py`` and ``pages/3_gate.py`` compute on a rerun, through the same
 cached helpers (``ui.cache``, Streamlit's in-memory cache without a running app) and figure
 builders (``ui.charts``), on one simulated 1M-event patient, and prints per control change the
-seconds spent in each phase -- channel transform, shared axis range, density binning,
-histogram, subsample, figure building, figure serialisation (what ``st.plotly_chart`` does:
-validate, then ``plotly.io.to_json``) -- and the serialised figure size sent to the browser.
+seconds spent in each phase -- channel transform, shared axis range, the bins' lattice of channel
+numbers (``ui.common.plot_bins``), density binning, histogram, subsample, figure building, figure
+serialisation (what ``st.plotly_chart`` does: validate, then ``plotly.io.to_json``) -- and the
+serialised figure size sent to the browser.
 
 Each step is the first time the app sees that state (a control change); the last step goes
 back to a state already seen, which the caches should answer. The sequence runs ``--repeats``
@@ -75,6 +76,7 @@ def explore_run(record, state, scales) -> Phases:
     from gating_core.gates import AxisScale, with_kind
     from gating_core.reports.plotting import histogram_1d, population_colors
     from ui import cache, charts
+    from ui.common import plot_bins
 
     p = Phases()
     sample = record.sample
@@ -89,12 +91,17 @@ def explore_run(record, state, scales) -> Phases:
         x_range = cache.shared_range(tokens, state["x"], x_scale, [sample])
         y_range = cache.shared_range(tokens, state["y"], y_scale, [sample])
         h_range = cache.shared_range(tokens, state["h"], h_scale, [sample])
+    with p.phase("lattice"):
+        (x_bin_range, n_x), (y_bin_range, n_y), (h_bin_range, n_h) = (
+            plot_bins(tokens, ch, sc, [sample], r) for ch, sc, r in ((state["x"], x_scale, x_range),
+                                                                     (state["y"], y_scale, y_range),
+                                                                     (state["h"], h_scale, h_range)))
     title = f"{record.name} ({sample.n_events:,} events)"
     colors = None
     if state["mode"] == "density":
         with p.phase("binning"):
-            grid = cache.density(record.token, "", state["x"], state["y"], x_scale, y_scale, x_range, y_range, 200,
-                                 sample)
+            grid = cache.density(record.token, "", state["x"], state["y"], x_scale, y_scale, x_bin_range, y_bin_range,
+                                 (n_x, n_y), sample)
         panels = [{"title": title, "grid": grid}]
     else:
         with p.phase("subsample"):
@@ -108,7 +115,7 @@ def explore_run(record, state, scales) -> Phases:
         colors = population_colors(sorted(counts, key=lambda n: (n.casefold() in ("other", "ungated"), n)))
     with p.phase("histogram"):
         if hasattr(cache, "histogram"):
-            hist = cache.histogram(record.token, state["h"], h_scale, h_range, 200, sample)
+            hist = cache.histogram(record.token, state["h"], h_scale, h_bin_range, n_h, sample)
         else:  # the code before the bin cache (to measure the baseline with this same bench)
             hist = histogram_1d(cache.display_values(record.token, state["h"], h_scale, sample), h_range)
     with p.phase("figure"):
@@ -125,6 +132,7 @@ def gate_run(record, state, scales) -> Phases:
     """One rerun of the Gate page's plot (all events, lasso / box tool, no gates yet)."""
     from gating_core.gates import AxisScale, with_kind
     from ui import cache, charts
+    from ui.common import plot_bins
 
     p = Phases()
     sample = record.sample
@@ -137,9 +145,12 @@ def gate_run(record, state, scales) -> Phases:
     with p.phase("range"):
         x_range = cache.shared_range(tokens, state["x"], x_scale, [sample])
         y_range = cache.shared_range(tokens, state["y"], y_scale, [sample])
+    with p.phase("lattice"):
+        (x_bin_range, n_x), (y_bin_range, n_y) = (plot_bins(tokens, state["x"], x_scale, [sample], x_range),
+                                                  plot_bins(tokens, state["y"], y_scale, [sample], y_range))
     with p.phase("binning"):
-        grid = cache.density(record.token, "", state["x"], state["y"], x_scale, y_scale, x_range, y_range, 200,
-                             sample, _mask=None)
+        grid = cache.density(record.token, "", state["x"], state["y"], x_scale, y_scale, x_bin_range, y_bin_range,
+                             (n_x, n_y), sample, _mask=None)
     with p.phase("subsample"):
         idx = cache.dots(record.token, sample.n_events)
         xs = cache.display_values(record.token, state["x"], x_scale, sample)[idx]
@@ -152,7 +163,7 @@ def gate_run(record, state, scales) -> Phases:
     return p
 
 
-PHASES = ("transform", "range", "binning", "subsample", "counts", "histogram", "figure", "serialise")
+PHASES = ("transform", "range", "lattice", "binning", "subsample", "counts", "histogram", "figure", "serialise")
 
 
 def run(n_events: int = 1_000_000, seed: int = 7, repeats: int = 3) -> list[tuple[str, Phases]]:

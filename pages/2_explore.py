@@ -8,8 +8,8 @@ from gating_core.gates import AxisScale
 from gating_core.reports.plotting import population_colors
 from ui import cache, charts, explore_view
 from ui.app_state import common_channels
-from ui.common import (axis_range_editor, channel_label, default_xy, get_store, plot_range, require_patients,
-                       scale_select, transform_editor)
+from ui.common import (axis_range_editor, channel_label, default_xy, get_store, plot_bins, plot_range,
+                       require_patients, scale_select, transform_editor)
 
 store = get_store()
 st.title("Explore the cells")
@@ -58,6 +58,8 @@ def scatter_section():
 
     x_range = plot_range(store, tokens, x_ch, x_scale, samples)
     y_range = plot_range(store, tokens, y_ch, y_scale, samples)
+    (x_bin_range, n_x), (y_bin_range, n_y) = (plot_bins(tokens, x_ch, x_scale, samples, x_range),
+                                              plot_bins(tokens, y_ch, y_scale, samples, y_range))
 
     panels = []
     populations = {}
@@ -72,11 +74,12 @@ def scatter_section():
     for r in records:
         title = f"{r.name} ({r.sample.n_events:,} events)"
         if mode == "density":
-            grid = cache.density(r.token, "", x_ch, y_ch, x_scale, y_scale, x_range, y_range, 200, r.sample)
+            grid = cache.density(r.token, "", x_ch, y_ch, x_scale, y_scale, x_bin_range, y_bin_range, (n_x, n_y),
+                                 r.sample)
             panels.append({"title": title, "grid": grid})
         elif mode == "population":
             grid = cache.population_grid(r.token, r.populations_token, names, x_ch, y_ch, x_scale, y_scale,
-                                         x_range, y_range, 200, r.sample, populations[r.name])
+                                         x_bin_range, y_bin_range, (n_x, n_y), r.sample, populations[r.name])
             panels.append({"title": title, "grid": grid, "populations": names})
         else:
             idx = cache.dots(r.token, r.sample.n_events)

@@ -8,7 +8,7 @@ from gating_core.gates import (AxisScale, Gate, GateError, GateTree, boolean_gat
 from ui import cache, charts, gate_view
 from ui.app_state import shape_from_selection
 from ui.common import (axis_range_editor, channel_label, confirm_action, default_xy, get_store, label_versions,
-                       plot_range, require_patients, scale_select, show_label_change, transform_editor)
+                       plot_bins, plot_range, require_patients, scale_select, show_label_change, transform_editor)
 
 ALL = gate_view.ALL
 store = get_store()
@@ -81,8 +81,10 @@ def gating_section():
     x_range = plot_range(store, tokens, x_ch, x_scale_d, [sample])
     y_range = plot_range(store, tokens, y_ch, y_scale_d, [sample])
     mask_key = f"{tree_json}|{parent}" if parent_mask is not None else ""
-    grid = cache.density(record.token, mask_key, x_ch, y_ch, x_scale_d, y_scale_d, x_range, y_range, 200, sample,
-                         _mask=parent_mask)
+    (x_bin_range, n_x), (y_bin_range, n_y) = (plot_bins(tokens, x_ch, x_scale_d, [sample], x_range),
+                                              plot_bins(tokens, y_ch, y_scale_d, [sample], y_range))
+    grid = cache.density(record.token, mask_key, x_ch, y_ch, x_scale_d, y_scale_d, x_bin_range, y_bin_range,
+                         (n_x, n_y), sample, _mask=parent_mask)
     parent_gate = None if parent == ALL else parent
     histogram_view = tool == "Range (histogram)"
     # Every gate on these channels is drawn, mapped onto the current axes when it was drawn on
@@ -103,6 +105,7 @@ def gating_section():
         pending_range = tuple(float(v) for v in x_scale.forward(np.array([range_lo, range_hi])))
         values = cache.display_values(record.token, x_ch, x_scale_d, sample)
         fig = charts.range_histogram(values if parent_mask is None else values[parent_mask], x_range, x_scale, x_label,
+                                     lattice=cache.lattice(tokens, x_ch, x_scale_d, [sample]),
                                      ranges=gate_view.ranges_on(tree, parent_gate, x_ch, sample, x_scale),
                                      pending=pending_range if pending_range[0] < pending_range[1] else None,
                                      selectable=True)

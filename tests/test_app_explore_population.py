@@ -20,6 +20,15 @@ def _spec(at):
     return json.loads(at.get("plotly_chart")[0].proto.spec)
 
 
+def _values(data) -> np.ndarray:
+    """An array of a figure's JSON spec: a list, or Plotly's typed array (dtype, base64 bytes, shape)."""
+    if not isinstance(data, dict):
+        return np.asarray(data, dtype=np.float64)
+    flat = np.frombuffer(base64.b64decode(data["bdata"]), dtype=np.dtype(data["dtype"]))
+    shape = data.get("shape")
+    return (flat.reshape([int(v) for v in str(shape).split(",")]) if shape else flat).astype(np.float64)
+
+
 def _decoded(image_trace) -> np.ndarray:
     header, data = image_trace["source"].split(",", 1)
     assert header == "data:image/png;base64"
@@ -93,3 +102,46 @@ def test_population_view_is_one_image_per_patient_of_every_event(library):
     at.run()
     assert not at.exception, at.exception
     assert {t["type"] for t in _spec(at)["data"]} == {"scattergl"}
+
+
+def test_channel_numbers_are_binned_a_whole_number_of_them_a_bin(library, dlbcl_dir):
+    """FlowCAP biopsies hold channel numbers (integers 0-1023): Explore bins the density and the
+    overlaid histograms so that each bin holds the same number of them, edges halfway between two."""
+    import pandas as pd
+
+    from gating_core.fcs import read_fcs
+    from gating_core.library import PatientLibrary
+
+    patients = PatientLibrary(library)
+    samples = {}
+    for stem in ("dlbcl_01", "dlbcl_02"):
+        samples[stem] = read_fcs(dlbcl_dir / f"{stem}.fcs")
+        labels = pd.read_csv(dlbcl_dir / f"{stem}.labels.csv")["population"].to_numpy(str)
+        patients.add_patient(samples[stem], labels, name=stem)
+    at = start("pages/2_explore.py")
+    chosen = at.multiselect(key="explore_patients").value
+    x_ch, y_ch = at.selectbox(key="ex_x").value, at.selectbox(key="ex_y").value
+    assert chosen == ["dlbcl_01", "dlbcl_02"] and at.selectbox(key=f"ex_xs_{x_ch}").value == "linear"
+
+    def aligned(channel):
+        values = [samples[n].events[:, samples[n].channel_index(channel)].astype(np.float32) for n in chosen]
+        return values, plotting.lattice_bins(plotting.display_range(values), (1.0, 0.0), 200)
+
+    (xs, ((x_low, x_high), n_x)), (ys, ((y_low, y_high), n_y)) = aligned(x_ch), aligned(y_ch)
+    for low, high, n in ((x_low, x_high, n_x), (y_low, y_high, n_y)):
+        assert low % 1 == high % 1 == 0.5 and (high - low) / n == round((high - low) / n)
+    heatmaps = [t for t in _spec(at)["data"] if t["type"] == "heatmap"]
+    assert len(heatmaps) == 2
+    np.testing.assert_allclose(_values(heatmaps[0]["x"]), plotting.bin_centers((x_low, x_high), n_x))
+    np.testing.assert_allclose(_values(heatmaps[0]["y"]), plotting.bin_centers((y_low, y_high), n_y))
+    counts = plotting.density_grid(xs[0], ys[0], (x_low, x_high), (y_low, y_high), (n_x, n_y))[0]
+    drawn = _values(heatmaps[0]["z"])
+    np.testing.assert_array_equal(np.isnan(drawn), counts == 0)
+    np.testing.assert_allclose(10 ** drawn[counts > 0], counts[counts > 0], rtol=1e-5)
+
+    overlay = json.loads(at.get("plotly_chart")[1].proto.spec)
+    channel = at.selectbox(key="ex_h").value
+    (low, high), n = aligned(channel)[1]
+    curves = [t for t in overlay["data"] if t["type"] == "scatter"]
+    assert [t["name"] for t in curves] == chosen
+    np.testing.assert_allclose(_values(curves[0]["x"]), plotting.bin_centers((low, high), n))

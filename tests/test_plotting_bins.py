@@ -18,25 +18,27 @@ def _awkward_values(rng, n):
     return x, y
 
 
-@pytest.mark.parametrize("bins", [200, 37, 1])
+@pytest.mark.parametrize("bins", [200, 37, 1, (37, 5)])  # (x bins, y bins): each axis on its own lattice
 def test_density_from_bins_equals_histogram2d(bins):
-    rng = np.random.default_rng(bins)
+    rng = np.random.default_rng(np.sum(bins))
     x, y = _awkward_values(rng, 30_000)
     x_range, y_range = plotting.display_range(x), plotting.display_range(y)
-    edges = np.linspace(*x_range, bins + 1)
-    x[100:100 + bins + 1] = edges  # every edge exactly, the last one included
-    x_bins, y_bins = plotting.bin_indices(x, x_range, bins), plotting.bin_indices(y, y_range, bins)
-    assert x_bins.dtype == np.int16 and x_bins.min() >= 0 and x_bins.max() == bins  # NaN / out of range
+    n_x, n_y = plotting.bin_counts(bins)
+    edges = np.linspace(*x_range, n_x + 1)
+    x[100:100 + n_x + 1] = edges  # every edge exactly, the last one included
+    x_bins, y_bins = plotting.bin_indices(x, x_range, n_x), plotting.bin_indices(y, y_range, n_y)
+    assert x_bins.dtype == np.int16 and x_bins.min() >= 0 and x_bins.max() == n_x  # NaN / out of range
     got = plotting.density_from_bins(x_bins, y_bins, x_range, y_range, bins)
     want = plotting.density_grid(x, y, x_range, y_range, bins)
+    assert got[0].shape == (n_y, n_x)
     for a, b in zip(got, want):
         np.testing.assert_array_equal(a, b)
         assert a.dtype == b.dtype
     mask = rng.random(x.size) < 0.3
     np.testing.assert_array_equal(plotting.density_from_bins(x_bins, y_bins, x_range, y_range, bins, mask=mask)[0],
                                   plotting.density_grid(x[mask], y[mask], x_range, y_range, bins)[0])
-    counts, centers = plotting.histogram_from_bins(x_bins, x_range, bins)
-    want_counts, want_centers = plotting.histogram_1d(x, x_range, bins)
+    counts, centers = plotting.histogram_from_bins(x_bins, x_range, n_x)
+    want_counts, want_centers = plotting.histogram_1d(x, x_range, n_x)
     np.testing.assert_array_equal(counts, want_counts)
     np.testing.assert_array_equal(centers, want_centers)
 
@@ -57,3 +59,57 @@ def test_subsample_is_drawn_once_and_callers_get_their_own_copy():
     a[:] = 0
     b = plotting.subsample_indices(1_000_000, 500_000)
     assert b[0] != b[-1] and np.all(np.diff(b) > 0)
+
+
+def test_value_lattice_finds_channel_numbers_and_nothing_else():
+    rng = np.random.default_rng(5)
+    channel_numbers = np.round(rng.normal(450, 120, 50_000)).astype(np.float32)
+    assert plotting.value_lattice(channel_numbers) == (1.0, 0.0)
+    assert plotting.value_lattice(channel_numbers - 3000) == (1.0, 0.0)  # below zero too
+    assert plotting.value_lattice(0.25 + 0.5 * channel_numbers) == (0.5, 0.25)
+    with_gaps = np.concatenate([channel_numbers, [np.nan, np.inf, -np.inf]])
+    assert plotting.value_lattice(with_gaps) == (1.0, 0.0)  # values that are not finite are not drawn
+    assert plotting.value_lattice(rng.normal(0, 1, 50_000).astype(np.float32)) is None
+    assert plotting.value_lattice(np.full(100, 7.0)) is None and plotting.value_lattice(np.array([])) is None
+    # one value off the lattice, beyond the subsample the step is found on, is still seen
+    off = channel_numbers.copy()
+    off[-1] = 400.5
+    assert 49_999 not in plotting.subsample_indices(off.size, 1_000)
+    assert plotting.value_lattice(off, max_values=1_000) is None
+
+
+def test_lattice_bins_hold_the_same_number_of_channel_numbers():
+    rng = np.random.default_rng(6)
+    flat = np.repeat(np.arange(0, 1000), 7).astype(np.float32)  # every channel number 0-999, 7 events each
+    value_range = plotting.display_range(flat)
+    (low, high), count = plotting.lattice_bins(value_range, (1.0, 0.0), 200)
+    assert low <= value_range[0] and high >= value_range[1]
+    assert low % 1 == 0.5 and high % 1 == 0.5  # every edge halfway between two channel numbers
+    assert 100 < count <= 201
+    counts, centers = plotting.histogram_1d(flat, (low, high), count)
+    inside = counts[(centers > 10) & (centers < 990)]
+    assert inside.min() == inside.max() == 7 * round((high - low) / count)  # flat, as the events are
+    plain, plain_centers = plotting.histogram_1d(flat, value_range, 200)
+    plain = plain[(plain_centers > 10) & (plain_centers < 990)]
+    assert plain.max() / plain.min() >= 6 / 5  # equal bins of 5 or 6 channel numbers by turns: a comb
+    # a coarse lattice: one value a bin
+    (low, high), count = plotting.lattice_bins((-1.0, 101.0), (10.0, 0.0), 200)
+    assert (low, high, count) == (-5.0, 105.0, 11)
+    # a lattice far finer than the bins, none, or an empty range: the bins as asked
+    assert plotting.lattice_bins((0.0, 262_144.0), (1.0, 0.0), 200) == ((0.0, 262_144.0), 200)
+    assert plotting.lattice_bins((0.0, 1.0), None, 200) == ((0.0, 1.0), 200)
+    assert plotting.lattice_bins((3.0, 3.0), (1.0, 0.0), 200) == ((3.0, 3.0), 200)
+    smooth = np.round(rng.normal(500, 100, 400_000))
+    (low, high), count = plotting.lattice_bins(plotting.display_range(smooth), plotting.value_lattice(smooth), 200)
+    counts, _ = plotting.histogram_1d(smooth, (low, high), count)
+    middle = counts[count // 2 - 10:count // 2 + 10].astype(float)
+    assert np.abs(middle[1:] / middle[:-1] - 1).max() < 0.1  # neighbouring bins differ by noise only
+
+
+def test_the_shared_files_lattices(dlbcl_dir, multicenter_dir):
+    from gating_core.fcs import read_fcs
+
+    flow = read_fcs(dlbcl_dir / "dlbcl_01.fcs")  # FlowCAP channel numbers, stored as float32
+    assert [plotting.value_lattice(flow.events[:, j]) for j in range(flow.events.shape[1])] == [(1.0, 0.0)] * 3
+    mass = read_fcs(multicenter_dir / "multicenter_01.fcs")  # mass cytometry intensities
+    assert all(plotting.value_lattice(np.arcsinh(mass.events[:, j] / 5)) is None for j in range(mass.events.shape[1]))

@@ -12,7 +12,8 @@ from gating_core.reports import plotting, population_view
 
 
 def _bins(x, y, x_range, y_range, bins):
-    return plotting.bin_indices(x, x_range, bins), plotting.bin_indices(y, y_range, bins)
+    n_x, n_y = plotting.bin_counts(bins)
+    return plotting.bin_indices(x, x_range, n_x), plotting.bin_indices(y, y_range, n_y)
 
 
 def test_hand_made_grid_winners_ties_and_empty_bins():
@@ -69,7 +70,7 @@ def test_population_image_colours_shades_and_leaves_empty_bins_clear():
         population_view.population_image(counts, ["#0072B2"])
 
 
-@pytest.mark.parametrize("bins", [200, 17])
+@pytest.mark.parametrize("bins", [200, 17, (23, 11)])  # (x bins, y bins): each axis on its own lattice
 def test_counts_per_population_equal_histogram2d(bins):
     rng = np.random.default_rng(bins)
     n = 50_000
@@ -78,9 +79,11 @@ def test_counts_per_population_equal_histogram2d(bins):
     x[:10], y[10:20] = np.nan, np.inf
     codes = rng.integers(0, 5, n).astype(np.int16)
     x_range, y_range = plotting.display_range(x), plotting.display_range(y)
-    x[100:100 + bins + 1] = np.linspace(*x_range, bins + 1)  # every bin edge, the last one included
+    n_x, n_y = plotting.bin_counts(bins)
+    x[100:100 + n_x + 1] = np.linspace(*x_range, n_x + 1)  # every bin edge, the last one included
     x_bins, y_bins = _bins(x, y, x_range, y_range, bins)
     counts, xc, yc = population_view.population_grid_from_bins(x_bins, y_bins, codes, 5, x_range, y_range, bins=bins)
+    assert counts.shape == (5, n_y, n_x) and xc.shape == (n_x,) and yc.shape == (n_y,)
     for p in range(5):
         want, want_xc, want_yc = plotting.density_grid(x[codes == p], y[codes == p], x_range, y_range, bins)
         np.testing.assert_array_equal(counts[p], want)

@@ -12,7 +12,7 @@ from gating_core.gates.agreement import agreement
 from gating_core.gates.autogates import counted_cells, fit_gate_tree
 from ui import cache, charts
 from ui.app_state import autogate_templates, shape_from_selection
-from ui.common import channel_label, plot_range
+from ui.common import channel_label, plot_bins, plot_range
 
 ALL = "all events"
 
@@ -75,6 +75,9 @@ class GateFigures:
             return plot_range(self.store, (self.record.token,), pnn, scale, [self.sample])
         return cache.shared_range((self.record.token,), pnn, scale, [self.sample])
 
+    def _bins(self, channel, scale: dict, value_range) -> tuple:
+        return plot_bins((self.record.token,), channel, scale, [self.sample], value_range, bins=150)
+
     def _parent_mask(self, parent):
         return self.masks[parent] if parent is not None else None
 
@@ -86,8 +89,11 @@ class GateFigures:
         xs_d, ys_d = first.x_scale.to_dict(), first.y_scale.to_dict()
         xr, yr = self._range(first.x_channel, xs_d), self._range(first.y_channel, ys_d)
         pmask = self._parent_mask(parent)
+        (x_bin_range, n_x), (y_bin_range, n_y) = (self._bins(first.x_channel, xs_d, xr),
+                                                  self._bins(first.y_channel, ys_d, yr))
         grid = cache.density(record.token, f"{self.tree_json}|{parent}" if pmask is not None else "",
-                             first.x_channel, first.y_channel, xs_d, ys_d, xr, yr, 150, sample, _mask=pmask)
+                             first.x_channel, first.y_channel, xs_d, ys_d, x_bin_range, y_bin_range, (n_x, n_y), sample,
+                             _mask=pmask)
         dots_idx = cache.dots(record.token, sample.n_events)
         if pmask is not None:
             dots_idx = dots_idx[pmask[dots_idx]]
@@ -116,6 +122,7 @@ class GateFigures:
         pmask = self._parent_mask(parent)
         fig = charts.range_histogram(values if pmask is None else values[pmask], xr, first.x_scale,
                                      channel_label(sample, first.x_channel),
+                                     lattice=cache.lattice((record.token,), first.x_channel, xs_d, [sample]),
                                      ranges=charts.gate_ranges(gates, first.x_scale), height=height)
         fig.update_layout(title=dict(text=title, font=dict(size=13)), margin=dict(l=50, r=10, t=40, b=40))
         return fig

@@ -29,6 +29,15 @@ def shared_range(tokens: tuple, channel: str, scale: dict, _samples) -> tuple:
     return plotting.display_range(values)
 
 
+@st.cache_data(max_entries=128, show_spinner=False)
+def lattice(tokens: tuple, channel: str, scale: dict, _samples):
+    """The evenly spaced values all these patients' events of one channel sit on in display
+    coordinates (:func:`gating_core.reports.plotting.value_lattice`), or None when they do not
+    share one."""
+    found = {plotting.value_lattice(display_values(t, channel, scale, s)) for t, s in zip(tokens, _samples)}
+    return found.pop() if len(found) == 1 else None
+
+
 @st.cache_data(max_entries=128, show_spinner=False)  # 2 MB each at a million events
 def bin_indices(token: str, channel: str, scale: dict, value_range: tuple, bins: int, _sample) -> np.ndarray:
     """The density / histogram bin of every event of one channel on one axis (int16): binning
@@ -39,10 +48,12 @@ def bin_indices(token: str, channel: str, scale: dict, value_range: tuple, bins:
 @st.cache_data(max_entries=256, show_spinner=False)
 def density(token: str, mask_key: str, x_channel: str, y_channel: str, x_scale: dict, y_scale: dict,
             x_range: tuple, y_range: tuple, bins: int, _sample, _mask=None):
-    """Counts of all events (or the ``_mask`` events, named by ``mask_key``) on a bins x bins
-    grid: :func:`gating_core.reports.plotting.density_grid`'s result, from cached bin indices."""
-    x_bins = bin_indices(token, x_channel, x_scale, tuple(x_range), bins, _sample)
-    y_bins = bin_indices(token, y_channel, y_scale, tuple(y_range), bins, _sample)
+    """Counts of all events (or the ``_mask`` events, named by ``mask_key``) on a grid of
+    ``bins`` (one count, or (x bins, y bins)): :func:`gating_core.reports.plotting.density_grid`'s
+    result, from cached bin indices."""
+    n_x, n_y = plotting.bin_counts(bins)
+    x_bins = bin_indices(token, x_channel, x_scale, tuple(x_range), n_x, _sample)
+    y_bins = bin_indices(token, y_channel, y_scale, tuple(y_range), n_y, _sample)
     return plotting.density_from_bins(x_bins, y_bins, x_range, y_range, bins=bins, mask=_mask)
 
 
@@ -116,8 +127,9 @@ def population_grid(token: str, populations_token: str, names: tuple, x_channel:
     bin indices.
     Keyed by the events (``token``) and by the populations' version (``populations_token``):
     editing gates or correcting an auto-gate gives a new version, so no stale colours are drawn."""
-    x_bins = bin_indices(token, x_channel, x_scale, tuple(x_range), bins, _sample)
-    y_bins = bin_indices(token, y_channel, y_scale, tuple(y_range), bins, _sample)
+    n_x, n_y = plotting.bin_counts(bins)
+    x_bins = bin_indices(token, x_channel, x_scale, tuple(x_range), n_x, _sample)
+    y_bins = bin_indices(token, y_channel, y_scale, tuple(y_range), n_y, _sample)
     codes = population_codes(populations_token, tuple(names), _populations)
     counts, x_centers, y_centers = population_view.population_grid_from_bins(x_bins, y_bins, codes, len(names),
                                                                              x_range, y_range, bins=bins)

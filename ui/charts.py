@@ -283,20 +283,27 @@ def add_quadrant_lines(fig, point, labels, x_range, y_range, color=QUADRANT_COLO
 
 
 def range_histogram(values, value_range, scale: AxisScale, title, ranges=(), pending=None, highlight=None,
-                    bins=200, height=420, selectable=False):
+                    bins=200, height=420, selectable=False, lattice="find"):
     """Histogram of one channel's display values (the parent population), with range gates.
 
+    lattice : the evenly spaced values the channel sits on
+        (:func:`gating_core.reports.plotting.value_lattice`; "find": from ``values``), for bins
+        that each hold the same number of them; None: plain bins.
     ranges : list of (name, low, high) in the figure's display coordinates, shaded and named.
     pending : (low, high) or None, the range being drawn (dashed).
     highlight : display values of a population to draw on top (back-gating), or None.
     selectable : a range is dragged across it: the box is the drag mode (horizontal only) and
         the toolbar offers it (:func:`add_selection_anchor`); otherwise dragging zooms.
     """
-    counts, centers = plotting.histogram_1d(np.asarray(values, dtype=float), value_range, bins=bins)
+    values = np.asarray(values, dtype=float)
+    if isinstance(lattice, str):
+        lattice = plotting.value_lattice(values)
+    bin_range, bins = plotting.lattice_bins(value_range, lattice, bins)
+    counts, centers = plotting.histogram_1d(values, bin_range, bins=bins)
     fig = go.Figure(go.Scatter(x=centers, y=counts, mode="lines", name="events", line=dict(width=2, shape="hvh",
                                                                                             color="#555555")))
     if highlight is not None:
-        hc, _ = plotting.histogram_1d(np.asarray(highlight, dtype=float), value_range, bins=bins)
+        hc, _ = plotting.histogram_1d(np.asarray(highlight, dtype=float), bin_range, bins=bins)
         fig.add_trace(go.Scatter(x=centers, y=hc, mode="lines", name="population", fill="tozeroy",
                                  line=dict(width=1, shape="hvh", color=HIGHLIGHT_COLOR)))
     for name, lo, hi in ranges:

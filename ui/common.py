@@ -226,6 +226,17 @@ def plot_range(store: Store, tokens: tuple, channel: str, scale: dict, samples) 
     return float(low), float(high)
 
 
+def plot_bins(tokens: tuple, channel: str, scale: dict, samples, value_range, bins: int = 200) -> tuple:
+    """((low, high), count): the density and histogram bins of ``channel`` over ``value_range``,
+    about ``bins`` of them; when these patients' values sit on evenly spaced channel numbers, each
+    bin holds the same number of them (:func:`gating_core.reports.plotting.lattice_bins`), so
+    the histogram shows no comb and the density no stripes."""
+    from gating_core.reports import plotting
+    from ui import cache
+
+    return plotting.lattice_bins(value_range, cache.lattice(tuple(tokens), channel, scale, samples), bins)
+
+
 def axis_range_editor(store: Store, channels: list[str], sample, key: str, tokens: tuple, samples) -> None:
     """Set a channel's axis range by hand for the whole panel (raw units, FlowJo's axis minimum
     and maximum), or give it back to its events' range. Every plot of the channel uses it, on

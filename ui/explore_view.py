@@ -8,7 +8,7 @@ import streamlit as st
 from gating_core.gates import AxisScale
 from ui import cache, charts
 from ui.app_state import common_channels
-from ui.common import channel_label, plot_range, scale_select
+from ui.common import channel_label, plot_bins, plot_range, scale_select
 
 ALL = "(all events)"
 #: How each curve is scaled: FlowJo's "normalized to mode" first, the usual view of an overlay.
@@ -49,10 +49,12 @@ def overlay_curves(records, channel: str, scale: dict, value_range: tuple, popul
     from gating_core.reports import plotting
 
     curves = []
+    bin_range, bins = plot_bins(tuple(r.token for r in records), channel, scale, [r.sample for r in records],
+                                value_range, bins)
     for record in records:
         mask = population_mask(record, population)
-        value_bins = cache.bin_indices(record.token, channel, scale, tuple(value_range), bins, record.sample)
-        counts, centers = plotting.histogram_from_bins(value_bins, value_range, bins=bins, mask=mask)
+        value_bins = cache.bin_indices(record.token, channel, scale, tuple(bin_range), bins, record.sample)
+        counts, centers = plotting.histogram_from_bins(value_bins, bin_range, bins=bins, mask=mask)
         curves.append({"name": record.name, "counts": counts, "centers": centers,
                        "cells": int(record.sample.n_events if mask is None else mask.sum())})
     return curves

@@ -90,18 +90,91 @@ def display_range(values: np.ndarray, low_pct: float = 0.1, high_pct: float = 99
     return (float(lo - margin), float(hi + margin))
 
 
-def density_grid(x: np.ndarray, y: np.ndarray, x_range, y_range, bins: int = 200):
+#: A lattice finer than this many of its steps per bin is left to plain bins: one value more or
+#: less in a bin then moves its count by at most 1/64.
+LATTICE_MAX_STEPS_PER_BIN = 64
+
+
+def value_lattice(values: np.ndarray, max_values: int = 100_000):
+    """(step, origin) of the evenly spaced values every finite value sits on, or None.
+
+    Channel numbers (FlowCAP files, a FACSCalibur's 10-bit data, FlowJo's channel-value exports)
+    are integers. Equal bins over them hold 3 or 4 of those values by turns, so a histogram of a
+    smooth population comes out as a comb and a density as stripes; :func:`lattice_bins` gives
+    bins that each hold the same number of them. The step is the smallest gap between the
+    distinct values of a subsample, checked on every value; ``origin`` lies in ``[0, step)``.
+    """
+    values = np.asarray(values, dtype=np.float64).ravel()
+    values = values[np.isfinite(values)]
+    sample = values[subsample_indices(values.size, max_values)] if values.size > max_values else values
+    head = np.unique(sample[:2_000])
+    if head.size >= 2 and not _on_lattice(head, *_lattice_of(head)):
+        return None  # continuous values, told apart on a few (each control change of the app asks)
+    distinct = np.unique(sample)
+    if distinct.size < 2:
+        return None
+    step, origin = _lattice_of(distinct)
+    if not (_on_lattice(distinct, step, origin) and _on_lattice(values, step, origin)):
+        return None
+    return step, origin
+
+
+def _lattice_of(distinct: np.ndarray) -> tuple:
+    """(step, origin) of sorted distinct values: their smallest gap, and where its multiples
+    start, in ``[0, step)``."""
+    step = float(np.min(np.diff(distinct)))
+    origin = float(distinct[0] - step * math.floor(distinct[0] / step))
+    if origin > step * (1 - 1e-3):  # distinct[0] a hair below a multiple of the step
+        origin = 0.0
+    return step, origin
+
+
+def _on_lattice(values: np.ndarray, step: float, origin: float) -> bool:
+    position = (values - origin) / step
+    return bool(np.max(np.abs(position - np.round(position)), initial=0.0) <= 1e-3)
+
+
+def lattice_bins(value_range, lattice, bins: int = 200) -> tuple:
+    """((low, high), count): equal bins covering ``value_range``, about ``bins`` of them, each
+    holding the same whole number of the values of ``lattice`` (:func:`value_lattice`) with its
+    edges halfway between two of them. ``lattice`` None, or finer than
+    ``LATTICE_MAX_STEPS_PER_BIN`` steps a bin: ``value_range`` and ``bins`` as given."""
+    low, high = float(value_range[0]), float(value_range[1])
+    if lattice is None or not high > low:
+        return (low, high), int(bins)
+    step, origin = float(lattice[0]), float(lattice[1])
+    per_bin = max(1, math.ceil((high - low) / bins / step - 1e-9))
+    if per_bin > LATTICE_MAX_STEPS_PER_BIN:
+        return (low, high), int(bins)
+    start = origin + (math.floor((low - origin) / step + 0.5) - 0.5) * step  # the half step at or below low
+    width = per_bin * step
+    count = max(1, math.ceil((high - start) / width - 1e-9))
+    return (start, start + count * width), count
+
+
+def bin_counts(bins) -> tuple:
+    """(x bins, y bins) of a grid given as one count for both axes or as a pair."""
+    if np.ndim(bins) == 0:
+        return int(bins), int(bins)
+    x_bins, y_bins = bins
+    return int(x_bins), int(y_bins)
+
+
+def density_grid(x: np.ndarray, y: np.ndarray, x_range, y_range, bins=200):
     """2-D histogram of all events in display coordinates.
+
+    bins : int, or (x bins, y bins)
 
     Returns
     -------
-    counts : ndarray (bins, bins), int — rows are y bins, columns x bins (heatmap orientation)
-    x_centers, y_centers : ndarray (bins,)
+    counts : ndarray (y bins, x bins), int — rows are y bins, columns x bins (heatmap orientation)
+    x_centers, y_centers : ndarray (x bins,), (y bins,)
     """
     x = np.asarray(x, dtype=np.float64)
     y = np.asarray(y, dtype=np.float64)
     finite = np.isfinite(x) & np.isfinite(y)
-    counts, x_edges, y_edges = np.histogram2d(x[finite], y[finite], bins=bins, range=[list(x_range), list(y_range)])
+    counts, x_edges, y_edges = np.histogram2d(x[finite], y[finite], bins=list(bin_counts(bins)),
+                                              range=[list(x_range), list(y_range)])
     return counts.T.astype(np.int64), (x_edges[:-1] + x_edges[1:]) / 2, (y_edges[:-1] + y_edges[1:]) / 2
 
 
@@ -140,19 +213,21 @@ def bin_centers(value_range, bins: int) -> np.ndarray:
     return (edges[:-1] + edges[1:]) / 2
 
 
-def density_from_bins(x_bins: np.ndarray, y_bins: np.ndarray, x_range, y_range, bins: int = 200, mask=None):
+def density_from_bins(x_bins: np.ndarray, y_bins: np.ndarray, x_range, y_range, bins=200, mask=None):
     """:func:`density_grid` from :func:`bin_indices` of both channels (same bins, same result):
     one ``numpy.bincount`` instead of a 2-D histogram, 15-25x less time per pair of channels at a
     million events once each channel's bins are known (``bench/bench_explore.py``).
 
+    bins : int, or (x bins, y bins)
     mask : optional (n,) bool, the events to count (a parent population).
     """
-    side = bins + 1  # the last row and column collect the events outside the ranges
-    flat = y_bins.astype(np.int32) * side + x_bins
+    n_x, n_y = bin_counts(bins)
+    # the last row and column collect the events outside the ranges
+    flat = y_bins.astype(np.int32) * (n_x + 1) + x_bins
     if mask is not None:
         flat = flat[np.asarray(mask, dtype=bool)]
-    counts = np.bincount(flat, minlength=side * side).reshape(side, side)[:bins, :bins]
-    return counts.astype(np.int64), bin_centers(x_range, bins), bin_centers(y_range, bins)
+    counts = np.bincount(flat, minlength=(n_x + 1) * (n_y + 1)).reshape(n_y + 1, n_x + 1)[:n_y, :n_x]
+    return counts.astype(np.int64), bin_centers(x_range, n_x), bin_centers(y_range, n_y)
 
 
 def histogram_from_bins(value_bins: np.ndarray, value_range, bins: int = 200, mask=None):

@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from gating_core.reports.plotting import bin_centers
+from gating_core.reports.plotting import bin_centers, bin_counts
 
 MIN_SHADE = 0.2  # a bin of one event: 20% of its population's colour over white, still visible
 
 
 def population_grid_from_bins(x_bins: np.ndarray, y_bins: np.ndarray, codes: np.ndarray, n_populations: int,
-                              x_range, y_range, bins: int = 200):
+                              x_range, y_range, bins=200):
     """Events of each population in each bin of the density grid (the bins of
     :func:`~gating_core.reports.plotting.density_from_bins`), from
     :func:`~gating_core.reports.plotting.bin_indices` of both channels: one ``numpy.bincount``
@@ -28,12 +28,14 @@ def population_grid_from_bins(x_bins: np.ndarray, y_bins: np.ndarray, codes: np.
     x_bins, y_bins : ndarray (n,), ``bin_indices`` of the two channels (``bins`` = outside).
     codes : ndarray (n,), int -- each event's population as an index in ``[0, n_populations)``.
     n_populations : int
+    bins : int, or (x bins, y bins)
 
     Returns
     -------
-    counts : ndarray (n_populations, bins, bins), int64 -- ``counts[p]`` is population ``p``'s
-        ``density_grid`` (rows y bins, columns x bins); events outside either range are left out.
-    x_centers, y_centers : ndarray (bins,)
+    counts : ndarray (n_populations, y bins, x bins), int64 -- ``counts[p]`` is population
+        ``p``'s ``density_grid`` (rows y bins, columns x bins); events outside either range are
+        left out.
+    x_centers, y_centers : ndarray (x bins,), (y bins,)
     """
     codes = np.asarray(codes)
     if codes.shape != x_bins.shape or x_bins.shape != y_bins.shape:
@@ -42,11 +44,13 @@ def population_grid_from_bins(x_bins: np.ndarray, y_bins: np.ndarray, codes: np.
     n_populations = int(n_populations)
     if codes.size and (codes.min() < 0 or codes.max() >= n_populations):
         raise ValueError(f"population codes must lie in [0, {n_populations})")
-    side = bins + 1  # the last row and column collect the events outside the ranges
-    flat = (y_bins.astype(np.int64) * side + x_bins) * n_populations + codes
-    counts = np.bincount(flat, minlength=side * side * n_populations).reshape(side, side, n_populations)
-    return (np.ascontiguousarray(counts[:bins, :bins].transpose(2, 0, 1)).astype(np.int64),
-            bin_centers(x_range, bins), bin_centers(y_range, bins))
+    n_x, n_y = bin_counts(bins)
+    # the last row and column collect the events outside the ranges
+    flat = (y_bins.astype(np.int64) * (n_x + 1) + x_bins) * n_populations + codes
+    counts = np.bincount(flat, minlength=(n_x + 1) * (n_y + 1) * n_populations).reshape(n_y + 1, n_x + 1,
+                                                                                         n_populations)
+    return (np.ascontiguousarray(counts[:n_y, :n_x].transpose(2, 0, 1)).astype(np.int64),
+            bin_centers(x_range, n_x), bin_centers(y_range, n_y))
 
 
 def majority_population(counts: np.ndarray):
