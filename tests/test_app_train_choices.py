@@ -130,6 +130,12 @@ def test_a_channel_transform_set_on_the_train_page_reaches_the_model_and_its_fil
     assert by_channel["FL2-A"] == ("arcsinh", {"cofactor": 400.0})
     assert by_channel["FL3-A"] == ("arcsinh", {"cofactor": 150.0})
     assert any("FL1-A: arcsinh(x / 40)" in m.value and "Channel transforms:" in m.value for m in at.markdown)
+    from gating_core.model.summary import adapted_populations_text, unknown_cells_text
+
+    (shown,) = [m.value for m in at.markdown if "Channel transforms:" in m.value]
+    assert f"Each patient's own populations: {adapted_populations_text(model)}" in shown
+    assert shown.endswith("Unknown cells: a gated cell beyond every population (3 x its reach) is called 'unknown'")
+    assert unknown_cells_text(model) in shown
     stored = load_gating_model(PatientLibrary(library, create=False).model_path(store.model_ids[store.current_model]))
     assert stored.transform == {"FL1-A": "arcsinh:40", "FL2-A": "arcsinh:400"}
     # A check run with these settings is the stored model's check; one without them is not.

@@ -20,6 +20,14 @@ def trained_model(tmp_path_factory, sample_data_dir):
     assert result.returncode == 0, result.stderr
     assert "Training (marginal) on 8 patients, 96,000 events" in result.stdout
     assert "Cross-validated accuracy over patients" in result.stdout
+    from gating_core.model import GatingModel
+    from gating_core.model.summary import adapted_populations_text
+
+    adapted = adapted_populations_text(GatingModel.load(model))  # the weight and its reason, kept in the file
+    assert adapted.startswith("weight ")
+    assert f"Adapted populations: {adapted} (--adaptive-weight 0 turns them off)\n" in result.stdout
+    assert ("Unknown cells: a gated cell beyond every population (3 x its reach) is called 'unknown' "
+            "(--unknown-margin none turns this off)\n") in result.stdout
     return model
 
 

@@ -181,26 +181,13 @@ def run_train(args) -> int:
         print("Alignment: quantile (each channel's quantiles onto the training patients' mean)")
     if info.get("self_training"):
         print("Gating: each patient's gates follow its own confident cells (self-training)")
-    chosen = getattr(model, "selection_", {}).get("adaptive_weight", {})
-    if info.get("adaptive_weight"):
-        from gating_core.model.adaptation import EVEN_ADAPTIVE_WEIGHT
+    from gating_core.model.summary import adapted_populations_text, unknown_cells_text
 
-        how = "as set"
-        if chosen.get("folds"):
-            how = ("the transfer model and each fit a third; the held-out groups did not find it clearly worse"
-                   if chosen.get("chosen") == EVEN_ADAPTIVE_WEIGHT else
-                   "the held-out groups found the even thirds clearly worse")
-        elif chosen:
-            how = chosen.get("reason", how).rstrip(".")
-        start = ("EM started from the transfer model's posteriors" if info.get("adaptive_start") == "transfer"
-                 else "EM started from the training populations")
-        fits = ("one covariance shared by all populations, and each population's own shape"
-                if info.get("adaptive_shapes") else "one covariance shared by all populations")
-        print(f"Adapted populations: weight {info['adaptive_weight']:.3g} ({how}; each patient's populations are "
-              f"refitted to its own cells by EM, {start}; {fits}; --adaptive-weight 0 turns them off)")
-    if info.get("unknown_margin") is not None:
-        print(f"Unknown cells: a gated cell beyond every population ({info['unknown_margin']:g} x its reach) is "
-              "called 'unknown' (--unknown-margin none turns this off)")
+    adapted, unknown = adapted_populations_text(model), unknown_cells_text(model)
+    if adapted:
+        print(f"Adapted populations: {adapted} (--adaptive-weight 0 turns them off)")
+    if unknown:
+        print(f"Unknown cells: {unknown} (--unknown-margin none turns this off)")
     if args.method == IW_METHOD:
         print(f"Kept {info['training_cells']:,} training cells and {info['n_landmarks']} landmarks per refit: "
               "`gate` refits the model for each new patient")

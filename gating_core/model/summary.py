@@ -1,0 +1,38 @@
+"""What a fitted model does to a new patient beyond its transfer model, in sentences for its
+user: the training summary of ``train`` and the app's list of models both print them."""
+
+from __future__ import annotations
+
+from gating_core.model.adaptation import EVEN_ADAPTIVE_WEIGHT
+
+
+def adapted_populations_text(model) -> str | None:
+    """How the model refits each new patient's populations to its own cells (their weight, why
+    that weight, where EM starts, which fits), or None when it does not."""
+    describe = getattr(model, "describe", None)
+    info = describe() if callable(describe) else {}
+    if not info.get("adaptive_weight"):
+        return None
+    chosen = getattr(model, "selection_", {}).get("adaptive_weight", {})
+    how = "as set"
+    if chosen.get("folds"):
+        how = ("the transfer model and each fit a third; the held-out groups did not find it clearly worse"
+               if chosen.get("chosen") == EVEN_ADAPTIVE_WEIGHT else
+               "the held-out groups found the even thirds clearly worse")
+    elif chosen:
+        how = chosen.get("reason", how).rstrip(".")
+    start = ("EM started from the transfer model's posteriors" if info.get("adaptive_start") == "transfer"
+             else "EM started from the training populations")
+    fits = ("one covariance shared by all populations, and each population's own shape"
+            if info.get("adaptive_shapes") else "one covariance shared by all populations")
+    return (f"weight {info['adaptive_weight']:.3g} ({how}); each patient's populations are refitted to its own "
+            f"cells by EM, {start}; {fits}")
+
+
+def unknown_cells_text(model) -> str | None:
+    """Which cells the model calls 'unknown', or None when it calls none."""
+    describe = getattr(model, "describe", None)
+    margin = (describe() if callable(describe) else {}).get("unknown_margin")
+    if margin is None:
+        return None
+    return f"a gated cell beyond every population ({margin:g} x its reach) is called 'unknown'"

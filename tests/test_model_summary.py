@@ -1,0 +1,47 @@
+"""What a fitted model does to a new patient beyond its transfer model, as the training summary
+of `train` and the app's list of models say it."""
+
+from __future__ import annotations
+
+import pytest
+
+from gating_core.io.inputs import load_labeled_input
+from gating_core.model import GatingModel
+from gating_core.model.summary import adapted_populations_text, unknown_cells_text
+
+
+@pytest.fixture(scope="module")
+def patients(sample_data_dir):
+    data = [load_labeled_input(p) for p in sorted(sample_data_dir.glob("patient_0[1-3].fcs"))]
+    return [s for s, _ in data], [y for _, y in data]
+
+
+def _fitted(patients, **params):
+    samples, labels = patients
+    return GatingModel(select=False, n_features=64, cells_per_patient=300, **params).fit(samples, labels)
+
+
+def test_a_weight_set_by_hand_and_the_unknown_call(patients):
+    model = _fitted(patients, adaptive_weight=0.5, unknown_margin=2.5)
+    assert adapted_populations_text(model) == (
+        "weight 0.5 (as set); each patient's populations are refitted to its own cells by EM, EM started from "
+        "the training populations; one covariance shared by all populations, and each population's own shape")
+    assert unknown_cells_text(model) == "a gated cell beyond every population (2.5 x its reach) is called 'unknown'"
+
+
+def test_the_weight_chosen_by_the_held_out_patients(patients, tmp_path):
+    model = _fitted(patients)  # adaptive_weight="auto": the check over held-out patients
+    table = model.selection_["adaptive_weight"]
+    reason = ("the transfer model and each fit a third; the held-out groups did not find it clearly worse"
+              if table["chosen"] == 2 / 3 else "the held-out groups found the even thirds clearly worse")
+    assert table["folds"] >= 2
+    assert adapted_populations_text(model).startswith(f"weight {model.adaptive_weight_:.3g} ({reason}); ")
+    model.save(tmp_path / "model.npz")
+    assert adapted_populations_text(GatingModel.load(tmp_path / "model.npz")) == adapted_populations_text(model)
+
+
+def test_nothing_to_say_when_neither_is_used(patients):
+    model = _fitted(patients, adaptive_weight=0.0, unknown_margin=None)
+    assert adapted_populations_text(model) is None and unknown_cells_text(model) is None
+    assert adapted_populations_text(object()) is None and unknown_cells_text(object()) is None  # not a model
+
