@@ -71,7 +71,7 @@ def fold_sets(name: str, groups, seed: int):
 def run(names, out: Path, seed: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
-        loaded = load_set(PATIENT_SETS.get(name, name))
+        loaded = load_set(PATIENT_SETS.get(name, name), seed)
         if loaded is None:
             print(f"== {name}: data not found, skipped", flush=True)
             continue

@@ -8,6 +8,8 @@ Data sets and protocols (each a line of the tables in docs/unseen_data.md):
 - ``dlbcl-batch``: the shared FlowCAP DLBCL biopsies (flow, channel scale), train on one batch and
   gate the other, both ways;
 - ``dlbcl-folds``: the same biopsies, 2 random folds over patients;
+- ``dlbcl-12``: 12 of the biopsies drawn at random (``--seed`` draws others), 2 random folds over
+  them: six training patients a fold, as a lab starting with few gated patients has;
 - ``sim-<seed>``: a simulated 4-center flow cohort (``simulate_centers(4, 3, seed, 6000,
   strength=2.0)``), leave one center out;
 - ``hard-<kind>``: the simulator's hard cohorts (``simulate_hard_cohort``): ``channel-scale-shift``
@@ -39,7 +41,7 @@ from gating_core.io.inputs import load_labeled_input  # noqa: E402
 from gating_core.synthetic import simulate_centers, simulate_hard_cohort  # noqa: E402
 
 SHARED = Path(os.environ.get("GATING_SHARED_DATA", Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
-SETS = ("mc-pair", "mc-batch", "dlbcl-batch", "dlbcl-folds", "sim-11", "sim-13", "sim-14",
+SETS = ("mc-pair", "mc-batch", "dlbcl-batch", "dlbcl-folds", "dlbcl-12", "sim-11", "sim-13", "sim-14",
         "hard-channel-scale-shift", "hard-partial-population", "hard-rare")
 
 
@@ -52,10 +54,21 @@ def _shared(name: str, column: str):
     return [s for s, _ in data], [y for _, y in data], [str(groups[s.name]) for s, _ in data]
 
 
-def load_set(name: str):
-    """(samples, labels, groups) of a set, or None when its shared data are missing."""
+#: Biopsies of ``dlbcl-12``.
+SMALL_COHORT = 12
+
+
+def load_set(name: str, seed: int = 0):
+    """(samples, labels, groups) of a set, or None when its shared data are missing. ``seed``
+    draws the biopsies of ``dlbcl-12``."""
     if name.startswith("mc-"):
         return _shared("multicenter", "pair" if name == "mc-pair" else "batch")
+    if name == "dlbcl-12":
+        loaded = _shared("dlbcl", "group")
+        if loaded is None:
+            return None
+        drawn = sorted(np.random.default_rng(1000 + seed).choice(len(loaded[0]), SMALL_COHORT, replace=False))
+        return tuple([part[i] for i in drawn] for part in loaded)
     if name.startswith("dlbcl-"):
         return _shared("dlbcl", "group")
     if name.startswith("sim-"):
@@ -75,7 +88,7 @@ TRAIN_ON_ONE_GROUP = ("dlbcl-batch", "hard-channel-scale-shift")
 
 def held_out_sets(name: str, groups, seed: int) -> list[list[int]]:
     """The patients' indices each fold of a set's protocol holds out (as :func:`run_set` runs it)."""
-    if name == "dlbcl-folds":
+    if name in ("dlbcl-folds", "dlbcl-12"):
         return patient_fold_sets(len(groups), 2, seed)
     if name in TRAIN_ON_ONE_GROUP:
         return one_group_held_out_sets(groups, len(groups))
@@ -83,12 +96,12 @@ def held_out_sets(name: str, groups, seed: int) -> list[list[int]]:
 
 
 def run_set(name: str, methods, seed: int) -> pd.DataFrame | None:
-    loaded = load_set(name)
+    loaded = load_set(name, seed)
     if loaded is None:
         return None
     samples, labels, groups = loaded
     params = {"random_state": seed}
-    if name == "dlbcl-folds":
+    if name in ("dlbcl-folds", "dlbcl-12"):
         return patient_folds(samples, labels, 2, methods=methods, model_params=params, groups=groups, seed=seed)
     if name in TRAIN_ON_ONE_GROUP:
         return train_on_one_group(samples, labels, groups, methods=methods, model_params=params)

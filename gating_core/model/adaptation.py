@@ -21,10 +21,14 @@ ADAPTIVE_WEIGHTS = (0.0, 1.0 / 3.0, 2.0 / 3.0, 1.0)
 #: two generative fits a third each.
 EVEN_ADAPTIVE_WEIGHT = 2.0 / 3.0
 #: How much lower (:func:`check_score`: the held-out mean plus the next-to-worst patient's accuracy)
-#: the even weight must score than the best weight to be left. The folds hold out a few patients
+#: the even weight must score than the best weight to be left; the best weight must also gate
+#: every fold's held-out patients at least as well on average. The folds hold out a few patients
 #: of the training groups: a weight that scored better there by less than this gated the new
 #: groups no better (docs/unseen_data.md), while populations that are no Gaussians at all (the
-#: halves of one cluster) cost the generative fits far more than this.
+#: halves of one cluster) cost the generative fits far more than this. With a few training
+#: patients, each fold's models learn from fewer still: one fold alone (three biopsies of one
+#: batch gated by three of the other) once decided the weight, where the other fold and the new
+#: biopsies gated better at the even weight.
 EVEN_WEIGHT_MARGIN = 0.2
 #: With nothing to hold out (one training patient), "auto" takes this weight.
 FALLBACK_ADAPTIVE_WEIGHT = EVEN_ADAPTIVE_WEIGHT
@@ -47,6 +51,27 @@ def check_score(accuracies) -> float:
     2/3 to 1/3, which cost a new biopsy 47 points (docs/unseen_data.md)."""
     ordered = np.sort(np.asarray(accuracies, dtype=np.float64))
     return float(ordered.mean() + ordered[1 if len(ordered) >= 3 else 0])
+
+
+def weight_choice(accuracy: dict, folds) -> tuple:
+    """The weight "auto" takes from the check's held-out patients: (chosen, score, fold means).
+
+    ``accuracy`` maps each weight of ``ADAPTIVE_WEIGHTS`` to the held-out training patients'
+    accuracies at that weight; ``folds`` gives each of those patients' fold, in the same order.
+    ``EVEN_ADAPTIVE_WEIGHT`` stays unless the best :func:`check_score` beats its score by more
+    than ``EVEN_WEIGHT_MARGIN`` and the best weight's mean accuracy is at least the even
+    weight's in every fold; then the best weight (the most adapted of ties)."""
+    folds = np.asarray(folds)
+    score = {w: check_score(a) for w, a in accuracy.items()}
+    fold_means = {w: [float(np.mean(np.asarray(a)[folds == j])) for j in np.unique(folds)]
+                  for w, a in accuracy.items()}
+    best = max(score.values())
+    chosen = EVEN_ADAPTIVE_WEIGHT
+    if score[EVEN_ADAPTIVE_WEIGHT] < best - EVEN_WEIGHT_MARGIN:
+        candidate = max(w for w, v in score.items() if v == best)
+        if all(c >= e for c, e in zip(fold_means[candidate], fold_means[EVEN_ADAPTIVE_WEIGHT])):
+            chosen = candidate
+    return chosen, score, fold_means
 
 
 class PatientAdaptation:
@@ -92,8 +117,9 @@ class PatientAdaptation:
     def _choose_adaptive_weight(self, cells, embedding_cells, labels, params) -> tuple:
         """``adaptive_weight="auto"``: (weight, start). ``EVEN_ADAPTIVE_WEIGHT`` unless another
         weight of ``ADAPTIVE_WEIGHTS`` gates the held-out groups' patients better by more than
-        ``EVEN_WEIGHT_MARGIN`` (:func:`check_score`), EM started from the training
-        populations; then the best one. With ``transfer_start`` (ResearchGatingModel's option),
+        ``EVEN_WEIGHT_MARGIN`` (:func:`check_score`) and gates each fold's held-out patients
+        at least as well on average (:func:`weight_choice`), EM started from the training
+        populations; then that one. With ``transfer_start`` (ResearchGatingModel's option),
         (``TRANSFER_START_WEIGHT``, "transfer") when EM started from the transfer model's
         posteriors gates them better than every weight by more than ``ADAPTIVE_WEIGHT_TOLERANCE``.
 
@@ -110,8 +136,9 @@ class PatientAdaptation:
         multiply training by the folds), and the Gaussians likewise; each held-out patient is
         gated as a new one (its embedding, self-training and EM from its content-chosen cells)
         on its labeled training cells. The table is ``selection_["adaptive_weight"]``: the mean and
-        worst held-out accuracy at each weight, its score (``cv_score``) and under ``cv_patients``
-        each held-out patient's accuracy."""
+        worst held-out accuracy at each weight, its score (``cv_score``), under ``cv_patients``
+        each held-out patient's accuracy (``cv_patient_folds``: their folds) and under
+        ``cv_fold_accuracy`` each fold's mean (:func:`weight_choice`)."""
         groups = list(self.groups_)
         if len(set(groups)) < 2:
             # One group (every patient near-duplicates of the others, or one center given):
@@ -126,6 +153,7 @@ class PatientAdaptation:
         order = [unique[i] for i in rng.permutation(len(unique))]
         n_folds = min(int(self.cv_folds), len(unique))
         accuracy = {w: [] for w in ADAPTIVE_WEIGHTS}
+        fold_of = []  # the fold of each held-out patient, in the order of ``accuracy``'s lists
         transfer_started = []
         fixed = {"companion_bandwidth_x": self.companion_bandwidth_x_, "pooled_weight": self.pooled_weight_}
         fold_params = dict(params)  # the selected hyperparameters, kept in every fold
@@ -158,6 +186,7 @@ class PatientAdaptation:
 
                 for w in ADAPTIVE_WEIGHTS:
                     accuracy[w].append(accuracy_of((1.0 - w) * transfer + w * adapted))
+                fold_of.append(j)
                 if self.transfer_start:
                     start = fold._adjusted_proba(embedding_cells[i], embedding, 50_000, adjust)
                     patient.gaussians = gaussians.adapt(embedding_cells[i], start)
@@ -166,14 +195,11 @@ class PatientAdaptation:
                                                         + TRANSFER_START_WEIGHT * refined))
         means = {w: float(np.mean(a)) for w, a in accuracy.items()}
         worst = {w: float(np.min(a)) for w, a in accuracy.items()}
-        score = {w: check_score(a) for w, a in accuracy.items()}
-        best = max(score.values())
         # The held-out patients come from the training groups, so the folds see only the shifts
         # between those groups, and a new run can move further: the even weight stays unless the
-        # folds say clearly that it fails (then the best-scoring weight, the most adapted of ties).
-        chosen = EVEN_ADAPTIVE_WEIGHT
-        if score[EVEN_ADAPTIVE_WEIGHT] < best - EVEN_WEIGHT_MARGIN:
-            chosen = max(w for w, v in score.items() if v == best)
+        # folds say clearly, and every one of them, that it fails.
+        chosen, score, fold_means = weight_choice(accuracy, fold_of)
+        best = max(score.values())
         start = "training"
         if transfer_started and check_score(transfer_started) > best + ADAPTIVE_WEIGHT_TOLERANCE:
             chosen, start = TRANSFER_START_WEIGHT, "transfer"
@@ -181,7 +207,9 @@ class PatientAdaptation:
                  "cv_accuracy": {str(w): m for w, m in means.items()},
                  "cv_worst": {str(w): v for w, v in worst.items()},
                  "cv_score": {str(w): v for w, v in score.items()},
-                 "cv_patients": {str(w): list(a) for w, a in accuracy.items()}}
+                 "cv_patients": {str(w): list(a) for w, a in accuracy.items()},
+                 "cv_patient_folds": [int(j) for j in fold_of],
+                 "cv_fold_accuracy": {str(w): m for w, m in fold_means.items()}}
         if transfer_started:
             table["cv_transfer_start"] = {"accuracy": float(np.mean(transfer_started)),
                                           "worst": float(np.min(transfer_started)),

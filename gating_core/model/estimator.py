@@ -89,8 +89,9 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
         population a Gaussian of its own training shape
         (:class:`~gating_core.method.unknown_cells.PopulationReach`). "auto": ``EVEN_ADAPTIVE_WEIGHT``
         (2/3: the transfer model and the two fits a third each) unless cross-validation over
-        groups finds a weight of ``ADAPTIVE_WEIGHTS`` whose held-out mean plus worst-patient
-        accuracy is higher by more than ``EVEN_WEIGHT_MARGIN``.
+        groups finds a weight of ``ADAPTIVE_WEIGHTS`` whose held-out mean plus next-to-worst
+        patient's accuracy is higher by more than ``EVEN_WEIGHT_MARGIN``, and whose held-out
+        mean is at least as high in every fold.
     unknown_margin : float > 0 or None, default=UNKNOWN_MARGIN (3.0)
         A cell whose squared distance to every population exceeds this many times that
         population's reach is gated ``"unknown"`` (confidence 0;
