@@ -32,8 +32,8 @@ def test_a_weight_set_by_hand_and_the_unknown_call(patients):
 def test_the_weight_chosen_by_the_held_out_patients(patients, tmp_path):
     model = _fitted(patients)  # adaptive_weight="auto": the check over held-out patients
     table = model.selection_["adaptive_weight"]
-    reason = ("the transfer model and each fit a third; the held-out groups did not find it clearly worse"
-              if table["chosen"] == 2 / 3 else "the held-out groups found the even thirds clearly worse")
+    reason = ("the transfer model and each fit a third; not every fold of held-out groups found it clearly worse"
+              if table["chosen"] == 2 / 3 else "every fold of held-out groups found the even thirds clearly worse")
     assert table["folds"] >= 2
     assert adapted_populations_text(model).startswith(f"weight {model.adaptive_weight_:.3g} ({reason}); ")
     model.save(tmp_path / "model.npz")

@@ -16,9 +16,9 @@ def adapted_populations_text(model) -> str | None:
     chosen = getattr(model, "selection_", {}).get("adaptive_weight", {})
     how = "as set"
     if chosen.get("folds"):
-        how = ("the transfer model and each fit a third; the held-out groups did not find it clearly worse"
+        how = ("the transfer model and each fit a third; not every fold of held-out groups found it clearly worse"
                if chosen.get("chosen") == EVEN_ADAPTIVE_WEIGHT else
-               "the held-out groups found the even thirds clearly worse")
+               "every fold of held-out groups found the even thirds clearly worse")
     elif chosen:
         how = chosen.get("reason", how).rstrip(".")
     start = ("EM started from the transfer model's posteriors" if info.get("adaptive_start") == "transfer"
