@@ -81,14 +81,15 @@ def load_set(name: str, seed: int = 0):
     return samples, [np.asarray(c[1]).astype(str) for c in cohort], [center_of[s.name] for s in samples]
 
 
-#: The sets whose protocol is train-on-one-group (the rest leave one group out, but dlbcl-folds:
-#: 2 folds over patients).
+#: The sets whose protocol is train-on-one-group, and those split in 2 folds over patients (the
+#: rest leave one group out).
 TRAIN_ON_ONE_GROUP = ("dlbcl-batch", "hard-channel-scale-shift")
+PATIENT_FOLDS = ("dlbcl-folds", "dlbcl-12")
 
 
 def held_out_sets(name: str, groups, seed: int) -> list[list[int]]:
     """The patients' indices each fold of a set's protocol holds out (as :func:`run_set` runs it)."""
-    if name in ("dlbcl-folds", "dlbcl-12"):
+    if name in PATIENT_FOLDS:
         return patient_fold_sets(len(groups), 2, seed)
     if name in TRAIN_ON_ONE_GROUP:
         return one_group_held_out_sets(groups, len(groups))
@@ -101,7 +102,7 @@ def run_set(name: str, methods, seed: int) -> pd.DataFrame | None:
         return None
     samples, labels, groups = loaded
     params = {"random_state": seed}
-    if name in ("dlbcl-folds", "dlbcl-12"):
+    if name in PATIENT_FOLDS:
         return patient_folds(samples, labels, 2, methods=methods, model_params=params, groups=groups, seed=seed)
     if name in TRAIN_ON_ONE_GROUP:
         return train_on_one_group(samples, labels, groups, methods=methods, model_params=params)
