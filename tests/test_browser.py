@@ -200,11 +200,45 @@ def choose_patiently(page, label, option, attempts=3):
     wait_idle(page)
 
 
+def _same_entry(shown, typed):
+    """Whether an input shows what was typed, a number input's own format aside ("12" shows "12.00")."""
+    try:
+        return shown == typed or float(shown) == float(typed)
+    except ValueError:
+        return False
+
+
+def type_into(page, label, text, attempts=3):
+    """Type ``text`` into the input labelled ``label`` and press Enter, then wait for the rerun.
+
+    While Streamlit reruns, a widget it mounts again can sit beside its stale copy for a moment
+    (two inputs with one label, seen once in CI): wait until the label names one input, and type
+    again if the rerun swallowed the value."""
+    from playwright.sync_api import Error as PlaywrightError
+
+    field = page.get_by_label(label, exact=True)
+    for attempt in range(attempts):
+        wait_idle(page)
+        try:
+            field.first.wait_for()
+            for _ in range(60):
+                if field.count() == 1:
+                    break
+                page.wait_for_timeout(500)
+            field.fill(text)
+            field.press("Enter")
+            wait_idle(page)
+            if _same_entry(field.input_value(), text):
+                return
+        except PlaywrightError:
+            if attempt == attempts - 1:
+                raise
+    raise AssertionError(f"the input {label!r} did not keep {text!r} (it shows {field.input_value()!r})")
+
+
 def add_gate(page, name, button="Add gate"):
     """Name the pending gate on the Gate page and add it with ``button``."""
-    page.get_by_label("Gate name").fill(name)
-    page.get_by_label("Gate name").press("Enter")
-    wait_idle(page)
+    type_into(page, "Gate name", name)
     page.get_by_role("button", name=button).click()
     page.get_by_text(f"Added gate '{name}'").wait_for()
     wait_idle(page)
@@ -217,9 +251,7 @@ def add_quadrants(page, x_label, y_label, x_split, y_split):
     choose(page, "X channel", x_label)
     choose(page, "Y channel", y_label)
     for label, value in ((f"Split {x_label} at", x_split), (f"Split {y_label} at", y_split)):
-        page.get_by_label(label).fill(str(value))
-        page.get_by_label(label).press("Enter")
-        wait_idle(page)
+        type_into(page, label, str(value))
     page.get_by_role("button", name="Add quadrant gate").click()
     page.get_by_text("Added quadrants CD4+ CD8+, CD4+ CD8-, CD4- CD8+, CD4- CD8-.").wait_for()
     wait_idle(page)

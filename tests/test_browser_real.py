@@ -20,7 +20,7 @@ import pytest
 
 from gating_core.fcs import read_fcs
 from test_browser import (add_gate, add_quadrants, choose, choose_patiently, download_clicked, lasso,  # noqa: F401
-                          open_page, browser, serving_app, wait_idle)  # browser: a fixture
+                          open_page, browser, serving_app, type_into, wait_idle)  # browser: a fixture
 
 pytestmark = pytest.mark.browser
 
@@ -178,9 +178,7 @@ def test_review_loop_on_real_samples_counts_agree_everywhere(app_url, browser, a
     wait_idle(page)
     page.locator("[data-testid=stCheckbox]").filter(has_text=re.compile(r"^select$")).first.click()
     wait_idle(page)
-    page.get_by_label("cells_per_patient", exact=True).fill("1500")
-    page.get_by_label("cells_per_patient", exact=True).press("Enter")
-    wait_idle(page)
+    type_into(page, "cells_per_patient", "1500")
     page.get_by_role("button", name="Train model").click()
     page.get_by_text(re.compile(r"^Trained .* on [0-9,]+ cells")).wait_for(timeout=900_000)
     wait_idle(page)
@@ -209,9 +207,7 @@ def test_review_loop_on_real_samples_counts_agree_everywhere(app_url, browser, a
     vertices = np.asarray(fitted["Monocytes"].drawing().corners)
     inward = vertices[0] + 0.35 * (vertices.mean(axis=0) - vertices[0])
     for label, value in (("x", inward[0]), ("y", inward[1])):
-        page.get_by_label(label, exact=True).fill(f"{value:.3f}")
-        page.get_by_label(label, exact=True).press("Enter")
-        wait_idle(page)
+        type_into(page, label, f"{value:.3f}")
     page.get_by_role("button", name="Move the vertex").click()
     moved = page.get_by_text(re.compile(r"^Moved a vertex of Monocytes: [0-9,]+ → [0-9,]+ events; [0-9,]+ cells "
                                         r"relabeled"))
