@@ -117,9 +117,13 @@ def browser():
 
 
 def wait_idle(page, timeout=120_000):
-    """Wait until Streamlit has finished the current run (no 'running' status widget)."""
+    """Wait until Streamlit has finished the current run: no 'running' status widget, and no stale
+    element left from the previous run (a widget mounted again sits beside its stale copy until
+    the run ends, so a locator would find two)."""
     page.wait_for_timeout(500)
     page.locator("[data-testid=stStatusWidget]").wait_for(state="detached", timeout=timeout)
+    page.locator("[data-testid=stElementContainer][data-stale=true]").first.wait_for(state="detached",
+                                                                                       timeout=timeout)
     page.wait_for_timeout(300)
 
 
