@@ -15,6 +15,10 @@ baselines, and scores the combinations offline.
 ``bench_unseen.py``'s (same protocols, seeds and folds), and ``mc-patient`` / ``dlbcl-patient``:
 each patient left out, the batches given to training as its groups.
 
+``review DIR ...``: the default's accuracy against the share of cells on which its transfer model
+and adapted populations disagree (gating's review flag), over every held-out patient of the
+folders (several: other seeds' runs of the same sets).
+
 ``score DIR [--metric macro-f1]``: mean / worst patient per set for each rule, then per rule
 the sets where it gains or loses more than 0.1 point against the default. The rules:
 
@@ -44,12 +48,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 
-from bench_unseen import SETS, held_out_sets, load_set  # noqa: E402
+from bench_unseen import SETS, held_out_sets, load_set, print_review  # noqa: E402
 from gating_core.evaluation import patient_scores  # noqa: E402
 from gating_core.evaluation.baselines import PooledBaseline  # noqa: E402
 from gating_core.method.adaptive_lda import AdaptiveLDA  # noqa: E402
@@ -115,7 +120,9 @@ def fit_fold(train_samples, train_labels, train_groups, held_samples, held_label
             arrays[f"{p}:{kind}"][:, columns] = proba
         arrays[f"{p}:truth"] = truth
         arrays[f"{p}:name"] = np.asarray(sample.name)
-        arrays[f"{p}:novelty"] = np.float64(model.novelty(sample, embedding).score)
+        novelty = model.novelty(sample, embedding)
+        arrays[f"{p}:novelty"] = np.float64(novelty.score)
+        arrays[f"{p}:novelty_threshold"] = np.float64(novelty.threshold)
     return arrays
 
 
@@ -212,6 +219,30 @@ def report(table: dict) -> None:
               f"worst +{sum(d > 1e-3 for d in worst)} -{sum(d < -1e-3 for d in worst)}")
 
 
+def review_table(folders) -> pd.DataFrame:
+    """Every held-out patient of ``run`` folders with both adapted fits: its set, the default's
+    accuracy, and the share of its cells on which the transfer model and the adapted populations
+    name different populations (what gating measures on the content-chosen cells, here on the
+    fold file's cells), for ``bench_unseen.print_review``."""
+    rows = []
+    for folder in folders:
+        for path in sorted(Path(folder).glob("*.npz")):
+            for patient in patients(path):
+                if "shared" not in patient:
+                    continue
+                populations = patient["populations"]
+                adapted = np.argmax(patient["shared"] + patient["own"], axis=1)
+                rows.append({"set": path.name.split("__")[0], "folder": str(folder), "patient": str(patient["name"]),
+                             "method": "marginal",
+                             "accuracy": float(np.mean(populations[np.argmax(patient["default"], axis=1)]
+                                                       == patient["truth"])),
+                             "disagreement": float(np.mean(np.argmax(patient["transfer"], axis=1) != adapted)),
+                             "novelty": float(patient["novelty"]),
+                             "novelty_threshold": float(patient["novelty_threshold"])
+                             if "novelty_threshold" in patient else np.nan})
+    return pd.DataFrame(rows)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -223,9 +254,19 @@ def main(argv=None) -> int:
     scoring = commands.add_parser("score", help="score every rule on a run's folder")
     scoring.add_argument("folder", type=Path)
     scoring.add_argument("--metric", choices=("accuracy", "macro-f1"), default="accuracy")
+    reviewing = commands.add_parser("review", help="the default's accuracy against its parts' disagreement "
+                                                   "(the review flag), over one or more run folders")
+    reviewing.add_argument("folders", type=Path, nargs="+")
     args = parser.parse_args(argv)
     if args.command == "run":
         run(args.sets, args.out, args.seed)
+        return 0
+    if args.command == "review":
+        table = review_table(args.folders)
+        if table.empty:
+            print(f"no folds with adapted populations in {', '.join(map(str, args.folders))}", file=sys.stderr)
+            return 1
+        print_review(table)
         return 0
     table = score(args.folder, args.metric)
     if not table:

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gating_core.evaluation import (group_held_out_sets, leave_one_group_out, one_group_held_out_sets,  # noqa: E402
                                     patient_fold_sets, patient_folds, summarize, train_on_one_group)
 from gating_core.io.inputs import load_labeled_input  # noqa: E402
+from gating_core.model.result import DISAGREEMENT_THRESHOLD  # noqa: E402
 from gating_core.synthetic import simulate_centers, simulate_hard_cohort  # noqa: E402
 
 SHARED = Path(os.environ.get("GATING_SHARED_DATA", Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
@@ -138,7 +139,44 @@ def main(argv=None) -> int:
                            "worst_macro_f1"]].to_string(index=False), flush=True)
         if args.csv:
             pd.concat(tables, ignore_index=True).to_csv(args.csv, index=False)
+    if tables and "marginal" in methods:
+        print_review(pd.concat(tables, ignore_index=True))
     return 0
+
+
+#: Bins of the parts' disagreement in :func:`print_review`.
+DISAGREEMENT_BINS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
+#: A patient "gated poorly" in :func:`print_review`.
+POOR_ACCURACY = 0.8
+
+
+def print_review(table: pd.DataFrame) -> None:
+    """Whether the default's review flag (its parts disagree on more than DISAGREEMENT_THRESHOLD
+    of a patient's cells) picks the patients it gates worst: over every held-out patient of the
+    sets run, accuracy per disagreement bin, then flagged against not flagged."""
+    rows = table[(table["method"] == "marginal") & table["disagreement"].notna()]
+    if rows.empty:
+        return
+    flagged = rows["disagreement"] > DISAGREEMENT_THRESHOLD
+    bins = pd.cut(rows["disagreement"], list(DISAGREEMENT_BINS), include_lowest=True)
+    per_bin = rows.groupby(bins, observed=True)["accuracy"].agg(patients="count", mean_accuracy="mean",
+                                                                worst_accuracy="min")
+    poor = rows["accuracy"] < POOR_ACCURACY
+    with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
+        print(f"\n== review flag: the default's accuracy against the share of cells its parts disagree on "
+              f"({len(rows)} held-out patients)")
+        print(per_bin.to_string())
+        for name, part in (("flagged", rows[flagged]), ("not flagged", rows[~flagged])):
+            if len(part):
+                print(f"{name} (disagreement {'>' if name == 'flagged' else '<='} {DISAGREEMENT_THRESHOLD}): "
+                      f"{len(part)} patients, mean accuracy {part['accuracy'].mean():.3f}, "
+                      f"worst {part['accuracy'].min():.3f}")
+        print(f"patients gated below {POOR_ACCURACY}: {int(poor.sum())}, flagged: {int((poor & flagged).sum())}")
+        if "novelty_threshold" in rows and rows["novelty_threshold"].notna().all():
+            novel = rows["novelty"] > rows["novelty_threshold"]
+            print(f"beside it, the novelty warning: {int(novel.sum())} patients, mean accuracy "
+                  f"{rows.loc[novel, 'accuracy'].mean():.3f}, {int((poor & novel).sum())} of them below "
+                  f"{POOR_ACCURACY}; the others {rows.loc[~novel, 'accuracy'].mean():.3f}")
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ from gating_core.gates import AxisScale, Gate, GateError, safe_stem
 from gating_core.gates.agreement import flat_statistics
 from gating_core.reports.plotting import population_colors
 from ui import autogate_view, cache, charts, exports
-from ui.app_state import (acceptance_acknowledgement, missing_model_channels, shape_from_selection,
+from gating_core.model.result import review_flags
+from ui.app_state import (acceptance_acknowledgement, missing_model_channels, review_notice, shape_from_selection,
                           unknown_cells_notice)
 from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, model_offers,
                        model_picker, plot_range, refresh_status, require_patients, scale_select, show_label_change)
@@ -20,7 +21,7 @@ state.setdefault("ag_chart_version", 0)
 st.title("Auto-gate new patients")
 st.caption("Gate new patients with the current model, then review: colors show the predicted populations, "
            "the confidence histogram shows where the model hesitates, and a warning appears when a patient "
-           "is unlike every training patient. Correct cells with the lasso, accept the patient (it joins "
+           "is unlike every training patient or when the model's parts disagree on many of its cells. Correct cells with the lasso, accept the patient (it joins "
            "the historical patients), and export.")
 if not require_patients(store):
     st.stop()
@@ -68,11 +69,11 @@ record = store.patients[patient]
 result = record.load_result()
 sample = record.sample
 novelty = getattr(result, "novelty", None)
-if novelty is not None and bool(getattr(novelty, "is_novel", False)):
-    st.warning(f"**{patient} is unlike the training patients.** {novelty.message}", icon=":material/warning:")
-elif novelty is not None:
-    st.success(f"{patient} resembles the training patients (novelty score {novelty.score:.2f}, "
-               f"threshold {novelty.threshold:.2f}).", icon=":material/check_circle:")
+notice = review_notice(patient, novelty)
+if notice is not None and notice[0] == "warning":
+    st.warning(notice[1], icon=":material/warning:")
+elif notice is not None:
+    st.success(notice[1], icon=":material/check_circle:")
 unknown_notice = unknown_cells_notice(patient, record.populations, model.populations_)
 if unknown_notice:
     st.warning(unknown_notice, icon=":material/help:")
@@ -220,7 +221,7 @@ if record.corrected is not None:
     st.caption(f"{n_changed:,} cells corrected by hand.")
 reviewed = np.asarray(record.populations).astype(str)
 already_labels = record.is_labeled and np.array_equal(np.asarray(record.labels).astype(str), reviewed)
-is_novel = novelty is not None and bool(getattr(novelty, "is_novel", False))
+is_novel, parts_disagree = review_flags(novelty)
 if already_labels:
     st.button("Accepted", key=f"ag_accept_{patient}", disabled=True,
               help="These populations are this patient's labels; correct cells to accept again.")
@@ -228,7 +229,7 @@ elif confirm_action(
         f"ag_accept_{patient}", "Accept this patient…", "Accept: make these its labels",
         lambda: (st.markdown(f"**{patient}**: its labels now and after accepting, cells per population:"),
                  show_label_change(record.labels if record.is_labeled else None, reviewed)),
-        acknowledge=acceptance_acknowledgement(patient, is_novel, reviewed, model.populations_),
+        acknowledge=acceptance_acknowledgement(patient, is_novel, reviewed, model.populations_, parts_disagree),
         help="Its (corrected) populations become labels: it joins the historical patients."):
     try:
         store.accept(patient)

@@ -228,15 +228,44 @@ def unknown_cells_notice(patient: str, populations, model_populations=()) -> str
             "debris or an instrument fault. Review them; moved to a population, they count as it.")
 
 
-def acceptance_acknowledgement(patient: str, is_novel: bool, populations, model_populations=()) -> str | None:
+def review_notice(patient: str, novelty) -> tuple[str, str] | None:
+    """What the Auto-gate page says of a gated patient's novelty and of how much the model's parts
+    disagree on its cells: ("warning" or "success", markdown), or None without a novelty (a
+    result stored before either was measured gives what it has)."""
+    from gating_core.model.result import review_flags
+
+    if novelty is None:
+        return None
+    novel, disagree = review_flags(novelty)
+    get = novelty.get if isinstance(novelty, dict) else (lambda key: getattr(novelty, key, None))
+    disagreement, threshold = get("disagreement"), get("disagreement_threshold")
+    parts = ""
+    if disagreement is not None:
+        parts = (f"The transfer model and {patient}'s own populations name different populations for "
+                 f"{float(disagreement):.0%} of its cells (review above {float(threshold):.0%}).")
+    if novel:
+        return "warning", f"**{patient} is unlike the training patients.** {get('message')}"
+    if disagree:
+        return "warning", (f"**The model's parts disagree on {patient}.** {parts} Patients with this much "
+                           "disagreement were gated less accurately: review its gates by hand.")
+    return "success", " ".join(
+        [f"{patient} resembles the training patients (novelty score {float(get('score')):.2f}, threshold "
+         f"{float(get('threshold')):.2f})."] + ([parts] if parts else []))
+
+
+def acceptance_acknowledgement(patient: str, is_novel: bool, populations, model_populations=(),
+                               parts_disagree: bool = False) -> str | None:
     """The box to tick before accepting ``patient``'s reviewed populations as labels, or None:
-    when the patient is unlike every training patient, or when cells are still "unknown" (as
-    labels they would become a population of that name in the next training)."""
+    when the patient is unlike every training patient, when the model's parts disagree on many
+    of its cells, or when cells are still "unknown" (as labels they would become a population of
+    that name in the next training)."""
     from gating_core.model import UNKNOWN
 
     reasons = []
     if is_novel:
         reasons.append(f"{patient} is unlike every training patient; I reviewed its populations by hand")
+    elif parts_disagree:
+        reasons.append(f"the model's parts disagree on many of {patient}'s cells; I reviewed its populations by hand")
     if unknown_cells_notice(patient, populations, model_populations) is not None:
         reasons.append(f"its '{UNKNOWN}' cells become a population '{UNKNOWN}' of the next training")
     return ("; ".join(reasons) + ".") if reasons else None

@@ -32,8 +32,13 @@ def _novelty_details(result) -> dict:
     novelty = getattr(result, "novelty", None)
     if novelty is None:
         return {}
-    return {"novelty": {"score": float(novelty.score), "threshold": float(novelty.threshold),
-                        "is_novel": bool(novelty.is_novel), "message": str(novelty.message)}}
+    stored = {"score": float(novelty.score), "threshold": float(novelty.threshold),
+              "is_novel": bool(novelty.is_novel), "message": str(novelty.message)}
+    disagreement = getattr(novelty, "disagreement", None)
+    if disagreement is not None:
+        stored.update(disagreement=float(disagreement),
+                      disagreement_threshold=float(novelty.disagreement_threshold))
+    return {"novelty": stored}
 
 
 class PatientRecord:

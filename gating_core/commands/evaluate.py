@@ -29,7 +29,8 @@ def register(subparsers) -> None:
         description="Hold out whole groups of INPUT patients (centers, batches, runs: --groups, or "
                     "near-duplicate patients found from their cell distributions), and single patients; "
                     "per patient and method, accuracy, F1 per population and macro-F1; then the mean and "
-                    "the worst patient of each method, and accuracy against novelty.")
+                    "the worst patient of each method, accuracy against novelty, and the accuracy of the "
+                    "patients flagged for review against the others.")
     evaluate.add_argument("--method", nargs="+", choices=EVALUATION_METHODS,
                           default=["marginal", "pooled-logistic", "lda", "qda", "trees"],
                           help="methods to compare (default: marginal -- the default model --, pooled-logistic, "
@@ -110,8 +111,9 @@ def run_evaluate(args) -> int:
     import pandas as pd
 
     from gating_core.evaluation.protocols import (leave_one_group_out, leave_one_patient_out, novelty_curve,
-                                                  patient_folds, repeat_over_seeds, summarize, summarize_seeds,
-                                                  train_on_one_group)
+                                                  patient_folds, repeat_over_seeds, review_split, summarize,
+                                                  summarize_seeds, train_on_one_group)
+    from gating_core.model.result import DISAGREEMENT_THRESHOLD
     from gating_core.method.groups import GroupsError
     from gating_core.model.result import ChannelMismatchError
     from gating_core.progress import StageProgress
@@ -168,13 +170,15 @@ def run_evaluate(args) -> int:
     summary = summarize(table)
     over_seeds = None if seeds is None else summarize_seeds(table)
     curve = novelty_curve(table) if "marginal" in args.method else None
+    review = review_split(table)
     if args.csv:
         table.to_csv(args.csv, index=False)
     if args.json:
         document = {"groups": dict(zip([s.name for s in samples], groups)), "groups_origin": origin,
                     "patients": table.to_dict(orient="records"), "summary": summary.to_dict(orient="records"),
                     "summary_over_seeds": [] if over_seeds is None else over_seeds.to_dict(orient="records"),
-                    "novelty_curve": [] if curve is None else curve.astype({"novelty_bin": str}).to_dict(orient="records")}
+                    "novelty_curve": [] if curve is None else curve.astype({"novelty_bin": str}).to_dict(orient="records"),
+                    "review": [] if review is None else review.to_dict(orient="records")}
         print_json(document, indent=None)
         return 0
     f1_columns = [c for c in table.columns if c.startswith("f1:")]
@@ -187,6 +191,7 @@ def run_evaluate(args) -> int:
             print()
             print(f"{protocol}, per patient")
             shown = part[seed_column + ["held_out", "patient", "method", "accuracy", "macro_f1", "novelty"]
+                         + (["disagreement"] if part["disagreement"].notna().any() else [])
                          + (["unknown"] if part["unknown"].any() else []) + f1_columns
                          ].rename(columns={c: c[3:] for c in f1_columns})
             print(shown.to_string(index=False))
@@ -202,4 +207,9 @@ def run_evaluate(args) -> int:
             print()
             print("Accuracy against novelty (novelty of the marginal model; all protocols)")
             print(curve.to_string(index=False))
+        if review is not None:
+            print()
+            print(f"The marginal model's patients flagged for review (review: its transfer model and adapted "
+                  f"populations disagree on more than {DISAGREEMENT_THRESHOLD:.0%} of the cells) and the others")
+            print(review.to_string(index=False))
     return 0

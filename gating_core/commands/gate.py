@@ -9,6 +9,7 @@ from pathlib import Path
 from gating_core.commands import DEFAULT_KEYWORDS_HELP, add_keyword_options, print_json
 from gating_core.commands.model_options import IW_METHOD, _cluster_options, _fail, _usage
 from gating_core.errors import print_error
+from gating_core.model.result import review_flags
 
 
 def register(subparsers) -> None:
@@ -108,7 +109,7 @@ def run_gate(args) -> int:
         if "fit_seconds" in record:
             print(f"  {IW_METHOD} refit for this patient: {record['fit_seconds']:.1f} s")
         novelty = record["novelty"]
-        prefix = "  WARNING: " if novelty["is_novel"] else "  "
+        prefix = "  WARNING: " if any(review_flags(novelty)) else "  "
         print(prefix + novelty["message"])
         if record.get("dropped_keywords"):
             print("  " + dropped_note(record["dropped_keywords"]))

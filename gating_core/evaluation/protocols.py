@@ -168,8 +168,10 @@ def leave_one_patient_out(samples, labels, methods=METHODS, model_params=None, p
     Returns
     -------
     DataFrame with one row per (patient, method): protocol ("leave-one-patient-out"), held_out,
-    patient, method, accuracy, macro_f1, novelty and ``f1:<population>`` columns (NaN where the
-    patient has no such cells).
+    patient, method, accuracy, macro_f1, novelty and novelty_threshold (the model's: above it, the
+    patient is warned of), unknown (the share of cells called unknown),
+    disagreement (:attr:`~gating_core.model.result.Novelty.disagreement`, NaN where not measured)
+    and ``f1:<population>`` columns (NaN where the patient has no such cells).
     """
     if len(samples) < 3:
         raise ValueError("leave-one-patient-out needs at least three labeled patients")
@@ -295,13 +297,16 @@ def _held_out_runs(samples, labels, held_out_sets, methods, model_params, progre
                 say(f"{method}: testing on {names[k]}", (m * len(held_out_sets) + k) / steps)
             for i in held_out_sets[k]:
                 if method in PREDICTOR_METHODS:
-                    predicted, novelty = model.predict(samples[i]), np.nan
+                    predicted, novelty, threshold, disagreement = model.predict(samples[i]), np.nan, np.nan, None
                 else:
                     result = model.gate(samples[i])
                     predicted, novelty = result.populations, result.novelty.score
+                    threshold, disagreement = result.novelty.threshold, result.novelty.disagreement
                 rows[(k, m, i)] = {"protocol": protocol, "held_out": names[k], "patient": samples[i].name,
                                    "method": method, **patient_scores(labels[i], predicted, populations),
-                                   "novelty": novelty, "unknown": _unknown_share(predicted, populations)}
+                                   "novelty": novelty, "novelty_threshold": threshold,
+                                   "unknown": _unknown_share(predicted, populations),
+                                   "disagreement": np.nan if disagreement is None else disagreement}
     say("done", 1.0)
     # Rows in fold, method, patient order whatever the order of fitting.
     return pd.DataFrame([rows[key] for key in sorted(rows)])
@@ -415,3 +420,22 @@ def novelty_curve(table: pd.DataFrame, bins=(0, 1, 1.5, 2, 3, 5, np.inf)) -> pd.
     curve = (joined.groupby(["novelty_bin", "method"], observed=True)["accuracy"]
              .agg(["mean", "count"]).reset_index())
     return curve.rename(columns={"mean": "mean_accuracy", "count": "patients"})
+
+
+def review_split(table: pd.DataFrame, threshold: float | None = None) -> pd.DataFrame | None:
+    """The marginal model's held-out patients split by whether gating flagged them for review
+    because its parts disagree (``disagreement`` above ``threshold``, by default
+    :data:`~gating_core.model.result.DISAGREEMENT_THRESHOLD`): per protocol and flag, the number of
+    patients, their mean and worst accuracy. None when no row measured a disagreement."""
+    from gating_core.model.result import DISAGREEMENT_THRESHOLD
+
+    threshold = DISAGREEMENT_THRESHOLD if threshold is None else float(threshold)
+    if "disagreement" not in table.columns:
+        return None
+    rows = table[(table["method"] == "marginal") & table["disagreement"].notna()]
+    if rows.empty:
+        return None
+    flagged = np.where(rows["disagreement"] > threshold, "review", "agree")
+    split = (rows.assign(parts=flagged).groupby(["protocol", "parts"], sort=False)["accuracy"]
+             .agg(patients="count", mean_accuracy="mean", worst_accuracy="min").reset_index())
+    return split

@@ -269,6 +269,21 @@ class PatientAdaptation:
             adjust.reach = patient if self._unknown_called() else None
         return adjust
 
+    def _parts_disagreement(self, chosen, embedding, adjust: PatientAdjustment):
+        """The share of the content-chosen cells ``chosen`` (m, d) on which the transfer model
+        (after ``adjust``'s prior ratio and self-training step) and the patient's adapted
+        populations name different populations; None unless both are mixed (a weight strictly
+        between 0 and 1). Patients on which they disagree are gated worse, whichever is right
+        (docs/unseen_data.md, "Which patients to review first")."""
+        weight = float(getattr(self, "adaptive_weight_", 0.0))
+        if adjust.gaussians is None or not 0.0 < weight < 1.0 or len(chosen) == 0:
+            return None
+        if adjust.coef is None:
+            transfer = adjust(self._proba(chosen, embedding, 50_000))
+        else:
+            transfer = adjust(*self._proba(chosen, embedding, 50_000, project=adjust.coef))
+        return float(np.mean(np.argmax(transfer, axis=1) != np.argmax(adjust.adapted(chosen), axis=1)))
+
     def _transfer_adjustment(self, chosen, embedding) -> PatientAdjustment:
         """The transfer model's part of :meth:`_patient_adjustment`."""
         ratio = self._prior_ratio(chosen, embedding)

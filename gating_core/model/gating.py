@@ -65,7 +65,8 @@ class PatientGating:
         names = self.gated_populations()
         populations = np.asarray(names, dtype=object)[codes] if n else np.array([], dtype=object)
         counts = np.bincount(codes, minlength=len(names)) if n else np.zeros(len(names), int)
-        return GateResult(populations, confidence, self.novelty(sample, embedding), names,
+        novelty = self.novelty(sample, embedding, self._parts_disagreement(chosen, embedding, adjust))
+        return GateResult(populations, confidence, novelty, names,
                           {name: int(c) for name, c in zip(names, counts)})
 
     def predict(self, sample) -> np.ndarray:

@@ -49,8 +49,10 @@ class PatientNovelty:
         """Psi from the content-chosen cells of ``events`` (n, all channels) on ``indices``."""
         return self._patient_frame(events, indices)[1]
 
-    def novelty(self, sample=None, embedding=None) -> Novelty:
-        """Novelty of a patient relative to the training patients (see :class:`Novelty`)."""
+    def novelty(self, sample=None, embedding=None, disagreement=None) -> Novelty:
+        """Novelty of a patient relative to the training patients (see :class:`Novelty`), with
+        the share of its cells on which the model's parts disagree when gating measured it
+        (``disagreement``; :meth:`gate` and :meth:`gate_chunks` do)."""
         self._check_fitted()
         if embedding is None:
             embedding = self.patient_embedding(sample)
@@ -65,4 +67,13 @@ class PatientNovelty:
         else:
             message = (f"{name} resembles the training patients (novelty {score:.1f} <= "
                        f"{self.novelty_threshold_:.1f}; nearest: {self.training_patients_[nearest]}).")
-        return Novelty(score, self.novelty_threshold_, is_novel, self.training_patients_[nearest], message)
+        novelty = Novelty(score, self.novelty_threshold_, is_novel, self.training_patients_[nearest], message,
+                          None if disagreement is None else float(disagreement))
+        if novelty.parts_disagree:
+            novelty.message += (f" The transfer model and {name}'s own populations name different populations "
+                                f"for {disagreement:.0%} of its cells (review above "
+                                f"{novelty.disagreement_threshold:.0%}): review its gates by hand.")
+        elif disagreement is not None:
+            novelty.message += (f" The transfer model and its own populations agree on {1 - disagreement:.0%} "
+                                "of its cells.")
+        return novelty

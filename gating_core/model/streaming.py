@@ -76,7 +76,10 @@ class StreamedGating:
                 sink(start, events, codes, confidence)
         if seen != n:
             raise ValueError(f"{sample.name}: the second pass gave {seen} events, the first {n}")
-        return StreamedGate(self.novelty(sample, embedding), {p: int(c) for p, c in zip(names, counts)},
+        disagreement = self._parts_disagreement(chosen, embedding, adjust)
+        novelty = self.novelty(sample, embedding) if disagreement is None else self.novelty(sample, embedding,
+                                                                                            disagreement)
+        return StreamedGate(novelty, {p: int(c) for p, c in zip(names, counts)},
                             n, total_confidence / n if n else 0.0, names)
 
     def gated_populations(self) -> list:
@@ -111,6 +114,11 @@ class StreamedGating:
         """What scoring does to the model's probabilities of this patient: by default its prior
         ratio (``_prior_ratio``) alone; GatingModel adds its self-training step."""
         return PatientAdjustment(self._prior_ratio(chosen, frame))
+
+    def _parts_disagreement(self, chosen, frame, adjust: PatientAdjustment):
+        """The share of the patient's cells on which the model's parts disagree: None by default
+        (one part); GatingModel measures its transfer model against the adapted populations."""
+        return None
 
     def _adjusted_proba(self, cells, frame, chunk_size, adjust: PatientAdjustment) -> np.ndarray:
         """The model's probabilities of a chunk's cells (``_proba``), then ``adjust``."""

@@ -24,6 +24,7 @@ import math
 
 import numpy as np
 
+from gating_core.model.result import review_flags
 from gating_core.reports.plotting import display_range, population_colors, sample_channel_label, subsample_indices
 from gating_core.reports.svg_plots import _e, svg_histogram, svg_scatter
 
@@ -257,11 +258,19 @@ def _novelty_html(novelty) -> str:
     if novelty is None:
         return "<p class='meta'>No novelty score: these populations are labels, not a model's result.</p>"
     get = (lambda k: novelty.get(k)) if isinstance(novelty, dict) else (lambda k: getattr(novelty, k, None))
-    score, threshold, novel = get("score"), get("threshold"), bool(get("is_novel"))
+    score, threshold = get("score"), get("threshold")
+    novel, disagree = review_flags(novelty)
     text = (f"novelty score {float(score):.2f} (threshold {float(threshold):.2f}): "
             + ("UNLIKE every training patient: review the populations by hand." if novel
                else "resembles the training patients."))
-    return f"<p class='{'warn' if novel else 'ok'}'>{_e(text)}</p>"
+    html = f"<p class='{'warn' if novel else 'ok'}'>{_e(text)}</p>"
+    disagreement = get("disagreement")
+    if disagreement is not None:
+        text = (f"the transfer model and the patient's own populations disagree on {float(disagreement):.0%} "
+                f"of its cells (review above {float(get('disagreement_threshold')):.0%})"
+                + (": review the populations by hand." if disagree else "."))
+        html += f"<p class='{'warn' if disagree else 'ok'}'>{_e(text)}</p>"
+    return html
 
 
 def patient_report_html(patient: str, sample, populations, *, confidence=None, novelty=None, tree=None,
@@ -276,7 +285,8 @@ def patient_report_html(patient: str, sample, populations, *, confidence=None, n
     sample : Sample with events of shape (n_events, n_channels)
     populations : array (n_events,) of population names
     confidence : array (n_events,), optional (a model's result; absent for labels)
-    novelty : object or dict with score, threshold, is_novel, optional
+    novelty : object or dict with score, threshold, is_novel (and disagreement,
+        disagreement_threshold when measured), optional
     tree, memberships : gate tree of the patient and its memberships, optional
     source, model_name, file_name : shown in the header (escaped)
     low_confidence : the confidence below which cells are counted as uncertain

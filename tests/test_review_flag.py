@@ -1,0 +1,121 @@
+"""The review flag: a gated patient on whose cells the transfer model and the patient's own
+populations disagree is flagged for review, on the command line, in the app and in reports."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from gating_core import GatingModel, read_fcs
+from gating_core.evaluation.protocols import review_split
+from gating_core.fcs import stream_fcs_all
+from gating_core.io.inputs import load_labeled_input
+from gating_core.model.result import DISAGREEMENT_THRESHOLD, Novelty, review_flags
+from gating_core.reports.report import _novelty_html
+from helpers import SAMPLE_DATA, sample_cohort
+from ui.app_state import acceptance_acknowledgement, review_notice
+
+
+def _novelty(disagreement, is_novel=False):
+    return Novelty(2.0, 1.5 if is_novel else 3.0, is_novel, "patient_01", "p resembles them.", disagreement)
+
+
+def test_flags_follow_the_threshold_and_survive_storage():
+    assert DISAGREEMENT_THRESHOLD == 0.2
+    above, at, unmeasured = _novelty(0.25), _novelty(0.2), _novelty(None)
+    assert above.parts_disagree and above.needs_review
+    assert not at.parts_disagree and not at.needs_review  # strictly above
+    assert not unmeasured.parts_disagree and not unmeasured.needs_review
+    assert _novelty(None, is_novel=True).needs_review
+    stored = above.to_dict()
+    assert stored["disagreement"] == 0.25 and stored["disagreement_threshold"] == 0.2 and stored["parts_disagree"]
+    assert review_flags(stored) == (False, True)
+    assert review_flags(SimpleNamespace(**stored)) == (False, True)
+    assert review_flags(_novelty(0.1, is_novel=True)) == (True, False)
+    # a result stored before the disagreement was measured
+    assert review_flags({"score": 2.0, "threshold": 1.5, "is_novel": True, "message": "m"}) == (True, False)
+    assert review_flags(None) == (False, False)
+
+
+def test_the_app_warns_of_disagreement_and_asks_to_acknowledge_it():
+    kind, text = review_notice("p7", _novelty(0.31))
+    assert kind == "warning" and "disagree on p7" in text and "31% of its cells" in text and "above 20%" in text
+    kind, text = review_notice("p7", _novelty(0.05).to_dict())
+    assert kind == "success" and "5% of its cells" in text and "novelty score 2.00" in text
+    kind, text = review_notice("p7", SimpleNamespace(**_novelty(None, is_novel=True).to_dict()))
+    assert kind == "warning" and "unlike the training patients" in text
+    assert review_notice("p7", None) is None
+    box = acceptance_acknowledgement("p7", False, np.array(["a", "b"]), ["a", "b"], parts_disagree=True)
+    assert box is not None and "disagree on many of p7's cells" in box
+    assert acceptance_acknowledgement("p7", False, np.array(["a", "b"]), ["a", "b"]) is None
+
+
+def test_report_states_the_disagreement():
+    html = _novelty_html(_novelty(0.42).to_dict())
+    assert "disagree on 42% of its cells" in html and "review the populations by hand" in html
+    assert html.count("class='warn'") == 1  # the novelty line is fine, the parts line warns
+    assert "disagree" not in _novelty_html({"score": 1.0, "threshold": 2.0, "is_novel": False})
+
+
+def test_review_split_counts_and_means():
+    table = pd.DataFrame({"protocol": ["p"] * 5, "method": ["marginal"] * 4 + ["lda"],
+                          "accuracy": [0.9, 0.7, 0.6, 0.95, 0.1],
+                          "disagreement": [0.1, 0.3, 0.5, np.nan, np.nan]})
+    split = review_split(table).set_index("parts")
+    assert split.loc["review", "patients"] == 2 and split.loc["agree", "patients"] == 1
+    assert split.loc["review", "mean_accuracy"] == pytest.approx(0.65)
+    assert split.loc["review", "worst_accuracy"] == pytest.approx(0.6)
+    assert review_split(table.assign(disagreement=np.nan)) is None
+
+
+@pytest.fixture(scope="module")
+def sample_model():
+    return GatingModel(select=False, n_features=128, n_embedding_features=32, cells_per_patient=1000,
+                       embedding_cells=3000, random_state=3).fit(*sample_cohort(range(1, 5)))
+
+
+def test_gating_measures_the_same_disagreement_in_memory_and_streamed(sample_model):
+    assert 0 < sample_model.adaptive_weight_ < 1
+    path = SAMPLE_DATA / "new" / "new_patient_02.fcs"
+    result = sample_model.gate(read_fcs(path, compensate=True), chunk_size=2048)
+    stream = stream_fcs_all(path, compensate=True)[0]
+    streamed = sample_model.gate_chunks(stream.sample, stream.chunks, chunk_size=2048)
+    assert 0 <= result.novelty.disagreement < DISAGREEMENT_THRESHOLD
+    # the same 3,000 content-chosen cells: a cell at a tie may fall either way under other rounding
+    assert abs(streamed.novelty.disagreement - result.novelty.disagreement) <= 2 / 3000
+    assert "agree on" in result.novelty.message
+
+
+@pytest.mark.parametrize("weight", [0.0, 1.0])
+def test_no_disagreement_without_both_parts(weight):
+    model = GatingModel(select=False, n_features=64, n_embedding_features=16, cells_per_patient=500,
+                        embedding_cells=1000, adaptive_weight=weight, random_state=3).fit(*sample_cohort(range(1, 4)))
+    result = model.gate(read_fcs(SAMPLE_DATA / "new" / "new_patient_01.fcs", compensate=True))
+    assert result.novelty.disagreement is None and not result.novelty.parts_disagree
+    assert "own populations" not in result.novelty.message
+
+
+def test_real_biopsies_the_parts_disagree_on_are_the_poorly_gated_ones(dlbcl_dir):
+    """Trained on the second batch of the DLBCL biopsies, gating four of the first: dlbcl_12
+    and dlbcl_17, gated worst, are flagged though neither is novel; dlbcl_02 and dlbcl_06 are not."""
+    def load(number):
+        return load_labeled_input(dlbcl_dir / f"dlbcl_{number:02d}.fcs")
+
+    training = [load(n) for n in range(19, 31)]
+    model = GatingModel(random_state=0).fit([s for s, _ in training], [y for _, y in training])
+    gated = {}
+    for number in (2, 6, 12, 17):
+        sample, truth = load(number)
+        result = model.gate(sample)
+        accuracy = float(np.mean(result.populations.astype(str) == np.asarray(truth).astype(str)))
+        gated[number] = (accuracy, result.novelty)
+    flagged = {n for n, (_, novelty) in gated.items() if novelty.parts_disagree}
+    assert flagged == {12, 17}
+    assert not any(novelty.is_novel for _, novelty in gated.values())
+    assert max(gated[n][0] for n in flagged) < 0.8 < min(gated[n][0] for n in (2, 6))
+    assert min(gated[n][1].disagreement for n in flagged) > 0.4
+    assert max(gated[n][1].disagreement for n in (2, 6)) < 0.18
+    assert "review its gates by hand" in gated[17][1].message
