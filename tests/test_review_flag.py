@@ -42,9 +42,9 @@ def test_flags_follow_the_threshold_and_survive_storage():
 
 def test_the_app_warns_of_disagreement_and_asks_to_acknowledge_it():
     kind, text = review_notice("p7", _novelty(0.31))
-    assert kind == "warning" and "disagree on p7" in text and "31% of its cells" in text and "above 20%" in text
+    assert kind == "warning" and "disagree on p7" in text and "31.0% of its cells" in text and "above 20%" in text
     kind, text = review_notice("p7", _novelty(0.05).to_dict())
-    assert kind == "success" and "5% of its cells" in text and "novelty score 2.00" in text
+    assert kind == "success" and "5.0% of its cells" in text and "novelty score 2.00" in text
     kind, text = review_notice("p7", SimpleNamespace(**_novelty(None, is_novel=True).to_dict()))
     assert kind == "warning" and "unlike the training patients" in text
     assert review_notice("p7", None) is None
@@ -55,7 +55,7 @@ def test_the_app_warns_of_disagreement_and_asks_to_acknowledge_it():
 
 def test_report_states_the_disagreement():
     html = _novelty_html(_novelty(0.42).to_dict())
-    assert "disagree on 42% of its cells" in html and "review the populations by hand" in html
+    assert "disagree on 42.0% of its cells" in html and "review the populations by hand" in html
     assert html.count("class='warn'") == 1  # the novelty line is fine, the parts line warns
     assert "disagree" not in _novelty_html({"score": 1.0, "threshold": 2.0, "is_novel": False})
 
@@ -86,7 +86,8 @@ def test_gating_measures_the_same_disagreement_in_memory_and_streamed(sample_mod
     assert 0 <= result.novelty.disagreement < DISAGREEMENT_THRESHOLD
     # the same 3,000 content-chosen cells: a cell at a tie may fall either way under other rounding
     assert abs(streamed.novelty.disagreement - result.novelty.disagreement) <= 2 / 3000
-    assert "agree on" in result.novelty.message
+    assert f"different populations for {result.novelty.disagreement:.1%} of its cells (review above 20%)." \
+        in result.novelty.message
 
 
 @pytest.mark.parametrize("weight", [0.0, 1.0])

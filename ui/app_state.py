@@ -242,7 +242,7 @@ def review_notice(patient: str, novelty) -> tuple[str, str] | None:
     parts = ""
     if disagreement is not None:
         parts = (f"The transfer model and {patient}'s own populations name different populations for "
-                 f"{float(disagreement):.0%} of its cells (review above {float(threshold):.0%}).")
+                 f"{float(disagreement):.1%} of its cells (review above {float(threshold):.0%}).")
     if novel:
         return "warning", f"**{patient} is unlike the training patients.** {get('message')}"
     if disagree:

@@ -69,11 +69,9 @@ class PatientNovelty:
                        f"{self.novelty_threshold_:.1f}; nearest: {self.training_patients_[nearest]}).")
         novelty = Novelty(score, self.novelty_threshold_, is_novel, self.training_patients_[nearest], message,
                           None if disagreement is None else float(disagreement))
-        if novelty.parts_disagree:
+        if disagreement is not None:
             novelty.message += (f" The transfer model and {name}'s own populations name different populations "
-                                f"for {disagreement:.0%} of its cells (review above "
-                                f"{novelty.disagreement_threshold:.0%}): review its gates by hand.")
-        elif disagreement is not None:
-            novelty.message += (f" The transfer model and its own populations agree on {1 - disagreement:.0%} "
-                                "of its cells.")
+                                f"for {disagreement:.1%} of its cells (review above "
+                                f"{novelty.disagreement_threshold:.0%})"
+                                + (": review its gates by hand." if novelty.parts_disagree else "."))
         return novelty

@@ -266,7 +266,7 @@ def _novelty_html(novelty) -> str:
     html = f"<p class='{'warn' if novel else 'ok'}'>{_e(text)}</p>"
     disagreement = get("disagreement")
     if disagreement is not None:
-        text = (f"the transfer model and the patient's own populations disagree on {float(disagreement):.0%} "
+        text = (f"the transfer model and the patient's own populations disagree on {float(disagreement):.1%} "
                 f"of its cells (review above {float(get('disagreement_threshold')):.0%})"
                 + (": review the populations by hand." if disagree else "."))
         html += f"<p class='{'warn' if disagree else 'ok'}'>{_e(text)}</p>"
