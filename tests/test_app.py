@@ -278,6 +278,10 @@ def test_train_lopo_autogate_correct_accept_export(trained, sample_data_dir):
     at.run()
     assert not result.novelty.is_novel
     assert not at.warning and "resembles the training patients" in at.success[0].value
+    # the parts' disagreement, measured and below the review threshold, said beside it
+    disagreement = result.novelty.disagreement
+    assert disagreement is not None and not result.novelty.parts_disagree
+    assert f"different populations for {disagreement:.1%} of its cells (review above 20%)" in at.success[0].value
     # the download area says how many keywords the FCS download leaves out ($CYTSN, $DATE, $SRC,
     # $FIL, $COM and SIM_CONDITION of the sample data), not which
     assert any("The FCS download leaves out 6 keywords" in c.value for c in at.caption)
