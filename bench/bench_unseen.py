@@ -172,6 +172,9 @@ def print_review(table: pd.DataFrame) -> None:
                       f"{len(part)} patients, mean accuracy {part['accuracy'].mean():.3f}, "
                       f"worst {part['accuracy'].min():.3f}")
         print(f"patients gated below {POOR_ACCURACY}: {int(poor.sum())}, flagged: {int((poor & flagged).sum())}")
+        error = 1.0 - rows["accuracy"]
+        print(f"rank correlation with the error: disagreement {rows['disagreement'].corr(error, method='spearman'):.2f}, "
+              f"novelty {rows['novelty'].corr(error, method='spearman'):.2f}")
         if "novelty_threshold" in rows and rows["novelty_threshold"].notna().all():
             novel = rows["novelty"] > rows["novelty_threshold"]
             print(f"beside it, the novelty warning: {int(novel.sum())} patients, mean accuracy "
