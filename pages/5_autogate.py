@@ -8,8 +8,8 @@ from gating_core.gates.agreement import flat_statistics
 from gating_core.reports.plotting import population_colors
 from ui import autogate_view, cache, charts, exports
 from gating_core.model.result import review_flags
-from ui.app_state import (acceptance_acknowledgement, missing_model_channels, review_notice, shape_from_selection,
-                          unknown_cells_notice)
+from ui.app_state import (acceptance_acknowledgement, missing_model_channels, review_notice, review_worklist,
+                          shape_from_selection, unknown_cells_notice, worklist_display)
 from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, model_offers,
                        model_picker, plot_range, refresh_status, require_patients, scale_select, show_label_change)
 from ui.training import is_transductive, refit_caption
@@ -64,6 +64,14 @@ if not gated:
     st.stop()
 
 st.divider()
+worklist = review_worklist({n: store.patients[n].result_novelty for n in gated})
+flagged = int((worklist["review"] != "").sum())
+with st.expander(f"Gated patients: {flagged} of {len(gated)} to review first" if flagged else
+                 f"Gated patients: none flagged for review ({len(gated)})", expanded=bool(flagged)):
+    st.table(worklist_display(worklist))
+    st.caption("Parts disagree on: the share of the patient's cells on which the transfer model and its own "
+               "populations name different populations; above 20% the patient is flagged, as patients gated "
+               "less accurately were. Novelty: its distance to the nearest training patient.")
 patient = st.selectbox("Review patient", gated, key="ag_patient")
 record = store.patients[patient]
 result = record.load_result()

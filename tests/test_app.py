@@ -274,6 +274,17 @@ def test_train_lopo_autogate_correct_accept_export(trained, sample_data_dir):
     at.run()
     assert store.patients["drifted"].result.novelty.is_novel
     assert any("drifted is unlike the training patients" in w.value for w in at.warning)
+    # the list of gated patients puts the one to review first on top, with its reason
+    worklist = at.table[0].value
+    assert list(worklist.index)[0] == "drifted" and worklist.loc["drifted", "review"].startswith("unlike")
+    assert set(worklist.index) == {"new_patient_01", "new_patient_02", "new_patient_03", "drifted"}
+    shown = store.patients["new_patient_01"].result.novelty.disagreement
+    assert worklist.loc["new_patient_01", "parts disagree on"] == f"{shown:.1%}"
+    # a new session lists them as stored in the library
+    fresh = start()
+    assert store_of(fresh).patients["drifted"].result_novelty["is_novel"]  # read without the result
+    assert store_of(fresh).patients["drifted"].result is None
+    assert goto(fresh, "pages/5_autogate.py").table[0].value.equals(worklist)
     at.selectbox(key="ag_patient").set_value("new_patient_01")
     at.run()
     assert not result.novelty.is_novel
@@ -895,7 +906,10 @@ def test_autogate_comes_back_as_editable_gates_in_the_training_hierarchy(trained
     library = PatientLibrary(store.library_path)
     assert GateTree.from_dict(library.load_gates("new_patient_01")) == edited
     np.testing.assert_array_equal(library.load_labels("new_patient_01").astype(str), gate_labels)
-    again = goto(start(), "pages/5_autogate.py")
+    fresh = start()
+    print("DEBUG0", {n: r.result is not None for n, r in store_of(fresh).patients.items()})
+    again = goto(fresh, "pages/5_autogate.py")
+    print("DEBUG1", {n: r.result is not None for n, r in store_of(again).patients.items()})
     again.selectbox(key="ag_patient").set_value("new_patient_01")
     again.run()
     assert not again.exception

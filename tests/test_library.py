@@ -286,6 +286,9 @@ def test_everything_survives_a_restart(tmp_path):
     np.testing.assert_array_equal(result.populations, auto)
     np.testing.assert_allclose(result.confidence, confidence, rtol=1e-7)
     assert result.details == {"novelty": {"is_novel": False}}
+    # a list of patients carries the novelty it was stored with, the result's file unread
+    assert reopened.patient("p1").gate_result == {"id": result_id, "model_id": model_id, "status": "pending",
+                                                  "created_at": result.created_at, "novelty": {"is_novel": False}}
 
     # accept after review with one correction: provenance and model are recorded
     reviewed = auto.copy()

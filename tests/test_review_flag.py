@@ -16,7 +16,7 @@ from gating_core.io.inputs import load_labeled_input
 from gating_core.model.result import DISAGREEMENT_THRESHOLD, Novelty, review_flags
 from gating_core.reports.report import _novelty_html
 from helpers import SAMPLE_DATA, sample_cohort
-from ui.app_state import acceptance_acknowledgement, review_notice
+from ui.app_state import acceptance_acknowledgement, review_notice, review_worklist, worklist_display
 
 
 def _novelty(disagreement, is_novel=False):
@@ -51,6 +51,20 @@ def test_the_app_warns_of_disagreement_and_asks_to_acknowledge_it():
     box = acceptance_acknowledgement("p7", False, np.array(["a", "b"]), ["a", "b"], parts_disagree=True)
     assert box is not None and "disagree on many of p7's cells" in box
     assert acceptance_acknowledgement("p7", False, np.array(["a", "b"]), ["a", "b"]) is None
+
+
+def test_worklist_puts_the_patients_to_review_first():
+    table = review_worklist({
+        "calm": _novelty(0.03), "split": _novelty(0.35), "new": _novelty(0.1, is_novel=True),
+        "split-more": _novelty(0.6).to_dict(), "old result": {"score": 0.5, "threshold": 2.0, "is_novel": False},
+        "not gated yet": None})
+    assert list(table["patient"]) == ["new", "split-more", "split", "calm", "old result", "not gated yet"]
+    assert list(table["review"]) == ["unlike the training patients", "the model's parts disagree",
+                                     "the model's parts disagree", "", "", ""]
+    shown = worklist_display(table)
+    assert shown.loc["split", "parts disagree on"] == "35.0%" and shown.loc["old result", "parts disagree on"] == "—"
+    assert shown.loc["old result", "novelty"] == "0.50" and shown.loc["not gated yet", "novelty"] == "—"
+    assert list(review_worklist({})["patient"]) == []
 
 
 def test_report_states_the_disagreement():

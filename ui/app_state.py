@@ -253,6 +253,45 @@ def review_notice(patient: str, novelty) -> tuple[str, str] | None:
          f"{float(get('threshold')):.2f})."] + ([parts] if parts else []))
 
 
+def review_worklist(novelties: dict):
+    """The gated patients, those to review first on top: a DataFrame with columns patient,
+    review (why, or empty), disagreement (the share of cells the model's parts disagree on, NaN
+    where not measured) and novelty, from ``{patient: novelty}`` (a Novelty, its stored dict or
+    None). Patients unlike the training ones first, then those the parts disagree on, each by
+    decreasing disagreement."""
+    import pandas as pd
+
+    from gating_core.model.result import review_flags
+
+    rows = []
+    for patient, novelty in novelties.items():
+        novel, disagree = review_flags(novelty)
+        get = (novelty.get if isinstance(novelty, dict) else (lambda key: getattr(novelty, key, None))) \
+            if novelty is not None else (lambda key: None)
+        reasons = (["unlike the training patients"] if novel else []) + (["the model's parts disagree"]
+                                                                        if disagree else [])
+        disagreement, score = get("disagreement"), get("score")
+        rows.append({"patient": patient, "review": "; ".join(reasons),
+                     "disagreement": float("nan") if disagreement is None else float(disagreement),
+                     "novelty": float("nan") if score is None else float(score),
+                     "_order": (not novel, not disagree)})
+    table = pd.DataFrame(rows, columns=["patient", "review", "disagreement", "novelty", "_order"])
+    table = table.sort_values(["_order", "disagreement"], ascending=[True, False], na_position="last",
+                              kind="stable")
+    return table.drop(columns="_order").reset_index(drop=True)
+
+
+def worklist_display(worklist):
+    """:func:`review_worklist` as shown: the disagreement in percent, novelty to two decimals,
+    a dash where not measured; indexed by patient."""
+    def shown(value, form):
+        return "—" if value != value else format(value, form)  # NaN: not measured
+
+    return worklist.assign(disagreement=[shown(v, ".1%") for v in worklist["disagreement"]],
+                           novelty=[shown(v, ".2f") for v in worklist["novelty"]]).rename(
+        columns={"disagreement": "parts disagree on"}).set_index("patient")
+
+
 def acceptance_acknowledgement(patient: str, is_novel: bool, populations, model_populations=(),
                                parts_disagree: bool = False) -> str | None:
     """The box to tick before accepting ``patient``'s reviewed populations as labels, or None:

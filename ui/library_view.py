@@ -56,6 +56,7 @@ class LibraryView:
                 self.warnings.append(f"{name}: stored gates could not be read ({exc})")
         if info.gate_result:
             record.result_loader = lambda: self._stored_result(name)
+            record.stored_novelty = info.gate_result.get("novelty")
             record.result_model = self._model_label(str(info.gate_result.get("model_id", "")))
             record.result_token = f"lib-result:{info.gate_result['id']}"
         record.version = version
@@ -184,6 +185,7 @@ class LibraryView:
         if seen["result"] != version["result"] and record.result is None and version["result"] is not None:
             info = info or self.library.patient(name)
             record.result_loader = lambda: self._stored_result(name)
+            record.stored_novelty = info.gate_result.get("novelty")
             record.result_model = self._model_label(str(info.gate_result.get("model_id", "")))
             record.result_token = f"lib-result:{version['result']}"
             record.corrected, record.autogates = None, None

@@ -65,6 +65,8 @@ class PatientRecord:
         self.result = None
         self.result_model = ""
         self.result_loader = None
+        # the novelty (a dict) a result in the library was stored with, read without the result
+        self.stored_novelty = None
         self.corrected = None
         # the auto-gates fitted to this patient: {"tree": GateTree dict, "template": patient name,
         # "edited": bool}; kept in the stored auto-gate result's details
@@ -107,6 +109,14 @@ class PatientRecord:
     @property
     def role(self) -> str:
         return "historical (labeled)" if self.is_labeled else "new"
+
+    @property
+    def result_novelty(self):
+        """The latest auto-gate result's novelty (a Novelty, or the dict it was stored as), or None;
+        the result is not read from the library for it."""
+        if self.result is not None:
+            return getattr(self.result, "novelty", None)
+        return self.stored_novelty if self.result_loader is not None else None
 
     def load_result(self):
         if self.result is None and self.result_loader is not None:

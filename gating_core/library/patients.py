@@ -40,7 +40,7 @@ class PatientInfo:
     populations: dict[str, int]
     sources: list[dict]
     has_gates: bool
-    gate_result: dict | None  # latest auto-gate result: id, model_id, status, created_at
+    gate_result: dict | None  # latest auto-gate result: id, model_id, status, created_at, novelty (dict or None)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -84,8 +84,11 @@ class PatientsMixin:
             "SELECT role, path, sha256 FROM sources WHERE patient_id = ? ORDER BY id", (row["id"],))]
         has_gates = conn.execute("SELECT 1 FROM gate_sets WHERE patient_id = ? LIMIT 1",
                                  (row["id"],)).fetchone() is not None
-        result = conn.execute("SELECT id, model_id, status, created_at FROM gate_results WHERE patient_id = ? "
-                              "ORDER BY id DESC LIMIT 1", (row["id"],)).fetchone()
+        result = conn.execute("SELECT id, model_id, status, created_at, details_json FROM gate_results "
+                              "WHERE patient_id = ? ORDER BY id DESC LIMIT 1", (row["id"],)).fetchone()
+        if result is not None:
+            result = {key: result[key] for key in ("id", "model_id", "status", "created_at")} | {
+                "novelty": _stored_novelty(result["details_json"])}
         return PatientInfo(
             name=row["name"], id=row["id"], created_at=row["created_at"], n_events=row["n_events"],
             n_channels=row["n_channels"], channels=[c["pnn"] for c in channels],
@@ -93,7 +96,7 @@ class PatientsMixin:
             has_spillover=row["spillover_json"] is not None, labeled=labeling is not None,
             label_provenance=labeling["provenance"] if labeling else None,
             label_model_id=labeling["model_id"] if labeling else None, populations=populations,
-            sources=sources, has_gates=has_gates, gate_result=dict(result) if result else None)
+            sources=sources, has_gates=has_gates, gate_result=result)
 
     def patients(self) -> list[PatientInfo]:
         """Every patient, in the order they were added."""
@@ -238,3 +241,14 @@ class PatientsMixin:
                     sample, include_identifying=include_identifying, keep_keywords=keep_keywords)
             self._audit(conn, "export", row["id"], row["name"], None, details, _now())
         return out
+
+
+def _stored_novelty(details_json: str | None) -> dict | None:
+    """The novelty a gate result was stored with (a dict: score, threshold, is_novel, and the
+    parts' disagreement when measured), or None: what a list of patients shows without reading
+    the result's file."""
+    try:
+        novelty = json.loads(details_json or "{}").get("novelty")
+    except (ValueError, AttributeError):
+        return None
+    return novelty if isinstance(novelty, dict) else None
