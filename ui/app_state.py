@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import zipfile
+from functools import partial
 
 import numpy as np
 
@@ -232,12 +233,12 @@ def review_notice(patient: str, novelty) -> tuple[str, str] | None:
     """What the Auto-gate page says of a gated patient's novelty and of how much the model's parts
     disagree on its cells: ("warning" or "success", markdown), or None without a novelty (a
     result stored before either was measured gives what it has)."""
-    from gating_core.model.result import review_flags
+    from gating_core.model.result import novelty_field, review_flags
 
     if novelty is None:
         return None
     novel, disagree = review_flags(novelty)
-    get = novelty.get if isinstance(novelty, dict) else (lambda key: getattr(novelty, key, None))
+    get = partial(novelty_field, novelty)
     disagreement, threshold = get("disagreement"), get("disagreement_threshold")
     parts = ""
     if disagreement is not None:
@@ -261,13 +262,12 @@ def review_worklist(novelties: dict):
     decreasing disagreement."""
     import pandas as pd
 
-    from gating_core.model.result import review_flags
+    from gating_core.model.result import novelty_field, review_flags
 
     rows = []
     for patient, novelty in novelties.items():
         novel, disagree = review_flags(novelty)
-        get = (novelty.get if isinstance(novelty, dict) else (lambda key: getattr(novelty, key, None))) \
-            if novelty is not None else (lambda key: None)
+        get = partial(novelty_field, novelty)
         reasons = (["unlike the training patients"] if novel else []) + (["the model's parts disagree"]
                                                                         if disagree else [])
         disagreement, score = get("disagreement"), get("score")

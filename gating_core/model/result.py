@@ -57,17 +57,22 @@ class Novelty:
                 "parts_disagree": self.parts_disagree}
 
 
+def novelty_field(novelty, key: str):
+    """A field of a :class:`Novelty` or of its ``to_dict`` as stored with a result (a dict, or a
+    namespace made of it): None when absent, or when ``novelty`` is None."""
+    if novelty is None:
+        return None
+    return novelty.get(key) if isinstance(novelty, dict) else getattr(novelty, key, None)
+
+
 def review_flags(novelty) -> tuple[bool, bool]:
     """(is_novel, parts_disagree) of a :class:`Novelty`, or of its ``to_dict`` (a dict or a
     namespace, as stored with a result; results stored without a disagreement give False)."""
-    if novelty is None:
-        return False, False
-    get = novelty.get if isinstance(novelty, dict) else (lambda key: getattr(novelty, key, None))
-    disagreement = get("disagreement")
-    threshold = get("disagreement_threshold")
+    disagreement = novelty_field(novelty, "disagreement")
+    threshold = novelty_field(novelty, "disagreement_threshold")
     disagree = (disagreement is not None and threshold is not None
                 and float(disagreement) > float(threshold))
-    return bool(get("is_novel")), disagree
+    return bool(novelty_field(novelty, "is_novel")), disagree
 
 
 @dataclass

@@ -21,10 +21,11 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
+from functools import partial
 
 import numpy as np
 
-from gating_core.model.result import review_flags
+from gating_core.model.result import novelty_field, review_flags
 from gating_core.reports.plotting import display_range, population_colors, sample_channel_label, subsample_indices
 from gating_core.reports.svg_plots import _e, svg_histogram, svg_scatter
 
@@ -257,7 +258,7 @@ def _table_html(frame, formats: dict) -> str:
 def _novelty_html(novelty) -> str:
     if novelty is None:
         return "<p class='meta'>No novelty score: these populations are labels, not a model's result.</p>"
-    get = (lambda k: novelty.get(k)) if isinstance(novelty, dict) else (lambda k: getattr(novelty, k, None))
+    get = partial(novelty_field, novelty)
     score, threshold = get("score"), get("threshold")
     novel, disagree = review_flags(novelty)
     text = (f"novelty score {float(score):.2f} (threshold {float(threshold):.2f}): "
