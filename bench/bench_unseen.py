@@ -146,6 +146,8 @@ def main(argv=None) -> int:
 
 #: Bins of the parts' disagreement in :func:`print_review`.
 DISAGREEMENT_BINS = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 1.0)
+#: Other thresholds of the review flag shown by :func:`print_review`.
+REVIEW_THRESHOLDS = (0.1, 0.15, 0.3)
 #: A patient "gated poorly" in :func:`print_review`.
 POOR_ACCURACY = 0.8
 
@@ -172,6 +174,10 @@ def print_review(table: pd.DataFrame) -> None:
                       f"{len(part)} patients, mean accuracy {part['accuracy'].mean():.3f}, "
                       f"worst {part['accuracy'].min():.3f}")
         print(f"patients gated below {POOR_ACCURACY}: {int(poor.sum())}, flagged: {int((poor & flagged).sum())}")
+        for threshold in REVIEW_THRESHOLDS:
+            above = rows["disagreement"] > threshold
+            print(f"  at {threshold}: {int(above.sum())} flagged, mean accuracy {rows.loc[above, 'accuracy'].mean():.3f}; "
+                  f"{int((poor & above).sum())} of the {int(poor.sum())} below {POOR_ACCURACY}")
         error = 1.0 - rows["accuracy"]
         print(f"rank correlation with the error: disagreement {rows['disagreement'].corr(error, method='spearman'):.2f}, "
               f"novelty {rows['novelty'].corr(error, method='spearman'):.2f}")
