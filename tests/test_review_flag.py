@@ -113,18 +113,24 @@ def test_no_disagreement_without_both_parts(weight):
     assert "own populations" not in result.novelty.message
 
 
-def test_real_biopsies_the_parts_disagree_on_are_the_poorly_gated_ones(dlbcl_dir):
-    """Trained on the second batch of the DLBCL biopsies, gating four of the first: dlbcl_12
-    and dlbcl_17, gated worst, are flagged though neither is novel; dlbcl_02 and dlbcl_06 are not."""
-    def load(number):
-        return load_labeled_input(dlbcl_dir / f"dlbcl_{number:02d}.fcs")
+def _biopsy(folder, number):
+    return load_labeled_input(folder / f"dlbcl_{number:02d}.fcs")
 
-    training = [load(n) for n in range(19, 31)]
-    model = GatingModel(random_state=0).fit([s for s, _ in training], [y for _, y in training])
+
+@pytest.fixture(scope="module")
+def second_batch_model(dlbcl_dir):
+    """The default model trained on the second batch of the DLBCL biopsies (dlbcl_19-30)."""
+    training = [_biopsy(dlbcl_dir, n) for n in range(19, 31)]
+    return GatingModel(random_state=0).fit([s for s, _ in training], [y for _, y in training])
+
+
+def test_real_biopsies_the_parts_disagree_on_are_the_poorly_gated_ones(dlbcl_dir, second_batch_model):
+    """Gating four biopsies of the first batch: dlbcl_12 and dlbcl_17, gated worst, are flagged
+    though neither is novel; dlbcl_02 and dlbcl_06 are not."""
     gated = {}
     for number in (2, 6, 12, 17):
-        sample, truth = load(number)
-        result = model.gate(sample)
+        sample, truth = _biopsy(dlbcl_dir, number)
+        result = second_batch_model.gate(sample)
         accuracy = float(np.mean(result.populations.astype(str) == np.asarray(truth).astype(str)))
         gated[number] = (accuracy, result.novelty)
     flagged = {n for n, (_, novelty) in gated.items() if novelty.parts_disagree}
@@ -134,3 +140,28 @@ def test_real_biopsies_the_parts_disagree_on_are_the_poorly_gated_ones(dlbcl_dir
     assert min(gated[n][1].disagreement for n in flagged) > 0.4
     assert max(gated[n][1].disagreement for n in (2, 6)) < 0.18
     assert "review its gates by hand" in gated[17][1].message
+
+
+def test_the_auto_gate_page_puts_the_flagged_biopsy_first(library, dlbcl_dir, second_batch_model):
+    """The app with that model and two new biopsies: the list of gated patients puts dlbcl_17 on
+    top, and its page warns that the parts disagree though it resembles the training patients."""
+    from apptest_helpers import goto, start, store_of
+
+    at = start()
+    store = store_of(at)
+    store.add_model("second batch", second_batch_model, [f"dlbcl_{n}" for n in range(19, 31)])
+    for number in (6, 17):
+        store.add_patient(f"dlbcl_{number:02d}", _biopsy(dlbcl_dir, number)[0])
+    at = goto(at, "pages/5_autogate.py")
+    at.button(key="ag_run").click()
+    at.run()
+    assert not at.exception and not at.error
+    worklist = at.table[0].value
+    assert list(worklist.index) == ["dlbcl_17", "dlbcl_06"]
+    assert list(worklist["review"]) == ["the model's parts disagree", ""]
+    novelty = store.patients["dlbcl_17"].result.novelty
+    assert worklist.loc["dlbcl_17", "parts disagree on"] == f"{novelty.disagreement:.1%}"
+    at.selectbox(key="ag_patient").set_value("dlbcl_17")
+    at.run()
+    assert any(w.value.startswith("**The model's parts disagree on dlbcl_17.**") for w in at.warning)
+    assert not any("unlike the training patients" in w.value for w in at.warning)
