@@ -15,7 +15,7 @@ from gating_core.fcs import stream_fcs_all
 from gating_core.io.inputs import load_labeled_input
 from gating_core.model.result import DISAGREEMENT_THRESHOLD, Novelty, review_flags
 from gating_core.reports.report import _novelty_html
-from helpers import SAMPLE_DATA, sample_cohort
+from helpers import SAMPLE_DATA, run_cli, sample_cohort
 from ui.app_state import acceptance_acknowledgement, review_notice, review_worklist, worklist_display
 
 
@@ -65,6 +65,19 @@ def test_worklist_puts_the_patients_to_review_first():
     assert shown.loc["split", "parts disagree on"] == "35.0%" and shown.loc["old result", "parts disagree on"] == "—"
     assert shown.loc["old result", "novelty"] == "0.50" and shown.loc["not gated yet", "novelty"] == "—"
     assert list(review_worklist({})["patient"]) == []
+
+
+def test_gate_names_the_patients_to_review_first_in_order():
+    from gating_core.commands.gate import review_order
+
+    records = [{"patient": name, "novelty": novelty.to_dict()} for name, novelty in (
+        ("calm", _novelty(0.05)), ("split", _novelty(0.3)), ("new", _novelty(None, is_novel=True)),
+        ("split-more", _novelty(0.5)), ("new and split", _novelty(0.25, is_novel=True)))]
+    assert review_order(records) == [
+        "new and split (unlike the training patients, parts disagree on 25.0% of its cells)",
+        "new (unlike the training patients)",
+        "split-more (parts disagree on 50.0% of its cells)", "split (parts disagree on 30.0% of its cells)"]
+    assert review_order(records[:1]) == []
 
 
 def test_report_states_the_disagreement():
@@ -140,6 +153,18 @@ def test_real_biopsies_the_parts_disagree_on_are_the_poorly_gated_ones(dlbcl_dir
     assert min(gated[n][1].disagreement for n in flagged) > 0.4
     assert max(gated[n][1].disagreement for n in (2, 6)) < 0.18
     assert "review its gates by hand" in gated[17][1].message
+
+
+def test_gate_on_the_command_line_ends_with_the_biopsies_to_review(dlbcl_dir, second_batch_model, tmp_path):
+    model = tmp_path / "model.npz"
+    second_batch_model.save(model)
+    files = [str(dlbcl_dir / f"dlbcl_{n:02d}.fcs") for n in (6, 12, 17)]
+    done = run_cli("gate", "--model", str(model), "--out-dir", str(tmp_path / "out"), *files)
+    assert done.returncode == 0, done.stderr
+    last = done.stdout.strip().splitlines()[-1]
+    assert last.startswith("Review first (2 of 3 gated): dlbcl_12 (parts disagree on ")
+    assert "; dlbcl_17 (parts disagree on " in last and "dlbcl_06" not in last
+    assert sum(line.startswith("  WARNING: ") for line in done.stdout.splitlines()) == 2
 
 
 def test_the_auto_gate_page_puts_the_flagged_biopsy_first(library, dlbcl_dir, second_batch_model):

@@ -113,4 +113,23 @@ def run_gate(args) -> int:
         print(prefix + novelty["message"])
         if record.get("dropped_keywords"):
             print("  " + dropped_note(record["dropped_keywords"]))
+    review = review_order([r for r in records if "error" not in r])
+    if len(records) > 1 and review:
+        print(f"Review first ({len(review)} of {len(records) - failed} gated): " + "; ".join(review))
     return 1 if failed else 0
+
+
+def review_order(records) -> list[str]:
+    """The gated patients of ``records`` flagged for review, in the order to review them (unlike
+    the training patients first, then by how much the model's parts disagree), each with why."""
+    flagged = []
+    for record in records:
+        novelty = record["novelty"]
+        novel, disagree = review_flags(novelty)
+        if not (novel or disagree):
+            continue
+        disagreement = novelty.get("disagreement")
+        why = (["unlike the training patients"] if novel else []) + (
+            [f"parts disagree on {disagreement:.1%} of its cells"] if disagree else [])
+        flagged.append(((not novel, -(disagreement or 0.0)), f"{record['patient']} ({', '.join(why)})"))
+    return [text for _, text in sorted(flagged, key=lambda item: item[0])]
