@@ -5,9 +5,9 @@ import streamlit as st
 
 from gating_core.gates import AxisScale, Gate, GateError, safe_stem
 from gating_core.gates.agreement import flat_statistics
+from gating_core.model.result import review_flags
 from gating_core.reports.plotting import population_colors
 from ui import autogate_view, cache, charts, exports
-from gating_core.model.result import review_flags
 from ui.app_state import (acceptance_acknowledgement, missing_model_channels, review_notice, review_worklist,
                           shape_from_selection, unknown_cells_notice, worklist_display)
 from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, model_offers,
@@ -21,8 +21,8 @@ state.setdefault("ag_chart_version", 0)
 st.title("Auto-gate new patients")
 st.caption("Gate new patients with the current model, then review: colors show the predicted populations, "
            "the confidence histogram shows where the model hesitates, and a warning appears when a patient "
-           "is unlike every training patient or when the model's parts disagree on many of its cells. Correct cells with the lasso, accept the patient (it joins "
-           "the historical patients), and export.")
+           "is unlike every training patient or when the model's parts disagree on many of its cells. Correct "
+           "cells with the lasso, accept the patient (it joins the historical patients), and export.")
 if not require_patients(store):
     st.stop()
 model_offers(store, "ag")
