@@ -78,3 +78,26 @@ def test_the_blend_bench_scores_each_rule_from_the_parts_probabilities(tmp_path,
     # novelty 0.5 halves the adapted share (1/3): cell 1 goes to the transfer model's a.
     assert table["novelty-faded"] == pytest.approx([1.0])
     assert blend_bench.score(tmp_path, "macro-f1")["demo"]["novelty-faded"] == pytest.approx([1.0])
+
+
+def test_the_blend_bench_reviews_the_parts_disagreement(tmp_path, blend_bench, capsys):
+    # Four cells: the transfer model calls a, a, b, b; the adapted fits (their mean) b, a, b, a.
+    transfer = np.array([[0.9, 0.1], [0.8, 0.2], [0.1, 0.9], [0.3, 0.7]], np.float32)
+    shared = np.array([[0.2, 0.8], [0.9, 0.1], [0.1, 0.9], [0.9, 0.1]], np.float32)
+    own = np.array([[0.3, 0.7], [0.7, 0.3], [0.3, 0.7], [0.7, 0.3]], np.float32)
+    default = transfer / 3 + (shared + own) / 3
+    arrays = {"populations": np.array(["a", "b"]), "weight": np.float64(2.0 / 3.0),
+              "0:transfer": transfer, "0:shared": shared, "0:own": own, "0:default": default,
+              "0:truth": np.array(["b", "a", "b", "b"]), "0:name": np.array("p1"), "0:novelty": np.float64(2.5),
+              "0:novelty_threshold": np.float64(1.5)}
+    np.savez(tmp_path / "demo__00.npz", **arrays)
+    table = blend_bench.review_table([tmp_path])
+    assert table[["set", "patient", "method"]].values.tolist() == [["demo", "p1", "marginal"]]
+    assert table.loc[0, "disagreement"] == pytest.approx(0.5)  # cells 1 and 4
+    # the default (a third each) calls b (0.47 against 0.53), a, b, a (0.63): cells 1-3 right
+    assert table.loc[0, "accuracy"] == pytest.approx(0.75)
+    assert (table.loc[0, "novelty"], table.loc[0, "novelty_threshold"]) == (2.5, 1.5)
+    assert blend_bench.main(["review", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "flagged (disagreement > 0.2): 1 patients, mean accuracy 0.750" in printed
+    assert "beside it, the novelty warning: 1 patients" in printed
