@@ -72,7 +72,9 @@ with st.expander(f"Gated patients: {flagged} of {len(gated)} to review first" if
     st.caption("Parts disagree on: the share of the patient's cells on which the transfer model and its own "
                "populations name different populations; above 20% the patient is flagged, as patients gated "
                "less accurately were. Novelty: its distance to the nearest training patient.")
-patient = st.selectbox("Review patient", gated, key="ag_patient")
+to_review = set(worklist.loc[worklist["review"] != "", "patient"])
+patient = st.selectbox("Review patient", gated, key="ag_patient",
+                       format_func=lambda n: f"{n} · to review" if n in to_review else n)
 record = store.patients[patient]
 result = record.load_result()
 sample = record.sample

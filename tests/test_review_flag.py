@@ -186,6 +186,8 @@ def test_the_auto_gate_page_puts_the_flagged_biopsy_first(library, dlbcl_dir, se
     assert list(worklist["review"]) == ["the model's parts disagree", ""]
     novelty = store.patients["dlbcl_17"].result.novelty
     assert worklist.loc["dlbcl_17", "parts disagree on"] == f"{novelty.disagreement:.1%}"
+    assert at.selectbox(key="ag_patient").format_func("dlbcl_17") == "dlbcl_17 · to review"
+    assert at.selectbox(key="ag_patient").format_func("dlbcl_06") == "dlbcl_06"
     at.selectbox(key="ag_patient").set_value("dlbcl_17")
     at.run()
     assert any(w.value.startswith("**The model's parts disagree on dlbcl_17.**") for w in at.warning)
