@@ -21,11 +21,9 @@ from __future__ import annotations
 
 import datetime as _dt
 import math
-from functools import partial
 
 import numpy as np
 
-from gating_core.model.result import novelty_field, review_flags
 from gating_core.reports.plotting import display_range, population_colors, sample_channel_label, subsample_indices
 from gating_core.reports.svg_plots import _e, svg_histogram, svg_scatter
 
@@ -256,11 +254,14 @@ def _table_html(frame, formats: dict) -> str:
 
 
 def _novelty_html(novelty) -> str:
+    """The report's novelty lines from a Novelty or its stored dict (the reports sit beside the
+    model and import nothing of it, so the fields are read here)."""
     if novelty is None:
         return "<p class='meta'>No novelty score: these populations are labels, not a model's result.</p>"
-    get = partial(novelty_field, novelty)
-    score, threshold = get("score"), get("threshold")
-    novel, disagree = review_flags(novelty)
+    get = (lambda k: novelty.get(k)) if isinstance(novelty, dict) else (lambda k: getattr(novelty, k, None))
+    score, threshold, novel = get("score"), get("threshold"), bool(get("is_novel"))
+    disagreement, review_above = get("disagreement"), get("disagreement_threshold")
+    disagree = disagreement is not None and review_above is not None and float(disagreement) > float(review_above)
     text = (f"novelty score {float(score):.2f} (threshold {float(threshold):.2f}): "
             + ("UNLIKE every training patient: review the populations by hand." if novel
                else "resembles the training patients."))
@@ -268,7 +269,7 @@ def _novelty_html(novelty) -> str:
     disagreement = get("disagreement")
     if disagreement is not None:
         text = (f"the transfer model and the patient's own populations disagree on {float(disagreement):.1%} "
-                f"of its cells (review above {float(get('disagreement_threshold')):.0%})"
+                f"of its cells (review above {float(review_above):.0%})"
                 + (": review the populations by hand." if disagree else "."))
         html += f"<p class='{'warn' if disagree else 'ok'}'>{_e(text)}</p>"
     return html
