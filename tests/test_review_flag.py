@@ -68,16 +68,16 @@ def test_worklist_puts_the_patients_to_review_first():
 
 
 def test_gate_names_the_patients_to_review_first_in_order():
-    from gating_core.commands.gate import review_order
+    from gating_core.commands.gate import patients_to_review
 
     records = [{"patient": name, "novelty": novelty.to_dict()} for name, novelty in (
         ("calm", _novelty(0.05)), ("split", _novelty(0.3)), ("new", _novelty(None, is_novel=True)),
         ("split-more", _novelty(0.5)), ("new and split", _novelty(0.25, is_novel=True)))]
-    assert review_order(records) == [
+    assert patients_to_review(records) == [
         "new and split (unlike the training patients, parts disagree on 25.0% of its cells)",
         "new (unlike the training patients)",
         "split-more (parts disagree on 50.0% of its cells)", "split (parts disagree on 30.0% of its cells)"]
-    assert review_order(records[:1]) == []
+    assert patients_to_review(records[:1]) == []
 
 
 def test_report_states_the_disagreement():

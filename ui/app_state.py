@@ -262,10 +262,11 @@ def review_worklist(novelties: dict):
     decreasing disagreement."""
     import pandas as pd
 
-    from gating_core.model.result import novelty_field, review_flags
+    from gating_core.model.result import novelty_field, review_flags, review_order
 
     rows = []
-    for patient, novelty in novelties.items():
+    for patient in review_order(novelties):
+        novelty = novelties[patient]
         novel, disagree = review_flags(novelty)
         get = partial(novelty_field, novelty)
         reasons = (["unlike the training patients"] if novel else []) + (["the model's parts disagree"]
@@ -273,12 +274,8 @@ def review_worklist(novelties: dict):
         disagreement, score = get("disagreement"), get("score")
         rows.append({"patient": patient, "review": "; ".join(reasons),
                      "disagreement": float("nan") if disagreement is None else float(disagreement),
-                     "novelty": float("nan") if score is None else float(score),
-                     "_order": (not novel, not disagree)})
-    table = pd.DataFrame(rows, columns=["patient", "review", "disagreement", "novelty", "_order"])
-    table = table.sort_values(["_order", "disagreement"], ascending=[True, False], na_position="last",
-                              kind="stable")
-    return table.drop(columns="_order").reset_index(drop=True)
+                     "novelty": float("nan") if score is None else float(score)})
+    return pd.DataFrame(rows, columns=["patient", "review", "disagreement", "novelty"])
 
 
 def worklist_display(worklist):

@@ -113,9 +113,8 @@ def run_evaluate(args) -> int:
     from gating_core.evaluation.protocols import (leave_one_group_out, leave_one_patient_out, novelty_curve,
                                                   patient_folds, repeat_over_seeds, review_split, summarize,
                                                   summarize_seeds, train_on_one_group)
-    from gating_core.model.result import DISAGREEMENT_THRESHOLD
     from gating_core.method.groups import GroupsError
-    from gating_core.model.result import ChannelMismatchError
+    from gating_core.model.result import DISAGREEMENT_THRESHOLD, ChannelMismatchError
     from gating_core.progress import StageProgress
 
     samples, labels, errors = _load_inputs(args.inputs, not args.no_compensation)

@@ -9,7 +9,7 @@ from pathlib import Path
 from gating_core.commands import DEFAULT_KEYWORDS_HELP, add_keyword_options, print_json
 from gating_core.commands.model_options import IW_METHOD, _cluster_options, _fail, _usage
 from gating_core.errors import print_error
-from gating_core.model.result import review_flags
+from gating_core.model.result import review_flags, review_order
 
 
 def register(subparsers) -> None:
@@ -113,23 +113,21 @@ def run_gate(args) -> int:
         print(prefix + novelty["message"])
         if record.get("dropped_keywords"):
             print("  " + dropped_note(record["dropped_keywords"]))
-    review = review_order([r for r in records if "error" not in r])
+    review = patients_to_review([r for r in records if "error" not in r])
     if len(records) > 1 and review:
         print(f"Review first ({len(review)} of {len(records) - failed} gated): " + "; ".join(review))
     return 1 if failed else 0
 
 
-def review_order(records) -> list[str]:
-    """The gated patients of ``records`` flagged for review, in the order to review them (unlike
-    the training patients first, then by how much the model's parts disagree), each with why."""
+def patients_to_review(records) -> list[str]:
+    """The gated patients of ``records`` flagged for review, in the order to review them
+    (:func:`~gating_core.model.result.review_order`), each with why."""
+    novelties = {record["patient"]: record["novelty"] for record in records}
     flagged = []
-    for record in records:
-        novelty = record["novelty"]
-        novel, disagree = review_flags(novelty)
-        if not (novel or disagree):
-            continue
-        disagreement = novelty.get("disagreement")
+    for patient in review_order(novelties):
+        novel, disagree = review_flags(novelties[patient])
         why = (["unlike the training patients"] if novel else []) + (
-            [f"parts disagree on {disagreement:.1%} of its cells"] if disagree else [])
-        flagged.append(((not novel, -(disagreement or 0.0)), f"{record['patient']} ({', '.join(why)})"))
-    return [text for _, text in sorted(flagged, key=lambda item: item[0])]
+            [f"parts disagree on {novelties[patient]['disagreement']:.1%} of its cells"] if disagree else [])
+        if why:
+            flagged.append(f"{patient} ({', '.join(why)})")
+    return flagged

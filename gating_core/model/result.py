@@ -75,6 +75,18 @@ def review_flags(novelty) -> tuple[bool, bool]:
     return bool(novelty_field(novelty, "is_novel")), disagree
 
 
+def review_order(novelties: dict) -> list:
+    """The patients of ``{patient: novelty}`` (a :class:`Novelty`, its stored dict, or None) in the
+    order to review them: unlike the training patients first, then those the model's parts
+    disagree on, then the others; each group by decreasing disagreement, unmeasured last."""
+    def key(item):
+        novel, disagree = review_flags(item[1])
+        disagreement = novelty_field(item[1], "disagreement")
+        return not novel, not disagree, 1.0 if disagreement is None else -float(disagreement)
+
+    return [patient for patient, _ in sorted(novelties.items(), key=key)]
+
+
 @dataclass
 class GateResult:
     """Gating of one patient: per-cell population and confidence, per-patient novelty.
