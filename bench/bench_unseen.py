@@ -12,6 +12,11 @@ Data sets and protocols (each a line of the tables in docs/unseen_data.md):
   them: six training patients a fold, as a lab starting with few gated patients has;
 - ``sim-<seed>``: a simulated 4-center flow cohort (``simulate_centers(4, 3, seed, 6000,
   strength=2.0)``), leave one center out;
+- ``<set>+<merge>``: a real set with some of its populations merged into one, which is then no
+  single Gaussian (as a lab's catch-all gates are): ``+lymphocytes`` (mc: B, CD4 T and CD8 T cells
+  one population), ``+b-rest`` (mc: B cells against everything else, a small population beside a
+  large multimodal one), ``+cd4-rest`` (mc: CD4 T cells against everything else), ``+t-rest`` and
+  ``+fl2-rest`` (DLBCL: FL1+FL4+, or FL2+, against everything else);
 - ``hard-<kind>``: the simulator's hard cohorts (``simulate_hard_cohort``): ``channel-scale-shift``
   (train on one batch, gate the other), ``partial-population`` and ``rare`` (leave one center
   out).
@@ -59,9 +64,29 @@ def _shared(name: str, column: str):
 SMALL_COHORT = 12
 
 
+#: Population merges of the ``<set>+<merge>`` sets: label -> merged label (others kept).
+MERGES = {
+    "lymphocytes": {"B cells": "Lymphocytes", "CD4 T cells": "Lymphocytes", "CD8 T cells": "Lymphocytes"},
+    "b-rest": {"CD4 T cells": "rest", "CD8 T cells": "rest", "Monocytes": "rest", "ungated": "rest"},
+    "t-rest": {"FL2+": "rest", "other": "rest", "ungated": "rest"},
+    "fl2-rest": {"FL1+FL4+": "rest", "other": "rest", "ungated": "rest"},
+    "cd4-rest": {"B cells": "rest", "CD8 T cells": "rest", "Monocytes": "rest", "ungated": "rest"},
+}
+
+
 def load_set(name: str, seed: int = 0):
     """(samples, labels, groups) of a set, or None when its shared data are missing. ``seed``
     draws the biopsies of ``dlbcl-12``."""
+    if "+" in name:
+        base, merge = name.split("+", 1)
+        if merge not in MERGES:
+            raise SystemExit(f"unknown merge {merge!r}: one of {', '.join(MERGES)}")
+        loaded = load_set(base, seed)
+        if loaded is None:
+            return None
+        samples, labels, groups = loaded
+        mapping = MERGES[merge]
+        return samples, [np.array([mapping.get(v, v) for v in y]) for y in labels], groups
     if name.startswith("mc-"):
         return _shared("multicenter", "pair" if name == "mc-pair" else "batch")
     if name == "dlbcl-12":
@@ -90,6 +115,7 @@ PATIENT_FOLDS = ("dlbcl-folds", "dlbcl-12")
 
 def held_out_sets(name: str, groups, seed: int) -> list[list[int]]:
     """The patients' indices each fold of a set's protocol holds out (as :func:`run_set` runs it)."""
+    name = name.split("+", 1)[0]
     if name in PATIENT_FOLDS:
         return patient_fold_sets(len(groups), 2, seed)
     if name in TRAIN_ON_ONE_GROUP:
@@ -103,6 +129,7 @@ def run_set(name: str, methods, seed: int) -> pd.DataFrame | None:
         return None
     samples, labels, groups = loaded
     params = {"random_state": seed}
+    name = name.split("+", 1)[0]
     if name in PATIENT_FOLDS:
         return patient_folds(samples, labels, 2, methods=methods, model_params=params, groups=groups, seed=seed)
     if name in TRAIN_ON_ONE_GROUP:

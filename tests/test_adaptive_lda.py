@@ -362,7 +362,7 @@ def test_the_model_file_keeps_the_adapted_populations(tmp_path, small_cohort):
     meta["format_version"] = 5
     del meta["adaptive"], meta["params"]["adaptive_weight"]
     old = rewrite_model_file(arrays, tmp_path / "old.npz", meta,
-                             drop=("adaptive_means", "adaptive_covariance", "adaptive_priors"))
+                             drop=("adaptive_means", "adaptive_covariance", "adaptive_priors", "adaptive_components"))
     previous = ResearchGatingModel.load(old)
     assert previous.adaptive_weight == 0.0 and previous.adaptive_lda_ is None
     # Arrays without their description, or a covariance that is none, are refused.

@@ -189,9 +189,9 @@ def fold_models(samples, labels, held_out_sets, model_params=None, groups=None, 
         model.training_patients_ = [names[i] for i in kept]
         model._fit_novelty()
         report("Weighing the adapted populations in every fold", 0.85 + 0.15 * f / len(models))
-        model._fit_adaptive([cells[i] for i in kept], [embedding_cells[i] for i in kept], fold_labels,
-                            fold_params[f], lambda stage, fraction: None)
-        model._fit_reach([cells[i] for i in kept], fold_labels)
+        components = model._fit_adaptive([cells[i] for i in kept], [embedding_cells[i] for i in kept], fold_labels,
+                                          fold_params[f], lambda stage, fraction: None)
+        model._fit_reach([cells[i] for i in kept], fold_labels, components)
     report("Done", 1.0)
     return models
 

@@ -45,6 +45,9 @@ ALL_METHODS += ("marginal-no-adaptive", "adaptive-lda", "marginal-augment", "mar
 ALL_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5", "dica-marginal", "iw-nystroem",
                 "marginal-linear", "marginal-agnostic", "marginal-select-worst")
 # Landmark (peak) registration of each channel, with its skip rule (gating_core.method.alignment).
+# The adapted populations with every population one Gaussian (the default splits a population
+# made of separate clusters into components).
+ALL_METHODS += ("marginal-whole-populations",)
 ALL_METHODS += ("marginal-landmarks",)
 # The adapted populations' parts: without the own-shape fit (the shared-covariance fit alone), and
 # at the even thirds whatever the held-out groups say.
@@ -83,6 +86,7 @@ METHOD_SETTINGS = {
     "adaptive-lda": {"method": "marginal", "adaptive_weight": 1.0},
     # The adapted populations without their own-shape fit; at the even thirds without the folds' check.
     "marginal-shared-covariance": {"method": "marginal", "adaptive_shapes": False},
+    "marginal-whole-populations": {"method": "marginal", "population_components": 1},
     "marginal-even-weight": {"method": "marginal", "adaptive_weight": EVEN_ADAPTIVE_WEIGHT},
     # The default with each option it leaves out.
     "marginal-augment": {"method": "marginal", "n_augment": 4},

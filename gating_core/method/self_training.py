@@ -30,6 +30,7 @@ from __future__ import annotations
 import numpy as np
 
 from gating_core.method.adaptive_lda import AdaptiveLDA
+from gating_core.method.population_components import population_proba
 from gating_core.method.priors import apply_prior_ratio
 from gating_core.method.refinement import corrected_probabilities, refinement_coef
 
@@ -118,8 +119,9 @@ class PatientAdjustment:
     the model calls cells beyond all of them unknown.
     """
 
-    def __init__(self, ratio=None, coef=None, gaussians=None, reach=None, shapes=None):
+    def __init__(self, ratio=None, coef=None, gaussians=None, reach=None, shapes=None, components=None):
         self.ratio, self.coef, self.gaussians, self.reach, self.shapes = ratio, coef, gaussians, reach, shapes
+        self.components = components
 
     def adapted(self, cells: np.ndarray) -> np.ndarray:
         """The adapted populations' posteriors of cells (n, d): (n, k) float32, the mean of the
@@ -129,6 +131,8 @@ class PatientAdjustment:
             reach, patient = self.shapes
             proba += reach.proba(cells, patient)
             proba *= np.float32(0.5)
+        if self.components is not None:
+            proba = population_proba(proba, self.components)
         return proba
 
     def mix(self, proba: np.ndarray, cells: np.ndarray, weight: float) -> np.ndarray:

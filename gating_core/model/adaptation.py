@@ -10,6 +10,7 @@ import numpy as np
 
 from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.features import content_hashes
+from gating_core.method.population_components import component_start, population_starts, split_populations
 from gating_core.method.priors import reestimate_prior, training_prior
 from gating_core.method.self_training import PatientAdjustment, self_training_coef
 from gating_core.method.unknown_cells import UNKNOWN_MARGIN, PopulationReach
@@ -74,47 +75,93 @@ def weight_choice(accuracy: dict, folds) -> tuple:
     return chosen, score, fold_means
 
 
+def _fold_components(split, train, fold_populations, populations) -> tuple:
+    """A check fold's share of the training cells' components (``split``: labels, names and
+    populations of :func:`~gating_core.method.population_components.split_populations`, or the
+    populations and None): its patients' (``train``) labels, the components they hold and each
+    one's index in ``fold_populations`` (None without components)."""
+    labels, names, population_of = split
+    parts = [labels[i] for i in train]
+    if population_of is None:
+        return parts, np.asarray(fold_populations).astype(str), None
+    held = set(np.unique(np.concatenate(parts))) if parts else set()
+    kept = [n for n in names if n in held]
+    position = {str(p): j for j, p in enumerate(fold_populations)}
+    of = np.array([position[str(populations[population_of[list(names).index(n)]])] for n in kept], dtype=np.int64)
+    return parts, np.asarray(kept), of
+
+
 class PatientAdaptation:
     """The adapted populations, the unknown-cell reach and the per-patient adjustment (mixed
     into GatingModel, whose parameters and fitted attributes it reads)."""
 
     def _fit_adaptive(self, cells, embedding_cells, labels, params, report):
         """The adapted populations (``adaptive_lda_``; the own-shape fit, ``adaptive_shapes_``,
-        uses ``population_reach_``), their share (``adaptive_weight_``) and where their EM starts
-        for a new patient (``adaptive_start_``)."""
+        uses ``population_reach_``), their Gaussian components (``adaptive_components_``), their
+        share (``adaptive_weight_``) and where their EM starts for a new patient
+        (``adaptive_start_``). Returns the training cells' components and their names for
+        :meth:`_fit_reach` (None when the populations are not adapted)."""
         self.adaptive_lda_, self.adaptive_weight_, self.adaptive_start_ = None, 0.0, "training"
-        self.adaptive_shapes_ = False
+        self.adaptive_shapes_, self.adaptive_components_ = False, None
         if self.method != "marginal":  # the baselines (pooling, multitask) gate as fitted
-            return
+            return None
         if self.transfer_start and self.adaptive_weight != "auto":
             raise ValueError("transfer_start is scored by the cross-validation of adaptive_weight='auto'; "
                              f"adaptive_weight is {self.adaptive_weight!r}")
         if self.adaptive_weight != "auto" and float(self.adaptive_weight) == 0.0:
-            return
+            return None
+        # The components are found once, on every training patient; the check's folds fit on
+        # their patients' share of them, so that the weight is checked for the model it weighs.
+        split = self._components(cells, labels, self.populations_)
         start = "training"
         if self.adaptive_weight == "auto":
             report("Weighing the adapted populations (cross-validation over groups)", 0.92)
-            weight, start = self._choose_adaptive_weight(cells, embedding_cells, labels, params)
+            weight, start = self._choose_adaptive_weight(cells, embedding_cells, labels, params, split)
         else:
             weight = float(self.adaptive_weight)
-        if weight > 0:
-            self.adaptive_lda_ = AdaptiveLDA().fit(cells, labels, classes=self.populations_)
-            self.adaptive_weight_, self.adaptive_start_ = weight, start
-            self.adaptive_shapes_ = bool(self.adaptive_shapes)
+        if weight <= 0:
+            return None
+        parts, names, self.adaptive_components_ = split
+        self.adaptive_lda_ = AdaptiveLDA().fit(cells, parts, classes=names)
+        self.adaptive_weight_, self.adaptive_start_ = weight, start
+        self.adaptive_shapes_ = bool(self.adaptive_shapes)
+        return parts, names
 
-    def _fit_reach(self, cells, labels):
+    def _fit_reach(self, cells, labels, components=None):
         """Each population as a Gaussian of its own shape, with its reach (``population_reach_``):
         the adapted populations' own-shape fit and the unknown-cell call (``unknown_margin``).
-        None when neither is used."""
+        None when neither is used. ``components``: the training cells' components and their names
+        (:meth:`_fit_adaptive`), modelled in place of the populations when the populations are
+        adapted."""
         used = self.unknown_margin is not None or getattr(self, "adaptive_shapes_", False)
-        self.population_reach_ = PopulationReach().fit(cells, labels, self.populations_) if used else None
+        classes = self.populations_
+        if used and components is not None and getattr(self, "adaptive_components_", None) is not None:
+            labels, classes = components
+        self.population_reach_ = PopulationReach().fit(cells, labels, classes) if used else None
+
+    def _split_populations(self) -> dict:
+        """The populations the adapted populations model as several Gaussian components: name ->
+        number of components (empty when every population is one Gaussian)."""
+        components = getattr(self, "adaptive_components_", None)
+        if components is None or getattr(self, "adaptive_lda_", None) is None:
+            return {}
+        counts = np.bincount(np.asarray(components), minlength=len(self.populations_))
+        return {str(p): int(c) for p, c in zip(self.populations_, counts) if c > 1}
+
+    def _components(self, cells, labels, populations) -> tuple:
+        """(component labels, component names, each component's population index) of the training
+        cells (:func:`~gating_core.method.population_components.split_populations`); with
+        ``population_components`` 1, the populations themselves and None."""
+        if int(getattr(self, "population_components", 1)) <= 1:
+            return labels, np.asarray(populations).astype(str), None
+        return split_populations(cells, labels, populations, int(self.population_components), self.random_state)
 
     def _reach_margin(self) -> float:
         """The margin of the patient EM's trimming steps (:meth:`PopulationReach.patient_populations`):
         ``unknown_margin``, or its default when no cell is called unknown."""
         return UNKNOWN_MARGIN if self.unknown_margin is None else float(self.unknown_margin)
 
-    def _choose_adaptive_weight(self, cells, embedding_cells, labels, params) -> tuple:
+    def _choose_adaptive_weight(self, cells, embedding_cells, labels, params, split) -> tuple:
         """``adaptive_weight="auto"``: (weight, start). ``EVEN_ADAPTIVE_WEIGHT`` unless another
         weight of ``ADAPTIVE_WEIGHTS`` gates the held-out groups' patients better by more than
         ``EVEN_WEIGHT_MARGIN`` (:func:`check_score`) and gates each fold's held-out patients
@@ -166,16 +213,16 @@ class PatientAdaptation:
                                [labels[i] for i in train], fold_params, lambda stage, f: None, fixed=fixed)
             fold.populations_ = [str(c) for c in fold.classifier_.classes_]
             fold.class_prior_ = training_prior([labels[i] for i in train], fold.classifier_.classes_)
-            gaussians = AdaptiveLDA().fit([cells[i] for i in train], [labels[i] for i in train],
-                                          classes=fold.populations_)
-            shapes = (PopulationReach().fit([cells[i] for i in train], [labels[i] for i in train], fold.populations_)
-                      if self.adaptive_shapes else None)
+            parts, names, population_of = _fold_components(split, train, fold.populations_, self.populations_)
+            starts = None if population_of is None else population_starts(population_of)
+            gaussians = AdaptiveLDA().fit([cells[i] for i in train], parts, classes=names)
+            shapes = PopulationReach().fit([cells[i] for i in train], parts, names) if self.adaptive_shapes else None
             columns = np.searchsorted(np.asarray(self.populations_), np.asarray(fold.populations_))
             for i in held:
                 embedding = fold.classifier_.embed(embedding_cells[i])
                 adjust = fold._patient_adjustment(embedding_cells[i], embedding)
                 transfer = fold._adjusted_proba(cells[i], embedding, 50_000, adjust)
-                patient = PatientAdjustment(gaussians=gaussians.adapt(embedding_cells[i]))
+                patient = PatientAdjustment(gaussians=gaussians.adapt(embedding_cells[i]), components=starts)
                 if shapes is not None:
                     patient.shapes = (shapes, shapes.for_patient(embedding_cells[i], self._reach_margin()))
                 adapted = patient.adapted(cells[i])
@@ -189,6 +236,7 @@ class PatientAdaptation:
                 fold_of.append(j)
                 if self.transfer_start:
                     start = fold._adjusted_proba(embedding_cells[i], embedding, 50_000, adjust)
+                    start = component_start(start, gaussians, embedding_cells[i], population_of)
                     patient.gaussians = gaussians.adapt(embedding_cells[i], start)
                     refined = patient.adapted(cells[i])
                     transfer_started.append(accuracy_of((1.0 - TRANSFER_START_WEIGHT) * transfer
@@ -257,10 +305,13 @@ class PatientAdaptation:
         # In the order of their content hashes: EM's sums, hence every bit of the adapted
         # populations and of the reach's means, then do not depend on the order of the events.
         ordered = chosen[np.argsort(content_hashes(chosen), kind="stable")] if len(chosen) else chosen
+        components = getattr(self, "adaptive_components_", None)
+        adjust.components = None if components is None else population_starts(components)
         if adapts:
             start = None
             if getattr(self, "adaptive_start_", "training") == "transfer" and len(ordered):
                 start = self._adjusted_proba(ordered, embedding, 50_000, adjust)  # no gaussians yet: unmixed
+                start = component_start(start, lda, ordered, components)
             adjust.gaussians = lda.adapt(ordered, start)
         if shapes or self._unknown_called():
             # One EM serves both: the own-shape fit's means and shares, and the reach around them.

@@ -18,6 +18,7 @@ from sklearn.exceptions import NotFittedError
 
 from gating_core.cpus import with_blas_threads
 from gating_core.fcs.transforms import ChannelTransform
+from gating_core.method.population_components import MAX_COMPONENTS
 from gating_core.method.priors import training_prior
 from gating_core.method.unknown_cells import UNKNOWN_MARGIN
 from gating_core.model.adaptation import (ADAPTIVE_WEIGHT_TOLERANCE, ADAPTIVE_WEIGHTS, EVEN_ADAPTIVE_WEIGHT,  # noqa: F401
@@ -87,7 +88,9 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
         to its cells, the mean of two generative fits' posteriors -- every population a Gaussian
         sharing one covariance (:class:`~gating_core.method.adaptive_lda.AdaptiveLDA`) and every
         population a Gaussian of its own training shape
-        (:class:`~gating_core.method.unknown_cells.PopulationReach`). "auto": ``EVEN_ADAPTIVE_WEIGHT``
+        (:class:`~gating_core.method.unknown_cells.PopulationReach`); a population made of separate
+        clusters is their Gaussian components in both
+        (:mod:`~gating_core.method.population_components`). "auto": ``EVEN_ADAPTIVE_WEIGHT``
         (2/3: the transfer model and the two fits a third each) unless cross-validation over
         groups finds a weight of ``ADAPTIVE_WEIGHTS`` whose held-out mean plus next-to-worst
         patient's accuracy is higher by more than ``EVEN_WEIGHT_MARGIN``, and whose held-out
@@ -121,6 +124,8 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
     adaptive_lda_ : AdaptiveLDA or None;  adaptive_weight_ : float;  adaptive_start_ : str
         where each patient's EM starts: "training" populations or "transfer" model's posteriors
     adaptive_shapes_ : bool  whether the adapted populations include the own-shape fit
+    adaptive_components_ : ndarray (k_c,) or None  the population of each Gaussian component of the
+        adapted populations and the reach (None: one per population)
     population_reach_ : PopulationReach or None  each population's own shape and reach (the
         own-shape fit; cells beyond every reach are unknown when ``unknown_margin`` is set)
     populations_, training_patients_ : list of str
@@ -146,6 +151,7 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
     self_training = False
     transfer_start = False
     adaptive_shapes = True
+    population_components = MAX_COMPONENTS
     # ... and the method's family at the default's choices.
     method = "marginal"
     solver = "rff"
@@ -163,7 +169,7 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
     #: Their names, for the model file (gating_core.model.file reads them from the class it is given:
     #: a file storing them at these values is this model's, otherwise a ResearchGatingModel's).
     RESEARCH_OPTIONS = ("n_augment", "augment_gain", "augment_shift", "bandwidth_x_hedge", "self_training",
-                        "transfer_start", "adaptive_shapes",
+                        "transfer_start", "adaptive_shapes", "population_components",
                         "method", "solver", "loss", "patient_weighting", "kernel_x", "select_embedding_bandwidth",
                         "selection_objective", "prior_shift", "align", "task_similarity", "dica",
                         "dica_components", "class_balance")
@@ -293,8 +299,8 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
         self.class_prior_ = training_prior(labels, self.classifier_.classes_)
         self.training_patients_ = [s.name for s in samples]
         self._fit_novelty()
-        self._fit_adaptive(cells, embedding_cells, labels, params, report)
-        self._fit_reach(cells, labels)
+        components = self._fit_adaptive(cells, embedding_cells, labels, params, report)
+        self._fit_reach(cells, labels, components)
         report("Done", 1.0)
         return self
 
@@ -374,6 +380,7 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
                 "adaptive_weight": float(getattr(self, "adaptive_weight_", 0.0)),
                 "adaptive_start": str(getattr(self, "adaptive_start_", "training")),
                 "adaptive_shapes": bool(getattr(self, "adaptive_shapes_", False)),
+                "split_populations": self._split_populations(),
                 "unknown_margin": None if not self._unknown_called() else float(self.unknown_margin),
                 "transform": self.transform_.to_dict()}
 

@@ -38,8 +38,10 @@ from gating_core.method.features import LinearMeanEmbedding, LinearProductFeatur
 from gating_core.model.file_checks import ModelFileError, archive_array, read_archive
 from gating_core.model.file_fields import Fields, read_description
 from gating_core.model.file_params import _classifier_params, _model_params, _transform
-from gating_core.model.file_parts import (_adaptive_populations, _hedge_model, _landmark_reference,
-                                          _linear_feature_map, _pooled_companion, _population_reach, _rff_map)
+from gating_core.method.population_components import component_name
+from gating_core.model.file_parts import (_adaptive_populations, _component_numbers, _components, _hedge_model,
+                                          _landmark_reference, _linear_feature_map, _pooled_companion,
+                                          _population_reach, _rff_map)
 
 MODEL_FORMAT = "gating_core.model"
 # 2: the pooled companion of the marginal method (files of format 1 load without one).
@@ -62,7 +64,10 @@ MODEL_FORMAT = "gating_core.model"
 #    the shared-covariance fit alone).
 # 10: the transforms a user set for some channels (params.transform: channel -> text, read back as
 #    given; files of formats 1-9 say "auto" or "custom" and read back "auto").
-MODEL_FORMAT_VERSION = 10
+# 11: populations split into Gaussian components for the adapted populations and the reach
+#    (adaptive_components: each component's population; the adaptive_ and reach_ arrays have a
+#    row per component).
+MODEL_FORMAT_VERSION = 11
 
 
 def _param_value(value):
@@ -149,6 +154,8 @@ def save_model(model, path) -> None:
     if adaptive is not None:
         arrays.update(adaptive_means=adaptive.means_, adaptive_covariance=adaptive.covariance_,
                       adaptive_priors=adaptive.priors_)
+        if getattr(model, "adaptive_components_", None) is not None:
+            arrays["adaptive_components"] = np.asarray(model.adaptive_components_, dtype=np.int64)
     if reach is not None:
         arrays.update(reach_means=reach.means_, reach_whitening=reach.whitening_, reach_log_dets=reach.log_dets_,
                       reach_priors=reach.priors_, reach_distances=reach.reach_, reach_typical=reach.typical_)
@@ -334,11 +341,16 @@ def model_from_parts(cls, meta, arrays, path="model", research_cls=None):
                 raise ModelFileError(path, "model description: the pooled companion has no weight")
             weight = float(model.pooled_weight)
         model.pooled_weight_ = float(weight)
+    model.adaptive_components_ = _components(path, array, arrays, len(model.populations_))
+    parts = (model.populations_ if model.adaptive_components_ is None
+             else [component_name(int(j), int(c)) for j, c in _component_numbers(model.adaptive_components_)])
     (model.adaptive_lda_, model.adaptive_weight_, model.adaptive_start_,
      model.adaptive_shapes_) = _adaptive_populations(path, top.object("adaptive", optional=True), array, arrays,
-                                                     model.populations_, d_cells)
+                                                     parts, d_cells)
+    if model.adaptive_lda_ is None and model.adaptive_components_ is not None:
+        raise ModelFileError(path, "model file is inconsistent: components without the adapted populations")
     model.population_reach_ = _population_reach(path, top.object("reach", optional=True), array, arrays,
-                                                model.populations_, d_cells)
+                                                parts, d_cells)
     if model.population_reach_ is None:
         if model.adaptive_shapes_:
             raise ModelFileError(path, "model file is inconsistent: the adapted populations' own shapes "

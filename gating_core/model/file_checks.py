@@ -108,6 +108,8 @@ MODEL_MEMBERS = {
     "adaptive_means": Member("f", 2),
     "adaptive_covariance": Member("f", 2),
     "adaptive_priors": Member("f", 1),
+    # the population of each component of the adapted populations (format 11)
+    "adaptive_components": Member("i", 1),
     # each population's reach, beyond which cells are unknown (format 7)
     "reach_means": Member("f", 2),
     "reach_whitening": Member("f", 3),

@@ -18,6 +18,7 @@ from gating_core.method.landmark_alignment import MAX_PEAKS, LandmarkReference
 from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.features import LinearProductFeatures, ProductRFF
 from gating_core.method.unknown_cells import PopulationReach
+from gating_core.method.population_components import MAX_COMPONENTS_PER_POPULATION
 from gating_core.model.adaptation import ADAPTIVE_STARTS
 from gating_core.model.file_checks import ModelFileError
 from gating_core.model.file_fields import Fields
@@ -31,6 +32,29 @@ def _landmark_reference(path, peaks, counts) -> LandmarkReference:
     if any(np.any(np.diff(row[:int(c)]) <= 0) for row, c in zip(peaks, counts)):
         raise ModelFileError(path, "model file is inconsistent: 'reference_peaks' are not increasing")
     return LandmarkReference.from_arrays(peaks.astype(np.float64), counts.astype(np.int64))
+
+
+def _components(path, array, arrays, k: int):
+    """Each component's population index (k_c,) of a model whose adapted populations are split
+    into components (format 11), or None: in population order, every population at least once."""
+    if "adaptive_components" not in arrays:
+        return None
+    population_of = array("adaptive_components", None).astype(np.int64)
+    if (not k <= len(population_of) <= MAX_COMPONENTS_PER_POPULATION * k or np.any(np.diff(population_of) < 0)
+            or not np.array_equal(np.unique(population_of), np.arange(k))):
+        raise ModelFileError(path, "model file is inconsistent: array 'adaptive_components' must name every "
+                                   "population, in order")
+    return population_of
+
+
+def _component_numbers(population_of) -> list:
+    """(population, component within it) of each component."""
+    numbers, previous, count = [], None, 0
+    for j in population_of:
+        count = count + 1 if j == previous else 0
+        numbers.append((j, count))
+        previous = j
+    return numbers
 
 
 def _population_reach(path, fields, array, arrays, populations, d: int):

@@ -21,6 +21,7 @@ from gating_core.method.alignment import ALIGNMENTS
 from gating_core.method.classifier import LOSSES, PATIENT_WEIGHTINGS, SOLVERS
 from gating_core.method.dica import DICA_MODES, MODEL_DICA_FEATURES
 from gating_core.method.features import KERNELS_X
+from gating_core.method.population_components import MAX_COMPONENTS_PER_POPULATION
 from gating_core.method.priors import PRIOR_SHIFTS
 from gating_core.model.estimator import METHODS, GatingModel
 from gating_core.model.file import load_model
@@ -74,6 +75,11 @@ class ResearchGatingModel(GatingModel):
         more than ``ADAPTIVE_WEIGHT_TOLERANCE``. Measured in docs/unseen_data.md it gained on the
         simulated cohorts only: on the real sets it was never better, and leaving one patient out
         it cost a flow biopsy 23 points. ``train --transfer-start``.
+    population_components : int in [1, 8], default=3
+        Gaussian components a population may be split into for the adapted populations and the
+        reach, when its training cells form separate clusters within most patients
+        (:func:`~gating_core.method.population_components.split_populations`). 1: every
+        population one Gaussian (``evaluate --method marginal-whole-populations``).
     adaptive_shapes : bool, default=True
         Whether the adapted populations include the own-shape fit (every population a Gaussian
         of its own training shape, :class:`~gating_core.method.unknown_cells.PopulationReach`)
@@ -124,6 +130,7 @@ class ResearchGatingModel(GatingModel):
         "self_training": [BOOLEAN],
         "transfer_start": [BOOLEAN],
         "adaptive_shapes": [BOOLEAN],
+        "population_components": [Interval(numbers.Integral, 1, MAX_COMPONENTS_PER_POPULATION)],
         "method": [Options(*METHODS)],
         "solver": [Options(*SOLVERS)],
         "loss": [Options(*LOSSES)],

@@ -25,6 +25,9 @@ def adapted_populations_text(model) -> str | None:
              else "EM started from the training populations")
     fits = ("one covariance shared by all populations, and each population's own shape"
             if info.get("adaptive_shapes") else "one covariance shared by all populations")
+    split = info.get("split_populations") or {}
+    if split:
+        fits += "; " + ", ".join(f"{name} as {count} clusters" for name, count in split.items())
     return (f"weight {info['adaptive_weight']:.3g} ({how}); each patient's populations are refitted to its own "
             f"cells by EM, {start}; {fits}")
 

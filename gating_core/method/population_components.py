@@ -1,0 +1,211 @@
+"""Populations that are no single Gaussian, as a few Gaussian components each.
+
+The adapted populations (:mod:`gating_core.method.adaptive_lda`,
+:class:`~gating_core.method.unknown_cells.PopulationReach`) model every population as one Gaussian.
+An expert's catch-all gate ("ungated", "rest", "other": debris, monocytes and granulocytes outside a
+lymphocyte gate) is several clusters; one Gaussian spread over all of them reaches into the
+populations between them, and EM on a new patient lets it take their cells. Here each
+population's training cells are split into components by a Gaussian mixture, the number chosen by
+BIC (at most ``max_components``) among the splits whose components lie apart and appear within
+most patients (not one per run or center); the generative fits then model the components as they
+modelled the populations, and a population's posterior is the sum of its components'.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.mixture import GaussianMixture
+
+from gating_core.method.adaptive_lda import AdaptiveLDA
+from gating_core.method.unknown_cells import PopulationReach
+
+#: Components per population at most (``GatingModel.population_components``'s default).
+MAX_COMPONENTS = 3
+#: The most components a population may be split into (a model file holding more is refused).
+MAX_COMPONENTS_PER_POPULATION = 8
+#: A population's pooled training cells the mixture is fitted on, at most.
+MAX_FIT_CELLS = 10_000
+#: A component must hold at least this share of its population's cells in more than half of the
+#: training patients; a split that leaves a smaller one is refused (a few outlying cells are no
+#: cluster, and a cluster of some patients only is where their run put the population).
+MIN_COMPONENT_SHARE = 0.05
+#: A population's split must raise the adapted populations' mean accuracy on the training patients
+#: by at least this much, else it stays whole. More components give a population more room to
+#: take its neighbours' cells when EM adapts it to a patient; where the experts' catch-all gate
+#: (a few percent of debris, the clusters a lab gates as 'other') is split, the training patients
+#: show that cost, and where one Gaussian for a catch-all reached into another population they
+#: show the gain.
+MIN_SPLIT_GAIN = 0.005
+#: Every two components of a split must lie at least this far apart (the Mahalanobis distance
+#: between their means under their mean covariance; two equal Gaussians closer than 2 make one
+#: mode): a population that is one skewed or heavy-tailed cluster stays whole (BIC alone splits
+#: almost any real population), one made of separate clusters is split.
+MIN_SEPARATION = 3.0
+
+
+def component_name(population: int, component: int) -> str:
+    """The label of a population's component: sorted names keep each population's components
+    together and in population order."""
+    return f"{population:04d}.{component:02d}"
+
+
+def split_populations(cells, labels, classes, max_components=MAX_COMPONENTS, random_state=0):
+    """Split every population of the training patients into components.
+
+    Parameters
+    ----------
+    cells : list of ndarray of shape (n_i, d)
+        Standardised cells of each training patient.
+    labels : list of ndarray of shape (n_i,)
+        Their populations, each among ``classes``.
+    classes : array-like of shape (k,)
+        The populations, in model order.
+    max_components : int
+        Components per population at most; 1 leaves every population whole.
+
+    Returns
+    -------
+    component_labels : list of ndarray of shape (n_i,)
+        Each cell's component (:func:`component_name`).
+    names : ndarray of shape (k_c,)
+        The components, sorted: each population's together, populations in ``classes`` order.
+    population_of : ndarray of shape (k_c,)
+        The index in ``classes`` of each component's population.
+    """
+    classes = np.asarray(classes).astype(str)
+    labels = [np.asarray(y).astype(str) for y in labels]
+    order = np.argsort(classes)
+    codes = [order[np.clip(np.searchsorted(classes, y, sorter=order), 0, len(classes) - 1)] for y in labels]
+    rng = np.random.default_rng(np.random.SeedSequence([int(random_state or 0), 47]))
+    # Each population's candidate components (cells of population j in patient i: assigned[j][i]).
+    assigned = []
+    for j in range(len(classes)):
+        own = [np.asarray(x, dtype=np.float64)[c == j] for x, c in zip(cells, codes)]
+        found = _components(np.concatenate(own), np.repeat(np.arange(len(own)), [len(x) for x in own]),
+                            max_components, rng)
+        assigned.append(np.split(found, np.cumsum([len(x) for x in own])[:-1]))
+    counts = [int(np.concatenate(a).max(initial=0)) + 1 for a in assigned]
+    # A split stays only where it gates the training patients better (:data:`MIN_SPLIT_GAIN`).
+    whole = [1] * len(classes)
+    baseline = None
+    for j in [j for j in range(len(classes)) if counts[j] > 1]:
+        if baseline is None:
+            baseline = _adapted_accuracy(cells, codes, *_labelled(codes, assigned, whole))
+        trial = list(whole)
+        trial[j] = counts[j]
+        if _adapted_accuracy(cells, codes, *_labelled(codes, assigned, trial)) - baseline < MIN_SPLIT_GAIN:
+            counts[j] = 1
+    return _labelled(codes, assigned, counts)
+
+
+def _labelled(codes, assigned, counts) -> tuple:
+    """(component labels, names, population of each) with population j in ``counts[j]``
+    components (1: whole), its cells' components ``assigned[j]``."""
+    parts = [np.empty(len(c), dtype=object) for c in codes]
+    names, population_of = [], []
+    for j, count in enumerate(counts):
+        for y, c, a in zip(parts, codes, assigned[j]):
+            y[c == j] = [component_name(j, int(m)) for m in (a if count > 1 else np.zeros(len(a), dtype=np.int64))]
+        names += [component_name(j, m) for m in range(count)]
+        population_of += [j] * count
+    return [y.astype(str) for y in parts], np.asarray(names), np.asarray(population_of, dtype=np.int64)
+
+
+def _adapted_accuracy(cells, codes, parts, names, population_of) -> float:
+    """The training patients' mean accuracy under the adapted populations modelled as
+    ``parts``: both generative fits on all of them, each patient's populations adapted by EM to
+    its own cells, the mean of the fits' posteriors (as gating mixes them in)."""
+    lda = AdaptiveLDA().fit(cells, parts, classes=names)
+    reach = PopulationReach().fit(cells, parts, names)
+    starts = population_starts(population_of)
+    accuracy = []
+    for x, c in zip(cells, codes):
+        proba = lda.proba(x, lda.adapt(x)) + reach.proba(x, reach.for_patient(x))
+        accuracy.append(np.mean(np.argmax(population_proba(proba, starts), axis=1) == c))
+    return float(np.mean(accuracy))
+
+
+def _components(cells, patient_of, max_components, rng) -> np.ndarray:
+    """Each cell's component (n,) int: a Gaussian mixture of 1..``max_components`` components
+    fitted on at most ``MAX_FIT_CELLS`` of the cells (``patient_of``: each cell's patient), the
+    number chosen by BIC among the splits that :func:`_within_patients` accepts."""
+    n = len(cells)
+    if max_components <= 1 or n < 20 * max(cells.shape[1], 1):
+        return np.zeros(n, dtype=np.int64)
+    drawn = rng.choice(n, MAX_FIT_CELLS, replace=False) if n > MAX_FIT_CELLS else np.arange(n)
+    fit = cells[drawn]
+    best, best_bic = None, np.inf
+    for m in range(1, int(max_components) + 1):
+        mixture = GaussianMixture(m, covariance_type="full", reg_covar=1e-4, n_init=1, max_iter=200,
+                                  random_state=int(rng.integers(2**31 - 1))).fit(fit)
+        if m > 1 and not _within_patients(mixture, mixture.predict(fit), patient_of[drawn]):
+            continue
+        bic = mixture.bic(fit)
+        if bic < best_bic:
+            best, best_bic = mixture, bic
+    if best is None or best.n_components == 1:
+        return np.zeros(n, dtype=np.int64)
+    return best.predict(cells).astype(np.int64)
+
+
+def _within_patients(mixture, assigned, patient_of) -> bool:
+    """Whether a split is the population's own shape: every two components at least
+    ``MIN_SEPARATION`` apart (:func:`_separation`), and every component holding
+    ``MIN_COMPONENT_SHARE`` of the population's cells in more than half of the patients. Pooled
+    over patients of shifted runs or centers, one cluster is several, one per run: each of those
+    components holds the cells of some patients only."""
+    if _separation(mixture) < MIN_SEPARATION:
+        return False
+    m = mixture.n_components
+    patients = np.unique(patient_of)
+    present = np.zeros(m)
+    for p in patients:
+        own = assigned[patient_of == p]
+        present += np.bincount(own, minlength=m) >= MIN_COMPONENT_SHARE * len(own)
+    return bool(np.all(present > 0.5 * len(patients)))
+
+
+def _separation(mixture) -> float:
+    """The smallest Mahalanobis distance between two components' means of ``mixture``, under the
+    mean of their covariances."""
+    means, covariances = mixture.means_, mixture.covariances_
+    smallest = np.inf
+    for a in range(len(means)):
+        for b in range(a + 1, len(means)):
+            gap = means[a] - means[b]
+            smallest = min(smallest, float(np.sqrt(gap @ np.linalg.solve(0.5 * (covariances[a] + covariances[b]), gap))))
+    return smallest
+
+
+def component_start(proba, gaussians, cells, population_of):
+    """EM's start in components (m, k_c) from another model's population probabilities ``proba``
+    (m, k) of ``cells`` (m, d): each population's probability shared among its components as the
+    training components (``gaussians``, an AdaptiveLDA fitted on them) share its cells. ``proba``
+    itself when ``population_of`` is None (no components)."""
+    if population_of is None:
+        return proba
+    population_of = np.asarray(population_of)
+    trained = gaussians.training_gaussians()
+    logits = np.asarray(cells, dtype=np.float64) @ trained.coef + trained.intercept
+    start = np.empty_like(logits)
+    for j in np.unique(population_of):
+        own = population_of == j
+        within = logits[:, own] - logits[:, own].max(axis=1, keepdims=True)
+        np.exp(within, out=within)
+        start[:, own] = within / within.sum(axis=1, keepdims=True) * np.asarray(proba, dtype=np.float64)[:, [j]]
+    return start
+
+
+def population_starts(population_of) -> np.ndarray:
+    """The index of each population's first component (k,), for summing component columns with
+    ``np.add.reduceat``."""
+    population_of = np.asarray(population_of)
+    return np.flatnonzero(np.r_[True, population_of[1:] != population_of[:-1]])
+
+
+def population_proba(component_proba: np.ndarray, starts) -> np.ndarray:
+    """Population probabilities (n, k) from component probabilities (n, k_c) whose columns are
+    grouped by population (``starts``: :func:`population_starts`)."""
+    if len(starts) == component_proba.shape[1]:
+        return component_proba
+    return np.add.reduceat(component_proba, np.asarray(starts), axis=1)
