@@ -19,6 +19,7 @@ EVALUATION_METHODS += ("marginal-no-adaptive", "adaptive-lda", "marginal-augment
                        "marginal-self-training", "previous-default", "marginal-transfer-start")
 EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5", "dica-marginal", "iw-nystroem",
                        "marginal-linear", "marginal-agnostic", "marginal-select-worst")
+EVALUATION_METHODS += ("marginal-whole-populations",)
 EVALUATION_METHODS += ("marginal-landmarks",)
 EVALUATION_METHODS += ("marginal-shared-covariance", "marginal-even-weight")
 
@@ -47,7 +48,8 @@ def register(subparsers) -> None:
                                "each channel's density peaks onto the training patients' consensus peaks, channels "
                                "whose peaks do not match left as they are; marginal-shared-covariance adapts the "
                                "populations without their own shapes, marginal-even-weight weighs the transfer model "
-                               "and the two fits a third each whatever the held-out groups say)")
+                               "and the two fits a third each whatever the held-out groups say, marginal-whole-populations "
+                               "fits every population as one Gaussian, never as components)")
     evaluate.add_argument("--groups", metavar="FILE|KEYWORD",
                           help="the group (center, batch, run) of each patient: a CSV (patient, group) or an "
                                "FCS keyword such as $CYTSN, $INST or $DATE; default: near-duplicate patients "
