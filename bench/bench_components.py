@@ -3,7 +3,7 @@ against the same model with every population one Gaussian (``population_componen
 on the same patients in the same run, alternating, best of ``--repeats``; and which populations
 each training splits.
 
-Sets: ``bench_unseen.py``'s (``--sets``, default the multicenter samples, the first DLBCL batch,
+Sets: ``bench_unseen.py``'s (``--sets``, default the multicenter samples, the second DLBCL batch,
 and that batch with FL2+ against everything else, where a split is kept). Gating costs nothing
 more where no population is split (the same arrays); a split population adds a component to
 both generative fits' per-cell products.
@@ -45,9 +45,10 @@ def main(argv=None) -> int:
             print(f"{name:<24} data not found, skipped")
             continue
         samples, labels, groups = loaded
-        # One group's patients (the first one's), as one fold of the set's protocol trains on.
+        # One group's patients (the last one's: the second DLBCL batch), as one fold of the set's protocol
+        # trains on.
         if name.split("+")[0] in ("dlbcl-batch", "mc-batch"):
-            kept = [i for i, g in enumerate(groups) if g == groups[0]]
+            kept = [i for i, g in enumerate(groups) if g == groups[-1]]
             samples, labels, groups = ([part[i] for i in kept] for part in (samples, labels, groups))
         whole, split, found = [], [], {}
         for _ in range(args.repeats):
