@@ -7,8 +7,9 @@ lymphocyte gate) is several clusters; one Gaussian spread over all of them reach
 populations between them, and EM on a new patient lets it take their cells. Here each
 population's training cells are split into components by a Gaussian mixture, the number chosen by
 BIC (at most ``max_components``) among the splits whose components lie apart and appear within
-most patients (not one per run or center); the generative fits then model the components as they
-modelled the populations, and a population's posterior is the sum of its components'.
+most patients (not one per run or center), and a split is kept only where it gates the training
+patients better; the generative fits then model the components as they modelled the
+populations, and a population's posterior is the sum of its components'.
 """
 
 from __future__ import annotations
