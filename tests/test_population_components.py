@@ -10,8 +10,9 @@ import pytest
 from gating_core import read_fcs
 from gating_core.fcs import Channel, Sample
 from gating_core.method.adaptive_lda import AdaptiveLDA
-from gating_core.method.population_components import (MIN_SEPARATION, component_start, population_proba,
-                                                       population_starts, split_populations)
+from gating_core.method.population_components import (MIN_COMPONENT_SHARE, MIN_SEPARATION, _within_patients,
+                                                       component_start, population_proba, population_starts,
+                                                       split_populations)
 from gating_core.method.self_training import PatientAdjustment
 from gating_core.method.unknown_cells import PopulationReach
 from gating_core.model.file_checks import ModelFileError
@@ -74,6 +75,35 @@ def test_a_population_that_each_center_puts_elsewhere_is_not_split():
             labels.append(y)
     _, names, population_of = split_populations(cells, labels, ["rest", "target"])
     np.testing.assert_array_equal(population_of, [0, 0, 1])
+
+
+def test_a_split_by_run_is_refused_where_some_patients_hold_a_tail_of_the_other_run():
+    """Two runs put a population at (0, 0) and (0, 10); two patients of the first run and one of
+    the second hold a tail of it where the other run has it. Each component then holds 5% of the
+    population in four or five of the six patients, but only those three hold both: a split by
+    run, refused. A catch-all of two clusters in every patient is accepted."""
+    from sklearn.mixture import GaussianMixture
+
+    rng = np.random.default_rng(5)
+    target, rest, patient_of = [], [], []
+    for i, tail in enumerate([0.15, 0.1, 0.0, 0.1, 0.0, 0.0]):
+        x, y = _catch_all_patient(rng, target=(0.0, 10.0 * (i // 3)))
+        own = x[y == "target"].copy()
+        own[: int(tail * len(own)), 1] += 10.0 if i < 3 else -10.0
+        target.append(own)
+        rest.append(x[y == "rest"])
+        patient_of.append(np.full(len(own), i))
+    cells, patient_of = np.concatenate(target), np.concatenate(patient_of)
+    mixture = GaussianMixture(2, random_state=0).fit(cells)
+    assigned = mixture.predict(cells)
+    for m in range(2):
+        holding = [np.mean(assigned[patient_of == p] == m) >= MIN_COMPONENT_SHARE for p in range(6)]
+        assert sum(holding) > 3
+    assert not _within_patients(mixture, assigned, patient_of)
+    catch_all = np.concatenate(rest)
+    rest_of = np.repeat(np.arange(6), [len(x) for x in rest])
+    mixture = GaussianMixture(2, random_state=0).fit(catch_all)
+    assert _within_patients(mixture, mixture.predict(catch_all), rest_of)
 
 
 def test_population_probabilities_sum_their_components():

@@ -26,9 +26,10 @@ MAX_COMPONENTS = 3
 MAX_COMPONENTS_PER_POPULATION = 8
 #: A population's pooled training cells the mixture is fitted on, at most.
 MAX_FIT_CELLS = 10_000
-#: A component must hold at least this share of its population's cells in more than half of the
-#: training patients; a split that leaves a smaller one is refused (a few outlying cells are no
-#: cluster, and a cluster of some patients only is where their run put the population).
+#: In more than half of the training patients, every component of a split must hold at least this
+#: share of the population's cells, all of them in the same patient; else the split is refused (a
+#: few outlying cells are no cluster, and a cluster of some patients only is where their run put
+#: the population).
 MIN_COMPONENT_SHARE = 0.05
 #: A population's split must raise the adapted populations' mean accuracy on the training patients
 #: by at least this much, else it stays whole. More components give a population more room to
@@ -151,19 +152,20 @@ def _components(cells, patient_of, max_components, rng) -> np.ndarray:
 
 def _within_patients(mixture, assigned, patient_of) -> bool:
     """Whether a split is the population's own shape: every two components at least
-    ``MIN_SEPARATION`` apart (:func:`_separation`), and every component holding
-    ``MIN_COMPONENT_SHARE`` of the population's cells in more than half of the patients. Pooled
-    over patients of shifted runs or centers, one cluster is several, one per run: each of those
-    components holds the cells of some patients only."""
+    ``MIN_SEPARATION`` apart (:func:`_separation`), and more than half of the patients holding
+    every component side by side, each with ``MIN_COMPONENT_SHARE`` of the population's cells.
+    Pooled over patients of shifted runs or centers, one cluster is several, one per run: each
+    of those components holds the cells of some patients, and a patient holds one of them (or
+    the tail of another: counting each component's patients apart let such splits through)."""
     if _separation(mixture) < MIN_SEPARATION:
         return False
     m = mixture.n_components
     patients = np.unique(patient_of)
-    present = np.zeros(m)
+    together = 0
     for p in patients:
         own = assigned[patient_of == p]
-        present += np.bincount(own, minlength=m) >= MIN_COMPONENT_SHARE * len(own)
-    return bool(np.all(present > 0.5 * len(patients)))
+        together += bool(np.all(np.bincount(own, minlength=m) >= MIN_COMPONENT_SHARE * len(own)))
+    return together > 0.5 * len(patients)
 
 
 def _separation(mixture) -> float:

@@ -85,10 +85,9 @@ def _fold_components(split, train, fold_populations, populations) -> tuple:
     if population_of is None:
         return parts, np.asarray(fold_populations).astype(str), None
     held = set(np.unique(np.concatenate(parts))) if parts else set()
-    kept = [n for n in names if n in held]
     position = {str(p): j for j, p in enumerate(fold_populations)}
-    of = np.array([position[str(populations[population_of[list(names).index(n)]])] for n in kept], dtype=np.int64)
-    return parts, np.asarray(kept), of
+    kept = [(n, position[str(populations[j])]) for n, j in zip(names, population_of) if n in held]
+    return parts, np.asarray([n for n, _ in kept]), np.array([j for _, j in kept], dtype=np.int64)
 
 
 class PatientAdaptation:
