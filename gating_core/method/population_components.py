@@ -122,8 +122,8 @@ def _adapted_accuracy(cells, codes, parts, names, population_of) -> float:
     starts = population_starts(population_of)
     accuracy = []
     for x, c in zip(cells, codes):
-        proba = lda.proba(x, lda.adapt(x)) + reach.proba(x, reach.for_patient(x))
-        accuracy.append(np.mean(np.argmax(population_proba(proba, starts), axis=1) == c))
+        proba = adapted_proba(x, lda.adapt(x), (reach, reach.for_patient(x)), starts)
+        accuracy.append(np.mean(np.argmax(proba, axis=1) == c))
     return float(np.mean(accuracy))
 
 
@@ -212,3 +212,17 @@ def population_proba(component_proba: np.ndarray, starts) -> np.ndarray:
     if len(starts) == component_proba.shape[1]:
         return component_proba
     return np.add.reduceat(component_proba, np.asarray(starts), axis=1)
+
+
+def adapted_proba(cells, gaussians, shapes=None, starts=None) -> np.ndarray:
+    """The adapted populations' posteriors of cells (n, d): (n, k) float32, the mean of the
+    shared-covariance fit's (``gaussians``, a :class:`~gating_core.method.adaptive_lda.PatientGaussians`)
+    and, with ``shapes`` (a :class:`~gating_core.method.unknown_cells.PopulationReach` and its
+    :class:`~gating_core.method.unknown_cells.PatientReach`), the own-shape fit's; with ``starts``
+    (:func:`population_starts`) their components' columns summed per population."""
+    proba = AdaptiveLDA.proba(cells, gaussians)
+    if shapes is not None:
+        reach, patient = shapes
+        proba += reach.proba(cells, patient)
+        proba *= np.float32(0.5)
+    return proba if starts is None else population_proba(proba, starts)

@@ -29,8 +29,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from gating_core.method.adaptive_lda import AdaptiveLDA
-from gating_core.method.population_components import population_proba
+from gating_core.method.population_components import adapted_proba
 from gating_core.method.priors import apply_prior_ratio
 from gating_core.method.refinement import corrected_probabilities, refinement_coef
 
@@ -126,14 +125,7 @@ class PatientAdjustment:
     def adapted(self, cells: np.ndarray) -> np.ndarray:
         """The adapted populations' posteriors of cells (n, d): (n, k) float32, the mean of the
         shared-covariance fit's and (with ``shapes``) the own-shape fit's."""
-        proba = AdaptiveLDA.proba(cells, self.gaussians)
-        if self.shapes is not None:
-            reach, patient = self.shapes
-            proba += reach.proba(cells, patient)
-            proba *= np.float32(0.5)
-        if self.components is not None:
-            proba = population_proba(proba, self.components)
-        return proba
+        return adapted_proba(cells, self.gaussians, self.shapes, self.components)
 
     def mix(self, proba: np.ndarray, cells: np.ndarray, weight: float) -> np.ndarray:
         """``(1 - weight) proba + weight`` :meth:`adapted`, in place; unchanged without
