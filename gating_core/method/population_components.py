@@ -156,7 +156,7 @@ def _within_patients(mixture, assigned, patient_of) -> bool:
     every component side by side, each with ``MIN_COMPONENT_SHARE`` of the population's cells.
     Pooled over patients of shifted runs or centers, one cluster is several, one per run: each
     of those components holds the cells of some patients, and a patient holds one of them (or
-    the tail of another: counting each component's patients apart let such splits through)."""
+    one and the tail of another: counted component by component, such a split would pass)."""
     if _separation(mixture) < MIN_SEPARATION:
         return False
     m = mixture.n_components
