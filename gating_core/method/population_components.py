@@ -51,6 +51,14 @@ def component_name(population: int, component: int) -> str:
     return f"{population:04d}.{component:02d}"
 
 
+def component_names(population_of) -> np.ndarray:
+    """The name of each component (k_c,) from its population's index (``population_of``, grouped
+    by population in population order, every population present)."""
+    population_of = np.asarray(population_of, dtype=np.int64)
+    first = population_starts(population_of)
+    return np.asarray([component_name(int(j), i - int(first[j])) for i, j in enumerate(population_of)])
+
+
 def split_populations(cells, labels, classes, max_components=MAX_COMPONENTS, random_state=0):
     """Split every population of the training patients into components.
 
@@ -104,13 +112,11 @@ def _labelled(codes, assigned, counts) -> tuple:
     """(component labels, names, population of each) with population j in ``counts[j]``
     components (1: whole), its cells' components ``assigned[j]``."""
     parts = [np.empty(len(c), dtype=object) for c in codes]
-    names, population_of = [], []
     for j, count in enumerate(counts):
         for y, c, a in zip(parts, codes, assigned[j]):
             y[c == j] = [component_name(j, int(m)) for m in (a if count > 1 else np.zeros(len(a), dtype=np.int64))]
-        names += [component_name(j, m) for m in range(count)]
-        population_of += [j] * count
-    return [y.astype(str) for y in parts], np.asarray(names), np.asarray(population_of, dtype=np.int64)
+    population_of = np.repeat(np.arange(len(counts)), counts)
+    return [y.astype(str) for y in parts], component_names(population_of), population_of
 
 
 def _adapted_accuracy(cells, codes, parts, names, population_of) -> float:

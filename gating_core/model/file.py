@@ -38,8 +38,8 @@ from gating_core.method.features import LinearMeanEmbedding, LinearProductFeatur
 from gating_core.model.file_checks import ModelFileError, archive_array, read_archive
 from gating_core.model.file_fields import Fields, read_description
 from gating_core.model.file_params import _classifier_params, _model_params, _transform
-from gating_core.method.population_components import component_name
-from gating_core.model.file_parts import (_adaptive_populations, _component_numbers, _components, _hedge_model,
+from gating_core.method.population_components import component_names
+from gating_core.model.file_parts import (_adaptive_populations, _components, _hedge_model,
                                           _landmark_reference, _linear_feature_map, _pooled_companion,
                                           _population_reach, _rff_map)
 
@@ -343,7 +343,7 @@ def model_from_parts(cls, meta, arrays, path="model", research_cls=None):
         model.pooled_weight_ = float(weight)
     model.adaptive_components_ = _components(path, array, arrays, len(model.populations_))
     parts = (model.populations_ if model.adaptive_components_ is None
-             else [component_name(int(j), int(c)) for j, c in _component_numbers(model.adaptive_components_)])
+             else list(component_names(model.adaptive_components_)))
     (model.adaptive_lda_, model.adaptive_weight_, model.adaptive_start_,
      model.adaptive_shapes_) = _adaptive_populations(path, top.object("adaptive", optional=True), array, arrays,
                                                      parts, d_cells)

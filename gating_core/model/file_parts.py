@@ -47,16 +47,6 @@ def _components(path, array, arrays, k: int):
     return population_of
 
 
-def _component_numbers(population_of) -> list:
-    """(population, component within it) of each component."""
-    numbers, previous, count = [], None, 0
-    for j in population_of:
-        count = count + 1 if j == previous else 0
-        numbers.append((j, count))
-        previous = j
-    return numbers
-
-
 def _population_reach(path, fields, array, arrays, populations, d: int):
     """Where each population reaches (GatingModel.unknown_margin): a PopulationReach, or None
     for a model that calls no cell unknown."""
