@@ -10,6 +10,8 @@ import pytest
 from gating_core import read_fcs
 from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.features import content_hashes
+from gating_core.method.population_components import adapted_fits
+from gating_core.method.unknown_cells import PopulationReach
 from gating_core.model import (ADAPTIVE_WEIGHT_TOLERANCE, ADAPTIVE_WEIGHTS, EVEN_ADAPTIVE_WEIGHT,
                                EVEN_WEIGHT_MARGIN, GatingModel)
 from gating_core.model.adaptation import TRANSFER_START_WEIGHT, weight_choice
@@ -267,9 +269,10 @@ def test_gating_mixes_the_adapted_populations_at_the_weight(small_cohort, auto_m
         chosen = model._patient_frame(model._compensated(new).events, model._channel_indices(new))[2]
         ordered = chosen[np.argsort(content_hashes(chosen), kind="stable")]
         cells = model.standardised_cells(new)
-        shared = AdaptiveLDA.proba(cells, model.adaptive_lda_.adapt(ordered))
         reach = model.population_reach_
-        own = reach.proba(cells, reach.for_patient(ordered, model.unknown_margin))
+        gaussians, patient = adapted_fits(model.adaptive_lda_, reach, ordered, model.unknown_margin)
+        shared = AdaptiveLDA.proba(cells, gaussians)
+        own = reach.proba(cells, patient)
         np.testing.assert_allclose(proba, (1 - weight) * transfer + weight * (shared + own) / 2, atol=1e-5)
 
 
@@ -301,7 +304,6 @@ def _adjustment(model, sample):
 def test_own_shape_posteriors_are_those_of_the_gaussians():
     """PopulationReach.proba: each population a Gaussian of its own covariance around the
     patient's mean, weighed by the patient's shares; checked against the densities written out."""
-    from gating_core.method.unknown_cells import PopulationReach
 
     rng = np.random.default_rng(3)
     training = [_patient(rng) for _ in range(3)]
@@ -405,3 +407,40 @@ def test_adapted_populations_follow_the_shared_flow_batch_shift(dlbcl_dir):
     # Measured: plain 0.901 mean / 0.761 worst patient; adapted 0.936 / 0.868.
     assert np.mean(adapted) > np.mean(plain) + 0.02
     assert np.min(adapted) > np.min(plain) + 0.05
+
+
+def _three_populations(rng, n, shares, means, spreads):
+    counts = rng.multinomial(n, shares)
+    cells = np.concatenate([rng.multivariate_normal(m, np.eye(2) * s, size=k) for m, s, k in zip(means, spreads, counts)])
+    return cells, np.repeat(np.array(["A", "B", "C"]), counts)
+
+
+def test_a_population_absent_from_the_patient_does_not_take_the_cluster_of_a_rare_one():
+    """Training: A holds 60% of the cells, B (a wide catch-all) 10%. The new patient has no A
+    cell and 85% B, tighter and closer to where A was. Started from the training shares, the
+    own-shape EM gives the cluster to A, whose shape fits it; started from the shares the
+    shared-covariance fit found in the patient, B keeps it."""
+    rng = np.random.default_rng(1)
+    means, spreads = [(0, 0), (4, 0), (0, 5)], [1.0, 2.0, 0.5]
+    training = [_three_populations(rng, 3000, [0.6, 0.1, 0.3], [np.add(m, rng.normal(0, 0.2, 2)) for m in means],
+                                   spreads) for _ in range(5)]
+    cells, truth = _three_populations(rng, 3000, [0.0, 0.85, 0.15], [(0, 0), (3.5, 0), (0, 5)], [1.0, 0.6, 0.5])
+    classes = np.array(["A", "B", "C"])
+    lda = AdaptiveLDA().fit([c for c, _ in training], [y for _, y in training], classes=classes)
+    reach = PopulationReach().fit([c for c, _ in training], [y for _, y in training], classes)
+    gaussians, own = adapted_fits(lda, reach, cells)
+    np.testing.assert_allclose(own.log_shares, reach.for_patient(cells, shares=np.exp(gaussians.log_shares)).log_shares)
+    assert np.exp(gaussians.log_shares)[0] < 0.15
+    assert np.mean(classes[np.argmax(reach.proba(cells, own), 1)] == truth) > 0.95
+    from_training = reach.for_patient(cells)
+    assert np.mean(classes[np.argmax(reach.proba(cells, from_training), 1)] == truth) < 0.5
+
+
+def test_the_own_shape_em_refuses_shares_it_cannot_start_from():
+    rng = np.random.default_rng(0)
+    training = [_three_populations(rng, 600, [0.5, 0.3, 0.2], [(0, 0), (4, 0), (0, 5)], [1.0, 1.0, 1.0]) for _ in range(2)]
+    reach = PopulationReach().fit([c for c, _ in training], [y for _, y in training], np.array(["A", "B", "C"]))
+    for shares in ([0.5, 0.5], [0.0, 0.0, 0.0], [0.5, -0.1, 0.6]):
+        with pytest.raises(ValueError, match="shares"):
+            reach.for_patient(training[0][0], shares=shares)
+    np.testing.assert_allclose(reach.patient_populations(training[0][0], shares=[2.0, 1.0, 1.0])[1].sum(), 1.0)

@@ -10,7 +10,7 @@ import pytest
 from gating_core import read_fcs
 from gating_core.fcs import Channel, Sample
 from gating_core.method.adaptive_lda import AdaptiveLDA
-from gating_core.method.population_components import (MIN_COMPONENT_SHARE, MIN_SEPARATION, _within_patients,
+from gating_core.method.population_components import (MIN_COMPONENT_SHARE, MIN_SEPARATION, _within_patients, adapted_fits,
                                                        component_start, population_proba, population_starts,
                                                        split_populations)
 from gating_core.method.self_training import PatientAdjustment
@@ -127,7 +127,8 @@ def _adapted_accuracy(train, patient, components: bool) -> float:
     lda = AdaptiveLDA().fit(cells, labels, classes=names)
     reach = PopulationReach().fit(cells, labels, names)
     x, truth = patient
-    adjust = PatientAdjustment(gaussians=lda.adapt(x), shapes=(reach, reach.for_patient(x)), components=starts)
+    gaussians, own = adapted_fits(lda, reach, x)
+    adjust = PatientAdjustment(gaussians=gaussians, shapes=(reach, own), components=starts)
     return float(np.mean(np.asarray(classes)[np.argmax(adjust.adapted(x), axis=1)] == truth))
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from sklearn.mixture import GaussianMixture
 
 from gating_core.method.adaptive_lda import AdaptiveLDA
-from gating_core.method.unknown_cells import PopulationReach
+from gating_core.method.unknown_cells import UNKNOWN_MARGIN, PopulationReach
 
 #: Components per population at most (``GatingModel.population_components``'s default).
 MAX_COMPONENTS = 3
@@ -43,6 +43,23 @@ MIN_SPLIT_GAIN = 0.005
 #: mode): a population that is one skewed or heavy-tailed cluster stays whole (BIC alone splits
 #: almost any real population), one made of separate clusters is split.
 MIN_SEPARATION = 3.0
+
+
+def adapted_fits(lda: AdaptiveLDA, reach: PopulationReach | None, cells, margin=UNKNOWN_MARGIN, start=None) -> tuple:
+    """Both generative fits adapted to one patient's cells (m, d) by EM: (the shared-covariance
+    Gaussians, :meth:`AdaptiveLDA.adapt` from ``start``; the own-shape populations,
+    :meth:`PopulationReach.for_patient`, or None without ``reach``).
+
+    The own-shape EM starts from the population shares the shared-covariance EM found in the
+    patient, not from the training shares. Started from the training shares, a population that
+    is common in training and absent in this patient (a biopsy of tumour cells and no FL2+
+    cell) takes the nearest cluster in the first step, and its fixed shape then holds it; the
+    shared-covariance fit, whose covariance follows the patient, finds the patient's own mix
+    first."""
+    gaussians = lda.adapt(cells, start)
+    if reach is None:
+        return gaussians, None
+    return gaussians, reach.for_patient(cells, margin, shares=np.exp(gaussians.log_shares))
 
 
 def component_name(population: int, component: int) -> str:
@@ -128,7 +145,8 @@ def _adapted_accuracy(cells, codes, parts, names, population_of) -> float:
     starts = population_starts(population_of)
     accuracy = []
     for x, c in zip(cells, codes):
-        proba = adapted_proba(x, lda.adapt(x), (reach, reach.for_patient(x)), starts)
+        gaussians, patient = adapted_fits(lda, reach, x)
+        proba = adapted_proba(x, gaussians, (reach, patient), starts)
         accuracy.append(np.mean(np.argmax(proba, axis=1) == c))
     return float(np.mean(accuracy))
 

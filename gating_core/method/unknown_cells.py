@@ -173,20 +173,28 @@ class PopulationReach:
         projected = (x - mean) @ self.whitening_[j]
         return np.einsum("nd,nd->n", projected, projected)
 
-    def for_patient(self, cells, margin=UNKNOWN_MARGIN) -> PatientReach:
+    def for_patient(self, cells, margin=UNKNOWN_MARGIN, shares=None) -> PatientReach:
         """The reach of one patient's populations from its cells (m, d): their means and shares
-        (:meth:`patient_populations`) and the patient's spread (:meth:`patient_spread`)."""
-        means, shares = self.patient_populations(cells, margin)
+        (:meth:`patient_populations`, EM started from ``shares``) and the patient's spread
+        (:meth:`patient_spread`)."""
+        means, shares = self.patient_populations(cells, margin, shares=shares)
         return PatientReach(means, self.patient_spread(cells, means), float(margin), np.log(shares))
 
-    def patient_populations(self, cells, margin=UNKNOWN_MARGIN, trim_steps=TRIM_STEPS) -> tuple:
+    def patient_populations(self, cells, margin=UNKNOWN_MARGIN, trim_steps=TRIM_STEPS, shares=None) -> tuple:
         """The population means (k, d) and shares (k,) of one patient, from its cells (m, d) by
-        EM started from the training means and shares, the shapes fixed; then ``trim_steps``
-        more steps in which cells beyond ``margin`` (:meth:`distance`) take no part, so that a
-        new population the first steps pulled a known one towards lets it go. Deterministic:
-        fixed steps in float64."""
+        EM started from the training means and ``shares`` (k,) (None: the training shares), the
+        shapes fixed; then ``trim_steps`` more steps in which cells beyond ``margin``
+        (:meth:`distance`) take no part, so that a new population the first steps pulled a known
+        one towards lets it go. Deterministic: fixed steps in float64."""
         z = np.asarray(cells, dtype=np.float64)
-        means, shares = self.means_.copy(), self.priors_.copy()
+        means = self.means_.copy()
+        if shares is None:
+            shares = self.priors_.copy()
+        else:
+            shares = np.asarray(shares, dtype=np.float64)
+            if shares.shape != self.priors_.shape or not np.all(shares >= 0) or shares.sum() <= 0:
+                raise ValueError(f"shares must be {len(self.priors_)} non-negative numbers, not all 0")
+            shares = shares / shares.sum()
         if len(z) == 0:
             return means, shares
         for step in range(self.em_steps + trim_steps):

@@ -10,7 +10,7 @@ import numpy as np
 
 from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.features import content_hashes
-from gating_core.method.population_components import component_start, population_starts, split_populations
+from gating_core.method.population_components import adapted_fits, component_start, population_starts, split_populations
 from gating_core.method.priors import reestimate_prior, training_prior
 from gating_core.method.self_training import PatientAdjustment, self_training_coef
 from gating_core.method.unknown_cells import UNKNOWN_MARGIN, PopulationReach
@@ -221,9 +221,10 @@ class PatientAdaptation:
                 embedding = fold.classifier_.embed(embedding_cells[i])
                 adjust = fold._patient_adjustment(embedding_cells[i], embedding)
                 transfer = fold._adjusted_proba(cells[i], embedding, 50_000, adjust)
-                patient = PatientAdjustment(gaussians=gaussians.adapt(embedding_cells[i]), components=starts)
-                if shapes is not None:
-                    patient.shapes = (shapes, shapes.for_patient(embedding_cells[i], self._reach_margin()))
+                fitted, own = adapted_fits(gaussians, shapes, embedding_cells[i], self._reach_margin())
+                patient = PatientAdjustment(gaussians=fitted, components=starts)
+                if own is not None:
+                    patient.shapes = (shapes, own)
                 adapted = patient.adapted(cells[i])
                 truth = np.asarray(labels[i]).astype(str)
 
@@ -236,7 +237,9 @@ class PatientAdaptation:
                 if self.transfer_start:
                     start = fold._adjusted_proba(embedding_cells[i], embedding, 50_000, adjust)
                     start = component_start(start, gaussians, embedding_cells[i], population_of)
-                    patient.gaussians = gaussians.adapt(embedding_cells[i], start)
+                    patient.gaussians, own = adapted_fits(gaussians, shapes, embedding_cells[i], self._reach_margin(), start)
+                    if own is not None:
+                        patient.shapes = (shapes, own)
                     refined = patient.adapted(cells[i])
                     transfer_started.append(accuracy_of((1.0 - TRANSFER_START_WEIGHT) * transfer
                                                         + TRANSFER_START_WEIGHT * refined))
@@ -306,15 +309,17 @@ class PatientAdaptation:
         ordered = chosen[np.argsort(content_hashes(chosen), kind="stable")] if len(chosen) else chosen
         components = getattr(self, "adaptive_components_", None)
         adjust.components = None if components is None else population_starts(components)
+        # One EM serves both the own-shape fit's means and shares and the reach around them.
+        own_em = reach if shapes or self._unknown_called() else None
         if adapts:
             start = None
             if getattr(self, "adaptive_start_", "training") == "transfer" and len(ordered):
                 start = self._adjusted_proba(ordered, embedding, 50_000, adjust)  # no gaussians yet: unmixed
                 start = component_start(start, lda, ordered, components)
-            adjust.gaussians = lda.adapt(ordered, start)
-        if shapes or self._unknown_called():
-            # One EM serves both: the own-shape fit's means and shares, and the reach around them.
+            adjust.gaussians, patient = adapted_fits(lda, own_em, ordered, self._reach_margin(), start)
+        elif own_em is not None:
             patient = reach.for_patient(ordered, self._reach_margin())
+        if own_em is not None:
             adjust.shapes = (reach, patient) if shapes else None
             adjust.reach = patient if self._unknown_called() else None
         return adjust
