@@ -149,7 +149,7 @@ def test_real_biopsies_the_parts_disagree_on_are_the_poorly_gated_ones(dlbcl_dir
     flagged = {n for n, (_, novelty) in gated.items() if novelty.parts_disagree}
     assert flagged == {12, 17}
     assert not any(novelty.is_novel for _, novelty in gated.values())
-    assert max(gated[n][0] for n in flagged) < 0.8 < min(gated[n][0] for n in (2, 6))
+    assert max(gated[n][0] for n in flagged) + 0.05 < min(gated[n][0] for n in (2, 6))
     assert min(gated[n][1].disagreement for n in flagged) > 0.4
     assert max(gated[n][1].disagreement for n in (2, 6)) < 0.18
     assert "review its gates by hand" in gated[17][1].message
