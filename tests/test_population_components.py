@@ -6,6 +6,7 @@ import zipfile
 import numpy as np
 import pandas as pd
 import pytest
+from sklearn.mixture import GaussianMixture
 
 from gating_core import read_fcs
 from gating_core.fcs import Channel, Sample
@@ -82,8 +83,6 @@ def test_a_split_by_run_is_refused_where_some_patients_hold_a_tail_of_the_other_
     the second hold a tail of it where the other run has it. Each component then holds 5% of the
     population in four or five of the six patients, but only those three hold both: a split by
     run, refused. A catch-all of two clusters in every patient is accepted."""
-    from sklearn.mixture import GaussianMixture
-
     rng = np.random.default_rng(5)
     target, rest, patient_of = [], [], []
     for i, tail in enumerate([0.15, 0.1, 0.0, 0.1, 0.0, 0.0]):
