@@ -34,6 +34,10 @@ the sets where it gains or loses more than 0.1 point against the default. The ru
 - ``confidence``: each part's weight times its largest probability, per cell;
 - ``novelty-faded``: the adapted share ``w min(1, novelty)``: a patient as near the training
   patients as they are to each other leans to the transfer model.
+- ``familiar-trees``: ``(1 - t) p_default + t p_trees`` with ``t = 0.5 max(0, 1 - novelty /
+  threshold)`` where the parts disagree on less than a tenth of the cells, else 0: a patient
+  like the training ones (the novelty warning's measure, below its threshold) and gated alike by
+  both halves is where a flexible pooled model, which cannot follow a shift, is at its best.
 
 Run: ``python bench/bench_blend_parts.py run mc-pair mc-batch dlbcl-batch dlbcl-folds --out DIR``
 then ``python bench/bench_blend_parts.py score DIR``.
@@ -64,6 +68,8 @@ from gating_core.model.estimator import GatingModel  # noqa: E402
 PATIENT_SETS = {"mc-patient": "mc-batch", "dlbcl-patient": "dlbcl-batch"}
 #: A probability's floor inside the logarithm of the geometric pools.
 LOG_FLOOR = 1e-6
+#: ``familiar-trees``: the parts agree on a patient where they differ on less than this share of cells.
+FAMILIAR_AGREEMENT = 0.1
 PARTS = ("transfer", "shared", "own", "lda", "trees")
 
 
@@ -169,6 +175,20 @@ def _vote(patient):
     return np.eye(default.shape[1], dtype=np.float32)[called]
 
 
+def _disagreement(patient) -> float:
+    """The share of cells on which the transfer model and the adapted populations differ."""
+    if "shared" not in patient:
+        return 0.0
+    adapted = np.argmax(patient["shared"] + patient["own"], axis=1)
+    return float(np.mean(np.argmax(patient["transfer"], axis=1) != adapted))
+
+
+def _familiar_trees(patient):
+    familiar = max(0.0, 1.0 - float(patient["novelty"]) / float(patient["novelty_threshold"]))
+    share = 0.5 * familiar if _disagreement(patient) < FAMILIAR_AGREEMENT else 0.0
+    return (1.0 - share) * patient["default"] + share * patient["trees"]
+
+
 def _geometric_generative(patient):
     if "shared" not in patient:
         return patient["default"]
@@ -185,6 +205,7 @@ RULES = {
     "vote": _vote,
     "confidence": lambda p: _normalised(sum(w * q * q.max(axis=1, keepdims=True) for q, w in zip(*_parts(p)))),
     "novelty-faded": lambda p: _adapted_at(p, p["weight"] * min(1.0, float(p["novelty"]))),
+    "familiar-trees": _familiar_trees,
     "lda": lambda p: p["lda"],
     "trees": lambda p: p["trees"],
 }
@@ -231,12 +252,11 @@ def review_table(folders) -> pd.DataFrame:
                 if "shared" not in patient:
                     continue
                 populations = patient["populations"]
-                adapted = np.argmax(patient["shared"] + patient["own"], axis=1)
                 rows.append({"set": path.name.split("__")[0], "folder": str(folder), "patient": str(patient["name"]),
                              "method": "marginal",
                              "accuracy": float(np.mean(populations[np.argmax(patient["default"], axis=1)]
                                                        == patient["truth"])),
-                             "disagreement": float(np.mean(np.argmax(patient["transfer"], axis=1) != adapted)),
+                             "disagreement": _disagreement(patient),
                              "novelty": float(patient["novelty"]),
                              "novelty_threshold": float(patient["novelty_threshold"])
                              if "novelty_threshold" in patient else np.nan})

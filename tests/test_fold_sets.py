@@ -61,7 +61,8 @@ def test_the_blend_bench_scores_each_rule_from_the_parts_probabilities(tmp_path,
     arrays = {"populations": np.array(["a", "b"]), "weight": np.float64(weight),
               "0:transfer": transfer, "0:shared": shared, "0:own": own, "0:default": default,
               "0:lda": np.array([[0.0, 1.0]] * 3, np.float32), "0:trees": np.array([[1.0, 0.0]] * 3, np.float32),
-              "0:truth": np.array(["a", "a", "b"]), "0:name": np.array("p1"), "0:novelty": np.float64(0.5)}
+              "0:truth": np.array(["a", "a", "b"]), "0:name": np.array("p1"), "0:novelty": np.float64(0.5),
+              "0:novelty_threshold": np.float64(1.5)}
     np.savez(tmp_path / "demo__00.npz", **arrays)
     table = blend_bench.score(tmp_path, "accuracy")["demo"]
     # default, the thirds: cell 1 b (0.37 against 0.63: wrong), cell 2 a (0.7), cell 3 b (0.7).
@@ -78,6 +79,25 @@ def test_the_blend_bench_scores_each_rule_from_the_parts_probabilities(tmp_path,
     # novelty 0.5 halves the adapted share (1/3): cell 1 goes to the transfer model's a.
     assert table["novelty-faded"] == pytest.approx([1.0])
     assert blend_bench.score(tmp_path, "macro-f1")["demo"]["novelty-faded"] == pytest.approx([1.0])
+    # The parts disagree on a third of the cells: no trees for this familiar patient.
+    assert table["familiar-trees"] == table["default"]
+
+
+def test_the_blend_bench_gives_trees_to_a_familiar_patient_the_parts_agree_on(tmp_path, blend_bench):
+    # Two cells every part calls a (0.6), trees b, truth b; two patients, one near the training
+    # patients (novelty 0.3 of a threshold 1.5: trees' share 0.5 * 0.8 = 0.4, so b at 0.64) and
+    # one near the threshold (1.2: share 0.1, a stays at 0.54).
+    calls = np.array([[0.6, 0.4], [0.6, 0.4]], np.float32)
+    arrays = {"populations": np.array(["a", "b"]), "weight": np.float64(2.0 / 3.0)}
+    for p, novelty in enumerate((0.3, 1.2)):
+        arrays.update({f"{p}:{part}": calls for part in ("transfer", "shared", "own", "default", "lda")})
+        arrays.update({f"{p}:trees": np.array([[0.0, 1.0]] * 2, np.float32), f"{p}:truth": np.array(["b", "b"]),
+                       f"{p}:name": np.array(f"p{p}"), f"{p}:novelty": np.float64(novelty),
+                       f"{p}:novelty_threshold": np.float64(1.5)})
+    np.savez(tmp_path / "demo__00.npz", **arrays)
+    table = blend_bench.score(tmp_path, "accuracy")["demo"]
+    assert table["default"] == pytest.approx([0.0, 0.0])
+    assert table["familiar-trees"] == pytest.approx([1.0, 0.0])
 
 
 def test_the_blend_bench_reviews_the_parts_disagreement(tmp_path, blend_bench, capsys):
