@@ -10,6 +10,8 @@ Data sets and protocols (each a line of the tables in docs/unseen_data.md):
 - ``dlbcl-folds``: the same biopsies, 2 random folds over patients;
 - ``dlbcl-12``: 12 of the biopsies drawn at random (``--seed`` draws others), 2 random folds over
   them: six training patients a fold, as a lab starting with few gated patients has;
+- ``dlbcl-batch-4``: four biopsies of one batch drawn at random (``--seed`` draws others), every
+  biopsy of the other batch gated, both ways: a lab's few gated patients, all from one run;
 - ``sim-<seed>``: a simulated 4-center flow cohort (``simulate_centers(4, 3, seed, 6000,
   strength=2.0)``), leave one center out;
 - ``<set>+<merge>``: a real set with some of its populations merged into one, which is then no
@@ -40,15 +42,16 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gating_core.evaluation import (group_held_out_sets, leave_one_group_out, one_group_held_out_sets,  # noqa: E402
-                                    patient_fold_sets, patient_folds, summarize, train_on_one_group)
+from gating_core.evaluation import (group_held_out_sets, held_out_evaluation, leave_one_group_out,  # noqa: E402
+                                    one_group_held_out_sets, patient_fold_sets, patient_folds, summarize,
+                                    train_on_one_group)
 from gating_core.io.inputs import load_labeled_input  # noqa: E402
 from gating_core.model.result import DISAGREEMENT_THRESHOLD  # noqa: E402
 from gating_core.synthetic import simulate_centers, simulate_hard_cohort  # noqa: E402
 
 SHARED = Path(os.environ.get("GATING_SHARED_DATA", Path(__file__).resolve().parent.parent.parent / "shared" / "data"))
-SETS = ("mc-pair", "mc-batch", "dlbcl-batch", "dlbcl-folds", "dlbcl-12", "sim-11", "sim-13", "sim-14",
-        "hard-channel-scale-shift", "hard-partial-population", "hard-rare")
+SETS = ("mc-pair", "mc-batch", "dlbcl-batch", "dlbcl-folds", "dlbcl-12", "dlbcl-batch-4", "sim-11", "sim-13",
+        "sim-14", "hard-channel-scale-shift", "hard-partial-population", "hard-rare")
 
 
 def _shared(name: str, column: str):
@@ -62,6 +65,8 @@ def _shared(name: str, column: str):
 
 #: Biopsies of ``dlbcl-12``.
 SMALL_COHORT = 12
+#: Training biopsies of ``dlbcl-batch-4``, all of one batch.
+FEW_OF_ONE_BATCH = 4
 
 
 #: Population merges of the ``<set>+<merge>`` sets: label -> merged label (others kept).
@@ -118,9 +123,24 @@ def held_out_sets(name: str, groups, seed: int) -> list[list[int]]:
     name = name.split("+", 1)[0]
     if name in PATIENT_FOLDS:
         return patient_fold_sets(len(groups), 2, seed)
+    if name == "dlbcl-batch-4":
+        return [held for _, held in few_of_one_group(groups, seed)]
     if name in TRAIN_ON_ONE_GROUP:
         return one_group_held_out_sets(groups, len(groups))
     return group_held_out_sets(groups, len(groups))
+
+
+def few_of_one_group(groups, seed: int) -> list[tuple[str, list[int]]]:
+    """``dlbcl-batch-4``'s folds: for each group in order of appearance, (the group, the indices
+    of every patient but FEW_OF_ONE_BATCH of that group drawn at random). Only the other groups'
+    patients are scored (:func:`run_set`); the group's patients left out of training are not."""
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 2000]))
+    folds = []
+    for group in dict.fromkeys(groups):
+        members = [i for i, g in enumerate(groups) if g == group]
+        drawn = set(int(i) for i in rng.choice(members, FEW_OF_ONE_BATCH, replace=False))
+        folds.append((group, [i for i in range(len(groups)) if i not in drawn]))
+    return folds
 
 
 def run_set(name: str, methods, seed: int) -> pd.DataFrame | None:
@@ -132,6 +152,15 @@ def run_set(name: str, methods, seed: int) -> pd.DataFrame | None:
     name = name.split("+", 1)[0]
     if name in PATIENT_FOLDS:
         return patient_folds(samples, labels, 2, methods=methods, model_params=params, groups=groups, seed=seed)
+    if name == "dlbcl-batch-4":
+        folds = few_of_one_group(groups, seed)
+        names = [f"trained on {FEW_OF_ONE_BATCH} of {group}" for group, _ in folds]
+        table = held_out_evaluation(samples, labels, [held for _, held in folds], "few-of-one-group", methods,
+                                    params, groups=groups, names=names, refit="full")
+        group_of = {s.name: g for s, g in zip(samples, groups)}
+        trained_group = dict(zip(names, (group for group, _ in folds)))
+        other = [group_of[p] != trained_group[h] for p, h in zip(table["patient"], table["held_out"])]
+        return table[other].reset_index(drop=True)
     if name in TRAIN_ON_ONE_GROUP:
         return train_on_one_group(samples, labels, groups, methods=methods, model_params=params)
     return leave_one_group_out(samples, labels, groups, methods=methods, model_params=params)

@@ -43,6 +43,21 @@ def test_folds_over_patients_split_every_patient_once_the_same_way_for_a_seed():
     assert [len(f) for f in patient_fold_sets(10, 3, seed=0)] == [4, 3, 3]
 
 
+def test_few_patients_of_one_batch_train_and_every_patient_of_the_other_is_held_out(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    from bench_unseen import FEW_OF_ONE_BATCH, few_of_one_group, held_out_sets
+
+    groups = ["b1"] * 18 + ["b2"] * 12
+    folds = few_of_one_group(groups, seed=0)
+    assert [group for group, _ in folds] == ["b1", "b2"]
+    for group, held in folds:
+        trained = sorted(set(range(30)) - set(held))
+        assert len(trained) == FEW_OF_ONE_BATCH == 4 and all(groups[i] == group for i in trained)
+        assert all(i in held for i, g in enumerate(groups) if g != group)
+    assert few_of_one_group(groups, seed=0) == folds and few_of_one_group(groups, seed=1) != folds
+    assert held_out_sets("dlbcl-batch-4", groups, 0) == [held for _, held in folds]
+
+
 @pytest.fixture
 def blend_bench(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
