@@ -62,6 +62,7 @@ from bench_unseen import SETS, held_out_sets, load_set, print_review  # noqa: E4
 from gating_core.evaluation import patient_scores  # noqa: E402
 from gating_core.evaluation.baselines import PooledBaseline  # noqa: E402
 from gating_core.method.adaptive_lda import AdaptiveLDA  # noqa: E402
+from gating_core.method.population_components import population_proba  # noqa: E402
 from gating_core.model.estimator import GatingModel  # noqa: E402
 
 #: One patient left out, the batches as the model's groups: the set each is drawn from.
@@ -115,9 +116,12 @@ def fit_fold(train_samples, train_labels, train_groups, held_samples, held_label
         cells, embedding, adjust = model._patient_parts(sample)
         arrays[f"{p}:transfer"] = model._proba(cells, embedding, 50_000)
         if adjust.gaussians is not None:  # weight 0: the fold's model scores the transfer model alone
-            arrays[f"{p}:shared"] = AdaptiveLDA.proba(cells, adjust.gaussians)
+            # A population split into components has a column per component: summed per population.
+            per_population = ((lambda proba: proba) if adjust.components is None else
+                              (lambda proba: population_proba(proba, adjust.components)))
+            arrays[f"{p}:shared"] = per_population(AdaptiveLDA.proba(cells, adjust.gaussians))
             reach, patient = adjust.shapes
-            arrays[f"{p}:own"] = reach.proba(cells, patient)
+            arrays[f"{p}:own"] = per_population(reach.proba(cells, patient))
         arrays[f"{p}:default"] = model._adjusted_proba(cells, embedding, 50_000, adjust)
         for kind, baseline in pooled.items():
             proba = baseline.estimator_.predict_proba(baseline.preprocessing_.standardised_cells(sample))

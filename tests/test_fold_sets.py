@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from gating_core.evaluation import group_held_out_sets, one_group_held_out_sets, patient_fold_sets
+from gating_core.fcs import Channel, Sample
 
 BENCH = Path(__file__).resolve().parent.parent / "bench"
 
@@ -136,3 +137,24 @@ def test_the_blend_bench_reviews_the_parts_disagreement(tmp_path, blend_bench, c
     printed = capsys.readouterr().out
     assert "flagged (disagreement > 0.2): 1 patients, mean accuracy 0.750" in printed
     assert "beside it, the novelty warning: 1 patients" in printed
+
+
+def test_the_blend_bench_keeps_a_split_populations_parts_per_population(blend_bench):
+    # 'rest' is two clusters with 'target' between them: the default splits it into two
+    # components, whose columns the fold file must sum, as gating does.
+    rng = np.random.default_rng(3)
+    samples, labels = [], []
+    for i in range(5):
+        k = rng.choice(3, size=1500, p=(0.4, 0.4, 0.2))
+        centres = np.array([[-4.0, 0.0], [4.0, 0.0], [rng.normal(0, 0.3), rng.normal(0, 0.3)]])
+        cells = centres[k] + rng.normal(0, 0.6, (1500, 2))
+        samples.append(Sample(f"p{i}", (cells * 100 + 1000).astype(np.float32), [Channel("FSC-A"), Channel("SSC-A")]))
+        labels.append(np.where(k == 2, "target", "rest"))
+    arrays = blend_bench.fit_fold(samples[:4], labels[:4], ["a", "a", "b", "b"], samples[4:], labels[4:], seed=0)
+    assert list(arrays["populations"]) == ["rest", "target"]
+    shared, own, transfer = arrays["0:shared"], arrays["0:own"], arrays["0:transfer"]
+    assert shared.shape == own.shape == transfer.shape == (1500, 2)
+    np.testing.assert_allclose(shared.sum(axis=1), 1.0, atol=1e-5)
+    np.testing.assert_allclose(own.sum(axis=1), 1.0, atol=1e-5)
+    weight = float(arrays["weight"])
+    np.testing.assert_allclose((1 - weight) * transfer + weight * (shared + own) / 2, arrays["0:default"], atol=1e-4)
