@@ -38,6 +38,12 @@ the sets where it gains or loses more than 0.1 point against the default. The ru
   threshold)`` where the parts disagree on less than a tenth of the cells, else 0: a patient
   like the training ones (the novelty warning's measure, below its threshold) and gated alike by
   both halves is where a flexible pooled model, which cannot follow a shift, is at its best.
+- ``own-checked``: the own-shape fit replaced by the shared-covariance fit for a patient where the
+  two name different populations for more than half of its cells (the own-shape fit then
+  followed a population elsewhere);
+- ``flagged-lda``: a quarter pooled LDA for a patient the review flags (its transfer model and
+  adapted populations disagree on more than DISAGREEMENT_THRESHOLD of its cells), where the
+  default is least sure of itself.
 
 Run: ``python bench/bench_blend_parts.py run mc-pair mc-batch dlbcl-batch dlbcl-folds --out DIR``
 then ``python bench/bench_blend_parts.py score DIR``.
@@ -63,6 +69,7 @@ from gating_core.evaluation import patient_scores  # noqa: E402
 from gating_core.evaluation.baselines import PooledBaseline  # noqa: E402
 from gating_core.method.adaptive_lda import AdaptiveLDA  # noqa: E402
 from gating_core.method.population_components import population_proba  # noqa: E402
+from gating_core.model.result import DISAGREEMENT_THRESHOLD  # noqa: E402
 from gating_core.model.estimator import GatingModel  # noqa: E402
 
 #: One patient left out, the batches as the model's groups: the set each is drawn from.
@@ -71,6 +78,8 @@ PATIENT_SETS = {"mc-patient": "mc-batch", "dlbcl-patient": "dlbcl-batch"}
 LOG_FLOOR = 1e-6
 #: ``familiar-trees``: the parts agree on a patient where they differ on less than this share of cells.
 FAMILIAR_AGREEMENT = 0.1
+#: ``own-checked``: the share of a patient's cells on which the two generative fits may differ.
+OWN_CHECK_DISAGREEMENT = 0.5
 PARTS = ("transfer", "shared", "own", "lda", "trees")
 
 
@@ -193,6 +202,15 @@ def _familiar_trees(patient):
     return (1.0 - share) * patient["default"] + share * patient["trees"]
 
 
+def _own_checked(patient):
+    if "shared" not in patient:
+        return patient["default"]
+    differ = np.mean(np.argmax(patient["own"], axis=1) != np.argmax(patient["shared"], axis=1))
+    own = patient["shared"] if differ > OWN_CHECK_DISAGREEMENT else patient["own"]
+    w = patient["weight"]
+    return (1.0 - w) * patient["transfer"] + w * (patient["shared"] + own) / 2
+
+
 def _geometric_generative(patient):
     if "shared" not in patient:
         return patient["default"]
@@ -210,6 +228,9 @@ RULES = {
     "confidence": lambda p: _normalised(sum(w * q * q.max(axis=1, keepdims=True) for q, w in zip(*_parts(p)))),
     "novelty-faded": lambda p: _adapted_at(p, p["weight"] * min(1.0, float(p["novelty"]))),
     "familiar-trees": _familiar_trees,
+    "own-checked": _own_checked,
+    "flagged-lda": lambda p: (0.75 * p["default"] + 0.25 * p["lda"] if _disagreement(p) > DISAGREEMENT_THRESHOLD
+                              else p["default"]),
     "lda": lambda p: p["lda"],
     "trees": lambda p: p["trees"],
 }
