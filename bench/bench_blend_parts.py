@@ -104,6 +104,8 @@ def run(names, out: Path, seed: int) -> None:
                 continue
             start = time.time()
             train = [i for i in range(len(samples)) if i not in held]
+            if name == "dlbcl-batch-4":  # as bench_unseen.py scores it: the other batch only
+                held = [i for i in held if groups[i] != groups[train[0]]]
             arrays = fit_fold([samples[i] for i in train], [labels[i] for i in train], [groups[i] for i in train],
                               [samples[i] for i in held], [labels[i] for i in held], seed)
             np.savez_compressed(path, **arrays)
