@@ -267,13 +267,19 @@ def open_page(page, title):
     wait_idle(page)
 
 
-def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sample_data_dir, tmp_path,
-                                             library_with_patients):
-    page = browser.new_page(viewport={"width": 1500, "height": 2200}, accept_downloads=True)
+def open_app(browser, app_url, height=2200, downloads=True):
+    """A new page on the app, its Data page drawn and settled."""
+    page = browser.new_page(viewport={"width": 1500, "height": height}, accept_downloads=downloads)
     page.set_default_timeout(120_000)
     page.goto(app_url)
     page.get_by_role("heading", name="Data: load patients").first.wait_for()
     wait_idle(page)
+    return page
+
+
+def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sample_data_dir, tmp_path,
+                                             library_with_patients):
+    page = open_app(browser, app_url)
 
     # Data: the library's patients are listed; upload a new patient through the file input.
     upload = sample_data_dir / "new" / "new_patient_01.fcs"
@@ -440,11 +446,7 @@ def test_quadrant_gate_in_the_browser_with_its_tree_and_backgating(app_url, brow
                                                                    library_with_patients):
     """Split CD3+ cells into CD4 / CD8 quadrants with the page's controls, see the split on the
     plot, choose a quadrant in the population tree and see it back-gated on its ancestors' plots."""
-    page = browser.new_page(viewport={"width": 1500, "height": 2600})
-    page.set_default_timeout(120_000)
-    page.goto(app_url)
-    page.get_by_role("heading", name="Data: load patients").first.wait_for()
-    wait_idle(page)
+    page = open_app(browser, app_url, height=2600, downloads=False)
     open_page(page, "Gate")
     page.locator(".js-plotly-plot").first.wait_for()
 

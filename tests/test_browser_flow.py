@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 
 from gating_core.fcs import read_fcs
-from test_browser import browser, download_clicked, open_page, serving_app, wait_idle  # noqa: F401
+from test_browser import browser, download_clicked, open_app, open_page, serving_app, wait_idle  # noqa: F401
 from test_browser_real import table_rows
 
 pytestmark = pytest.mark.browser
@@ -37,11 +37,7 @@ def test_channel_scale_flow_biopsies_train_and_gate_in_the_browser(app_url, brow
     from gating_core.io.gated_table import read_gated_csv
     from gating_core.library import PatientLibrary
 
-    page = browser.new_page(viewport={"width": 1500, "height": 2200}, accept_downloads=True)
-    page.set_default_timeout(120_000)
-    page.goto(app_url)
-    page.get_by_role("heading", name="Data: load patients").first.wait_for()
-    wait_idle(page)
+    page = open_app(browser, app_url)
     files = [dlbcl_dir / f"{s}.{ext}" for s in TRAINING for ext in ("fcs", "labels.csv")] + [dlbcl_dir / f"{NEW}.fcs"]
     page.locator("input[type=file]").first.set_input_files([str(f) for f in files])
     new_sample = read_fcs(dlbcl_dir / f"{NEW}.fcs")

@@ -20,7 +20,7 @@ import pytest
 
 from gating_core.fcs import read_fcs
 from test_browser import (add_gate, add_quadrants, choose, choose_patiently, download_clicked, lasso,  # noqa: F401
-                          open_page, browser, serving_app, type_into, wait_idle)  # browser: a fixture
+                          open_app, open_page, browser, serving_app, type_into, wait_idle)  # browser: a fixture
 
 pytestmark = pytest.mark.browser
 
@@ -82,11 +82,7 @@ def test_review_loop_on_real_samples_counts_agree_everywhere(app_url, browser, a
                                                              tmp_path):
     from gating_core.reports.plotting import display_range
 
-    page = browser.new_page(viewport={"width": 1500, "height": 2200}, accept_downloads=True)
-    page.set_default_timeout(120_000)
-    page.goto(app_url)
-    page.get_by_role("heading", name="Data: load patients").first.wait_for()
-    wait_idle(page)
+    page = open_app(browser, app_url)
 
     # Data: three labeled samples and a new one, in one drop.
     files = [multicenter_dir / f"{s}.{ext}" for s in TRAINING for ext in ("fcs", "labels.csv")]
