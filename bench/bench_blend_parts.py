@@ -19,6 +19,11 @@ each patient left out, the batches given to training as its groups.
 and adapted populations disagree (gating's review flag), over every held-out patient of the
 folders (several: other seeds' runs of the same sets).
 
+``parts DIR ...``: what a reviewer gets who gates a patient with each part alone and keeps the
+better gating (``gate --part``, the Auto-gate page's comparison): per held-out patient the
+default's accuracy, the transfer model's alone, the adapted populations' alone and the best of the
+three, flagged patients apart from the others.
+
 ``score DIR [--metric macro-f1]``: mean / worst patient per set for each rule, then per rule
 the sets where it gains or loses more than 0.1 point against the default. The rules:
 
@@ -290,6 +295,53 @@ def review_table(folders) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+#: ``parts``: the gatings a reviewer compares, each patient's probabilities of one.
+REVIEW_ALTERNATIVES = {"default": lambda p: p["default"], "transfer": lambda p: p["transfer"],
+                       "adapted": lambda p: p["shared"] + p["own"]}
+
+
+def parts_table(folders) -> pd.DataFrame:
+    """Every held-out patient of ``run`` folders with both adapted fits: its set, whether the
+    review flags it, and the accuracy of each of :data:`REVIEW_ALTERNATIVES` and of the best."""
+    rows = []
+    for folder in folders:
+        for path in sorted(Path(folder).glob("*.npz")):
+            for patient in patients(path):
+                if "shared" not in patient:
+                    continue
+                populations = patient["populations"]
+                row = {"set": path.name.split("__")[0], "patient": str(patient["name"]),
+                       "flagged": _disagreement(patient) > DISAGREEMENT_THRESHOLD}
+                for name, proba in REVIEW_ALTERNATIVES.items():
+                    row[name] = float(np.mean(populations[np.argmax(proba(patient), axis=1)] == patient["truth"]))
+                row["best"] = max(row[name] for name in REVIEW_ALTERNATIVES)
+                rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def print_parts(table: pd.DataFrame, poor: float = 0.8) -> None:
+    columns = [*REVIEW_ALTERNATIVES, "best"]
+    with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
+        for name, rows in (("flagged", table[table["flagged"]]), ("not flagged", table[~table["flagged"]])):
+            if rows.empty:
+                continue
+            print(f"== {name}: {len(rows)} patients; mean / worst accuracy")
+            print("  " + "  ".join(f"{c} {rows[c].mean():.3f} / {rows[c].min():.3f}" for c in columns))
+            for c in REVIEW_ALTERNATIVES:
+                if c != "default":
+                    better = rows[c] > rows["default"] + 0.01
+                    gain = (rows.loc[better, c] - rows.loc[better, "default"]).mean() if better.any() else 0.0
+                    print(f"  {c} alone beats the default by more than a point on {int(better.sum())} "
+                          f"(by {gain:.3f} on average)")
+            low = rows["default"] < poor
+            print(f"  gated below {poor} by the default: {int(low.sum())}; the best part lifts "
+                  f"{int((low & (rows['best'] >= poor)).sum())} of them to {poor} or more")
+        flagged = table[table["flagged"]]
+        if len(flagged):
+            print("per set, flagged patients: default -> best")
+            print(flagged.groupby("set")[["default", "best"]].agg(["count", "mean", "min"]).to_string())
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -304,7 +356,17 @@ def main(argv=None) -> int:
     reviewing = commands.add_parser("review", help="the default's accuracy against its parts' disagreement "
                                                    "(the review flag), over one or more run folders")
     reviewing.add_argument("folders", type=Path, nargs="+")
+    comparing = commands.add_parser("parts", help="the default against each part alone and the best of them, "
+                                                  "flagged patients apart, over one or more run folders")
+    comparing.add_argument("folders", type=Path, nargs="+")
     args = parser.parse_args(argv)
+    if args.command == "parts":
+        table = parts_table(args.folders)
+        if table.empty:
+            print(f"no folds with adapted populations in {', '.join(map(str, args.folders))}", file=sys.stderr)
+            return 1
+        print_parts(table)
+        return 0
     if args.command == "run":
         run(args.sets, args.out, args.seed)
         return 0

@@ -5,9 +5,9 @@ import streamlit as st
 
 from gating_core.gates import AxisScale, Gate, GateError, safe_stem
 from gating_core.gates.agreement import flat_statistics
-from gating_core.model.result import review_flags
+from gating_core.model.result import PART_TITLES, review_flags
 from gating_core.reports.plotting import population_colors
-from ui import autogate_view, cache, charts, exports
+from ui import autogate_view, cache, charts, exports, parts_view
 from ui.app_state import (acceptance_acknowledgement, missing_model_channels, review_notice, review_worklist,
                           shape_from_selection, unknown_cells_notice, worklist_display)
 from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, model_offers,
@@ -89,7 +89,9 @@ if unknown_notice:
     st.warning(unknown_notice, icon=":material/help:")
 if record.label_source.startswith("auto-gate"):
     st.info(f"{patient} was accepted: it is a historical patient for the next training.")
+part = getattr(result, "part", None)
 st.caption(f"Auto-gated with the model **{record.result_model or 'not recorded'}**"
+           + (f", by {PART_TITLES[part]}" if part else "")
            + ("" if record.result_model == model_name else f" (the current model is {model_name})") + ".")
 
 populations = np.asarray(record.populations).astype(str)
@@ -190,7 +192,8 @@ with side_col:
             if refine:
                 from gating_core.method.refinement import refine_gating
 
-                refined = refine_gating(refine_model, sample, list(circled), list(circled.values()))
+                refined = refine_gating(refine_model, sample, list(circled), list(circled.values()),
+                                        part=part if part in refine_model.gating_parts() else None)
                 corrected, new_confidence = refined.populations, refined.confidence
             else:
                 corrected = populations.astype(object).copy()
@@ -206,6 +209,11 @@ with side_col:
                 + (f"; the refinement moved {beyond:,} further similar cells." if refine else "."))
             state.ag_chart_version += 1
             st.rerun()
+
+parts_view.parts_section(store, patient, record, model, model_name, expanded=review_flags(novelty)[1], axes={
+    "x": panel["x"], "y": panel["y"], "idx": idx, "x_scale": AxisScale.from_dict(x_scale_d),
+    "y_scale": AxisScale.from_dict(y_scale_d), "x_range": x_range, "y_range": y_range,
+    "x_title": channel_label(sample, x_ch), "y_title": channel_label(sample, y_ch), "colors": colors})
 
 st.subheader("Populations")
 stats = exports.statistics(record.populations_token, record)

@@ -381,3 +381,42 @@ def test_fit_again_defaults_to_the_training_patient_whose_gates_were_drawn(loade
     at.selectbox(key="ag_patient").set_value("new_patient_03")
     run(at)
     assert store.patients["new_patient_03"].autogates["template"] == "patient_01"
+
+
+def test_the_review_starts_again_from_the_transfer_model_alone(loaded):
+    """A calm patient (its parts agree, so the comparison starts closed): gated with each part,
+    then reviewed from the transfer model alone; the batch table and the library say so."""
+    from apptest_helpers import reload
+    from ui import exports
+
+    at = train_quick_model(loaded)
+    at = goto(at, "pages/5_autogate.py")
+    store = store_of(at)
+    at.multiselect(key=f"ag_targets_{store.current_model}").set_value([NEW])
+    at.button(key="ag_run").click()
+    at = run(at)
+    (comparison,) = [e for e in at.expander if e.label == "Compare the model's parts"]
+    assert not comparison.proto.expanded
+    model = store.models[store.current_model]
+    assert model.gating_parts() == ("transfer", "adapted")
+    at.button(key="ag_parts_run").click()
+    at = run(at)
+    record = store.patients[NEW]
+    expected = model.gate(record.sample, part="transfer")
+    (table,) = [d.value for d in at.dataframe if "under review" in d.value.columns]
+    counts = table["the transfer model alone"].drop("cells unlike the gating under review")
+    assert {k: v for k, v in counts.items() if v} == {k: v for k, v in expected.counts.items() if v}
+    assert at.radio(key=f"ag_parts_choice_{NEW}").value == ""  # the model's own gating is under review
+    at.radio(key=f"ag_parts_choice_{NEW}").set_value("transfer")
+    at = run(at)
+    at.button(key=f"ag_parts_apply_{NEW}").click()
+    at = run(at)
+    at.button(key=f"ag_parts_apply_{NEW}_confirm").click()
+    at = run(at)
+    assert record.result.part == "transfer" and record.corrected is None
+    np.testing.assert_array_equal(record.populations.astype(str), expected.populations.astype(str))
+    source = f"auto-gate ({store.current_model}, the transfer model alone)"
+    assert set(exports.batch_frame([record])["source"]) == {source}
+    assert at.radio(key=f"ag_parts_choice_{NEW}").value == "transfer"
+    again = reload(at, "pages/5_autogate.py")
+    assert store_of(again).patients[NEW].load_result().part == "transfer"

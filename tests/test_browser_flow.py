@@ -18,7 +18,7 @@ import pytest
 
 from gating_core.fcs import read_fcs
 from test_browser import browser, download_clicked, open_app, open_page, serving_app, wait_idle  # noqa: F401
-from test_browser_real import table_rows
+from test_browser_real import number, table_rows
 
 pytestmark = pytest.mark.browser
 
@@ -79,3 +79,30 @@ def test_channel_scale_flow_biopsies_train_and_gate_in_the_browser(app_url, brow
     np.testing.assert_array_equal(np.asarray(populations).astype(str), gated)
     assert exported.pnn == new_sample.pnn
     np.testing.assert_array_equal(exported.events, new_sample.events)
+
+    # The model's parts, each alone: the reviewer compares them and starts the review from the
+    # patient's own populations; the library keeps that gating and which part made it.
+    page.get_by_text("Compare the model's parts").click()
+    page.get_by_role("button", name="Gate with each part alone").click()
+    page.get_by_text("Start the review from").wait_for(timeout=600_000)
+    wait_idle(page)
+    comparison = page.locator("[data-testid=stDataFrame]").filter(has_text="under review").first
+    comparison.locator("table tbody tr td").first.wait_for(state="attached")
+    counts = table_rows(comparison)
+    assert list(counts.columns)[1:] == ["under review", "the transfer model alone",
+                                        "the patient's own populations alone"]
+    page.get_by_text("the patient's own populations alone", exact=True).last.click()
+    wait_idle(page)
+    page.get_by_role("button", name="Review from the patient's own populations alone…").click()
+    wait_idle(page)
+    page.get_by_role("button", name="Replace the gating under review").click()
+    page.get_by_text(re.compile(r"by the patient's own populations alone")).first.wait_for(timeout=300_000)
+    wait_idle(page)
+    page.screenshot(path=str(artifacts_dir / "flow_4_parts.png"), full_page=True)
+    stored = PatientLibrary(tmp_path / "library").load_gate_result(NEW)
+    assert stored.details["part"] == "adapted"
+    adapted = np.asarray(stored.populations).astype(str)
+    assert np.mean(adapted == truth) > 0.85
+    shown = counts.set_index(counts.columns[0])["the patient's own populations alone"]
+    for population in np.unique(adapted):
+        assert number(shown[population]) == int((adapted == population).sum())

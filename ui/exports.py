@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import streamlit as st
 
+from gating_core.model.result import PART_TITLES
 from gating_core.reports.plotting import population_table
 from ui.app_state import zip_files
 
@@ -113,7 +114,9 @@ def _population_entry(record) -> dict:
     tree = _gates_of(record)
     entry = {"patient": record.name, "populations": record.populations, "sample": record.sample}
     if result is not None:
-        entry.update(confidence=_confidence(record), source=f"auto-gate ({record.result_model or 'model'})"
+        part = getattr(result, "part", None)
+        entry.update(confidence=_confidence(record), source=f"auto-gate ({record.result_model or 'model'}"
+                     + (f", {PART_TITLES[part]}" if part else "") + ")"
                      + (", reviewed" if record.corrected is not None else ""))
     else:
         entry["source"] = f"labels ({record.label_source})" if record.label_source else "labels"

@@ -27,18 +27,27 @@ class StoredResult:
     counts: dict = field(default_factory=dict)
     details: dict = field(default_factory=dict)
 
+    @property
+    def part(self):
+        """The model's part that gated (``GateResult.part``), as stored; None: the model's gating."""
+        return self.details.get("part")
+
 
 def _novelty_details(result) -> dict:
+    """What a result's details keep beside its populations: its novelty and, when one part of
+    the model gated it alone, that part."""
+    part = getattr(result, "part", None)
+    details = {} if part is None else {"part": str(part)}
     novelty = getattr(result, "novelty", None)
     if novelty is None:
-        return {}
+        return details
     stored = {"score": float(novelty.score), "threshold": float(novelty.threshold),
               "is_novel": bool(novelty.is_novel), "message": str(novelty.message)}
     disagreement = getattr(novelty, "disagreement", None)
     if disagreement is not None:
         stored.update(disagreement=float(disagreement),
                       disagreement_threshold=float(novelty.disagreement_threshold))
-    return {"novelty": stored}
+    return {**details, "novelty": stored}
 
 
 class PatientRecord:

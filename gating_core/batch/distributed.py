@@ -85,7 +85,7 @@ def _load_model_cached(model_bytes: bytes, digest: str):
 
 
 def _gate_task(model_bytes: bytes, digest: str, fcs_path: str, out_dir: str, chunk_size: int,
-               format: str = "csv", include_identifying: bool = False, keep_keywords=()) -> list[dict]:
+               format: str = "csv", include_identifying: bool = False, keep_keywords=(), part=None) -> list[dict]:
     """Worker side: gate one file with the serial code path, BLAS limited to one thread."""
     from gating_core.batch.files import gate_file
 
@@ -96,7 +96,7 @@ def _gate_task(model_bytes: bytes, digest: str, fcs_path: str, out_dir: str, chu
     model = _load_model_cached(model_bytes, digest)
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     options = dict(chunk_size=chunk_size, format=format, include_identifying=include_identifying,
-                   keep_keywords=tuple(keep_keywords))
+                   keep_keywords=tuple(keep_keywords), part=part)
     if threadpool_limits is None:
         return gate_file(model, fcs_path, out_dir, **options)
     with threadpool_limits(limits=1):
@@ -185,7 +185,7 @@ def digest_files_distributed(paths, model_params: dict, workers=None, scheduler=
 
 def gate_files_distributed(model_path, fcs_paths, out_dir, workers=None, scheduler=None, chunk_size=50_000,
                            client=None, connect_timeout="30s", format: str = "csv", *,
-                           include_identifying: bool = False, keep_keywords=()) -> list[dict]:
+                           include_identifying: bool = False, keep_keywords=(), part=None) -> list[dict]:
     """Gate ``fcs_paths`` in parallel on Dask; write ``<out_dir>/<stem>.gated.csv`` per patient.
 
     Parameters
@@ -208,6 +208,8 @@ def gate_files_distributed(model_path, fcs_paths, out_dir, workers=None, schedul
     include_identifying, keep_keywords
         The keyword policy of FCS and h5ad outputs, as :func:`gating_core.batch.files.gate_file`
         takes it.
+    part : str or None
+        The model's part to gate with alone, as :func:`gating_core.batch.files.gate_file` takes it.
 
     Returns
     -------
@@ -231,7 +233,7 @@ def gate_files_distributed(model_path, fcs_paths, out_dir, workers=None, schedul
         batch = uuid.uuid4().hex
         model_future = client.scatter(model_bytes, broadcast=True, hash=False)
         futures = [client.submit(_gate_task, model_future, digest, str(Path(p).resolve()), out_dir_abs, chunk_size,
-                                 format, include_identifying, tuple(keep_keywords),
+                                 format, include_identifying, tuple(keep_keywords), part,
                                  key=f"gate-{i}-{batch}", pure=False, retries=0)
                    for i, p in enumerate(fcs_paths)]
         records = []

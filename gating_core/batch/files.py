@@ -49,7 +49,7 @@ STREAMED_FORMATS = ("csv", "parquet")
 
 
 def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, format: str = "csv", *,
-              include_identifying: bool = False, keep_keywords=()) -> list[dict]:
+              include_identifying: bool = False, keep_keywords=(), part=None) -> list[dict]:
     """Gate every data set of one FCS file; write ``<out_dir>/<stem>.gated.csv`` for each
     (``.gated.parquet`` / ``.gated.fcs`` / ``.gated.h5ad`` for the other ``format`` values of
     :func:`~gating_core.io.export.export_sample`).
@@ -61,17 +61,18 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
     ``export_sample(..., model.gate(read_fcs(...)))``. FCS and h5ad outputs need every
     population before the first byte (codes, data type) and read the patient whole; they keep
     the keywords of :func:`~gating_core.io.export.export_sample`'s policy (``include_identifying``,
-    ``keep_keywords``).
+    ``keep_keywords``). ``part``: None for the model's gating, or one of ``model.gating_parts()``
+    for that part alone (:meth:`GatingModel.gate`).
 
     Returns one record per data set: ``file``, ``patient``, ``events``, ``counts``,
-    ``novelty`` (dict), ``output`` (path), for FCS and h5ad ``dropped_keywords`` (how many
+    ``novelty`` (dict), ``output`` (path), ``part`` (when given), for FCS and h5ad ``dropped_keywords`` (how many
     keywords the export left out) or, when the file cannot be gated, ``error`` (the
     message naming the file and the problem). Never raises for a bad input file; a file that
     fails part way leaves no output file behind.
     """
     if format not in STREAMED_FORMATS:
         return _gate_file_whole(model, fcs_path, out_dir, chunk_size, format,
-                                include_identifying=include_identifying, keep_keywords=keep_keywords)
+                                include_identifying=include_identifying, keep_keywords=keep_keywords, part=part)
     fcs_path = Path(fcs_path)
     out_dir = Path(out_dir)
     try:
@@ -90,9 +91,10 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
                 def sink(start, events, codes, confidence):
                     writer.write(events, populations[codes], confidence)
 
-                result = model.gate_chunks(sample, stream.chunks, chunk_size=chunk_size, sink=sink)
+                result = model.gate_chunks(sample, stream.chunks, chunk_size=chunk_size, sink=sink, **_part(part))
             record.update(events=result.n_events, counts=result.counts, novelty=result.novelty.to_dict(),
                           output=str(output), mean_confidence=float(result.mean_confidence))
+            _add_part(record, part)
             _add_fit_cost(record, model)
         except FCSError as exc:
             message = str(exc)
@@ -103,6 +105,17 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
             record["error"] = _naming_the_file(fcs_path, exc)
         records.append(record)
     return records + _skipped_records(fcs_path, streams)
+
+
+def _part(part) -> dict:
+    """``part=`` for a model's gate / gate_chunks, given only when a part is asked for (a model of
+    one part need not take it)."""
+    return {} if part is None else {"part": part}
+
+
+def _add_part(record: dict, part) -> None:
+    if part is not None:
+        record["part"] = str(part)
 
 
 def _add_fit_cost(record: dict, model) -> None:
@@ -129,7 +142,7 @@ def _skipped_records(fcs_path: Path, data_sets) -> list[dict]:
 
 
 def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, format: str = "csv", *,
-                     include_identifying: bool = False, keep_keywords=()) -> list[dict]:
+                     include_identifying: bool = False, keep_keywords=(), part=None) -> list[dict]:
     """:func:`gate_file` reading each data set whole (FCS and h5ad outputs; the reference the
     streamed path is tested against)."""
     fcs_path = Path(fcs_path)
@@ -142,7 +155,7 @@ def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50
     for sample in samples:
         record = {"file": str(fcs_path), "patient": sample.name}
         try:
-            result = model.gate(sample, chunk_size=chunk_size)
+            result = model.gate(sample, chunk_size=chunk_size, **_part(part))
             output = out_dir / f"{output_stem(sample.name)}.gated{EXPORT_SUFFIXES[format]}"
             export_sample(output, sample, result.populations, result.confidence, format=format,
                           include_identifying=include_identifying, keep_keywords=keep_keywords)
@@ -152,6 +165,7 @@ def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50
                                             keep_keywords=keep_keywords)
             if dropped is not None:
                 record["dropped_keywords"] = dropped
+            _add_part(record, part)
             _add_fit_cost(record, model)
         except (ChannelMismatchError, FCSError, ValueError, OSError) as exc:
             record["error"] = _naming_the_file(fcs_path, exc)

@@ -9,7 +9,7 @@ from pathlib import Path
 from gating_core.commands import DEFAULT_KEYWORDS_HELP, add_keyword_options, print_json
 from gating_core.commands.model_options import IW_METHOD, _cluster_options, _fail, _usage
 from gating_core.errors import print_error
-from gating_core.model.result import review_flags, review_order
+from gating_core.model.result import GATING_PARTS, PART_TITLES, review_flags, review_order
 
 
 def register(subparsers) -> None:
@@ -32,6 +32,11 @@ def register(subparsers) -> None:
                            "population channel, or AnnData .h5ad (needs the anndata package). CSV and Parquet "
                            "carry no keywords; FCS and h5ad keep " + DEFAULT_KEYWORDS_HELP)
     add_keyword_options(gate, "an FCS or h5ad output")
+    gate.add_argument("--part", choices=GATING_PARTS,
+                      help="gate with one part of the model alone: its transfer model (the training patients' "
+                           "boundaries, extrapolated) or the patient's own populations (its clusters, adapted by "
+                           "EM). Where the two disagree a patient is flagged for review and either may be the "
+                           "right one; default: the model's own gating, which mixes them")
     gate.add_argument("--json", action="store_true",
                       help="print one JSON document (a list, one record per patient) instead of text")
     gate.add_argument("fcs", nargs="+", metavar="FCS")
@@ -71,6 +76,9 @@ def run_gate(args) -> int:
     if transductive and (args.workers or args.scheduler):
         return _fail(f"{args.model}: an {IW_METHOD} model refits for each patient and gates on this machine; "
                      "drop --workers / --scheduler")
+    if args.part is not None and args.part not in model.gating_parts():
+        return _fail(f"{args.model}: this model does not mix a transfer model with the patients' own populations, "
+                     f"so it has no part to gate with alone; drop --part {args.part}")
     out_dir = Path(args.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     if args.workers or args.scheduler:
@@ -80,7 +88,7 @@ def run_gate(args) -> int:
             records = gate_files_distributed(args.model, args.fcs, out_dir, workers=args.workers,
                                              scheduler=args.scheduler, chunk_size=args.chunk_size,
                                              format=args.format, include_identifying=args.include_identifying,
-                                             keep_keywords=args.keep_keywords)
+                                             keep_keywords=args.keep_keywords, part=args.part)
         except ClusterError as exc:
             return _fail(str(exc))
     else:
@@ -94,7 +102,8 @@ def run_gate(args) -> int:
             iterator = tqdm(args.fcs, desc="gate", unit="file", file=sys.stderr, leave=False)
         for path in iterator:
             records.extend(gate_file(model, path, out_dir, chunk_size=args.chunk_size, format=args.format,
-                                     include_identifying=args.include_identifying, keep_keywords=args.keep_keywords))
+                                     include_identifying=args.include_identifying, keep_keywords=args.keep_keywords,
+                                     part=args.part))
     failed = sum("error" in record for record in records)
     if args.json:
         print_json(records)
@@ -104,7 +113,8 @@ def run_gate(args) -> int:
             print_error(record["error"])
             continue
         counts = ", ".join(f"{name} {count:,}" for name, count in record["counts"].items())
-        print(f"{record['patient']}: {record['events']:,} events -> {record['output']}")
+        gated_by = f" (gated by {PART_TITLES[record['part']]})" if record.get("part") else ""
+        print(f"{record['patient']}: {record['events']:,} events -> {record['output']}{gated_by}")
         print(f"  {counts}")
         if "fit_seconds" in record:
             print(f"  {IW_METHOD} refit for this patient: {record['fit_seconds']:.1f} s")

@@ -121,7 +121,7 @@ def corrected_probabilities(f0, shift) -> np.ndarray:
 
 
 def refine_gating(model, sample, cells, labels, alpha=DEFAULT_ALPHA, chunk_size=50_000,
-                  base=None) -> RefinedGating:
+                  base=None, part=None) -> RefinedGating:
     """Refit one patient's gating to a reviewer's corrections (see the module's docstring).
 
     Parameters
@@ -132,13 +132,17 @@ def refine_gating(model, sample, cells, labels, alpha=DEFAULT_ALPHA, chunk_size=
     labels : array-like of str, shape (m,)  the population given to each, one of ``model.populations_``
     alpha : float > 0  lambda, the pull towards the model's own gating
     chunk_size : int  events scored at once (bounds memory)
-    base : GateResult or None  ``model.gate(sample)`` when the caller has it (saves a pass)
+    base : GateResult or None  ``model.gate(sample, part=part)`` when the caller has it (saves a pass)
+    part : str or None  the model's part the review started from (``model.gate``'s ``part``; taken
+        from ``base`` when not given): f0 is that part's probabilities
 
     Returns
     -------
     RefinedGating
     """
     model._check_fitted()
+    part = getattr(base, "part", None) if part is None else part
+    model._check_part(part)
     populations = [str(p) for p in model.populations_]
     cells = np.asarray(cells, dtype=np.int64).ravel()
     labels = np.asarray(labels).astype(str).ravel()
@@ -149,7 +153,7 @@ def refine_gating(model, sample, cells, labels, alpha=DEFAULT_ALPHA, chunk_size=
         raise ValueError(f"unknown population(s) {unknown}: the model gates {populations}")
     n_events = int(sample.n_events) if hasattr(sample, "n_events") else None
     if base is None:
-        base = model.gate(sample, chunk_size=chunk_size)
+        base = model.gate(sample, chunk_size=chunk_size, part=part)
     n = len(base.populations) if n_events is None else n_events
     if len(cells) and (cells.min() < 0 or cells.max() >= n):
         raise ValueError(f"corrected cell indices must be within 0..{n - 1}")
@@ -160,10 +164,10 @@ def refine_gating(model, sample, cells, labels, alpha=DEFAULT_ALPHA, chunk_size=
     if len(cells) == 0:
         unchanged = np.asarray(base.populations)
         return RefinedGating(unchanged, np.asarray(base.confidence, dtype=np.float32),
-                             _probabilities_of(model, sample, chunk_size), cells, 0, 0,
+                             _probabilities_of(model, sample, chunk_size, part), cells, 0, 0,
                              np.zeros((0, len(populations))))
 
-    frame = _PatientFrame(model, sample)
+    frame = _PatientFrame(model, sample, part)
     f0_corrected, phi_corrected = frame.scores_and_features(cells)
     targets = np.zeros_like(f0_corrected, dtype=np.float64)
     targets[np.arange(len(cells)), codes] = 1.0
@@ -188,8 +192,8 @@ def refine_gating(model, sample, cells, labels, alpha=DEFAULT_ALPHA, chunk_size=
                          int((changed & ~circled).sum()), coef)
 
 
-def _probabilities_of(model, sample, chunk_size):
-    frame = _PatientFrame(model, sample)
+def _probabilities_of(model, sample, chunk_size, part=None):
+    frame = _PatientFrame(model, sample, part)
     n = frame.n_events
     out = np.empty((n, len(model.populations_)), dtype=np.float32)
     for start in range(0, n, chunk_size):
@@ -203,8 +207,8 @@ class _PatientFrame:
     once from its content-chosen cells (as :meth:`GatingModel.gate` does), then f0 and the
     features of any of its events."""
 
-    def __init__(self, model, sample):
-        self.model = model
+    def __init__(self, model, sample, part=None):
+        self.model, self.part = model, part
         sample = model._compensated(sample)
         self.indices = model._channel_indices(sample)
         self.events = sample.events
@@ -216,5 +220,5 @@ class _PatientFrame:
         """f0 (the model's final probabilities, (r, k)) and phi(P_T, x) ((r, D)) of events ``rows``."""
         model = self.model
         cells = model._registered(model._standardise(self.events[rows][:, self.indices]), self.registration)
-        proba = model._adjusted_proba(cells, self.embedding, max(1, len(cells)), self.adjustment)
+        proba = model._adjusted_proba(cells, self.embedding, max(1, len(cells)), self.adjustment, self.part)
         return proba, model.classifier_._features(cells, self.embedding) if features else None

@@ -14,6 +14,7 @@ from gating_core.method.population_components import adapted_fits, component_sta
 from gating_core.method.priors import reestimate_prior, training_prior
 from gating_core.method.self_training import PatientAdjustment, self_training_coef
 from gating_core.method.unknown_cells import UNKNOWN_MARGIN, PopulationReach
+from gating_core.model.result import GATING_PARTS
 
 #: The adapted populations' share of the final probabilities (GatingModel's ``adaptive_weight``):
 #: scored on these by cross-validation over groups ("auto").
@@ -278,19 +279,31 @@ class PatientAdaptation:
         fold.training_patients_ = list(patients)
         return fold
 
-    def _adjusted_proba(self, cells, embedding, chunk_size, adjust: PatientAdjustment) -> np.ndarray:
+    def _adjusted_proba(self, cells, embedding, chunk_size, adjust: PatientAdjustment, part=None) -> np.ndarray:
         """The final probabilities of standardised (registered) cells of one patient: the blend
         (:meth:`_proba`), then ``adjust`` (its prior ratio and self-training step), then the
-        patient's adapted populations mixed in (``adaptive_weight_``)."""
+        patient's adapted populations mixed in (``adaptive_weight_``). ``part`` ("transfer" or
+        "adapted", :meth:`gating_parts`) gives that part alone."""
         weight = float(getattr(self, "adaptive_weight_", 0.0))
-        if weight >= 1.0 and adjust.gaussians is not None:
+        if part == "adapted" or (part is None and weight >= 1.0 and adjust.gaussians is not None):
             # The transfer model's share is 0: scoring it would only be multiplied away.
             return adjust.adapted(cells)
         if adjust.coef is None:
             proba = adjust(self._proba(cells, embedding, chunk_size))
         else:
             proba = adjust(*self._proba(cells, embedding, chunk_size, project=adjust.coef))
-        return adjust.mix(proba, cells, weight)
+        return proba if part == "transfer" else adjust.mix(proba, cells, weight)
+
+    def gating_parts(self) -> tuple:
+        """The parts that ``gate(..., part=...)`` can give alone: ("transfer", "adapted") when the
+        model mixes its transfer model with the patient's adapted populations (an adaptive weight
+        strictly between 0 and 1), else none. Where the two disagree on many of a patient's cells
+        it is flagged for review (:class:`~gating_core.model.result.Novelty`), and either can be
+        the right one: a reviewer compares them and starts from the better."""
+        weight = float(getattr(self, "adaptive_weight_", 0.0))
+        if getattr(self, "adaptive_lda_", None) is None or not 0.0 < weight < 1.0:
+            return ()
+        return GATING_PARTS
 
     def _patient_adjustment(self, chosen, embedding) -> PatientAdjustment:
         """What gating this patient does after the blend (:class:`~gating_core.method.self_training.PatientAdjustment`):

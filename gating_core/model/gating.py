@@ -34,12 +34,15 @@ class PatientGating:
     def _registered(cells, registration):
         return cells if registration is None else registration.transform(cells)
 
-    def gate(self, sample, chunk_size=50_000) -> GateResult:
+    def gate(self, sample, chunk_size=50_000, part=None) -> GateResult:
         """Gate one patient: population and confidence of every event, in file order.
 
         ``sample``: a :class:`~gating_core.fcs.Sample`, a ``flowkit.Sample`` or an AnnData
-        (converted by :func:`gating_core.io.interop.as_sample`)."""
+        (converted by :func:`gating_core.io.interop.as_sample`). ``part``: None for the model's
+        gating, or one of :meth:`gating_parts` for that part alone (a reviewer's alternative where
+        the parts disagree; the novelty is the same)."""
         self._check_fitted()
+        self._check_part(part)
         sample = self._compensated(sample)
         indices = self._channel_indices(sample)
         events = sample.events
@@ -58,7 +61,7 @@ class PatientGating:
         confidence = np.empty(n, dtype=np.float32)
         for start in range(0, n, chunk_size):
             cells = self._registered(self._standardise(events[start:start + chunk_size][:, indices]), registration)
-            proba = self._adjusted_proba(cells, embedding, chunk_size, adjust)
+            proba = self._adjusted_proba(cells, embedding, chunk_size, adjust, part)
             codes[start:start + len(cells)], confidence[start:start + len(cells)] = self._assign(proba, cells, adjust)
         # An object array shares one str per population: 8 bytes per event instead of 4 x the
         # longest name, which matters on files of millions of events.
@@ -67,17 +70,19 @@ class PatientGating:
         counts = np.bincount(codes, minlength=len(names)) if n else np.zeros(len(names), int)
         novelty = self.novelty(sample, embedding, self._parts_disagreement(chosen, embedding, adjust))
         return GateResult(populations, confidence, novelty, names,
-                          {name: int(c) for name, c in zip(names, counts)})
+                          {name: int(c) for name, c in zip(names, counts)}, part)
 
     def predict(self, sample) -> np.ndarray:
         """Population of every event of ``sample``: (n_events,) str."""
         return self.gate(sample).populations
 
-    def predict_proba(self, sample) -> np.ndarray:
-        """Probability of each population (columns in ``populations_`` order): (n_events, k)."""
+    def predict_proba(self, sample, part=None) -> np.ndarray:
+        """Probability of each population (columns in ``populations_`` order): (n_events, k).
+        ``part``: as in :meth:`gate`."""
         self._check_fitted()
+        self._check_part(part)
         cells, embedding, adjust = self._patient_parts(sample)
-        return self._adjusted_proba(cells, embedding, 50_000, adjust)
+        return self._adjusted_proba(cells, embedding, 50_000, adjust, part)
 
     def _patient_parts(self, sample):
         """Every event of one patient standardised and registered (n, d), its embedding Psi and

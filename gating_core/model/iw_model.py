@@ -229,10 +229,12 @@ class IWNystroemGatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator)
                        f"{self.novelty_threshold_:.1f}; nearest: {peer}).")
         return Novelty(score, self.novelty_threshold_, is_novel, peer, message)
 
-    def gate(self, sample, chunk_size=50_000) -> GateResult:
+    def gate(self, sample, chunk_size=50_000, part=None) -> GateResult:
         """Refit for this patient and gate every event (file order): a GateResult, as
-        :meth:`GatingModel.gate` returns. The same code path as a streamed file."""
+        :meth:`GatingModel.gate` returns. The same code path as a streamed file. The model is
+        one part: ``part`` must be None."""
         self._check_fitted()
+        self._check_part(part)
         sample = self._compensated(sample)
         events = sample.events
         codes = np.empty(sample.n_events, dtype=np.int16)

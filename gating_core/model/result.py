@@ -16,6 +16,14 @@ from gating_core.errors import ChannelMismatchError  # noqa: F401  (importable f
 #: accuracy and the others at 0.955; 27 of the 33 patients gated below 0.8 were beyond it
 #: (docs/unseen_data.md, "Which patients to review first").
 DISAGREEMENT_THRESHOLD = 0.2
+#: What gating can give besides the model's own mix (``gate(..., part=...)``): its transfer model
+#: alone, which extrapolates the training patients' boundaries, or the patient's adapted
+#: populations alone, which follow its own clusters. Where the two disagree the patient is
+#: flagged, and which one is right depends on the patient: a reviewer compares them.
+GATING_PARTS = ("transfer", "adapted")
+#: How the review names each part of :data:`GATING_PARTS` (None: the model's own mix).
+PART_TITLES = {None: "the model's gating", "transfer": "the transfer model alone",
+               "adapted": "the patient's own populations alone"}
 
 
 @dataclass
@@ -101,6 +109,8 @@ class GateResult:
     population_names: list = field(default_factory=list)
     counts: dict = field(default_factory=dict)
     """Events per population, every population of the model listed (zeros included)."""
+    part: str | None = None
+    """The model's part that gated (one of :data:`GATING_PARTS`), or None: the model's own mix."""
 
 
 @dataclass
@@ -113,3 +123,4 @@ class StreamedGate:
     n_events: int
     mean_confidence: float
     population_names: list = field(default_factory=list)
+    part: str | None = None

@@ -13,7 +13,7 @@ from gating_core.cpus import parallel_rows, with_blas_threads
 from gating_core.method.features import content_hashes
 from gating_core.method.prediction import SCORE_BLOCK
 from gating_core.method.self_training import PatientAdjustment
-from gating_core.model.result import StreamedGate
+from gating_core.model.result import GATING_PARTS, StreamedGate
 
 #: The population of cells beyond every training population (GatingModel's ``unknown_margin``).
 UNKNOWN = "unknown"
@@ -23,7 +23,7 @@ class StreamedGating:
     """:meth:`gate_chunks` and what it needs (a mixin of GatingModel)."""
 
     @with_blas_threads
-    def gate_chunks(self, sample, chunks, chunk_size=50_000, sink=None) -> "StreamedGate":
+    def gate_chunks(self, sample, chunks, chunk_size=50_000, sink=None, part=None) -> "StreamedGate":
         """Gate one patient whose events arrive in chunks: memory bounded by a few chunks and
         the ``embedding_cells`` content-chosen cells, whatever the number of events.
 
@@ -47,12 +47,16 @@ class StreamedGating:
         sink : callable(start, events, codes, confidence) or None
             Receives each scored chunk: the events as read (m, n_channels), the population
             codes (m,) int16 into :meth:`gated_populations` and the confidences (m,) float32.
+        part : str or None
+            None: the model's gating. One of :meth:`gating_parts`: that part of the model alone
+            (the novelty and the parts' disagreement are the patient's all the same).
 
         Returns
         -------
         StreamedGate (novelty, counts, number of events, mean confidence).
         """
         self._check_fitted()
+        self._check_part(part)
         if self.compensate and sample.has_spillover and not sample.compensated:
             raise ValueError(f"{sample.name}: gate_chunks needs compensated chunks (the model compensates)")
         indices = self._channel_indices(sample)
@@ -67,7 +71,7 @@ class StreamedGating:
             if start != seen or (len(events) != chunk_size and start + len(events) != n):
                 raise ValueError(f"{sample.name}: chunks must come in order, {chunk_size} events each")
             cells = self._registered(self._standardised_rows(events, indices), registration)
-            proba = self._adjusted_proba(cells, embedding, chunk_size, adjust)
+            proba = self._adjusted_proba(cells, embedding, chunk_size, adjust, part)
             codes, confidence = self._assign(proba, cells, adjust)
             counts += np.bincount(codes, minlength=len(names))
             total_confidence += float(confidence.sum(dtype=np.float64))
@@ -80,7 +84,22 @@ class StreamedGating:
         novelty = self.novelty(sample, embedding) if disagreement is None else self.novelty(sample, embedding,
                                                                                             disagreement)
         return StreamedGate(novelty, {p: int(c) for p, c in zip(names, counts)},
-                            n, total_confidence / n if n else 0.0, names)
+                            n, total_confidence / n if n else 0.0, names, part)
+
+    def gating_parts(self) -> tuple:
+        """The parts of the model that gating can give alone (``part=`` of :meth:`gate`): none
+        here; GatingModel's transfer model and adapted populations when it mixes both."""
+        return ()
+
+    def _check_part(self, part) -> None:
+        if part is None:
+            return
+        parts = self.gating_parts()
+        if part not in parts:
+            if not parts:
+                raise ValueError(f"part={part!r}: this model gates with one part (it mixes none of "
+                                 f"{', '.join(GATING_PARTS)}); leave part at None")
+            raise ValueError(f"part={part!r}: one of {', '.join(parts)}, or None for the model's own gating")
 
     def gated_populations(self) -> list:
         """The populations gating gives, in code order: ``populations_``, then ``"unknown"``
@@ -120,8 +139,9 @@ class StreamedGating:
         (one part); GatingModel measures its transfer model against the adapted populations."""
         return None
 
-    def _adjusted_proba(self, cells, frame, chunk_size, adjust: PatientAdjustment) -> np.ndarray:
-        """The model's probabilities of a chunk's cells (``_proba``), then ``adjust``."""
+    def _adjusted_proba(self, cells, frame, chunk_size, adjust: PatientAdjustment, part=None) -> np.ndarray:
+        """The model's probabilities of a chunk's cells (``_proba``), then ``adjust`` (one part:
+        ``part`` is None)."""
         return adjust(self._proba(cells, frame, chunk_size))
 
     def _standardised_rows(self, events, indices) -> np.ndarray:
