@@ -139,6 +139,29 @@ def test_the_blend_bench_reviews_the_parts_disagreement(tmp_path, blend_bench, c
     assert "beside it, the novelty warning: 1 patients" in printed
 
 
+def test_the_blend_bench_scores_each_part_alone_and_the_best(tmp_path, blend_bench, capsys):
+    # The transfer model calls a, a, b, b; the adapted fits (their mean) b, a, b, a; the fold's
+    # default a everywhere; the truth b, a, b, b.
+    transfer = np.array([[0.9, 0.1], [0.8, 0.2], [0.1, 0.9], [0.3, 0.7]], np.float32)
+    shared = np.array([[0.2, 0.8], [0.9, 0.1], [0.1, 0.9], [0.9, 0.1]], np.float32)
+    own = np.array([[0.3, 0.7], [0.7, 0.3], [0.3, 0.7], [0.7, 0.3]], np.float32)
+    arrays = {"populations": np.array(["a", "b"]), "weight": np.float64(2.0 / 3.0),
+              "0:transfer": transfer, "0:shared": shared, "0:own": own,
+              "0:default": np.array([[0.6, 0.4]] * 4, np.float32), "0:truth": np.array(["b", "a", "b", "b"]),
+              "0:name": np.array("p1"), "0:novelty": np.float64(0.5), "0:novelty_threshold": np.float64(1.5)}
+    np.savez(tmp_path / "demo__00.npz", **arrays)
+    table = blend_bench.parts_table([tmp_path])
+    row = table.iloc[0]
+    assert bool(row["flagged"])  # they disagree on half the cells
+    assert (row["default"], row["transfer"], row["adapted"], row["best"]) == pytest.approx((0.25, 0.75, 0.75, 0.75))
+    assert blend_bench.main(["parts", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert "== flagged: 1 patients; mean / worst accuracy" in printed
+    assert "default 0.250 / 0.250  transfer 0.750 / 0.750  adapted 0.750 / 0.750  best 0.750 / 0.750" in printed
+    assert "transfer alone beats the default by more than a point on 1 (by 0.500 on average)" in printed
+    assert "gated below 0.8 by the default: 1; the best part lifts 0 of them" in printed
+
+
 def test_the_blend_bench_keeps_a_split_populations_parts_per_population(blend_bench):
     # 'rest' is two clusters with 'target' between them: the default splits it into two
     # components, whose columns the fold file must sum, as gating does.
