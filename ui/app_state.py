@@ -248,7 +248,8 @@ def review_notice(patient: str, novelty) -> tuple[str, str] | None:
         return "warning", f"**{patient} is unlike the training patients.** {get('message')}"
     if disagree:
         return "warning", (f"**The model's parts disagree on {patient}.** {parts} Patients with this much "
-                           "disagreement were gated less accurately: review its gates by hand.")
+                           "disagreement were gated less accurately: review its gates by hand, and compare the two parts "
+                           "(below) to start from the one that looks right.")
     return "success", " ".join(
         [f"{patient} resembles the training patients (novelty score {float(get('score')):.2f}, threshold "
          f"{float(get('threshold')):.2f})."] + ([parts] if parts else []))
