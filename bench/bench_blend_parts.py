@@ -301,13 +301,14 @@ REVIEW_ALTERNATIVES = {"default": lambda p: p["default"], "transfer": lambda p: 
 
 
 def parts_table(folders) -> pd.DataFrame:
-    """Every held-out patient of ``run`` folders with both adapted fits: its set, whether the
-    review flags it, and the accuracy of each of :data:`REVIEW_ALTERNATIVES` and of the best."""
+    """Every held-out patient of ``run`` folders whose model mixes both parts (a weight strictly
+    between 0 and 1: where ``gate --part`` can give each): its set, whether the review flags it,
+    and the accuracy of each of :data:`REVIEW_ALTERNATIVES` and of the best."""
     rows = []
     for folder in folders:
         for path in sorted(Path(folder).glob("*.npz")):
             for patient in patients(path):
-                if "shared" not in patient:
+                if "shared" not in patient or not 0.0 < patient["weight"] < 1.0:
                     continue
                 populations = patient["populations"]
                 row = {"set": path.name.split("__")[0], "patient": str(patient["name"]),

@@ -210,7 +210,7 @@ with side_col:
             state.ag_chart_version += 1
             st.rerun()
 
-parts_view.parts_section(store, patient, record, model, model_name, expanded=review_flags(novelty)[1], axes={
+parts_view.parts_section(store, patient, record, expanded=review_flags(novelty)[1], axes={
     "x": panel["x"], "y": panel["y"], "idx": idx, "x_scale": AxisScale.from_dict(x_scale_d),
     "y_scale": AxisScale.from_dict(y_scale_d), "x_range": x_range, "y_range": y_range,
     "x_title": channel_label(sample, x_ch), "y_title": channel_label(sample, y_ch), "colors": colors})

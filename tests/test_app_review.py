@@ -406,17 +406,27 @@ def test_the_review_starts_again_from_the_transfer_model_alone(loaded):
     (table,) = [d.value for d in at.dataframe if "under review" in d.value.columns]
     counts = table["the transfer model alone"].drop("cells unlike the gating under review")
     assert {k: v for k, v in counts.items() if v} == {k: v for k, v in expected.counts.items() if v}
-    assert at.radio(key=f"ag_parts_choice_{NEW}").value == ""  # the model's own gating is under review
-    at.radio(key=f"ag_parts_choice_{NEW}").set_value("transfer")
+
+    def choice():
+        return at.radio(key=f"ag_parts_choice_{NEW}_{record.result_token}")
+
+    assert choice().value == ""  # the model's own gating is under review
+    choice().set_value("transfer")
     at = run(at)
-    at.button(key=f"ag_parts_apply_{NEW}").click()
+    token = record.result_token
+    at.button(key=f"ag_parts_apply_{NEW}_{token}").click()
     at = run(at)
-    at.button(key=f"ag_parts_apply_{NEW}_confirm").click()
+    at.button(key=f"ag_parts_apply_{NEW}_{token}_confirm").click()
     at = run(at)
     assert record.result.part == "transfer" and record.corrected is None
     np.testing.assert_array_equal(record.populations.astype(str), expected.populations.astype(str))
     source = f"auto-gate ({store.current_model}, the transfer model alone)"
     assert set(exports.batch_frame([record])["source"]) == {source}
-    assert at.radio(key=f"ag_parts_choice_{NEW}").value == "transfer"
+    assert choice().value == "transfer"
     again = reload(at, "pages/5_autogate.py")
     assert store_of(again).patients[NEW].load_result().part == "transfer"
+    # gated again by the model: the comparison starts from the model's own gating again
+    at.button(key="ag_run").click()
+    at = run(at)
+    assert record.result.part is None and choice().value == ""
+    assert not any(b.label.startswith("Review from") for b in at.button)

@@ -315,11 +315,12 @@ def test_the_review_starts_again_from_the_patients_own_populations(library, dlbc
     (table,) = [d.value for d in at.dataframe if "under review" in d.value.columns]
     assert table.loc["cells unlike the gating under review", "under review"] == 0
     assert table.loc["cells unlike the gating under review", "the transfer model alone"] > 0.3 * sample.n_events
-    at.radio(key="ag_parts_choice_dlbcl_16").set_value("adapted")
+    token = store.patients["dlbcl_16"].result_token
+    at.radio(key=f"ag_parts_choice_dlbcl_16_{token}").set_value("adapted")
     at.run()
-    at.button(key="ag_parts_apply_dlbcl_16").click()
+    at.button(key=f"ag_parts_apply_dlbcl_16_{token}").click()
     at.run()
-    at.button(key="ag_parts_apply_dlbcl_16_confirm").click()
+    at.button(key=f"ag_parts_apply_dlbcl_16_{token}_confirm").click()
     at.run()
     assert not at.exception and not at.error
     record = store.patients["dlbcl_16"]
@@ -331,3 +332,11 @@ def test_the_review_starts_again_from_the_patients_own_populations(library, dlbc
     stored = store_of(again).patients["dlbcl_16"]
     assert stored.load_result().part == "adapted"
     np.testing.assert_array_equal(stored.populations.astype(str), record.populations.astype(str))
+
+
+def test_gating_files_with_a_part_the_model_lacks_is_one_error_not_one_per_file(sample_model, tmp_path):
+    from gating_core.batch.files import gate_file
+
+    with pytest.raises(ValueError, match="part='shared'"):
+        gate_file(sample_model, SAMPLE_DATA / "new" / "new_patient_01.fcs", tmp_path, part="shared")
+    assert not list(tmp_path.iterdir())

@@ -34,22 +34,21 @@ def part_counts(current, gatings: dict) -> pd.DataFrame:
     return table
 
 
-def source_model(store, record, model):
-    """The model that gated the record (its result's model), else ``model``."""
-    return store.models.get(record.result_model, model)
-
-
-def parts_section(store, patient: str, record, model, model_label: str, expanded: bool, axes: dict) -> None:
+def parts_section(store, patient: str, record, expanded: bool, axes: dict) -> None:
     """The expander comparing the model's parts on ``patient``: gate it with each part alone
     (on request: a full gating each), show them beside the gating under review on the page's
     axes (``axes``: x, y, idx, the scales, ranges, titles and colours of the main chart), count
     each one's populations, and start the review from the chosen one (corrections so far are
-    dropped, after a confirmation)."""
-    gater = source_model(store, record, model)
-    parts = tuple(gater.gating_parts())
+    dropped, after a confirmation). The parts are those of the model that gated the patient."""
     result = record.load_result()
+    gater = store.models.get(record.result_model)
     current_part = getattr(result, "part", None)
     with st.expander("Compare the model's parts", expanded=expanded):
+        if gater is None:
+            st.caption(f"The model that gated {patient} ({record.result_model or 'not recorded'}) is not loaded: "
+                       "gate it again with a loaded model to compare that model's parts.")
+            return
+        parts = tuple(gater.gating_parts())
         if not parts:
             st.caption("This model gates with one part: there is nothing to compare.")
             return
@@ -58,13 +57,18 @@ def parts_section(store, patient: str, record, model, model_label: str, expanded
                    "wherever they moved. Where they disagree on many cells, either can be the right one: gate "
                    "with each alone, compare them on the plot, and start the review from the one that is right.")
         state = st.session_state
-        key = (patient, record.result_model, record.token)
+        # the model object, not only its label: a model loaded again under the same label is another
+        key = (patient, record.result_model, id(gater), record.token)
         stored = state.get(PARTS_KEY)
         gatings = stored["gatings"] if stored is not None and stored["key"] == key else None
         if gatings is None:
             if st.button("Gate with each part alone", key="ag_parts_run"):
-                with st.spinner(f"Gating {patient} with each part…"):
-                    gatings = {part: gater.gate(record.sample, part=part) for part in parts}
+                try:
+                    with st.spinner(f"Gating {patient} with each part…"):
+                        gatings = {part: gater.gate(record.sample, part=part) for part in parts}
+                except Exception as exc:  # noqa: BLE001 - shown on the page, as auto-gating's failures are
+                    st.error(f"{patient}: gating with each part failed ({exc})")
+                    return
                 state[PARTS_KEY] = {"key": key, "gatings": gatings}
             else:
                 return
@@ -85,22 +89,28 @@ def parts_section(store, patient: str, record, model, model_label: str, expanded
         # "" for the model's own gating: a radio's options are its labels' keys
         options = ["", *gatings]
         chosen = st.radio("Start the review from", options, index=options.index(current_part or ""),
-                          format_func=lambda p: PART_TITLES[p or None], key=f"ag_parts_choice_{patient}",
+                          format_func=lambda p: PART_TITLES[p or None], key=f"ag_parts_choice_{patient}_{record.result_token}",
                           horizontal=True)
         choice = chosen or None
         if choice == current_part and record.corrected is None:
             st.caption(f"The review starts from {PART_TITLES[choice]}.")
             return
         corrected = record.corrected is not None
-        if confirm_action(f"ag_parts_apply_{patient}", f"Review from {PART_TITLES[choice]}…",
+        # keyed by the result too: a choice or an armed confirmation does not outlive the gating it was
+        # made on (a new auto-gating, a correction, another part)
+        if confirm_action(f"ag_parts_apply_{patient}_{record.result_token}", f"Review from {PART_TITLES[choice]}…",
                           "Replace the gating under review",
                           lambda: st.markdown(
                               f"**{patient}** will be gated by {PART_TITLES[choice]}"
                               + (": the cells corrected by hand so far go back to it." if corrected else ".")
                               + " Accept the patient afterwards to make it its labels."),
                           help="Replaces the populations under review; nothing is accepted yet."):
-            replacement = gatings[choice] if choice is not None else gater.gate(record.sample)
-            store.set_result(patient, replacement, record.result_model or model_label)
+            try:
+                replacement = gatings[choice] if choice is not None else gater.gate(record.sample)
+            except Exception as exc:  # noqa: BLE001
+                st.error(f"{patient}: gating failed ({exc})")
+                return
+            store.set_result(patient, replacement, record.result_model)
             state.get("ag_circled", {}).pop(patient, None)
             state["ag_chart_version"] = state.get("ag_chart_version", 0) + 1
             st.rerun()

@@ -62,7 +62,7 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
     population before the first byte (codes, data type) and read the patient whole; they keep
     the keywords of :func:`~gating_core.io.export.export_sample`'s policy (``include_identifying``,
     ``keep_keywords``). ``part``: None for the model's gating, or one of ``model.gating_parts()``
-    for that part alone (:meth:`GatingModel.gate`).
+    for that part alone (:meth:`GatingModel.gate`; any other raises ValueError before a file is read).
 
     Returns one record per data set: ``file``, ``patient``, ``events``, ``counts``,
     ``novelty`` (dict), ``output`` (path), ``part`` (when given), for FCS and h5ad ``dropped_keywords`` (how many
@@ -70,6 +70,8 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
     message naming the file and the problem). Never raises for a bad input file; a file that
     fails part way leaves no output file behind.
     """
+    if part is not None:
+        model._check_part(part)  # a wrong part is the caller's error, not each file's
     if format not in STREAMED_FORMATS:
         return _gate_file_whole(model, fcs_path, out_dir, chunk_size, format,
                                 include_identifying=include_identifying, keep_keywords=keep_keywords, part=part)
