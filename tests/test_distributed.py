@@ -193,3 +193,23 @@ def test_unreachable_scheduler_is_a_clear_error(batch, tmp_path):
         gate_files_distributed(batch["model_path"], batch["good"][:1], tmp_path, scheduler="tcp://127.0.0.1:9",
                                connect_timeout="1s")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_cluster_gates_with_one_part_as_the_serial_path_does(batch, client, tmp_path):
+    assert batch["model"].gating_parts() == ("transfer", "adapted")
+    paths = batch["good"][:2]
+    records = gate_files_distributed(batch["model_path"], paths, tmp_path / "cluster", chunk_size=CHUNK,
+                                     client=client, part="adapted")
+    assert [r.get("part") for r in records] == ["adapted", "adapted"]
+    serial = tmp_path / "serial"
+    serial.mkdir()
+    for path in paths:
+        assert "error" not in gate_file(batch["model"], path, serial, chunk_size=CHUNK, part="adapted")[0]
+    assert _csv_bytes(tmp_path / "cluster") == _csv_bytes(serial)
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    _serial(batch, paths, mixed)
+    assert _csv_bytes(mixed) != _csv_bytes(serial)  # the part alone is another gating here
+    with pytest.raises(ValueError, match="part='lda'"):
+        gate_files_distributed(batch["model_path"], paths, tmp_path / "none", client=client, part="lda")
+    assert not (tmp_path / "none").exists()

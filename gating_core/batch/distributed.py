@@ -209,7 +209,8 @@ def gate_files_distributed(model_path, fcs_paths, out_dir, workers=None, schedul
         The keyword policy of FCS and h5ad outputs, as :func:`gating_core.batch.files.gate_file`
         takes it.
     part : str or None
-        The model's part to gate with alone, as :func:`gating_core.batch.files.gate_file` takes it.
+        The model's part to gate with alone, as :func:`gating_core.batch.files.gate_file` takes it
+        (a name not of ``GATING_PARTS`` raises ValueError before anything runs).
 
     Returns
     -------
@@ -223,6 +224,11 @@ def gate_files_distributed(model_path, fcs_paths, out_dir, workers=None, schedul
     ClusterError
         When the scheduler cannot be reached or ``workers`` is below 1.
     """
+    if part is not None:
+        from gating_core.model.result import GATING_PARTS
+
+        if part not in GATING_PARTS:  # the caller's error, not each file's (the model checks the rest)
+            raise ValueError(f"part={part!r}: one of {', '.join(GATING_PARTS)}, or None for the model's own gating")
     model_bytes = Path(model_path).read_bytes()
     digest = hashlib.sha256(model_bytes).hexdigest()
     fcs_paths = [str(p) for p in fcs_paths]
