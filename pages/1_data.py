@@ -8,7 +8,7 @@ import streamlit as st
 
 from gating_core.reports import qc
 from ui import cache, exports
-from ui.app_state import channel_presence
+from ui.app_state import channel_presence, some_names, unrelated_panels
 from ui.common import SAMPLE_DATA, channel_label, get_store, refresh_status, show_messages
 from ui.ingest import ingest_files, load_folder
 from ui.loading import CLASH_CHOICES, autoload_sample_data, resolve_clashes, take_report
@@ -138,8 +138,17 @@ if mismatched.empty:
                                    "range ($PnR)": [c.range for c in first.channels]}),
                      hide_index=True)
 else:
-    st.warning(f"{len(mismatched)} channel names differ between patients. Match them below so the same "
-               "marker has the same name everywhere (training and auto-gating use the shared channels).")
+    panels = unrelated_panels({n: p.channel_names for n, p in store.patients.items()})
+    if len(panels) > 1:
+        st.warning("These patients hold panels that share no channel name: "
+                   + "; ".join(f"{some_names(panel)} ({len(store.patients[panel[0]].channel_names)} channels)"
+                               for panel in panels)
+                   + ". A model learns from and gates the patients of one panel (Train picks the panel of the "
+                     "most labeled patients). Rename channels below only where the same marker carries "
+                     "another name.")
+    else:
+        st.warning(f"{len(mismatched)} channel names differ between patients. Match them below so the same "
+                   "marker has the same name everywhere (training and auto-gating use the shared channels).")
     samples_by_channel = {c: next(p.sample for p in store.patients.values() if c in p.channel_names)
                           for c in presence.index}
     shown = mismatched.replace({True: "✓", False: "—"})
@@ -149,11 +158,13 @@ else:
     patient = cols[0].selectbox("In patient", list(store.patients), key="rename_patient")
     channel = cols[1].selectbox("rename channel", store.patients[patient].channel_names, key="rename_from",
                                 format_func=lambda c: channel_label(store.patients[patient].sample, c))
-    target = cols[2].selectbox("to", list(presence.index), key="rename_to",
+    # a name the chosen patient lacks: renaming to one it has would clash
+    lacking = [c for c in presence.index if c not in set(store.patients[patient].channel_names)]
+    target = cols[2].selectbox("to", lacking, key="rename_to",
                                format_func=lambda c: channel_label(samples_by_channel[c], c),
                                help="A name the other patients use.")
     cols[3].write("")
-    if cols[3].button("Rename channel", key="rename_button"):
+    if cols[3].button("Rename channel", key="rename_button", disabled=target is None):
         try:
             store.rename_channels(patient, {channel: target})
             st.rerun()

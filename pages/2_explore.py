@@ -31,7 +31,8 @@ records = [store.patients[n] for n in chosen]
 samples = [r.sample for r in records]
 channels = common_channels(samples)
 if len(channels) < 1:
-    st.error("These patients share no channel names; match them on the Data page.")
+    st.error("These patients share no channel name: they hold different panels. Pick patients of one "
+             "panel, or match names on the Data page where a marker carries another name.")
     st.stop()
 first = samples[0]
 xi, yi = default_xy(channels)

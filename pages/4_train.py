@@ -16,8 +16,8 @@ from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcom
 from ui.jobs import DONE, format_seconds, jobs_for
 from ui.model_transforms import model_transforms, transform_choices
 from ui.training import (DEFAULT_DICA_COMPONENTS, DICA_LABELS, IW_METHOD, KERNEL_LABELS, LOSS_LABELS, METHOD_LABELS,
-                         check_matches_model, is_transductive, method_label, method_params, model_class, model_kind,
-                         start_check, start_training, training_settings)
+                         check_differences, check_matches_model, is_transductive, method_label, method_params,
+                         model_class, model_kind, start_check, start_training, training_settings)
 from ui.models import load_model_bytes, model_bytes, model_channel_labels
 
 store = get_store()
@@ -278,8 +278,11 @@ if table is not None and len(table):
         st.info("This check measured marginal transfer, pooling and LDA, not the current model "
                 "(importance-weighted Nystroem, which the check does not offer).")
     elif belongs is False:
-        st.info("This check was run on other patients, populations or settings than the current model's: "
-                "run it again to check the current model.")
+        differences = check_differences(record, store.models[store.current_model])
+        st.info("This check does not describe the current model"
+                + (f": {'; '.join(differences)}" if differences else "")
+                + ". It measured the patients and settings chosen above: train a model with them for the "
+                  "check to apply to it, or choose the model's patients and settings and run the check again.")
     protocols = list(dict.fromkeys(table["protocol"])) if "protocol" in table.columns else []
     if len(protocols) > 1:
         protocol = st.radio("Protocol", protocols, key="check_protocol", horizontal=True,

@@ -73,8 +73,15 @@ with st.expander(f"Gated patients: {flagged} of {len(gated)} to review first" if
                "populations name different populations; above 20% the patient is flagged, as patients gated "
                "less accurately were. Novelty: its distance to the nearest training patient.")
 to_review = set(worklist.loc[worklist["review"] != "", "patient"])
+# The picker starts at the first patient to review, and keeps the reviewer's choice when they
+# come back from another page (Streamlit drops a widget's state with its page).
+if state.get("ag_patient") not in gated:
+    kept = state.get("ag_patient_kept")
+    first = next((n for n in worklist["patient"] if n in to_review), gated[0])
+    state["ag_patient"] = kept if kept in gated else first
 patient = st.selectbox("Review patient", gated, key="ag_patient",
                        format_func=lambda n: f"{n} · to review" if n in to_review else n)
+state["ag_patient_kept"] = patient
 record = store.patients[patient]
 result = record.load_result()
 sample = record.sample
@@ -188,6 +195,7 @@ with side_col:
                               key="ag_to")
         if st.button(f"Reassign {int(inside.sum()):,} cells" + (f" to {to_pop}" if to_pop else ""),
                      key="ag_reassign", disabled=to_pop is None):
+            already = int((populations[inside] == to_pop).sum())
             circled.update({int(i): to_pop for i in np.flatnonzero(inside)})
             if refine:
                 from gating_core.method.refinement import refine_gating
@@ -201,12 +209,15 @@ with side_col:
                 new_confidence = confidence.copy()
                 new_confidence[inside] = 1.0
             beyond = int(((np.asarray(corrected).astype(str) != populations) & ~inside).sum())
+            autogate_view.before_correction(record)
             store.correct(patient, corrected, new_confidence)
+            gates_note = autogate_view.after_correction(store, patient, pop_names)
             state["ag_circled"][patient] = circled
             state.pop("ag_pending_shape", None)
             state["ag_correct_message"] = (
                 f"Reassigned {int(inside.sum()):,} circled cells to {to_pop}"
-                + (f"; the refinement moved {beyond:,} further similar cells." if refine else "."))
+                + (f" ({already:,} of them were {to_pop} already)" if already else "")
+                + (f"; the refinement moved {beyond:,} further similar cells." if refine else ".") + gates_note)
             state.ag_chart_version += 1
             st.rerun()
 
@@ -235,8 +246,11 @@ if autogate_view.gates_section(store, patient, record, model, pop_names) is None
                                 "% of total": st.column_config.NumberColumn(format="%.1f")})
 
 if record.corrected is not None:
-    n_changed = int((np.asarray(record.corrected).astype(str) != np.asarray(result.populations).astype(str)).sum())
-    st.caption(f"{n_changed:,} cells corrected by hand.")
+    st.caption(f"{record.corrected_count():,} cells corrected by hand.")
+elif autogate_view.reviewed_result(result):
+    earlier = (getattr(result, "details", None) or {}).get("cells corrected")
+    st.caption("Corrected by hand in an earlier session" + (f" ({int(earlier):,} cells)" if earlier is not None else "")
+               + ": the populations shown are the reviewed ones.")
 reviewed = np.asarray(record.populations).astype(str)
 already_labels = record.is_labeled and np.array_equal(np.asarray(record.labels).astype(str), reviewed)
 is_novel, parts_disagree = review_flags(novelty)

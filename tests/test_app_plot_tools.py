@@ -199,3 +199,19 @@ def test_a_labs_unassigned_name_is_said_to_be_learned_as_other(loaded):
     at.multiselect(key="train_pops").set_value(learned + ["ungated"])
     at = run(at)
     assert not [c.value for c in at.caption if c.value.startswith("Learned as `other`")]
+
+
+def test_a_gate_reaching_past_the_plot_keeps_its_name_on_it():
+    import plotly.graph_objects as go
+
+    from gating_core.gates import rectangle_gate
+    from ui import charts
+
+    fig = go.Figure()
+    fig.add_annotation(x=0, y=200, text="a title")  # not a gate's name: left where it is
+    charts.add_gates(fig, [rectangle_gate("high", "A", "B", (10, 40), (50, 150)),
+                           rectangle_gate("inside", "A", "B", (10, 40), (20, 30))], (0, 100), (0, 100))
+    notes = {n.text: n for n in fig.layout.annotations}
+    assert notes["a title"].y == 200
+    assert notes["<b>high</b>"].y == 100 and notes["<b>high</b>"].yshift == -12
+    assert 20 <= notes["<b>inside</b>"].y <= 30 and notes["<b>inside</b>"].yshift == 10

@@ -154,8 +154,9 @@ def test_moving_a_vertex_relabels_only_the_cells_it_moves(loaded):
     at.button(key=f"ag_refit_{NEW}").click()
     run(at)
     (message,) = [s.value for s in at.success if not s.value.startswith(NEW)]
-    assert message == (f"Fitted the gates of patient_01 to {NEW} again. The {int(relabeled.sum()):,} cells "
-                       "corrected by hand keep their corrections (run auto-gating again to drop them).")
+    assert message == (f"Fitted the gates of patient_01 to {NEW} again, around its reviewed cells: the "
+                       f"{int(relabeled.sum()):,} cells corrected by hand keep their corrections (run auto-gating "
+                       "again to drop them).")
     np.testing.assert_array_equal(np.asarray(record.populations).astype(str), populations)
     # a reload reads the same populations back
     again = goto(start(), "pages/5_autogate.py")
@@ -430,3 +431,123 @@ def test_the_review_starts_again_from_the_transfer_model_alone(loaded):
     at = run(at)
     assert record.result.part is None and choice().value == ""
     assert not any(b.label.startswith("Review from") for b in at.button)
+
+
+def test_a_correction_refits_the_fitted_gates_and_keeps_one_confidence(loaded):
+    """Cells reassigned by hand: gates fitted from the template are fitted again around the
+    corrected cells; gates adjusted by hand are kept and marked as drawn before the correction;
+    the circled cells' confidence is 1.0 (those already in the chosen population too), and the
+    library holds the same confidences as the page."""
+    from apptest_helpers import reload
+    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY, fit_gate_tree
+
+    store = store_of(loaded)
+    patient = "new_patient_02"
+    at = autogate(loaded, drawn_tree(store, [g[0] for g in SAMPLE_DATA_HIERARCHY]), targets=(patient,))
+    at.selectbox(key="ag_patient").set_value(patient)
+    at.selectbox(key="ag_x").set_value("FL3-A")
+    at.selectbox(key="ag_y").set_value("FL6-A")
+    run(at)
+    record = store.patients[patient]
+    sample = record.sample
+    predicted = np.asarray(record.populations).astype(str)
+    fitted_before = GateTree.from_dict(record.autogates["tree"])
+    fl3, fl6 = (sample.events[:, sample.pnn.index(c)] for c in ("FL3-A", "FL6-A"))
+    # a box over the cores of both the CD4 and the CD8 T cells on the CD4 / CD8 plot
+    cores = [np.percentile(np.stack([fl3, fl6], axis=1)[predicted == p], [20, 80], axis=0)
+             for p in ("CD4 T cells", "CD8 T cells")]
+    (x0, y0), (x1, y1) = np.min([c[0] for c in cores], axis=0), np.max([c[1] for c in cores], axis=0)
+    at.session_state["ag_pending_shape"] = {"kind": "rectangle", "vertices": [(x0, y0), (x1, y1)],
+                                            "patient": patient, "x": "FL3-A", "y": "FL6-A",
+                                            "x_scale": LINEAR, "y_scale": LINEAR}
+    run(at)
+    at.multiselect(key="ag_from").set_value(["CD4 T cells", "CD8 T cells"])
+    at.selectbox(key="ag_to").set_value("CD8 T cells")
+    run(at)
+    inside = (fl3 >= x0) & (fl3 <= x1) & (fl6 >= y0) & (fl6 <= y1) & np.isin(predicted, ["CD4 T cells", "CD8 T cells"])
+    already = int((predicted[inside] == "CD8 T cells").sum())
+    assert already > 0 and (predicted[inside] == "CD4 T cells").sum() > 100
+    at.button(key="ag_reassign").click()
+    run(at)
+    (message,) = [s.value for s in at.success if s.value.startswith("Reassigned")]
+    assert message == (f"Reassigned {int(inside.sum()):,} circled cells to CD8 T cells ({already:,} of them were "
+                       "CD8 T cells already). The gates of patient_01 were fitted again to the corrected cells.")
+    populations = np.asarray(record.populations).astype(str)
+    assert (populations[inside] == "CD8 T cells").all()
+    # the gates now are the template's fitted to the reviewed cells, not to the model's gating
+    refitted = GateTree.from_dict(record.autogates["tree"])
+    assert not record.autogates.get("edited")
+    template = store.patients["patient_01"].gate_tree
+    known = [str(p) for p in store.models[store.current_model].populations_]
+    expected = fit_gate_tree(template, sample, populations, known=known).tree
+    assert refitted.to_dict() == expected.to_dict()
+    assert fit_gate_tree(template, sample, predicted, known=known).tree.to_dict() == fitted_before.to_dict()
+    assert refitted["CD4 T cells"].to_dict() != fitted_before["CD4 T cells"].to_dict()
+    # every circled cell is a human decision, those already CD8 T cells included
+    confidence = record.confidence
+    assert (confidence[inside] == 1.0).all()
+    np.testing.assert_array_equal(confidence[~inside], np.asarray(record.result.confidence, dtype=float)[~inside])
+    low = int((confidence < 0.6).sum())
+    assert any(m.value.startswith(f"**Confidence** · {low:,} cells") for m in at.markdown)
+    again = reload(at, "pages/5_autogate.py")
+    stored = store_of(again).patients[patient].load_result()
+    np.testing.assert_allclose(stored.confidence, confidence, atol=1e-6)
+    np.testing.assert_array_equal(np.asarray(stored.populations).astype(str), populations)
+    assert stored.details["cells corrected"] == int((populations != predicted).sum())
+
+    # a gate adjusted by hand, then another correction: the gates stay as adjusted, and say so
+    at.selectbox(key=f"ag_edit_gate_{patient}").set_value("Lymphocytes")
+    run(at)
+    vertices = np.asarray(refitted["Lymphocytes"].vertices)
+    inward = vertices[0] + 0.2 * (vertices.mean(axis=0) - vertices[0])
+    at.number_input(key=f"ag_vx_{patient}_Lymphocytes_1").set_value(float(inward[0]))
+    at.number_input(key=f"ag_vy_{patient}_Lymphocytes_1").set_value(float(inward[1]))
+    run(at)
+    at.button(key="ag_move_vertex").click()
+    run(at)
+    adjusted = record.autogates["tree"]
+    at.session_state["ag_pending_shape"] = {"kind": "rectangle", "vertices": [(x0, y0), (x1, y1)],
+                                            "patient": patient, "x": "FL3-A", "y": "FL6-A",
+                                            "x_scale": LINEAR, "y_scale": LINEAR}
+    run(at)
+    at.selectbox(key="ag_to").set_value("CD4 T cells")
+    run(at)
+    at.button(key="ag_reassign").click()
+    run(at)
+    (message,) = [s.value for s in at.success if s.value.startswith("Reassigned")]
+    assert message.endswith("The gates adjusted by hand are kept as they were: fit them again (Gates) to follow "
+                            "the corrections.")
+    assert record.autogates["tree"] == adjusted and record.autogates["before correction"]
+    assert any("adjusted by hand before cells were corrected" in w.value for w in at.warning)
+    kept = store_of(reload(at, "pages/5_autogate.py")).patients[patient]
+    kept.load_result()
+    assert kept.autogates["before correction"]
+
+
+def test_the_review_starts_at_the_first_patient_to_review_and_keeps_the_choice(loaded):
+    """Three gated patients, the second flagged: the picker opens on it; a patient chosen by hand
+    is still chosen after a visit to another page."""
+    import dataclasses
+
+    at = train_quick_model(loaded)
+    store = store_of(at)
+    model = store.models[store.current_model]
+    for name in (NEW, "new_patient_02", "new_patient_03"):
+        result = model.gate(store.patients[name].sample)
+        if name == "new_patient_02":
+            result.novelty = dataclasses.replace(result.novelty, disagreement=0.5)
+        store.set_result(name, result, store.current_model)
+    from ui.app_state import review_worklist
+
+    names = [NEW, "new_patient_02", "new_patient_03"]
+    worklist = review_worklist({n: store.patients[n].result_novelty for n in names})
+    flagged = list(worklist.loc[worklist["review"] != "", "patient"])
+    assert "new_patient_02" in flagged and NEW not in flagged
+    at = goto(at, "pages/5_autogate.py")
+    picker = at.selectbox(key="ag_patient")
+    assert picker.value == flagged[0] and picker.options[1] == "new_patient_02 · to review"
+    chosen = next(n for n in names[1:] if n != flagged[0])  # neither the first listed nor the default
+    picker.set_value(chosen)
+    run(at)
+    at = goto(goto(at, "pages/1_data.py"), "pages/5_autogate.py")
+    assert at.selectbox(key="ag_patient").value == chosen

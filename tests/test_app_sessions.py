@@ -226,6 +226,28 @@ def test_the_default_training_set_holds_one_panel_and_names_who_is_left_out(libr
         assert not any("channel names differ" in m for m in texts(session.warning) + texts(session.error))
 
 
+def test_the_data_page_names_panels_that_share_no_channel(library, tmp_path, sample_data_dir):
+    from ui.app_state import unrelated_panels
+
+    assert unrelated_panels({"a": ["x", "y"], "b": ["p"], "c": ["y", "z"], "d": ["z", "p"], "e": ["q"]}) == [
+        ["a", "b", "c", "d"], ["e"]]
+    assert unrelated_panels({"a": ["x"], "b": ["x", "y"]}) == [["a", "b"]] and unrelated_panels({}) == []
+    at = load_sample_data(start())
+    at.file_uploader(key="uploads").set_value(_other_panel_upload(tmp_path, sample_data_dir))
+    at.run()
+    (warning,) = [w for w in texts(at.warning) if "share no channel name" in w]
+    assert warning.startswith("These patients hold panels that share no channel name: patient_01, patient_02, "
+                              "patient_03, patient_04 and 7 more (9 channels); other_panel (8 channels).")
+    at.selectbox(key="rename_patient").set_value("other_panel")
+    at.run()
+    # renamed to a name the patient lacks, never to one it has
+    offered = at.selectbox(key="rename_to").options
+    assert len(offered) == 9 and not any(o.startswith("Ch") for o in offered)
+    at.selectbox(key="rename_patient").set_value("patient_01")
+    at.run()
+    assert at.selectbox(key="rename_to").options == [f"Ch{i}" for i in range(1, 9)]
+
+
 def test_training_panel_follows_the_current_model_then_the_largest_group():
     from ui.app_state import training_panel
 

@@ -78,7 +78,7 @@ def test_the_linear_cell_kernel_picked_on_the_train_page(library, sample_data_di
 def test_a_channel_transform_set_on_the_train_page_reaches_the_model_and_its_file(library):
     from gating_core.library import PatientLibrary
     from gating_core.model.research import load_gating_model
-    from ui.training import check_matches_model, check_setup
+    from ui.training import check_differences, check_matches_model, check_setup
 
     at = start()
     at.button[0].click()  # the Data page's sample-data button
@@ -145,8 +145,12 @@ def test_a_channel_transform_set_on_the_train_page_reaches_the_model_and_its_fil
                        "other") for r in records]
     params = {k: v for k, v in stored.get_params().items() if k != "method"}
     assert check_matches_model({"setup": check_setup(samples, labels, params)}, stored) is True
+    assert check_differences({"setup": check_setup(samples, labels, params)}, stored) == []
+    assert check_differences({"setup": check_setup(samples[:2], labels[:2], params)}, stored) == [
+        "the check held 2 patients, the model learned from 3 (the model also learned from patient_03)"]
     params["transform"] = "auto"
     assert check_matches_model({"setup": check_setup(samples, labels, params)}, stored) is False
+    assert check_differences({"setup": check_setup(samples, labels, params)}, stored) == ["other settings"]
     # "As found" puts every channel back.
     at = goto(at, "pages/4_train.py")
     at.button(key="train_transform_reset").click()

@@ -397,7 +397,8 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     np.testing.assert_array_equal(library.load_labels("new_patient_01").astype(str), populations.astype(str))
 
     # Auto-gates as gates: the result is drawn in patient_02's gate hierarchy, on its parents' plots.
-    page.get_by_text(re.compile(r"^Gates of patient_02 fitted to new_patient_01's predicted cells")).wait_for()
+    # corrected above: the gates are fitted to the reviewed cells
+    page.get_by_text(re.compile(r"^Gates of patient_02 fitted to new_patient_01's reviewed cells")).wait_for()
     tree_plots = page.locator(".js-plotly-plot").filter(has_text="→")
     assert tree_plots.count() == 5
     assert sum(len(tree_plots.nth(i).locator(".shapelayer path").all()) for i in range(5)) == 9
@@ -435,7 +436,7 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     page.get_by_role("heading", name=HEADINGS["Auto-gate"]).first.wait_for()
     wait_idle(page)
     page.screenshot(path=str(artifacts_dir / "9_autogate_after_reload.png"), full_page=True)
-    page.get_by_text(re.compile(r"^Gates of patient_02 fitted to new_patient_01's predicted cells, then adjusted "
+    page.get_by_text(re.compile(r"^Gates of patient_02 fitted to new_patient_01's reviewed cells, then adjusted "
                                 r"by hand")).wait_for()
     wait_idle(page)  # the gate adjusted last is the one shown for adjusting
     page.get_by_text(re.compile(rf"^Monocytes: {new_n:,} events")).wait_for()

@@ -79,6 +79,17 @@ def test_any_cut_inside_data_is_refused(tmp_path, cut):
     path = tmp_path / "cut.fcs"
     path.write_bytes(blob[:len(blob) - cut])
     _refuses(path, "the file is truncated")
+    with pytest.raises(FCSError) as err:
+        read_fcs(path)
+    assert err.value.problem.startswith("the file is truncated (cut short when copied or written): ")
+
+
+def test_a_picture_dropped_for_an_fcs_file_is_named(tmp_path):
+    path = tmp_path / "scan.fcs"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))
+    _refuses(path, "not an FCS file: it is a PNG image (the HEADER starts with")
+    path.write_bytes(b"not fcs at all" + bytes(100))
+    _refuses(path, "not an FCS file (the HEADER starts with 'not fcs at' instead of 'FCS')")
 
 
 def test_a_real_instrument_file_cut_inside_data_is_refused(fcs_corpus, tmp_path):

@@ -282,6 +282,13 @@ def test_ingest_fcs_with_labels_bad_file_and_hostile_names(tmp_path):
     assert sorted(errors) == ["broken.fcs", "notes.docx", "orphan.labels.csv"]
     assert errors["broken.fcs"].startswith("broken.fcs: ")
     assert "no FCS file orphan.fcs" in errors["orphan.labels.csv"]
+    # a labels file that does not fit its FCS file: the patient loads, unlabeled, and the error says so
+    short = ingest_files([("p9.fcs", fcs_bytes(tmp_path, random_sample(n=50, seed=3), "p9.fcs")),
+                          ("p9.labels.csv", label_csv)], tmp_path / "work9")
+    assert [p.name for p in short.patients] == ["p9"] and short.patients[0].labels is None
+    ((name, message),) = short.errors
+    assert name == "p9.labels.csv" and "label rows but the sample has 50 events" in message
+    assert message.endswith("p9 is loaded without labels, as a new patient: drop a corrected labels file to label it")
     # every written file lives in the work folder under a generated name
     written = sorted(p.name for p in work.iterdir())
     assert all(n.startswith("upload-") for n in written) and len(written) == 5

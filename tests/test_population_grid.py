@@ -134,6 +134,6 @@ def test_cached_grid_follows_the_populations_when_they_change():
     second = grid()
     np.testing.assert_array_equal(second[0], expected(changed))
     assert second[0][names.index("relabelled")].sum() > 0 and not np.array_equal(second[0], first[0])
-    record.set_corrected(np.full(sample.n_events, names[0], dtype=object))  # an auto-gate correction
+    record.set_corrected(np.full(sample.n_events, names[0], dtype=object), np.ones(sample.n_events))  # a correction
     third = grid()[0]
     assert third[0].sum() == third.sum() and third[1:].sum() == 0

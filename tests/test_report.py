@@ -302,3 +302,11 @@ def test_statistics_table_holds_the_same_marker_statistics():
     columns = markers.columns
     pd.testing.assert_frame_equal(table.set_index("population")[columns].sort_index(),
                                   rows.set_index("population")[columns].sort_index())
+
+
+def test_catch_all_populations_are_grey_each_in_its_own_shade():
+    from gating_core.reports.plotting import OTHER_COLORS, PALETTE, population_colors
+
+    colors = population_colors(["B cells", "other", "T cells", "ungated", "Unlabeled"])
+    assert [colors[n] for n in ("other", "ungated", "Unlabeled")] == list(OTHER_COLORS[:3])
+    assert [colors["B cells"], colors["T cells"]] == list(PALETTE[:2])

@@ -46,7 +46,12 @@ def test_the_app_warns_of_disagreement_and_asks_to_acknowledge_it():
     kind, text = review_notice("p7", _novelty(0.05).to_dict())
     assert kind == "success" and "5.0% of its cells" in text and "novelty score 2.00" in text
     kind, text = review_notice("p7", SimpleNamespace(**_novelty(None, is_novel=True).to_dict()))
-    assert kind == "warning" and "unlike the training patients" in text
+    assert text == ("**p7 is unlike the training patients** (novelty score 2.00, threshold 1.50): review its "
+                    "gates by hand.") and kind == "warning"
+    # unlike the training patients and its parts disagree: both said, each once
+    kind, text = review_notice("p7", _novelty(0.31, is_novel=True))
+    assert kind == "warning" and text.count("unlike") == 1 and "31.0% of its cells" in text
+    assert text.endswith("Compare the model's two parts (below) to start from the one that looks right.")
     assert review_notice("p7", None) is None
     box = acceptance_acknowledgement("p7", False, np.array(["a", "b"]), ["a", "b"], parts_disagree=True)
     assert box is not None and "disagree on many of p7's cells" in box

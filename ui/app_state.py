@@ -38,6 +38,33 @@ def channel_presence(samples: dict):
     return frame
 
 
+def unrelated_panels(channels_of: dict) -> list[list[str]]:
+    """The patients split into panels that share no channel name with each other: ``channels_of``
+    maps each patient to its channel names ($PnN). Patients linked by shared names, directly or
+    through others, are one panel. One list (every patient) when all are linked; in first-seen
+    order."""
+    names = list(channels_of)
+    parent = list(range(len(names)))
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    holder: dict[str, int] = {}
+    for i, name in enumerate(names):
+        for channel in channels_of[name]:
+            if channel in holder:
+                parent[root(i)] = root(holder[channel])
+            else:
+                holder[channel] = i
+    panels: dict[int, list[str]] = {}
+    for i, name in enumerate(names):
+        panels.setdefault(root(i), []).append(name)
+    return list(panels.values())
+
+
 def common_channels(samples) -> list[str]:
     """Channel names ($PnN) present in every sample, in the first sample's order."""
     samples = list(samples)
@@ -74,14 +101,15 @@ def training_panel(channels_of: dict, model_patients=()) -> tuple[list[str], dic
         extra = [c for c in channels if c not in panel]
         parts = [f"{len(channels)} channels against {len(panel)}"]
         if missing:
-            parts.append("lacks " + _some(missing))
+            parts.append("lacks " + some_names(missing))
         if extra:
-            parts.append("has " + _some(extra))
+            parts.append("has " + some_names(extra))
         left_out[name] = f"another panel than {by} ({'; '.join(parts)})"
     return [n for n in channels_of if n not in left_out], left_out
 
 
-def _some(names: list) -> str:
+def some_names(names: list) -> str:
+    """Up to four names, then how many more."""
     return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
 
 
@@ -245,7 +273,10 @@ def review_notice(patient: str, novelty) -> tuple[str, str] | None:
         parts = (f"The transfer model and {patient}'s own populations name different populations for "
                  f"{float(disagreement):.1%} of its cells (review above {float(threshold):.0%}).")
     if novel:
-        return "warning", f"**{patient} is unlike the training patients.** {get('message')}"
+        return "warning", " ".join(
+            [f"**{patient} is unlike the training patients** (novelty score {float(get('score')):.2f}, threshold "
+             f"{float(get('threshold')):.2f}): review its gates by hand."] + ([parts] if parts else [])
+            + (["Compare the model's two parts (below) to start from the one that looks right."] if disagree else []))
     if disagree:
         return "warning", (f"**The model's parts disagree on {patient}.** {parts} Patients with this much "
                            "disagreement were gated less accurately: review its gates by hand, and compare the two parts "

@@ -26,15 +26,45 @@ def templates_for(store, patient: str, model, populations) -> tuple[dict, list[s
 
 
 def fit_from_template(store, patient: str, template: str, populations) -> None:
-    """Fit ``template``'s gate tree to the patient's predicted cells and keep it with its
-    result; gates that cannot be fitted keep the template's geometry, with the reason."""
+    """Fit ``template``'s gate tree to the patient's reviewed cells (the model's gating, or its
+    corrections) and keep it with its result; gates that cannot be fitted keep the template's
+    geometry, with the reason."""
     record, drawn = store.patients[patient], store.patients[template]
     # the template patient's events are read only when a gate of its tree names no population
     evidence = drawn.is_labeled and any(g.name not in set(populations) for g in drawn.gate_tree.leaves())
-    fitted = fit_gate_tree(drawn.gate_tree, record.sample, record.load_result().populations, known=populations,
+    fitted = fit_gate_tree(drawn.gate_tree, record.sample, record.populations, known=populations,
                            template_sample=drawn.sample if evidence else None,
                            template_labels=drawn.labels if evidence else None)
     store.set_autogates(patient, fitted.tree, template, unfitted=fitted.unfitted)
+
+
+def before_correction(record) -> None:
+    """Gates adjusted by hand stay as the reviewer left them when cells are corrected: marked so
+    that the page says they were drawn before the correction (kept with the result)."""
+    if record.autogates is not None and record.autogates.get("edited"):
+        record.autogates["before correction"] = True
+
+
+def after_correction(store, patient: str, populations) -> str:
+    """Gates fitted from a template (not adjusted by hand) are fitted again to the corrected
+    cells, so that they enclose the populations every export counts. Returns a sentence for the
+    page's message ('' when the patient has no gates)."""
+    record = store.patients[patient]
+    gates = record.autogates
+    if gates is None:
+        return ""
+    if gates.get("edited"):
+        return (" The gates adjusted by hand are kept as they were: fit them again (Gates) to follow the "
+                "corrections.")
+    template = gates["template"]
+    if template not in store.patients or not store.patients[template].gate_tree.gates:
+        return f" The gates of {template} cannot be fitted again: that patient or its gates are gone."
+    try:
+        fit_from_template(store, patient, template, populations)
+    except GateError as exc:
+        return f" The gates of {template} could not be fitted to the corrected cells ({exc})."
+    forget_typed_values(patient)
+    return f" The gates of {template} were fitted again to the corrected cells."
 
 
 def tree_label(tree: GateTree, name: str) -> str:
@@ -103,15 +133,7 @@ class GateFigures:
               "y": cache.display_values(record.token, first.y_channel, ys_d, sample)[dots_idx]}],
             first.x_scale, first.y_scale, xr, yr, channel_label(sample, first.x_channel),
             channel_label(sample, first.y_channel), mode="density", height=height, selectable=selectable)
-        charts.add_gates(fig, gates, xr, yr, first.x_scale, first.y_scale)
-        # A fitted gate reaches past the plotted range where its cells pile up on an axis end:
-        # keep its name on the plot.
-        for note in fig.layout.annotations[1:]:  # the first is the plot's title
-            if note.x is not None and note.y is not None:
-                note.x = float(np.clip(note.x, xr[0], xr[1]))
-                if note.y > yr[1]:
-                    note.y, note.yshift = float(yr[1]), -12
-        return fig
+        return charts.add_gates(fig, gates, xr, yr, first.x_scale, first.y_scale)
 
     def _histogram(self, parent, gates, title, height):
         record, sample = self.record, self.sample
@@ -129,8 +151,10 @@ class GateFigures:
 
     def draw_all(self, key_prefix: str) -> None:
         """One plot per parent and pair of axes (a histogram for range gates), depth-first."""
-        columns = st.columns(3)
-        for i, ((parent, _, _), gates) in enumerate(_plot_groups(self.tree).items()):
+        groups = _plot_groups(self.tree)
+        # at most three a row; one plot alone takes half the width, not a third
+        columns = st.columns(min(3, max(2, len(groups))))
+        for i, ((parent, _, _), gates) in enumerate(groups.items()):
             title = f"{parent or ALL} → " + ", ".join(g.name for g in gates)
             with columns[i % 3]:
                 st.plotly_chart(self.figure(parent, gates, title), width="stretch", key=f"{key_prefix}_{i}")
@@ -271,6 +295,12 @@ def forget_typed_values(patient: str) -> None:
         del state[key]
 
 
+def reviewed_result(result) -> bool:
+    """Whether a result read back from the library holds reviewed cells (corrected in an
+    earlier session), not the model's gating."""
+    return bool((getattr(result, "details", None) or {}).get("corrected in review"))
+
+
 def gates_section(store, patient: str, record, model, populations) -> GateTree | None:
     """The result as gates: fitted from a template, drawn, counted, adjusted. Returns the
     patient's gate tree, or None when no labeled patient carries a tree to fit."""
@@ -289,7 +319,8 @@ def gates_section(store, patient: str, record, model, populations) -> GateTree |
     known = record.autogates.get("populations") or populations
     counted = counted_cells(tree, record.populations, masks, known)
     g1, g2 = st.columns([3, 2])
-    g1.caption(f"Gates of **{record.autogates['template']}** fitted to {patient}'s predicted cells"
+    g1.caption(f"Gates of **{record.autogates['template']}** fitted to {patient}'s "
+               + ("reviewed cells" if record.corrected is not None or reviewed_result(result) else "predicted cells")
                + (", then adjusted by hand: the cells whose gate membership changed follow the gates."
                   if record.autogates.get("edited") else ".")
                + " Counts are of the reviewed cells (what every export holds); *in gate*: events inside the "
@@ -305,13 +336,17 @@ def gates_section(store, patient: str, record, model, populations) -> GateTree |
                 st.error(f"The gates of {template_choice} cannot be fitted to {patient}: {exc}")
             else:
                 forget_typed_values(patient)
-                corrected = 0 if record.corrected is None else int(
-                    (np.asarray(record.corrected).astype(str) != np.asarray(result.populations).astype(str)).sum())
-                state["ag_gate_message"] = (f"Fitted the gates of {template_choice} to {patient} again."
-                                            + (f" The {corrected:,} cells corrected by hand keep their corrections "
-                                               "(run auto-gating again to drop them)." if corrected else ""))
+                corrected = record.corrected_count()
+                state["ag_gate_message"] = (f"Fitted the gates of {template_choice} to {patient} again"
+                                            + (f", around its reviewed cells: the {corrected:,} cells corrected by "
+                                               "hand keep their corrections (run auto-gating again to drop them)."
+                                               if corrected else "."))
                 state.ag_chart_version += 1
                 st.rerun()
+    if record.autogates.get("before correction"):
+        st.warning("These gates were adjusted by hand before cells were corrected: they may no longer enclose "
+                   "the corrected populations (compare *count* and *in gate* below). Fit them again from a "
+                   "template to follow the corrections, or adjust them.", icon=":material/warning:")
     unfitted = record.autogates.get("unfitted") or {}
     if unfitted:
         st.warning("Kept as drawn on " + record.autogates["template"] + " (not fitted to this patient): "
@@ -323,7 +358,7 @@ def gates_section(store, patient: str, record, model, populations) -> GateTree |
                    "quadrants and ranges can be adjusted below.")
     # F1 against the model's predictions; a result read back from the library after a review
     # holds the reviewed cells only, and the column says so.
-    reviewed_only = bool((getattr(result, "details", None) or {}).get("corrected in review"))
+    reviewed_only = reviewed_result(result)
     table = gate_table(tree, sample, result.populations, masks, counted)
     # A gate no population is predicted in (a quadrant or range kept as drawn) has no F1: shown
     # as a dash; the grid would show a missing number as the word "None".

@@ -174,7 +174,17 @@ def add_gates(fig, gates, x_range, y_range, x_scale=None, y_scale=None, focus=No
     """Every gate of a 2-D plot on a single-panel figure, as each draws itself: regions outlined
     (:func:`add_gate_shapes`), each quadrant split as two lines with its quadrants' names in the
     corners (:func:`add_quadrant_lines`), in the focus colour when it holds ``focus``."""
+    named = len(fig.layout.annotations)
     add_gate_shapes(fig, gates, x_scale, y_scale, focus=focus)
+    # A gate reaching past the plotted range (a copied gate, cells piled on an axis end) keeps
+    # its name on the plot.
+    for note in fig.layout.annotations[named:]:
+        if note.x is not None and note.y is not None:
+            note.x = float(np.clip(note.x, x_range[0], x_range[1]))
+            if note.y > y_range[1]:
+                note.y, note.yshift = float(y_range[1]), -12
+            elif note.y < y_range[0]:
+                note.y, note.yshift = float(y_range[0]), 12
     splits: dict = {}  # split point -> {quadrant code: gate name}
     for gate in gates:
         split = gate.drawing(x_scale, y_scale)

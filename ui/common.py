@@ -54,7 +54,7 @@ def _draw_status(store: Store) -> None:
         st.caption("No model trained or loaded yet.")
     evaluated = sum(p.result is not None or p.result_loader is not None for p in store.patients.values())
     if evaluated:
-        st.markdown(f"Auto-gated: **{evaluated}** patients")
+        st.markdown(f"Auto-gated: **{evaluated}** patient" + ("" if evaluated == 1 else "s"))
 
 
 def refresh_status(store: Store) -> None:
@@ -334,6 +334,9 @@ def show_label_change(before, after) -> None:
     from ui.app_state import label_change_table, lost_populations
 
     table = label_change_table(before, after)
+    if before is None:  # nothing is replaced: a column of zeros and a copy of it would say nothing
+        st.caption("It has no labels yet: these become its labels.")
+        table = table[["population", "after"]]
     st.dataframe(table, hide_index=True, width="stretch",
                  column_config={c: st.column_config.NumberColumn(format="%d") for c in ("before", "after", "change")})
     lost = lost_populations(before, after)

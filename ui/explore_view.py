@@ -75,7 +75,8 @@ def overlay_section(store, names: list[str], default: list[str], first_index: in
     samples = [r.sample for r in records]
     channels = common_channels(samples)
     if not channels:
-        st.error("These patients share no channel names; match them on the Data page.")
+        st.error("These patients share no channel name: they hold different panels. Pick patients of one "
+                 "panel, or match names on the Data page where a marker carries another name.")
         return
     first = samples[0]
     c1, c2, c3, c4, c5 = st.columns([2, 1, 2, 1.3, 0.8])

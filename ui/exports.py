@@ -11,14 +11,9 @@ from ui.app_state import zip_files
 
 
 def _confidence(record) -> np.ndarray:
-    """Model confidence, with 1.0 for cells a person reassigned (a human decision)."""
-    if record.result is None:
-        return np.ones(record.sample.n_events)
-    confidence = np.asarray(record.result.confidence, dtype=np.float64).copy()
-    if record.corrected is not None:
-        changed = np.asarray(record.corrected).astype(str) != np.asarray(record.result.populations).astype(str)
-        confidence[changed] = 1.0
-    return confidence
+    """Model confidence, with 1.0 for cells a person reassigned (a human decision): the
+    record's, as the library stores it."""
+    return record.confidence
 
 
 @st.cache_data(max_entries=16, show_spinner="Writing the gated CSV…")

@@ -207,7 +207,10 @@ def _attach_labels(file_name, path, fcs_by_stem, existing, report):
     try:
         labels = read_labels_csv(path, patient.sample.n_events)
     except LabelError as exc:
-        report.errors.append((file_name, _rename_in_message(str(exc), path, file_name)))
+        # its FCS file loads all the same: say so, or the patient looks labeled to the user
+        report.errors.append((file_name, _rename_in_message(str(exc), path, file_name)
+                              + f". {patient.name} is loaded without labels, as a new patient: drop a corrected "
+                                f"labels file to label it"))
         return
     patient.labels, patient.label_source = labels, Provenance.SHORT[Provenance.IMPORTED]
 

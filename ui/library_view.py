@@ -188,7 +188,7 @@ class LibraryView:
             record.stored_novelty = info.gate_result.get("novelty")
             record.result_model = self._model_label(str(info.gate_result.get("model_id", "")))
             record.result_token = f"lib-result:{version['result']}"
-            record.corrected, record.autogates = None, None
+            record.corrected, record.corrected_confidence, record.autogates = None, None, None
         if seen["gates"] != version["gates"] and not record.history.can_undo() and version["gates"] is not None:
             try:
                 record.gate_tree = GateTree.from_dict(self.library.load_gates(name))

@@ -77,6 +77,8 @@ class PatientRecord:
         # the novelty (a dict) a result in the library was stored with, read without the result
         self.stored_novelty = None
         self.corrected = None
+        # the confidence kept with the corrections (what the library stores with them)
+        self.corrected_confidence = None
         # the auto-gates fitted to this patient: {"tree": GateTree dict, "template": patient name,
         # "edited": bool}; kept in the stored auto-gate result's details
         self.autogates = None
@@ -146,6 +148,17 @@ class PatientRecord:
         return self.labels
 
     @property
+    def confidence(self) -> np.ndarray:
+        """Each event's confidence (n_events,) float64, as every export and the library hold it: the
+        model's, or after corrections the one kept with them (a cell a person reassigned: 1.0);
+        1.0 everywhere without an auto-gate result."""
+        if self.load_result() is None:
+            return np.ones(self.n_events)
+        if self.corrected is not None and self.corrected_confidence is not None:
+            return self.corrected_confidence
+        return np.asarray(self.result.confidence, dtype=np.float64)
+
+    @property
     def populations_token(self) -> str:
         """Changes whenever :attr:`populations` may change (cache key)."""
         return f"{self.token}:{self.labels_token}:{self.result_token}"
@@ -160,9 +173,20 @@ class PatientRecord:
 
     def set_result(self, result, model_name: str) -> None:
         self.result, self.result_model, self.corrected, self.result_loader = result, model_name, None, None
+        self.corrected_confidence = None
         self.autogates = None
         self.result_token = _new_token()
 
-    def set_corrected(self, populations) -> None:
-        self.corrected = compact_labels(populations)
+    def set_corrected(self, populations, confidence) -> None:
+        """The reviewed populations (n_events,) and their confidence (n_events,), clipped to [0, 1]."""
+        confidence = np.clip(np.asarray(confidence, dtype=np.float64), 0.0, 1.0)
+        if confidence.shape != (self.n_events,):
+            raise ValueError(f"{self.name}: {confidence.shape[0]} confidences for {self.n_events} events")
+        self.corrected, self.corrected_confidence = compact_labels(populations), confidence
         self.result_token = _new_token()
+
+    def corrected_count(self) -> int:
+        """Cells whose reviewed population differs from the model's gating (0 without corrections)."""
+        if self.corrected is None or self.load_result() is None:
+            return 0
+        return int((np.asarray(self.corrected).astype(str) != np.asarray(self.result.populations).astype(str)).sum())

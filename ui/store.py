@@ -349,11 +349,14 @@ class Store(LibraryView):
         self._save_result(name, result.populations, result.confidence, model_label, _novelty_details(result))
 
     def correct(self, name: str, populations, confidence) -> None:
+        """The reviewed populations and their confidence (a circled cell's: 1.0) replace the
+        gating shown, exported and stored; the model's own gating stays in the session."""
         record = self.patients[name]
-        record.set_corrected(populations)
-        details = _novelty_details(record.result)
-        details["corrected in review"] = True
-        self._save_result(name, record.corrected, confidence, record.result_model, details)
+        record.load_result()
+        record.set_corrected(populations, confidence)
+        details = {**_novelty_details(record.result), "corrected in review": True,
+                   "cells corrected": record.corrected_count()}
+        self._save_result(name, record.corrected, record.confidence, record.result_model, details)
 
     def set_autogates(self, name: str, tree: GateTree, template: str, edited: bool = False,
                       adjusted: str | None = None, unfitted: dict | None = None) -> None:
@@ -374,21 +377,18 @@ class Store(LibraryView):
                                              (before or {}).get("unfitted", {}) if edited else {}),
                             "populations": known}  # the model's: a gate named like one counts only its cells
         details = _novelty_details(record.result)
-        confidence = np.asarray(record.result.confidence, dtype=float)
         if edited and before is not None:
-            current = record.populations
+            current = np.asarray(record.populations).astype(str)
             labels, _ = relabel_after_edit(GateTree.from_dict(before["tree"]), tree, record.sample, current,
-                                           unassigned_name(known or np.unique(np.asarray(current).astype(str))))
-            record.set_corrected(labels)
+                                           unassigned_name(known or np.unique(current)))
+            # a cell the edited gate moved is a human decision; the others keep their confidence
+            moved = np.asarray(labels).astype(str) != current
+            record.set_corrected(labels, np.where(moved, 1.0, record.confidence))
         else:
             record.result_token = _new_token()
-        populations = record.corrected if record.corrected is not None else record.result.populations
         if record.corrected is not None:
-            details["corrected in review"] = True
-            # a cell a person moved is a human decision (as ui.exports shows it)
-            confidence = np.where(np.asarray(record.corrected).astype(str)
-                                  != np.asarray(record.result.populations).astype(str), 1.0, confidence)
-        self._save_result(name, populations, confidence, record.result_model, details)
+            details.update({"corrected in review": True, "cells corrected": record.corrected_count()})
+        self._save_result(name, record.populations, record.confidence, record.result_model, details)
 
     def _save_result(self, name, populations, confidence, model_label, details) -> None:
         autogates = self.patients[name].autogates if name in self.patients else None

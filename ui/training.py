@@ -251,6 +251,36 @@ def check_setup(samples, labels, model_params: dict) -> dict:
             "params": json.loads(json.dumps(params, default=str))}
 
 
+def check_differences(record: dict, model) -> list[str]:
+    """What differs between a stored check's setup and ``model``'s training, in words (empty
+    when they agree or the record says nothing)."""
+    import json
+
+    setup = (record or {}).get("setup") or {}
+    if not setup:
+        return []
+    out = []
+    checked, trained = list(setup.get("patients") or []), list(model.training_patients_)
+    if checked != trained:
+        extra = [p for p in checked if p not in trained]
+        missing = [p for p in trained if p not in checked]
+
+        def names(items):
+            return ", ".join(items[:4]) + (f" and {len(items) - 4} more" if len(items) > 4 else "")
+
+        detail = "; ".join(([f"the check also held {names(extra)}"] if extra else [])
+                           + ([f"the model also learned from {names(missing)}"] if missing else []))
+        out.append(f"the check held {len(checked)} patients, the model learned from {len(trained)}"
+                   + (f" ({detail})" if detail else " (in another order)"))
+    if setup.get("populations") != sorted(str(p) for p in model.populations_):
+        out.append("other populations")
+    params = model.get_params()
+    params.pop("method", None)
+    if setup.get("params") != json.loads(json.dumps(params, default=str)):
+        out.append("other settings")
+    return out
+
+
 def check_matches_model(record: dict | None, model) -> bool | None:
     """Whether a stored check was run on ``model``'s training patients, populations and
     settings; None when the record says nothing about it (a check stored before setups were)."""

@@ -173,8 +173,11 @@ def _locate_data(path, header, text, base, file_size, bits_per_event, declared_e
         if exact_only:
             return None
         listed = "; ".join(problems[c] for c in candidates)
-        raise FCSError(path, f"the DATA segment cannot be located: $TOT = {declared_events} "
-                             f"events x {per_event} = {needed} bytes; {listed}")
+        # what a user can act on first: a file cut short in copying or acquisition
+        cut = any(p.endswith(("the file is truncated", "or was cut short")) for p in problems.values())
+        raise FCSError(path, ("the file is truncated (cut short when copied or written): " if cut else "")
+                       + f"the DATA segment cannot be located: $TOT = {declared_events} "
+                         f"events x {per_event} = {needed} bytes; {listed}")
     chosen = _choose(path, usable, base, needed, notes)
     if chosen.length != needed:
         notes.append(f"DATA segment per {chosen.source} offsets is {chosen.length} bytes, expected "

@@ -45,6 +45,12 @@ _HEADER_FIELDS = (("TEXT start", 10), ("TEXT end", 18), ("DATA start", 26), ("DA
                   ("ANALYSIS start", 42), ("ANALYSIS end", 50))
 
 
+#: Files often dropped in place of an FCS file, by their first bytes: named in the error.
+_OTHER_FORMATS = ((b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image"), (b"%PDF", "a PDF document"),
+                  (b"PK\x03\x04", "a zip archive (or an Excel / Word file)"), (b"<?xml", "an XML file"),
+                  (b"\xd0\xcf\x11\xe0", "an old Excel / Word file"), (b"GIF8", "a GIF image"))
+
+
 def _parse_header(raw: bytes, path, base: int) -> _Header:
     where = "" if base == 0 else f" of the data set at byte {base}"
     if len(raw) < HEADER_LENGTH:
@@ -55,8 +61,9 @@ def _parse_header(raw: bytes, path, base: int) -> _Header:
                              f"for another data set ({len(raw)} bytes follow): the file is truncated")
     if raw[:3] != b"FCS":
         shown = raw[:10].decode("latin-1").encode("unicode_escape").decode("ascii")
-        raise FCSError(path, f"not an FCS file: the HEADER{where} starts with {shown!r} instead "
-                             "of 'FCS'")
+        kind = next((name for magic, name in _OTHER_FORMATS if raw.startswith(magic)), None) if base == 0 else None
+        raise FCSError(path, "not an FCS file" + (f": it is {kind}" if kind else "")
+                       + f" (the HEADER{where} starts with {shown!r} instead of 'FCS')")
     version = raw[3:6].decode("latin-1")
     if version not in SUPPORTED_VERSIONS:
         raise FCSError(path, f"unsupported FCS version {version!r} (supported: 2.0, 3.0, 3.1, 3.2)")

@@ -24,6 +24,8 @@ PALETTE = [
     "#8C564B", "#9467BD", "#17BECF", "#BCBD22", "#7F7F7F", "#1F77B4", "#FF7F0E", "#2CA02C",
 ]
 OTHER_COLOR = "#B0B0B0"
+#: Greys for a second, third... catch-all population (a lab's "other" beside its "ungated").
+OTHER_COLORS = (OTHER_COLOR, "#6E6E6E", "#D4D4D4", "#8F8F8F")
 
 
 def channel_label(pnn: str, pns: str | None = "") -> str:
@@ -325,13 +327,14 @@ def raw_ticks(scale: AxisScale, display_lo: float, display_hi: float, max_ticks:
 
 
 def population_colors(populations) -> dict:
-    """Stable colour per population name; ``other``/``ungated`` are grey."""
-    colors, k = {}, 0
+    """Stable colour per population name; ``other``/``ungated`` are grey, each its own shade."""
+    colors, k, grey = {}, 0, 0
     for name in populations:
         if name in colors:
             continue
         if str(name).casefold() in ("other", "ungated", "unlabeled", "unlabelled"):
-            colors[name] = OTHER_COLOR
+            colors[name] = OTHER_COLORS[grey % len(OTHER_COLORS)]
+            grey += 1
         else:
             colors[name] = PALETTE[k % len(PALETTE)]
             k += 1
