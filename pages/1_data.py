@@ -192,7 +192,10 @@ for name, p in store.patients.items():
 if qc_rows:
     st.dataframe(pd.DataFrame(qc_rows), hide_index=True, width="stretch",
                  column_config={"QC flags": st.column_config.NumberColumn(format="%d")})
-unread = [name for name in store.patients if name not in quality]
+# the patient chosen in the details below is read there, checked, and not listed
+inspected = st.session_state.get("qc_patient")
+inspected = inspected if inspected in store.patients else next(iter(store.patients), None)
+unread = [name for name in store.patients if name not in quality and name != inspected]
 if unread:
     st.caption(f"Not read yet from the library, so not checked: {', '.join(unread[:12])}"
                + (f" and {len(unread) - 12} more" if len(unread) > 12 else "") + ". Choose one below to check it.")

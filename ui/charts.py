@@ -263,7 +263,8 @@ def confidence_histogram(confidence, threshold, height=280):
     fig.add_vline(x=threshold, line=dict(color="#D55E00", dash="dash"))
     fig.update_xaxes(title_text="confidence", range=[0, 1])
     # log counts: the few hesitant cells stay visible beside the confident majority
-    fig.update_yaxes(title_text="cells (log scale)", type="log")
+    # ticks at powers of ten only: plotly's 2 and 5 between them read as '5, 2, 1000'
+    fig.update_yaxes(title_text="cells (log scale)", type="log", dtick=1)
     fig.update_layout(height=height, margin=dict(l=60, r=20, t=20, b=50), plot_bgcolor="white", bargap=0)
     return fig
 
