@@ -8,13 +8,14 @@ from gating_core.gates.agreement import flat_statistics
 from gating_core.model.result import PART_TITLES, review_flags
 from gating_core.reports.plotting import population_colors
 from ui import autogate_view, cache, charts, exports, parts_view
-from ui.app_state import (acceptance_acknowledgement, missing_model_channels, review_notice, review_worklist,
-                          shape_from_selection, unknown_cells_notice, worklist_display)
+from ui.app_state import (acceptance_acknowledgement, missing_model_channels, new_population_name, review_notice,
+                          review_worklist, shape_from_selection, unknown_cells_notice, worklist_display)
 from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, model_offers,
                        model_picker, plot_range, refresh_status, require_patients, scale_select, show_label_change)
 from ui.training import is_transductive, refit_caption
 
 LOW = "low confidence"
+NEW_POPULATION = "New population…"
 store = get_store()
 state = st.session_state
 state.setdefault("ag_chart_version", 0)
@@ -191,8 +192,20 @@ with side_col:
                                    help="Leave empty to take every cell inside the shape.")
         if from_pops:
             inside &= np.isin(populations, from_pops)
-        to_pop = st.selectbox("Reassign to", pop_names, index=None, placeholder="Choose a population",
-                              key="ag_to")
+        to_pop = st.selectbox("Reassign to", pop_names + [NEW_POPULATION], index=None,
+                              placeholder="Choose a population", key="ag_to",
+                              help="New population…: cells the model has no population for (a tumour cluster, "
+                                   "cells gated 'unknown'), under a name you give.")
+        if to_pop == NEW_POPULATION:
+            typed = st.text_input("Name of the new population", key="ag_new_population", placeholder="e.g. blasts")
+            to_pop, problem = new_population_name(typed, pop_names + sorted(set(populations) - set(pop_names)))
+            if problem:
+                st.caption(problem)
+        # the model cannot spread a population it was not trained on to similar cells
+        new_name = to_pop is not None and to_pop not in pop_names
+        if new_name and refine:
+            st.caption(f"{to_pop} is no population of the model: only the circled cells change.")
+        refine = refine and not new_name
         if st.button(f"Reassign {int(inside.sum()):,} cells" + (f" to {to_pop}" if to_pop else ""),
                      key="ag_reassign", disabled=to_pop is None):
             already = int((populations[inside] == to_pop).sum())
@@ -200,9 +213,16 @@ with side_col:
             if refine:
                 from gating_core.method.refinement import refine_gating
 
-                refined = refine_gating(refine_model, sample, list(circled), list(circled.values()),
+                # cells named as a new population stay so; the model refits to the others
+                known = {i: p for i, p in circled.items() if p in pop_names}
+                refined = refine_gating(refine_model, sample, list(known), list(known.values()),
                                         part=part if part in refine_model.gating_parts() else None)
-                corrected, new_confidence = refined.populations, refined.confidence
+                corrected = np.asarray(refined.populations).astype(object)
+                new_confidence = np.asarray(refined.confidence, dtype=float).copy()
+                named = np.array([i for i, p in circled.items() if p not in pop_names], dtype=np.int64)
+                if len(named):
+                    corrected[named] = [circled[int(i)] for i in named]
+                    new_confidence[named] = 1.0
             else:
                 corrected = populations.astype(object).copy()
                 corrected[inside] = to_pop

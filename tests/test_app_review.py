@@ -551,3 +551,57 @@ def test_the_review_starts_at_the_first_patient_to_review_and_keeps_the_choice(l
     run(at)
     at = goto(goto(at, "pages/1_data.py"), "pages/5_autogate.py")
     assert at.selectbox(key="ag_patient").value == chosen
+
+
+def test_cells_can_be_named_as_a_population_the_model_lacks(loaded):
+    """A cluster the model has no population for is named in review; the refinement, which can
+    only spread the model's populations, leaves those cells as named; accepting says the
+    population is new."""
+    from ui.app_state import new_population_name
+
+    assert new_population_name("  blasts ", ["B cells"]) == ("blasts", None)
+    assert new_population_name("b CELLS", ["B cells"]) == ("B cells", None)
+    assert new_population_name("", ["B cells"])[0] is None
+    assert new_population_name("Unknown", ["B cells"])[1].startswith("'unknown' is what the model calls")
+    assert new_population_name("CD4/CD8", ["B cells"])[1].startswith("A population's name is 1-80")
+
+    at = autogate(loaded, drawn_tree(store_of(loaded), ["Lymphocytes"]))
+    store = store_of(at)
+    record = store.patients[NEW]
+    predicted = np.asarray(record.populations).astype(str)
+    fsc, ssc = (record.sample.events[:, record.sample.pnn.index(c)] for c in ("FSC-A", "SSC-A"))
+    granulocytes = predicted == "Granulocytes"
+    (x0, x1), (y0, y1) = np.percentile(fsc[granulocytes], [30, 70]), np.percentile(ssc[granulocytes], [30, 70])
+
+    def circle(to, name=None, refine=False):
+        at.session_state["ag_pending_shape"] = {"kind": "rectangle", "vertices": [(x0, y0), (x1, y1)],
+                                                "patient": NEW, "x": "FSC-A", "y": "SSC-A",
+                                                "x_scale": LINEAR, "y_scale": LINEAR}
+        run(at)
+        at.multiselect(key="ag_from").set_value(["Granulocytes"] if to != "New population…" else [])
+        at.checkbox(key="ag_refine").set_value(refine)
+        at.selectbox(key="ag_to").set_value(to)
+        run(at)
+        if name is not None:
+            at.text_input(key="ag_new_population").input(name)
+            run(at)
+
+    circle("New population…", "blasts", refine=True)
+    assert "blasts is no population of the model: only the circled cells change." in [c.value for c in at.caption]
+    at.button(key="ag_reassign").click()
+    run(at)
+    inside = (fsc >= x0) & (fsc <= x1) & (ssc >= y0) & (ssc <= y1)
+    populations = np.asarray(record.populations).astype(str)
+    assert (populations[inside] == "blasts").all() and (populations[~inside] == predicted[~inside]).all()
+    assert (record.confidence[inside] == 1.0).all()
+    # a refined correction to one of the model's populations elsewhere keeps the named cells
+    (x0, x1), (y0, y1) = np.percentile(fsc[~inside], [1, 5]), np.percentile(ssc[~inside], [1, 5])
+    circle("Debris", refine=True)
+    at.button(key="ag_reassign").click()
+    run(at)
+    populations = np.asarray(record.populations).astype(str)
+    assert (populations[inside] == "blasts").all()
+    at.button(key=f"ag_accept_{NEW}").click()
+    run(at)
+    box = at.checkbox(key=f"ag_accept_{NEW}_ack")
+    assert "blasts, named in this review, is a new population the next training learns from" in box.label

@@ -254,7 +254,8 @@ def unknown_cells_notice(patient: str, populations, model_populations=()) -> str
         return None
     return (f"**{n:,} cells of {patient} ({100.0 * n / len(values):.2g}%) lie beyond every population the model "
             f"was trained on** and are gated as '{UNKNOWN}': a population the training patients lacked, or "
-            "debris or an instrument fault. Review them; moved to a population, they count as it.")
+            "debris or an instrument fault. Review them: reassigned to a population, or named as a new one "
+            "(Reassign to, New population…), they count as it.")
 
 
 def review_notice(patient: str, novelty) -> tuple[str, str] | None:
@@ -321,12 +322,32 @@ def worklist_display(worklist):
         columns={"disagreement": "parts disagree on"}).set_index("patient")
 
 
+def new_population_name(text, populations) -> tuple[str | None, str | None]:
+    """A population name typed in review: (the name, None), or (None, why it cannot be one). A
+    name that is one of ``populations`` but for its case is that population; a new one follows
+    the rule of gate names (so that a gate can be drawn for it) and is not 'unknown'."""
+    from gating_core.gates import is_gate_name
+    from gating_core.model import UNKNOWN
+
+    name = str(text or "").strip()
+    if not name:
+        return None, "Type the new population's name."
+    same = next((p for p in populations if str(p).casefold() == name.casefold()), None)
+    if same is not None:
+        return str(same), None
+    if name.casefold() == UNKNOWN.casefold():
+        return None, f"'{UNKNOWN}' is what the model calls cells beyond every population: give them a name."
+    if not is_gate_name(name):
+        return None, "A population's name is 1-80 printable characters, without '/', and not 'other'."
+    return name, None
+
+
 def acceptance_acknowledgement(patient: str, is_novel: bool, populations, model_populations=(),
                                parts_disagree: bool = False) -> str | None:
     """The box to tick before accepting ``patient``'s reviewed populations as labels, or None:
     when the patient is unlike every training patient, when the model's parts disagree on many
     of its cells, or when cells are still "unknown" (as labels they would become a population of
-    that name in the next training)."""
+    that name in the next training), or when a population named in review is new to the model."""
     from gating_core.model import UNKNOWN
 
     reasons = []
@@ -336,4 +357,10 @@ def acceptance_acknowledgement(patient: str, is_novel: bool, populations, model_
         reasons.append(f"the model's parts disagree on many of {patient}'s cells; I reviewed its populations by hand")
     if unknown_cells_notice(patient, populations, model_populations) is not None:
         reasons.append(f"its '{UNKNOWN}' cells become a population '{UNKNOWN}' of the next training")
+    named = sorted(set(np.asarray(populations).astype(str)) - {str(p) for p in model_populations} - {UNKNOWN})
+    if len(model_populations) and named:
+        reasons.append(f"{', '.join(named)}, named in this review, "
+                       + ("is a new population" if len(named) == 1 else "are new populations")
+                       + " the next training learns from the patients that have "
+                       + ("it" if len(named) == 1 else "them"))
     return ("; ".join(reasons) + ".") if reasons else None

@@ -37,8 +37,8 @@ from gating_core.gates.drawing import Band, Region, Split
 from gating_core.gates.errors import GateError, GateImportError
 from gating_core.gates.gate import (
     BOOLEAN_OPERATORS, GATE_KINDS, GATE_TYPES, OTHER, QUADRANTS, AxisGate, BooleanGate, Gate, PolygonGate,
-    QuadrantGate, RangeGate, RectangleGate, boolean_gate, polygon_gate, quadrant_gates, quadrant_names, range_gate,
-    rectangle_gate,
+    QuadrantGate, RangeGate, RectangleGate, boolean_gate, is_gate_name, polygon_gate, quadrant_gates, quadrant_names,
+    range_gate, rectangle_gate,
 )
 from gating_core.gates.imports import apply_gatingml, apply_workspace, gate_name_from_xml, xml_gate_id
 from gating_core.gates.names import safe_stem
@@ -49,6 +49,6 @@ __all__ = [
     "AxisGate", "AxisScale", "BOOLEAN_OPERATORS", "Band", "BooleanGate", "GATE_KINDS", "GATE_TYPES", "Gate",
     "GateError", "GateImportError", "GateTree", "OTHER", "PolygonGate", "QUADRANTS", "QuadrantGate", "RangeGate",
     "RectangleGate", "Region", "Split", "apply_gatingml", "apply_workspace", "boolean_gate", "gate_membership",
-    "gate_name_from_xml", "panel_scale", "polygon_gate", "quadrant_gates", "quadrant_names", "range_gate",
+    "gate_name_from_xml", "is_gate_name", "panel_scale", "polygon_gate", "quadrant_gates", "quadrant_names", "range_gate",
     "rectangle_gate", "safe_stem", "suggest_scale", "with_kind", "xml_gate_id",
 ]

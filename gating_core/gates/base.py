@@ -30,6 +30,12 @@ GATE_TYPES: dict[str, type["Gate"]] = {}
 _NAME_PATTERN = re.compile(r"^[^\x00-\x1f/]{1,80}$")
 
 
+def is_gate_name(name: str) -> bool:
+    """Whether ``name`` can name a gate, and so a population: 1-80 printable characters, no '/',
+    and not ``other`` (the cells no gate claims)."""
+    return bool(_NAME_PATTERN.match(str(name))) and str(name).casefold() != OTHER
+
+
 class _GateClass(ABCMeta):
     """The metaclass of gates. ``Gate(name, x_channel, y_channel, kind, vertices, ...)`` was the
     constructor of every gate when one class held all kinds, and code written for it still calls
@@ -81,7 +87,7 @@ class Gate(metaclass=_GateClass):
 
     def __post_init__(self):
         self.name = str(self.name).strip()
-        if not _NAME_PATTERN.match(self.name) or self.name.casefold() == OTHER:
+        if not is_gate_name(self.name):
             raise GateError(f"invalid gate name {self.name!r}: use 1-80 printable characters, no '/', "
                             f"and not {OTHER!r}")
         if self.parent is not None:
