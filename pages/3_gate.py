@@ -296,7 +296,7 @@ def gating_section():
             stats = tree.statistics(sample, masks, channel_label=channel_label)
             stats["gate"] = ["\u2003" * d + ("└ " if d else "") + g for g, d in zip(stats["gate"], stats["depth"])]
             st.dataframe(stats.drop(columns=["depth"]), hide_index=True, width="stretch",
-                         column_config={"% of parent": st.column_config.NumberColumn(format="%.1f"),
+                         column_config={"% of parent": st.column_config.NumberColumn(format="%.2f"),
                                         "% of total": st.column_config.NumberColumn(format="%.2f"),
                                         "count": st.column_config.NumberColumn(format="%d")})
         if st.button("↶ Undo", disabled=not record.history.can_undo(), key="undo_gate"):

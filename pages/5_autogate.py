@@ -262,8 +262,8 @@ if autogate_view.gates_section(store, patient, record, model, pop_names) is None
                "children of all events (% of parent is % of total). Draw a gate tree on a training patient "
                "(**Gate** page, gates named like the populations) to get the result back as gates.")
     st.dataframe(flat_statistics(record.populations), hide_index=True, width="stretch",
-                 column_config={"% of parent": st.column_config.NumberColumn(format="%.1f"),
-                                "% of total": st.column_config.NumberColumn(format="%.1f")})
+                 column_config={"% of parent": st.column_config.NumberColumn(format="%.2f"),
+                                "% of total": st.column_config.NumberColumn(format="%.2f")})
 
 if record.corrected is not None:
     st.caption(f"{record.corrected_count():,} cells corrected by hand.")
@@ -336,7 +336,7 @@ with st.expander("Batch table"):
     st.dataframe(batch, hide_index=True, width="stretch", key="rp_batch_table",
                  column_config={c: st.column_config.NumberColumn(format="%.1f") for c in batch.columns
                                 if c.startswith(("median", "geometric mean", "CV"))} | {
-                                "% of parent": st.column_config.NumberColumn(format="%.1f"),
+                                "% of parent": st.column_config.NumberColumn(format="%.2f"),
                                 "% of total": st.column_config.NumberColumn(format="%.2f"),
                                 "mean confidence": st.column_config.NumberColumn(format="%.3f"),
                                 "count": st.column_config.NumberColumn(format="%d")})

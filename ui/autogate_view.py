@@ -365,7 +365,7 @@ def gates_section(store, patient: str, record, model, populations) -> GateTree |
     table["F1"] = [f"{v:.3f}" if np.isfinite(v) else "—" for v in table["F1"]]
     st.dataframe(table, hide_index=True, width="stretch",
                  key=f"ag_gate_table_{state.ag_chart_version}",
-                 column_config={"% of parent": st.column_config.NumberColumn(format="%.1f"),
+                 column_config={"% of parent": st.column_config.NumberColumn(format="%.2f"),
                                 "% of total": st.column_config.NumberColumn(format="%.2f"),
                                 "F1": st.column_config.TextColumn(
                                     "F1 vs reviewed cells" if reviewed_only else "F1 vs predicted"),
