@@ -128,8 +128,9 @@ def test_exported_file_declares_linear_values():
 # ---------------------------------------------------------------------------- 2. privacy
 
 def _record(sample, populations, token):
+    # a labeled patient without an auto-gate result: every cell at confidence 1 (PatientRecord's rule)
     return types.SimpleNamespace(sample=sample, populations=populations, populations_token=token,
-                                 result=None, corrected=None, name=sample.name)
+                                 result=None, corrected=None, name=sample.name, confidence=np.ones(len(populations)))
 
 
 def assert_private(path, source, labels=None):
