@@ -258,10 +258,15 @@ def test_gate_on_the_command_line_with_one_part(sample_model, tmp_path):
     path = str(SAMPLE_DATA / "new" / "new_patient_02.fcs")
     done = run_cli("gate", "--model", str(model), "--out-dir", str(tmp_path / "out"), "--part", "transfer", path)
     assert done.returncode == 0, done.stderr
-    assert "new_patient_02.gated.csv (gated by the transfer model alone)" in done.stdout
-    table = pd.read_csv(tmp_path / "out" / "new_patient_02.gated.csv")
+    assert "new_patient_02.transfer.gated.csv (gated by the transfer model alone)" in done.stdout
+    table = pd.read_csv(tmp_path / "out" / "new_patient_02.transfer.gated.csv")
     expected = sample_model.gate(read_fcs(path, compensate=True), part="transfer")
     np.testing.assert_array_equal(table["population"].to_numpy().astype(str), expected.populations.astype(str))
+    # the model's own gating beside it is not replaced by a part's
+    mixed = run_cli("gate", "--model", str(model), "--out-dir", str(tmp_path / "out"), path)
+    assert mixed.returncode == 0, mixed.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["new_patient_02.gated.csv",
+                                                                    "new_patient_02.transfer.gated.csv"]
     json_run = run_cli("gate", "--model", str(model), "--out-dir", str(tmp_path / "json"), "--part", "adapted",
                        "--json", path)
     assert json_run.returncode == 0, json_run.stderr

@@ -25,7 +25,14 @@ def output_stem(sample_name: str) -> str:
     return safe_name(sample_name, "patient")
 
 
-def output_name_clashes(fcs_paths, format: str = "csv") -> list[list[str]]:
+def gated_name(sample_name: str, format: str = "csv", part=None) -> str:
+    """The output file name of a gated patient: ``<stem>.gated.csv`` (``.parquet`` / ``.fcs`` /
+    ``.h5ad``), ``<stem>.<part>.gated.csv`` when one part of the model gated it alone, so that
+    gating with a part never replaces the model's gating it is compared with."""
+    return f"{output_stem(sample_name)}{'' if part is None else f'.{part}'}.gated{EXPORT_SUFFIXES[format]}"
+
+
+def output_name_clashes(fcs_paths, format: str = "csv", part=None) -> list[list[str]]:
     """Groups of inputs whose data sets would write the same output file in one folder (the
     same name, or names that differ only in case, which many file systems do not tell apart).
 
@@ -33,12 +40,11 @@ def output_name_clashes(fcs_paths, format: str = "csv") -> list[list[str]]:
     them; each clash lists ``"<file>"`` or ``"<file> (data set <name>)"``."""
     from gating_core.fcs.reader import data_set_names
 
-    suffix = f".gated{EXPORT_SUFFIXES[format]}"
     writers: dict[str, list[str]] = {}
     for path in fcs_paths:
         names = data_set_names(path) or [Path(path).stem]
         for name in names:
-            output = (output_stem(name) + suffix).casefold()
+            output = gated_name(name, format, part).casefold()
             label = str(path) if len(names) == 1 else f"{path} (data set {name})"
             writers.setdefault(output, []).append(label)
     return [labels for labels in writers.values() if len(labels) > 1]
@@ -52,7 +58,8 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
               include_identifying: bool = False, keep_keywords=(), part=None) -> list[dict]:
     """Gate every data set of one FCS file; write ``<out_dir>/<stem>.gated.csv`` for each
     (``.gated.parquet`` / ``.gated.fcs`` / ``.gated.h5ad`` for the other ``format`` values of
-    :func:`~gating_core.io.export.export_sample`).
+    :func:`~gating_core.io.export.export_sample`; ``<stem>.<part>.gated.csv`` with ``part``:
+    :func:`gated_name`).
 
     CSV and Parquet are streamed: the DATA segment is read in windows of ``chunk_size``
     events, twice (the content-hashed embedding cells, then scoring), and each window is
@@ -85,7 +92,7 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
     for stream in streams:
         sample = stream.sample
         record = {"file": str(fcs_path), "patient": sample.name}
-        output = out_dir / f"{output_stem(sample.name)}.gated{EXPORT_SUFFIXES[format]}"
+        output = out_dir / gated_name(sample.name, format, part)
         try:
             with GatedTableWriter(output, sample, format) as writer:
                 populations = np.asarray(model.gated_populations(), dtype=object)
@@ -158,7 +165,7 @@ def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50
         record = {"file": str(fcs_path), "patient": sample.name}
         try:
             result = model.gate(sample, chunk_size=chunk_size, **_part(part))
-            output = out_dir / f"{output_stem(sample.name)}.gated{EXPORT_SUFFIXES[format]}"
+            output = out_dir / gated_name(sample.name, format, part)
             export_sample(output, sample, result.populations, result.confidence, format=format,
                           include_identifying=include_identifying, keep_keywords=keep_keywords)
             record.update(events=sample.n_events, counts=result.counts, novelty=result.novelty.to_dict(),

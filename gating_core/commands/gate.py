@@ -36,7 +36,8 @@ def register(subparsers) -> None:
                       help="gate with one part of the model alone: its transfer model (the training patients' "
                            "boundaries, extrapolated) or the patient's own populations (its clusters, adapted by "
                            "EM). Where the two disagree a patient is flagged for review and either may be the "
-                           "right one; default: the model's own gating, which mixes them")
+                           "right one; written as <stem>.<part>.gated.csv beside the model's own gating "
+                           "(<stem>.gated.csv, the default, which mixes them)")
     gate.add_argument("--json", action="store_true",
                       help="print one JSON document (a list, one record per patient) instead of text")
     gate.add_argument("fcs", nargs="+", metavar="FCS")
@@ -53,7 +54,7 @@ def run_gate(args) -> int:
     # names differing only in case or in characters a file name cannot hold, a data set of a
     # multi-data-set file) would overwrite each other's output: refused before anything is
     # gated, so an output file is always the patient its name says.
-    clashes = output_name_clashes(args.fcs, args.format)
+    clashes = output_name_clashes(args.fcs, args.format, args.part)
     if clashes:
         return _usage(f"these inputs would write the same gated {args.format.upper()}; rename one or gate "
                       "them into separate folders: " + "; ".join(" and ".join(c) for c in clashes))
