@@ -32,8 +32,9 @@ def test_a_weight_set_by_hand_and_the_unknown_call(patients):
 def test_the_weight_chosen_by_the_held_out_patients(patients, tmp_path):
     model = _fitted(patients)  # adaptive_weight="auto": the check over held-out patients
     table = model.selection_["adaptive_weight"]
-    reason = ("the transfer model and each fit a third; not every fold of held-out groups found it clearly worse"
-              if table["chosen"] == 2 / 3 else "every fold of held-out groups found the even thirds clearly worse")
+    reason = ("a third each for the transfer model and the two fits; not every fold of held-out groups found that "
+              "clearly worse" if table["chosen"] == 2 / 3 else
+              "every fold of held-out groups found the even thirds clearly worse")
     assert table["folds"] >= 2
     assert adapted_populations_text(model).startswith(f"weight {model.adaptive_weight_:.3g} ({reason}); ")
     model.save(tmp_path / "model.npz")
@@ -45,3 +46,11 @@ def test_nothing_to_say_when_neither_is_used(patients):
     assert adapted_populations_text(model) is None and unknown_cells_text(model) is None
     assert adapted_populations_text(object()) is None and unknown_cells_text(object()) is None  # not a model
 
+
+
+def test_a_weight_the_held_out_groups_turned_off_is_said(patients):
+    model = _fitted(patients, adaptive_weight=0.0)
+    # as the check records a weight it chose (its table), not one set by hand
+    model.selection_["adaptive_weight"] = {"chosen": 0.0, "folds": 3}
+    assert adapted_populations_text(model).startswith("off: every fold of held-out groups gated better with the "
+                                                      "transfer model alone")

@@ -185,7 +185,8 @@ def run_train(args) -> int:
 
     adapted, unknown = adapted_populations_text(model), unknown_cells_text(model)
     if adapted:
-        print(f"Adapted populations: {adapted} (--adaptive-weight 0 turns them off)")
+        print(f"Adapted populations: {adapted}"
+              + ("" if adapted.startswith("off") else " (--adaptive-weight 0 turns them off)"))
     if unknown:
         print(f"Unknown cells: {unknown} (--unknown-margin none turns this off)")
     if args.method == IW_METHOD:

@@ -8,15 +8,21 @@ from gating_core.model.adaptation import EVEN_ADAPTIVE_WEIGHT
 
 def adapted_populations_text(model) -> str | None:
     """How the model refits each new patient's populations to its own cells (their weight, why
-    that weight, where EM starts, which fits), or None when it does not."""
+    that weight, where EM starts, which fits); why it does not when the held-out groups turned
+    them off; None when they were set off, or the model has none."""
     describe = getattr(model, "describe", None)
     info = describe() if callable(describe) else {}
-    if not info.get("adaptive_weight"):
-        return None
     chosen = getattr(model, "selection_", {}).get("adaptive_weight", {})
+    if not info.get("adaptive_weight"):
+        if chosen.get("folds") and chosen.get("chosen") == 0:
+            # chosen, not set: the user should know what the model then lacks
+            return ("off: every fold of held-out groups gated better with the transfer model alone, so a new "
+                    "patient is gated by it alone (no review flag for disagreeing parts, no --part)")
+        return None
     how = "as set"
     if chosen.get("folds"):
-        how = ("the transfer model and each fit a third; not every fold of held-out groups found it clearly worse"
+        how = ("a third each for the transfer model and the two fits; not every fold of held-out groups found "
+               "that clearly worse"
                if chosen.get("chosen") == EVEN_ADAPTIVE_WEIGHT else
                "every fold of held-out groups found the even thirds clearly worse")
     elif chosen:
