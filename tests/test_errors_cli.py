@@ -156,3 +156,20 @@ def test_library_refuses_a_non_utf8_file_name_with_a_library_error(sample_data_d
     with pytest.raises(LibraryError, match="not valid UTF-8"):
         library.import_files([undecodable])
     assert library.patients() == []
+
+
+def test_evaluate_reads_its_inputs_after_the_method_names(tmp_path):
+    """`evaluate --method lda trees a.fcs b.fcs`, as the usage line reads: the files are the
+    inputs, not method names; a misspelled name is refused as one."""
+    from gating_core.cli import build_parser
+
+    parser = build_parser()
+    args = parser.parse_args(["evaluate", "--method", "lda", "trees", "a.fcs", "b/c.fcs"])
+    assert args.method == ["lda", "trees"] and args.method_inputs == ["a.fcs", "b/c.fcs"] and args.inputs == []
+    args = parser.parse_args(["evaluate", "--protocol", "patient", "x.fcs", "--method", "lda"])
+    assert args.method == ["lda"] and args.inputs == ["x.fcs"]
+    for wrong in (["--method", "treez", "a.fcs"], ["--method", "lda", "treez", "a.fcs"]):
+        with pytest.raises(SystemExit):
+            parser.parse_args(["evaluate", *wrong])
+    done = run_cli("evaluate", "--method", "lda")
+    assert done.returncode == 2 and "give at least one INPUT" in done.stderr

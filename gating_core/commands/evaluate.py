@@ -4,6 +4,8 @@ per patient and summarised; its options and checks."""
 
 from __future__ import annotations
 
+import argparse
+import os
 from pathlib import Path
 
 from gating_core.commands import print_json
@@ -24,6 +26,30 @@ EVALUATION_METHODS += ("marginal-landmarks",)
 EVALUATION_METHODS += ("marginal-shared-covariance", "marginal-even-weight")
 
 
+def _looks_like_input(value: str) -> bool:
+    path = Path(value)
+    return bool(path.suffix) or os.sep in value or "/" in value or path.exists()
+
+
+class _MethodNames(argparse.Action):
+    """``--method``'s names; what follows them that is no method name but a path starts the
+    INPUTs, so that ``evaluate --method lda trees a.fcs b.fcs`` reads as the usage line does
+    (argparse alone would take the files for method names)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        methods = []
+        for value in values:
+            if value not in EVALUATION_METHODS:
+                break
+            methods.append(value)
+        rest = list(values[len(methods):])
+        if not methods or (rest and not _looks_like_input(rest[0])):
+            wrong = rest[0] if methods else values[0]
+            parser.error(f"argument --method: invalid choice: {wrong!r} (choose from {', '.join(EVALUATION_METHODS)})")
+        setattr(namespace, self.dest, methods)
+        namespace.method_inputs = list(getattr(namespace, "method_inputs", None) or []) + rest
+
+
 def register(subparsers) -> None:
     evaluate = subparsers.add_parser(
         "evaluate", help="leave-one-group-out and leave-one-patient-out evaluation beside the baselines",
@@ -32,7 +58,7 @@ def register(subparsers) -> None:
                     "per patient and method, accuracy, F1 per population and macro-F1; then the mean and "
                     "the worst patient of each method, accuracy against novelty, and the accuracy of the "
                     "patients flagged for review against the others.")
-    evaluate.add_argument("--method", nargs="+", choices=EVALUATION_METHODS,
+    evaluate.add_argument("--method", nargs="+", action=_MethodNames, metavar="METHOD",
                           default=["marginal", "pooled-logistic", "lda", "qda", "trees"],
                           help="methods to compare (default: marginal -- the default model --, pooled-logistic, "
                                "lda, qda and trees (gradient-boosted); "
@@ -49,7 +75,8 @@ def register(subparsers) -> None:
                                "whose peaks do not match left as they are; marginal-shared-covariance adapts the "
                                "populations without their own shapes, marginal-even-weight weighs the transfer model "
                                "and the two fits a third each whatever the held-out groups say, marginal-whole-populations "
-                               "fits every population as one Gaussian, never as components)")
+                               "fits every population as one Gaussian, never as components). Names: "
+                               + ", ".join(EVALUATION_METHODS))
     evaluate.add_argument("--groups", metavar="FILE|KEYWORD",
                           help="the group (center, batch, run) of each patient: a CSV (patient, group) or an "
                                "FCS keyword such as $CYTSN, $INST or $DATE; default: near-duplicate patients "
@@ -74,7 +101,8 @@ def register(subparsers) -> None:
     evaluate.add_argument("--csv", metavar="FILE", help="also write the per-patient table as CSV")
     evaluate.add_argument("--json", action="store_true", help="print the tables as JSON")
     _model_options(evaluate)
-    evaluate.add_argument("inputs", nargs="+", metavar="INPUT")
+    # "*": the INPUTs may follow --method's names (_MethodNames); at least one is checked in run_evaluate
+    evaluate.add_argument("inputs", nargs="*", metavar="INPUT")
     evaluate.set_defaults(func=run_evaluate)
 
 
@@ -110,6 +138,9 @@ def _evaluation_groups(args, samples, labels):
 
 
 def run_evaluate(args) -> int:
+    args.inputs = list(getattr(args, "method_inputs", None) or []) + list(args.inputs)
+    if not args.inputs:
+        return _usage("evaluate: give at least one INPUT (FCS files with their labels, or gated CSVs)")
     import pandas as pd
 
     from gating_core.evaluation.protocols import (leave_one_group_out, leave_one_patient_out, novelty_curve,
