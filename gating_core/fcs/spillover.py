@@ -90,5 +90,7 @@ def _channels_and_spillover(layout: _Layout, notes: list[str], compensate: bool)
         logger.warning("%s: %s", Path(layout.path).name, note)
     broken = [n for n in spill_notes if "ignored" in n]
     if compensate and broken:
-        raise FCSError(layout.path, f"compensation requested but {broken[0]}")
+        raise FCSError(layout.path, f"compensation requested but {broken[0]}: to use the values as stored, "
+                                    "turn compensation off (command line: --no-compensation; Python: "
+                                    "compensate=False)")
     return channels, spillover, spill_channels
