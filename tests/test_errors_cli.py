@@ -92,7 +92,28 @@ def test_error_messages_name_the_file_and_the_problem(model_path, sample_data_di
     stderr = run_cli(*cases["library import of a non-UTF-8 file name"], text=False).stderr.decode()
     assert stderr.startswith("error: x\\xff.fcs: the file name is not valid UTF-8")
     stderr = run_cli(*cases["gate into a file"], text=False).stderr.decode()
-    assert stderr.startswith("error: ") and "a_file" in stderr
+    assert stderr.startswith("error: ") and stderr.rstrip().endswith("a_file: --out-dir names a file, not a folder")
+
+
+def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(model_path, sample_data_dir, tmp_path):
+    """/proc takes no new files for any user, root included: the refusal comes before training
+    or gating, and names the folder given, not a temporary file."""
+    fcs = sample_data_dir / "new" / "new_patient_01.fcs"
+    train = run_cli("train", "--out", "/proc/model.npz", sample_data_dir / "patient_01.fcs")
+    assert train.returncode == 1 and train.stderr.startswith("error: /proc/model.npz: cannot write into the folder /proc")
+    gate = run_cli("gate", "--model", model_path, "--out-dir", "/proc/gated", fcs)
+    assert gate.returncode == 1 and gate.stderr.startswith("error: /proc/gated: cannot create the output folder")
+    # a folder in the way of a gated file: said as such, the other patients gated
+    out = tmp_path / "out"
+    (out / "new_patient_01.gated.csv").mkdir(parents=True)
+    both = run_cli("gate", "--model", model_path, "--out-dir", out, fcs, sample_data_dir / "new" / "new_patient_02.fcs")
+    assert both.returncode == 1 and "Traceback" not in both.stderr
+    assert f"error: new_patient_01.fcs: cannot write {out / 'new_patient_01.gated.csv'}: a folder of that name is " \
+           "in the way" in both.stderr
+    assert (out / "new_patient_02.gated.csv").is_file()
+    # a folder made for the outputs and left empty, every patient failing, is not left behind
+    none = run_cli("gate", "--model", model_path, "--out-dir", tmp_path / "made", sample_data_dir / "patient_01.labels.csv")
+    assert none.returncode == 1 and not (tmp_path / "made").exists()
 
 
 def test_every_input_error_shares_one_root_and_keeps_its_old_base():

@@ -93,6 +93,10 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
         sample = stream.sample
         record = {"file": str(fcs_path), "patient": sample.name}
         output = out_dir / gated_name(sample.name, format, part)
+        if output.is_dir():
+            record["error"] = _in_the_way(fcs_path, output)
+            records.append(record)
+            continue
         try:
             with GatedTableWriter(output, sample, format) as writer:
                 populations = np.asarray(model.gated_populations(), dtype=object)
@@ -135,6 +139,10 @@ def _add_fit_cost(record: dict, model) -> None:
         record["fit_seconds"] = float(seconds)
 
 
+def _in_the_way(fcs_path: Path, output: Path) -> str:
+    return f"{fcs_path.name}: cannot write {output}: a folder of that name is in the way"
+
+
 def _naming_the_file(fcs_path: Path, exc: Exception) -> str:
     message = str(exc)
     return message if fcs_path.name in message else f"{fcs_path.name}: {message}"
@@ -164,8 +172,12 @@ def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50
     for sample in samples:
         record = {"file": str(fcs_path), "patient": sample.name}
         try:
-            result = model.gate(sample, chunk_size=chunk_size, **_part(part))
             output = out_dir / gated_name(sample.name, format, part)
+            if output.is_dir():
+                record["error"] = _in_the_way(fcs_path, output)
+                records.append(record)
+                continue
+            result = model.gate(sample, chunk_size=chunk_size, **_part(part))
             export_sample(output, sample, result.populations, result.confidence, format=format,
                           include_identifying=include_identifying, keep_keywords=keep_keywords)
             record.update(events=sample.n_events, counts=result.counts, novelty=result.novelty.to_dict(),

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from gating_core.commands import DEFAULT_KEYWORDS_HELP, add_keyword_options, print_json
-from gating_core.commands.model_options import IW_METHOD, _cluster_options, _fail, _usage
+from gating_core.commands.model_options import IW_METHOD, _cluster_options, _fail, _usage, writable_folder_problem
 from gating_core.errors import print_error
 from gating_core.model.result import GATING_PARTS, PART_TITLES, review_flags, review_order
 
@@ -81,7 +81,16 @@ def run_gate(args) -> int:
         return _fail(f"{args.model}: this model does not mix a transfer model with the patients' own populations, "
                      f"so it has no part to gate with alone; drop --part {args.part}")
     out_dir = Path(args.out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.exists() and not out_dir.is_dir():
+        return _fail(f"{out_dir}: --out-dir names a file, not a folder")
+    created = not out_dir.exists()  # removed again if every patient fails
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return _fail(f"{out_dir}: cannot create the output folder ({exc.strerror or exc})")
+    problem = writable_folder_problem(out_dir, f"{out_dir}: ")
+    if problem:
+        return _fail(problem)
     if args.workers or args.scheduler:
         from gating_core.batch.distributed import ClusterError, gate_files_distributed
 
@@ -106,6 +115,8 @@ def run_gate(args) -> int:
                                      include_identifying=args.include_identifying, keep_keywords=args.keep_keywords,
                                      part=args.part))
     failed = sum("error" in record for record in records)
+    if created and not any(out_dir.iterdir()):
+        out_dir.rmdir()
     if args.json:
         print_json(records)
         return 1 if failed else 0

@@ -208,6 +208,19 @@ def _fail(message: str) -> int:
     return 1
 
 
+def writable_folder_problem(folder, prefix: str = "") -> str | None:
+    """Why files cannot be written into the existing ``folder`` (tried with a file of our own,
+    removed at once: permissions, a read-only or virtual file system), else None."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".gating-write-check-"):
+            pass
+    except OSError as exc:
+        return f"{prefix}cannot write into the folder {folder} ({exc.strerror or exc})"
+    return None
+
+
 def _usage(message: str) -> int:
     """A command line that cannot be carried out as given (found before any file is read):
     the message, exit status 2, as argparse does for its own usage errors."""

@@ -9,7 +9,7 @@ from pathlib import Path
 from gating_core.commands.model_options import (DEFAULT_ADAPTIVE_WEIGHT, DEFAULT_CLASS_BALANCE, DEFAULT_POOLED_WEIGHT,
                                                 IW_CELLS_PER_PATIENT, IW_METHOD, UNKNOWN_MARGIN, _check_unique,
                                                 _cluster_options, _fail, _model_options, _model_params,
-                                                _unit_interval, _usage)
+                                                _unit_interval, _usage, writable_folder_problem)
 from gating_core.errors import print_error
 
 # Kept here rather than imported so that the command line starts without numpy and scikit-learn:
@@ -72,7 +72,7 @@ def _model_out_problem(out: Path) -> str | None:
         return f"{out}: the folder {parent} does not exist"
     if not parent.is_dir():
         return f"{out}: {parent} is not a folder"
-    return None
+    return writable_folder_problem(parent, f"{out}: ")
 
 
 def run_train(args) -> int:
