@@ -96,7 +96,7 @@ def test_evaluate_leaves_whole_groups_out_and_prints_valid_json(tmp_path):
                   "--features", "128", "--cells-per-patient", "500", "--json", *fcs)
     assert out.returncode == 0, out.stderr
     document = json.loads(out.stdout)  # NaN would make this fail: it must print null
-    assert document["groups_origin"] == "from groups.csv"
+    assert document["groups_origin"] == "from groups.csv, column center"
     rows = document["patients"]
     logo = [r for r in rows if r["protocol"] == "leave-one-group-out"]
     lopo = [r for r in rows if r["protocol"] == "leave-one-patient-out"]
@@ -132,3 +132,18 @@ def test_one_group_for_every_training_patient_keeps_replicate_twins_together():
     given = ["center_A"] * 4 + ["center_B"] * 2
     model = GatingModel(**settings).fit(twins, labels, groups=given)
     assert model.groups_ == given and not model.groups_inferred_
+
+
+def test_a_groups_table_of_several_columns_reads_the_one_named(tmp_path):
+    from gating_core.errors import GroupsError
+    from gating_core.method.groups import groups_csv_column, groups_from_csv
+
+    table = tmp_path / "groups.csv"
+    table.write_text("patient,pair,batch\na,p1,b1\nb,p1,b2\nc,p2,b1\n")
+    assert groups_csv_column(table) == "batch" and groups_from_csv(table, ["a", "b", "c"]) == ["b1", "b2", "b1"]
+    assert groups_csv_column(table, "PAIR") == "pair"
+    assert groups_from_csv(table, ["c", "a"], column="pair") == ["p2", "p1"]
+    with pytest.raises(GroupsError, match="no column 'site' .its columns: patient, pair, batch."):
+        groups_from_csv(table, ["a"], column="site")
+    done = run_cli("evaluate", "--group-column", "pair", "x.fcs")
+    assert done.returncode == 2 and "--group-column names a column of the --groups CSV file" in done.stderr

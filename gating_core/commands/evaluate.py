@@ -81,6 +81,9 @@ def register(subparsers) -> None:
                           help="the group (center, batch, run) of each patient: a CSV (patient, group) or an "
                                "FCS keyword such as $CYTSN, $INST or $DATE; default: near-duplicate patients "
                                "found from their embeddings")
+    evaluate.add_argument("--group-column", metavar="NAME",
+                          help="the column of the --groups CSV to read (default: the first of group, center, "
+                               "batch, run and pair it has, else its second column)")
     evaluate.add_argument("--protocol", choices=("both", "group", "patient", "one-group", "folds"), default="both",
                           help="leave one group out, leave one patient out, or both (default); 'one-group': train "
                                "on one group and gate the patients of all others, each group in turn; 'folds': "
@@ -128,11 +131,13 @@ def _load_inputs(paths, compensate: bool):
 def _evaluation_groups(args, samples, labels):
     """(groups, how they were found) for ``evaluate``."""
     from gating_core.evaluation.protocols import infer_patient_groups
-    from gating_core.method.groups import groups_from_csv, groups_from_keyword
+    from gating_core.method.groups import groups_csv_column, groups_from_csv, groups_from_keyword
 
     if args.groups:
         if Path(args.groups).is_file():
-            return groups_from_csv(args.groups, [s.name for s in samples]), f"from {Path(args.groups).name}"
+            column = groups_csv_column(args.groups, args.group_column)
+            return (groups_from_csv(args.groups, [s.name for s in samples], args.group_column),
+                    f"from {Path(args.groups).name}, column {column}")
         return groups_from_keyword(samples, args.groups), f"from the keyword {args.groups}"
     return infer_patient_groups(samples, labels), "inferred (near-duplicate patients kept together)"
 
@@ -141,6 +146,8 @@ def run_evaluate(args) -> int:
     args.inputs = list(getattr(args, "method_inputs", None) or []) + list(args.inputs)
     if not args.inputs:
         return _usage("evaluate: give at least one INPUT (FCS files with their labels, or gated CSVs)")
+    if args.group_column and not (args.groups and Path(args.groups).is_file()):
+        return _usage("--group-column names a column of the --groups CSV file: give --groups FILE")
     import pandas as pd
 
     from gating_core.evaluation.protocols import (leave_one_group_out, leave_one_patient_out, novelty_curve,

@@ -20,14 +20,41 @@ import numpy as np
 from gating_core.errors import GroupsError
 
 
-def groups_from_csv(path, patient_names) -> list[str]:
+#: The group columns a groups table is read from when none is named, in order of preference.
+GROUP_COLUMNS = ("group", "center", "batch", "run", "pair")
+
+
+def groups_from_csv(path, patient_names, column=None) -> list[str]:
     """Group of each patient from a CSV whose first column names the patient.
 
-    The group column is ``group``, ``center``, ``batch``, ``run`` or ``pair`` (the first present,
-    in that order of preference), else the second column. Patients are matched by name, the
-    file stem, case-insensitively. Every patient must be listed.
+    The group column is ``column`` when given (a header name, case-insensitive), else
+    ``group``, ``center``, ``batch``, ``run`` or ``pair`` (the first present, in that order of
+    preference; :func:`groups_csv_column` says which), else the second column. Patients are
+    matched by name, the file stem, case-insensitively. Every patient must be listed.
     """
     path = Path(path)
+    rows = _groups_rows(path)
+    index = _column_index(path, rows[0], column)
+    table = {}
+    for line, row in enumerate(rows[1:], start=2):
+        if not row or not any(cell.strip() for cell in row):
+            continue
+        if len(row) <= index:
+            raise GroupsError(path, f"line {line} has no group value")
+        table[_key(row[0])] = row[index].strip()
+    missing = [n for n in patient_names if _key(n) not in table]
+    if missing:
+        raise GroupsError(path, f"no group for patient{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
+    return [table[_key(n)] for n in patient_names]
+
+
+def groups_csv_column(path, column=None) -> str:
+    """The header of the column :func:`groups_from_csv` reads the groups from."""
+    rows = _groups_rows(Path(path))
+    return rows[0][_column_index(Path(path), rows[0], column)].strip()
+
+
+def _groups_rows(path: Path) -> list:
     try:
         with open(path, newline="", encoding="utf-8-sig") as handle:
             rows = list(csv.reader(handle))
@@ -35,19 +62,17 @@ def groups_from_csv(path, patient_names) -> list[str]:
         raise GroupsError(path, f"cannot read groups table ({exc})") from None
     if len(rows) < 2 or len(rows[0]) < 2:
         raise GroupsError(path, "groups table needs a header and two columns: patient, group")
-    header = [h.strip().casefold() for h in rows[0]]
-    column = next((header.index(c) for c in ("group", "center", "batch", "run", "pair") if c in header), 1)
-    table = {}
-    for line, row in enumerate(rows[1:], start=2):
-        if not row or not any(cell.strip() for cell in row):
-            continue
-        if len(row) <= column:
-            raise GroupsError(path, f"line {line} has no group value")
-        table[_key(row[0])] = row[column].strip()
-    missing = [n for n in patient_names if _key(n) not in table]
-    if missing:
-        raise GroupsError(path, f"no group for patient{'s' if len(missing) > 1 else ''} {', '.join(missing)}")
-    return [table[_key(n)] for n in patient_names]
+    return rows
+
+
+def _column_index(path: Path, header_row, column) -> int:
+    header = [h.strip().casefold() for h in header_row]
+    if column is not None:
+        wanted = str(column).strip().casefold()
+        if wanted not in header[1:]:
+            raise GroupsError(path, f"no column {column!r} (its columns: {', '.join(h.strip() for h in header_row)})")
+        return header.index(wanted, 1)
+    return next((header.index(c) for c in GROUP_COLUMNS if c in header), 1)
 
 
 def groups_from_keyword(samples, keyword: str) -> list[str]:
