@@ -82,12 +82,14 @@ def test_any_cut_inside_data_is_refused(tmp_path, cut):
     with pytest.raises(FCSError) as err:
         read_fcs(path)
     assert err.value.problem.startswith("the file is truncated (cut short when copied or written): ")
+    assert err.value.problem.count("truncated") == 1
 
 
 def test_a_picture_dropped_for_an_fcs_file_is_named(tmp_path):
     path = tmp_path / "scan.fcs"
     path.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(100))
-    _refuses(path, "not an FCS file: it is a PNG image (the HEADER starts with")
+    _refuses(path, "not an FCS file: it is a PNG image (the HEADER starts with '\\x89PNG\\r\\n\\x1a\\n\\x00\\x00' "
+                   "instead of 'FCS')")
     path.write_bytes(b"not fcs at all" + bytes(100))
     _refuses(path, "not an FCS file (the HEADER starts with 'not fcs at' instead of 'FCS')")
 

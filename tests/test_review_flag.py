@@ -3,6 +3,7 @@ populations disagree is flagged for review, on the command line, in the app and 
 
 from __future__ import annotations
 
+import re
 from types import SimpleNamespace
 
 import numpy as np
@@ -120,6 +121,8 @@ def test_gating_measures_the_same_disagreement_in_memory_and_streamed(sample_mod
     assert abs(streamed.novelty.disagreement - result.novelty.disagreement) <= 2 / 3000
     assert f"different populations for {result.novelty.disagreement:.1%} of its cells (review above 20%)." \
         in result.novelty.message
+    assert re.match(r"new_patient_02 resembles the training patients \(novelty \d+\.\d\d <= \d+\.\d\d; nearest: ",
+                    result.novelty.message)
 
 
 @pytest.mark.parametrize("weight", [0.0, 1.0])
@@ -191,6 +194,10 @@ def test_the_auto_gate_page_puts_the_flagged_biopsy_first(library, dlbcl_dir, se
     assert list(worklist["review"]) == ["the model's parts disagree", ""]
     novelty = store.patients["dlbcl_17"].result.novelty
     assert worklist.loc["dlbcl_17", "parts disagree on"] == f"{novelty.disagreement:.1%}"
+    # the warning leads with its reason, then says the biopsy is otherwise like the training ones
+    assert novelty.message.startswith("The transfer model and dlbcl_17's own populations name different populations "
+                                      f"for {novelty.disagreement:.1%} of its cells (review above 20%): review its "
+                                      "gates by hand. dlbcl_17 resembles the training patients (novelty ")
     assert at.selectbox(key="ag_patient").format_func("dlbcl_17") == "dlbcl_17 · to review"
     assert at.selectbox(key="ag_patient").format_func("dlbcl_06") == "dlbcl_06"
     at.selectbox(key="ag_patient").set_value("dlbcl_17")

@@ -63,7 +63,7 @@ def _parse_header(raw: bytes, path, base: int) -> _Header:
         shown = raw[:10].decode("latin-1").encode("unicode_escape").decode("ascii")
         kind = next((name for magic, name in _OTHER_FORMATS if raw.startswith(magic)), None) if base == 0 else None
         raise FCSError(path, "not an FCS file" + (f": it is {kind}" if kind else "")
-                       + f" (the HEADER{where} starts with {shown!r} instead of 'FCS')")
+                       + f" (the HEADER{where} starts with '{shown}' instead of 'FCS')")
     version = raw[3:6].decode("latin-1")
     if version not in SUPPORTED_VERSIONS:
         raise FCSError(path, f"unsupported FCS version {version!r} (supported: 2.0, 3.0, 3.1, 3.2)")

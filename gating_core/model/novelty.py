@@ -60,18 +60,21 @@ class PatientNovelty:
         score = float(np.sqrt(squared) / self.novelty_reference_)
         is_novel = bool(score > self.novelty_threshold_)
         name = getattr(sample, "name", "this patient")
+        # two decimals: a score of 1.47 against a threshold of 1.5 must not read "1.5 <= 1.5"
         if is_novel:
-            message = (f"{name} is unlike every training patient (novelty {score:.1f}, threshold "
-                       f"{self.novelty_threshold_:.1f}; nearest: {self.training_patients_[nearest]}). "
+            message = (f"{name} is unlike every training patient (novelty {score:.2f}, threshold "
+                       f"{self.novelty_threshold_:.2f}; nearest: {self.training_patients_[nearest]}). "
                        "Review its gates by hand.")
         else:
-            message = (f"{name} resembles the training patients (novelty {score:.1f} <= "
-                       f"{self.novelty_threshold_:.1f}; nearest: {self.training_patients_[nearest]}).")
+            message = (f"{name} resembles the training patients (novelty {score:.2f} <= "
+                       f"{self.novelty_threshold_:.2f}; nearest: {self.training_patients_[nearest]}).")
         novelty = Novelty(score, self.novelty_threshold_, is_novel, self.training_patients_[nearest], message,
                           None if disagreement is None else float(disagreement))
         if disagreement is not None:
-            novelty.message += (f" The transfer model and {name}'s own populations name different populations "
-                                f"for {disagreement:.1%} of its cells (review above "
-                                f"{novelty.disagreement_threshold:.0%})"
-                                + (": review its gates by hand." if novelty.parts_disagree else "."))
+            parts = (f"The transfer model and {name}'s own populations name different populations for "
+                     f"{disagreement:.1%} of its cells (review above {novelty.disagreement_threshold:.0%})")
+            if novelty.parts_disagree and not is_novel:  # the warning leads with its reason
+                novelty.message = f"{parts}: review its gates by hand. {message}"
+            else:
+                novelty.message += f" {parts}" + (": review its gates by hand." if novelty.parts_disagree else ".")
         return novelty
