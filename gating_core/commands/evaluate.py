@@ -232,10 +232,11 @@ def run_evaluate(args) -> int:
             shown = part[seed_column + ["held_out", "patient", "method", "accuracy", "macro_f1", "novelty"]
                          + (["disagreement"] if part["disagreement"].notna().any() else [])
                          + (["unknown"] if part["unknown"].any() else []) + f1_columns
-                         ].rename(columns={c: c[3:] for c in f1_columns})
+                         ].rename(columns={c: f"F1 {c[3:]}" for c in f1_columns})
             print(shown.to_string(index=False))
         print()
-        print("Summary (mean and worst patient, per protocol" + (" and seed)" if seeds else ")"))
+        print("Summary (mean and worst patient, per protocol" + (" and seed)" if seeds else ")")
+              + "; worst_patient: the patient of worst_accuracy")
         print(summary.to_string(index=False))
         if over_seeds is not None:
             print()
