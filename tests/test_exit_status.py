@@ -133,3 +133,5 @@ def test_train_with_a_good_out_writes_the_model_and_exits_0(tmp_path):
     assert result.returncode == 0, result.stderr
     assert f"Model written to {out}" in result.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npz"]
+    # so few training patients are said to be few
+    assert f"Note: {len(PATIENTS)} training patients: the model has seen little of how patients differ" in result.stdout

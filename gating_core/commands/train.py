@@ -192,8 +192,19 @@ def run_train(args) -> int:
     if args.method == IW_METHOD:
         print(f"Kept {info['training_cells']:,} training cells and {info['n_landmarks']} landmarks per refit: "
               "`gate` refits the model for each new patient")
+    patients = len(getattr(model, "training_patients_", None) or [])
+    if 0 < patients <= FEW_TRAINING_PATIENTS:
+        print(f"Note: {patients} training patient{'s' if patients > 1 else ''}: the model has seen little of how "
+              "patients differ, and its review flags rest on as little; check every gated patient, and train again "
+              "as more are gated")
     print(f"Model written to {out}")
     return 0
+
+
+#: Up to this many training patients, ``train`` says the model has seen little: four biopsies of one
+#: run gated the other run's worst patient far below LDA on nine draws of ten, six of both runs did
+#: not (docs/unseen_data.md, "Few training patients").
+FEW_TRAINING_PATIENTS = 4
 
 
 def _iw_model(args):
