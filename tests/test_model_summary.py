@@ -54,3 +54,13 @@ def test_a_weight_the_held_out_groups_turned_off_is_said(patients):
     model.selection_["adaptive_weight"] = {"chosen": 0.0, "folds": 3}
     assert adapted_populations_text(model).startswith("off: every fold of held-out groups gated better with the "
                                                       "transfer model alone")
+
+
+def test_a_model_of_few_patients_says_so(patients):
+    from gating_core.model.summary import FEW_TRAINING_PATIENTS, few_patients_note
+
+    model = _fitted(patients, adaptive_weight=0.0)
+    assert len(model.training_patients_) == 3 <= FEW_TRAINING_PATIENTS
+    assert few_patients_note(model).startswith("3 training patients: the model has seen little of how patients differ")
+    model.training_patients_ = [f"p{i}" for i in range(FEW_TRAINING_PATIENTS + 1)]
+    assert few_patients_note(model) is None and few_patients_note(object()) is None

@@ -181,7 +181,7 @@ def run_train(args) -> int:
         print("Alignment: quantile (each channel's quantiles onto the training patients' mean)")
     if info.get("self_training"):
         print("Gating: each patient's gates follow its own confident cells (self-training)")
-    from gating_core.model.summary import adapted_populations_text, unknown_cells_text
+    from gating_core.model.summary import adapted_populations_text, few_patients_note, unknown_cells_text
 
     adapted, unknown = adapted_populations_text(model), unknown_cells_text(model)
     if adapted:
@@ -192,19 +192,11 @@ def run_train(args) -> int:
     if args.method == IW_METHOD:
         print(f"Kept {info['training_cells']:,} training cells and {info['n_landmarks']} landmarks per refit: "
               "`gate` refits the model for each new patient")
-    patients = len(getattr(model, "training_patients_", None) or [])
-    if 0 < patients <= FEW_TRAINING_PATIENTS:
-        print(f"Note: {patients} training patient{'s' if patients > 1 else ''}: the model has seen little of how "
-              "patients differ, and its review flags rest on as little; check every gated patient, and train again "
-              "as more are gated")
+    few = few_patients_note(model)
+    if few:
+        print(f"Note: {few}")
     print(f"Model written to {out}")
     return 0
-
-
-#: Up to this many training patients, ``train`` says the model has seen little: four biopsies of one
-#: run gated the other run's worst patient far below LDA on nine draws of ten, six of both runs did
-#: not (docs/unseen_data.md, "Few training patients").
-FEW_TRAINING_PATIENTS = 4
 
 
 def _iw_model(args):

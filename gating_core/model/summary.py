@@ -45,3 +45,19 @@ def unknown_cells_text(model) -> str | None:
     if margin is None:
         return None
     return f"a gated cell beyond every population ({margin:g} x its reach) is called 'unknown'"
+
+
+#: Up to this many training patients a model is said to have seen little: four biopsies of one run
+#: gated the other run's worst patient far below LDA on nine draws of ten, six of both runs did not
+#: (docs/unseen_data.md, "Few training patients").
+FEW_TRAINING_PATIENTS = 4
+
+
+def few_patients_note(model) -> str | None:
+    """What a model trained on few patients should say of itself, or None."""
+    patients = len(getattr(model, "training_patients_", None) or [])
+    if not 0 < patients <= FEW_TRAINING_PATIENTS:
+        return None
+    return (f"{patients} training patient{'s' if patients > 1 else ''}: the model has seen little of how patients "
+            "differ, and its review flags rest on as little; check every gated patient, and train again as more "
+            "are gated")
