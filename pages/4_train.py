@@ -284,8 +284,8 @@ if table is not None and len(table):
         differences = check_differences(record, store.models[store.current_model])
         st.info("This check does not describe the current model"
                 + (f": {'; '.join(differences)}" if differences else "")
-                + ". It measured the patients and settings chosen above: train a model with them for the "
-                  "check to apply to it, or choose the model's patients and settings and run the check again.")
+                + ". Train a model with the patients and settings the check measured for it to apply, or choose "
+                  "the model's and run the check again.")
     protocols = list(dict.fromkeys(table["protocol"])) if "protocol" in table.columns else []
     if len(protocols) > 1:
         protocol = st.radio("Protocol", protocols, key="check_protocol", horizontal=True,

@@ -167,23 +167,34 @@ with side_col:
     st.markdown("**Correct cells**")
     if state.get("ag_correct_message"):
         st.success(state.pop("ag_correct_message"))
-    # The cells circled so far in this session, with the label given: what the refinement fits.
-    circled = state.setdefault("ag_circled", {}).get(patient)
+    # The cells circled so far on this gating, with the label given: what the refinement fits.
+    # Kept with the gating they correct: a new gating (run again, another part, another session's)
+    # starts with none.
+    kept_circled = state.setdefault("ag_circled", {}).get(patient)
+    circled = kept_circled[1] if kept_circled is not None and kept_circled[0] == id(result) else None
     if circled is None and record.corrected is not None:
         # corrected in an earlier session: the cells that differ from the model's gating stand in
         differs = np.flatnonzero(np.asarray(record.corrected).astype(str) != np.asarray(result.populations).astype(str))
         circled = {int(i): str(record.corrected[i]) for i in differs}
     circled = dict(circled or {})
     refine_model = store.models.get(record.result_model, model)
-    # The refinement refits the kernel model's own features; the IW model has none to refit.
-    refinable = not is_transductive(refine_model)
+    # the populations of the model that gated this patient: what its refinement can spread
+    gating_populations = [str(p) for p in getattr(refine_model, "populations_", pop_names)]
+    # The refinement refits the kernel model's own features; the IW model has none to refit. A
+    # gating read back after a review holds the reviewed cells only: refined from the model's
+    # gating again, the earlier corrections would be lost.
+    reviewed_before = autogate_view.reviewed_result(result)
+    refinable = not is_transductive(refine_model) and not reviewed_before
     refine = st.checkbox("Apply corrections to similar cells", key="ag_refine", disabled=not refinable,
                          help="Refit this patient's gating to every cell corrected so far (JMLR 2021, section 9): "
                               "cells like the circled ones move with them, not only those circled. "
                               "Off: only the circled cells change.") and refinable
-    if not refinable:
+    if is_transductive(refine_model):
         st.caption("The importance-weighted Nystroem model does not offer refinement from corrections: "
                    "only the circled cells change.")
+    elif reviewed_before:
+        st.caption("Corrected in an earlier session: refining would start again from the model's gating and lose "
+                   "those corrections, so only the circled cells change (run auto-gating again to refine anew).")
     if shape is None:
         st.caption("Draw a lasso or box around cells on the plot to reassign them.")
     else:
@@ -192,17 +203,18 @@ with side_col:
                                    help="Leave empty to take every cell inside the shape.")
         if from_pops:
             inside &= np.isin(populations, from_pops)
-        to_pop = st.selectbox("Reassign to", pop_names + [NEW_POPULATION], index=None,
+        to_pop = st.selectbox("Reassign to", gating_populations + [NEW_POPULATION], index=None,
                               placeholder="Choose a population", key="ag_to",
                               help="New population…: cells the model has no population for (a tumour cluster, "
                                    "cells gated 'unknown'), under a name you give.")
         if to_pop == NEW_POPULATION:
             typed = st.text_input("Name of the new population", key="ag_new_population", placeholder="e.g. blasts")
-            to_pop, problem = new_population_name(typed, pop_names + sorted(set(populations) - set(pop_names)))
+            to_pop, problem = new_population_name(
+                typed, gating_populations + sorted(set(populations) - set(gating_populations)))
             if problem:
                 st.caption(problem)
         # the model cannot spread a population it was not trained on to similar cells
-        new_name = to_pop is not None and to_pop not in pop_names
+        new_name = to_pop is not None and to_pop not in gating_populations
         if new_name and refine:
             st.caption(f"{to_pop} is no population of the model: only the circled cells change.")
         refine = refine and not new_name
@@ -210,36 +222,42 @@ with side_col:
                      key="ag_reassign", disabled=to_pop is None):
             already = int((populations[inside] == to_pop).sum())
             circled.update({int(i): to_pop for i in np.flatnonzero(inside)})
+            corrected = None
             if refine:
                 from gating_core.method.refinement import refine_gating
 
                 # cells named as a new population stay so; the model refits to the others
-                known = {i: p for i, p in circled.items() if p in pop_names}
-                refined = refine_gating(refine_model, sample, list(known), list(known.values()),
-                                        part=part if part in refine_model.gating_parts() else None)
-                corrected = np.asarray(refined.populations).astype(object)
-                new_confidence = np.asarray(refined.confidence, dtype=float).copy()
-                named = np.array([i for i, p in circled.items() if p not in pop_names], dtype=np.int64)
-                if len(named):
-                    corrected[named] = [circled[int(i)] for i in named]
-                    new_confidence[named] = 1.0
+                known = {i: p for i, p in circled.items() if p in gating_populations}
+                try:
+                    refined = refine_gating(refine_model, sample, list(known), list(known.values()),
+                                            part=part if part in refine_model.gating_parts() else None)
+                except ValueError as exc:
+                    st.error(f"The refinement failed ({exc}): nothing was changed.")
+                else:
+                    corrected = np.asarray(refined.populations).astype(object)
+                    new_confidence = np.asarray(refined.confidence, dtype=float).copy()
+                    named = np.array([i for i, p in circled.items() if p not in gating_populations], dtype=np.int64)
+                    if len(named):
+                        corrected[named] = [circled[int(i)] for i in named]
+                        new_confidence[named] = 1.0
             else:
                 corrected = populations.astype(object).copy()
                 corrected[inside] = to_pop
                 new_confidence = confidence.copy()
                 new_confidence[inside] = 1.0
-            beyond = int(((np.asarray(corrected).astype(str) != populations) & ~inside).sum())
-            autogate_view.before_correction(record)
-            store.correct(patient, corrected, new_confidence)
-            gates_note = autogate_view.after_correction(store, patient, pop_names)
-            state["ag_circled"][patient] = circled
-            state.pop("ag_pending_shape", None)
-            state["ag_correct_message"] = (
-                f"Reassigned {int(inside.sum()):,} circled cells to {to_pop}"
-                + (f" ({already:,} of them were {to_pop} already)" if already else "")
-                + (f"; the refinement moved {beyond:,} further similar cells." if refine else ".") + gates_note)
-            state.ag_chart_version += 1
-            st.rerun()
+            if corrected is not None:
+                beyond = int(((np.asarray(corrected).astype(str) != populations) & ~inside).sum())
+                autogate_view.before_correction(record)
+                store.correct(patient, corrected, new_confidence)
+                state["ag_circled"][patient] = (id(record.result), circled)
+                state.pop("ag_pending_shape", None)
+                gates_note = autogate_view.after_correction(store, patient, pop_names)
+                state["ag_correct_message"] = (
+                    f"Reassigned {int(inside.sum()):,} circled cells to {to_pop}"
+                    + (f" ({already:,} of them were {to_pop} already)" if already else "")
+                    + (f"; the refinement moved {beyond:,} further similar cells." if refine else ".") + gates_note)
+                state.ag_chart_version += 1
+                st.rerun()
 
 parts_view.parts_section(store, patient, record, expanded=review_flags(novelty)[1], axes={
     "x": panel["x"], "y": panel["y"], "idx": idx, "x_scale": AxisScale.from_dict(x_scale_d),

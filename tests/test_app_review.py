@@ -492,6 +492,9 @@ def test_a_correction_refits_the_fitted_gates_and_keeps_one_confidence(loaded):
     again = reload(at, "pages/5_autogate.py")
     stored = store_of(again).patients[patient].load_result()
     np.testing.assert_allclose(stored.confidence, confidence, atol=1e-6)
+    # refined from the model's gating, the reviewed cells read back would lose their corrections
+    assert again.checkbox(key="ag_refine").disabled
+    assert any(c.value.startswith("Corrected in an earlier session: refining would start again") for c in again.caption)
     np.testing.assert_array_equal(np.asarray(stored.populations).astype(str), populations)
     assert stored.details["cells corrected"] == int((populations != predicted).sum())
 
@@ -563,6 +566,8 @@ def test_cells_can_be_named_as_a_population_the_model_lacks(loaded):
     assert new_population_name("b CELLS", ["B cells"]) == ("B cells", None)
     assert new_population_name("", ["B cells"])[0] is None
     assert new_population_name("Unknown", ["B cells"])[1].startswith("'unknown' is what the model calls")
+    # a patient with unknown cells has 'unknown' among its populations: still no name to give
+    assert new_population_name("unknown", ["B cells", "unknown"])[0] is None
     assert new_population_name("CD4/CD8", ["B cells"])[1].startswith("A population's name is 1-80")
 
     at = autogate(loaded, drawn_tree(store_of(loaded), ["Lymphocytes"]))
@@ -605,3 +610,13 @@ def test_cells_can_be_named_as_a_population_the_model_lacks(loaded):
     run(at)
     box = at.checkbox(key=f"ag_accept_{NEW}_ack")
     assert "blasts, named in this review, is a new population the next training learns from" in box.label
+    # gated again: the corrections of the earlier gating are not carried into the new one's refinement
+    at.button(key="ag_run").click()
+    run(at)
+    assert "blasts" not in set(np.asarray(record.populations).astype(str))
+    circle("Debris", refine=True)
+    at.button(key="ag_reassign").click()
+    run(at)
+    assert "blasts" not in set(np.asarray(record.populations).astype(str))
+    base, cells = at.session_state["ag_circled"][NEW]
+    assert base == id(record.result) and set(cells.values()) == {"Debris"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -95,6 +96,7 @@ def test_error_messages_name_the_file_and_the_problem(model_path, sample_data_di
     assert stderr.startswith("error: ") and stderr.rstrip().endswith("a_file: --out-dir names a file, not a folder")
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="/proc, which takes no new file for any user, is Linux's")
 def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(model_path, sample_data_dir, tmp_path):
     """/proc takes no new files for any user, root included: the refusal comes before training
     or gating, and names the folder given, not a temporary file."""
@@ -114,6 +116,9 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(mode
     # a folder made for the outputs and left empty, every patient failing, is not left behind
     none = run_cli("gate", "--model", model_path, "--out-dir", tmp_path / "made", sample_data_dir / "patient_01.labels.csv")
     assert none.returncode == 1 and not (tmp_path / "made").exists()
+    (tmp_path / "there").mkdir()  # one that was there before stays, empty or not
+    none = run_cli("gate", "--model", model_path, "--out-dir", tmp_path / "there", sample_data_dir / "patient_01.labels.csv")
+    assert none.returncode == 1 and (tmp_path / "there").is_dir()
 
 
 def test_every_input_error_shares_one_root_and_keeps_its_old_base():
@@ -189,6 +194,8 @@ def test_evaluate_reads_its_inputs_after_the_method_names(tmp_path):
     assert args.method == ["lda", "trees"] and args.method_inputs == ["a.fcs", "b/c.fcs"] and args.inputs == []
     args = parser.parse_args(["evaluate", "--protocol", "patient", "x.fcs", "--method", "lda"])
     assert args.method == ["lda"] and args.inputs == ["x.fcs"]
+    args = parser.parse_args(["evaluate", "a.fcs", "--method", "lda", "b.fcs"])  # in the order given
+    assert args.inputs == ["a.fcs", "b.fcs"] and not getattr(args, "method_inputs", None)
     for wrong in (["--method", "treez", "a.fcs"], ["--method", "lda", "treez", "a.fcs"]):
         with pytest.raises(SystemExit):
             parser.parse_args(["evaluate", *wrong])

@@ -332,11 +332,12 @@ def new_population_name(text, populations) -> tuple[str | None, str | None]:
     name = str(text or "").strip()
     if not name:
         return None, "Type the new population's name."
+    # before the names in use: a patient with unknown cells has 'unknown' among its populations
+    if name.casefold() == UNKNOWN.casefold():
+        return None, f"'{UNKNOWN}' is what the model calls cells beyond every population: give them a name."
     same = next((p for p in populations if str(p).casefold() == name.casefold()), None)
     if same is not None:
         return str(same), None
-    if name.casefold() == UNKNOWN.casefold():
-        return None, f"'{UNKNOWN}' is what the model calls cells beyond every population: give them a name."
     if not is_gate_name(name):
         return None, "A population's name is 1-80 printable characters, without '/', and not 'other'."
     return name, None

@@ -61,7 +61,7 @@ def after_correction(store, patient: str, populations) -> str:
         return f" The gates of {template} cannot be fitted again: that patient or its gates are gone."
     try:
         fit_from_template(store, patient, template, populations)
-    except GateError as exc:
+    except Exception as exc:  # the correction is kept whatever befalls the gates: say it, go on
         return f" The gates of {template} could not be fitted to the corrected cells ({exc})."
     forget_typed_values(patient)
     return f" The gates of {template} were fitted again to the corrected cells."

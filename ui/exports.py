@@ -112,7 +112,8 @@ def _population_entry(record) -> dict:
         part = getattr(result, "part", None)
         entry.update(confidence=_confidence(record), source=f"auto-gate ({record.result_model or 'model'}"
                      + (f", {PART_TITLES[part]}" if part else "") + ")"
-                     + (", reviewed" if record.corrected is not None else ""))
+                     + (", reviewed" if record.corrected is not None
+                        or (getattr(result, "details", None) or {}).get("corrected in review") else ""))
     else:
         entry["source"] = f"labels ({record.label_source})" if record.label_source else "labels"
     if tree is not None:

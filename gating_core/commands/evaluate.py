@@ -47,7 +47,10 @@ class _MethodNames(argparse.Action):
             wrong = rest[0] if methods else values[0]
             parser.error(f"argument --method: invalid choice: {wrong!r} (choose from {', '.join(EVALUATION_METHODS)})")
         setattr(namespace, self.dest, methods)
-        namespace.method_inputs = list(getattr(namespace, "method_inputs", None) or []) + rest
+        if getattr(namespace, "inputs", None):  # `a.fcs --method lda b.fcs`: b after a, in the order given
+            namespace.inputs = list(namespace.inputs) + rest
+        else:
+            namespace.method_inputs = list(getattr(namespace, "method_inputs", None) or []) + rest
 
 
 def register(subparsers) -> None:

@@ -116,7 +116,10 @@ def run_gate(args) -> int:
                                      part=args.part))
     failed = sum("error" in record for record in records)
     if created and not any(out_dir.iterdir()):
-        out_dir.rmdir()
+        try:
+            out_dir.rmdir()
+        except OSError:  # another run wrote into it meanwhile: it stays
+            pass
     if args.json:
         print_json(records)
         return 1 if failed else 0

@@ -173,7 +173,7 @@ def _locate_data(path, header, text, base, file_size, bits_per_event, declared_e
         if exact_only:
             return None
         # what a user can act on first: a file cut short in copying or acquisition, said once
-        cut = any(p.endswith(("the file is truncated", "or was cut short")) for p in problems.values())
+        cut = all(p.endswith(("the file is truncated", "or was cut short")) for p in problems.values())
         listed = "; ".join(problems[c].removesuffix(": the file is truncated") if cut else problems[c]
                            for c in candidates)
         raise FCSError(path, ("the file is truncated (cut short when copied or written): " if cut else "")
