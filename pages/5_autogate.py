@@ -103,7 +103,7 @@ st.caption(f"Auto-gated with the model **{record.result_model or 'not recorded'}
            + ("" if record.result_model == model_name else f" (the current model is {model_name})") + ".")
 
 populations = np.asarray(record.populations).astype(str)
-confidence = exports._confidence(record)
+confidence = record.confidence
 pop_names = [str(p) for p in model.populations_]
 colors = population_colors(sorted(set(pop_names) | set(np.unique(populations)),
                                   key=lambda p: (p.casefold() in ("other", "ungated"), p)))

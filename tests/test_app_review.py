@@ -71,6 +71,19 @@ def autogate(at: AppTest, tree: GateTree, targets=(NEW,), template="patient_01")
     return run(at)
 
 
+def move_first_vertex(at: AppTest, patient: str, tree: GateTree, gate: str, fraction: float):
+    """Move ``gate``'s first vertex ``fraction`` of the way to its centre on the Auto-gate page
+    (the gate already chosen for adjusting); returns where it was moved to."""
+    vertices = np.asarray(tree[gate].vertices)
+    inward = vertices[0] + fraction * (vertices.mean(axis=0) - vertices[0])
+    at.number_input(key=f"ag_vx_{patient}_{gate}_1").set_value(float(inward[0]))
+    at.number_input(key=f"ag_vy_{patient}_{gate}_1").set_value(float(inward[1]))
+    run(at)
+    at.button(key="ag_move_vertex").click()
+    run(at)
+    return inward
+
+
 def plain(options) -> list[str]:
     """Selector options as population names (the tree's indentation and kinds taken off)."""
     return [re.sub(r" \((quadrant|range|boolean)\)$", "", o.replace("\u2003", "").replace("└ ", "")) for o in options]
@@ -121,13 +134,7 @@ def test_moving_a_vertex_relabels_only_the_cells_it_moves(loaded):
     assert len(drawing) == 2
     assert all(c["buttons"] == {"lasso2d", "select2d"} and c["spec"]["layout"]["dragmode"] == "lasso"
                for c in drawing)
-    vertices = np.asarray(tree["Lymphocytes"].vertices)
-    inward = vertices[0] + 0.3 * (vertices.mean(axis=0) - vertices[0])
-    at.number_input(key=f"ag_vx_{NEW}_Lymphocytes_1").set_value(float(inward[0]))
-    at.number_input(key=f"ag_vy_{NEW}_Lymphocytes_1").set_value(float(inward[1]))
-    run(at)
-    at.button(key="ag_move_vertex").click()
-    run(at)
+    inward = move_first_vertex(at, NEW, tree, "Lymphocytes", 0.3)
     edited = GateTree.from_dict(record.autogates["tree"])
     assert edited["Lymphocytes"].vertices[0] == pytest.approx(tuple(inward))
     before, after = tree.memberships(sample), edited.memberships(sample)
@@ -137,7 +144,7 @@ def test_moving_a_vertex_relabels_only_the_cells_it_moves(loaded):
     untouched = ~np.isin(model_labels, edited.names)
     assert set(model_labels[untouched]) >= {"Granulocytes", "Monocytes", "Debris", "CD4 T cells"}
     np.testing.assert_array_equal(populations[untouched], model_labels[untouched])
-    np.testing.assert_array_equal(exports._confidence(record)[untouched], model_confidence[untouched])
+    np.testing.assert_array_equal(record.confidence[untouched], model_confidence[untouched])
     # only cells whose gate membership changed are relabeled (the gate shrank: none entered it)
     assert changed.any() and not (after["Lymphocytes"] & ~before["Lymphocytes"]).any()
     relabeled = populations != model_labels
@@ -501,13 +508,7 @@ def test_a_correction_refits_the_fitted_gates_and_keeps_one_confidence(loaded):
     # a gate adjusted by hand, then another correction: the gates stay as adjusted, and say so
     at.selectbox(key=f"ag_edit_gate_{patient}").set_value("Lymphocytes")
     run(at)
-    vertices = np.asarray(refitted["Lymphocytes"].vertices)
-    inward = vertices[0] + 0.2 * (vertices.mean(axis=0) - vertices[0])
-    at.number_input(key=f"ag_vx_{patient}_Lymphocytes_1").set_value(float(inward[0]))
-    at.number_input(key=f"ag_vy_{patient}_Lymphocytes_1").set_value(float(inward[1]))
-    run(at)
-    at.button(key="ag_move_vertex").click()
-    run(at)
+    move_first_vertex(at, patient, refitted, "Lymphocytes", 0.2)
     adjusted = record.autogates["tree"]
     at.session_state["ag_pending_shape"] = {"kind": "rectangle", "vertices": [(x0, y0), (x1, y1)],
                                             "patient": patient, "x": "FL3-A", "y": "FL6-A",

@@ -10,18 +10,12 @@ from gating_core.reports.plotting import population_table
 from ui.app_state import zip_files
 
 
-def _confidence(record) -> np.ndarray:
-    """Model confidence, with 1.0 for cells a person reassigned (a human decision): the
-    record's, as the library stores it."""
-    return record.confidence
-
-
 @st.cache_data(max_entries=16, show_spinner="Writing the gated CSV…")
 def gated_csv(token: str, _record, _work_dir) -> bytes:
     """The gated CSV download (also what the zip holds), through the one export path."""
     from gating_core.io.export import export_bytes
 
-    return export_bytes(_record.sample, _record.populations, _confidence(_record), format="csv",
+    return export_bytes(_record.sample, _record.populations, _record.confidence, format="csv",
                         work_dir=_work_dir)
 
 
@@ -56,7 +50,7 @@ def statistics(token: str, _record):
 
     markers = MarkerStatistics.of_sample(_record.sample, sample_channel_label)
     frame = population_table(markers.events, markers.labels, _record.populations,
-                             confidence=_confidence(_record), cofactors=markers.cofactors)
+                             confidence=_record.confidence, cofactors=markers.cofactors)
     frame.insert(0, "patient", _record.name)
     return frame
 
@@ -110,7 +104,7 @@ def _population_entry(record) -> dict:
     entry = {"patient": record.name, "populations": record.populations, "sample": record.sample}
     if result is not None:
         part = getattr(result, "part", None)
-        entry.update(confidence=_confidence(record), source=f"auto-gate ({record.result_model or 'model'}"
+        entry.update(confidence=record.confidence, source=f"auto-gate ({record.result_model or 'model'}"
                      + (f", {PART_TITLES[part]}" if part else "") + ")"
                      + (", reviewed" if record.corrected is not None
                         or (getattr(result, "details", None) or {}).get("corrected in review") else ""))
