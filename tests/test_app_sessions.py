@@ -489,3 +489,19 @@ def test_the_check_progress_is_weighted_by_what_each_method_costs():
     assert seen[0] == ("held-out group, marginal: start", 0.5)
     assert seen[1][1] == pytest.approx(0.5 + 0.5 * marginal, abs=1e-3)
     assert [f for _, f in seen] == sorted(f for _, f in seen) and seen[-1] == ("held-out group, done", 1.0)
+
+
+def test_another_session_and_a_reload_show_the_file_each_patient_was_loaded_from(library, sample_data_dir):
+    from ui.store import Store
+
+    at = load_sample_data(start())
+    held = {name: record.file_name for name, record in store_of(at).patients.items()}
+    assert held["patient_01"] == "patient_01.fcs" and held["new_patient_01"] == "new/new_patient_01.fcs"
+    reloaded = Store()  # a new session, or this one after the server restarted
+    assert {name: record.file_name for name, record in reloaded.patients.items()} == held
+    other = goto(start(), "pages/1_data.py")
+    table = other.dataframe[0].value.set_index("patient")
+    assert table.loc["patient_02", "file"] == "patient_02.fcs"
+    # the name a browser gave is kept as text: never looked up on the server's disk
+    sources = PatientLibrary(library).patient("patient_01").sources
+    assert sources == [{"role": "upload", "path": "patient_01.fcs", "sha256": None}]

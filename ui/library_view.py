@@ -14,6 +14,7 @@ not made current; a result under review stays.
 from __future__ import annotations
 
 import hashlib
+from pathlib import PureWindowsPath
 from types import SimpleNamespace
 
 import numpy as np
@@ -21,6 +22,7 @@ import numpy as np
 from gating_core.gates import GateError, GateTree
 from gating_core.io.labels import Provenance
 from gating_core.library import LibraryError
+from gating_core.library.importing import UPLOAD_ROLE
 from ui.patient_record import PatientRecord, StoredResult, _new_token
 
 VERSION_FIELDS = ("id", "channels", "labeling", "result", "gates")  # PatientLibrary.patient_versions' tuple
@@ -31,6 +33,18 @@ def _library_token(patient_id: str, channels) -> str:
     the caches keyed by it (``ui.cache``) hold one entry for all of them."""
     names = hashlib.sha1("\x1f".join(channels).encode()).hexdigest()[:12]
     return f"lib:{patient_id}:{names}"
+
+
+def _file_name(sources) -> str:
+    """The file a library patient was read from (its events' file): the name it was uploaded
+    under, or an imported file's name without the folders of the machine that imported it; ""
+    when the catalog records none."""
+    for source in sources:
+        if source.get("role") == UPLOAD_ROLE:
+            return str(source.get("path", ""))
+        if source.get("role") in ("fcs", "gated-csv"):
+            return PureWindowsPath(str(source.get("path", ""))).name
+    return ""
 
 
 class LibraryView:
@@ -48,7 +62,7 @@ class LibraryView:
             n_events=info.n_events, labels_loader=self._labels_loader(info.id, name, version), labeled=info.labeled,
             channel_names=info.channels, label_source=Provenance.short(info.label_provenance))
         record.token = _library_token(info.id, info.channels)
-        record.file_name = next((s.get("path", "") for s in info.sources if s.get("role") == "fcs"), "")
+        record.file_name = _file_name(info.sources)
         if info.has_gates:
             try:
                 record.gate_tree = GateTree.from_dict(library.load_gates(name))

@@ -142,11 +142,13 @@ class Store(LibraryView):
             record.set_labels(labels, label_source)
         if self.library is not None:
             from gating_core.library import ConflictError
+            from gating_core.library.importing import UPLOAD_ROLE
 
             try:
                 self.library.add_patient(sample, None if labels is None else record.labels, name=name,
                                          provenance=Provenance.from_short(label_source, Provenance.IMPORTED),
-                                         label_source=file_name or None)
+                                         label_source=file_name or None,
+                                         source_files=[(UPLOAD_ROLE, file_name)] if file_name else ())
             except ConflictError:
                 self.refresh()  # shows theirs
                 raise ValueError("another session added a patient of that name meanwhile; "

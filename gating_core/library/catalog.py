@@ -57,7 +57,7 @@ CREATE TABLE IF NOT EXISTS channels (
 CREATE TABLE IF NOT EXISTS sources (
     id INTEGER PRIMARY KEY,
     patient_id TEXT NOT NULL REFERENCES patients(id) ON DELETE CASCADE,
-    role TEXT NOT NULL,               -- fcs | labels | gated-csv | app
+    role TEXT NOT NULL,               -- fcs | labels | gated-csv | upload
     path TEXT NOT NULL,
     size INTEGER,
     sha256 TEXT

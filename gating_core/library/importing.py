@@ -23,6 +23,9 @@ import gating_core.library.catalog as catalog
 import gating_core.library.storage as storage
 import gating_core.library.common as common
 
+#: The role of a source that is the name a browser gave an uploaded file.
+UPLOAD_ROLE = "upload"
+
 
 @dataclass
 class _Staged:
@@ -65,11 +68,12 @@ class ImportMixin:
             Free text kept with the provenance (a file name, a gate set's description).
         source_files : pairs (role, path)
             Original files recorded in the catalog (role: "fcs", "labels", "gated-csv", ...).
+            Role ``"upload"``: the name a browser gave a file, kept as text and never opened.
 
         Returns the stored patient name. Raises LibraryError and changes nothing on bad input.
         """
         staged = self._prepare(sample, labels, sample.name if name is None else name, provenance if labels is not None else None,
-                               label_source, [(role, Path(p)) for role, p in source_files])
+                               label_source, [(role, p if role == UPLOAD_ROLE else Path(p)) for role, p in source_files])
         return self._commit_patients([staged], action="add patient")[0]
 
     def import_files(self, paths: Sequence[str | os.PathLike], *, name: str | None = None) -> list[str]:
@@ -230,6 +234,11 @@ class ImportMixin:
             "INSERT INTO channels (patient_id, position, pnn, pns, range) VALUES (?, ?, ?, ?, ?)",
             [(patient_id, i, c.pnn, c.pns or "", c.range) for i, c in enumerate(sample.channels)])
         for role, path in item.sources:
+            if role == UPLOAD_ROLE:
+                # A name the user's browser gave: recorded as text, never looked up on this disk.
+                conn.execute("INSERT INTO sources (patient_id, role, path) VALUES (?, ?, ?)",
+                             (patient_id, role, str(path)))
+                continue
             size, digest = None, None
             try:
                 size, digest = path.stat().st_size, storage.sha256_of(path)
@@ -246,7 +255,7 @@ class ImportMixin:
         os.replace(item.events_temp.path, final)
         placed.append(final)
         details = {"n_events": sample.n_events, "n_channels": len(sample.channels),
-                   "sources": [p.name for _, p in item.sources]}
+                   "sources": [p if role == UPLOAD_ROLE else p.name for role, p in item.sources]}
         if item.labels is not None:
             _, labels_final = self._insert_labeling(conn, patient_id, item.labels, item.labels_temp,
                                                     item.provenance, item.label_source, None, None, now)
