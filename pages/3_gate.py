@@ -295,7 +295,9 @@ def gating_section():
         else:
             stats = tree.statistics(sample, masks, channel_label=channel_label)
             stats["gate"] = ["\u2003" * d + ("└ " if d else "") + g for g, d in zip(stats["gate"], stats["depth"])]
-            st.dataframe(stats.drop(columns=["depth"]), hide_index=True, width="stretch",
+            # The numbers first: in half the page's width the long axes text is what scrolls away.
+            stats = stats[["gate", "count", "% of parent", "% of total", "parent", "axes"]]
+            st.dataframe(stats, hide_index=True, width="stretch",
                          column_config={"% of parent": st.column_config.NumberColumn(format="%.2f"),
                                         "% of total": st.column_config.NumberColumn(format="%.2f"),
                                         "count": st.column_config.NumberColumn(format="%d")})

@@ -174,6 +174,7 @@ def test_gate_nested_rectangles_stats_undo_copy_labels_and_persist(library):
     cd3 = sample.events[:, sample.channel_index("FL1-A")]
     expected_cd3 = cells & (cd3 >= 1000 * (1 - 1e-9)) & (cd3 <= 1e6)
     stats = at.dataframe[0].value
+    assert list(stats.columns) == ["gate", "count", "% of parent", "% of total", "parent", "axes"]
     row = stats[stats["gate"].str.contains("CD3")].iloc[0]
     assert row["parent"] == "Cells"
     assert abs(row["count"] - expected_cd3.sum()) <= 1  # the edge value is transformed and back
