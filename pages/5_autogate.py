@@ -70,9 +70,12 @@ flagged = int((worklist["review"] != "").sum())
 with st.expander(f"Gated patients: {flagged} of {len(gated)} to review first" if flagged else
                  f"Gated patients: none flagged for review ({len(gated)})", expanded=bool(flagged)):
     st.table(worklist_display(worklist))
-    st.caption("Parts disagree on: the share of the patient's cells on which the transfer model and its own "
-               "populations name different populations; above 20% the patient is flagged, as patients gated "
-               "less accurately were. Novelty: its distance to the nearest training patient.")
+    st.caption("Parts disagree on: the share of the patient's cells that the model's two parts call different "
+               "populations (the transfer model, which carries the training patients' boundaries over, and the "
+               "patient's own populations, fitted to its clusters; compare them under **Compare the model's "
+               "parts**). Above 20% the patient is flagged, as patients gated less accurately were. Novelty: how "
+               "far the patient's cells lie from the nearest training patient's; above the threshold it is "
+               "unlike every training patient.")
 to_review = set(worklist.loc[worklist["review"] != "", "patient"])
 # The picker starts at the first patient to review, and keeps the reviewer's choice when they
 # come back from another page (Streamlit drops a widget's state with its page).
