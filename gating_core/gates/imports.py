@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -107,7 +108,12 @@ def apply_workspace(wsp_path, samples: dict) -> dict:
     path = Path(wsp_path)
     fk_samples = [_flowkit_sample(s, key) for key, s in samples.items()]
     try:
-        workspace = flowkit.Workspace(str(path), fcs_samples=fk_samples)
+        with warnings.catch_warnings():
+            # A workspace of more samples than were loaded with it is usual; which ones match is
+            # decided (and an empty match reported) below.
+            warnings.filterwarnings("ignore", message=r"WSP references .* but sample was not loaded",
+                                    category=UserWarning)
+            workspace = flowkit.Workspace(str(path), fcs_samples=fk_samples)
     except Exception as exc:
         raise GateImportError(path, f"not a readable FlowJo workspace ({exc})") from None
     known = set(workspace.get_sample_ids())
