@@ -22,11 +22,12 @@ from ui.models import load_model_bytes, model_bytes, model_channel_labels
 
 store = get_store()
 st.title("Train a gating model")
-st.caption("Train a model on labeled (historical) patients. **Marginal transfer** looks at each patient's "
-           "whole cell distribution as well as each cell, so it adapts to patient-to-patient shift; "
-           "**pooling** treats all cells alike (the classic approach, shown for comparison); "
-           "**importance-weighted Nystroem** keeps training cells and refits for each new patient, weighting "
-           "them by how alike they are to that patient's cells.")
+st.caption("Train a model on labeled (historical) patients. **Marginal transfer** (recommended) looks at each "
+           "patient's whole cell distribution as well as each cell, and fits each population to the new "
+           "patient's own clusters, so it follows a patient, run or center whose cells have moved. The other "
+           "methods are there to compare with: **pooling** treats all cells alike (the classic approach); "
+           "**importance-weighted Nystroem** refits for each new patient on the training cells most like "
+           "its own.")
 
 with st.expander("Load a saved model (.npz, as written by this app or `python -m gating_core train`)"):
     model_file = st.file_uploader("Model file", type=["npz"], key="model_upload")
