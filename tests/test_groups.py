@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from gating_core.method.groups import GroupsError, group_folds, groups_from_csv, groups_from_keyword, infer_groups
@@ -147,3 +148,21 @@ def test_a_groups_table_of_several_columns_reads_the_one_named(tmp_path):
         groups_from_csv(table, ["a"], column="site")
     done = run_cli("evaluate", "--group-column", "pair", "x.fcs")
     assert done.returncode == 2 and "--group-column names a column of the --groups CSV file" in done.stderr
+
+
+def test_evaluate_trained_on_one_group_names_the_group_each_model_learned_from(tmp_path):
+    paths = write_centers(tmp_path, n_centers=2, patients_per_center=2, seed=4, n_events=1500, strength=1.0)
+    fcs = [str(p) for p in paths if p.suffix == ".fcs"]
+    csv = tmp_path / "rows.csv"
+    out = run_cli("evaluate", "--groups", tmp_path / "groups.csv", "--protocol", "one-group", "--method", "lda",
+                  "--csv", csv, *fcs)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    header = lines[lines.index("train-on-one-group, per patient") + 1].split()
+    assert header[:4] == ["trained", "on", "patient", "method"]
+    rows = [line.split() for line in lines[lines.index("train-on-one-group, per patient") + 2:][:4]]
+    # each center's patients are gated by the model of the other center
+    assert sorted((row[0], row[1][:2]) for row in rows) == [("center_1", "c2"), ("center_1", "c2"),
+                                                          ("center_2", "c1"), ("center_2", "c1")]
+    table = pd.read_csv(csv)  # the file keeps its column as every protocol names it
+    assert set(table["held_out"]) == {"trained on center_1", "trained on center_2"}

@@ -236,7 +236,7 @@ def run_evaluate(args) -> int:
                          + (["disagreement"] if part["disagreement"].notna().any() else [])
                          + (["unknown"] if part["unknown"].any() else []) + f1_columns
                          ].rename(columns={c: f"F1 {c[3:]}" for c in f1_columns})
-            print(shown.to_string(index=False))
+            print(_split_column_shown(shown, protocol).to_string(index=False))
         print()
         print("Summary (mean and worst patient, per protocol" + (" and seed)" if seeds else ")")
               + "; worst_patient: the patient of worst_accuracy")
@@ -256,3 +256,12 @@ def run_evaluate(args) -> int:
                   f"populations disagree on more than {DISAGREEMENT_THRESHOLD:.0%} of the cells) and the others")
             print(review.to_string(index=False))
     return 0
+
+
+def _split_column_shown(table, protocol: str):
+    """The per-patient table with its split column named for the reader: ``trained on`` (the group
+    each model learned from) when training on one group, ``held out`` otherwise."""
+    if protocol == "train-on-one-group":
+        trained_on = table["held_out"].astype(str).str.removeprefix("trained on ")
+        return table.assign(held_out=trained_on).rename(columns={"held_out": "trained on"})
+    return table.rename(columns={"held_out": "held out"})
