@@ -18,7 +18,9 @@ Data sets and protocols (each a line of the tables in docs/unseen_data.md):
   single Gaussian (as a lab's catch-all gates are): ``+lymphocytes`` (mc: B, CD4 T and CD8 T cells
   one population), ``+b-rest`` (mc: B cells against everything else, a small population beside a
   large multimodal one), ``+cd4-rest`` (mc: CD4 T cells against everything else), ``+t-rest`` and
-  ``+fl2-rest`` (DLBCL: FL1+FL4+, or FL2+, against everything else);
+  ``+fl2-rest`` (DLBCL: FL1+FL4+, or FL2+, against everything else), ``+bnk-rest`` (simulated:
+  B cells and NK cells against everything else; on ``hard-rare`` two rare populations beside
+  one catch-all);
 - ``hard-<kind>``: the simulator's hard cohorts (``simulate_hard_cohort``): ``channel-scale-shift``
   (train on one batch, gate the other), ``partial-population`` and ``rare`` (leave one center
   out).
@@ -76,6 +78,8 @@ MERGES = {
     "t-rest": {"FL2+": "rest", "other": "rest", "ungated": "rest"},
     "fl2-rest": {"FL1+FL4+": "rest", "other": "rest", "ungated": "rest"},
     "cd4-rest": {"B cells": "rest", "CD8 T cells": "rest", "Monocytes": "rest", "ungated": "rest"},
+    "bnk-rest": {"Debris": "rest", "Granulocytes": "rest", "Monocytes": "rest", "CD4 T cells": "rest",
+                 "CD8 T cells": "rest", "other": "rest"},
 }
 
 
