@@ -72,8 +72,8 @@ with st.expander(f"Gated patients: {flagged} of {len(gated)} to review first" if
     st.table(worklist_display(worklist))
     st.caption("Parts disagree on: the share of the patient's cells that the model's two parts call different "
                "populations (the transfer model, which carries the training patients' boundaries over, and the "
-               "patient's own populations, fitted to its clusters; compare them under **Compare the model's "
-               "parts**). Above 20% the patient is flagged, as patients gated less accurately were. Novelty: how "
+               "patient's own populations, fitted to its clusters; each can gate the patient alone further down "
+               "the page). Above 20% the patient is flagged, as patients gated less accurately were. Novelty: how "
                "far the patient's cells lie from the nearest training patient's; above the threshold it is "
                "unlike every training patient.")
 to_review = set(worklist.loc[worklist["review"] != "", "patient"])

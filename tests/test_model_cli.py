@@ -112,7 +112,7 @@ def test_evaluate_prints_every_method_per_patient_and_the_worst(sample_data_dir,
     assert result.returncode == 0, result.stderr
     assert "leave-one-patient-out, per patient" in result.stdout
     assert "Summary (mean and worst patient, per protocol); worst_patient: the patient of worst_accuracy" in result.stdout
-    header = next(line for line in result.stdout.splitlines() if line.lstrip().startswith("held_out"))
+    header = next(line for line in result.stdout.splitlines() if line.lstrip().startswith("held out"))
     assert "F1 CD4 T cells" in header and "F1 Granulocytes" in header
     # Four distinct simulated patients: each is its own inferred group, so one protocol runs.
     assert "Every patient is its own group" in result.stdout
