@@ -186,7 +186,7 @@ with side_col:
     # The refinement refits the kernel model's own features; the IW model has none to refit. A
     # gating read back after a review holds the reviewed cells only: refined from the model's
     # gating again, the earlier corrections would be lost.
-    reviewed_before = autogate_view.reviewed_result(result)
+    reviewed_before = record.reviewed_earlier
     refinable = not is_transductive(refine_model) and not reviewed_before
     refine = st.checkbox("Apply corrections to similar cells", key="ag_refine", disabled=not refinable,
                          help="Refit this patient's gating to every cell corrected so far (JMLR 2021, section 9): "
@@ -288,7 +288,7 @@ if autogate_view.gates_section(store, patient, record, model, pop_names) is None
 
 if record.corrected is not None:
     st.caption(f"{record.corrected_count():,} cells corrected by hand.")
-elif autogate_view.reviewed_result(result):
+elif record.reviewed_earlier:
     earlier = (getattr(result, "details", None) or {}).get("cells corrected")
     st.caption("Corrected by hand in an earlier session" + (f" ({int(earlier):,} cells)" if earlier is not None else "")
                + ": the populations shown are the reviewed ones.")

@@ -295,12 +295,6 @@ def forget_typed_values(patient: str) -> None:
         del state[key]
 
 
-def reviewed_result(result) -> bool:
-    """Whether a result read back from the library holds reviewed cells (corrected in an
-    earlier session), not the model's gating."""
-    return bool((getattr(result, "details", None) or {}).get("corrected in review"))
-
-
 def gates_section(store, patient: str, record, model, populations) -> GateTree | None:
     """The result as gates: fitted from a template, drawn, counted, adjusted. Returns the
     patient's gate tree, or None when no labeled patient carries a tree to fit."""
@@ -320,7 +314,7 @@ def gates_section(store, patient: str, record, model, populations) -> GateTree |
     counted = counted_cells(tree, record.populations, masks, known)
     g1, g2 = st.columns([3, 2])
     g1.caption(f"Gates of **{record.autogates['template']}** fitted to {patient}'s "
-               + ("reviewed cells" if record.corrected is not None or reviewed_result(result) else "predicted cells")
+               + ("reviewed cells" if record.is_reviewed else "predicted cells")
                + (", then adjusted by hand: the cells whose gate membership changed follow the gates."
                   if record.autogates.get("edited") else ".")
                + " Counts are of the reviewed cells (what every export holds); *in gate*: events inside the "
@@ -358,7 +352,7 @@ def gates_section(store, patient: str, record, model, populations) -> GateTree |
                    "quadrants and ranges can be adjusted below.")
     # F1 against the model's predictions; a result read back from the library after a review
     # holds the reviewed cells only, and the column says so.
-    reviewed_only = reviewed_result(result)
+    reviewed_only = record.reviewed_earlier
     table = gate_table(tree, sample, result.populations, masks, counted)
     # A gate no population is predicted in (a quadrant or range kept as drawn) has no F1: shown
     # as a dash; the grid would show a missing number as the word "None".

@@ -106,8 +106,7 @@ def _population_entry(record) -> dict:
         part = getattr(result, "part", None)
         entry.update(confidence=record.confidence, source=f"auto-gate ({record.result_model or 'model'}"
                      + (f", {PART_TITLES[part]}" if part else "") + ")"
-                     + (", reviewed" if record.corrected is not None
-                        or (getattr(result, "details", None) or {}).get("corrected in review") else ""))
+                     + (", reviewed" if record.is_reviewed else ""))
     else:
         entry["source"] = f"labels ({record.label_source})" if record.label_source else "labels"
     if tree is not None:

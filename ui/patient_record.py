@@ -13,6 +13,10 @@ from ui.gate_history import GateHistory
 from ui.shared import compact_labels
 
 
+#: The key of a stored result's details that says its populations are a person's review.
+REVIEWED_DETAIL = "corrected in review"
+
+
 def _new_token() -> str:
     return uuid.uuid4().hex
 
@@ -184,6 +188,17 @@ class PatientRecord:
             raise ValueError(f"{self.name}: {confidence.shape[0]} confidences for {self.n_events} events")
         self.corrected, self.corrected_confidence = compact_labels(populations), confidence
         self.result_token = _new_token()
+
+    @property
+    def reviewed_earlier(self) -> bool:
+        """Whether the auto-gate result read back from the library holds reviewed cells
+        (corrected in an earlier session), not the model's gating."""
+        return bool((getattr(self.load_result(), "details", None) or {}).get(REVIEWED_DETAIL))
+
+    @property
+    def is_reviewed(self) -> bool:
+        """Whether the populations shown are a person's review: corrected in this session or an earlier one."""
+        return self.corrected is not None or self.reviewed_earlier
 
     def corrected_count(self) -> int:
         """Cells whose reviewed population differs from the model's gating (0 without corrections)."""

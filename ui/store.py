@@ -27,7 +27,7 @@ import numpy as np
 from gating_core.gates import AxisScale, GateError, GateTree, panel_scale
 from gating_core.io.labels import Provenance
 from ui.library_view import LibraryView, _library_token
-from ui.patient_record import PatientRecord, _new_token, _novelty_details
+from ui.patient_record import REVIEWED_DETAIL, PatientRecord, _new_token, _novelty_details
 
 DEFAULT_LIBRARY = "workspace"
 
@@ -356,7 +356,7 @@ class Store(LibraryView):
         record = self.patients[name]
         record.load_result()
         record.set_corrected(populations, confidence)
-        details = {**_novelty_details(record.result), "corrected in review": True,
+        details = {**_novelty_details(record.result), REVIEWED_DETAIL: True,
                    "cells corrected": record.corrected_count()}
         self._save_result(name, record.corrected, record.confidence, record.result_model, details)
 
@@ -389,7 +389,7 @@ class Store(LibraryView):
         else:
             record.result_token = _new_token()
         if record.corrected is not None:
-            details.update({"corrected in review": True, "cells corrected": record.corrected_count()})
+            details.update({REVIEWED_DETAIL: True, "cells corrected": record.corrected_count()})
         self._save_result(name, record.populations, record.confidence, record.result_model, details)
 
     def _save_result(self, name, populations, confidence, model_label, details) -> None:
