@@ -87,6 +87,11 @@ patient = st.selectbox("Review patient", gated, key="ag_patient",
                        format_func=lambda n: f"{n} · to review" if n in to_review else n)
 state["ag_patient_kept"] = patient
 record = store.patients[patient]
+# The model that gated this patient (the current one when that model is gone): the populations
+# its result names, its corrections refine and its gates are fitted with.
+gating_model = store.gating_model(patient)
+gating_model = model if gating_model is None else gating_model
+pop_names = [str(p) for p in gating_model.populations_]
 result = record.load_result()
 sample = record.sample
 novelty = getattr(result, "novelty", None)
@@ -95,7 +100,7 @@ if notice is not None and notice[0] == "warning":
     st.warning(notice[1], icon=":material/warning:")
 elif notice is not None:
     st.success(notice[1], icon=":material/check_circle:")
-unknown_notice = unknown_cells_notice(patient, record.populations, model.populations_)
+unknown_notice = unknown_cells_notice(patient, record.populations, pop_names)
 if unknown_notice:
     st.warning(unknown_notice, icon=":material/help:")
 if record.label_source.startswith("auto-gate"):
@@ -107,7 +112,6 @@ st.caption(f"Auto-gated with the model **{record.result_model or 'not recorded'}
 
 populations = np.asarray(record.populations).astype(str)
 confidence = record.confidence
-pop_names = [str(p) for p in model.populations_]
 colors = population_colors(sorted(set(pop_names) | set(np.unique(populations)),
                                   key=lambda p: (p.casefold() in ("other", "ungated"), p)))
 
@@ -180,19 +184,16 @@ with side_col:
         differs = np.flatnonzero(np.asarray(record.corrected).astype(str) != np.asarray(result.populations).astype(str))
         circled = {int(i): str(record.corrected[i]) for i in differs}
     circled = dict(circled or {})
-    refine_model = store.models.get(record.result_model, model)
-    # the populations of the model that gated this patient: what its refinement can spread
-    gating_populations = [str(p) for p in getattr(refine_model, "populations_", pop_names)]
     # The refinement refits the kernel model's own features; the IW model has none to refit. A
     # gating read back after a review holds the reviewed cells only: refined from the model's
     # gating again, the earlier corrections would be lost.
     reviewed_before = record.reviewed_earlier
-    refinable = not is_transductive(refine_model) and not reviewed_before
+    refinable = not is_transductive(gating_model) and not reviewed_before
     refine = st.checkbox("Apply corrections to similar cells", key="ag_refine", disabled=not refinable,
                          help="Refit this patient's gating to every cell corrected so far (JMLR 2021, section 9): "
                               "cells like the circled ones move with them, not only those circled. "
                               "Off: only the circled cells change.") and refinable
-    if is_transductive(refine_model):
+    if is_transductive(gating_model):
         st.caption("The importance-weighted Nystroem model does not offer refinement from corrections: "
                    "only the circled cells change.")
     elif reviewed_before:
@@ -206,18 +207,18 @@ with side_col:
                                    help="Leave empty to take every cell inside the shape.")
         if from_pops:
             inside &= np.isin(populations, from_pops)
-        to_pop = st.selectbox("Reassign to", gating_populations + [NEW_POPULATION], index=None,
+        to_pop = st.selectbox("Reassign to", pop_names + [NEW_POPULATION], index=None,
                               placeholder="Choose a population", key="ag_to",
                               help="New population…: cells the model has no population for (a tumour cluster, "
                                    "cells gated 'unknown'), under a name you give.")
         if to_pop == NEW_POPULATION:
             typed = st.text_input("Name of the new population", key="ag_new_population", placeholder="e.g. blasts")
             to_pop, problem = new_population_name(
-                typed, gating_populations + sorted(set(populations) - set(gating_populations)))
+                typed, pop_names + sorted(set(populations) - set(pop_names)))
             if problem:
                 st.caption(problem)
         # the model cannot spread a population it was not trained on to similar cells
-        new_name = to_pop is not None and to_pop not in gating_populations
+        new_name = to_pop is not None and to_pop not in pop_names
         if new_name and refine:
             st.caption(f"{to_pop} is no population of the model: only the circled cells change.")
         refine = refine and not new_name
@@ -230,16 +231,16 @@ with side_col:
                 from gating_core.method.refinement import refine_gating
 
                 # cells named as a new population stay so; the model refits to the others
-                known = {i: p for i, p in circled.items() if p in gating_populations}
+                known = {i: p for i, p in circled.items() if p in pop_names}
                 try:
-                    refined = refine_gating(refine_model, sample, list(known), list(known.values()),
-                                            part=part if part in refine_model.gating_parts() else None)
+                    refined = refine_gating(gating_model, sample, list(known), list(known.values()),
+                                            part=part if part in gating_model.gating_parts() else None)
                 except ValueError as exc:
                     st.error(f"The refinement failed ({exc}): nothing was changed.")
                 else:
                     corrected = np.asarray(refined.populations).astype(object)
                     new_confidence = np.asarray(refined.confidence, dtype=float).copy()
-                    named = np.array([i for i, p in circled.items() if p not in gating_populations], dtype=np.int64)
+                    named = np.array([i for i, p in circled.items() if p not in pop_names], dtype=np.int64)
                     if len(named):
                         corrected[named] = [circled[int(i)] for i in named]
                         new_confidence[named] = 1.0
@@ -254,7 +255,7 @@ with side_col:
                 store.correct(patient, corrected, new_confidence)
                 state["ag_circled"][patient] = (id(record.result), circled)
                 state.pop("ag_pending_shape", None)
-                gates_note = autogate_view.after_correction(store, patient, pop_names)
+                gates_note = autogate_view.after_correction(store, patient)
                 state["ag_correct_message"] = (
                     f"Reassigned {int(inside.sum()):,} circled cells to {to_pop}"
                     + (f" ({already:,} of them were {to_pop} already)" if already else "")
@@ -278,7 +279,7 @@ st.dataframe(stats.drop(columns=["patient"]), hide_index=True, width="stretch",
 st.subheader("Gates", anchor="gates")
 # The result in the training patients' gate hierarchy: each gate fitted to this patient's
 # predicted cells on its parent's plot (gating_core.gates.autogates), editable like drawn gates.
-if autogate_view.gates_section(store, patient, record, model, pop_names) is None:
+if autogate_view.gates_section(store, patient, record) is None:
     st.caption("The training patients carry labels but no gate tree, so the populations are shown as "
                "children of all events (% of parent is % of total). Draw a gate tree on a training patient "
                "(**Gate** page, gates named like the populations) to get the result back as gates.")

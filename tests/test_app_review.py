@@ -621,3 +621,40 @@ def test_cells_can_be_named_as_a_population_the_model_lacks(loaded):
     assert "blasts" not in set(np.asarray(record.populations).astype(str))
     base, cells = at.session_state["ag_circled"][NEW]
     assert base == id(record.result) and set(cells.values()) == {"Debris"}
+
+
+def test_gates_are_fitted_with_the_populations_of_the_model_that_gated_the_patient(loaded):
+    """A patient gated by one model is reviewed while another, trained without NK cells, is the
+    current model: the gates are fitted again with the gating model's populations. Its NK cells
+    gate names a population that model predicts (none of this patient's cells after the review),
+    so the Lymphocytes gate above it is fitted, not kept as drawn for a gate named like nothing."""
+    from gating_core.model import GatingModel
+
+    store = store_of(loaded)
+    at = autogate(loaded, drawn_tree(store, ["Lymphocytes", "T cells", "CD4 T cells", "CD8 T cells", "B cells",
+                                             "NK cells"]))
+    gated_by = store.patients[NEW].result_model
+    assert "NK cells" in store.gating_populations(NEW)
+    # the reviewer gives every NK cell to the B cells
+    reviewed = np.asarray(store.patients[NEW].populations).astype(str).astype(object)
+    assert (reviewed == "NK cells").sum() > 100
+    reviewed[reviewed == "NK cells"] = "B cells"
+    store.correct(NEW, reviewed, store.patients[NEW].confidence)
+
+    trained_on = ["patient_02", "patient_03"]
+    merged = [np.where(np.asarray(store.patients[n].labels).astype(str) == "NK cells", "B cells",
+                       np.asarray(store.patients[n].labels).astype(str)) for n in trained_on]
+    other = GatingModel(select=False, cells_per_patient=500, embedding_cells=2000, random_state=0).fit(
+        [store.patients[n].sample for n in trained_on], merged)
+    assert "NK cells" not in other.populations_
+    store.add_model("without NK cells", other, trained_on)
+    assert store.current_model != gated_by
+    run(at)
+    assert at.selectbox(key="ag_model").value == store.current_model
+    at.button(key=f"ag_refit_{NEW}").click()
+    run(at)
+    gates = store.patients[NEW].autogates
+    assert gates["template"] == "patient_01"
+    assert "NK cells" in gates["populations"]
+    assert "Lymphocytes" not in gates["unfitted"], gates["unfitted"]
+    assert gates["unfitted"]["NK cells"] == "no cell of this patient is predicted in its population"

@@ -17,19 +17,21 @@ from ui.common import channel_label, plot_bins, plot_range
 ALL = "all events"
 
 
-def templates_for(store, patient: str, model, populations) -> tuple[dict, list[str]]:
+def templates_for(store, patient: str) -> tuple[dict, list[str]]:
     """(patient -> gate tree of the labeled patients but ``patient``, the template patients in
-    the order offered: the model's training patients first)."""
+    the order offered: the training patients of the model that gated ``patient`` first)."""
     trees = {n: store.patients[n].gate_tree for n in store.labeled() if n != patient}
-    trained_on = getattr(model, "training_patients_", None) or ()
-    return trees, autogate_templates(trees, populations, trained_on)
+    trained_on = getattr(store.gating_model(patient), "training_patients_", None) or ()
+    return trees, autogate_templates(trees, store.gating_populations(patient), trained_on)
 
 
-def fit_from_template(store, patient: str, template: str, populations) -> None:
+def fit_from_template(store, patient: str, template: str) -> None:
     """Fit ``template``'s gate tree to the patient's reviewed cells (the model's gating, or its
     corrections) and keep it with its result; gates that cannot be fitted keep the template's
-    geometry, with the reason."""
+    geometry, with the reason. The populations a gate can name are those of the model that
+    gated the patient, whichever model is current."""
     record, drawn = store.patients[patient], store.patients[template]
+    populations = store.gating_populations(patient)
     # the template patient's events are read only when a gate of its tree names no population
     evidence = drawn.is_labeled and any(g.name not in set(populations) for g in drawn.gate_tree.leaves())
     fitted = fit_gate_tree(drawn.gate_tree, record.sample, record.populations, known=populations,
@@ -45,7 +47,7 @@ def before_correction(record) -> None:
         record.autogates["before correction"] = True
 
 
-def after_correction(store, patient: str, populations) -> str:
+def after_correction(store, patient: str) -> str:
     """Gates fitted from a template (not adjusted by hand) are fitted again to the corrected
     cells, so that they enclose the populations every export counts. Returns a sentence for the
     page's message ('' when the patient has no gates)."""
@@ -60,7 +62,7 @@ def after_correction(store, patient: str, populations) -> str:
     if template not in store.patients or not store.patients[template].gate_tree.gates:
         return f" The gates of {template} cannot be fitted again: that patient or its gates are gone."
     try:
-        fit_from_template(store, patient, template, populations)
+        fit_from_template(store, patient, template)
     except Exception as exc:  # the correction is kept whatever befalls the gates: say it, go on
         return f" The gates of {template} could not be fitted to the corrected cells ({exc})."
     forget_typed_values(patient)
@@ -295,22 +297,22 @@ def forget_typed_values(patient: str) -> None:
         del state[key]
 
 
-def gates_section(store, patient: str, record, model, populations) -> GateTree | None:
+def gates_section(store, patient: str, record) -> GateTree | None:
     """The result as gates: fitted from a template, drawn, counted, adjusted. Returns the
     patient's gate tree, or None when no labeled patient carries a tree to fit."""
     state = st.session_state
     sample, result = record.sample, record.load_result()
-    trees, templates = templates_for(store, patient, model, populations)
+    trees, templates = templates_for(store, patient)
     if record.autogates is None and templates:
         try:
-            fit_from_template(store, patient, templates[0], populations)
+            fit_from_template(store, patient, templates[0])
         except GateError as exc:
             st.warning(f"The gates of {templates[0]} cannot be fitted to {patient}: {exc}")
     if record.autogates is None:
         return None
     tree = GateTree.from_dict(record.autogates["tree"])
     masks = cache.memberships(record.token, tree.to_json(), sample)
-    known = record.autogates.get("populations") or populations
+    known = record.autogates.get("populations") or store.gating_populations(patient)
     counted = counted_cells(tree, record.populations, masks, known)
     g1, g2 = st.columns([3, 2])
     g1.caption(f"Gates of **{record.autogates['template']}** fitted to {patient}'s "
@@ -325,7 +327,7 @@ def gates_section(store, patient: str, record, model, populations) -> GateTree |
                                        help="The model's training patients come first: the gates a lab drew.")
         if st.button("Fit the gates again", key=f"ag_refit_{patient}", disabled=template_choice not in trees):
             try:
-                fit_from_template(store, patient, template_choice, populations)
+                fit_from_template(store, patient, template_choice)
             except GateError as exc:
                 st.error(f"The gates of {template_choice} cannot be fitted to {patient}: {exc}")
             else:

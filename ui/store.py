@@ -360,6 +360,18 @@ class Store(LibraryView):
                    "cells corrected": record.corrected_count()}
         self._save_result(name, record.corrected, record.confidence, record.result_model, details)
 
+    def gating_model(self, name: str):
+        """The model that gated ``name`` (None when it is no longer in the session)."""
+        return self.models.get(self.patients[name].result_model)
+
+    def gating_populations(self, name: str) -> list[str]:
+        """Every population the model that gated ``name`` can name, present in its result or not;
+        kept with the patient's gates, so that they outlive the model ([] when neither is known)."""
+        model = self.gating_model(name)
+        if model is not None:
+            return [str(p) for p in model.populations_]
+        return [str(p) for p in (self.patients[name].autogates or {}).get("populations", [])]
+
     def set_autogates(self, name: str, tree: GateTree, template: str, edited: bool = False,
                       adjusted: str | None = None, unfitted: dict | None = None) -> None:
         """Keep the gates fitted to (or adjusted on) an auto-gated patient with its result.
@@ -371,8 +383,7 @@ class Store(LibraryView):
         record = self.patients[name]
         record.load_result()
         before = record.autogates
-        model = self.models.get(record.result_model)
-        known = [str(p) for p in getattr(model, "populations_", None) or (before or {}).get("populations", [])]
+        known = self.gating_populations(name)
         record.autogates = {"tree": tree.to_dict(), "template": str(template), "edited": bool(edited),
                             "adjusted": adjusted,  # the gate adjusted last, shown first on a return
                             "unfitted": dict(unfitted if unfitted is not None else

@@ -169,6 +169,8 @@ def fit_gate_tree(template: GateTree, sample, populations, unassigned=UNASSIGNED
         # template's definition (its cells still follow this patient's events).
         if gate.is_shape and gate.name in unnamed:
             unfitted[gate.name] = "no population of the model has this name, so no cell is predicted in it"
+        elif gate.is_shape and target is None and not template.children(gate.name):
+            unfitted[gate.name] = "no cell of this patient is predicted in its population"
         elif gate.is_shape and target is None:
             unfitted[gate.name] = "no gate below it names a population of the model"
         elif gate.is_shape:
