@@ -150,11 +150,15 @@ def test_model_file_loaded_once_per_worker(batch, client, tmp_path):
 
 
 def test_cli_gate_with_local_workers(batch, tmp_path):
-    out_dir = tmp_path / "out"
+    """The private cluster gates as the serial path does, and leaves nothing in the temporary
+    directory (Dask's own scratch space would keep its lock files there)."""
+    out_dir, temporary = tmp_path / "out", tmp_path / "tmp"
+    temporary.mkdir()
     paths = [str(p) for p in batch["good"][:2]] + [str(batch["truncated"])]
     result = run_cli("gate", "--model", batch["model_path"], "--out-dir", out_dir, "--workers", "2",
-                     "--chunk-size", CHUNK, *paths, timeout=240, cwd=tmp_path)
+                     "--chunk-size", CHUNK, *paths, timeout=240, cwd=tmp_path, env={"TMPDIR": str(temporary)})
     assert result.returncode == 1, result.stderr  # one file failed
+    assert sorted(p.name for p in temporary.rglob("*")) == []
     assert "error: truncated.fcs: " in result.stderr
     assert f"new_0: {N_EVENTS:,} events -> {out_dir / 'new_0.gated.csv'}" in result.stdout
     serial_dir = tmp_path / "serial"

@@ -28,9 +28,11 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import uuid
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -50,17 +52,42 @@ def local_cluster(workers: int, threads_per_worker: int = 1, memory_limit="auto"
     Nothing listens beyond 127.0.0.1: the scheduler, the workers, their nannies and the
     scheduler's status pages (on a free port, not the usual 8787 another user may hold) all
     bind to it.
+
+    The workers' scratch space is a private temporary folder, removed when the cluster is
+    closed (or collected): Dask's shared one in the temporary directory keeps its lock files
+    after every run.
     """
+    import dask
     from dask.distributed import LocalCluster
 
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
-    # Task failures reach the client as exceptions and become the file's error record; what the
-    # private cluster logs on its own (a heartbeat that misses a scheduler already shutting down
-    # on a busy machine) is a traceback on the user's terminal and says nothing about the files.
-    return LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
-                        host="127.0.0.1", dashboard_address="127.0.0.1:0", memory_limit=memory_limit,
-                        env=dict(WORKER_ENV), silence_logs=logging.CRITICAL)
+    scratch = tempfile.mkdtemp(prefix="gating-dask-")
+    try:
+        # Each nanny takes a copy of the configuration when it is made, and its worker (a
+        # restarted one too) finds its scratch space there.
+        with dask.config.set({"temporary-directory": scratch}):
+            # Task failures reach the client as exceptions and become the file's error record;
+            # what the private cluster logs on its own (a heartbeat that misses a scheduler
+            # already shutting down on a busy machine) is a traceback on the user's terminal and
+            # says nothing about the files.
+            cluster = LocalCluster(n_workers=workers, threads_per_worker=threads_per_worker, processes=True,
+                                   host="127.0.0.1", dashboard_address="127.0.0.1:0", memory_limit=memory_limit,
+                                   env=dict(WORKER_ENV), silence_logs=logging.CRITICAL)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    remove_scratch = weakref.finalize(cluster, shutil.rmtree, scratch, True)
+    close = cluster.close
+
+    def close_and_remove_scratch(*args, **kwargs):
+        try:
+            return close(*args, **kwargs)
+        finally:
+            remove_scratch()
+
+    cluster.close = close_and_remove_scratch
+    return cluster
 
 
 def _load_model_cached(model_bytes: bytes, digest: str):
