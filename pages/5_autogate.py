@@ -303,7 +303,7 @@ elif confirm_action(
         f"ag_accept_{patient}", "Accept this patient…", "Accept: make these its labels",
         lambda: (st.markdown(f"**{patient}**: its labels now and after accepting, cells per population:"),
                  show_label_change(record.labels if record.is_labeled else None, reviewed)),
-        acknowledge=acceptance_acknowledgement(patient, is_novel, reviewed, model.populations_, parts_disagree),
+        acknowledge=acceptance_acknowledgement(patient, is_novel, reviewed, pop_names, parts_disagree),
         help="Its (corrected) populations become labels: it joins the historical patients."):
     try:
         store.accept(patient)
