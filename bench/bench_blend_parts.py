@@ -48,7 +48,14 @@ the sets where it gains or loses more than 0.1 point against the default. The ru
   followed a population elsewhere);
 - ``flagged-lda``: a quarter pooled LDA for a patient the review flags (its transfer model and
   adapted populations disagree on more than DISAGREEMENT_THRESHOLD of its cells), where the
-  default is least sure of itself.
+  default is least sure of itself;
+- ``trees-for-transfer``: the default's mix with pooled trees in place of the transfer model,
+  ``(1 - w) p_trees + w (p_S + p_O) / 2``: the adapted populations beside a flexible model
+  that knows nothing of the patient's distribution;
+- ``half-trees``: the transfer model's share split evenly between it and pooled trees;
+- ``embedding-trees`` / ``embedding-trees-for-transfer``: the patient's embedding fed to a
+  stronger learner (:class:`EmbeddingTrees`, fitted by ``run --embedding-trees``), alone and in
+  place of the transfer model in the default's mix.
 
 Run: ``python bench/bench_blend_parts.py run mc-pair mc-batch dlbcl-batch dlbcl-folds --out DIR``
 then ``python bench/bench_blend_parts.py score DIR``.
@@ -64,6 +71,7 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+from sklearn.decomposition import PCA
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -86,6 +94,9 @@ FAMILIAR_AGREEMENT = 0.1
 #: ``own-checked``: the share of a patient's cells on which the two generative fits may differ.
 OWN_CHECK_DISAGREEMENT = 0.5
 PARTS = ("transfer", "shared", "own", "lda", "trees")
+#: ``run --embedding-trees``: at most this many principal components of the training patients'
+#: embeddings go beside each cell.
+EMBEDDING_COMPONENTS = 4
 
 
 def fold_sets(name: str, groups, seed: int):
@@ -94,7 +105,7 @@ def fold_sets(name: str, groups, seed: int):
     return held_out_sets(name, groups, seed)
 
 
-def run(names, out: Path, seed: int) -> None:
+def run(names, out: Path, seed: int, embedding_trees: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
         loaded = load_set(PATIENT_SETS.get(name, name), seed)
@@ -112,18 +123,21 @@ def run(names, out: Path, seed: int) -> None:
             if name == "dlbcl-batch-4":  # as bench_unseen.py scores it: the other batch only
                 held = [i for i in held if groups[i] != groups[train[0]]]
             arrays = fit_fold([samples[i] for i in train], [labels[i] for i in train], [groups[i] for i in train],
-                              [samples[i] for i in held], [labels[i] for i in held], seed)
+                              [samples[i] for i in held], [labels[i] for i in held], seed, embedding_trees)
             np.savez_compressed(path, **arrays)
             print(f"{name} fold {k + 1}: {len(held)} held out, weight {float(arrays['weight']):.2f} "
                   f"({time.time() - start:.0f} s)", flush=True)
 
 
-def fit_fold(train_samples, train_labels, train_groups, held_samples, held_labels, seed) -> dict:
-    """Every held-out patient's probabilities (n, k) from each part, its labels and novelty."""
+def fit_fold(train_samples, train_labels, train_groups, held_samples, held_labels, seed,
+             embedding_trees=False) -> dict:
+    """Every held-out patient's probabilities (n, k) from each part, its labels and novelty
+    (and with ``embedding_trees`` those of :class:`EmbeddingTrees`)."""
     model = GatingModel(random_state=seed).fit(train_samples, train_labels, groups=train_groups)
     populations = np.asarray(model.populations_)
     pooled = {kind: PooledBaseline(kind, random_state=seed).fit(train_samples, train_labels)
               for kind in ("lda", "trees")}
+    beside = EmbeddingTrees(random_state=seed).fit(model, train_samples, train_labels) if embedding_trees else None
     # The weight's check as the fold's model made it (each held-out training patient's accuracy
     # at each weight): other rules for the weight can be scored offline too.
     arrays = {"populations": populations, "weight": np.float64(model.adaptive_weight_),
@@ -144,12 +158,50 @@ def fit_fold(train_samples, train_labels, train_groups, held_samples, held_label
             columns = np.searchsorted(populations, np.asarray(baseline.estimator_.classes_).astype(str))
             arrays[f"{p}:{kind}"] = np.zeros((len(proba), len(populations)), np.float32)
             arrays[f"{p}:{kind}"][:, columns] = proba
+        if beside is not None:
+            arrays[f"{p}:embedding_trees"] = beside.proba(sample, embedding, populations)
         arrays[f"{p}:truth"] = truth
         arrays[f"{p}:name"] = np.asarray(sample.name)
         novelty = model.novelty(sample, embedding)
         arrays[f"{p}:novelty"] = np.float64(novelty.score)
         arrays[f"{p}:novelty_threshold"] = np.float64(novelty.threshold)
     return arrays
+
+
+class EmbeddingTrees:
+    """The patient's embedding fed to a stronger learner: gradient-boosted trees on each cell
+    beside a summary of its patient, ``[x, z(P)]``. ``x``: the pooled trees baseline's cells,
+    settings and standardisation (``PooledBaseline("trees")``); ``z(P)``: the fold model's kernel
+    mean embedding of the patient (``patient_embedding``, as at gate time) on the first
+    ``min(EMBEDDING_COMPONENTS, n_training - 1)`` principal components of the training
+    patients' embeddings."""
+
+    def __init__(self, cells_per_patient=4000, random_state=0):
+        self.cells_per_patient = cells_per_patient
+        self.random_state = random_state
+
+    def fit(self, model, samples, labels):
+        from sklearn.ensemble import HistGradientBoostingClassifier
+
+        self.preprocessing_ = GatingModel(cells_per_patient=self.cells_per_patient, random_state=self.random_state)
+        cells, drawn = self.preprocessing_.standardised_training_cells(samples, labels)
+        embeddings = np.vstack([model.patient_embedding(s) for s in samples]).astype(np.float64)
+        self.pca_ = PCA(n_components=max(1, min(EMBEDDING_COMPONENTS, len(samples) - 1)),
+                        random_state=self.random_state).fit(embeddings)
+        z = self.pca_.transform(embeddings)
+        features = np.vstack([np.hstack([x, np.repeat(zi[None, :], len(x), axis=0)]) for x, zi in zip(cells, z)])
+        self.estimator_ = HistGradientBoostingClassifier(random_state=self.random_state).fit(
+            features, np.concatenate(drawn))
+        return self
+
+    def proba(self, sample, embedding, populations) -> np.ndarray:
+        """(n_events, k) in ``populations`` order; ``embedding``: the patient's, as the model gated it."""
+        x = self.preprocessing_.standardised_cells(sample)
+        z = self.pca_.transform(np.asarray(embedding, np.float64)[None, :])
+        proba = self.estimator_.predict_proba(np.hstack([x, np.repeat(z, len(x), axis=0)]))
+        out = np.zeros((len(proba), len(populations)), np.float32)
+        out[:, np.searchsorted(populations, np.asarray(self.estimator_.classes_).astype(str))] = proba
+        return out
 
 
 def patients(path: Path):
@@ -218,6 +270,14 @@ def _own_checked(patient):
     return (1.0 - w) * patient["transfer"] + w * (patient["shared"] + own) / 2
 
 
+def _transfer_replaced(patient, transfer):
+    """The default's mix with ``transfer`` in place of the transfer model's probabilities."""
+    if "shared" not in patient:
+        return transfer
+    w = patient["weight"]
+    return (1.0 - w) * transfer + w * (patient["shared"] + patient["own"]) / 2
+
+
 def _geometric_generative(patient):
     if "shared" not in patient:
         return patient["default"]
@@ -238,6 +298,11 @@ RULES = {
     "own-checked": _own_checked,
     "flagged-lda": lambda p: (0.75 * p["default"] + 0.25 * p["lda"] if _disagreement(p) > DISAGREEMENT_THRESHOLD
                               else p["default"]),
+    "trees-for-transfer": lambda p: _transfer_replaced(p, p["trees"]),
+    "half-trees": lambda p: _transfer_replaced(p, (p["transfer"] + p["trees"]) / 2),
+    "embedding-trees-for-transfer": lambda p: (_transfer_replaced(p, p["embedding_trees"])
+                                               if "embedding_trees" in p else None),
+    "embedding-trees": lambda p: p.get("embedding_trees"),
     "lda": lambda p: p["lda"],
     "trees": lambda p: p["trees"],
 }
@@ -253,7 +318,10 @@ def score(folder: Path, metric: str) -> dict:
         for patient in patients(path):
             populations = patient["populations"]
             for rule, combine in RULES.items():
-                called = populations[np.argmax(combine(patient), axis=1)]
+                proba = combine(patient)
+                if proba is None:  # a part this fold's run did not fit (run --embedding-trees)
+                    continue
+                called = populations[np.argmax(proba, axis=1)]
                 rows[rule].append(patient_scores(patient["truth"], called, populations)[key])
     return table
 
@@ -262,12 +330,13 @@ def report(table: dict) -> None:
     order = [s for s in SETS + tuple(PATIENT_SETS) if s in table] + sorted(set(table) - set(SETS) - set(PATIENT_SETS))
     print("set".ljust(26) + "".join(rule[:15].rjust(16) for rule in RULES))
     for name in order:
-        print(name.ljust(26) + "".join(f"{np.mean(v):.3f}/{np.min(v):.3f}".rjust(16)
+        print(name.ljust(26) + "".join((f"{np.mean(v):.3f}/{np.min(v):.3f}" if v else "-").rjust(16)
                                        for v in table[name].values()))
     print("\nsets where a rule gains / loses more than 0.1 point against the default (mean; worst patient)")
     for rule in RULES:
-        mean = [np.mean(table[s][rule]) - np.mean(table[s]["default"]) for s in order]
-        worst = [np.min(table[s][rule]) - np.min(table[s]["default"]) for s in order]
+        scored = [s for s in order if table[s][rule]]
+        mean = [np.mean(table[s][rule]) - np.mean(table[s]["default"]) for s in scored]
+        worst = [np.min(table[s][rule]) - np.min(table[s]["default"]) for s in scored]
         print(f"{rule:<22} mean +{sum(d > 1e-3 for d in mean)} -{sum(d < -1e-3 for d in mean)}; "
               f"worst +{sum(d > 1e-3 for d in worst)} -{sum(d < -1e-3 for d in worst)}")
 
@@ -351,6 +420,8 @@ def main(argv=None) -> int:
                                              f"or {', '.join(PATIENT_SETS)}")
     fit.add_argument("--out", required=True, type=Path, help="folder of the folds' .npz files")
     fit.add_argument("--seed", type=int, default=0, help="model seed")
+    fit.add_argument("--embedding-trees", action="store_true",
+                     help="also fit gradient-boosted trees on each cell beside its patient's embedding")
     scoring = commands.add_parser("score", help="score every rule on a run's folder")
     scoring.add_argument("folder", type=Path)
     scoring.add_argument("--metric", choices=("accuracy", "macro-f1"), default="accuracy")
@@ -369,7 +440,7 @@ def main(argv=None) -> int:
         print_parts(table)
         return 0
     if args.command == "run":
-        run(args.sets, args.out, args.seed)
+        run(args.sets, args.out, args.seed, args.embedding_trees)
         return 0
     if args.command == "review":
         table = review_table(args.folders)
