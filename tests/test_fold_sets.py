@@ -67,7 +67,7 @@ def blend_bench(monkeypatch):
     sys.modules.pop("bench_blend_parts", None)
 
 
-def test_the_blend_bench_scores_each_rule_from_the_parts_probabilities(tmp_path, blend_bench):
+def test_the_blend_bench_scores_each_rule_from_the_parts_probabilities(tmp_path, blend_bench, capsys):
     # Three cells, populations a and b; the parts disagree so that each rule calls them its own way.
     transfer = np.array([[0.9, 0.1], [0.9, 0.1], [0.2, 0.8]], np.float32)
     shared = np.array([[0.1, 0.9], [0.6, 0.4], [0.001, 0.999]], np.float32)
@@ -97,6 +97,20 @@ def test_the_blend_bench_scores_each_rule_from_the_parts_probabilities(tmp_path,
     assert blend_bench.score(tmp_path, "macro-f1")["demo"]["novelty-faded"] == pytest.approx([1.0])
     # The parts disagree on a third of the cells: no trees for this familiar patient.
     assert table["familiar-trees"] == table["default"]
+    # trees (all a) for the transfer model: cell 1 b (0.6), cell 2 a (0.73), cell 3 a (0.57);
+    # half trees: b (0.62), a, b (0.57)
+    assert table["trees-for-transfer"] == pytest.approx([1 / 3]) and table["half-trees"] == pytest.approx([2 / 3])
+    # a fold run without --embedding-trees is not scored by its rules
+    assert table["embedding-trees"] == [] and table["embedding-trees-for-transfer"] == []
+    assert blend_bench.main(["score", str(tmp_path)]) == 0
+    (row,) = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("demo")]
+    assert row[-4:-2] == ["-", "-"]  # the two embedding rules, before LDA and trees
+    # with them (all b): alone b, b, b; in the mix b (0.93), b (0.6), b
+    np.savez(tmp_path / "demo__01.npz", **arrays, **{"0:embedding_trees": np.array([[0.0, 1.0]] * 3, np.float32)})
+    table = blend_bench.score(tmp_path, "accuracy")["demo"]
+    assert table["default"] == pytest.approx([2 / 3, 2 / 3])
+    assert table["embedding-trees"] == pytest.approx([1 / 3])
+    assert table["embedding-trees-for-transfer"] == pytest.approx([1 / 3])
 
 
 def test_the_blend_bench_gives_trees_to_a_familiar_patient_the_parts_agree_on(tmp_path, blend_bench):
