@@ -155,9 +155,7 @@ def fit_fold(train_samples, train_labels, train_groups, held_samples, held_label
         arrays[f"{p}:default"] = model._adjusted_proba(cells, embedding, 50_000, adjust)
         for kind, baseline in pooled.items():
             proba = baseline.estimator_.predict_proba(baseline.preprocessing_.standardised_cells(sample))
-            columns = np.searchsorted(populations, np.asarray(baseline.estimator_.classes_).astype(str))
-            arrays[f"{p}:{kind}"] = np.zeros((len(proba), len(populations)), np.float32)
-            arrays[f"{p}:{kind}"][:, columns] = proba
+            arrays[f"{p}:{kind}"] = _in_order(proba, baseline.estimator_.classes_, populations)
         if beside is not None:
             arrays[f"{p}:embedding_trees"] = beside.proba(sample, embedding, populations)
         arrays[f"{p}:truth"] = truth
@@ -199,9 +197,15 @@ class EmbeddingTrees:
         x = self.preprocessing_.standardised_cells(sample)
         z = self.pca_.transform(np.asarray(embedding, np.float64)[None, :])
         proba = self.estimator_.predict_proba(np.hstack([x, np.repeat(z, len(x), axis=0)]))
-        out = np.zeros((len(proba), len(populations)), np.float32)
-        out[:, np.searchsorted(populations, np.asarray(self.estimator_.classes_).astype(str))] = proba
-        return out
+        return _in_order(proba, self.estimator_.classes_, populations)
+
+
+def _in_order(proba, classes, populations) -> np.ndarray:
+    """A classifier's probabilities (n, len(classes)) as float32 columns in ``populations``'
+    order (sorted), zero for a population the classifier never saw."""
+    out = np.zeros((len(proba), len(populations)), np.float32)
+    out[:, np.searchsorted(populations, np.asarray(classes).astype(str))] = proba
+    return out
 
 
 def patients(path: Path):
@@ -231,10 +235,13 @@ def _parts(patient):
     return [patient["transfer"], patient["shared"], patient["own"]], [1.0 - w, w / 2, w / 2]
 
 
-def _adapted_at(patient, w):
+def _adapted_at(patient, w, transfer=None):
+    """The default's mix at weight ``w``, with ``transfer`` in place of the transfer model's
+    probabilities when given."""
+    transfer = patient["transfer"] if transfer is None else transfer
     if "shared" not in patient:
-        return patient["transfer"]
-    return (1.0 - w) * patient["transfer"] + w * (patient["shared"] + patient["own"]) / 2
+        return transfer
+    return (1.0 - w) * transfer + w * (patient["shared"] + patient["own"]) / 2
 
 
 def _vote(patient):
@@ -270,14 +277,6 @@ def _own_checked(patient):
     return (1.0 - w) * patient["transfer"] + w * (patient["shared"] + own) / 2
 
 
-def _transfer_replaced(patient, transfer):
-    """The default's mix with ``transfer`` in place of the transfer model's probabilities."""
-    if "shared" not in patient:
-        return transfer
-    w = patient["weight"]
-    return (1.0 - w) * transfer + w * (patient["shared"] + patient["own"]) / 2
-
-
 def _geometric_generative(patient):
     if "shared" not in patient:
         return patient["default"]
@@ -298,9 +297,9 @@ RULES = {
     "own-checked": _own_checked,
     "flagged-lda": lambda p: (0.75 * p["default"] + 0.25 * p["lda"] if _disagreement(p) > DISAGREEMENT_THRESHOLD
                               else p["default"]),
-    "trees-for-transfer": lambda p: _transfer_replaced(p, p["trees"]),
-    "half-trees": lambda p: _transfer_replaced(p, (p["transfer"] + p["trees"]) / 2),
-    "embedding-trees-for-transfer": lambda p: (_transfer_replaced(p, p["embedding_trees"])
+    "trees-for-transfer": lambda p: _adapted_at(p, p["weight"], p["trees"]),
+    "half-trees": lambda p: _adapted_at(p, p["weight"], (p["transfer"] + p["trees"]) / 2),
+    "embedding-trees-for-transfer": lambda p: (_adapted_at(p, p["weight"], p["embedding_trees"])
                                                if "embedding_trees" in p else None),
     "embedding-trees": lambda p: p.get("embedding_trees"),
     "lda": lambda p: p["lda"],

@@ -312,8 +312,7 @@ def gates_section(store, patient: str, record) -> GateTree | None:
         return None
     tree = GateTree.from_dict(record.autogates["tree"])
     masks = cache.memberships(record.token, tree.to_json(), sample)
-    known = record.autogates.get("populations") or store.gating_populations(patient)
-    counted = counted_cells(tree, record.populations, masks, known)
+    counted = counted_cells(tree, record.populations, masks, store.gating_populations(patient))
     g1, g2 = st.columns([3, 2])
     g1.caption(f"Gates of **{record.autogates['template']}** fitted to {patient}'s "
                + ("reviewed cells" if record.is_reviewed else "predicted cells")
