@@ -56,9 +56,13 @@ the sets where it gains or loses more than 0.1 point against the default. The ru
 - ``embedding-trees`` / ``embedding-trees-for-transfer``: the patient's embedding fed to a
   stronger learner (:class:`EmbeddingTrees`, fitted by ``run --embedding-trees``), alone and in
   place of the transfer model in the default's mix.
+- ``aligned-trees`` / ``aligned-trees-for-transfer`` / ``half-aligned-trees``: pooled trees on the
+  patient's cells moved back by the shift its adapted populations found (:func:`aligned_cells`,
+  kept by ``run --aligned-trees``), alone, in place of the transfer model, and beside it (the
+  transfer model's share split evenly).
 
 Run: ``python bench/bench_blend_parts.py run mc-pair mc-batch dlbcl-batch dlbcl-folds --out DIR``
-then ``python bench/bench_blend_parts.py score DIR``.
+then ``python bench/bench_blend_parts.py score DIR`` (``--rules default,trees,...``: those alone).
 """
 
 from __future__ import annotations
@@ -105,7 +109,7 @@ def fold_sets(name: str, groups, seed: int):
     return held_out_sets(name, groups, seed)
 
 
-def run(names, out: Path, seed: int, embedding_trees: bool = False) -> None:
+def run(names, out: Path, seed: int, embedding_trees: bool = False, aligned_trees: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
         loaded = load_set(PATIENT_SETS.get(name, name), seed)
@@ -123,21 +127,26 @@ def run(names, out: Path, seed: int, embedding_trees: bool = False) -> None:
             if name == "dlbcl-batch-4":  # as bench_unseen.py scores it: the other batch only
                 held = [i for i in held if groups[i] != groups[train[0]]]
             arrays = fit_fold([samples[i] for i in train], [labels[i] for i in train], [groups[i] for i in train],
-                              [samples[i] for i in held], [labels[i] for i in held], seed, embedding_trees)
+                              [samples[i] for i in held], [labels[i] for i in held], seed, embedding_trees,
+                              aligned_trees)
             np.savez_compressed(path, **arrays)
             print(f"{name} fold {k + 1}: {len(held)} held out, weight {float(arrays['weight']):.2f} "
                   f"({time.time() - start:.0f} s)", flush=True)
 
 
 def fit_fold(train_samples, train_labels, train_groups, held_samples, held_labels, seed,
-             embedding_trees=False) -> dict:
+             embedding_trees=False, aligned_trees=False) -> dict:
     """Every held-out patient's probabilities (n, k) from each part, its labels and novelty
-    (and with ``embedding_trees`` those of :class:`EmbeddingTrees`)."""
+    (and with ``embedding_trees`` those of :class:`EmbeddingTrees`, with ``aligned_trees`` the
+    pooled trees' on the cells moved back by the patient's adapted shift, :func:`aligned_cells`)."""
     model = GatingModel(random_state=seed).fit(train_samples, train_labels, groups=train_groups)
     populations = np.asarray(model.populations_)
     pooled = {kind: PooledBaseline(kind, random_state=seed).fit(train_samples, train_labels)
               for kind in ("lda", "trees")}
     beside = EmbeddingTrees(random_state=seed).fit(model, train_samples, train_labels) if embedding_trees else None
+    trees = pooled["trees"]
+    if aligned_trees and not _same_space(trees.preprocessing_, model):
+        raise RuntimeError("the pooled trees do not see the model's cells: moved cells would be misread")
     # The weight's check as the fold's model made it (each held-out training patient's accuracy
     # at each weight): other rules for the weight can be scored offline too.
     arrays = {"populations": populations, "weight": np.float64(model.adaptive_weight_),
@@ -149,9 +158,18 @@ def fit_fold(train_samples, train_labels, train_groups, held_samples, held_label
             # A population split into components has a column per component: summed per population.
             per_population = ((lambda proba: proba) if adjust.components is None else
                               (lambda proba: population_proba(proba, adjust.components)))
-            arrays[f"{p}:shared"] = per_population(AdaptiveLDA.proba(cells, adjust.gaussians))
+            shared = AdaptiveLDA.proba(cells, adjust.gaussians)  # a column per component, as the means
             reach, patient = adjust.shapes
-            arrays[f"{p}:own"] = per_population(reach.proba(cells, patient))
+            own = reach.proba(cells, patient)
+            arrays[f"{p}:shared"], arrays[f"{p}:own"] = per_population(shared), per_population(own)
+            if aligned_trees:
+                moved = aligned_cells(cells, (shared + own) / 2,
+                                      adjust.gaussians.means - model.adaptive_lda_.means_)
+                arrays[f"{p}:aligned_trees"] = _in_order(trees.estimator_.predict_proba(moved),
+                                                         trees.estimator_.classes_, populations)
+        elif aligned_trees:  # nothing adapted, nothing moved
+            arrays[f"{p}:aligned_trees"] = _in_order(trees.estimator_.predict_proba(cells),
+                                                     trees.estimator_.classes_, populations)
         arrays[f"{p}:default"] = model._adjusted_proba(cells, embedding, 50_000, adjust)
         for kind, baseline in pooled.items():
             proba = baseline.estimator_.predict_proba(baseline.preprocessing_.standardised_cells(sample))
@@ -164,6 +182,26 @@ def fit_fold(train_samples, train_labels, train_groups, held_samples, held_label
         arrays[f"{p}:novelty"] = np.float64(novelty.score)
         arrays[f"{p}:novelty_threshold"] = np.float64(novelty.threshold)
     return arrays
+
+
+def aligned_cells(cells, responsibilities, shift) -> np.ndarray:
+    """Cells (n, d) moved back by their populations' shift in this patient,
+    ``x - sum_k r_k(x) (m_k - mu_k)``: ``responsibilities`` (n, k) the adapted fits' posteriors,
+    ``shift`` (k, d) the adapted means less the training means (a row per component where a
+    population is split, as the posteriors' columns). Where the populations stayed, the cells
+    stay; a population that moved beyond the training range is brought back into it."""
+    moved = np.asarray(cells, np.float64) - np.asarray(responsibilities, np.float64) @ np.asarray(shift, np.float64)
+    return moved.astype(np.float32)
+
+
+def _same_space(preprocessing, model) -> bool:
+    """Whether a baseline's standardised cells are the model's: the same channels, centre and
+    scale, and no registration."""
+    return (list(preprocessing.channels_) == list(model.channels_)
+            and np.array_equal(preprocessing.center_, model.center_)
+            and np.array_equal(preprocessing.scale_, model.scale_)
+            and getattr(model, "reference_quantiles_", None) is None
+            and getattr(model, "reference_landmarks_", None) is None)
 
 
 class EmbeddingTrees:
@@ -302,23 +340,33 @@ RULES = {
     "embedding-trees-for-transfer": lambda p: (_adapted_at(p, p["weight"], p["embedding_trees"])
                                                if "embedding_trees" in p else None),
     "embedding-trees": lambda p: p.get("embedding_trees"),
+    "aligned-trees": lambda p: p.get("aligned_trees"),
+    "aligned-trees-for-transfer": lambda p: (_adapted_at(p, p["weight"], p["aligned_trees"])
+                                             if "aligned_trees" in p else None),
+    "half-aligned-trees": lambda p: (_adapted_at(p, p["weight"], (p["transfer"] + p["aligned_trees"]) / 2)
+                                     if "aligned_trees" in p else None),
     "lda": lambda p: p["lda"],
     "trees": lambda p: p["trees"],
 }
 
 
-def score(folder: Path, metric: str) -> dict:
-    """{set: {rule: [score of each held-out patient]}} from a ``run`` folder."""
+def score(folder: Path, metric: str, rules=None) -> dict:
+    """{set: {rule: [score of each held-out patient]}} from a ``run`` folder; ``rules``: names
+    of RULES to score (the default is always scored, first), every rule when None."""
     key = "accuracy" if metric == "accuracy" else "macro_f1"
+    unknown = sorted(set(rules or ()) - set(RULES))
+    if unknown:
+        raise ValueError(f"unknown rules: {', '.join(unknown)} (known: {', '.join(RULES)})")
+    chosen = {rule: RULES[rule] for rule in (["default"] + [r for r in rules if r != "default"] if rules else RULES)}
     table = {}
     for path in sorted(folder.glob("*.npz")):
         name = path.name.split("__")[0]
-        rows = table.setdefault(name, {rule: [] for rule in RULES})
+        rows = table.setdefault(name, {rule: [] for rule in chosen})
         for patient in patients(path):
             populations = patient["populations"]
-            for rule, combine in RULES.items():
+            for rule, combine in chosen.items():
                 proba = combine(patient)
-                if proba is None:  # a part this fold's run did not fit (run --embedding-trees)
+                if proba is None:  # a part this fold's run did not fit (run --embedding-trees, --aligned-trees)
                     continue
                 called = populations[np.argmax(proba, axis=1)]
                 rows[rule].append(patient_scores(patient["truth"], called, populations)[key])
@@ -327,12 +375,13 @@ def score(folder: Path, metric: str) -> dict:
 
 def report(table: dict) -> None:
     order = [s for s in SETS + tuple(PATIENT_SETS) if s in table] + sorted(set(table) - set(SETS) - set(PATIENT_SETS))
-    print("set".ljust(26) + "".join(rule[:15].rjust(16) for rule in RULES))
+    rules = list(next(iter(table.values())))
+    print("set".ljust(26) + "".join(rule[:15].rjust(16) for rule in rules))
     for name in order:
         print(name.ljust(26) + "".join((f"{np.mean(v):.3f}/{np.min(v):.3f}" if v else "-").rjust(16)
                                        for v in table[name].values()))
     print("\nsets where a rule gains / loses more than 0.1 point against the default (mean; worst patient)")
-    for rule in RULES:
+    for rule in rules:
         scored = [s for s in order if table[s][rule]]
         mean = [np.mean(table[s][rule]) - np.mean(table[s]["default"]) for s in scored]
         worst = [np.min(table[s][rule]) - np.min(table[s]["default"]) for s in scored]
@@ -421,9 +470,14 @@ def main(argv=None) -> int:
     fit.add_argument("--seed", type=int, default=0, help="model seed")
     fit.add_argument("--embedding-trees", action="store_true",
                      help="also fit gradient-boosted trees on each cell beside its patient's embedding")
+    fit.add_argument("--aligned-trees", action="store_true",
+                     help="also keep the pooled trees' probabilities of the cells moved back by the shift "
+                          "of the patient's adapted populations")
     scoring = commands.add_parser("score", help="score every rule on a run's folder")
     scoring.add_argument("folder", type=Path)
     scoring.add_argument("--metric", choices=("accuracy", "macro-f1"), default="accuracy")
+    scoring.add_argument("--rules", help=f"comma-separated rules to score, the default's beside them "
+                                         f"(default: every one: {', '.join(RULES)})")
     reviewing = commands.add_parser("review", help="the default's accuracy against its parts' disagreement "
                                                    "(the review flag), over one or more run folders")
     reviewing.add_argument("folders", type=Path, nargs="+")
@@ -439,7 +493,7 @@ def main(argv=None) -> int:
         print_parts(table)
         return 0
     if args.command == "run":
-        run(args.sets, args.out, args.seed, args.embedding_trees)
+        run(args.sets, args.out, args.seed, args.embedding_trees, args.aligned_trees)
         return 0
     if args.command == "review":
         table = review_table(args.folders)
@@ -448,7 +502,11 @@ def main(argv=None) -> int:
             return 1
         print_review(table)
         return 0
-    table = score(args.folder, args.metric)
+    try:
+        table = score(args.folder, args.metric, args.rules.split(",") if args.rules else None)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if not table:
         print(f"no folds in {args.folder}", file=sys.stderr)
         return 1

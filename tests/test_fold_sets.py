@@ -102,15 +102,30 @@ def test_the_blend_bench_scores_each_rule_from_the_parts_probabilities(tmp_path,
     assert table["trees-for-transfer"] == pytest.approx([1 / 3]) and table["half-trees"] == pytest.approx([2 / 3])
     # a fold run without --embedding-trees is not scored by its rules
     assert table["embedding-trees"] == [] and table["embedding-trees-for-transfer"] == []
+    assert table["aligned-trees"] == [] and table["half-aligned-trees"] == []
     assert blend_bench.main(["score", str(tmp_path)]) == 0
     (row,) = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("demo")]
-    assert row[-4:-2] == ["-", "-"]  # the two embedding rules, before LDA and trees
+    assert row[-7:-2] == ["-"] * 5  # the two embedding rules and the three aligned ones, before LDA and trees
+    # --rules: those alone, the default first
+    assert blend_bench.main(["score", str(tmp_path), "--rules", "trees,vote"]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].split() == ["set", "default", "trees", "vote"]
+    assert printed[1].split() == ["demo", "0.667/0.667", "0.667/0.667", "0.667/0.667"]
+    assert blend_bench.main(["score", str(tmp_path), "--rules", "trees,nonsense"]) == 2
+    assert "unknown rules: nonsense" in capsys.readouterr().err
     # with them (all b): alone b, b, b; in the mix b (0.93), b (0.6), b
     np.savez(tmp_path / "demo__01.npz", **arrays, **{"0:embedding_trees": np.array([[0.0, 1.0]] * 3, np.float32)})
     table = blend_bench.score(tmp_path, "accuracy")["demo"]
     assert table["default"] == pytest.approx([2 / 3, 2 / 3])
     assert table["embedding-trees"] == pytest.approx([1 / 3])
     assert table["embedding-trees-for-transfer"] == pytest.approx([1 / 3])
+    # aligned trees (all a): alone a, a, a; for the transfer model b (0.6), a (0.73), a (0.57);
+    # beside it b (0.62), a, b (0.57)
+    np.savez(tmp_path / "demo__02.npz", **arrays, **{"0:aligned_trees": np.array([[1.0, 0.0]] * 3, np.float32)})
+    table = blend_bench.score(tmp_path, "accuracy")["demo"]
+    assert table["aligned-trees"] == pytest.approx([2 / 3])
+    assert table["aligned-trees-for-transfer"] == pytest.approx([1 / 3])
+    assert table["half-aligned-trees"] == pytest.approx([2 / 3])
 
 
 def test_the_blend_bench_gives_trees_to_a_familiar_patient_the_parts_agree_on(tmp_path, blend_bench):
@@ -195,3 +210,32 @@ def test_the_blend_bench_keeps_a_split_populations_parts_per_population(blend_be
     np.testing.assert_allclose(own.sum(axis=1), 1.0, atol=1e-5)
     weight = float(arrays["weight"])
     np.testing.assert_allclose((1 - weight) * transfer + weight * (shared + own) / 2, arrays["0:default"], atol=1e-4)
+
+
+def test_the_blend_bench_moves_a_cell_back_by_its_populations_shift(blend_bench):
+    # Population a moved by (1, 0), b by (0, -2); a cell half a, half b moves back by half of each.
+    shift = np.array([[1.0, 0.0], [0.0, -2.0]])
+    cells = np.array([[3.0, 3.0], [5.0, 5.0], [0.0, 0.0]], np.float32)
+    responsibilities = np.array([[1.0, 0.0], [0.0, 1.0], [0.5, 0.5]])
+    moved = blend_bench.aligned_cells(cells, responsibilities, shift)
+    assert moved.dtype == np.float32
+    np.testing.assert_array_equal(moved, [[2.0, 3.0], [5.0, 7.0], [-0.5, 1.0]])
+
+
+def test_the_blend_bench_gates_a_shifted_patient_with_trees_on_cells_moved_back(blend_bench):
+    # a at x = 0 and b at x = 4 in four training patients; in the fifth both moved 1.8 to the right,
+    # so pooled trees (split near x = 2) call many of its a cells b. Moved back by the shift its
+    # adapted populations found, they are gated as in training.
+    rng = np.random.default_rng(5)
+    samples, labels = [], []
+    for i in range(5):
+        k = rng.choice(2, size=1500, p=(0.5, 0.5))
+        cells = np.column_stack([4.0 * k + (1.8 if i == 4 else 0.0), np.zeros(1500)]) + rng.normal(0, 0.6, (1500, 2))
+        samples.append(Sample(f"p{i}", (cells * 100 + 1000).astype(np.float32), [Channel("FSC-A"), Channel("SSC-A")]))
+        labels.append(np.where(k == 1, "b", "a"))
+    arrays = blend_bench.fit_fold(samples[:4], labels[:4], ["g1", "g1", "g2", "g2"], samples[4:], labels[4:],
+                                  seed=0, aligned_trees=True)
+    truth = arrays["0:truth"]
+    called = {part: arrays["populations"][np.argmax(arrays[f"0:{part}"], axis=1)] for part in ("trees", "aligned_trees")}
+    assert np.mean(called["trees"] == truth) < 0.9  # 0.83 here
+    assert np.mean(called["aligned_trees"] == truth) > 0.98
