@@ -167,13 +167,12 @@ def fit_fold(train_samples, train_labels, train_groups, held_samples, held_label
                                       adjust.gaussians.means - model.adaptive_lda_.means_)
                 arrays[f"{p}:aligned_trees"] = _in_order(trees.estimator_.predict_proba(moved),
                                                          trees.estimator_.classes_, populations)
-        elif aligned_trees:  # nothing adapted, nothing moved
-            arrays[f"{p}:aligned_trees"] = _in_order(trees.estimator_.predict_proba(cells),
-                                                     trees.estimator_.classes_, populations)
         arrays[f"{p}:default"] = model._adjusted_proba(cells, embedding, 50_000, adjust)
         for kind, baseline in pooled.items():
             proba = baseline.estimator_.predict_proba(baseline.preprocessing_.standardised_cells(sample))
             arrays[f"{p}:{kind}"] = _in_order(proba, baseline.estimator_.classes_, populations)
+        if aligned_trees and f"{p}:aligned_trees" not in arrays:  # nothing adapted, nothing moved
+            arrays[f"{p}:aligned_trees"] = arrays[f"{p}:trees"]
         if beside is not None:
             arrays[f"{p}:embedding_trees"] = beside.proba(sample, embedding, populations)
         arrays[f"{p}:truth"] = truth
