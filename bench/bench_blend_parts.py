@@ -8,8 +8,9 @@ show it clearly worse (docs/unseen_data.md, "The parts of the default"). Whether
 combining them, or another model beside them, gates new patients better is a question about
 every fold of every set at once; refitting for every idea would take hours. This bench fits each
 fold once and keeps every held-out patient's probabilities from each part, beside those of
-pooled LDA and gradient-boosted trees fitted on the same cells as ``bench_unseen.py``'s
-baselines, and scores the combinations offline.
+the standard methods fitted on the same patients as ``bench_unseen.py``'s baselines (pooled LDA,
+gradient-boosted trees and the pooled logistic regression on random features), and scores the
+combinations offline.
 
 ``run SET ... --out DIR``: one ``.npz`` per fold (existing folds are skipped). The sets are
 ``bench_unseen.py``'s (same protocols, seeds and folds), and ``mc-patient`` / ``dlbcl-patient``:
@@ -60,6 +61,8 @@ the sets where it gains or loses more than 0.1 point against the default. The ru
   patient's cells moved back by the shift its adapted populations found (:func:`aligned_cells`,
   kept by ``run --aligned-trees``), alone, in place of the transfer model, and beside it (the
   transfer model's share split evenly).
+- ``lda``, ``trees``, ``pooled-logistic``: the standard methods alone (a fold file written before
+  pooled logistic was kept has none: its patients are not scored by that rule).
 
 Run: ``python bench/bench_blend_parts.py run mc-pair mc-batch dlbcl-batch dlbcl-folds --out DIR``
 then ``python bench/bench_blend_parts.py score DIR`` (``--rules default,trees,...``: those alone).
@@ -87,7 +90,9 @@ from gating_core.evaluation.baselines import PooledBaseline  # noqa: E402
 from gating_core.method.adaptive_lda import AdaptiveLDA  # noqa: E402
 from gating_core.method.population_components import population_proba  # noqa: E402
 from gating_core.model.result import DISAGREEMENT_THRESHOLD  # noqa: E402
+from gating_core.evaluation.protocols import METHOD_SETTINGS  # noqa: E402
 from gating_core.model.estimator import GatingModel  # noqa: E402
+from gating_core.model.research import build_model  # noqa: E402
 
 #: One patient left out, the batches as the model's groups: the set each is drawn from.
 PATIENT_SETS = {"mc-patient": "mc-batch", "dlbcl-patient": "dlbcl-batch"}
@@ -97,7 +102,6 @@ LOG_FLOOR = 1e-6
 FAMILIAR_AGREEMENT = 0.1
 #: ``own-checked``: the share of a patient's cells on which the two generative fits may differ.
 OWN_CHECK_DISAGREEMENT = 0.5
-PARTS = ("transfer", "shared", "own", "lda", "trees")
 #: ``run --embedding-trees``: at most this many principal components of the training patients'
 #: embeddings go beside each cell.
 EMBEDDING_COMPONENTS = 4
@@ -143,6 +147,8 @@ def fit_fold(train_samples, train_labels, train_groups, held_samples, held_label
     populations = np.asarray(model.populations_)
     pooled = {kind: PooledBaseline(kind, random_state=seed).fit(train_samples, train_labels)
               for kind in ("lda", "trees")}
+    logistic = build_model({**METHOD_SETTINGS["pooled-logistic"], "random_state": seed}).fit(
+        train_samples, train_labels, groups=train_groups)
     beside = EmbeddingTrees(random_state=seed).fit(model, train_samples, train_labels) if embedding_trees else None
     trees = pooled["trees"]
     if aligned_trees and not _same_space(trees.preprocessing_, model):
@@ -171,6 +177,7 @@ def fit_fold(train_samples, train_labels, train_groups, held_samples, held_label
         for kind, baseline in pooled.items():
             proba = baseline.estimator_.predict_proba(baseline.preprocessing_.standardised_cells(sample))
             arrays[f"{p}:{kind}"] = _in_order(proba, baseline.estimator_.classes_, populations)
+        arrays[f"{p}:pooled_logistic"] = _in_order(logistic.predict_proba(sample), logistic.populations_, populations)
         if aligned_trees and f"{p}:aligned_trees" not in arrays:  # nothing adapted, nothing moved
             arrays[f"{p}:aligned_trees"] = arrays[f"{p}:trees"]
         if beside is not None:
@@ -346,6 +353,7 @@ RULES = {
                                      if "aligned_trees" in p else None),
     "lda": lambda p: p["lda"],
     "trees": lambda p: p["trees"],
+    "pooled-logistic": lambda p: p.get("pooled_logistic"),
 }
 
 

@@ -102,10 +102,11 @@ def test_the_blend_bench_scores_each_rule_from_the_parts_probabilities(tmp_path,
     assert table["trees-for-transfer"] == pytest.approx([1 / 3]) and table["half-trees"] == pytest.approx([2 / 3])
     # a fold run without --embedding-trees is not scored by its rules
     assert table["embedding-trees"] == [] and table["embedding-trees-for-transfer"] == []
-    assert table["aligned-trees"] == [] and table["half-aligned-trees"] == []
+    assert table["aligned-trees"] == [] and table["half-aligned-trees"] == [] and table["pooled-logistic"] == []
     assert blend_bench.main(["score", str(tmp_path)]) == 0
     (row,) = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("demo")]
-    assert row[-7:-2] == ["-"] * 5  # the two embedding rules and the three aligned ones, before LDA and trees
+    # the two embedding rules and the three aligned ones, before LDA and trees; then pooled logistic
+    assert row[-8:-3] == ["-"] * 5 and row[-3:] == ["0.333/0.333", "0.667/0.667", "-"]
     # --rules: those alone, the default first
     assert blend_bench.main(["score", str(tmp_path), "--rules", "trees,vote"]) == 0
     printed = capsys.readouterr().out.splitlines()
@@ -126,6 +127,10 @@ def test_the_blend_bench_scores_each_rule_from_the_parts_probabilities(tmp_path,
     assert table["aligned-trees"] == pytest.approx([2 / 3])
     assert table["aligned-trees-for-transfer"] == pytest.approx([1 / 3])
     assert table["half-aligned-trees"] == pytest.approx([2 / 3])
+    # pooled logistic (a, b, b): two cells of three
+    np.savez(tmp_path / "demo__03.npz", **arrays,
+             **{"0:pooled_logistic": np.array([[0.8, 0.2], [0.4, 0.6], [0.3, 0.7]], np.float32)})
+    assert blend_bench.score(tmp_path, "accuracy")["demo"]["pooled-logistic"] == pytest.approx([2 / 3])
 
 
 def test_the_blend_bench_gives_trees_to_a_familiar_patient_the_parts_agree_on(tmp_path, blend_bench):
@@ -210,6 +215,12 @@ def test_the_blend_bench_keeps_a_split_populations_parts_per_population(blend_be
     np.testing.assert_allclose(own.sum(axis=1), 1.0, atol=1e-5)
     weight = float(arrays["weight"])
     np.testing.assert_allclose((1 - weight) * transfer + weight * (shared + own) / 2, arrays["0:default"], atol=1e-4)
+    # the standard methods beside the parts, every event in the populations' order
+    for part in ("lda", "trees", "pooled_logistic"):
+        assert arrays[f"0:{part}"].shape == (1500, 2)
+        np.testing.assert_allclose(arrays[f"0:{part}"].sum(axis=1), 1.0, atol=1e-5)
+    called = arrays["populations"][np.argmax(arrays["0:pooled_logistic"], axis=1)]
+    assert np.mean(called == arrays["0:truth"]) > 0.9
 
 
 def test_the_blend_bench_moves_a_cell_back_by_its_populations_shift(blend_bench):
