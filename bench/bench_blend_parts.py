@@ -328,6 +328,12 @@ def _geometric_generative(patient):
     return (1.0 - patient["weight"]) * patient["transfer"] + patient["weight"] * pooled
 
 
+def _given(part, combine):
+    """A rule that needs ``part``, which only some runs keep (``run --embedding-trees``, ...):
+    None for a patient whose fold file has none, so that it is not scored."""
+    return lambda patient: combine(patient) if part in patient else None
+
+
 RULES = {
     "default": lambda p: p["default"],
     "geometric": lambda p: _geometric(*_parts(p)),
@@ -343,14 +349,13 @@ RULES = {
                               else p["default"]),
     "trees-for-transfer": lambda p: _adapted_at(p, p["weight"], p["trees"]),
     "half-trees": lambda p: _adapted_at(p, p["weight"], (p["transfer"] + p["trees"]) / 2),
-    "embedding-trees-for-transfer": lambda p: (_adapted_at(p, p["weight"], p["embedding_trees"])
-                                               if "embedding_trees" in p else None),
+    "embedding-trees-for-transfer": _given("embedding_trees",
+                                           lambda p: _adapted_at(p, p["weight"], p["embedding_trees"])),
     "embedding-trees": lambda p: p.get("embedding_trees"),
     "aligned-trees": lambda p: p.get("aligned_trees"),
-    "aligned-trees-for-transfer": lambda p: (_adapted_at(p, p["weight"], p["aligned_trees"])
-                                             if "aligned_trees" in p else None),
-    "half-aligned-trees": lambda p: (_adapted_at(p, p["weight"], (p["transfer"] + p["aligned_trees"]) / 2)
-                                     if "aligned_trees" in p else None),
+    "aligned-trees-for-transfer": _given("aligned_trees", lambda p: _adapted_at(p, p["weight"], p["aligned_trees"])),
+    "half-aligned-trees": _given("aligned_trees",
+                                 lambda p: _adapted_at(p, p["weight"], (p["transfer"] + p["aligned_trees"]) / 2)),
     "lda": lambda p: p["lda"],
     "trees": lambda p: p["trees"],
     "pooled-logistic": lambda p: p.get("pooled_logistic"),
