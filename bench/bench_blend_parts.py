@@ -87,10 +87,10 @@ sys.path.insert(0, str(HERE))
 from bench_unseen import SETS, held_out_sets, load_set, print_review  # noqa: E402
 from gating_core.evaluation import patient_scores  # noqa: E402
 from gating_core.evaluation.baselines import PooledBaseline  # noqa: E402
+from gating_core.evaluation.protocols import METHOD_SETTINGS  # noqa: E402
 from gating_core.method.adaptive_lda import AdaptiveLDA  # noqa: E402
 from gating_core.method.population_components import population_proba  # noqa: E402
 from gating_core.model.result import DISAGREEMENT_THRESHOLD  # noqa: E402
-from gating_core.evaluation.protocols import METHOD_SETTINGS  # noqa: E402
 from gating_core.model.estimator import GatingModel  # noqa: E402
 from gating_core.model.research import build_model  # noqa: E402
 
