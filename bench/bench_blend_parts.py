@@ -25,6 +25,10 @@ better gating (``gate --part``, the Auto-gate page's comparison): per held-out p
 default's accuracy, the transfer model's alone, the adapted populations' alone and the best of the
 three, flagged patients apart from the others.
 
+``population NAME DIR ...``: how the default, each of its parts and each standard method call one
+population (a rare one, where a few hundred cells decide its F1): per set, the cells called it,
+those of them right, precision and recall, pooled over every held-out patient of the folders.
+
 ``score DIR [--metric macro-f1]``: mean / worst patient per set for each rule, then per rule
 the sets where it gains or loses more than 0.1 point against the default. The rules:
 
@@ -54,6 +58,9 @@ the sets where it gains or loses more than 0.1 point against the default. The ru
   ``(1 - w) p_trees + w (p_S + p_O) / 2``: the adapted populations beside a flexible model
   that knows nothing of the patient's distribution;
 - ``half-trees``: the transfer model's share split evenly between it and pooled trees;
+- ``adapted-third``: the default's mix with the adapted populations at a third instead of the
+  fold's weight (two thirds unless the check moved it): the transfer model, whose calls of a
+  rare population are the most precise of the parts, at two thirds;
 - ``embedding-trees`` / ``embedding-trees-for-transfer``: the patient's embedding fed to a
   stronger learner (:class:`EmbeddingTrees`, fitted by ``run --embedding-trees``), alone and in
   place of the transfer model in the default's mix.
@@ -349,6 +356,7 @@ RULES = {
                               else p["default"]),
     "trees-for-transfer": lambda p: _adapted_at(p, p["weight"], p["trees"]),
     "half-trees": lambda p: _adapted_at(p, p["weight"], (p["transfer"] + p["trees"]) / 2),
+    "adapted-third": lambda p: _adapted_at(p, 1.0 / 3.0),
     "embedding-trees-for-transfer": _given("embedding_trees",
                                            lambda p: _adapted_at(p, p["weight"], p["embedding_trees"])),
     "embedding-trees": lambda p: p.get("embedding_trees"),
@@ -472,6 +480,43 @@ def print_parts(table: pd.DataFrame, poor: float = 0.8) -> None:
             print(flagged.groupby("set")[["default", "best"]].agg(["count", "mean", "min"]).to_string())
 
 
+#: ``population``: the parts and standard methods whose calls of one population are counted.
+POPULATION_PARTS = ("default", "transfer", "shared", "own", "lda", "trees", "pooled_logistic")
+
+
+def population_table(folders, population: str) -> pd.DataFrame:
+    """How each of :data:`POPULATION_PARTS` calls one population, per set over every held-out
+    patient of ``run`` folders: the cells it calls that population (``called``), those of them
+    the experts gated there (``right``) and the population's cells (``cells``), pooled, then
+    ``precision`` and ``recall``. A fold without the population, or without a part, adds nothing
+    to that part."""
+    counts = {}
+    for folder in folders:
+        for path in sorted(Path(folder).glob("*.npz")):
+            name = path.name.split("__")[0]
+            for patient in patients(path):
+                populations = [str(p) for p in patient["populations"]]
+                if population not in populations:
+                    continue
+                column = populations.index(population)
+                truth = patient["truth"] == population
+                for part in POPULATION_PARTS:
+                    if part not in patient:
+                        continue
+                    called = np.argmax(patient[part], axis=1) == column
+                    row = counts.setdefault((name, part), [0, 0, 0])
+                    row[0] += int(called.sum())
+                    row[1] += int((called & truth).sum())
+                    row[2] += int(truth.sum())
+    table = pd.DataFrame([{"set": s, "part": part, "called": c, "right": r, "cells": n}
+                          for (s, part), (c, r, n) in counts.items()])
+    if table.empty:
+        return table
+    table["precision"] = table["right"] / table["called"].clip(lower=1)
+    table["recall"] = table["right"] / table["cells"].clip(lower=1)
+    return table
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -496,7 +541,20 @@ def main(argv=None) -> int:
     comparing = commands.add_parser("parts", help="the default against each part alone and the best of them, "
                                                   "flagged patients apart, over one or more run folders")
     comparing.add_argument("folders", type=Path, nargs="+")
+    counting = commands.add_parser("population", help="each part's precision and recall of one population, "
+                                                      "per set, over one or more run folders")
+    counting.add_argument("name", help="the population, as labelled (e.g. 'B cells')")
+    counting.add_argument("folders", type=Path, nargs="+")
     args = parser.parse_args(argv)
+    if args.command == "population":
+        table = population_table(args.folders, args.name)
+        if table.empty:
+            print(f"no held-out patient with population {args.name!r} in {', '.join(map(str, args.folders))}",
+                  file=sys.stderr)
+            return 1
+        with pd.option_context("display.width", 200, "display.float_format", "{:.3f}".format):
+            print(table.to_string(index=False))
+        return 0
     if args.command == "parts":
         table = parts_table(args.folders)
         if table.empty:

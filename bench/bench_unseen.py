@@ -21,6 +21,12 @@ Data sets and protocols (each a line of the tables in docs/unseen_data.md):
   ``+fl2-rest`` (DLBCL: FL1+FL4+, or FL2+, against everything else), ``+bnk-rest`` (simulated:
   B cells and NK cells against everything else; on ``hard-rare`` two rare populations beside
   one catch-all);
+- ``<set>+rare-<population>``: a real set with one population thinned, in every patient, to a
+  small share of the events (its other cells dropped): ``+rare-b`` (mc: B cells at 0.5%),
+  ``+rare-t`` (DLBCL: FL1+FL4+ at 1%), as a lab's rare populations are;
+- ``<set>+partial-<population>``: a real set with one population kept in a third of the patients
+  (drawn at random with ``--seed``) and dropped from every other: ``+partial-b`` (mc: B cells),
+  ``+partial-t`` (DLBCL: FL1+FL4+), as a population present in only some patients is;
 - ``hard-<kind>``: the simulator's hard cohorts (``simulate_hard_cohort``): ``channel-scale-shift``
   (train on one batch, gate the other), ``partial-population`` and ``rare`` (leave one center
   out).
@@ -34,6 +40,7 @@ from ``../shared/data`` (or ``$GATING_SHARED_DATA``); sets whose data are missin
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
@@ -83,19 +90,58 @@ MERGES = {
 }
 
 
+#: Populations of the ``<set>+rare-<key>`` sets: key -> (population, its share of every patient's
+#: events after thinning).
+RARE = {"b": ("B cells", 0.005), "t": ("FL1+FL4+", 0.01)}
+#: Populations of the ``<set>+partial-<key>`` sets, and the share of patients that keep them.
+PARTIAL = {"b": "B cells", "t": "FL1+FL4+"}
+PARTIAL_SHARE = 1 / 3
+
+
+def thin_population(samples, labels, population: str, shares, seed: int):
+    """Drop cells of ``population`` at random so that it makes up ``shares[i]`` of patient i's
+    events (at most: a patient with fewer keeps them all; 0 drops every one). Returns new
+    (samples, labels); the other populations keep every cell, in their order."""
+    rng = np.random.default_rng(np.random.SeedSequence([int(seed), 3000]))
+    thinned_samples, thinned_labels = [], []
+    for sample, y, share in zip(samples, labels, shares):
+        members = np.flatnonzero(y == population)
+        others = len(y) - len(members)
+        wanted = len(members) if share >= 1 else min(len(members), int(round(share * others / (1.0 - share))))
+        keep = np.ones(len(y), dtype=bool)
+        keep[rng.choice(members, len(members) - wanted, replace=False)] = False
+        thinned_samples.append(dataclasses.replace(sample, events=sample.events[keep]))
+        thinned_labels.append(y[keep])
+    return thinned_samples, thinned_labels
+
+
+def _derived(base: str, change: str, seed: int):
+    loaded = load_set(base, seed)
+    if loaded is None:
+        return None
+    samples, labels, groups = loaded
+    kind, _, key = change.partition("-")
+    if kind == "rare" and key in RARE:
+        population, share = RARE[key]
+        return (*thin_population(samples, labels, population, [share] * len(samples), seed), groups)
+    if kind == "partial" and key in PARTIAL:
+        rng = np.random.default_rng(np.random.SeedSequence([int(seed), 3001]))
+        keeping = set(rng.choice(len(samples), max(2, round(PARTIAL_SHARE * len(samples))), replace=False))
+        shares = [1.0 if i in keeping else 0.0 for i in range(len(samples))]
+        return (*thin_population(samples, labels, PARTIAL[key], shares, seed), groups)
+    if change in MERGES:
+        mapping = MERGES[change]
+        return samples, [np.array([mapping.get(v, v) for v in y]) for y in labels], groups
+    known = [*MERGES, *(f"rare-{k}" for k in RARE), *(f"partial-{k}" for k in PARTIAL)]
+    raise SystemExit(f"unknown change {change!r}: one of {', '.join(known)}")
+
+
 def load_set(name: str, seed: int = 0):
     """(samples, labels, groups) of a set, or None when its shared data are missing. ``seed``
-    draws the biopsies of ``dlbcl-12``."""
+    draws the biopsies of ``dlbcl-12`` and the cells and patients the ``+rare`` and
+    ``+partial`` sets keep."""
     if "+" in name:
-        base, merge = name.split("+", 1)
-        if merge not in MERGES:
-            raise SystemExit(f"unknown merge {merge!r}: one of {', '.join(MERGES)}")
-        loaded = load_set(base, seed)
-        if loaded is None:
-            return None
-        samples, labels, groups = loaded
-        mapping = MERGES[merge]
-        return samples, [np.array([mapping.get(v, v) for v in y]) for y in labels], groups
+        return _derived(*name.split("+", 1), seed)
     if name.startswith("mc-"):
         return _shared("multicenter", "pair" if name == "mc-pair" else "batch")
     if name == "dlbcl-12":

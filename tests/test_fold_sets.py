@@ -59,6 +59,27 @@ def test_few_patients_of_one_batch_train_and_every_patient_of_the_other_is_held_
     assert held_out_sets("dlbcl-batch-4", groups, 0) == [held for _, held in folds]
 
 
+def test_a_thinned_population_keeps_its_share_and_every_other_cell_in_order(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    from bench_unseen import thin_population
+
+    labels = [np.array(["a"] * 300 + ["b"] * 700), np.array(["b", "a"] * 50), np.array(["a"] * 5 + ["b"] * 95)]
+    samples = [Sample(f"p{i}", np.arange(len(y) * 2, dtype=np.float32).reshape(-1, 2), [Channel("x"), Channel("y")])
+               for i, y in enumerate(labels)]
+    thinned, kept = thin_population(samples, labels, "a", [0.01, 0.0, 0.5], seed=0)
+    # 1% of 700 others is 7 cells; none of 'a' in the second; the third keeps its 5 (fewer than asked).
+    assert [int(np.sum(y == "a")) for y in kept] == [7, 0, 5]
+    assert [int(np.sum(y == "b")) for y in kept] == [700, 50, 95]
+    for sample, before, y, after in zip(thinned, samples, kept, labels):
+        assert len(sample.events) == len(y) and sample.name == before.name
+        rows = (sample.events[:, 0] // 2).astype(int)  # each event's row in the sample it came from
+        assert np.all(np.diff(rows) > 0) and np.array_equal(after[rows], y)
+    again, _ = thin_population(samples, labels, "a", [0.01, 0.0, 0.5], seed=0)
+    other, _ = thin_population(samples, labels, "a", [0.01, 0.0, 0.5], seed=1)
+    assert np.array_equal(again[0].events, thinned[0].events)
+    assert not np.array_equal(other[0].events, thinned[0].events)
+
+
 @pytest.fixture
 def blend_bench(monkeypatch):
     monkeypatch.syspath_prepend(str(BENCH))
@@ -100,6 +121,8 @@ def test_the_blend_bench_scores_each_rule_from_the_parts_probabilities(tmp_path,
     # trees (all a) for the transfer model: cell 1 b (0.6), cell 2 a (0.73), cell 3 a (0.57);
     # half trees: b (0.62), a, b (0.57)
     assert table["trees-for-transfer"] == pytest.approx([1 / 3]) and table["half-trees"] == pytest.approx([2 / 3])
+    # the adapted populations at a third: the transfer model's a on cells 1 and 2 (0.63, 0.80), b on 3 (0.75)
+    assert table["adapted-third"] == pytest.approx([1.0])
     # a fold run without --embedding-trees is not scored by its rules
     assert table["embedding-trees"] == [] and table["embedding-trees-for-transfer"] == []
     assert table["aligned-trees"] == [] and table["half-aligned-trees"] == [] and table["pooled-logistic"] == []
@@ -194,6 +217,32 @@ def test_the_blend_bench_scores_each_part_alone_and_the_best(tmp_path, blend_ben
     assert "default 0.250 / 0.250  transfer 0.750 / 0.750  adapted 0.750 / 0.750  best 0.750 / 0.750" in printed
     assert "transfer alone beats the default by more than a point on 1 (by 0.500 on average)" in printed
     assert "gated below 0.8 by the default: 1; the best part lifts 0 of them" in printed
+
+
+def test_the_blend_bench_counts_each_parts_calls_of_one_population(tmp_path, blend_bench, capsys):
+    # Truth b, a, b, a. The transfer model calls a, a, b, a (precision 1, recall 1/2); the
+    # adapted fits b, b, b, b (precision 1/2, recall 1); the default b, a, b, b.
+    transfer = np.array([[0.9, 0.1], [0.8, 0.2], [0.1, 0.9], [0.7, 0.3]], np.float32)
+    adapted = np.array([[0.2, 0.8]] * 4, np.float32)
+    default = np.array([[0.4, 0.6], [0.6, 0.4], [0.1, 0.9], [0.3, 0.7]], np.float32)
+    arrays = {"populations": np.array(["a", "b"]), "weight": np.float64(2.0 / 3.0),
+              "0:transfer": transfer, "0:shared": adapted, "0:own": adapted, "0:default": default,
+              "0:truth": np.array(["b", "a", "b", "a"]), "0:name": np.array("p1"), "0:novelty": np.float64(0.5)}
+    np.savez(tmp_path / "demo__00.npz", **arrays)
+    # a second fold of the same set, one patient, without population b: counts nothing for b
+    np.savez(tmp_path / "demo__01.npz", populations=np.array(["a", "c"]), weight=np.float64(2.0 / 3.0),
+             **{"0:transfer": transfer, "0:default": transfer, "0:truth": np.array(["a"] * 4),
+                "0:name": np.array("p2"), "0:novelty": np.float64(0.5)})
+    table = blend_bench.population_table([tmp_path], "b").set_index("part")
+    assert list(table.index) == ["default", "transfer", "shared", "own"]  # no LDA, trees or logistic kept
+    assert table.loc["transfer", ["called", "right", "cells"]].tolist() == [1, 1, 2]
+    assert table.loc["own", ["called", "right", "cells"]].tolist() == [4, 2, 2]
+    assert table.loc["default", ["precision", "recall"]].tolist() == pytest.approx([2 / 3, 1.0])
+    assert table.loc["shared", ["precision", "recall"]].tolist() == pytest.approx([0.5, 1.0])
+    assert blend_bench.main(["population", "b", str(tmp_path)]) == 0
+    assert "demo transfer 1 1 2 1.000 0.500" in " ".join(capsys.readouterr().out.split())
+    assert blend_bench.main(["population", "z", str(tmp_path)]) == 1
+    assert "no held-out patient with population 'z'" in capsys.readouterr().err
 
 
 def test_the_blend_bench_keeps_a_split_populations_parts_per_population(blend_bench):
