@@ -269,6 +269,15 @@ def patients(path: Path):
             yield patient
 
 
+def held_out_patients(folders):
+    """(set, folder, patient) of every held-out patient in the fold files of ``run`` folders, in
+    file order (:func:`patients`)."""
+    for folder in folders:
+        for path in sorted(Path(folder).glob("*.npz")):
+            for patient in patients(path):
+                yield path.name.split("__")[0], folder, patient
+
+
 def _normalised(proba):
     return proba / np.maximum(proba.sum(axis=1, keepdims=True), 1e-30)
 
@@ -379,17 +388,15 @@ def score(folder: Path, metric: str, rules=None) -> dict:
         raise ValueError(f"unknown rules: {', '.join(unknown)} (known: {', '.join(RULES)})")
     chosen = {rule: RULES[rule] for rule in (["default"] + [r for r in rules if r != "default"] if rules else RULES)}
     table = {}
-    for path in sorted(folder.glob("*.npz")):
-        name = path.name.split("__")[0]
+    for name, _, patient in held_out_patients([folder]):
         rows = table.setdefault(name, {rule: [] for rule in chosen})
-        for patient in patients(path):
-            populations = patient["populations"]
-            for rule, combine in chosen.items():
-                proba = combine(patient)
-                if proba is None:  # a part this fold's run did not fit (run --embedding-trees, --aligned-trees)
-                    continue
-                called = populations[np.argmax(proba, axis=1)]
-                rows[rule].append(patient_scores(patient["truth"], called, populations)[key])
+        populations = patient["populations"]
+        for rule, combine in chosen.items():
+            proba = combine(patient)
+            if proba is None:  # a part this fold's run did not fit (run --embedding-trees, --aligned-trees)
+                continue
+            called = populations[np.argmax(proba, axis=1)]
+            rows[rule].append(patient_scores(patient["truth"], called, populations)[key])
     return table
 
 
@@ -415,20 +422,16 @@ def review_table(folders) -> pd.DataFrame:
     name different populations (what gating measures on the content-chosen cells, here on the
     fold file's cells), for ``bench_unseen.print_review``."""
     rows = []
-    for folder in folders:
-        for path in sorted(Path(folder).glob("*.npz")):
-            for patient in patients(path):
-                if "shared" not in patient:
-                    continue
-                populations = patient["populations"]
-                rows.append({"set": path.name.split("__")[0], "folder": str(folder), "patient": str(patient["name"]),
-                             "method": "marginal",
-                             "accuracy": float(np.mean(populations[np.argmax(patient["default"], axis=1)]
-                                                       == patient["truth"])),
-                             "disagreement": _disagreement(patient),
-                             "novelty": float(patient["novelty"]),
-                             "novelty_threshold": float(patient["novelty_threshold"])
-                             if "novelty_threshold" in patient else np.nan})
+    for name, folder, patient in held_out_patients(folders):
+        if "shared" not in patient:
+            continue
+        populations = patient["populations"]
+        rows.append({"set": name, "folder": str(folder), "patient": str(patient["name"]), "method": "marginal",
+                     "accuracy": float(np.mean(populations[np.argmax(patient["default"], axis=1)] == patient["truth"])),
+                     "disagreement": _disagreement(patient),
+                     "novelty": float(patient["novelty"]),
+                     "novelty_threshold": float(patient["novelty_threshold"])
+                     if "novelty_threshold" in patient else np.nan})
     return pd.DataFrame(rows)
 
 
@@ -442,18 +445,16 @@ def parts_table(folders) -> pd.DataFrame:
     between 0 and 1: where ``gate --part`` can give each): its set, whether the review flags it,
     and the accuracy of each of :data:`REVIEW_ALTERNATIVES` and of the best."""
     rows = []
-    for folder in folders:
-        for path in sorted(Path(folder).glob("*.npz")):
-            for patient in patients(path):
-                if "shared" not in patient or not 0.0 < patient["weight"] < 1.0:
-                    continue
-                populations = patient["populations"]
-                row = {"set": path.name.split("__")[0], "patient": str(patient["name"]),
-                       "flagged": _disagreement(patient) > DISAGREEMENT_THRESHOLD}
-                for name, proba in REVIEW_ALTERNATIVES.items():
-                    row[name] = float(np.mean(populations[np.argmax(proba(patient), axis=1)] == patient["truth"]))
-                row["best"] = max(row[name] for name in REVIEW_ALTERNATIVES)
-                rows.append(row)
+    for name, _, patient in held_out_patients(folders):
+        if "shared" not in patient or not 0.0 < patient["weight"] < 1.0:
+            continue
+        populations = patient["populations"]
+        row = {"set": name, "patient": str(patient["name"]),
+               "flagged": _disagreement(patient) > DISAGREEMENT_THRESHOLD}
+        for alternative, proba in REVIEW_ALTERNATIVES.items():
+            row[alternative] = float(np.mean(populations[np.argmax(proba(patient), axis=1)] == patient["truth"]))
+        row["best"] = max(row[alternative] for alternative in REVIEW_ALTERNATIVES)
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -491,23 +492,20 @@ def population_table(folders, population: str) -> pd.DataFrame:
     ``precision`` and ``recall``. A fold without the population, or without a part, adds nothing
     to that part."""
     counts = {}
-    for folder in folders:
-        for path in sorted(Path(folder).glob("*.npz")):
-            name = path.name.split("__")[0]
-            for patient in patients(path):
-                populations = [str(p) for p in patient["populations"]]
-                if population not in populations:
-                    continue
-                column = populations.index(population)
-                truth = patient["truth"] == population
-                for part in POPULATION_PARTS:
-                    if part not in patient:
-                        continue
-                    called = np.argmax(patient[part], axis=1) == column
-                    row = counts.setdefault((name, part), [0, 0, 0])
-                    row[0] += int(called.sum())
-                    row[1] += int((called & truth).sum())
-                    row[2] += int(truth.sum())
+    for name, _, patient in held_out_patients(folders):
+        populations = [str(p) for p in patient["populations"]]
+        if population not in populations:
+            continue
+        column = populations.index(population)
+        truth = patient["truth"] == population
+        for part in POPULATION_PARTS:
+            if part not in patient:
+                continue
+            called = np.argmax(patient[part], axis=1) == column
+            row = counts.setdefault((name, part), [0, 0, 0])
+            row[0] += int(called.sum())
+            row[1] += int((called & truth).sum())
+            row[2] += int(truth.sum())
     table = pd.DataFrame([{"set": s, "part": part, "called": c, "right": r, "cells": n}
                           for (s, part), (c, r, n) in counts.items()])
     if table.empty:
