@@ -14,7 +14,8 @@ combinations offline.
 
 ``run SET ... --out DIR``: one ``.npz`` per fold (existing folds are skipped). The sets are
 ``bench_unseen.py``'s (same protocols, seeds and folds), and ``mc-patient`` / ``dlbcl-patient``:
-each patient left out, the batches given to training as its groups.
+each patient left out, the batches given to training as its groups (with a ``bench_unseen.py``
+change too: ``mc-patient+rare-b``).
 
 ``review DIR ...``: the default's accuracy against the share of cells on which its transfer model
 and adapted populations disagree (gating's review flag), over every held-out patient of the
@@ -115,15 +116,22 @@ EMBEDDING_COMPONENTS = 4
 
 
 def fold_sets(name: str, groups, seed: int):
-    if name in PATIENT_SETS:
+    if name.partition("+")[0] in PATIENT_SETS:
         return [[i] for i in range(len(groups))]
     return held_out_sets(name, groups, seed)
+
+
+def source_set(name: str) -> str:
+    """The ``bench_unseen.py`` set a ``run`` set's patients come from: ``mc-patient+rare-b`` is
+    ``mc-batch+rare-b``'s patients, each left out in turn."""
+    base, plus, change = name.partition("+")
+    return PATIENT_SETS.get(base, base) + plus + change
 
 
 def run(names, out: Path, seed: int, embedding_trees: bool = False, aligned_trees: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
     for name in names:
-        loaded = load_set(PATIENT_SETS.get(name, name), seed)
+        loaded = load_set(source_set(name), seed)
         if loaded is None:
             print(f"== {name}: data not found, skipped", flush=True)
             continue

@@ -219,6 +219,15 @@ def test_the_blend_bench_scores_each_part_alone_and_the_best(tmp_path, blend_ben
     assert "gated below 0.8 by the default: 1; the best part lifts 0 of them" in printed
 
 
+def test_the_blend_bench_leaves_each_patient_out_of_a_changed_set_too(blend_bench):
+    assert blend_bench.source_set("mc-patient") == "mc-batch"
+    assert blend_bench.source_set("mc-patient+rare-b") == "mc-batch+rare-b"
+    assert blend_bench.source_set("dlbcl-folds+rare-t") == "dlbcl-folds+rare-t"
+    groups = ["A", "A", "B"]
+    assert blend_bench.fold_sets("dlbcl-patient+partial-t", groups, 0) == [[0], [1], [2]]
+    assert blend_bench.fold_sets("mc-batch+rare-b", groups, 0) == [[0, 1], [2]]  # each group out, in order
+
+
 def test_the_blend_bench_counts_each_parts_calls_of_one_population(tmp_path, blend_bench, capsys):
     # Truth b, a, b, a. The transfer model calls a, a, b, a (precision 1, recall 1/2); the
     # adapted fits b, b, b, b (precision 1/2, recall 1); the default b, a, b, b.
