@@ -24,6 +24,7 @@ EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5", "dic
 EVALUATION_METHODS += ("marginal-whole-populations",)
 EVALUATION_METHODS += ("marginal-landmarks",)
 EVALUATION_METHODS += ("marginal-shared-covariance", "marginal-even-weight")
+EVALUATION_METHODS += ("marginal-no-swollen-check",)
 
 
 def _looks_like_input(value: str) -> bool:
@@ -78,7 +79,8 @@ def register(subparsers) -> None:
                                "whose peaks do not match left as they are; marginal-shared-covariance adapts the "
                                "populations without their own shapes, marginal-even-weight weighs the transfer model "
                                "and the two fits a third each whatever the held-out groups say, marginal-whole-populations "
-                               "fits every population as one Gaussian, never as components). Names: "
+                               "fits every population as one Gaussian, never as components, marginal-no-swollen-check "
+                               "mixes a rare population the adapted populations let swell as any other). Names: "
                                + ", ".join(EVALUATION_METHODS))
     evaluate.add_argument("--groups", metavar="FILE|KEYWORD",
                           help="the group (center, batch, run) of each patient: a CSV (patient, group) or an "

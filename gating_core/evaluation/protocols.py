@@ -52,6 +52,8 @@ ALL_METHODS += ("marginal-landmarks",)
 # The adapted populations' parts: without the own-shape fit (the shared-covariance fit alone), and
 # at the even thirds whatever the held-out groups say.
 ALL_METHODS += ("marginal-shared-covariance", "marginal-even-weight")
+# The default without the check of rare populations the adapted populations let swell.
+ALL_METHODS += ("marginal-no-swollen-check",)
 #: GatingModel settings of each kernel method (on top of the user's model parameters); a method
 #: whose settings name a research option (n_augment, augment_gain, augment_shift,
 #: bandwidth_x_hedge, self_training, transfer_start) is a ResearchGatingModel (model.research.build_model). The
@@ -88,6 +90,7 @@ METHOD_SETTINGS = {
     "marginal-shared-covariance": {"method": "marginal", "adaptive_shapes": False},
     "marginal-whole-populations": {"method": "marginal", "population_components": 1},
     "marginal-even-weight": {"method": "marginal", "adaptive_weight": EVEN_ADAPTIVE_WEIGHT},
+    "marginal-no-swollen-check": {"method": "marginal", "swollen_check": False},
     # The default with each option it leaves out.
     "marginal-augment": {"method": "marginal", "n_augment": 4},
     "marginal-second-bandwidth": {"method": "marginal", "bandwidth_x_hedge": 0.5},

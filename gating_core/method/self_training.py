@@ -115,12 +115,18 @@ class PatientAdjustment:
     its own training shape. The model mixes their
     posteriors in with :meth:`mix`, at its weight ``adaptive_weight_``. ``reach`` (a
     :class:`~gating_core.method.unknown_cells.PatientReach`, or None) is where its populations reach:
-    the model calls cells beyond all of them unknown.
+    the model calls cells beyond all of them unknown. ``transfer_columns`` ((k,) bool, or None) are
+    the populations whose column :meth:`mix` takes from the given probabilities alone (rare
+    populations the adapted ones let swell:
+    :func:`~gating_core.method.swollen_populations.swollen_populations`); ``disagreement`` the share
+    of the patient's content-chosen cells on which the two halves differ, when computed.
     """
 
     def __init__(self, ratio=None, coef=None, gaussians=None, reach=None, shapes=None, components=None):
         self.ratio, self.coef, self.gaussians, self.reach, self.shapes = ratio, coef, gaussians, reach, shapes
         self.components = components
+        self.transfer_columns = None
+        self.disagreement = None
 
     def adapted(self, cells: np.ndarray) -> np.ndarray:
         """The adapted populations' posteriors of cells (n, d): (n, k) float32, the mean of the
@@ -129,11 +135,18 @@ class PatientAdjustment:
 
     def mix(self, proba: np.ndarray, cells: np.ndarray, weight: float) -> np.ndarray:
         """``(1 - weight) proba + weight`` :meth:`adapted`, in place; unchanged without
-        gaussians or at weight 0."""
+        gaussians or at weight 0. With ``transfer_columns``, those columns keep ``proba``'s
+        values alone and every row is normalised to sum to 1."""
         if self.gaussians is None or weight <= 0:
             return proba
-        proba *= np.float32(1.0 - weight)
-        proba += np.float32(weight) * self.adapted(cells)
+        if self.transfer_columns is None:
+            proba *= np.float32(1.0 - weight)
+            proba += np.float32(weight) * self.adapted(cells)
+            return proba
+        weights = np.where(self.transfer_columns, np.float32(0.0), np.float32(weight)).astype(np.float32)
+        proba *= np.float32(1.0) - weights
+        proba += weights * self.adapted(cells)
+        proba /= proba.sum(axis=1, keepdims=True)
         return proba
 
     def __call__(self, proba: np.ndarray, shift=None) -> np.ndarray:

@@ -13,6 +13,7 @@ from gating_core.method.features import content_hashes
 from gating_core.method.population_components import adapted_fits, component_start, population_starts, split_populations
 from gating_core.method.priors import reestimate_prior, training_prior
 from gating_core.method.self_training import PatientAdjustment, self_training_coef
+from gating_core.method.swollen_populations import called_shares, swollen_populations
 from gating_core.method.unknown_cells import UNKNOWN_MARGIN, PopulationReach
 from gating_core.model.result import GATING_PARTS
 
@@ -335,7 +336,34 @@ class PatientAdaptation:
         if own_em is not None:
             adjust.shapes = (reach, patient) if shapes else None
             adjust.reach = patient if self._unknown_called() else None
+        if adapts and len(chosen):
+            self._check_swelling(chosen, embedding, adjust)
         return adjust
+
+    def _check_swelling(self, chosen, embedding, adjust: PatientAdjustment) -> None:
+        """Both halves' calls of the content-chosen cells ``chosen`` (m, d) where both are mixed
+        (a weight strictly between 0 and 1): their disagreement (``adjust.disagreement``, the
+        review flag's) and, with ``largest_shares_``, the rare populations the adapted ones let
+        swell, whose columns gating takes from the transfer model (``adjust.transfer_columns``;
+        :mod:`gating_core.method.swollen_populations`)."""
+        if not 0.0 < float(getattr(self, "adaptive_weight_", 0.0)) < 1.0:
+            return
+        transfer, adapted = self._halves(chosen, embedding, adjust)
+        adjust.disagreement = float(np.mean(np.argmax(transfer, axis=1) != np.argmax(adapted, axis=1)))
+        largest = getattr(self, "largest_shares_", None)
+        if largest is None:
+            return
+        swollen = swollen_populations(self.class_prior_, largest, called_shares(adapted), called_shares(transfer))
+        adjust.transfer_columns = swollen if swollen.any() else None
+
+    def _halves(self, chosen, embedding, adjust: PatientAdjustment) -> tuple:
+        """The transfer model's probabilities of cells ``chosen`` (m, d), after ``adjust``'s prior
+        ratio and self-training step, and the adapted populations': two (m, k)."""
+        if adjust.coef is None:
+            transfer = adjust(self._proba(chosen, embedding, 50_000))
+        else:
+            transfer = adjust(*self._proba(chosen, embedding, 50_000, project=adjust.coef))
+        return transfer, adjust.adapted(chosen)
 
     def _parts_disagreement(self, chosen, embedding, adjust: PatientAdjustment):
         """The share of the content-chosen cells ``chosen`` (m, d) on which the transfer model
@@ -346,11 +374,10 @@ class PatientAdaptation:
         weight = float(getattr(self, "adaptive_weight_", 0.0))
         if adjust.gaussians is None or not 0.0 < weight < 1.0 or len(chosen) == 0:
             return None
-        if adjust.coef is None:
-            transfer = adjust(self._proba(chosen, embedding, 50_000))
-        else:
-            transfer = adjust(*self._proba(chosen, embedding, 50_000, project=adjust.coef))
-        return float(np.mean(np.argmax(transfer, axis=1) != np.argmax(adjust.adapted(chosen), axis=1)))
+        if adjust.disagreement is not None:  # _patient_adjustment's, from the same cells
+            return adjust.disagreement
+        transfer, adapted = self._halves(chosen, embedding, adjust)
+        return float(np.mean(np.argmax(transfer, axis=1) != np.argmax(adapted, axis=1)))
 
     def _transfer_adjustment(self, chosen, embedding) -> PatientAdjustment:
         """The transfer model's part of :meth:`_patient_adjustment`."""

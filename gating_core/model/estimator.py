@@ -19,6 +19,7 @@ from sklearn.exceptions import NotFittedError
 from gating_core.cpus import with_blas_threads
 from gating_core.fcs.transforms import ChannelTransform
 from gating_core.method.population_components import MAX_COMPONENTS
+from gating_core.method.swollen_populations import largest_shares
 from gating_core.method.priors import training_prior
 from gating_core.method.unknown_cells import UNKNOWN_MARGIN
 from gating_core.model.adaptation import (ADAPTIVE_WEIGHT_TOLERANCE, ADAPTIVE_WEIGHTS, EVEN_ADAPTIVE_WEIGHT,  # noqa: F401
@@ -130,6 +131,8 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
         own-shape fit; cells beyond every reach are unknown when ``unknown_margin`` is set)
     populations_, training_patients_ : list of str
     class_prior_ : ndarray (k,)  population shares of the training patients (each weighing the same)
+    largest_shares_ : ndarray (k,) or None  each population's largest share in a training patient,
+        against which a rare population the adapted populations let swell is told (None: not checked)
     selection_ : dict  the chosen parameters and the cross-validation tables
     groups_ : list of str;  groups_inferred_ : bool  (found from the embeddings when not given)
     novelty_reference_, novelty_threshold_ : float
@@ -152,6 +155,7 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
     transfer_start = False
     adaptive_shapes = True
     population_components = MAX_COMPONENTS
+    swollen_check = True
     # ... and the method's family at the default's choices.
     method = "marginal"
     solver = "rff"
@@ -169,7 +173,7 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
     #: Their names, for the model file (gating_core.model.file reads them from the class it is given:
     #: a file storing them at these values is this model's, otherwise a ResearchGatingModel's).
     RESEARCH_OPTIONS = ("n_augment", "augment_gain", "augment_shift", "bandwidth_x_hedge", "self_training",
-                        "transfer_start", "adaptive_shapes", "population_components",
+                        "transfer_start", "adaptive_shapes", "population_components", "swollen_check",
                         "method", "solver", "loss", "patient_weighting", "kernel_x", "select_embedding_bandwidth",
                         "selection_objective", "prior_shift", "align", "task_similarity", "dica",
                         "dica_components", "class_balance")
@@ -297,6 +301,8 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
         self._fit_transfer(cells, embedding_cells, labels, params, report)
         self.populations_ = [str(c) for c in self.classifier_.classes_]
         self.class_prior_ = training_prior(labels, self.classifier_.classes_)
+        self.largest_shares_ = (largest_shares(labels, self.classifier_.classes_)
+                                if self.swollen_check and self.method == "marginal" else None)
         self.training_patients_ = [s.name for s in samples]
         self._fit_novelty()
         components = self._fit_adaptive(cells, embedding_cells, labels, params, report)
@@ -381,6 +387,7 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
                 "adaptive_start": str(getattr(self, "adaptive_start_", "training")),
                 "adaptive_shapes": bool(getattr(self, "adaptive_shapes_", False)),
                 "split_populations": self._split_populations(),
+                "swollen_check": getattr(self, "largest_shares_", None) is not None,
                 "unknown_margin": None if not self._unknown_called() else float(self.unknown_margin),
                 "transform": self.transform_.to_dict()}
 

@@ -67,7 +67,10 @@ MODEL_FORMAT = "gating_core.model"
 # 11: populations split into Gaussian components for the adapted populations and the reach
 #    (adaptive_components: each component's population; the adaptive_ and reach_ arrays have a
 #    row per component).
-MODEL_FORMAT_VERSION = 11
+# 12: each population's largest share in a training patient (largest_shares), against which a
+#    rare population the adapted populations let swell is told (files of formats 1-11 mix every
+#    population alike).
+MODEL_FORMAT_VERSION = 12
 
 
 def _param_value(value):
@@ -124,6 +127,8 @@ def save_model(model, path) -> None:
         "train_embeddings": clf.train_embeddings_,
         "novelty_nn": model.novelty_nn_, "class_prior": model.class_prior_,
     }
+    if getattr(model, "largest_shares_", None) is not None:
+        arrays["largest_shares"] = model.largest_shares_
     if isinstance(clf.embedder_, MeanEmbedding):  # the linear k'_X (mean cell) has no frequencies
         arrays["embedding_frequencies"] = clf.embedder_.frequencies_
     if isinstance(getattr(clf, "feature_map_", None), LinearProductFeatures):
@@ -268,6 +273,11 @@ def model_from_parts(cls, meta, arrays, path="model", research_cls=None):
                           else np.full(k, 1.0 / k))
     if not (np.all(model.class_prior_ > 0) and abs(model.class_prior_.sum() - 1) < 1e-6):
         raise ModelFileError(path, "model file is inconsistent: array 'class_prior' is not a distribution")
+    model.largest_shares_ = None
+    if "largest_shares" in arrays:
+        model.largest_shares_ = array("largest_shares", k).astype(np.float64)
+        if not np.all((model.largest_shares_ >= 0) & (model.largest_shares_ <= 1)):
+            raise ModelFileError(path, "model file is inconsistent: array 'largest_shares' holds values outside [0, 1]")
     model.dica_ = None
     if model.dica is not None:
         n_dica = array("dica_frequencies", d, None).shape[1]

@@ -81,6 +81,7 @@ MODEL_MEMBERS = {
     "embedding_frequencies": Member("f", 2),
     "novelty_nn": Member("f", 1),
     "class_prior": Member("f", 1),
+    "largest_shares": Member("f", 1),
     "reference_quantiles": Member("f", 2),
     # align="landmarks": each channel's reference peaks (zero-padded) and how many it has
     "reference_peaks": Member("f", 2),

@@ -85,6 +85,11 @@ class ResearchGatingModel(GatingModel):
         of its own training shape, :class:`~gating_core.method.unknown_cells.PopulationReach`)
         beside the shared-covariance one. False: the shared-covariance fit alone, for measuring
         what the own shapes add (``evaluate --method marginal-shared-covariance``).
+    swollen_check : bool, default=True
+        Whether gating takes the column of a rare population from the transfer model alone in a
+        patient where the adapted populations let it swell over its neighbours' cells
+        (:mod:`~gating_core.method.swollen_populations`). False: the plain mix, for measuring what
+        the check adds (``evaluate --method marginal-no-swollen-check``).
 
     method : {"marginal", "pooling", "multitask"}, default="marginal"
         Marginal transfer, or the pooling / multitask baselines (multitask: k_P =
@@ -131,6 +136,7 @@ class ResearchGatingModel(GatingModel):
         "transfer_start": [BOOLEAN],
         "adaptive_shapes": [BOOLEAN],
         "population_components": [Interval(numbers.Integral, 1, MAX_COMPONENTS_PER_POPULATION)],
+        "swollen_check": [BOOLEAN],
         "method": [Options(*METHODS)],
         "solver": [Options(*SOLVERS)],
         "loss": [Options(*LOSSES)],

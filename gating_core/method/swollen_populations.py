@@ -1,0 +1,72 @@
+"""Rare populations that the adapted populations let swell over a new patient's other cells.
+
+A population of a percent of the events beside large ones is where the two halves of the model
+part ways. The experts' gate around it often cuts through a continuum of cells (B cells beside
+'ungated' cells): the transfer model, trained on the experts' labels, learned that edge; the
+adapted populations model the population as a Gaussian, whose density reaches past the edge, and
+EM over the patient can widen it further. With the population at 0.5% of the events, the adapted
+populations call it about twice as often as it is there, and the mix follows them.
+
+Both halves estimate how much of the patient the population is. Where the adapted populations
+call it on more than ``SWELL_FACTOR`` times the largest share any training patient had, while
+the transfer model's share of it is nearer the training share, the population swelled: its column
+of the mix is the transfer model's alone. A rare population that moved beyond the training range
+is the other case the two halves disagree on: the transfer model loses it, the adapted
+populations follow it and call it at about its training share, and it stays theirs.
+(docs/unseen_data.md, "Rare populations, and populations only some patients have".)
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+#: A population is rare when its training share (every patient weighing the same) is below this.
+#: Larger populations differ from patient to patient by more than any factor: a biopsy made of
+#: one population's cells is no swelling.
+RARE_SHARE = 0.05
+#: How many times the largest training patient's share the adapted populations must call a rare
+#: population on for it to have swelled.
+SWELL_FACTOR = 2.0
+#: Shares below this count as this in the log ratio (a population called on no cell).
+_SHARE_FLOOR = 1e-6
+
+
+def called_shares(proba) -> np.ndarray:
+    """The share of cells (n,) called each population (k,) by probabilities ``proba`` (n, k):
+    the population of highest probability."""
+    proba = np.asarray(proba)
+    if len(proba) == 0:
+        return np.zeros(proba.shape[1])
+    return np.bincount(np.argmax(proba, axis=1), minlength=proba.shape[1]) / len(proba)
+
+
+def largest_shares(labels, classes) -> np.ndarray:
+    """The largest share (k,) of each population among the training patients' cells.
+
+    labels : list of ndarray (n_i,), each training patient's cell populations
+    classes : sequence of the k population names
+    """
+    classes = np.asarray(classes).astype(str)
+    return np.array([[np.mean(np.asarray(y).astype(str) == c) if len(y) else 0.0 for c in classes]
+                     for y in labels]).max(axis=0)
+
+
+def swollen_populations(prior, largest, adapted_share, transfer_share) -> np.ndarray:
+    """Which populations (k,) bool swelled in one patient (see the module docstring).
+
+    prior : (k,) training shares, every patient weighing the same
+    largest : (k,) the largest share of each population among the training patients
+    adapted_share, transfer_share : (k,) the share of the patient's cells each half calls each
+        population (:func:`called_shares`)
+
+    Swollen: rarer than ``RARE_SHARE`` in training, called by the adapted populations on more
+    than ``SWELL_FACTOR`` times ``largest``, and by the transfer model on a share nearer the
+    training share in log ratio."""
+    prior = np.asarray(prior, dtype=np.float64)
+    adapted_share = np.asarray(adapted_share, dtype=np.float64)
+
+    def distance(share):
+        return np.abs(np.log(np.maximum(np.asarray(share, dtype=np.float64), _SHARE_FLOOR) / prior))
+
+    return ((prior < RARE_SHARE) & (adapted_share > SWELL_FACTOR * np.asarray(largest, dtype=np.float64))
+            & (distance(transfer_share) < distance(adapted_share)))
