@@ -75,10 +75,9 @@ the sets where it gains or loses more than 0.1 point against the default. The ru
   training range is about an edge the transfer model learned from the experts;
 - ``rare-columns``: the transfer model alone in the column of every population the adapted
   populations find at less than :data:`RARE_SHARE` of the patient's cells;
-- ``swollen``: the transfer model alone in the column of a population rarer than
-  :data:`RARE_SHARE` in training (``class_prior``) that the adapted populations call on more than
-  twice its training share of the patient's cells while the transfer model's share is nearer
-  the training share (:func:`_swollen`);
+- ``plain-mix``: the default's parts mixed at the fold's weight in every column, without the
+  check of rare populations the adapted populations let swell (``swollen_check``: the default
+  takes such a population's column from the transfer model);
 - ``lda``, ``trees``, ``pooled-logistic``: the standard methods alone (a fold file written before
   pooled logistic was kept has none: its patients are not scored by that rule).
 
@@ -122,7 +121,7 @@ FAMILIAR_AGREEMENT = 0.1
 OWN_CHECK_DISAGREEMENT = 0.5
 #: ``familiar``: a cell lies within a population's training reach up to this many times it.
 FAMILIAR_MARGIN = 1.0
-#: ``rare-columns`` and ``swollen``: a population is rare below this share of the cells.
+#: ``rare-columns``: a population is rare below this share of the cells.
 RARE_SHARE = 0.05
 #: ``run --embedding-trees``: at most this many principal components of the training patients'
 #: embeddings go beside each cell.
@@ -185,7 +184,6 @@ def fit_fold(train_samples, train_labels, train_groups, held_samples, held_label
     # The weight's check as the fold's model made it (each held-out training patient's accuracy
     # at each weight): other rules for the weight can be scored offline too.
     arrays = {"populations": populations, "weight": np.float64(model.adaptive_weight_),
-              "class_prior": np.asarray(model.class_prior_, np.float64),
               "weight_check": np.asarray(json.dumps(model.selection_.get("adaptive_weight", {})))}
     for p, (sample, truth) in enumerate(zip(held_samples, held_labels)):
         cells, embedding, adjust = model._patient_parts(sample)
@@ -295,8 +293,6 @@ def patients(path: Path):
         for p in range(count):
             patient = {key.split(":")[1]: z[key] for key in z.files if key.startswith(f"{p}:")}
             patient["populations"], patient["weight"] = z["populations"], float(z["weight"])
-            if "class_prior" in z.files:  # fold files written before it was kept have none
-                patient["class_prior"] = z["class_prior"]
             yield patient
 
 
@@ -405,34 +401,6 @@ def _rare_columns(patient):
     return _column_mix(patient, ((patient["shared"] + patient["own"]) / 2).mean(axis=0) < RARE_SHARE)
 
 
-def swollen_populations(prior, adapted_share, transfer_share) -> np.ndarray:
-    """Which populations (k,) bool the adapted populations let swell over a patient: rarer than
-    ``RARE_SHARE`` in training (``prior``), called by the adapted populations on more than twice
-    that share of the patient's cells (``adapted_share``), and by the transfer model on a share
-    nearer the training one in log ratio (``transfer_share``). A rare population the transfer
-    model lost after a shift (the adapted populations following it at about its training share)
-    is not swollen; one whose Gaussian took its neighbours' cells is."""
-    prior = np.asarray(prior, np.float64)
-
-    def distance(share):
-        return np.abs(np.log(np.maximum(np.asarray(share, np.float64), 1e-6) / prior))
-
-    return (prior < RARE_SHARE) & (np.asarray(adapted_share) > 2.0 * prior) & (
-        distance(transfer_share) < distance(adapted_share))
-
-
-def _swollen(patient):
-    """``swollen``'s probabilities; None for a fold file without ``class_prior``."""
-    if "shared" not in patient:
-        return patient["default"]
-    if "class_prior" not in patient:
-        return None
-    adapted = (patient["shared"] + patient["own"]) / 2
-    k, n = adapted.shape[1], len(adapted)
-    shares = [np.bincount(np.argmax(p, axis=1), minlength=k) / n for p in (adapted, patient["transfer"])]
-    return _column_mix(patient, swollen_populations(patient["class_prior"], *shares))
-
-
 def _given(part, combine):
     """A rule that needs ``part``, which only some runs keep (``run --embedding-trees``, ...):
     None for a patient whose fold file has none, so that it is not scored."""
@@ -464,7 +432,7 @@ RULES = {
                                  lambda p: _adapted_at(p, p["weight"], (p["transfer"] + p["aligned_trees"]) / 2)),
     "familiar": _familiar,
     "rare-columns": _rare_columns,
-    "swollen": _swollen,
+    "plain-mix": lambda p: _adapted_at(p, p["weight"]),
     "lda": lambda p: p["lda"],
     "trees": lambda p: p["trees"],
     "pooled-logistic": lambda p: p.get("pooled_logistic"),

@@ -129,10 +129,10 @@ def test_the_blend_bench_scores_each_rule_from_the_parts_probabilities(tmp_path,
     assert blend_bench.main(["score", str(tmp_path)]) == 0
     (row,) = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("demo")]
     # the two embedding rules and the three aligned ones; the rare populations' rules (familiar
-    # and swollen need arrays this file lacks; rare-columns gives the default's calls, no
-    # population being under 5% of the adapted populations' probabilities);
+    # needs an array this file lacks; rare-columns gives the default's calls, no population
+    # being under 5% of the adapted populations' probabilities; plain-mix is the default's mix);
     # then LDA and trees, then pooled logistic
-    assert row[-11:-3] == ["-"] * 6 + ["0.667/0.667", "-"]
+    assert row[-11:-3] == ["-"] * 6 + ["0.667/0.667", "0.667/0.667"]
     assert row[-3:] == ["0.333/0.333", "0.667/0.667", "-"]
     # --rules: those alone, the default first
     assert blend_bench.main(["score", str(tmp_path), "--rules", "trees,vote"]) == 0
@@ -258,17 +258,6 @@ def test_the_blend_bench_counts_each_parts_calls_of_one_population(tmp_path, ble
     assert "no held-out patient with population 'z'" in capsys.readouterr().err
 
 
-def test_a_rare_population_swollen_by_the_adapted_populations_is_told_from_one_that_moved(blend_bench):
-    swollen = blend_bench.swollen_populations
-    prior = [0.01, 0.01, 0.01, 0.01, 0.6]
-    adapted = [0.03, 0.011, 0.015, 0.03, 0.9]  # swollen, moved, within twice, swollen, large
-    transfer = [0.012, 0.001, 0.01, 0.0001, 0.6]  # transfer model near the prior but where it lost it
-    assert swollen(prior, adapted, transfer).tolist() == [True, False, False, False, False]
-    # rare is below RARE_SHARE of the training cells
-    assert blend_bench.RARE_SHARE == 0.05
-    assert swollen([0.049], [0.2], [0.05]).tolist() == [True] and swollen([0.05], [0.2], [0.05]).tolist() == [False]
-
-
 def test_the_blend_bench_scores_the_rules_for_rare_populations(tmp_path, blend_bench):
     # 200 cells, two of them of the rare r (1% of the training cells). Patient 0: the transfer
     # model calls the two (0.9), the adapted populations six (0.99): they swelled. Patient 1: r
@@ -281,8 +270,7 @@ def test_the_blend_bench_scores_the_rules_for_rare_populations(tmp_path, blend_b
         proba[:rare_cells] = [1 - sure, sure]
         return proba
 
-    arrays = {"populations": np.array(["a", "r"]), "weight": np.float64(weight),
-              "class_prior": np.array([0.99, 0.01])}
+    arrays = {"populations": np.array(["a", "r"]), "weight": np.float64(weight)}
     for p, (transfer, adapted) in enumerate([(calls(2, 0.9), calls(6, 0.99)), (calls(0, 0.9), calls(2, 0.99))]):
         reach = np.full((n, 2), 0.5, np.float32)
         if p == 1:
@@ -292,22 +280,21 @@ def test_the_blend_bench_scores_the_rules_for_rare_populations(tmp_path, blend_b
                        f"{p}:training_reach": reach, f"{p}:name": np.array(f"p{p}"),
                        f"{p}:novelty": np.float64(1.0), f"{p}:novelty_threshold": np.float64(1.5)})
     np.savez(tmp_path / "rare__00.npz", **arrays)
-    table = blend_bench.score(tmp_path, "accuracy", ["familiar", "rare-columns", "swollen"])["rare"]
-    # default: patient 0's four swollen cells r (2/3 * 0.99 + 1/3 * 0.1), patient 1 right
+    table = blend_bench.score(tmp_path, "accuracy", ["familiar", "rare-columns", "plain-mix"])["rare"]
+    # default (as the fold file has it: the plain mix): patient 0's four swollen cells r (2/3 * 0.99 + 1/3 * 0.1), patient 1 right
     assert table["default"] == pytest.approx([0.98, 1.0])
-    # swollen: r's column from the transfer model in patient 0 only
-    assert table["swollen"] == pytest.approx([1.0, 1.0])
+    # the plain mix: the default's here
+    assert table["plain-mix"] == table["default"]
     # rare columns: r (under 5% in both patients' adapted calls) from the transfer model in both,
     # which loses the moved cells of patient 1
     assert table["rare-columns"] == pytest.approx([1.0, 0.99])
     # familiar: the adapted populations at a third on familiar cells (all of patient 0's: a at
     # 0.60 on the swollen ones), not on patient 1's moved cells
     assert table["familiar"] == pytest.approx([1.0, 1.0])
-    # a fold file without the training shares or reach is not scored by those rules
-    del arrays["class_prior"], arrays["0:training_reach"], arrays["1:training_reach"]
+    # a fold file without the training reach is not scored by familiar
+    del arrays["0:training_reach"], arrays["1:training_reach"]
     np.savez(tmp_path / "rare__00.npz", **arrays)
-    table = blend_bench.score(tmp_path, "accuracy", ["familiar", "swollen"])["rare"]
-    assert table["familiar"] == [] and table["swollen"] == []
+    assert blend_bench.score(tmp_path, "accuracy", ["familiar"])["rare"]["familiar"] == []
 
 
 def test_the_blend_bench_keeps_a_split_populations_parts_per_population(blend_bench):
@@ -329,9 +316,8 @@ def test_the_blend_bench_keeps_a_split_populations_parts_per_population(blend_be
     np.testing.assert_allclose(own.sum(axis=1), 1.0, atol=1e-5)
     weight = float(arrays["weight"])
     np.testing.assert_allclose((1 - weight) * transfer + weight * (shared + own) / 2, arrays["0:default"], atol=1e-4)
-    # the training shares (every patient weighing the same) and each cell's distance to every
-    # population's training mean, in reach units: the target cells within the target's reach
-    np.testing.assert_allclose(arrays["class_prior"], [0.8, 0.2], atol=0.03)
+    # each cell's distance to every population's training mean, in reach units: the target cells
+    # within the target's reach
     reach = arrays["0:training_reach"]
     assert reach.shape == (1500, 2) and reach.dtype == np.float32
     assert np.mean(reach[arrays["0:truth"] == "target", 1] <= 1.0) > 0.99
