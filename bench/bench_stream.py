@@ -187,14 +187,18 @@ def run_child(step: str, model_path: Path, fcs: Path, out_dir: Path) -> dict:
 #: populations at another weight, with and without the unknown-cell call.
 MIXED = {"adaptive_weight": 0.5}
 MIXED_NO_UNKNOWN = {"adaptive_weight": 0.5, "unknown_margin": None}
+#: The default without the check of rare populations that swell (what that check costs).
+NO_SWOLLEN_CHECK = {"swollen_check": False}
 
 
 def against_previous(folder: Path, sizes) -> int:
     """The gating step of the default model beside the previous default's, on the same files,
     each in a fresh process, three times each (the best time kept: the machine is shared). Also
     the default with its adapted populations at weight 0.5, with and without the unknown-cell
-    call (which the own-shape fit's posteriors share their distances with)."""
+    call (which the own-shape fit's posteriors share their distances with), and the default
+    without the check of rare populations that swell."""
     models = {"default": make_model(folder),
+              "no swollen check": make_model(folder, params=NO_SWOLLEN_CHECK, name="no_swollen_check.npz"),
               "g=0.5": make_model(folder, params=MIXED, name="mixed.npz"),
               "g=0.5, no unknown": make_model(folder, params=MIXED_NO_UNKNOWN, name="mixed_no_unknown.npz"),
               "previous": make_model(folder, params=PREVIOUS_DEFAULT, name="previous.npz")}
