@@ -29,10 +29,15 @@ def test_a_swollen_rare_population_is_told_from_one_that_moved_or_grew_in_traini
     assert swollen_populations(prior, largest, adapted, transfer).tolist() == [True, False, False, False, False,
                                                                                 False]
     assert (RARE_SHARE, SWELL_FACTOR) == (0.05, 2.0)
-    # rare is below RARE_SHARE of the training cells; swollen beyond SWELL_FACTOR times the largest
-    assert swollen_populations([0.049], [0.05], [0.101], [0.05]).tolist() == [True]
-    assert swollen_populations([0.05], [0.05], [0.101], [0.05]).tolist() == [False]
+    # rare is below RARE_SHARE in every training patient; swollen beyond SWELL_FACTOR times the largest
+    assert swollen_populations([0.02], [0.049], [0.099], [0.02]).tolist() == [True]
+    assert swollen_populations([0.02], [0.049], [0.098], [0.02]).tolist() == [False]
+    assert swollen_populations([0.02], [0.05], [0.101], [0.02]).tolist() == [False]
     assert swollen_populations([0.01], [0.05], [0.1], [0.01]).tolist() == [False]
+    # A catch-all under 5% of the training cells but 12% of one training patient, which the
+    # adapted populations call on 58% of a new one (88% of it), the transfer model on 33%: no
+    # rare population, whichever half is right.
+    assert swollen_populations([0.047], [0.119], [0.58], [0.33]).tolist() == [False]
     # a population the transfer model calls on no cell counts as a millionth
     assert swollen_populations([0.01], [0.01], [0.03], [0.0]).tolist() == [False]
 

@@ -7,8 +7,9 @@ adapted populations model the population as a Gaussian, whose density reaches pa
 EM over the patient can widen it further. With the population at 0.5% of the events, the adapted
 populations call it about twice as often as it is there, and the mix follows them.
 
-Both halves estimate how much of the patient the population is. Where the adapted populations
-call it on more than ``SWELL_FACTOR`` times the largest share any training patient had, while
+Both halves estimate how much of the patient the population is. Where a population rare in every
+training patient is called by the adapted populations on more than ``SWELL_FACTOR`` times the
+largest share any training patient had, while
 the transfer model's share of it is nearer the training share, and the cells the adapted
 populations alone call it lie where training had it (within its training reach), the population
 swelled: its column of the mix is the transfer model's alone. The halves disagree in two other
@@ -24,9 +25,11 @@ from __future__ import annotations
 
 import numpy as np
 
-#: A population is rare when its training share (every patient weighing the same) is below this.
-#: Larger populations differ from patient to patient by more than any factor: a biopsy made of
-#: one population's cells is no swelling.
+#: A population is rare when its share is below this in every training patient. Larger
+#: populations differ from patient to patient by more than any factor: a biopsy made of one
+#: population's cells is no swelling. A catch-all that is a few percent of most patients and more
+#: of one (`ungated`, 1-19% of the DLBCL biopsies) is no rare population either: a few training
+#: patients understate how much of it a new one can hold.
 RARE_SHARE = 0.05
 #: How many times the largest training patient's share the adapted populations must call a rare
 #: population on for it to have swelled.
@@ -76,16 +79,18 @@ def swollen_populations(prior, largest, adapted_share, transfer_share, stayed=No
 
 
 def swelling_candidates(prior, largest, adapted_share, transfer_share) -> np.ndarray:
-    """The populations (k,) bool rarer than ``RARE_SHARE`` in training, called by the adapted
-    populations on more than ``SWELL_FACTOR`` times ``largest`` and by the transfer model on a
-    share nearer the training share in log ratio (arguments as :func:`swollen_populations`)."""
+    """The populations (k,) bool rarer than ``RARE_SHARE`` in every training patient (``largest``),
+    called by the adapted populations on more than ``SWELL_FACTOR`` times ``largest`` and by the
+    transfer model on a share nearer the training share (``prior``) in log ratio (arguments as
+    :func:`swollen_populations`)."""
     prior = np.asarray(prior, dtype=np.float64)
+    largest = np.asarray(largest, dtype=np.float64)
     adapted_share = np.asarray(adapted_share, dtype=np.float64)
 
     def distance(share):
         return np.abs(np.log(np.maximum(np.asarray(share, dtype=np.float64), _SHARE_FLOOR) / prior))
 
-    return ((prior < RARE_SHARE) & (adapted_share > SWELL_FACTOR * np.asarray(largest, dtype=np.float64))
+    return ((largest < RARE_SHARE) & (adapted_share > SWELL_FACTOR * largest)
             & (distance(transfer_share) < distance(adapted_share)))
 
 
