@@ -9,10 +9,10 @@ populations call it about twice as often as it is there, and the mix follows the
 
 Both halves estimate how much of the patient the population is. Where a population rare in every
 training patient is called by the adapted populations on more than ``SWELL_FACTOR`` times the
-largest share any training patient had, while
-the transfer model's share of it is nearer the training share, and the cells the adapted
-populations alone call it lie where training had it (within its training reach), the population
-swelled: its column of the mix is the transfer model's alone. The halves disagree in two other
+largest share any training patient had, while the transfer model's share of it is nearer the
+training share, and the cells the adapted populations alone call it lie where training had it
+(within its training reach), the population swelled: its column of the mix is the transfer
+model's alone. The halves disagree in two other
 ways, and there the adapted populations are right: a rare population that moved beyond the
 training range, which the transfer model loses and the adapted populations follow (called at
 about its training share, or called alone on cells beyond its training reach); and one that
