@@ -10,14 +10,13 @@ populations call it about twice as often as it is there, and the mix follows the
 Both halves estimate how much of the patient the population is. Where a population rare in every
 training patient is called by the adapted populations on more than ``SWELL_FACTOR`` times the
 largest share any training patient had, while the transfer model's share of it is nearer the
-training share, and the cells the adapted populations alone call it lie where training had it
-(within its training reach), the population swelled: its column of the mix is the transfer
-model's alone. The halves disagree in two other
-ways, and there the adapted populations are right: a rare population that moved beyond the
-training range, which the transfer model loses and the adapted populations follow (called at
-about its training share, or called alone on cells beyond its training reach); and one that
-both moved and grew in a patient (a new center's monocytes at 19% of the events where training
-patients had at most 7%), whose extra cells lie beyond its training reach too.
+training share, the population swelled: its column of the mix is the transfer model's alone.
+Where the halves disagree the other way, the adapted populations are right: a rare population
+that moved beyond the training range is lost by the transfer model and followed by the adapted
+populations at about its training share. A population that a training patient had at 5% or
+more is no rare population even where it is rare on average: a new center's monocytes at 19%
+of the events (training patients at most 7%) moved and grew; a biopsy can be made mostly of
+`other` cells, a few percent of most training biopsies.
 (docs/unseen_data.md, "Rare populations, and populations only some patients have".)
 """
 
@@ -34,10 +33,6 @@ RARE_SHARE = 0.05
 #: How many times the largest training patient's share the adapted populations must call a rare
 #: population on for it to have swelled.
 SWELL_FACTOR = 2.0
-#: The cells the adapted populations alone call a population lie where training had it when
-#: their median squared distance to its training mean, in its own training shape, is at most this
-#: many times its reach (:class:`~gating_core.method.unknown_cells.PopulationReach`).
-STAYED_REACH = 1.0
 #: Shares below this count as this in the log ratio (a population called on no cell).
 _SHARE_FLOOR = 1e-6
 
@@ -62,27 +57,18 @@ def largest_shares(labels, classes) -> np.ndarray:
                      for y in labels]).max(axis=0)
 
 
-def swollen_populations(prior, largest, adapted_share, transfer_share, stayed=None) -> np.ndarray:
-    """Which populations (k,) bool swelled in one patient (see the module docstring).
+def swollen_populations(prior, largest, adapted_share, transfer_share) -> np.ndarray:
+    """Which populations (k,) bool swelled in one patient: rarer than ``RARE_SHARE`` in every
+    training patient, called by the adapted populations on more than ``SWELL_FACTOR`` times the
+    largest training share and by the transfer model on a share nearer the training share in log
+    ratio (see the module docstring).
 
     prior : (k,) training shares, every patient weighing the same
     largest : (k,) the largest share of each population among the training patients
+        (:func:`largest_shares`)
     adapted_share, transfer_share : (k,) the share of the patient's cells each half calls each
         population (:func:`called_shares`)
-    stayed : (k,) bool or None
-        Whether the cells the adapted populations alone call each population lie within its
-        training reach (:func:`stayed_within_reach`); None: :func:`swelling_candidates` alone.
-
-    Swollen: a candidate that stayed."""
-    candidates = swelling_candidates(prior, largest, adapted_share, transfer_share)
-    return candidates if stayed is None else candidates & np.asarray(stayed, dtype=bool)
-
-
-def swelling_candidates(prior, largest, adapted_share, transfer_share) -> np.ndarray:
-    """The populations (k,) bool rarer than ``RARE_SHARE`` in every training patient (``largest``),
-    called by the adapted populations on more than ``SWELL_FACTOR`` times ``largest`` and by the
-    transfer model on a share nearer the training share (``prior``) in log ratio (arguments as
-    :func:`swollen_populations`)."""
+    """
     prior = np.asarray(prior, dtype=np.float64)
     largest = np.asarray(largest, dtype=np.float64)
     adapted_share = np.asarray(adapted_share, dtype=np.float64)
@@ -92,21 +78,3 @@ def swelling_candidates(prior, largest, adapted_share, transfer_share) -> np.nda
 
     return ((largest < RARE_SHARE) & (adapted_share > SWELL_FACTOR * largest)
             & (distance(transfer_share) < distance(adapted_share)))
-
-
-def stayed_within_reach(reach, cells, adapted_calls, transfer_calls, populations, starts=None) -> np.ndarray:
-    """Whether, for each population in ``populations`` (indices), the cells (m, d) the adapted
-    populations alone call it (``adapted_calls`` and ``transfer_calls``: (m,) each half's
-    population of every cell) lie within its training reach: their median squared distance to
-    its training mean (the nearest component's, with ``starts`` the first component of every
-    population) in its own shape, over its reach, at most ``STAYED_REACH``. ``reach``: the
-    model's :class:`~gating_core.method.unknown_cells.PopulationReach`. Returns (len(populations),)
-    bool; False for a population no cell is called by the adapted populations alone."""
-    scaled = reach.squared_distances(cells, reach.means_) / reach.reach_
-    if starts is not None:
-        scaled = np.minimum.reduceat(scaled, np.asarray(starts), axis=1)
-    stayed = []
-    for j in populations:
-        alone = (np.asarray(adapted_calls) == j) & (np.asarray(transfer_calls) != j)
-        stayed.append(bool(alone.any()) and float(np.median(scaled[alone, j])) <= STAYED_REACH)
-    return np.asarray(stayed, dtype=bool)

@@ -13,7 +13,7 @@ from gating_core.method.features import content_hashes
 from gating_core.method.population_components import adapted_fits, component_start, population_starts, split_populations
 from gating_core.method.priors import reestimate_prior, training_prior
 from gating_core.method.self_training import PatientAdjustment, self_training_coef
-from gating_core.method.swollen_populations import called_shares, stayed_within_reach, swelling_candidates
+from gating_core.method.swollen_populations import called_shares, swollen_populations
 from gating_core.method.unknown_cells import UNKNOWN_MARGIN, PopulationReach
 from gating_core.model.result import GATING_PARTS
 
@@ -343,24 +343,17 @@ class PatientAdaptation:
     def _check_swelling(self, chosen, embedding, adjust: PatientAdjustment) -> None:
         """Both halves' calls of the content-chosen cells ``chosen`` (m, d) where both are mixed
         (a weight strictly between 0 and 1): their disagreement (``adjust.disagreement``, the
-        review flag's) and, with ``largest_shares_`` and the populations' reach, the rare
-        populations the adapted ones let swell, whose columns gating takes from the transfer model
-        (``adjust.transfer_columns``; :mod:`gating_core.method.swollen_populations`)."""
+        review flag's) and, with ``largest_shares_``, the rare populations the adapted ones let
+        swell, whose columns gating takes from the transfer model (``adjust.transfer_columns``;
+        :mod:`gating_core.method.swollen_populations`)."""
         if not 0.0 < float(getattr(self, "adaptive_weight_", 0.0)) < 1.0:
             return
         transfer, adapted = self._halves(chosen, embedding, adjust)
         adjust.disagreement = float(np.mean(np.argmax(transfer, axis=1) != np.argmax(adapted, axis=1)))
         largest = getattr(self, "largest_shares_", None)
-        reach = getattr(self, "population_reach_", None)
-        if largest is None or reach is None:
+        if largest is None:
             return
-        candidates = swelling_candidates(self.class_prior_, largest, called_shares(adapted), called_shares(transfer))
-        if not candidates.any():
-            return
-        which = np.flatnonzero(candidates)
-        swollen = np.zeros_like(candidates)
-        swollen[which] = stayed_within_reach(reach, chosen, np.argmax(adapted, axis=1), np.argmax(transfer, axis=1),
-                                             which, adjust.components)
+        swollen = swollen_populations(self.class_prior_, largest, called_shares(adapted), called_shares(transfer))
         adjust.transfer_columns = swollen if swollen.any() else None
 
     def _halves(self, chosen, embedding, adjust: PatientAdjustment) -> tuple:
