@@ -78,6 +78,11 @@ the sets where it gains or loses more than 0.1 point against the default. The ru
 - ``plain-mix``: the default's parts mixed at the fold's weight in every column, without the
   check of rare populations the adapted populations let swell (``swollen_check``: the default
   takes such a population's column from the transfer model);
+- ``rare-shared``: for every population rare in every training patient (the check of swelling's
+  rarity, from the fold file's ``largest_shares``), the adapted populations' column is the
+  shared-covariance fit's alone, rows normalised, before the default's check of swelling;
+- ``rare-disjoint``: the same, only in a patient where the two generative fits' calls of the rare
+  population overlap on less than :data:`DISJOINT_OVERLAP` of the cells either calls it;
 - ``lda``, ``trees``, ``pooled-logistic``: the standard methods alone (a fold file written before
   pooled logistic was kept has none: its patients are not scored by that rule).
 
@@ -107,6 +112,7 @@ from gating_core.evaluation.baselines import PooledBaseline  # noqa: E402
 from gating_core.evaluation.protocols import METHOD_SETTINGS  # noqa: E402
 from gating_core.method.adaptive_lda import AdaptiveLDA  # noqa: E402
 from gating_core.method.population_components import population_proba  # noqa: E402
+from gating_core.method.swollen_populations import called_shares, swollen_populations  # noqa: E402
 from gating_core.model.result import DISAGREEMENT_THRESHOLD  # noqa: E402
 from gating_core.model.estimator import GatingModel  # noqa: E402
 from gating_core.model.research import build_model  # noqa: E402
@@ -123,6 +129,9 @@ OWN_CHECK_DISAGREEMENT = 0.5
 FAMILIAR_MARGIN = 1.0
 #: ``rare-columns``: a population is rare below this share of the cells.
 RARE_SHARE = 0.05
+#: ``rare-disjoint``: the two generative fits disagree on where a rare population is when their
+#: calls of it overlap (intersection over union) on less than this.
+DISJOINT_OVERLAP = 0.5
 #: ``run --embedding-trees``: at most this many principal components of the training patients'
 #: embeddings go beside each cell.
 EMBEDDING_COMPONENTS = 4
@@ -184,7 +193,10 @@ def fit_fold(train_samples, train_labels, train_groups, held_samples, held_label
     # The weight's check as the fold's model made it (each held-out training patient's accuracy
     # at each weight): other rules for the weight can be scored offline too.
     arrays = {"populations": populations, "weight": np.float64(model.adaptive_weight_),
-              "weight_check": np.asarray(json.dumps(model.selection_.get("adaptive_weight", {})))}
+              "weight_check": np.asarray(json.dumps(model.selection_.get("adaptive_weight", {}))),
+              "prior": np.asarray(model.class_prior_, np.float64)}
+    if getattr(model, "largest_shares_", None) is not None:  # rules on rare populations need them
+        arrays["largest_shares"] = np.asarray(model.largest_shares_, np.float64)
     for p, (sample, truth) in enumerate(zip(held_samples, held_labels)):
         cells, embedding, adjust = model._patient_parts(sample)
         arrays[f"{p}:transfer"] = model._proba(cells, embedding, 50_000)
@@ -293,6 +305,9 @@ def patients(path: Path):
         for p in range(count):
             patient = {key.split(":")[1]: z[key] for key in z.files if key.startswith(f"{p}:")}
             patient["populations"], patient["weight"] = z["populations"], float(z["weight"])
+            for key in ("prior", "largest_shares"):
+                if key in z.files:
+                    patient[key] = z[key]
             yield patient
 
 
@@ -387,10 +402,11 @@ def _familiar(patient, margin=None):
     return (1.0 - w) * patient["transfer"] + w * adapted
 
 
-def _column_mix(patient, transfer_columns):
+def _column_mix(patient, transfer_columns, adapted=None):
     """The default's mix with the transfer model alone in the columns ``transfer_columns`` (k,)
-    bool, renormalised."""
-    adapted = (patient["shared"] + patient["own"]) / 2
+    bool, renormalised (``adapted``: the adapted populations' probabilities, (n, k), when not
+    the mean of the two fits')."""
+    adapted = (patient["shared"] + patient["own"]) / 2 if adapted is None else adapted
     w = np.where(transfer_columns, 0.0, patient["weight"]).astype(np.float32)
     return _normalised((1.0 - w) * patient["transfer"] + w * adapted)
 
@@ -399,6 +415,35 @@ def _rare_columns(patient):
     if "shared" not in patient:
         return patient["default"]
     return _column_mix(patient, ((patient["shared"] + patient["own"]) / 2).mean(axis=0) < RARE_SHARE)
+
+
+def _checked_mix(patient, adapted):
+    """The default's mix of the transfer model and ``adapted`` (n, k), with its check of rare
+    populations that swell (a fold file without ``largest_shares``: none)."""
+    swollen = np.zeros(len(patient["populations"]), bool)
+    if "largest_shares" in patient:
+        swollen = swollen_populations(patient["prior"], patient["largest_shares"], called_shares(adapted),
+                                      called_shares(patient["transfer"]))
+    return _column_mix(patient, swollen, adapted)
+
+
+def _rare_shared(patient, disjoint_only=False):
+    """``rare-shared`` (``disjoint_only``: ``rare-disjoint``); None for a fold file without
+    ``largest_shares``."""
+    if "largest_shares" not in patient:
+        return None
+    if "shared" not in patient:
+        return patient["default"]
+    adapted = (patient["shared"] + patient["own"]) / 2
+    columns = np.asarray(patient["largest_shares"]) < RARE_SHARE
+    if disjoint_only:
+        shared, own = np.argmax(patient["shared"], axis=1), np.argmax(patient["own"], axis=1)
+        for j in np.flatnonzero(columns):
+            either = int(np.sum((shared == j) | (own == j)))
+            columns[j] = either > 0 and np.sum((shared == j) & (own == j)) / either < DISJOINT_OVERLAP
+    if columns.any():
+        adapted = _normalised(np.where(columns[None, :], patient["shared"], adapted))
+    return _checked_mix(patient, adapted)
 
 
 def _given(part, combine):
@@ -433,6 +478,8 @@ RULES = {
     "familiar": _familiar,
     "rare-columns": _rare_columns,
     "plain-mix": lambda p: _adapted_at(p, p["weight"]),
+    "rare-shared": _rare_shared,
+    "rare-disjoint": lambda p: _rare_shared(p, disjoint_only=True),
     "lda": lambda p: p["lda"],
     "trees": lambda p: p["trees"],
     "pooled-logistic": lambda p: p.get("pooled_logistic"),

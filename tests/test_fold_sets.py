@@ -130,9 +130,10 @@ def test_the_blend_bench_scores_each_rule_from_the_parts_probabilities(tmp_path,
     (row,) = [line.split() for line in capsys.readouterr().out.splitlines() if line.startswith("demo")]
     # the two embedding rules and the three aligned ones; the rare populations' rules (familiar
     # needs an array this file lacks; rare-columns gives the default's calls, no population
-    # being under 5% of the adapted populations' probabilities; plain-mix is the default's mix);
-    # then LDA and trees, then pooled logistic
-    assert row[-11:-3] == ["-"] * 6 + ["0.667/0.667", "0.667/0.667"]
+    # being under 5% of the adapted populations' probabilities; plain-mix is the default's mix;
+    # rare-shared and rare-disjoint need the training shares this file lacks); then LDA and
+    # trees, then pooled logistic
+    assert row[-13:-3] == ["-"] * 6 + ["0.667/0.667", "0.667/0.667"] + ["-"] * 2
     assert row[-3:] == ["0.333/0.333", "0.667/0.667", "-"]
     # --rules: those alone, the default first
     assert blend_bench.main(["score", str(tmp_path), "--rules", "trees,vote"]) == 0
@@ -295,6 +296,44 @@ def test_the_blend_bench_scores_the_rules_for_rare_populations(tmp_path, blend_b
     del arrays["0:training_reach"], arrays["1:training_reach"]
     np.savez(tmp_path / "rare__00.npz", **arrays)
     assert blend_bench.score(tmp_path, "accuracy", ["familiar"])["rare"]["familiar"] == []
+
+
+def test_the_blend_bench_scores_the_shared_fits_column_for_rare_populations(tmp_path, blend_bench):
+    # 200 cells, two of them of r, rare in every training patient (1%). Patient 0: the two fits
+    # call r on different cells (the shared-covariance fit on the right two, at 0.99; the
+    # own-shape fit on two others, at 0.9); patient 1: both call the right two. The transfer
+    # model gives r 0.3 everywhere.
+    n, weight = 200, 2.0 / 3.0
+    truth = np.array(["r", "r"] + ["a"] * (n - 2))
+
+    def calls(cells, sure):
+        proba = np.tile(np.array([[1 - 0.01, 0.01]], np.float32), (n, 1))
+        proba[cells] = [1 - sure, sure]
+        return proba
+
+    transfer = np.tile(np.array([[0.7, 0.3]], np.float32), (n, 1))
+    arrays = {"populations": np.array(["a", "r"]), "weight": np.float64(weight),
+              "prior": np.array([0.99, 0.01]), "largest_shares": np.array([0.995, 0.01])}
+    for p, (shared, own) in enumerate([(calls([0, 1], 0.99), calls([2, 3], 0.9)),
+                                       (calls([0, 1], 0.99), calls([0, 1], 0.9))]):
+        arrays.update({f"{p}:transfer": transfer, f"{p}:shared": shared, f"{p}:own": own,
+                       f"{p}:default": (1 - weight) * transfer + weight * (shared + own) / 2,
+                       f"{p}:truth": truth, f"{p}:name": np.array(f"p{p}"),
+                       f"{p}:novelty": np.float64(1.0), f"{p}:novelty_threshold": np.float64(1.5)})
+    np.savez(tmp_path / "rare__00.npz", **arrays)
+    table = blend_bench.score(tmp_path, "accuracy", ["rare-shared", "rare-disjoint"])["rare"]
+    # the even mix gives patient 0's r cells 0.1 + 2/3 (0.99 + 0.1) / 2 = 0.46: both called a
+    assert table["default"] == pytest.approx([0.99, 1.0])
+    # the shared fit's column for r (0.99 / (0.99 + 0.455), normalised) takes them back; where
+    # the fits agree (patient 1) the overlap rule leaves the mix as it is
+    assert table["rare-shared"] == pytest.approx([1.0, 1.0])
+    assert table["rare-disjoint"] == pytest.approx([1.0, 1.0])
+    patient_1 = list(blend_bench.patients(tmp_path / "rare__00.npz"))[1]
+    np.testing.assert_allclose(blend_bench.RULES["rare-disjoint"](patient_1), patient_1["default"], rtol=1e-6)
+    # a fold file without the training shares is scored by neither
+    del arrays["largest_shares"]
+    np.savez(tmp_path / "rare__00.npz", **arrays)
+    assert blend_bench.score(tmp_path, "accuracy", ["rare-shared"])["rare"]["rare-shared"] == []
 
 
 def test_the_blend_bench_keeps_a_split_populations_parts_per_population(blend_bench):
