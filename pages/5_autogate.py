@@ -65,7 +65,8 @@ if not gated:
     st.stop()
 
 st.divider()
-worklist = review_worklist({n: store.patients[n].result_novelty for n in gated})
+worklist = review_worklist({n: store.patients[n].result_novelty for n in gated},
+                           accepted=[n for n in gated if store.patients[n].label_source.startswith("auto-gate")])
 flagged = int((worklist["review"] != "").sum())
 with st.expander(f"Gated patients: {flagged} of {len(gated)} to review first" if flagged else
                  f"Gated patients: none flagged for review ({len(gated)})", expanded=bool(flagged)):

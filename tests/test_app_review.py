@@ -526,12 +526,21 @@ def test_a_correction_refits_the_fitted_gates_and_keeps_one_confidence(loaded):
     kept = store_of(reload(at, "pages/5_autogate.py")).patients[patient]
     kept.load_result()
     assert kept.autogates["before correction"]
+    # gates fitted again in a later session (a template drawn since, say) keep the review
+    count = kept.load_result().details["cells corrected"]
+    assert count == int((np.asarray(record.populations).astype(str) != predicted).sum())
+    later = store_of(reload(at, "pages/5_autogate.py"))
+    later.set_autogates(patient, refitted, "patient_01")
+    details = store_of(reload(at, "pages/5_autogate.py")).patients[patient].load_result().details
+    assert details["corrected in review"] and details["cells corrected"] == count
 
 
 def test_the_review_starts_at_the_first_patient_to_review_and_keeps_the_choice(loaded):
     """Three gated patients, the second flagged: the picker opens on it; a patient chosen by hand
     is still chosen after a visit to another page."""
     import dataclasses
+
+    from apptest_helpers import reload
 
     at = train_quick_model(loaded)
     store = store_of(at)
@@ -555,6 +564,11 @@ def test_the_review_starts_at_the_first_patient_to_review_and_keeps_the_choice(l
     run(at)
     at = goto(goto(at, "pages/1_data.py"), "pages/5_autogate.py")
     assert at.selectbox(key="ag_patient").value == chosen
+    # accepted, the flagged patient is no longer to review, in this tab or after a reload
+    store.accept("new_patient_02")
+    for shown in (run(at), reload(at, "pages/5_autogate.py")):
+        picker = shown.selectbox(key="ag_patient")
+        assert "new_patient_02" in picker.options and "new_patient_02 · to review" not in picker.options
 
 
 def test_cells_can_be_named_as_a_population_the_model_lacks(loaded):

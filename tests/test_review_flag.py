@@ -71,6 +71,13 @@ def test_worklist_puts_the_patients_to_review_first():
     assert shown.loc["split", "parts disagree on"] == "35.0%" and shown.loc["old result", "parts disagree on"] == "—"
     assert shown.loc["old result", "novelty"] == "0.50" and shown.loc["not gated yet", "novelty"] == "—"
     assert list(review_worklist({})["patient"]) == []
+    assert list(table["accepted"]) == [False] * 6 and (shown["accepted"] == "").all()
+    # a patient reviewed and accepted is no longer to review: it comes last, with no reason
+    table = review_worklist({"calm": _novelty(0.03), "split": _novelty(0.35), "split-more": _novelty(0.6)},
+                            accepted=["split-more"])
+    assert list(table["patient"]) == ["split", "calm", "split-more"]
+    assert list(table["review"]) == ["the model's parts disagree", "", ""]
+    assert worklist_display(table).loc["split-more", "accepted"] == "yes"
 
 
 def test_gate_names_the_patients_to_review_first_in_order():

@@ -287,16 +287,18 @@ def review_notice(patient: str, novelty) -> tuple[str, str] | None:
          f"{float(get('threshold')):.2f})."] + ([parts] if parts else []))
 
 
-def review_worklist(novelties: dict):
+def review_worklist(novelties: dict, accepted=()):
     """The gated patients, those to review first on top: a DataFrame with columns patient,
     review (why, or empty), disagreement (the share of cells the model's parts disagree on, NaN
-    where not measured) and novelty, from ``{patient: novelty}`` (a Novelty, its stored dict or
-    None). Patients unlike the training ones first, then those the parts disagree on, each by
-    decreasing disagreement."""
+    where not measured), novelty and accepted, from ``{patient: novelty}`` (a Novelty, its stored
+    dict or None). Patients unlike the training ones first, then those the parts disagree on, each
+    by decreasing disagreement. A patient in ``accepted`` was reviewed and accepted: it is no
+    longer to review, and comes last."""
     import pandas as pd
 
     from gating_core.model.result import novelty_field, review_flags, review_order
 
+    accepted = set(accepted)
     rows = []
     for patient in review_order(novelties):
         novelty = novelties[patient]
@@ -305,10 +307,12 @@ def review_worklist(novelties: dict):
         reasons = (["unlike the training patients"] if novel else []) + (["the model's parts disagree"]
                                                                         if disagree else [])
         disagreement, score = get("disagreement"), get("score")
-        rows.append({"patient": patient, "review": "; ".join(reasons),
+        rows.append({"patient": patient, "review": "" if patient in accepted else "; ".join(reasons),
                      "disagreement": float("nan") if disagreement is None else float(disagreement),
-                     "novelty": float("nan") if score is None else float(score)})
-    return pd.DataFrame(rows, columns=["patient", "review", "disagreement", "novelty"])
+                     "novelty": float("nan") if score is None else float(score),
+                     "accepted": patient in accepted})
+    rows.sort(key=lambda row: row["accepted"])  # stable: the order above within each
+    return pd.DataFrame(rows, columns=["patient", "review", "disagreement", "novelty", "accepted"])
 
 
 def worklist_display(worklist):
@@ -318,7 +322,8 @@ def worklist_display(worklist):
         return "—" if value != value else format(value, form)  # NaN: not measured
 
     return worklist.assign(disagreement=[shown(v, ".1%") for v in worklist["disagreement"]],
-                           novelty=[shown(v, ".2f") for v in worklist["novelty"]]).rename(
+                           novelty=[shown(v, ".2f") for v in worklist["novelty"]],
+                           accepted=["yes" if v else "" for v in worklist["accepted"]]).rename(
         columns={"disagreement": "parts disagree on"}).set_index("patient")
 
 

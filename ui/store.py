@@ -41,6 +41,18 @@ def _session_ended(work_dir: str) -> None:
     release_free_memory_soon()
 
 
+
+def _review_details(record: PatientRecord) -> dict:
+    """What a result's details say of its review: {} for the model's own gating, else that it
+    was corrected in review and how many cells were corrected. A result read back from the
+    library after a review is already the reviewed gating: its corrections count beside this
+    session's (a cell corrected in both counts twice: the model's own gating is not kept)."""
+    stored = getattr(record.result, "details", None) or {}
+    earlier = int(stored.get("cells corrected", 0)) if stored.get(REVIEWED_DETAIL) else 0
+    if record.corrected is None and not stored.get(REVIEWED_DETAIL):
+        return {}
+    return {REVIEWED_DETAIL: True, "cells corrected": earlier + record.corrected_count()}
+
 class Store(LibraryView):
     """All state of one browser session, written through to the patient library."""
 
@@ -356,8 +368,7 @@ class Store(LibraryView):
         record = self.patients[name]
         record.load_result()
         record.set_corrected(populations, confidence)
-        details = {**_novelty_details(record.result), REVIEWED_DETAIL: True,
-                   "cells corrected": record.corrected_count()}
+        details = {**_novelty_details(record.result), **_review_details(record)}
         self._save_result(name, record.corrected, record.confidence, record.result_model, details)
 
     def gating_model(self, name: str):
@@ -399,8 +410,7 @@ class Store(LibraryView):
             record.set_corrected(labels, np.where(moved, 1.0, record.confidence))
         else:
             record.result_token = _new_token()
-        if record.corrected is not None:
-            details.update({REVIEWED_DETAIL: True, "cells corrected": record.corrected_count()})
+        details.update(_review_details(record))
         self._save_result(name, record.populations, record.confidence, record.result_model, details)
 
     def _save_result(self, name, populations, confidence, model_label, details) -> None:
