@@ -473,6 +473,16 @@ def test_upload_name_clashes_and_model_channel_check(tmp_path, sample_data_dir):
     p01 = {"patient_01": SimpleNamespace(n_events=12000, sample=None)}
     only_labels = ingest_files([("patient_01.labels.csv", labels)], tmp_path, existing=p01, rename_clashes=False)
     assert split_name_clashes(only_labels.patients, p01)[1] == []
+    assert only_labels.notes == [("patient_01.labels.csv",
+                                  "patient_01.labels.csv: labels for the already loaded patient patient_01")]
+    # labels of the wrong length for a loaded patient: an error naming the file, and no note that
+    # they were taken
+    wrong = ingest_files([("patient_01.labels.csv", labels)], tmp_path,
+                         existing={"patient_01": SimpleNamespace(n_events=500, sample=None)}, rename_clashes=False)
+    assert wrong.patients == [] and wrong.notes == []
+    [(file_name, message)] = wrong.errors
+    assert file_name == "patient_01.labels.csv" and message.startswith("patient_01.labels.csv")
+    assert message.endswith(". The patient patient_01 is unchanged")
     model = SimpleNamespace(channels_=["FSC-A", "FL1-A", "FL9-A"], channel_markers_=["", "CD3", "CD99"])
     channels = [Channel("FSC-A", ""), Channel("B1-A", "CD3"), Channel("FL2-A", "CD56")]
     assert missing_model_channels(model, channels) == ["FL9-A"]  # FL1-A found by its marker

@@ -195,12 +195,13 @@ def _attach_labels(file_name, path, fcs_by_stem, existing, report):
             report.errors.append((file_name, f"{file_name}: no FCS file {stem}.fcs was loaded with it or "
                                              f"before it, so these labels belong to no patient"))
             return
-        report.notes.append((file_name, f"{file_name}: labels for the already loaded patient {match}"))
         try:
             labels = read_labels_csv(path, existing[match].n_events)
         except LabelError as exc:
-            report.errors.append((file_name, _rename_in_message(str(exc), path, file_name)))
+            report.errors.append((file_name, _rename_in_message(str(exc), path, file_name)
+                                  + f". The patient {match} is unchanged"))
             return
+        report.notes.append((file_name, f"{file_name}: labels for the already loaded patient {match}"))
         target = getattr(existing[match], "sample", existing[match])
         report.patients.append(LoadedPatient(match, target, labels, Provenance.SHORT[Provenance.IMPORTED], file_name))
         return
