@@ -16,6 +16,8 @@ from ui.training import is_transductive, refit_caption
 
 LOW = "low confidence"
 NEW_POPULATION = "New population…"
+#: Corrections that can be undone, last first (each keeps a copy of the patient's populations).
+UNDO_STEPS = 10
 store = get_store()
 state = st.session_state
 state.setdefault("ag_chart_version", 0)
@@ -185,6 +187,18 @@ with side_col:
         differs = np.flatnonzero(np.asarray(record.corrected).astype(str) != np.asarray(result.populations).astype(str))
         circled = {int(i): str(record.corrected[i]) for i in differs}
     circled = dict(circled or {})
+    # Each correction can be taken back, last first: the review as it stood before it (kept with
+    # the gating it corrects, as the circled cells are).
+    undo = [step for step in state.setdefault("ag_undo", {}).get(patient, []) if step[0] == id(result)]
+    if undo and st.button(f"Undo the last correction ({len(undo)} to undo)", key="ag_undo_last",
+                          help="Put the populations, confidence and gates back as they were before it."):
+        _, snapshot, circled_before = undo.pop()
+        store.undo_correction(patient, snapshot)
+        state["ag_undo"][patient] = undo
+        state["ag_circled"][patient] = (id(record.result), circled_before)
+        state["ag_correct_message"] = "The last correction was undone."
+        state.ag_chart_version += 1
+        st.rerun()
     # The refinement refits the kernel model's own features; the IW model has none to refit. A
     # gating read back after a review holds the reviewed cells only: refined from the model's
     # gating again, the earlier corrections would be lost.
@@ -226,6 +240,7 @@ with side_col:
         if st.button(f"Reassign {int(inside.sum()):,} cells" + (f" to {to_pop}" if to_pop else ""),
                      key="ag_reassign", disabled=to_pop is None):
             already = int((populations[inside] == to_pop).sum())
+            circled_before = dict(circled)
             circled.update({int(i): to_pop for i in np.flatnonzero(inside)})
             corrected = None
             if refine:
@@ -252,6 +267,8 @@ with side_col:
                 new_confidence[inside] = 1.0
             if corrected is not None:
                 beyond = int(((np.asarray(corrected).astype(str) != populations) & ~inside).sum())
+                undo.append((id(record.result), record.snapshot(), circled_before))
+                state["ag_undo"][patient] = undo[-UNDO_STEPS:]
                 autogate_view.before_correction(record)
                 store.correct(patient, corrected, new_confidence)
                 state["ag_circled"][patient] = (id(record.result), circled)

@@ -535,6 +535,62 @@ def test_a_correction_refits_the_fitted_gates_and_keeps_one_confidence(loaded):
     assert details["corrected in review"] and details["cells corrected"] == count
 
 
+def test_corrections_are_undone_last_first_gates_and_library_included(loaded):
+    """Two reassignments, then undo twice: each undo puts back the populations, confidence and
+    fitted gates as they were before that correction, in the page and in the library."""
+    from apptest_helpers import reload
+    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY
+
+    store = store_of(loaded)
+    patient = "new_patient_02"
+    at = autogate(loaded, drawn_tree(store, [g[0] for g in SAMPLE_DATA_HIERARCHY]), targets=(patient,))
+    at.selectbox(key="ag_patient").set_value(patient)
+    at.selectbox(key="ag_x").set_value("FL3-A")
+    at.selectbox(key="ag_y").set_value("FL6-A")
+    run(at)
+    assert "ag_undo_last" not in [b.key for b in at.button]  # nothing corrected yet
+    record = store.patients[patient]
+    predicted = np.asarray(record.populations).astype(str)
+    model_confidence = np.asarray(record.confidence, dtype=float)
+    gates_before = record.autogates["tree"]
+    sample = record.sample
+    fl3, fl6 = (sample.events[:, sample.pnn.index(c)] for c in ("FL3-A", "FL6-A"))
+    states = []
+    for low, to in ((20, "CD8 T cells"), (60, "CD4 T cells")):
+        x0, x1 = np.percentile(fl3, [low, low + 20])
+        y0, y1 = np.percentile(fl6, [low, low + 20])
+        at.session_state["ag_pending_shape"] = {"kind": "rectangle", "vertices": [(x0, y0), (x1, y1)],
+                                                "patient": patient, "x": "FL3-A", "y": "FL6-A",
+                                                "x_scale": LINEAR, "y_scale": LINEAR}
+        run(at)
+        at.selectbox(key="ag_to").set_value(to)
+        run(at)
+        states.append((np.asarray(record.populations).astype(str).copy(), record.confidence.copy(),
+                       record.autogates["tree"]))
+        at.button(key="ag_reassign").click()
+        run(at)
+    after_two = np.asarray(record.populations).astype(str)
+    assert (after_two != states[1][0]).any() and (states[1][0] != predicted).any()
+    assert at.button(key="ag_undo_last").label == "Undo the last correction (2 to undo)"
+    at.button(key="ag_undo_last").click()
+    run(at)
+    assert any(s.value == "The last correction was undone." for s in at.success)
+    np.testing.assert_array_equal(np.asarray(record.populations).astype(str), states[1][0])
+    np.testing.assert_array_equal(record.confidence, states[1][1])
+    assert record.autogates["tree"] == states[1][2] and record.is_reviewed
+    at.button(key="ag_undo_last").click()
+    run(at)
+    # back to the model's gating: nothing corrected, the gates fitted to its prediction
+    assert record.corrected is None and not record.is_reviewed
+    np.testing.assert_array_equal(np.asarray(record.populations).astype(str), predicted)
+    np.testing.assert_array_equal(record.confidence, model_confidence)
+    assert record.autogates["tree"] == gates_before
+    assert "ag_undo_last" not in [b.key for b in at.button]
+    stored = store_of(reload(at, "pages/5_autogate.py")).patients[patient].load_result()
+    np.testing.assert_array_equal(np.asarray(stored.populations).astype(str), predicted)
+    assert "corrected in review" not in stored.details and stored.details["autogates"]["tree"] == gates_before
+
+
 def test_the_review_starts_at_the_first_patient_to_review_and_keeps_the_choice(loaded):
     """Three gated patients, the second flagged: the picker opens on it; a patient chosen by hand
     is still chosen after a visit to another page."""

@@ -37,6 +37,17 @@ class StoredResult:
         return self.details.get("part")
 
 
+@dataclass(frozen=True)
+class ReviewSnapshot:
+    """A patient's review as it stood before a correction, for the page's undo: the corrected
+    populations and their confidence (None: the gating as gated or read back), and the gates
+    fitted to it (a copy of ``PatientRecord.autogates``)."""
+
+    corrected: np.ndarray | None
+    confidence: np.ndarray | None
+    autogates: dict | None
+
+
 def _novelty_details(result) -> dict:
     """What a result's details keep beside its populations: its novelty and, when one part of
     the model gated it alone, that part."""
@@ -187,6 +198,23 @@ class PatientRecord:
         if confidence.shape != (self.n_events,):
             raise ValueError(f"{self.name}: {confidence.shape[0]} confidences for {self.n_events} events")
         self.corrected, self.corrected_confidence = compact_labels(populations), confidence
+        self.result_token = _new_token()
+
+    def snapshot(self) -> ReviewSnapshot:
+        """The review as it stands (:class:`ReviewSnapshot`), copied: later corrections leave it as it is."""
+        import copy
+
+        return ReviewSnapshot(None if self.corrected is None else np.array(self.corrected, copy=True),
+                              None if self.corrected_confidence is None else np.array(self.corrected_confidence),
+                              copy.deepcopy(self.autogates))
+
+    def restore(self, snapshot: ReviewSnapshot) -> None:
+        """Put the review back as ``snapshot`` holds it."""
+        import copy
+
+        self.corrected = None if snapshot.corrected is None else np.array(snapshot.corrected, copy=True)
+        self.corrected_confidence = None if snapshot.confidence is None else np.array(snapshot.confidence)
+        self.autogates = copy.deepcopy(snapshot.autogates)
         self.result_token = _new_token()
 
     @property

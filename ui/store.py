@@ -371,6 +371,15 @@ class Store(LibraryView):
         details = {**_novelty_details(record.result), **_review_details(record)}
         self._save_result(name, record.corrected, record.confidence, record.result_model, details)
 
+    def undo_correction(self, name: str, snapshot) -> None:
+        """Put a patient's review back as it stood before a correction (``snapshot``:
+        :meth:`PatientRecord.snapshot`, taken then), gates included, and store it so."""
+        record = self.patients[name]
+        record.load_result()
+        record.restore(snapshot)
+        details = {**_novelty_details(record.result), **_review_details(record)}
+        self._save_result(name, record.populations, record.confidence, record.result_model, details)
+
     def gating_model(self, name: str):
         """The model that gated ``name`` (None when it is no longer in the session)."""
         return self.models.get(self.patients[name].result_model)
