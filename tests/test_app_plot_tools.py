@@ -215,3 +215,30 @@ def test_a_gate_reaching_past_the_plot_keeps_its_name_on_it():
     assert notes["a title"].y == 200
     assert notes["<b>high</b>"].y == 100 and notes["<b>high</b>"].yshift == -12
     assert 20 <= notes["<b>inside</b>"].y <= 30 and notes["<b>inside</b>"].yshift == 10
+
+
+def test_gate_outlines_are_cut_to_the_plotted_range_and_names_written_inwards():
+    import plotly.graph_objects as go
+
+    from gating_core.gates import polygon_gate, rectangle_gate
+    from ui import charts
+
+    square = [(-10, -10), (50, -10), (50, 50), (-10, 50)]
+    clipped = charts.clipped_polygon(square, (0, 100), (0, 100))
+    assert sorted(map(tuple, clipped.tolist())) == [(0.0, 0.0), (0.0, 50.0), (50.0, 0.0), (50.0, 50.0)]
+    # the box's corner cut off by the triangle (0, 0), (150, 0), (0, 150): five corners
+    cut = charts.clipped_polygon([(0, 0), (150, 0), (0, 150)], (0, 100), (0, 100))
+    assert sorted(map(tuple, cut.tolist())) == [(0.0, 0.0), (0.0, 100.0), (50.0, 100.0), (100.0, 0.0), (100.0, 50.0)]
+    assert charts.clipped_polygon([(200, 200), (300, 200), (250, 300)], (0, 100), (0, 100)).shape == (0, 2)
+
+    fig = go.Figure()
+    charts.add_gates(fig, [polygon_gate("wide", "A", "B", [(60, 20), (140, 20), (140, 97), (60, 97)]),
+                           rectangle_gate("gone", "A", "B", (200, 300), (200, 300))], (0, 100), (0, 100))
+    [shape] = fig.layout.shapes  # the gate wholly past the range draws no outline
+    corners = [tuple(map(float, p.split(","))) for p in shape.path[2:-2].split(" L ")]
+    assert max(x for x, _ in corners) == 100 and min(x for x, _ in corners) == 60
+    notes = {n.text: n for n in fig.layout.annotations}
+    # its top is within 8% of the plot's: the name goes under it, away from the title
+    assert notes["<b>wide</b>"].y == 97 and notes["<b>wide</b>"].yshift == -12
+    # the gate past the range keeps its name at the plot's corner, written inwards
+    assert (notes["<b>gone</b>"].x, notes["<b>gone</b>"].y) == (100, 100) and notes["<b>gone</b>"].xanchor == "right"

@@ -144,11 +144,48 @@ def _population_image(panel, colors, top):
                     hoverinfo="skip", name=panel["title"])
 
 
-def add_gate_shapes(fig, gates, x_scale=None, y_scale=None, color="#222222", focus=None):
+#: A gate's name within this share of the plotted range from its top or a side is written inwards.
+LABEL_MARGIN = 0.08
+
+
+def clipped_polygon(corners, x_range, y_range) -> np.ndarray:
+    """The part of a polygon (corners (n, 2)) inside the box ``x_range`` x ``y_range``: its
+    corners (m, 2), m = 0 when none of it is inside (Sutherland-Hodgman, one box edge at a time).
+    Plotly draws a shape past its axes, over the margins and the colour bar: only this part is."""
+    points = [tuple(map(float, c)) for c in np.asarray(corners, dtype=float)]
+    edges = ((0, x_range[0], True), (0, x_range[1], False), (1, y_range[0], True), (1, y_range[1], False))
+    for axis, limit, lower in edges:
+        if not points:
+            break
+
+        def inside(point):
+            return point[axis] >= limit if lower else point[axis] <= limit
+
+        def crossing(a, b):
+            t = (limit - a[axis]) / (b[axis] - a[axis])
+            crossed = [a[0] + t * (b[0] - a[0]), a[1] + t * (b[1] - a[1])]
+            crossed[axis] = limit
+            return tuple(crossed)
+
+        kept = []
+        for i, current in enumerate(points):
+            previous = points[i - 1]
+            if inside(current):
+                if not inside(previous):
+                    kept.append(crossing(previous, current))
+                kept.append(current)
+            elif inside(previous):
+                kept.append(crossing(previous, current))
+        points = kept
+    return np.array(points, dtype=float).reshape(-1, 2)
+
+
+def add_gate_shapes(fig, gates, x_scale=None, y_scale=None, color="#222222", focus=None, clip=None):
     """Outline the gates that draw a 2-D region (polygon, rectangle) on a single-panel figure,
     labelled by name, in the display coordinates of ``x_scale`` / ``y_scale`` (default: each
     gate's own scales); an outline mapped from other scales is dotted. The gate named ``focus``
-    (the population chosen in the tree) is drawn in the focus colour."""
+    (the population chosen in the tree) is drawn in the focus colour. ``clip``: (x_range,
+    y_range), the plotted ranges, to which outlines are cut (:func:`clipped_polygon`)."""
     base_color = color
     for gate in gates:
         region = gate.drawing(x_scale, y_scale)
@@ -157,14 +194,21 @@ def add_gate_shapes(fig, gates, x_scale=None, y_scale=None, color="#222222", foc
         color = FOCUS_COLOR if gate.name == focus else base_color
         if region.box is not None:
             x0, y0, x1, y1 = region.box
-            fig.add_shape(type="rect", x0=x0, y0=y0, x1=x1, y1=y1, line=dict(color=color, width=2))
             lx, ly = x0, y1
+            if clip is not None:
+                (xl, xh), (yl, yh) = clip
+                x0, x1 = float(np.clip(x0, xl, xh)), float(np.clip(x1, xl, xh))
+                y0, y1 = float(np.clip(y0, yl, yh)), float(np.clip(y1, yl, yh))
+            if x0 != x1 and y0 != y1:
+                fig.add_shape(type="rect", x0=x0, y0=y0, x1=x1, y1=y1, line=dict(color=color, width=2))
         else:
             corners = region.corners
-            path = "M " + " L ".join(f"{x},{y}" for x, y in corners) + " Z"
-            line = dict(color=color, width=2, dash="dot") if region.mapped else dict(color=color, width=2)
-            fig.add_shape(type="path", path=path, line=line)
             lx, ly = corners[np.argmax(corners[:, 1])]
+            drawn = corners if clip is None else clipped_polygon(corners, *clip)
+            if len(drawn) >= 3:
+                path = "M " + " L ".join(f"{x},{y}" for x, y in drawn) + " Z"
+                line = dict(color=color, width=2, dash="dot") if region.mapped else dict(color=color, width=2)
+                fig.add_shape(type="path", path=path, line=line)
         fig.add_annotation(x=lx, y=ly, text=f"<b>{gate.name}</b>", showarrow=False, yshift=10,
                            font=dict(color=color, size=12), bgcolor="rgba(255,255,255,0.7)")
     return fig
@@ -175,16 +219,22 @@ def add_gates(fig, gates, x_range, y_range, x_scale=None, y_scale=None, focus=No
     (:func:`add_gate_shapes`), each quadrant split as two lines with its quadrants' names in the
     corners (:func:`add_quadrant_lines`), in the focus colour when it holds ``focus``."""
     named = len(fig.layout.annotations)
-    add_gate_shapes(fig, gates, x_scale, y_scale, focus=focus)
+    add_gate_shapes(fig, gates, x_scale, y_scale, focus=focus, clip=(x_range, y_range))
     # A gate reaching past the plotted range (a copied gate, cells piled on an axis end) keeps
-    # its name on the plot.
+    # its name on the plot; a name at the top goes under the edge (above it is the title), one at
+    # a side is written inwards (past it is the colour bar).
+    x_span, y_span = x_range[1] - x_range[0], y_range[1] - y_range[0]
     for note in fig.layout.annotations[named:]:
         if note.x is not None and note.y is not None:
             note.x = float(np.clip(note.x, x_range[0], x_range[1]))
-            if note.y > y_range[1]:
-                note.y, note.yshift = float(y_range[1]), -12
+            if note.y >= y_range[1] - LABEL_MARGIN * y_span:
+                note.y, note.yshift = float(min(note.y, y_range[1])), -12
             elif note.y < y_range[0]:
                 note.y, note.yshift = float(y_range[0]), 12
+            if note.x >= x_range[1] - LABEL_MARGIN * x_span:
+                note.xanchor = "right"
+            elif note.x <= x_range[0] + LABEL_MARGIN * x_span:
+                note.xanchor = "left"
     splits: dict = {}  # split point -> {quadrant code: gate name}
     for gate in gates:
         split = gate.drawing(x_scale, y_scale)
