@@ -70,6 +70,7 @@ def parts_section(store, patient: str, record, expanded: bool, axes: dict) -> No
                     st.error(f"{patient}: gating with each part failed ({exc})")
                     return
                 state[PARTS_KEY] = {"key": key, "gatings": gatings}
+                st.rerun()  # drawn without the button, which has done its work
             else:
                 return
         current = np.asarray(record.populations).astype(str)
