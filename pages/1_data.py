@@ -109,10 +109,14 @@ for name, report in quality.items():
                    icon=":material/report:")
 
 with st.expander("Remove a patient from the library"):
-    doomed = st.selectbox("Patient", list(store.patients), key="remove_patient")
+    # no patient chosen until the user picks one: a deletion starts from a deliberate choice
+    doomed = st.selectbox("Patient", list(store.patients), key="remove_patient", index=None,
+                          placeholder="Choose the patient to remove")
     st.caption("Removing deletes the patient from the library: its events, every version of its labels, "
                "its gates and auto-gate results. The audit log keeps a record of the removal.")
-    if st.session_state.get("confirm_remove") != doomed:
+    if doomed is None:
+        pass
+    elif st.session_state.get("confirm_remove") != doomed:
         if st.button(f"Remove {doomed}…", key="remove_button"):
             st.session_state["confirm_remove"] = doomed
             st.rerun()

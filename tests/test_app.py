@@ -644,6 +644,8 @@ def test_reupload_asks_replace_keep_both_or_skip(library, sample_data_dir):
 
 def test_remove_asks_before_deleting_from_the_library(library):
     at = load_sample_data(start())
+    # nothing chosen to begin with, and nothing to remove
+    assert at.selectbox(key="remove_patient").value is None and "remove_button" not in [b.key for b in at.button]
     at.selectbox(key="remove_patient").set_value("patient_02")
     at.run()
     at.button(key="remove_button").click()
