@@ -95,7 +95,9 @@ def transform_choices(store, records, channels: list[str]) -> dict:
         st.session_state["train_found_key"] = found_key
     table = transform_table(st.session_state["train_found"], transforms_set)
     table.insert(3, "panel view", [panel_view_spec(store.panel_transform(c)) for c in table["channel"]])
-    st.dataframe(table, hide_index=True, width="stretch")
+    # the reason is the long column
+    st.dataframe(table, hide_index=True, width="stretch", column_config={
+        "why": st.column_config.TextColumn(width="large", help="Why this transform: click a cell to read it whole")})
     unlike_panel = {c: view for c, used, view in zip(table["channel"], table["used"], table["panel view"])
                     if used and c not in transforms_set and not same_for_the_model(used, view)}
     if unlike_panel and st.button(
