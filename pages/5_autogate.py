@@ -200,10 +200,11 @@ with side_col:
         state.ag_chart_version += 1
         st.rerun()
     # The refinement refits the kernel model's own features; the IW model has none to refit. A
-    # gating read back after a review holds the reviewed cells only: refined from the model's
-    # gating again, the earlier corrections would be lost.
+    # gating read back after a review holds the reviewed cells only: the refinement starts from
+    # the model's gating, made again by the model that gated the patient, with the review over it.
     reviewed_before = record.reviewed_earlier
-    refinable = not is_transductive(gating_model) and not reviewed_before
+    own_model = store.gating_model(patient)
+    refinable = not is_transductive(gating_model) and (own_model is not None or not reviewed_before)
     refine = st.checkbox("Apply corrections to similar cells", key="ag_refine", disabled=not refinable,
                          help="Refit this patient's gating to every cell corrected so far (JMLR 2021, section 9): "
                               "cells like the circled ones move with them, not only those circled. "
@@ -211,9 +212,18 @@ with side_col:
     if is_transductive(gating_model):
         st.caption("The importance-weighted Nystroem model does not offer refinement from corrections: "
                    "only the circled cells change.")
+    elif reviewed_before and own_model is None:
+        st.caption(f"Corrected in an earlier session by the model {record.result_model or 'not recorded'}, which is "
+                   "not loaded: only the circled cells change (load it to refine).")
+    elif reviewed_before and refine:
+        with st.spinner(f"Gating {patient} again with its model, to refine from its gating with the earlier "
+                        "corrections standing…"):
+            base = own_model.gate(sample, part=part if part in own_model.gating_parts() else None)
+        store.reopen_review(patient, base)
+        st.rerun()
     elif reviewed_before:
-        st.caption("Corrected in an earlier session: refining would start again from the model's gating and lose "
-                   "those corrections, so only the circled cells change (run auto-gating again to refine anew).")
+        st.caption("Corrected in an earlier session: applying corrections to similar cells gates the patient "
+                   "again with its model and refines from that gating, the earlier corrections standing.")
     if shape is None:
         st.caption("Draw a lasso or box around cells on the plot to reassign them.")
     else:

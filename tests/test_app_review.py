@@ -500,11 +500,40 @@ def test_a_correction_refits_the_fitted_gates_and_keeps_one_confidence(loaded):
     again = reload(at, "pages/5_autogate.py")
     stored = store_of(again).patients[patient].load_result()
     np.testing.assert_allclose(stored.confidence, confidence, atol=1e-6)
-    # refined from the model's gating, the reviewed cells read back would lose their corrections
-    assert again.checkbox(key="ag_refine").disabled
-    assert any(c.value.startswith("Corrected in an earlier session: refining would start again") for c in again.caption)
     np.testing.assert_array_equal(np.asarray(stored.populations).astype(str), populations)
     assert stored.details["cells corrected"] == int((populations != predicted).sum())
+    # refined in a later session: the model gates the patient again, and the review read back
+    # stands over that gating as corrections, shown and stored as they were
+    assert not again.checkbox(key="ag_refine").disabled
+    assert any(c.value.startswith("Corrected in an earlier session: applying corrections to similar cells gates")
+               for c in again.caption)
+    again.checkbox(key="ag_refine").check()
+    run(again)
+    reopened = store_of(again).patients[patient]
+    np.testing.assert_array_equal(np.asarray(reopened.result.populations).astype(str), predicted)
+    np.testing.assert_array_equal(np.asarray(reopened.populations).astype(str), populations)
+    np.testing.assert_allclose(reopened.confidence, confidence, atol=1e-6)
+    assert reopened.corrected_count() == int((populations != predicted).sum()) and reopened.is_reviewed
+    # a refined correction then keeps every earlier one outside its lasso
+    again.selectbox(key="ag_x").set_value("FL3-A")
+    again.selectbox(key="ag_y").set_value("FL6-A")
+    lx0, lx1 = np.percentile(fl3, [70, 80])
+    ly0, ly1 = np.percentile(fl6, [70, 80])
+    again.session_state["ag_pending_shape"] = {"kind": "rectangle", "vertices": [(lx0, ly0), (lx1, ly1)],
+                                               "patient": patient, "x": "FL3-A", "y": "FL6-A",
+                                               "x_scale": LINEAR, "y_scale": LINEAR}
+    run(again)
+    again.selectbox(key="ag_to").set_value("CD4 T cells")
+    run(again)
+    again.button(key="ag_reassign").click()
+    run(again)
+    assert any(m.value.startswith("Reassigned") and "the refinement moved" in m.value for m in again.success)
+    lassoed = (fl3 >= lx0) & (fl3 <= lx1) & (fl6 >= ly0) & (fl6 <= ly1)
+    earlier = (populations != predicted) & ~lassoed
+    assert earlier.any()
+    refined_now = np.asarray(reopened.populations).astype(str)
+    np.testing.assert_array_equal(refined_now[earlier], populations[earlier])
+    assert (refined_now[lassoed] == "CD4 T cells").all()
 
     # a gate adjusted by hand, then another correction: the gates stay as adjusted, and say so
     at.selectbox(key=f"ag_edit_gate_{patient}").set_value("Lymphocytes")

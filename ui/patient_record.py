@@ -200,6 +200,20 @@ class PatientRecord:
         self.corrected, self.corrected_confidence = compact_labels(populations), confidence
         self.result_token = _new_token()
 
+    def reopen(self, base) -> None:
+        """Put the review read back from the library (corrected in an earlier session) over
+        ``base``, the model's own gating of the patient made again: the record then holds both,
+        as for a review begun in this session (the gates stay as they are)."""
+        self.load_result()
+        reviewed, confidence = np.asarray(self.populations), np.array(self.confidence, dtype=np.float64)
+        if len(reviewed) != len(base.populations):
+            raise ValueError(f"{self.name}: the gating has {len(base.populations)} events, the review {len(reviewed)}")
+        autogates = self.autogates
+        self.result = base
+        self.corrected, self.corrected_confidence = compact_labels(reviewed), confidence
+        self.autogates = autogates
+        self.result_token = _new_token()
+
     def snapshot(self) -> ReviewSnapshot:
         """The review as it stands (:class:`ReviewSnapshot`), copied: later corrections leave it as it is."""
         import copy

@@ -371,6 +371,13 @@ class Store(LibraryView):
         details = {**_novelty_details(record.result), **_review_details(record)}
         self._save_result(name, record.corrected, record.confidence, record.result_model, details)
 
+    def reopen_review(self, name: str, base) -> None:
+        """Refine a review made in an earlier session: ``base`` is the patient gated again by the
+        model (and part) that gated it; the review read back stands over it as this session's
+        corrections, so that the refinement starts from the model's gating and keeps them.
+        Nothing is stored: the library already holds the review."""
+        self.patients[name].reopen(base)
+
     def undo_correction(self, name: str, snapshot) -> None:
         """Put a patient's review back as it stood before a correction (``snapshot``:
         :meth:`PatientRecord.snapshot`, taken then), gates included, and store it so."""
