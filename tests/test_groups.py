@@ -148,6 +148,14 @@ def test_a_groups_table_of_several_columns_reads_the_one_named(tmp_path):
         groups_from_csv(table, ["a"], column="site")
     done = run_cli("evaluate", "--group-column", "pair", "x.fcs")
     assert done.returncode == 2 and "--group-column names a column of the --groups CSV file" in done.stderr
+    # a mistyped groups file is named as missing before any input is read (x.fcs does not exist),
+    # not looked up as a keyword of every patient; a folder is named as one
+    done = run_cli("evaluate", "--groups", str(tmp_path / "groups.cvs"), "x.fcs")
+    assert done.returncode == 1
+    assert done.stderr.strip() == (f"error: {tmp_path / 'groups.cvs'}: no such file (--groups takes a CSV file, "
+                                   "or the name of an FCS keyword)")
+    done = run_cli("evaluate", "--groups", str(tmp_path), "x.fcs")
+    assert done.returncode == 1 and f"{tmp_path}: is a folder, not a CSV file" in done.stderr
 
 
 def test_evaluate_trained_on_one_group_names_the_group_each_model_learned_from(tmp_path):

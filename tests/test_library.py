@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from gating_core.cli import main as cli_main
@@ -194,6 +195,21 @@ def test_cli_import_list_export_remove(tmp_path, capsys):
     sample, populations, _ = read_gated_csv(out)
     np.testing.assert_array_equal(populations, labels_a)
     np.testing.assert_allclose(sample.events, events_a, rtol=1e-6)
+
+    # the format is the suffix's: Parquet holds the gated CSV's columns; an unknown suffix is
+    # refused, naming the file, and nothing is written
+    pytest.importorskip("pyarrow")
+    parquet = tmp_path / "alpha.parquet"
+    assert cli_main(["library", "--path", str(lib), "export", "alpha", "--out", str(parquet)]) == 0
+    table = pd.read_parquet(parquet)
+    assert list(table.columns[-2:]) == ["population", "confidence"]
+    np.testing.assert_array_equal(table["population"].astype(str), labels_a)
+    capsys.readouterr()
+    assert cli_main(["library", "--path", str(lib), "export", "alpha", "--out", str(tmp_path / "alpha.xlsx")]) == 1
+    assert "alpha.xlsx: cannot be written as .xlsx: the name must end in .csv, .fcs, .parquet, .h5ad" in \
+        capsys.readouterr().err
+    assert not (tmp_path / "alpha.xlsx").exists()
+    assert PatientLibrary(lib).audit_log("alpha", limit=1)[0]["details"]["format"] == "parquet"
 
     assert cli_main(["library", "--path", str(lib), "remove", "beta"]) == 0
     assert cli_main(["library", "--path", str(lib), "export", "beta", "--out", str(tmp_path / "b.csv")]) == 1

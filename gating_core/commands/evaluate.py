@@ -133,6 +133,13 @@ def _load_inputs(paths, compensate: bool):
     return samples, labels, errors
 
 
+def _names_a_file(text: str) -> bool:
+    """Whether ``--groups``' value reads as a path (a folder in it, or a table's suffix) rather
+    than an FCS keyword such as ``$SRC`` or ``CENTER``."""
+    return "/" in text or "\\" in text or Path(text).suffix.lower() in (".csv", ".tsv", ".txt") \
+        or Path(text).is_dir()
+
+
 def _evaluation_groups(args, samples, labels):
     """(groups, how they were found) for ``evaluate``."""
     from gating_core.evaluation.protocols import infer_patient_groups
@@ -153,6 +160,11 @@ def run_evaluate(args) -> int:
         return _usage("evaluate: give at least one INPUT (FCS files with their labels, or gated CSVs)")
     if args.group_column and not (args.groups and Path(args.groups).is_file()):
         return _usage("--group-column names a column of the --groups CSV file: give --groups FILE")
+    if args.groups and not Path(args.groups).is_file() and _names_a_file(args.groups):
+        # a mistyped path would otherwise be looked up, after every input is read, as a keyword
+        what = "is a folder, not a CSV file" if Path(args.groups).is_dir() else "no such file"
+        print_error(f"{args.groups}: {what} (--groups takes a CSV file, or the name of an FCS keyword)")
+        return 1
     import pandas as pd
 
     from gating_core.evaluation.protocols import (leave_one_group_out, leave_one_patient_out, novelty_curve,

@@ -45,12 +45,14 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_show)
 
-    p = actions.add_parser("export", parents=[path_after], help="write a patient as gated CSV, or FCS when --out ends in .fcs",
-                           description="Write a patient as a gated CSV (no keywords), or as FCS when --out ends in "
-                                       ".fcs; an FCS export keeps " + DEFAULT_KEYWORDS_HELP + ".")
+    p = actions.add_parser("export", parents=[path_after],
+                           help="write a patient as gated CSV, FCS, Parquet or h5ad, by --out's suffix",
+                           description="Write a patient in the format of --out's suffix: .csv (gated CSV, no "
+                                       "keywords), .fcs, .parquet (the gated CSV's columns, typed, no keywords) or "
+                                       ".h5ad (AnnData); an FCS or h5ad export keeps " + DEFAULT_KEYWORDS_HELP + ".")
     p.add_argument("patient")
-    p.add_argument("--out", required=True, metavar="FILE")
-    add_keyword_options(p, "an FCS export")
+    p.add_argument("--out", required=True, metavar="FILE", help="F.csv, F.fcs, F.parquet or F.h5ad")
+    add_keyword_options(p, "an FCS or h5ad export")
     p.set_defaults(func=_export)
 
     p = actions.add_parser("export-gates", parents=[path_after],
@@ -161,9 +163,9 @@ def _export(args) -> int:
     from gating_core.library.privacy import dropped_note
 
     is_fcs = Path(args.out).suffix.lower() == ".fcs"
-    if (args.include_identifying or args.keep_keywords) and not is_fcs:
-        print_error("--include-identifying and --keep-keyword apply to an FCS export (--out F.fcs): "
-                    "a gated CSV carries no keywords")
+    if (args.include_identifying or args.keep_keywords) and Path(args.out).suffix.lower() not in (".fcs", ".h5ad"):
+        print_error("--include-identifying and --keep-keyword apply to an FCS or h5ad export (--out F.fcs, "
+                    "F.h5ad): a gated CSV or Parquet file carries no keywords")
         return 2
     library = _open(args)
     out = library.export_patient(args.patient, args.out, include_identifying=args.include_identifying,

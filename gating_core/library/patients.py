@@ -196,7 +196,8 @@ class PatientsMixin:
 
     def export_patient(self, name: str, out: str | os.PathLike, *, include_identifying: bool = False,
                        keep_keywords=()) -> Path:
-        """Write the patient as a gated CSV (default) or, when ``out`` ends in ``.fcs``, as FCS.
+        """Write the patient as a gated CSV (``out`` ending in ``.csv``), FCS (``.fcs``), Parquet
+        (``.parquet``) or AnnData (``.h5ad``, with the anndata package); another suffix is refused.
 
         Labels are the current labels (confidence 1) or, for an unlabeled patient, the latest
         auto-gate result. FCS export of an unlabeled patient without a result writes the events
@@ -216,24 +217,32 @@ class PatientsMixin:
                 populations, confidence = result.populations, result.confidence
         else:
             confidence = np.ones(sample.n_events, dtype=np.float32)
-        is_fcs = out.suffix.lower() == ".fcs"
+        from gating_core.io.export import EXPORT_SUFFIXES, dropped_keyword_count, export_sample
+        from gating_core.library.privacy import keep_names
+
+        by_suffix = {suffix: kind for kind, suffix in EXPORT_SUFFIXES.items()}
+        kind = by_suffix.get(out.suffix.lower())
+        if kind is None:
+            raise LibraryError(f"cannot be written as {out.suffix or 'a file without a suffix'}: the name must "
+                               f"end in {', '.join(EXPORT_SUFFIXES.values())} (the format is the suffix's)",
+                               path=out)
+        is_fcs = kind == "fcs"
         if not is_fcs and populations is None:
             raise LibraryError("has no labels and no auto-gate result; export it as .fcs, or label "
                                "or auto-gate it first", patient=sample.name)
-        from gating_core.io.export import dropped_keyword_count, export_sample
-        from gating_core.library.privacy import keep_names
-
         keep_keywords = keep_names(keep_keywords)
         try:
-            export_sample(out, sample, populations, confidence, format="fcs" if is_fcs else "csv",
+            export_sample(out, sample, populations, confidence, format=kind,
                           include_identifying=include_identifying, keep_keywords=keep_keywords)
         except FCSError as exc:
             raise LibraryError(exc.problem, path=out, patient=sample.name) from None
+        except ImportError as exc:
+            raise LibraryError(f"cannot be written: {exc}", path=out) from None
         except OSError as exc:
             raise LibraryError(f"cannot be written ({exc.strerror or exc})", path=out) from None
         with self._connect() as conn, catalog.write_transaction(conn):
             row = self._patient_row(conn, name)
-            details = {"file": out.name, "format": "fcs" if is_fcs else "gated-csv",
+            details = {"file": out.name, "format": "gated-csv" if kind == "csv" else kind,
                        "include_identifying": bool(include_identifying)}
             if is_fcs:
                 details["keep_keywords"] = list(keep_keywords)
