@@ -64,3 +64,14 @@ def test_a_model_of_few_patients_says_so(patients):
     assert few_patients_note(model).startswith("3 training patients: the model has seen little of how patients differ")
     model.training_patients_ = [f"p{i}" for i in range(FEW_TRAINING_PATIENTS + 1)]
     assert few_patients_note(model) is None and few_patients_note(object()) is None
+
+
+def test_a_population_named_unknown_in_training_is_said_to_share_the_unknown_call(patients):
+    from gating_core.model.summary import unknown_name_note
+
+    model = _fitted(patients, adaptive_weight=0.0)
+    assert unknown_name_note(model) is None  # no population named so
+    model.populations_ = [*model.populations_[:-1], "unknown"]
+    assert unknown_name_note(model).startswith("a training population is named 'unknown', the name gating gives")
+    model.unknown_margin = None  # a model that calls no cell unknown: the name is the population's alone
+    assert unknown_name_note(model) is None and unknown_name_note(object()) is None

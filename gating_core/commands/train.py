@@ -181,7 +181,8 @@ def run_train(args) -> int:
         print("Alignment: quantile (each channel's quantiles onto the training patients' mean)")
     if info.get("self_training"):
         print("Gating: each patient's gates follow its own confident cells (self-training)")
-    from gating_core.model.summary import adapted_populations_text, few_patients_note, unknown_cells_text
+    from gating_core.model.summary import (adapted_populations_text, few_patients_note, unknown_cells_text,
+                                          unknown_name_note)
 
     adapted, unknown = adapted_populations_text(model), unknown_cells_text(model)
     if adapted:
@@ -192,9 +193,9 @@ def run_train(args) -> int:
     if args.method == IW_METHOD:
         print(f"Kept {info['training_cells']:,} training cells and {info['n_landmarks']} landmarks per refit: "
               "`gate` refits the model for each new patient")
-    few = few_patients_note(model)
-    if few:
-        print(f"Note: {few}")
+    for note in (few_patients_note(model), unknown_name_note(model)):
+        if note:
+            print(f"Note: {note}")
     print(f"Model written to {out}")
     return 0
 

@@ -61,3 +61,17 @@ def few_patients_note(model) -> str | None:
     return (f"{patients} training patient{'s' if patients > 1 else ''}: the model has seen little of how patients "
             "differ, and its review flags rest on as little; check every gated patient, and train again as more "
             "are gated")
+
+
+def unknown_name_note(model) -> str | None:
+    """What a model whose training labels hold a population named 'unknown' should say, or None:
+    gating gives that name to cells beyond every population too, and the two cannot be told apart
+    in a gating."""
+    from gating_core.model.streaming import UNKNOWN
+
+    if UNKNOWN not in [str(p) for p in getattr(model, "populations_", None) or []]:
+        return None
+    if unknown_cells_text(model) is None:
+        return None
+    return (f"a training population is named '{UNKNOWN}', the name gating gives cells beyond every population: "
+            "in a gating the two share it; rename that population (e.g. 'unknown cells') to tell them apart")
