@@ -96,6 +96,25 @@ def test_labels_csv_reading_and_errors(tmp_path):
         read_labels_csv(empty, 1)
     with pytest.raises(LabelError, match="file not found"):
         read_labels_csv(tmp_path / "none.labels.csv", 1)
+    # a blank line inside the rows (a CSV reader skips it) is named; blank lines at the end are
+    # no row at all and read as before
+    gap = tmp_path / "g.labels.csv"
+    gap.write_text("population\nB cells\n\nT cells\nT cells\n\n\n", encoding="utf-8")
+    np.testing.assert_array_equal(read_labels_csv(tmp_path / "p.labels.csv", 3), ["B cells", "CD4 T cells", "NA"])
+    with pytest.raises(LabelError) as err:
+        read_labels_csv(gap, 4)
+    assert str(err.value) == ("g.labels.csv: line 3 is blank: every event needs its population, one row per event "
+                              "in event order (3 label rows for 4 events)")
+    trailing = tmp_path / "t.labels.csv"
+    trailing.write_text("population\nB cells\nT cells\n\n", encoding="utf-8")
+    np.testing.assert_array_equal(read_labels_csv(trailing, 2), ["B cells", "T cells"])
+    # text that is not UTF-8 (a spreadsheet's Latin-1 CSV) is named with its line
+    latin = tmp_path / "l.labels.csv"
+    latin.write_bytes("population\nB cells\nCD4+ T cells\nmonocytes \u00e0 part\n".encode("latin-1"))
+    with pytest.raises(LabelError) as err:
+        read_labels_csv(latin, 3)
+    assert str(err.value) == ("l.labels.csv: line 4 is not in UTF-8: save it as UTF-8 text (a spreadsheet's "
+                              "'CSV UTF-8' format)")
 
 
 def test_fcs_with_populations_readable_by_flowio_and_flowkit(tmp_path, diva):

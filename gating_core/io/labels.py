@@ -75,9 +75,38 @@ def _read_csv_table(path: Path, column_types: dict | None = None):
         message = str(exc).strip().splitlines()[0]
         if "Empty CSV file" in message:
             raise LabelError(path, "file is empty") from None
+        if "invalid UTF8" in message:
+            line = _first_line_not_utf8(path)
+            raise LabelError(path, (f"line {line} is " if line else "holds text ") + "not in UTF-8: save it as "
+                                   "UTF-8 text (a spreadsheet's 'CSV UTF-8' format)") from None
         raise LabelError(path, f"not a valid CSV table ({message})") from None
     except OSError as exc:
         raise LabelError(path, f"cannot be read ({exc})") from None
+
+
+def _first_line_not_utf8(path: Path) -> int | None:
+    """The number (from 1) of the first line of ``path`` that is not UTF-8 text, or None."""
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                return number
+    return None
+
+
+def _first_blank_line(path: Path) -> int | None:
+    """The number (from 1) of the first blank line of ``path`` followed by a line that is not
+    blank (a CSV reader skips it, so the rows after it are one short), or None."""
+    blank = None
+    with open(path, "rb") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                if blank is not None:
+                    return blank
+            elif blank is None:
+                blank = number
+    return None
 
 
 def read_header(path: Path) -> list[str]:
@@ -125,4 +154,9 @@ def read_labels_csv(path: str | os.PathLike, n_events: int | None) -> np.ndarray
     if POPULATION_COLUMN not in header:
         raise LabelError(path, f"needs a header line 'population'; found {header[:5]}")
     table = _read_csv_table(path, {POPULATION_COLUMN: pa.string()})
+    if n_events is not None and table.num_rows != n_events:
+        blank = _first_blank_line(path)
+        if blank is not None:
+            raise LabelError(path, f"line {blank} is blank: every event needs its population, one row per event "
+                                   f"in event order ({table.num_rows} label rows for {n_events} events)")
     return population_array(path, table.column(POPULATION_COLUMN), n_events)
