@@ -199,8 +199,14 @@ def test_train_library_command_reuses_stored_digests(tmp_path):
     assert second.returncode == 0, second.stderr
     assert "Library: 3 patients from stored digests, 1 read" in second.stdout
     third = run_cli("train", "--library", library.path, "--no-selection", "--out", tmp_path / "c.npz")
-    assert "Library: 4 patients from stored digests, 0 read" in third.stdout
+    assert "Library: 4 patients from stored digests, 0 read\n" in third.stdout
     b, c = _arrays(tmp_path / "b.npz"), _arrays(tmp_path / "c.npz")
+    # a patient without labels is left out, and said to be
+    unlabeled, _ = simulate_patient((77, 9), n_events=2000, name="new_one")
+    library.add_patient(unlabeled)
+    fourth = run_cli("train", "--library", library.path, "--no-selection", "--out", tmp_path / "d.npz")
+    assert fourth.returncode == 0, fourth.stderr
+    assert "Library: 4 patients from stored digests, 0 read; 1 without labels left out (new_one)" in fourth.stdout
     assert b.keys() == c.keys()
     for key in b:
         np.testing.assert_array_equal(b[key], c[key], err_msg=key)

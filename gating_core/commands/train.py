@@ -131,13 +131,19 @@ def run_train(args) -> int:
         # One patient's events in memory at a time; digests kept in the library, so a retrain
         # reads only the patients added or relabeled since the last one.
         try:
-            library_part, cache = library_digests(PatientLibrary(args.library, create=False), model,
-                                                  start=len(digests))
+            library = PatientLibrary(args.library, create=False)
+            library_part, cache = library_digests(library, model, start=len(digests))
+            trained = {d.name for d in library_part}
+            unlabeled = [name for name in library.patient_names() if name not in trained]
         except LibraryError as exc:
             errors.append(str(exc))
         else:
             digests += library_part
-            print(f"Library: {cache.hits} patients from stored digests, {cache.misses} read")
+            left_out = ""
+            if unlabeled:
+                shown = ", ".join(unlabeled[:5]) + (", ..." if len(unlabeled) > 5 else "")
+                left_out = f"; {len(unlabeled)} without labels left out ({shown})"
+            print(f"Library: {cache.hits} patients from stored digests, {cache.misses} read{left_out}")
     _check_unique([d.name for d in digests], errors)
     for message in errors:
         print_error(message)
