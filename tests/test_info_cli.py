@@ -18,8 +18,8 @@ def test_info_human_output(fcs_corpus):
     assert "data sets: 1" in out
     assert "events: 83411" in out
     assert "channels: 12" in out
-    assert re.search(r"^\s+5\s+FITC-A\s+CD20$", out, re.M)
-    assert re.search(r"^\s+1\s+Time$", out, re.M)
+    assert re.search(r"^\s+5\s+FITC-A\s+CD20\s+\[range 262144, linear\]$", out, re.M)
+    assert re.search(r"^\s+1\s+Time\s+\[range 262144, linear\]$", out, re.M)
     assert "spillover: yes (8 channels: FITC-A, PE-A" in out
     assert result.stderr == ""
 
@@ -40,13 +40,21 @@ def test_info_json_and_bad_files_keep_going(fcs_corpus):
     assert "DATA segment" in report[2]["error"]
     sg = report[3]["datasets"][0]
     assert sg["events"] == 8129 and sg["n_channels"] == 9
-    assert {"pnn": "FL7-A", "pns": "GFP/FITC-A"} in sg["channels"]
+    assert {"pnn": "FL7-A", "pns": "GFP/FITC-A", "range": 1000.0, "log_decades": 0.0, "gain": 1.0} in sg["channels"]
     assert sg["spillover"] is False
     # the messages name the files, one line each, no traceback
     lines = result.stderr.strip().splitlines()
     assert lines[0].startswith("error: corrupted.fcs: ")
     assert lines[1].startswith("error: sample_header.fcs: ")
     assert "Traceback" not in result.stderr
+
+
+def test_info_states_each_channels_range_amplification_and_gain(fcs_corpus):
+    # a FACSCalibur's 10-bit channels, log-amplified over 4 decades but for two linear ones
+    result = run_cli("info", fcs_corpus / "FACSCaliburHTS/Sample_Well_A02.fcs")
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^\s+3\s+FL1-H\s+FL1-Height\s+\[range 1024, log, 4 decades\]$", result.stdout, re.M)
+    assert re.search(r"^\s+6\s+FL2-A\s+\[range 1024, linear\]$", result.stdout, re.M)
 
 
 def test_info_human_output_bad_file_nonzero(fcs_corpus, tmp_path):

@@ -1,6 +1,9 @@
 """``python -m gating_core info FILE...``: what each FCS file holds, without reading its events.
 
-Per file: FCS version, data sets, events, channels ($PnN / $PnS), spillover. ``--json`` prints
+Per file: FCS version, data sets, events, channels ($PnN / $PnS, with $PnR, $PnE and $PnG as the
+file states them), spillover. The events are not read, so a channel whose values are already on
+a channel scale (0-1023 under a meaningless $PnR) is found by ``train`` and the app, not here.
+``--json`` prints
 one JSON document (a list, one entry per file; unreadable files carry ``"error"``, and so do the
 unreadable data sets of a file whose other data sets are readable). A file that
 cannot be read gets its message on stderr and the exit status becomes 1; the other files are
@@ -37,9 +40,11 @@ def _describe(info: dict) -> str:
         lines.append(f"{indent}events: {ds['events']}")
         lines.append(f"{indent}channels: {ds['n_channels']}")
         width = max(len(c["pnn"]) for c in ds["channels"])
-        for i, c in enumerate(ds["channels"], start=1):
-            marker = f"  {c['pns']}" if c["pns"] and c["pns"] != c["pnn"] else ""
-            lines.append(f"{indent}  {i:>3}  {c['pnn']:<{width}}{marker}".rstrip())
+        markers = [c["pns"] if c["pns"] and c["pns"] != c["pnn"] else "" for c in ds["channels"]]
+        marker_width = max(len(m) for m in markers)
+        for i, (c, marker) in enumerate(zip(ds["channels"], markers), start=1):
+            marker = f"  {marker:<{marker_width}}" if marker_width else ""
+            lines.append(f"{indent}  {i:>3}  {c['pnn']:<{width}}{marker}  {_scale(c)}")
         if ds["spillover"]:
             lines.append(f"{indent}spillover: yes ({len(ds['spillover_channels'])} channels: "
                          f"{', '.join(ds['spillover_channels'])})")
@@ -48,6 +53,15 @@ def _describe(info: dict) -> str:
         for note in ds["notes"]:
             lines.append(f"{indent}note: {note}")
     return "\n".join(lines)
+
+
+def _scale(channel: dict) -> str:
+    """A channel's $PnR, $PnE and $PnG as the file states them, in words."""
+    stated = [f"range {channel['range']:g}" if channel.get("range") else "no range",
+              f"log, {channel['log_decades']:g} decades" if channel.get("log_decades") else "linear"]
+    if channel.get("gain", 1.0) not in (1.0, 0.0):
+        stated.append(f"gain {channel['gain']:g}")
+    return "[" + ", ".join(stated) + "]"
 
 
 def run(args) -> int:

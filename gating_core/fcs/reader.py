@@ -216,8 +216,10 @@ def fcs_info(path: str | os.PathLike) -> dict:
     """Describe an FCS file without reading its events (offsets and sizes are validated).
 
     Returns a JSON-ready dict: ``file``, ``version``, ``n_datasets`` and ``datasets``, a list of
-    ``{name, events, n_channels, channels: [{pnn, pns}], datatype, spillover,
-    spillover_channels, notes}``; a data set that cannot be read is ``{name, error, notes}``.
+    ``{name, events, n_channels, channels: [{pnn, pns, range, log_decades, gain}], datatype,
+    spillover, spillover_channels, notes}`` (``range``: $PnR, or None; ``log_decades``: $PnE's
+    decades, 0 for a linear channel; ``gain``: $PnG, 1 when absent); a data set that cannot be
+    read is ``{name, error, notes}``.
     Raises FCSError when no data set can be read.
     """
     path = Path(path)
@@ -238,7 +240,9 @@ def fcs_info(path: str | os.PathLike) -> dict:
             "name": name,
             "events": layout.n_events,
             "n_channels": layout.n_channels,
-            "channels": [{"pnn": n, "pns": s} for n, s in zip(unique_pnn, layout.pns)],
+            "channels": [{"pnn": n, "pns": s, "range": r, "log_decades": float(d), "gain": float(g)}
+                         for n, s, r, d, g in zip(unique_pnn, layout.pns, layout.ranges, layout.decades,
+                                                  layout.gains)],
             "datatype": layout.datatype,
             "spillover": spillover is not None,
             "spillover_channels": spill_channels,
