@@ -9,6 +9,7 @@ from pathlib import Path
 
 import flowkit
 import numpy as np
+import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
@@ -208,6 +209,15 @@ def test_gate_formats_write_the_same_gating(model_file, sample_data_dir, tmp_pat
     _, populations, confidence = read_gated_csv(outputs["csv"])
     table = pq.read_table(outputs["parquet"])
     assert table.column("population").to_pylist() == populations.tolist()
+    # every file gated by one model has the model's populations as its categories, in its order,
+    # present or not: the tables of several patients concatenate as one categorical column
+    other = run_cli("gate", "--model", model_file, "--out-dir", tmp_path / "other", "--format", "parquet",
+                    "--json", sample_data_dir / "new" / "new_patient_01.fcs")
+    assert other.returncode == 0, other.stderr
+    both = pd.concat([pd.read_parquet(outputs["parquet"]),
+                      pd.read_parquet(Path(json.loads(other.stdout)[0]["output"]))])
+    gated = GatingModel.load(model_file).gated_populations()
+    assert both["population"].dtype == "category" and list(both["population"].cat.categories) == gated
     assert np.array_equal(table.column("confidence").to_numpy(), confidence)
     from_fcs, fcs_populations = read_fcs_with_populations(outputs["fcs"])
     assert np.array_equal(fcs_populations, populations)

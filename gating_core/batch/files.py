@@ -98,8 +98,8 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
             records.append(record)
             continue
         try:
-            with GatedTableWriter(output, sample, format) as writer:
-                populations = np.asarray(model.gated_populations(), dtype=object)
+            populations = np.asarray(model.gated_populations(), dtype=object)
+            with GatedTableWriter(output, sample, format, categories=populations) as writer:
 
                 def sink(start, events, codes, confidence):
                     writer.write(events, populations[codes], confidence)

@@ -112,12 +112,16 @@ class GatedTableWriter:
         float32 / float64 columns (its events may be empty).
     format : ``"csv"`` or ``"parquet"``.
     with_confidence : write the ``confidence`` column.
+    categories : the population names a Parquet file's ``population`` column holds, in order
+        (a model's ``gated_populations()``), or None. Given, every file gated by one model has
+        the same categories in the same order, so that tables of several patients concatenate
+        as one categorical column; a name outside them is written as the rows come.
 
     A whole-sample write (:func:`write_gated_csv`) goes through this class too, so the
     bytes of a gated CSV do not depend on how the events were chunked.
     """
 
-    def __init__(self, path, sample: Sample, format: str = "csv", with_confidence: bool = True):
+    def __init__(self, path, sample: Sample, format: str = "csv", with_confidence: bool = True, categories=None):
         if format not in ("csv", "parquet"):
             raise ValueError(f"GatedTableWriter writes csv or parquet, not {format!r}")
         self.path = Path(path)
@@ -130,6 +134,7 @@ class GatedTableWriter:
         # float32 stays float32 (shortest round-trip text); everything else as float64.
         self.dtype = np.float32 if sample.events.dtype == np.float32 else np.float64
         self.with_confidence = with_confidence
+        self.categories = None if categories is None else [str(c) for c in categories]
         self.names = list(sample.pnn) + [POPULATION_COLUMN] + ([CONFIDENCE_COLUMN] if with_confidence else [])
         self.n_channels = len(sample.pnn)
         self.rows = 0
@@ -153,11 +158,28 @@ class GatedTableWriter:
 
         events = np.asarray(events, dtype=self.dtype)
         arrays = [pa.array(np.ascontiguousarray(events[:, i])) for i in range(events.shape[1])]
-        populations = pa.array(populations, type=pa.string())
-        arrays.append(populations if self.format == "csv" else populations.dictionary_encode())
+        arrays.append(self._population_column(populations))
         if self.with_confidence:
             arrays.append(pa.array(np.asarray(confidence).astype(np.float32)))
         return pa.RecordBatch.from_arrays(arrays, names=self.names)
+
+    def _population_column(self, populations):
+        """The ``population`` column of a batch: text (CSV), or dictionary-encoded (Parquet) on
+        :attr:`categories` when every name is one of them."""
+        import pyarrow as pa
+
+        column = pa.array(populations, type=pa.string())
+        if self.format == "csv":
+            return column
+        if self.categories is not None:
+            import pandas as pd
+
+            codes = pd.Categorical(np.asarray(populations, dtype=object), categories=self.categories).codes
+            codes = codes.astype(np.int32)
+            if len(codes) == 0 or codes.min() >= 0:
+                return pa.DictionaryArray.from_arrays(pa.array(codes, type=pa.int32()),
+                                                      pa.array(self.categories, type=pa.string()))
+        return column.dictionary_encode()
 
     def write(self, events, populations, confidence=None) -> None:
         """Append rows: events (m, n_channels), populations (m,) str, confidence (m,) in [0, 1]."""
