@@ -75,3 +75,16 @@ def test_a_population_named_unknown_in_training_is_said_to_share_the_unknown_cal
     assert unknown_name_note(model).startswith("a training population is named 'unknown', the name gating gives")
     model.unknown_margin = None  # a model that calls no cell unknown: the name is the population's alone
     assert unknown_name_note(model) is None and unknown_name_note(object()) is None
+
+
+def test_populations_differing_only_in_case_or_spaces_are_pointed_out():
+    from types import SimpleNamespace
+
+    from gating_core.model.summary import similar_names_note
+
+    assert similar_names_note(SimpleNamespace(populations_=["B cells", "T cells", "ungated"])) is None
+    note = similar_names_note(SimpleNamespace(populations_=["B  cells", "B cells", "T cells", "Ungated", "ungated"]))
+    assert note == ("training populations that differ only in letter case or spaces are learned apart ('B  cells' "
+                    "and 'B cells'; 'Ungated' and 'ungated'): if each pair is one population, give it one name in "
+                    "every patient's labels")
+    assert similar_names_note(object()) is None

@@ -75,3 +75,18 @@ def unknown_name_note(model) -> str | None:
         return None
     return (f"a training population is named '{UNKNOWN}', the name gating gives cells beyond every population: "
             "in a gating the two share it; rename that population (e.g. 'unknown cells') to tell them apart")
+
+
+def similar_names_note(model) -> str | None:
+    """What a model should say when two of its training populations differ only in letter case
+    or spaces ('Ungated' and 'ungated'), which are then learned as two populations, or None."""
+    names = [str(p) for p in getattr(model, "populations_", None) or []]
+    groups: dict = {}
+    for name in names:
+        groups.setdefault(" ".join(name.split()).casefold(), []).append(name)
+    alike = [group for group in groups.values() if len(group) > 1]
+    if not alike:
+        return None
+    listed = "; ".join(" and ".join(f"'{n}'" for n in group) for group in alike)
+    return (f"training populations that differ only in letter case or spaces are learned apart ({listed}): "
+            "if each pair is one population, give it one name in every patient's labels")
