@@ -114,13 +114,11 @@ with st.expander("Remove a patient from the library"):
                           placeholder="Choose the patient to remove")
     st.caption("Removing deletes the patient from the library: its events, every version of its labels, "
                "its gates and auto-gate results. The audit log keeps a record of the removal.")
-    if doomed is None:
-        pass
-    elif st.session_state.get("confirm_remove") != doomed:
+    if doomed is not None and st.session_state.get("confirm_remove") != doomed:
         if st.button(f"Remove {doomed}…", key="remove_button"):
             st.session_state["confirm_remove"] = doomed
             st.rerun()
-    else:
+    elif doomed is not None:
         st.warning(f"Delete **{doomed}** from the library? This cannot be undone in the app.")
         yes, no = st.columns(2)
         if yes.button(f"Yes, delete {doomed}", key="remove_confirm", type="primary"):

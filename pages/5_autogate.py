@@ -92,8 +92,8 @@ state["ag_patient_kept"] = patient
 record = store.patients[patient]
 # The model that gated this patient (the current one when that model is gone): the populations
 # its result names, its corrections refine and its gates are fitted with.
-gating_model = store.gating_model(patient)
-gating_model = model if gating_model is None else gating_model
+own_model = store.gating_model(patient)
+gating_model = model if own_model is None else own_model
 pop_names = [str(p) for p in gating_model.populations_]
 result = record.load_result()
 sample = record.sample
@@ -203,7 +203,6 @@ with side_col:
     # gating read back after a review holds the reviewed cells only: the refinement starts from
     # the model's gating, made again by the model that gated the patient, with the review over it.
     reviewed_before = record.reviewed_earlier
-    own_model = store.gating_model(patient)
     refinable = not is_transductive(gating_model) and (own_model is not None or not reviewed_before)
     refine = st.checkbox("Apply corrections to similar cells", key="ag_refine", disabled=not refinable,
                          help="Refit this patient's gating to every cell corrected so far (JMLR 2021, section 9): "

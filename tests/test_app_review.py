@@ -84,6 +84,19 @@ def move_first_vertex(at: AppTest, patient: str, tree: GateTree, gate: str, frac
     return inward
 
 
+def circle_box(at: AppTest, patient: str, x: str, y: str, corners, to=None) -> AppTest:
+    """A box drawn around ``corners`` ((x0, y0), (x1, y1)) on the Auto-gate page's ``x`` / ``y``
+    plot (linear axes), then, with ``to``, that population chosen to reassign its cells to."""
+    at.session_state["ag_pending_shape"] = {"kind": "rectangle", "vertices": [tuple(c) for c in corners],
+                                            "patient": patient, "x": x, "y": y,
+                                            "x_scale": LINEAR, "y_scale": LINEAR}
+    run(at)
+    if to is not None:
+        at.selectbox(key="ag_to").set_value(to)
+        run(at)
+    return at
+
+
 def plain(options) -> list[str]:
     """Selector options as population names (the tree's indentation and kinds taken off)."""
     return [re.sub(r" \((quadrant|range|boolean)\)$", "", o.replace("\u2003", "").replace("└ ", "")) for o in options]
@@ -188,10 +201,7 @@ def test_page_batch_table_statistics_gated_csv_and_report_count_the_same_cells(l
     fsc, ssc = (record.sample.events[:, record.sample.pnn.index(c)] for c in ("FSC-A", "SSC-A"))
     cd4 = predicted == "CD4 T cells"
     (x0, x1), (y0, y1) = np.percentile(fsc[cd4], [20, 80]), np.percentile(ssc[cd4], [20, 80])
-    at.session_state["ag_pending_shape"] = {"kind": "rectangle", "vertices": [(x0, y0), (x1, y1)],
-                                            "patient": patient, "x": "FSC-A", "y": "SSC-A",
-                                            "x_scale": LINEAR, "y_scale": LINEAR}
-    run(at)
+    circle_box(at, patient, "FSC-A", "SSC-A", [(x0, y0), (x1, y1)])
     at.multiselect(key="ag_from").set_value(["CD4 T cells"])
     at.selectbox(key="ag_to").set_value("CD8 T cells")
     run(at)
@@ -465,10 +475,7 @@ def test_a_correction_refits_the_fitted_gates_and_keeps_one_confidence(loaded):
     cores = [np.percentile(np.stack([fl3, fl6], axis=1)[predicted == p], [20, 80], axis=0)
              for p in ("CD4 T cells", "CD8 T cells")]
     (x0, y0), (x1, y1) = np.min([c[0] for c in cores], axis=0), np.max([c[1] for c in cores], axis=0)
-    at.session_state["ag_pending_shape"] = {"kind": "rectangle", "vertices": [(x0, y0), (x1, y1)],
-                                            "patient": patient, "x": "FL3-A", "y": "FL6-A",
-                                            "x_scale": LINEAR, "y_scale": LINEAR}
-    run(at)
+    circle_box(at, patient, "FL3-A", "FL6-A", [(x0, y0), (x1, y1)])
     at.multiselect(key="ag_from").set_value(["CD4 T cells", "CD8 T cells"])
     at.selectbox(key="ag_to").set_value("CD8 T cells")
     run(at)
@@ -519,12 +526,7 @@ def test_a_correction_refits_the_fitted_gates_and_keeps_one_confidence(loaded):
     again.selectbox(key="ag_y").set_value("FL6-A")
     lx0, lx1 = np.percentile(fl3, [70, 80])
     ly0, ly1 = np.percentile(fl6, [70, 80])
-    again.session_state["ag_pending_shape"] = {"kind": "rectangle", "vertices": [(lx0, ly0), (lx1, ly1)],
-                                               "patient": patient, "x": "FL3-A", "y": "FL6-A",
-                                               "x_scale": LINEAR, "y_scale": LINEAR}
-    run(again)
-    again.selectbox(key="ag_to").set_value("CD4 T cells")
-    run(again)
+    circle_box(again, patient, "FL3-A", "FL6-A", [(lx0, ly0), (lx1, ly1)], to="CD4 T cells")
     again.button(key="ag_reassign").click()
     run(again)
     assert any(m.value.startswith("Reassigned") and "the refinement moved" in m.value for m in again.success)
@@ -540,12 +542,7 @@ def test_a_correction_refits_the_fitted_gates_and_keeps_one_confidence(loaded):
     run(at)
     move_first_vertex(at, patient, refitted, "Lymphocytes", 0.2)
     adjusted = record.autogates["tree"]
-    at.session_state["ag_pending_shape"] = {"kind": "rectangle", "vertices": [(x0, y0), (x1, y1)],
-                                            "patient": patient, "x": "FL3-A", "y": "FL6-A",
-                                            "x_scale": LINEAR, "y_scale": LINEAR}
-    run(at)
-    at.selectbox(key="ag_to").set_value("CD4 T cells")
-    run(at)
+    circle_box(at, patient, "FL3-A", "FL6-A", [(x0, y0), (x1, y1)], to="CD4 T cells")
     at.button(key="ag_reassign").click()
     run(at)
     (message,) = [s.value for s in at.success if s.value.startswith("Reassigned")]
@@ -589,12 +586,7 @@ def test_corrections_are_undone_last_first_gates_and_library_included(loaded):
     for low, to in ((20, "CD8 T cells"), (60, "CD4 T cells")):
         x0, x1 = np.percentile(fl3, [low, low + 20])
         y0, y1 = np.percentile(fl6, [low, low + 20])
-        at.session_state["ag_pending_shape"] = {"kind": "rectangle", "vertices": [(x0, y0), (x1, y1)],
-                                                "patient": patient, "x": "FL3-A", "y": "FL6-A",
-                                                "x_scale": LINEAR, "y_scale": LINEAR}
-        run(at)
-        at.selectbox(key="ag_to").set_value(to)
-        run(at)
+        circle_box(at, patient, "FL3-A", "FL6-A", [(x0, y0), (x1, y1)], to=to)
         states.append((np.asarray(record.populations).astype(str).copy(), record.confidence.copy(),
                        record.autogates["tree"]))
         at.button(key="ag_reassign").click()
@@ -680,10 +672,7 @@ def test_cells_can_be_named_as_a_population_the_model_lacks(loaded):
     (x0, x1), (y0, y1) = np.percentile(fsc[granulocytes], [30, 70]), np.percentile(ssc[granulocytes], [30, 70])
 
     def circle(to, name=None, refine=False):
-        at.session_state["ag_pending_shape"] = {"kind": "rectangle", "vertices": [(x0, y0), (x1, y1)],
-                                                "patient": NEW, "x": "FSC-A", "y": "SSC-A",
-                                                "x_scale": LINEAR, "y_scale": LINEAR}
-        run(at)
+        circle_box(at, NEW, "FSC-A", "SSC-A", [(x0, y0), (x1, y1)])
         at.multiselect(key="ag_from").set_value(["Granulocytes"] if to != "New population…" else [])
         at.checkbox(key="ag_refine").set_value(refine)
         at.selectbox(key="ag_to").set_value(to)

@@ -135,6 +135,7 @@ class GatedTableWriter:
         self.dtype = np.float32 if sample.events.dtype == np.float32 else np.float64
         self.with_confidence = with_confidence
         self.categories = None if categories is None else [str(c) for c in categories]
+        self._dictionary = None  # the categories as one Arrow array, shared by every batch
         self.names = list(sample.pnn) + [POPULATION_COLUMN] + ([CONFIDENCE_COLUMN] if with_confidence else [])
         self.n_channels = len(sample.pnn)
         self.rows = 0
@@ -177,8 +178,9 @@ class GatedTableWriter:
             codes = pd.Categorical(np.asarray(populations, dtype=object), categories=self.categories).codes
             codes = codes.astype(np.int32)
             if len(codes) == 0 or codes.min() >= 0:
-                return pa.DictionaryArray.from_arrays(pa.array(codes, type=pa.int32()),
-                                                      pa.array(self.categories, type=pa.string()))
+                if self._dictionary is None:
+                    self._dictionary = pa.array(self.categories, type=pa.string())
+                return pa.DictionaryArray.from_arrays(pa.array(codes, type=pa.int32()), self._dictionary)
         return column.dictionary_encode()
 
     def write(self, events, populations, confidence=None) -> None:
