@@ -31,7 +31,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_unseen import SETS, load_set  # noqa: E402
+from bench_unseen import SETS, held_out_sets, load_set  # noqa: E402
 from gating_core.model import UNKNOWN, GatingModel  # noqa: E402
 from gating_core.method.unknown_cells import UNKNOWN_MARGIN  # noqa: E402
 
@@ -44,6 +44,10 @@ ONE_GROUP = ("mc-batch", "dlbcl-batch", "hard-channel-scale-shift")
 def splits(name: str, groups, seed: int):
     """(training patients, held-out patients) of each fold of the set's protocol."""
     n = len(groups)
+    if name == "mc-folds" or name.startswith("simfolds-"):
+        for held in held_out_sets(name, groups, seed):
+            yield [i for i in range(n) if i not in held], held
+        return
     if name == "dlbcl-folds":
         order = np.random.default_rng(np.random.SeedSequence([seed, 41])).permutation(n)
         for k in range(2):

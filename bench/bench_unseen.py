@@ -8,12 +8,15 @@ Data sets and protocols (each a line of the tables in docs/unseen_data.md):
 - ``dlbcl-batch``: the shared FlowCAP DLBCL biopsies (flow, channel scale), train on one batch and
   gate the other, both ways;
 - ``dlbcl-folds``: the same biopsies, 2 random folds over patients;
+- ``mc-folds``: the multicenter samples, 2 random folds over samples (a held-out sample's run,
+  and often its replicate twin, are trained on);
 - ``dlbcl-12``: 12 of the biopsies drawn at random (``--seed`` draws others), 2 random folds over
   them: six training patients a fold, as a lab starting with few gated patients has;
 - ``dlbcl-batch-4``: four biopsies of one batch drawn at random (``--seed`` draws others), every
   biopsy of the other batch gated, both ways: a lab's few gated patients, all from one run;
 - ``sim-<seed>``: a simulated 4-center flow cohort (``simulate_centers(4, 3, seed, 6000,
   strength=2.0)``), leave one center out;
+- ``simfolds-<seed>``: the same cohort, 2 random folds over patients (every center trained on);
 - ``<set>+<merge>``: a real set with some of its populations merged into one, which is then no
   single Gaussian (as a lab's catch-all gates are): ``+lymphocytes`` (mc: B, CD4 T and CD8 T cells
   one population), ``+b-rest`` (mc: B cells against everything else, a small population beside a
@@ -142,6 +145,8 @@ def load_set(name: str, seed: int = 0):
     ``+partial`` sets keep."""
     if "+" in name:
         return _derived(*name.split("+", 1), seed)
+    if name == "mc-folds":
+        return _shared("multicenter", "batch")
     if name.startswith("mc-"):
         return _shared("multicenter", "pair" if name == "mc-pair" else "batch")
     if name == "dlbcl-12":
@@ -152,8 +157,9 @@ def load_set(name: str, seed: int = 0):
         return tuple([part[i] for i in drawn] for part in loaded)
     if name.startswith("dlbcl-"):
         return _shared("dlbcl", "group")
-    if name.startswith("sim-"):
-        cohort, center_of = simulate_centers(4, 3, seed=int(name[4:]), n_events=6000, strength=2.0)
+    if name.startswith(("sim-", "simfolds-")):
+        cohort_seed = int(name.rsplit("-", 1)[1])
+        cohort, center_of = simulate_centers(4, 3, seed=cohort_seed, n_events=6000, strength=2.0)
     elif name.startswith("hard-"):
         cohort, center_of = simulate_hard_cohort(name[5:], seed=1)
     else:
@@ -165,13 +171,13 @@ def load_set(name: str, seed: int = 0):
 #: The sets whose protocol is train-on-one-group, and those split in 2 folds over patients (the
 #: rest leave one group out).
 TRAIN_ON_ONE_GROUP = ("dlbcl-batch", "hard-channel-scale-shift")
-PATIENT_FOLDS = ("dlbcl-folds", "dlbcl-12")
+PATIENT_FOLDS = ("dlbcl-folds", "dlbcl-12", "mc-folds")
 
 
 def held_out_sets(name: str, groups, seed: int) -> list[list[int]]:
     """The patients' indices each fold of a set's protocol holds out (as :func:`run_set` runs it)."""
     name = name.split("+", 1)[0]
-    if name in PATIENT_FOLDS:
+    if name in PATIENT_FOLDS or name.startswith("simfolds-"):
         return patient_fold_sets(len(groups), 2, seed)
     if name == "dlbcl-batch-4":
         return [held for _, held in few_of_one_group(groups, seed)]
@@ -200,7 +206,7 @@ def run_set(name: str, methods, seed: int) -> pd.DataFrame | None:
     samples, labels, groups = loaded
     params = {"random_state": seed}
     name = name.split("+", 1)[0]
-    if name in PATIENT_FOLDS:
+    if name in PATIENT_FOLDS or name.startswith("simfolds-"):
         return patient_folds(samples, labels, 2, methods=methods, model_params=params, groups=groups, seed=seed)
     if name == "dlbcl-batch-4":
         folds = few_of_one_group(groups, seed)

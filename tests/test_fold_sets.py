@@ -395,3 +395,18 @@ def test_the_blend_bench_gates_a_shifted_patient_with_trees_on_cells_moved_back(
     called = {part: arrays["populations"][np.argmax(arrays[f"0:{part}"], axis=1)] for part in ("trees", "aligned_trees")}
     assert np.mean(called["trees"] == truth) < 0.9  # 0.83 here
     assert np.mean(called["aligned_trees"] == truth) > 0.98
+
+
+def test_folds_over_patients_of_known_centers_hold_out_half_of_each_set_whatever_its_groups(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    from bench_unseen import held_out_sets, load_set
+
+    centers = [f"center_{1 + i // 3}" for i in range(12)]
+    folds = held_out_sets("simfolds-11", centers, 0)
+    assert folds == patient_fold_sets(12, 2, 0) == held_out_sets("mc-folds+rare-b", centers, 0)
+    assert held_out_sets("sim-11", centers, 0) == group_held_out_sets(centers, 12)
+    # The same simulated cohort as sim-11: only the protocol differs.
+    samples, labels, groups = load_set("simfolds-11")
+    same = load_set("sim-11")
+    assert groups == same[2] == centers
+    assert all(np.array_equal(a.events, b.events) for a, b in zip(samples, same[0]))

@@ -88,6 +88,36 @@ def test_a_larger_margin_calls_fewer_cells_unknown(reach):
     assert counts[0] > counts[1] > counts[2]
 
 
+def _placed(rng, a_centre, n=4000, a_share=0.3, c_centre=(3.5, 6.0, 0.0)):
+    """A at ``a_centre``, B at (4, 0, 0) and C at ``c_centre``, sd 0.5: B and C share the rest."""
+    centres = np.array([a_centre, CENTRES[1], c_centre])
+    k = rng.choice(3, size=n, p=(a_share, (1 - a_share) / 2, (1 - a_share) / 2))
+    return centres[k] + rng.normal(0, 0.5, (n, 3)), np.array(["A", "B", "C"], dtype=object)[k]
+
+
+def test_a_population_where_one_training_patient_had_it_is_not_unknown():
+    # One training patient (its center) has A 16 sd higher in the second channel than the others.
+    # A new patient of that center with few A cells: EM, started from A's average training mean,
+    # gives them to the large C nearer them, and A's mean stays where no A cell of the patient is.
+    rng = np.random.default_rng(6)
+    training = [_placed(rng, (0.0, 0.0, 0.0)), _placed(rng, (0.0, 0.0, 0.0)), _placed(rng, (0.0, 8.0, 0.0))]
+    reach = PopulationReach().fit([c for c, _ in training], [y for _, y in training], ["A", "B", "C"])
+    np.testing.assert_allclose(reach.patient_means_[:, 0], [[0, 0, 0], [0, 0, 0], [0, 8, 0]], atol=0.05)
+    assert reach.patient_means_.shape == (3, 3, 3)
+    cells, labels = _placed(rng, (0.0, 8.0, 0.0), a_share=0.03)
+    novel = np.array([8.0, -6.0, 0.0]) + rng.normal(0, 0.5, (100, 3))
+    cells, labels = np.vstack([cells, novel]), np.concatenate([labels, np.full(100, "new", dtype=object)])
+    patient = reach.for_patient(cells, UNKNOWN_MARGIN)
+    assert np.linalg.norm(patient.means[0] - [0.0, 8.0, 0.0]) > 3.0  # EM did not reach them
+    unknown = reach.unknown(cells, patient)
+    assert unknown[labels == "A"].mean() < 0.01
+    assert unknown[labels == "new"].mean() > 0.95
+    assert unknown[(labels == "B") | (labels == "C")].mean() < 0.002
+    # Measured around the patient's own means alone (a model file of format 12 or earlier).
+    reach.patient_means_ = None
+    assert reach.unknown(cells, patient)[labels == "A"].mean() > 0.9
+
+
 def test_fit_refuses_labels_outside_the_classes():
     rng = np.random.default_rng(5)
     cells, labels = _patient(rng)
@@ -175,7 +205,7 @@ def test_the_reach_survives_the_model_file(model, tmp_path):
     path = tmp_path / "model.npz"
     model.save(path)
     loaded = GatingModel.load(path)
-    for name in ("means_", "whitening_", "log_dets_", "priors_", "reach_", "typical_"):
+    for name in ("means_", "whitening_", "log_dets_", "priors_", "reach_", "typical_", "patient_means_"):
         np.testing.assert_array_equal(getattr(loaded.population_reach_, name), getattr(model.population_reach_, name))
     assert loaded.unknown_margin == model.unknown_margin
     sample, labels = (x[0] for x in sample_cohort([6]))
@@ -203,6 +233,24 @@ def test_model_files_without_the_reach_gate_every_cell_to_a_known_population(mod
         GatingModel.load(rewrite_model_file(arrays, tmp_path / "a.npz", {k: v for k, v in meta.items() if k != "reach"}))
     with pytest.raises(ModelFileError, match="reach_whitening"):
         GatingModel.load(rewrite_model_file(arrays, tmp_path / "b.npz", meta, drop=["reach_whitening"]))
+
+
+def test_model_files_without_the_training_patients_means_measure_the_patients_own(model, tmp_path):
+    path = tmp_path / "model.npz"
+    model.save(path)
+    with zipfile.ZipFile(path) as archive:
+        arrays = {name[:-4]: np.load(archive.open(name), allow_pickle=False) for name in archive.namelist()}
+    meta = json.loads(str(arrays.pop("meta")))
+    assert arrays["reach_patient_means"].shape == (4, *model.population_reach_.means_.shape)
+    older = GatingModel.load(rewrite_model_file(arrays, tmp_path / "old.npz", dict(meta, format_version=12),
+                                                drop=["reach_patient_means"]))
+    assert older.population_reach_.patient_means_ is None
+    sample, labels = (x[0] for x in sample_cohort([6]))
+    with_new, planted = _with_planted_population(model, sample, labels)
+    assert np.array_equal(older.gate(with_new).populations == UNKNOWN, model.gate(with_new).populations == UNKNOWN)
+    wrong = dict(arrays, reach_patient_means=arrays["reach_patient_means"][:, :-1])
+    with pytest.raises(ModelFileError, match="reach_patient_means"):
+        GatingModel.load(rewrite_model_file(wrong, tmp_path / "wrong.npz", meta))
 
 
 def test_evaluation_counts_the_unknown_share_of_each_patient():

@@ -17,6 +17,13 @@ and each population's reach is widened by its spread in the patient (the median 
 cells nearest to it, over its training cells' median). A new population among the cells leaves
 those medians where they were.
 
+A population can also sit elsewhere in one center than in the others (a center's CD4 T cells a
+few standard deviations from the rest), and EM, which starts from the average training mean,
+may not reach it when the patient holds few of those cells: the population's mean then stays
+at its training mean. So a cell is unknown only when it is also beyond the reach of each such
+population around every training patient's own mean of it: where a training patient had a
+population the patient seems to lack, its cells are not new.
+
 What it cannot see: a new population close to a known one (within about the margin of its
 reach), and one that draws a small known population's mean to itself in EM (that population
 then reaches it). Where the experts' labels hold a catch-all population ("ungated", "other"),
@@ -92,6 +99,10 @@ class PopulationReach:
     reach_ : ndarray of shape (k,)
         The ``reach_quantile`` quantile of each population's training cells' squared distance
         to their own patient's mean of that population.
+    patient_means_ : ndarray of shape (n_patients, k, d) or None
+        Each training patient's mean of each population (the population's mean over the
+        patients, ``means_``, where a patient has none of its cells). None in a model read
+        from a file that predates them: the patient's own means are then the only ones.
     """
 
     def __init__(self, reach_quantile=REACH_QUANTILE, em_steps=EM_STEPS):
@@ -123,6 +134,8 @@ class PopulationReach:
         if np.any(counts == 0):
             raise ValueError(f"no training cell of population(s) {', '.join(self.classes_[counts == 0])}")
         self.means_ = sums / shares[:, None]
+        self.patient_means_ = np.stack([np.where(np.isin(np.arange(k), np.unique(codes))[:, None], means, self.means_)
+                                        for _, codes, means in patients])
         self.priors_ = shares / shares.sum()
         pooled = scatter.sum(axis=0) / counts.sum()
         prior_cells = _SHRINK_CELLS_PER_DIMENSION * d
@@ -280,8 +293,24 @@ class PopulationReach:
 
     def unknown(self, cells, patient: PatientReach) -> np.ndarray:
         """Whether each cell (n, d) of a patient is beyond every one of its populations, each
-        population's reach widened by its spread in the patient: (n,) bool."""
-        return self.distance(cells, patient.means, patient.spread) > patient.margin
+        population's reach widened by its spread in the patient, and, for the populations EM
+        left at their training means, beyond each training patient's own mean of them
+        (:attr:`patient_means_`) with the same reach: (n,) bool."""
+        far = self.distance(cells, patient.means, patient.spread) > patient.margin
+        training = getattr(self, "patient_means_", None)
+        # The populations EM left at their training mean (too few of the patient's cells came
+        # to them): where a training patient had one of those, its cells are not new.
+        stayed = np.all(np.asarray(patient.means) == self.means_, axis=1)
+        if training is None or not stayed.any():
+            return far
+        for means in training:
+            if not far.any():
+                break
+            # Only the cells still far are measured again: a patient of nothing new has none.
+            index = np.flatnonzero(far)
+            placed = np.where(stayed[:, None], means, patient.means)
+            far[index] = self.distance(np.asarray(cells)[index], placed, patient.spread) > patient.margin
+        return far
 
 
 def _centred_squares(cells, whitening, offsets) -> np.ndarray:

@@ -70,7 +70,10 @@ MODEL_FORMAT = "gating_core.model"
 # 12: each population's largest share in a training patient (largest_shares), against which a
 #    rare population the adapted populations let swell is told (files of formats 1-11 mix every
 #    population alike).
-MODEL_FORMAT_VERSION = 12
+# 13: each training patient's means of the populations in the reach (reach_patient_means): a cell
+#    where a training patient had a population is not unknown (files of formats 7-12 measure the
+#    new patient's own means alone).
+MODEL_FORMAT_VERSION = 13
 
 
 def _param_value(value):
@@ -164,6 +167,8 @@ def save_model(model, path) -> None:
     if reach is not None:
         arrays.update(reach_means=reach.means_, reach_whitening=reach.whitening_, reach_log_dets=reach.log_dets_,
                       reach_priors=reach.priors_, reach_distances=reach.reach_, reach_typical=reach.typical_)
+        if getattr(reach, "patient_means_", None) is not None:
+            arrays["reach_patient_means"] = reach.patient_means_
     if hedge is not None:
         arrays.update(hedge_coef=hedge.coef_, hedge_intercept=hedge.intercept_,
                       hedge_cell_weights=hedge.feature_map_.cell_weights_, hedge_offsets=hedge.feature_map_.offsets_)

@@ -118,6 +118,7 @@ MODEL_MEMBERS = {
     "reach_priors": Member("f", 1),
     "reach_distances": Member("f", 1),
     "reach_typical": Member("f", 1),
+    "reach_patient_means": Member("f", 3),
     # the DICA projection after standardisation (GatingModel's ``dica``)
     "dica_frequencies": Member("f", 2),
     "dica_feature_mean": Member("f", 1),

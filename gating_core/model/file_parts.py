@@ -64,6 +64,12 @@ def _population_reach(path, fields, array, arrays, populations, d: int):
     reach.priors_ = array("reach_priors", k).astype(np.float64)
     reach.reach_ = array("reach_distances", k).astype(np.float64)
     reach.typical_ = array("reach_typical", k).astype(np.float64)
+    reach.patient_means_ = None  # files of formats 7-12
+    if "reach_patient_means" in arrays:
+        means = array("reach_patient_means", None, k, d)
+        if len(means) < 1:
+            raise ModelFileError(path, "model file is inconsistent: array 'reach_patient_means' holds no patient")
+        reach.patient_means_ = means.astype(np.float64)
     if not (np.all(reach.priors_ > 0) and abs(reach.priors_.sum() - 1) < 1e-6):
         raise ModelFileError(path, "model file is inconsistent: array 'reach_priors' is not a distribution")
     for name, values in (("reach_distances", reach.reach_), ("reach_typical", reach.typical_)):
