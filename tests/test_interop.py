@@ -334,6 +334,78 @@ def test_flowjo_workspace_export_reimports_with_zero_mismatched_events(compensat
         assert f'name="{keyword}"' not in text
 
 
+def test_exported_gates_count_on_the_fcs_file_what_the_product_counts(compensated_patient, raw_patient,
+                                                                      sample_data_dir, tmp_path):
+    # Gates drawn on compensated values are written on compensated values: FlowKit (as FlowJo or
+    # any GatingML reader would) applied to the file itself, which it compensates by the file's
+    # own matrix, and the product's import of either reading of the file, count the same events.
+    tree = lymphocyte_tree()
+    expected = tree.labels(compensated_patient)
+    fcs = flowkit.Sample(str(sample_data_dir / "patient_01.fcs"), subsample=0)
+
+    gatingml = export_gatingml(tree, tmp_path / "gates.xml", compensated_patient)
+    assert gatingml.read_text(encoding="utf-8").count('compensation-ref="FCS"') > 0
+    assert 'compensation-ref="uncompensated"' not in gatingml.read_text(encoding="utf-8")
+    strategy = flowkit.parse_gating_xml(str(gatingml))
+    results = strategy.gate_sample(fcs)
+    assert {gate_name_from_xml(g): int(results.get_gate_membership(g, gate_path=p).sum())
+            for g, p in strategy.get_gate_ids()} == EXPECTED_GATE_COUNTS
+    for reading in (raw_patient, compensated_patient):
+        assert int(np.sum(apply_gatingml(gatingml, reading) != expected)) == 0
+
+    workspace = export_flowjo_workspace(tree, tmp_path / "gates.wsp", [compensated_patient])
+    text = workspace.read_text(encoding="utf-8")
+    assert 'name="Acquisition-defined"' in text and 'data-type:name="Comp-FL1-A"' in text
+    flowjo = flowkit.Workspace(str(workspace), fcs_samples=[fcs])
+    flowjo.analyze_samples(sample_id="patient_01.fcs", use_mp=False)
+    assert {g: int(flowjo.get_gate_membership("patient_01.fcs", g, gate_path=p).sum())
+            for g, p in flowjo.get_gate_ids("patient_01.fcs")} == EXPECTED_GATE_COUNTS
+    for reading in (raw_patient, compensated_patient):
+        labels = apply_workspace(workspace, {"patient_01.fcs": reading})["patient_01.fcs"]
+        assert int(np.sum(labels != expected)) == 0
+
+
+def test_gates_drawn_without_compensation_are_written_uncompensated(raw_patient, sample_data_dir, tmp_path):
+    tree = lymphocyte_tree()
+    expected = tree.labels(raw_patient)
+    assert int(np.sum(expected != tree.labels(read_fcs(sample_data_dir / "patient_01.fcs", compensate=True)))) > 100
+    gatingml = export_gatingml(tree, tmp_path / "raw.xml", raw_patient)
+    assert 'compensation-ref="FCS"' not in gatingml.read_text(encoding="utf-8")
+    assert int(np.sum(apply_gatingml(gatingml, raw_patient) != expected)) == 0
+    workspace = export_flowjo_workspace(tree, tmp_path / "raw.wsp", [raw_patient])
+    assert "Comp-" not in workspace.read_text(encoding="utf-8")
+    labels = apply_workspace(workspace, {"patient_01.fcs": raw_patient})["patient_01.fcs"]
+    assert int(np.sum(labels != expected)) == 0
+
+
+def test_each_sample_of_a_workspace_carries_its_own_matrix(compensated_patient, raw_patient, sample_data_dir,
+                                                           tmp_path):
+    tree = lymphocyte_tree()
+    other = read_fcs(sample_data_dir / "patient_02.fcs", compensate=True)
+    assert not np.array_equal(other.spillover, compensated_patient.spillover)
+    workspace = export_flowjo_workspace(tree, tmp_path / "two.wsp", [compensated_patient, other])
+    fcs = [flowkit.Sample(str(sample_data_dir / f"patient_0{k}.fcs"), subsample=0) for k in (1, 2)]
+    flowjo = flowkit.Workspace(str(workspace), fcs_samples=fcs)
+    for sample in (compensated_patient, other):
+        key = workspace_sample_id(sample)
+        flowjo.analyze_samples(sample_id=key, use_mp=False)
+        np.testing.assert_allclose(flowjo.get_comp_matrix(key).matrix, sample.spillover, rtol=0, atol=0)
+        for gate_id, gate_path in flowjo.get_gate_ids(key):
+            expected = tree.memberships(sample)[gate_id]
+            assert int(np.sum(flowjo.get_gate_membership(key, gate_id, gate_path=gate_path) != expected)) == 0
+    mixed = [compensated_patient, raw_patient.__class__(**{**raw_patient.__dict__, "name": "x", "path": None})]
+    with pytest.raises(GateError, match="some of the samples are compensated and some are not"):
+        export_flowjo_workspace(tree, tmp_path / "mixed.wsp", mixed)
+    assert not (tmp_path / "mixed.wsp").exists()
+
+
+def test_uncompensated_takes_the_spillover_back_out(raw_patient):
+    again = raw_patient.compensate().uncompensated()
+    assert not again.compensated and again.events.dtype == raw_patient.events.dtype
+    np.testing.assert_allclose(again.events, raw_patient.events, rtol=1e-5, atol=1e-2)
+    assert raw_patient.uncompensated() is raw_patient
+
+
 def test_rectangle_edges_stay_inclusive_through_gatingml(tmp_path):
     xs, ys = np.meshgrid(np.arange(10.0), np.arange(10.0))
     # Channel names an XML id could not hold: GatingML refers to them by name, not by id.

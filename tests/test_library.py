@@ -150,6 +150,25 @@ def test_labeled_fcs_round_trip_to_gated_csv(tmp_path):
     np.testing.assert_array_equal(confidence, np.ones(300))
 
 
+def test_export_writes_the_compensated_values_the_patient_is_gated_on(tmp_path, sample_data_dir):
+    from gating_core.io.export import read_gated_csv
+
+    path = sample_data_dir / "patient_01.fcs"
+    library = PatientLibrary(tmp_path / "lib")
+    library.import_files([path, sample_data_dir / "patient_01.labels.csv"])
+    compensated, raw = read_fcs(path, compensate=True), read_fcs(path)
+    assert raw.spillover is not None and not np.allclose(compensated.events, raw.events)
+    library.export_patient("patient_01", tmp_path / "p.csv")
+    sample, populations, _ = read_gated_csv(tmp_path / "p.csv")
+    np.testing.assert_allclose(sample.events, compensated.events, rtol=1e-6, atol=1e-3)
+    assert len(populations) == compensated.n_events
+    library.export_patient("patient_01", tmp_path / "p.fcs")
+    exported = read_fcs(tmp_path / "p.fcs", compensate=True)
+    assert exported.spillover is None  # compensated once: no reader compensates them again
+    assert exported.pnn == [*compensated.pnn, "population"]  # the labels' codes in a channel of their own
+    np.testing.assert_array_equal(exported.events[:, :-1], compensated.events)
+
+
 def test_gated_csv_import_export_is_equal_to_the_input(tmp_path):
     from gating_core.io.export import read_gated_csv, write_gated_csv
 

@@ -122,6 +122,24 @@ class Sample:
                       notes=list(self.notes))
 
 
+    def uncompensated(self) -> "Sample":
+        """The events as the file holds them: a compensated sample's copy with the spillover
+        matrix taken back out (events @ S on its channels), equal to the read values up to
+        float rounding. Any other sample is returned unchanged."""
+        if self.spillover is None or not self.compensated:
+            return self
+        idx = [self.channel_index(n) for n in self.spillover_channels]
+        dtype = np.float64 if self.events.dtype == np.float64 else np.float32
+        events = np.array(self.events, dtype=dtype)
+        spillover = np.asarray(self.spillover, dtype=np.float64)
+        for start in range(0, len(events), 262_144):
+            block = events[start:start + 262_144]
+            block[:, idx] = (block[:, idx].astype(np.float64) @ spillover).astype(dtype)
+        return Sample(self.name, events, list(self.channels), dict(self.keywords), self.spillover,
+                      list(self.spillover_channels), self.version, self.path, compensated=False,
+                      notes=list(self.notes))
+
+
 class SampleList(list):
     """What :func:`read_fcs_all` returns: the samples read, in file order, and ``skipped``,
     a list of ``(name, problem)`` for the data sets of the file that could not be read."""

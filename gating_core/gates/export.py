@@ -19,10 +19,16 @@ and node paths. The geometry is carried exactly:
   a quadrant sit under the QuadrantGate and that Quadrant, as GatingML wants;
 * a boolean gate is a GatingML BooleanGate (and / or / not) referring to its operands by path.
 
-The gates apply to the events as the product gated them (compensated when the patient's file
-has a spillover matrix and compensation is on), so the dimensions are written uncompensated.
-Re-imported with :func:`gating_core.gates.apply_gatingml` / :func:`~gating_core.gates.apply_workspace`
-they label every event as :meth:`GateTree.labels` does.
+The gates apply to the events as the product gated them: compensated by the file's own spillover
+matrix when it has one and compensation is on (the sample given is then compensated). Such gates
+are written on compensated values, so that FlowJo, FlowKit or any GatingML reader applies them
+to the file as the product did: GatingML dimensions refer to the file's matrix
+(``compensation-ref="FCS"``); a FlowJo workspace carries the matrix (as FlowJo's
+``Acquisition-defined`` one, each sample its own file's, whose ``Comp-`` channels the gates are
+drawn on). Gates drawn on a
+file without a matrix, or with compensation off, are written ``uncompensated``. Re-imported with
+:func:`gating_core.gates.apply_gatingml` / :func:`~gating_core.gates.apply_workspace` (given the
+sample read compensated or not) they label every event as :meth:`GateTree.labels` does.
 
 FlowJo workspaces: FlowKit's writer knows linear and logicle axes; an arcsinh axis is written
 as FlowJo's ``fasinh`` transform (which FlowKit reads back as GatingML's asinh). A workspace
@@ -65,13 +71,27 @@ def _channel_top(pnn: str, sample) -> float:
     return DEFAULT_TOP
 
 
+#: The compensation reference of gates drawn on the file's own matrix, in GatingML.
+FILE_MATRIX = "FCS"
+#: FlowJo's name for the matrix a file carries, the one a workspace export writes.
+WORKSPACE_MATRIX = "Acquisition-defined"
+#: FlowJo's name of a compensated channel: the prefix, then the channel's $PnN (FlowKit's too).
+COMPENSATED_PREFIX = "Comp-"
+
+
+def _drawn_compensated(sample) -> bool:
+    """Whether gates drawn on ``sample`` are on values compensated by its file's matrix."""
+    return sample is not None and bool(getattr(sample, "compensated", False)) \
+        and getattr(sample, "spillover", None) is not None
+
+
 class _Axis:
     """One gate axis in FlowKit terms: its transform (or None) and how our coordinates map to it."""
 
-    def __init__(self, pnn: str, scale: AxisScale, top: float):
+    def __init__(self, pnn: str, scale: AxisScale, top: float, compensation_ref: str = "uncompensated"):
         from flowkit import transforms
 
-        self.pnn, self.scale = pnn, scale
+        self.pnn, self.scale, self.compensation_ref = pnn, scale, compensation_ref
         self.transform_id = None  # set when the transform is added to a strategy
         self.divisor = 1.0
         if scale.kind == "linear":
@@ -94,7 +114,7 @@ class _Axis:
 
         range_min = None if low is None else self.coordinate(low)
         range_max = None if high is None else float(np.nextafter(self.coordinate(high), np.inf))
-        return Dimension(self.pnn, "uncompensated", self.transform_id, range_min=range_min, range_max=range_max)
+        return Dimension(self.pnn, self.compensation_ref, self.transform_id, range_min=range_min, range_max=range_max)
 
 
 class StrategyWriter:
@@ -108,12 +128,15 @@ class StrategyWriter:
     strategy : flowkit.GatingStrategy
     channel_of : dict
         Transform id -> $PnN of the channel it transforms.
+    compensation_ref : str
+        What every dimension's values are: ``"uncompensated"``, or compensated by the matrix of
+        that id (``"FCS"``: the file's own).
     """
 
-    def __init__(self, tree: GateTree, sample, xml_ids: bool):
+    def __init__(self, tree: GateTree, sample, xml_ids: bool, compensation_ref: str = "uncompensated"):
         import flowkit
 
-        self.tree, self.sample = tree, sample
+        self.tree, self.sample, self.compensation_ref = tree, sample, compensation_ref
         self.strategy = flowkit.GatingStrategy()
         self.gate_id = xml_gate_id if xml_ids else str
         self.channel_of: dict = {}
@@ -132,7 +155,7 @@ class StrategyWriter:
     def axis(self, channel: str, scale: AxisScale) -> _Axis:
         """The axis of ``channel`` drawn on ``scale``, its transform added to the strategy once."""
         pnn = _channel_pnn(channel, self.sample)
-        axis = _Axis(pnn, scale, _channel_top(pnn, self.sample))
+        axis = _Axis(pnn, scale, _channel_top(pnn, self.sample), self.compensation_ref)
         if axis.transform is not None:
             key = (pnn, scale)
             if key not in self._transform_ids:
@@ -188,11 +211,15 @@ def gating_strategy(tree: GateTree, sample=None, *, xml_ids: bool = False):
     return _strategy_and_channels(tree, sample, xml_ids)[0]
 
 
-def _strategy_and_channels(tree: GateTree, sample, xml_ids: bool):
-    """(GatingStrategy, {transform id: $PnN of the channel it transforms})."""
+def _strategy_and_channels(tree: GateTree, sample, xml_ids: bool, compensation_ref=None):
+    """(GatingStrategy, {transform id: $PnN of the channel it transforms}). ``compensation_ref``
+    None: ``"FCS"`` for gates drawn on a compensated sample (:func:`_drawn_compensated`), else
+    ``"uncompensated"``."""
     if len(tree) == 0:
         raise GateError("there are no gates to export")
-    writer = StrategyWriter(tree, sample, xml_ids)
+    if compensation_ref is None:
+        compensation_ref = FILE_MATRIX if _drawn_compensated(sample) else "uncompensated"
+    writer = StrategyWriter(tree, sample, xml_ids, compensation_ref)
     return writer.write(), writer.channel_of
 
 
@@ -258,7 +285,15 @@ def export_flowjo_workspace(tree: GateTree, path: str | os.PathLike, samples, *,
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
         raise GateError(f"two samples would have the same name in the workspace: {', '.join(duplicates)}")
-    strategy, channel_of = _strategy_and_channels(tree, samples[0], xml_ids=False)
+    compensated = [_drawn_compensated(s) for s in samples]
+    if any(compensated) and not all(compensated):
+        # The gates are written on the Comp- channels of every sample or of none.
+        raise GateError("some of the samples are compensated and some are not, and one workspace's gates are "
+                        "drawn on compensated channels for all its samples or for none: export them apart")
+    strategy, channel_of = _strategy_and_channels(tree, samples[0], xml_ids=False,
+                                                  compensation_ref=WORKSPACE_MATRIX if all(compensated) else None)
+    if all(compensated):
+        strategy.add_comp_matrix(WORKSPACE_MATRIX, _file_matrix(samples[0]))
     stand_in = _linear_stand_in_class()
     fasinh_by_channel = {}
     for transform_id, transform in list(strategy.transformations.items()):
@@ -276,7 +311,18 @@ def export_flowjo_workspace(tree: GateTree, path: str | os.PathLike, samples, *,
     except ValueError as exc:  # FlowKit: several transforms for one channel
         raise GateError(f"the gates cannot be written as a FlowJo workspace: {exc}") from None
     document = _with_fasinh(buffer.getvalue(), fasinh_by_channel)
+    if all(compensated):
+        document = _with_sample_matrices(document, samples)
     return _atomic_write(Path(path), lambda handle: handle.write(document))
+
+
+def _file_matrix(sample):
+    """The FlowKit Matrix of the sample's spillover (its channels' $PnN as detectors, their
+    markers as fluorochromes)."""
+    from flowkit import Matrix
+
+    markers = [sample.channels[sample.channel_index(n)].pns or n for n in sample.spillover_channels]
+    return Matrix(np.asarray(sample.spillover, dtype=np.float64), list(sample.spillover_channels), markers)
 
 
 _TRANSFORMS_NS = "http://www.isac-net.org/std/Gating-ML/v2.0/transformations"
@@ -302,6 +348,37 @@ def _with_fasinh(document: bytes, fasinh_by_channel: dict) -> bytes:
         for name, value in (("length", 256), ("maxRange", transform.param_t), ("T", transform.param_t),
                             ("M", transform.param_m), ("A", transform.param_a), ("W", 1)):
             element.set(f"{{{_TRANSFORMS_NS}}}{name}", repr(float(value)) if name in "TMA" else str(value))
+    return etree.tostring(root.getroottree(), xml_declaration=True, encoding="UTF-8", pretty_print=True)
+
+
+def _with_sample_matrices(document: bytes, samples) -> bytes:
+    """The workspace with each sample's own matrix inside its Sample element, after its DataSet,
+    where FlowJo keeps the matrix a sample is compensated with (and FlowKit's reader looks for
+    it); FlowKit's writer puts the first sample's under Matrices alone."""
+    from lxml import etree
+
+    root = etree.fromstring(document)
+    for element, sample in zip(root.iter("Sample"), samples):
+        data_set = element.find("DataSet")
+        matrix = etree.SubElement(element, f"{{{_TRANSFORMS_NS}}}spilloverMatrix")
+        element.insert(0 if data_set is None else list(element).index(data_set) + 1, matrix)
+        for name, value in (("spectral", "0"), ("prefix", COMPENSATED_PREFIX), ("name", WORKSPACE_MATRIX),
+                            ("version", "FlowJo-10.7.1"), ("suffix", "")):
+            matrix.set(name, value)
+        channels, spillover = list(sample.spillover_channels), np.asarray(sample.spillover, dtype=np.float64)
+        parameters = etree.SubElement(matrix, f"{{{_DATATYPE_NS}}}parameters")
+        for channel in channels:
+            parameter = etree.SubElement(parameters, f"{{{_DATATYPE_NS}}}parameter")
+            parameter.set(f"{{{_DATATYPE_NS}}}name", channel)
+            parameter.set("userProvidedCompInfix", COMPENSATED_PREFIX + channel)
+        for channel, row in zip(channels, spillover):  # a row: what the channel's dye spills into each
+            spill = etree.SubElement(matrix, f"{{{_TRANSFORMS_NS}}}spillover")
+            spill.set(f"{{{_DATATYPE_NS}}}parameter", channel)
+            spill.set("userProvidedCompInfix", COMPENSATED_PREFIX + channel)
+            for other, value in zip(channels, row):
+                coefficient = etree.SubElement(spill, f"{{{_TRANSFORMS_NS}}}coefficient")
+                coefficient.set(f"{{{_DATATYPE_NS}}}parameter", other)
+                coefficient.set(f"{{{_TRANSFORMS_NS}}}value", repr(float(value)))
     return etree.tostring(root.getroottree(), xml_declaration=True, encoding="UTF-8", pretty_print=True)
 
 

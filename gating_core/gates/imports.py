@@ -13,10 +13,19 @@ from gating_core.gates.base import OTHER
 
 
 def _flowkit_sample(sample, sample_id: str):
+    """FlowKit's view of a sample as its file holds it: the raw events and, where the file has
+    one, its spillover matrix, so FlowKit resolves each gate's compensation reference
+    (``uncompensated``, ``FCS``, a workspace's matrix) as on the file itself. A sample read
+    compensated has its compensation taken back out first (:meth:`Sample.uncompensated`)."""
     import flowkit
 
-    return flowkit.Sample(np.asarray(sample.events, dtype=np.float64), sample_id=sample_id,
-                          channel_labels=list(sample.pnn), subsample=0)
+    if sample.spillover is None:
+        return flowkit.Sample(np.asarray(sample.events, dtype=np.float64), sample_id=sample_id,
+                              channel_labels=list(sample.pnn), subsample=0)
+    from gating_core.io.flowkit_interop import flowkit_sample_via_fcs
+
+    # Through an FCS file: its $SPILLOVER is what FlowKit reads the file's matrix from.
+    return flowkit_sample_via_fcs(sample.uncompensated(), sample_id, include_identifying=False)
 
 
 _XML_ESCAPE = re.compile(r"_x([0-9A-F]{4,6})_")
@@ -67,6 +76,10 @@ def _leaf_labels(gate_ids, membership, n_events: int) -> tuple[np.ndarray, list[
 def apply_gatingml(gatingml_path, sample) -> np.ndarray:
     """Apply a GatingML 2.0 file's gates to a Sample; returns leaf labels (n_events,) of str.
 
+    The sample may be read compensated or not: a gate on compensated values (``compensation-ref``
+    ``FCS`` or a matrix of the file) is applied to the events compensated as the gate says, one on
+    ``uncompensated`` values to the events as the file holds them (:func:`_flowkit_sample`).
+
     Raises GateImportError naming the file when it cannot be parsed or applied.
     """
     import flowkit
@@ -95,7 +108,9 @@ def apply_workspace(wsp_path, samples: dict) -> dict:
     ----------
     wsp_path : path of the .wsp file
     samples : dict of str -> Sample
-        Keyed by the FCS file name the workspace refers to (for example ``"patient_01.fcs"``).
+        Keyed by the FCS file name the workspace refers to (for example ``"patient_01.fcs"``);
+        read compensated or not: each gate is applied to the events compensated by the
+        workspace's matrix where its channels are compensated, as FlowJo does.
 
     Returns
     -------

@@ -64,9 +64,9 @@ class QuadrantGate(AxisGate):
 
         x_axis, y_axis = writer.axis(self.x_channel, self.x_scale), writer.axis(self.y_channel, self.y_scale)
         (x, y), = self.vertices
-        dividers = [QuadrantDivider("x_divider", x_axis.pnn, "uncompensated", [x_axis.coordinate(x)],
+        dividers = [QuadrantDivider("x_divider", x_axis.pnn, x_axis.compensation_ref, [x_axis.coordinate(x)],
                                     x_axis.transform_id),
-                    QuadrantDivider("y_divider", y_axis.pnn, "uncompensated", [y_axis.coordinate(y)],
+                    QuadrantDivider("y_divider", y_axis.pnn, y_axis.compensation_ref, [y_axis.coordinate(y)],
                                     y_axis.transform_id)]
         quadrants = []
         for member in _split_of(self, writer.tree):

@@ -201,14 +201,16 @@ class PatientsMixin:
 
         Labels are the current labels (confidence 1) or, for an unlabeled patient, the latest
         auto-gate result. FCS export of an unlabeled patient without a result writes the events
-        alone. Written by :func:`gating_core.io.export.export_sample`: an FCS export keeps only the
-        keywords needed to read the data (see :mod:`gating_core.library.privacy`), plus
-        ``keep_keywords``, or every keyword with ``include_identifying``; it reads back with
-        exactly the stored events. The audit entry records how many keywords were left out
+        alone. The values are those the patient is labeled and gated on: its events compensated
+        by its spillover matrix where it has one (every export's rule, docs/exports.md). Written by
+        :func:`gating_core.io.export.export_sample`: an FCS export keeps only the keywords needed
+        to read the data (see :mod:`gating_core.library.privacy`), plus ``keep_keywords``, or
+        every keyword with ``include_identifying``, and no spillover once compensated; it reads
+        back with exactly those values. The audit entry records how many keywords were left out
         (``dropped_keywords``), never which.
         """
         out = Path(out)
-        sample = self.load_sample(name)
+        sample = self.load_sample(name, compensate=True)
         populations = self.load_labels(name)
         confidence = None
         if populations is None:
