@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -106,6 +107,23 @@ def test_gate_accepts_a_flowkit_sample_with_the_same_result(small_model, sample_
         assert np.array_equal(result.confidence, ours.confidence)
         assert result.novelty.score == ours.novelty.score
     assert sum(ours.counts.values()) == 12_000
+
+
+def test_fit_takes_flowkit_samples_and_anndata_as_it_takes_samples(small_model, sample_data_dir):
+    samples, labels = sample_cohort(range(1, 5))
+    params = small_model.get_params()
+    from_flowkit_files = GatingModel(**params).fit(
+        [flowkit.Sample(str(sample_data_dir / f"patient_0{k}.fcs"), subsample=0) for k in range(1, 5)], labels)
+    new = read_fcs(sample_data_dir / "new" / "new_patient_01.fcs")
+    ours = small_model.gate(new)
+    assert np.array_equal(from_flowkit_files.gate(new).populations, ours.populations)
+    if importlib.util.find_spec("anndata") is not None:
+        from gating_core import to_anndata
+
+        from_anndata = GatingModel(**params).fit([to_anndata(s) for s in samples], labels)
+        assert np.array_equal(from_anndata.gate(new).populations, ours.populations)
+    with pytest.raises(TypeError, match="not list"):
+        GatingModel(**params).fit([[1.0, 2.0]] * 4, labels)
 
 
 # ------------------------------------------------------------------------------------ AnnData

@@ -231,7 +231,9 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
 
         Parameters
         ----------
-        samples : list of Sample
+        samples : list of Sample, flowkit.Sample or AnnData
+            One per patient, as read from its file (compensated by its spillover matrix when
+            ``compensate``).
         labels : list of ndarray of shape (n_events_i,), population names
         progress : callable(stage: str, fraction: float) or None
         groups : sequence of length n_patients or None
@@ -266,8 +268,11 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
     def digest(self, sample, labels, index: int):
         """The :class:`~gating_core.model.digest.PatientDigest` of the ``index``-th training patient,
         drawn as :meth:`fit` draws it (``cells_per_patient``, ``class_balance``,
-        ``embedding_cells``, compensation, seed :meth:`digest_seed`)."""
-        return digest_patient(sample, labels, self.cells_per_patient, self.embedding_cells,
+        ``embedding_cells``, compensation, seed :meth:`digest_seed`). ``sample``: a
+        :class:`~gating_core.fcs.Sample`, ``flowkit.Sample`` or AnnData."""
+        from gating_core.io.interop import as_sample  # FlowKit / AnnData only when given one
+
+        return digest_patient(as_sample(sample), labels, self.cells_per_patient, self.embedding_cells,
                               seed=self.digest_seed(index), compensate=self.compensate,
                               class_balance=self.class_balance)
 
