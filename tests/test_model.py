@@ -185,6 +185,31 @@ def test_marginal_transfer_needs_two_patients_and_two_populations(cohort):
         GatingModel().fit([sample, other], [labels[:10], other_labels])
 
 
+def test_bad_patients_are_refused_naming_the_patient_and_the_problem(cohort, model):
+    import dataclasses
+
+    (sample, other), (labels, other_labels) = (part[:2] for part in cohort)
+    quick = GatingModel(select=False, n_features=64, cells_per_patient=300)
+    for bad, message in ((np.where(np.arange(len(labels)) == 7, None, labels.astype(object)), "1 events have no "
+                          "population .* the first at event 7"),
+                         (np.where(np.arange(len(labels)) < 3, "", labels), "3 events have no population"),
+                         (np.full(len(labels), np.nan), f"{len(labels)} events have no population"),
+                         (labels[:, None], r"the labels must be one population name per event, shape \(12000,\), not \(12000, 1\)")):
+        with pytest.raises(ValueError, match=f"^{sample.name}: {message}"):
+            quick.fit([sample, other], [bad, other_labels])
+    empty = dataclasses.replace(sample, events=sample.events[:0])
+    with pytest.raises(ValueError, match=f"^{sample.name}: the sample holds no events"):
+        quick.fit([empty, other], [labels[:0], other_labels])
+    holed = sample.events.copy()
+    holed[[5, 9], 3] = np.nan
+    holed[9, 4] = np.inf
+    with pytest.raises(ValueError, match=f"^{sample.name}: 2 events hold NaN or infinite values \\(channels "
+                                         f"{sample.pnn[3]}, {sample.pnn[4]}\\)"):
+        model.gate(dataclasses.replace(sample, events=holed))
+    with pytest.raises(ValueError, match=f"^{sample.name}: the sample holds no events"):
+        model.gate(empty)
+
+
 def test_pooling_is_the_same_estimator_without_the_embedding(cohort):
     samples, labels = (part[:4] for part in cohort)
     pooling = ResearchGatingModel(method="pooling", select=False).fit(list(samples), list(labels))

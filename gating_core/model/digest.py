@@ -94,13 +94,35 @@ def embedding_rows(sample, embedding_cells=20000) -> np.ndarray:
     return content_subsample(events[:, hashed], embedding_cells)
 
 
+def _missing_labels(labels) -> np.ndarray:
+    """(n,) bool: the labels that name no population (None, NaN, empty or blank text)."""
+    if labels.dtype.kind in "iub":
+        return np.zeros(len(labels), dtype=bool)
+    import pandas as pd
+
+    # Each distinct label once (millions of events, a handful of populations); None and NaN are -1.
+    codes, names = pd.factorize(labels, use_na_sentinel=True)
+    blank = [k for k, name in enumerate(names) if not str(name).strip()]
+    return (codes < 0) | np.isin(codes, blank)
+
+
 def digest_patient(sample, labels, cells_per_patient=4000, embedding_cells=20000, seed=0,
                    compensate=True, class_balance=0.0) -> PatientDigest:
     """Reduce one labeled patient to a :class:`PatientDigest` (see there); ``class_balance``
     as in :func:`training_rows`."""
-    labels = np.asarray(labels).astype(str)
+    labels = np.asarray(labels)
+    if labels.ndim != 1:
+        raise ValueError(f"{sample.name}: the labels must be one population name per event, shape "
+                         f"({sample.n_events},), not {labels.shape}")
     if len(labels) != sample.n_events:
         raise ValueError(f"{sample.name}: {sample.n_events} events but {len(labels)} labels")
+    if sample.n_events == 0:
+        raise ValueError(f"{sample.name}: the sample holds no events")
+    missing = _missing_labels(labels)
+    if missing.any():
+        raise ValueError(f"{sample.name}: {int(missing.sum())} events have no population (empty, None or "
+                         f"NaN labels, the first at event {int(np.argmax(missing))}); give every event one")
+    labels = labels.astype(str)
     if not 0.0 <= float(class_balance) <= 1.0:
         raise ValueError(f"class_balance must be within [0, 1], got {class_balance!r}")
     if compensate and sample.has_spillover and not sample.compensated:

@@ -9,6 +9,7 @@ import numpy as np
 
 from gating_core.method.prediction import SCORE_BLOCK
 from gating_core.method.features import content_subsample
+from gating_core.model.preprocessing import check_finite
 from gating_core.model.result import GateResult
 
 
@@ -46,6 +47,9 @@ class PatientGating:
         sample = self._compensated(sample)
         indices = self._channel_indices(sample)
         events = sample.events
+        if sample.n_events == 0:
+            raise ValueError(f"{sample.name}: the sample holds no events")
+        check_finite(sample.name, events, indices, sample.pnn)
         registration, embedding, chosen = self._patient_frame(events, indices)
         adjust = self._patient_adjustment(chosen, embedding)
         n = sample.n_events

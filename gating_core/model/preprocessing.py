@@ -18,6 +18,25 @@ from gating_core.method.landmark_alignment import LandmarkReference
 from gating_core.model.digest import DigestView, find_channel
 from gating_core.model.result import ChannelMismatchError
 
+#: Rows checked for NaN / infinite values at a time (no copy of a whole file's channels).
+FINITE_CHECK_ROWS = 262_144
+
+
+def check_finite(name: str, events, indices, pnn) -> None:
+    """Raise ValueError naming the patient, how many events and which of the channels
+    ``indices`` (names ``pnn``) hold NaN or infinite values, if any do."""
+    bad_rows, bad_channels = 0, set()
+    for start in range(0, len(events), FINITE_CHECK_ROWS):
+        finite = np.isfinite(events[start:start + FINITE_CHECK_ROWS][:, indices])
+        if not finite.all():
+            bad_rows += int((~finite.all(axis=1)).sum())
+            bad_channels |= {int(indices[j]) for j in np.flatnonzero(~finite.all(axis=0))}
+    if bad_rows:
+        names = ", ".join(pnn[i] for i in sorted(bad_channels))
+        raise ValueError(f"{name}: {bad_rows} events hold NaN or infinite values (channels {names}); "
+                         f"remove those events or fix the values")
+
+
 class ChannelPreprocessing:
     """Channels, compensation, transform and standardisation of a GatingModel (a mixin: it
     reads the model's parameters and sets ``channels_``, ``channel_markers_``, ``transform_``,
@@ -32,6 +51,10 @@ class ChannelPreprocessing:
         patients = [DigestView(d) for d in digests]
         self._choose_channels(patients)
         indices = [self._channel_indices(v) for v in patients]
+        for digest, index in zip(digests, indices):
+            pnn = [c.pnn for c in digest.channels]
+            check_finite(digest.name, digest.train_events, index, pnn)
+            check_finite(digest.name, digest.embedding_events, index, pnn)
         embedding_raw = [d.embedding_events[:, i] for d, i in zip(digests, indices)]
         self._fit_scales(embedding_raw, patients[0])
         self.dica_ = None
