@@ -247,7 +247,8 @@ def test_bad_gatingml_and_unmatched_workspace_name_the_file(tmp_path):
         session.export_wsp(handle, "All Samples")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # FlowKit's note on each sample not loaded stays inside
-        with pytest.raises(GateImportError, match="w.wsp.*none of the loaded files"):
+        with pytest.raises(GateImportError, match=r"w.wsp.*names samples \['p1.fcs'\] but none of the loaded "
+                                                  r"files \(\['other.fcs'\]\)"):
             apply_workspace(wsp, {"other.fcs": random_sample()})
 
 

@@ -29,6 +29,8 @@ def _flowkit_sample(sample, sample_id: str):
 
 
 _XML_ESCAPE = re.compile(r"_x([0-9A-F]{4,6})_")
+#: FlowKit's warning for each sample a workspace refers to that was not given to it.
+_NOT_LOADED = re.compile(r"WSP references (.*), but sample was not loaded\.$")
 _XML_NAME_CHAR = re.compile(r"[A-Za-z0-9._-]")
 
 
@@ -123,18 +125,25 @@ def apply_workspace(wsp_path, samples: dict) -> dict:
     path = Path(wsp_path)
     fk_samples = [_flowkit_sample(s, key) for key, s in samples.items()]
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(record=True) as caught:
             # A workspace of more samples than were loaded with it is usual; which ones match is
-            # decided (and an empty match reported) below.
-            warnings.filterwarnings("ignore", message=r"WSP references .* but sample was not loaded",
-                                    category=UserWarning)
+            # decided (and an empty match reported, naming the samples it refers to) below.
+            warnings.simplefilter("always")
             workspace = flowkit.Workspace(str(path), fcs_samples=fk_samples)
     except Exception as exc:
         raise GateImportError(path, f"not a readable FlowJo workspace ({exc})") from None
+    unloaded = []
+    for warning in caught:
+        match = _NOT_LOADED.match(str(warning.message))
+        if match and issubclass(warning.category, UserWarning):
+            unloaded.append(match.group(1))
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     known = set(workspace.get_sample_ids())
     matched = [key for key in samples if key in known]
     if not matched:
-        raise GateImportError(path, f"the workspace names samples {sorted(known)[:5]} but none of the "
+        named = sorted(known | set(unloaded))
+        raise GateImportError(path, f"the workspace names samples {named[:5]} but none of the "
                                     f"loaded files ({sorted(samples)[:5]})")
     out = {}
     for key in matched:
