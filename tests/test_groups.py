@@ -157,6 +157,22 @@ def test_a_groups_table_of_several_columns_reads_the_one_named(tmp_path):
     done = run_cli("evaluate", "--groups", str(tmp_path), "x.fcs")
     assert done.returncode == 1 and f"{tmp_path}: is a folder, not a CSV file" in done.stderr
 
+    # so is a --csv file that cannot be written, before the evaluation that would fill it runs
+    missing = tmp_path / "no" / "table.csv"
+    done = run_cli("evaluate", "--csv", str(missing), "x.fcs")
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"error: {missing}: the folder {missing.parent} does not exist (--csv)"
+
+
+def test_counts_and_sizes_below_one_are_refused():
+    for argv, option in ((["train", "--cells-per-patient", "0", "--out", "m.npz", "x.fcs"], "--cells-per-patient"),
+                         (["train", "--features", "-3", "--out", "m.npz", "x.fcs"], "--features"),
+                         (["gate", "--model", "m.npz", "--out-dir", ".", "--chunk-size", "0", "x.fcs"], "--chunk-size"),
+                         (["gate", "--model", "m.npz", "--out-dir", ".", "--chunk-size", "1k", "x.fcs"], "--chunk-size")):
+        done = run_cli(*argv)
+        assert done.returncode == 2, argv
+        assert f"argument {option}: must be" in done.stderr
+
 
 def test_evaluate_trained_on_one_group_names_the_group_each_model_learned_from(tmp_path):
     paths = write_centers(tmp_path, n_centers=2, patients_per_center=2, seed=4, n_events=1500, strength=1.0)

@@ -34,6 +34,19 @@ DEFAULT_KEYWORDS_HELP = ("only the keywords needed to read the data: data layout
                          "settings ($PnN, $PnS, $PnV, ...), $TIMESTEP, spillover, $CYT, $VOL")
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a whole number of at least 1 (counts and sizes)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _keyword_name(text: str) -> str:
     import argparse
 

@@ -9,7 +9,8 @@ import os
 from pathlib import Path
 
 from gating_core.commands import print_json
-from gating_core.commands.model_options import _check_unique, _fail, _model_options, _model_params, _usage
+from gating_core.commands.model_options import (_check_unique, _fail, _model_options, _model_params, _usage,
+                                             writable_folder_problem)
 from gating_core.errors import print_error
 
 # Kept here rather than imported so that the command line starts without numpy and scikit-learn;
@@ -165,6 +166,14 @@ def run_evaluate(args) -> int:
         what = "is a folder, not a CSV file" if Path(args.groups).is_dir() else "no such file"
         print_error(f"{args.groups}: {what} (--groups takes a CSV file, or the name of an FCS keyword)")
         return 1
+    if args.csv:
+        # found before the evaluation runs, which it would otherwise throw away at the end
+        folder = Path(args.csv).absolute().parent
+        problem = (f"{args.csv}: the folder {folder} does not exist" if not folder.is_dir()
+                   else writable_folder_problem(folder, f"{args.csv}: "))
+        if problem:
+            print_error(f"{problem} (--csv)")
+            return 1
     import pandas as pd
 
     from gating_core.evaluation.protocols import (leave_one_group_out, leave_one_patient_out, novelty_curve,

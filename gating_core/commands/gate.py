@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from gating_core.commands import DEFAULT_KEYWORDS_HELP, add_keyword_options, print_json
+from gating_core.commands import DEFAULT_KEYWORDS_HELP, add_keyword_options, positive_int, print_json
 from gating_core.commands.model_options import IW_METHOD, _cluster_options, _fail, _usage, writable_folder_problem
 from gating_core.errors import print_error
 from gating_core.model.result import GATING_PARTS, PART_TITLES, review_flags, review_order
@@ -24,7 +24,7 @@ def register(subparsers) -> None:
                            "for each patient from the training cells its file keeps); default: whatever the model "
                            "file holds")
     gate.add_argument("--out-dir", required=True, help="folder for the gated files")
-    gate.add_argument("--chunk-size", type=int, default=50_000,
+    gate.add_argument("--chunk-size", type=positive_int, default=50_000,
                       help="events read, gated and written at a time (CSV and Parquet stream the file: bounds memory)")
     _cluster_options(gate, "gate files in parallel")
     gate.add_argument("--format", choices=("csv", "parquet", "fcs", "h5ad"), default="csv",

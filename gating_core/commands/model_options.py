@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from gating_core.errors import print_error
+from gating_core.commands import positive_int
 
 # Kept here rather than imported so that the command line starts without numpy and scikit-learn;
 # tests check each against the library's: gating_core.method.alignment.ALIGNMENTS
@@ -46,8 +47,8 @@ def _model_options(parser) -> None:
     group.add_argument("--select-embedding-bandwidth", action="store_true",
                        help="also choose the embedding bandwidth sigma' by the cross-validation (default: the "
                             "median distance between cells)")
-    group.add_argument("--features", type=int, default=512, help="random features D (default 512)")
-    group.add_argument("--cells-per-patient", type=int, metavar="N",
+    group.add_argument("--features", type=positive_int, default=512, help="random features D (default 512)")
+    group.add_argument("--cells-per-patient", type=positive_int, metavar="N",
                        help=f"training cells drawn per patient (default {DEFAULT_CELLS_PER_PATIENT:,}; "
                             f"{IW_CELLS_PER_PATIENT:,} for iw-nystroem)")
     group.add_argument("--class-balance", type=_class_balance, default=DEFAULT_CLASS_BALANCE, metavar="B",
@@ -145,9 +146,10 @@ _class_balance = _unit_interval(zero_allowed=True)
 
 
 def _model_params(args) -> dict:
+    cells_per_patient = DEFAULT_CELLS_PER_PATIENT if args.cells_per_patient is None else args.cells_per_patient
     params = {"compensate": not args.no_compensation, "select": not args.no_selection,
               "select_embedding_bandwidth": args.select_embedding_bandwidth,
-              "n_features": args.features, "cells_per_patient": args.cells_per_patient or DEFAULT_CELLS_PER_PATIENT,
+              "n_features": args.features, "cells_per_patient": cells_per_patient,
               "class_balance": args.class_balance, "random_state": args.seed}
     params["pooled_weight"] = _pooled_weight(args.pooled_weight)
     params["adaptive_weight"] = _pooled_weight(args.adaptive_weight)
