@@ -395,6 +395,7 @@ if len(tree):
                 st.rerun()
 
 if len(tree):
+    gate_view.export_section(patient, record, tree, tree_json, store.work_dir)
     gate_view.backgating_section(record, tree, masks, focus if focus != ALL else None, store.axis_ranges)
 
 transform_editor(store, channels, sample, "g_tf")

@@ -268,3 +268,38 @@ def test_rename_keeps_the_gate_chosen_and_a_split_cannot_be_added_twice(gate_pag
     assert len(record_of(at).gate_tree) == 5
     assert at.button(key="add_quadrant").disabled
     assert any(c.value.startswith("Already in the tree: CD4+ CD8+, CD4+ CD8-") for c in at.caption)
+
+
+def test_the_gates_download_as_gatingml_and_a_flowjo_workspace_that_count_on_the_fcs_file(gate_page,
+                                                                                          sample_data_dir):
+    import flowkit
+
+    from gating_core.gates import gate_name_from_xml
+    from ui import exports
+
+    at = add_range(gate_page, "CD3+", "FL1-A", 1000.0, 1e6)
+    record = record_of(at)
+    tree_json = record.gate_tree.to_json()
+    buttons = {b.proto.label: b for b in at.get("download_button")}
+    assert {"Gates (GatingML 2.0)", "Gates (FlowJo workspace)"} <= set(buttons)
+    assert any("drawn on values compensated by the file's own spillover matrix" in c.value for c in at.caption)
+    work_dir = str(at.session_state["store"].work_dir)
+    fcs = flowkit.Sample(str(sample_data_dir / f"{PATIENT}.fcs"), subsample=0)
+    gatingml = exports.gates_file("gatingml", tree_json, record.token, record.sample, work_dir)
+    path = Path(work_dir) / "check.xml"
+    path.write_bytes(gatingml)
+    strategy = flowkit.parse_gating_xml(str(path))
+    results = strategy.gate_sample(fcs)
+    assert {gate_name_from_xml(g): int(results.get_gate_membership(g, gate_path=p).sum())
+            for g, p in strategy.get_gate_ids()} == {"CD3+": 3880}
+    workspace = exports.gates_file("flowjo", tree_json, record.token, record.sample, work_dir)
+    path = Path(work_dir) / "check.wsp"
+    path.write_bytes(workspace)
+    flowjo = flowkit.Workspace(str(path), fcs_samples=[fcs])
+    flowjo.analyze_samples(sample_id=f"{PATIENT}.fcs", use_mp=False)
+    assert int(flowjo.get_gate_membership(f"{PATIENT}.fcs", "CD3+").sum()) == 3880
+    # Quadrants: GatingML only, the workspace's button off and saying why.
+    at = add_quadrants(at, parent="CD3+")
+    button = next(b for b in at.button if b.key == "gates_flowjo")
+    assert button.disabled and "cannot hold CD4+ CD8+" in button.help
+    assert "Gates (GatingML 2.0)" in {b.proto.label for b in at.get("download_button")}

@@ -172,3 +172,29 @@ def patient_report_or_reason(record) -> tuple[bytes | None, str | None]:
         return patient_report(record), None
     except Exception as exc:  # any failure: the page shows it rather than a silent download error
         return None, f"{type(exc).__name__}: {exc}"
+
+
+#: The gate exports of the Gate page: file kind -> (suffix, button label).
+GATE_FILES = {"gatingml": (".xml", "Gates (GatingML 2.0)"), "flowjo": (".wsp", "Gates (FlowJo workspace)")}
+
+
+@st.cache_data(max_entries=16, show_spinner="Writing the gates…")
+def gates_file(kind: str, tree_json: str, sample_token: str, _sample, _work_dir) -> bytes:
+    """A patient's gate tree as GatingML 2.0 (``kind`` "gatingml") or a FlowJo workspace
+    ("flowjo"), on the values they were drawn on (compensated ones refer to the file's matrix:
+    :mod:`gating_core.gates.export`). Raises GateError for gates a workspace cannot hold."""
+    import tempfile
+    from pathlib import Path
+
+    from gating_core.gates import GateTree
+    from gating_core.gates.export import export_flowjo_workspace, export_gatingml
+
+    tree = GateTree.from_json(tree_json)
+    with tempfile.TemporaryDirectory(dir=_work_dir, prefix="gates-") as folder:
+        path = Path(folder) / f"gates{GATE_FILES[kind][0]}"
+        if kind == "flowjo":
+            export_flowjo_workspace(tree, path, [_sample])
+        else:
+            export_gatingml(tree, path, _sample)
+        return path.read_bytes()
+

@@ -85,6 +85,57 @@ def seed_range(state, range_key: str, chart_key: str, scale: AxisScale, raw_limi
         state[f"{range_key}_from"], state[f"{range_key}_to"] = float(low), float(high)
 
 
+def export_section(patient: str, record, tree: GateTree, tree_json: str, work_dir) -> None:
+    """Download buttons for the patient's gates as GatingML 2.0 and as a FlowJo workspace, for
+    FlowJo, FlowKit or another lab's tool to apply to the patient's FCS file."""
+    from gating_core.gates import GateError
+    from gating_core.gates.export import workspace_sample_id
+    from ui import exports
+
+    st.markdown("#### Export the gates")
+    sample = record.sample
+    compensated = bool(sample.compensated and sample.spillover is not None)
+    st.caption("For FlowJo, FlowKit or another tool, to apply to the patient's FCS file"
+               + (" (drawn on values compensated by the file's own spillover matrix, as the files say)"
+                  if compensated else "") + f". The workspace refers to the file as `{workspace_sample_id(sample)}`.")
+    gatingml, flowjo = st.columns(2)
+    try:
+        # GatingML holds the gates alone: written at once (cached per tree)
+        data = exports.gates_file("gatingml", tree_json, record.token, sample, str(work_dir))
+        gatingml.download_button(exports.GATE_FILES["gatingml"][1], data=data, file_name=f"{patient}.gates.xml",
+                                 mime="application/xml", key="gates_gatingml")
+    except GateError as exc:
+        gatingml.caption(f"{exports.GATE_FILES['gatingml'][1]}: {exc}")
+    problem = workspace_problem(tree)
+    if problem:
+        flowjo.button(exports.GATE_FILES["flowjo"][1], disabled=True, key="gates_flowjo", help=problem)
+    else:
+        # A workspace carries the patient's keywords, read from the whole file: written when asked for.
+        flowjo.download_button(exports.GATE_FILES["flowjo"][1], file_name=f"{patient}.gates.wsp",
+                               data=lambda: exports.gates_file("flowjo", tree_json, record.token, sample,
+                                                               str(work_dir)),
+                               mime="application/xml", key="gates_flowjo")
+
+
+def workspace_problem(tree: GateTree) -> str | None:
+    """Why a FlowJo workspace cannot hold the tree (FlowKit writes polygon, rectangle and range
+    gates, one scale per channel), or None."""
+    unsupported = [g.name for g in tree.gates if not g.flowjo_workspace]
+    if unsupported:
+        return (f"A FlowJo workspace cannot hold {', '.join(unsupported)} (quadrant and boolean gates): "
+                "export GatingML instead")
+    scales: dict = {}
+    for gate in tree.gates:
+        for channel, scale in ((gate.x_channel, gate.x_scale), (gate.y_channel, gate.y_scale)):
+            if channel is not None:
+                scales.setdefault(channel, set()).add(scale)
+    twice = sorted(channel for channel, seen in scales.items() if len(seen) > 1)
+    if twice:
+        return (f"A FlowJo workspace holds one scale per channel; {', '.join(twice)} "
+                f"{'is' if len(twice) == 1 else 'are'} drawn on two: export GatingML instead")
+    return None
+
+
 def backgating_section(record, tree: GateTree, masks: dict, default: str | None, axis_ranges=None) -> None:
     """Back-gating: the chosen population coloured on top of each ancestor plot. ``axis_ranges``:
     the panel's ranges set by hand ($PnN -> (low, high) raw units; :meth:`Store.axis_range`)."""
