@@ -322,3 +322,13 @@ def test_flowio_engine_falls_back_on_normalised_text(tmp_path):
         sample = read_fcs(_write(tmp_path, name, blob), engine="flowio")
         np.testing.assert_array_equal(sample.events, np.column_stack(columns).astype(np.float32))
         assert any("FlowIO cannot read" in n for n in sample.notes)
+
+
+def test_a_sample_shows_as_a_one_line_summary(sample_data_dir):
+    from gating_core import read_fcs
+
+    sample = read_fcs(sample_data_dir / "patient_01.fcs")
+    assert repr(sample) == ("Sample('patient_01', 12,000 events x 9 channels [FSC-A, SSC-A, FL1-A, FL2-A, FL3-A, "
+                            "FL4-A, FL5-A, FL6-A, ...], float32, FCS 3.1, spillover of 7 channels, "
+                            f"{len(sample.keywords)} keywords)")
+    assert repr(sample.compensate()).endswith(f"spillover of 7 channels, compensated, {len(sample.keywords)} keywords)")

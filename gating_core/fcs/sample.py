@@ -69,6 +69,14 @@ class Sample:
     compensated: bool = False
     notes: list[str] = field(default_factory=list)
 
+    def __repr__(self) -> str:
+        # A summary: the dataclass's own repr prints every event and keyword (pages in a notebook).
+        spillover = (f", spillover of {len(self.spillover_channels)} channels"
+                     + (", compensated" if self.compensated else "")) if self.spillover is not None else ""
+        return (f"Sample({self.name!r}, {self.n_events:,} events x {len(self.channels)} channels "
+                f"[{', '.join(self.pnn[:8])}{', ...' if len(self.channels) > 8 else ''}], "
+                f"{self.events.dtype}, FCS {self.version}{spillover}, {len(self.keywords)} keywords)")
+
     @property
     def n_events(self) -> int:
         return int(self.events.shape[0])
