@@ -300,9 +300,23 @@ class PopulationReach:
         training = getattr(self, "patient_means_", None)
         # The populations EM left at their training mean (too few of the patient's cells came
         # to them): where a training patient had one of those, its cells are not new.
-        stayed = np.all(np.asarray(patient.means) == self.means_, axis=1)
-        if training is None or not stayed.any():
+        stayed = np.flatnonzero(np.all(np.asarray(patient.means) == self.means_, axis=1))
+        if training is None or not len(stayed) or not far.any():
             return far
+        # Only the cells still far are measured again (a patient of nothing new has none), and
+        # only against the populations that stayed, around every training patient's mean.
+        index = np.flatnonzero(far)
+        limit = patient.margin * self.reach_[stayed] * np.asarray(patient.spread, dtype=np.float64)[stayed]
+        for start in range(0, len(index), DISTANCE_BLOCK):
+            rows = index[start:start + DISTANCE_BLOCK]
+            x = np.asarray(cells[rows], dtype=np.float64)
+            near = np.zeros(len(rows), dtype=bool)
+            for j, population in enumerate(stayed):
+                whitening = self.whitening_[population]
+                centred = (x @ whitening)[:, None, :] - (training[:, population] @ whitening)[None]
+                near |= np.einsum("npd,npd->np", centred, centred).min(axis=1) <= limit[j]
+            far[rows[near]] = False
+        return far
         for means in training:
             if not far.any():
                 break
