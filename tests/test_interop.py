@@ -244,6 +244,11 @@ def test_gate_formats_write_the_same_gating(model_file, sample_data_dir, tmp_pat
         adata = anndata.read_h5ad(outputs["h5ad"])
         assert adata.obs["population"].astype(str).tolist() == populations.tolist()
         assert np.array_equal(adata.X, sample.events)
+        # the gating as to_anndata(sample, result) holds it: the model's populations, the novelty
+        [record] = json.loads(run_cli("gate", "--model", model_file, "--out-dir", tmp_path / "again", "--json",
+                                      fcs).stdout)
+        assert list(adata.uns["gating"]["populations"]) == gated
+        assert adata.uns["gating"]["novelty"]["score"] == pytest.approx(record["novelty"]["score"])
 
 
 def test_gate_json_is_one_document_even_with_a_failed_file(model_file, sample_data_dir, tmp_path):

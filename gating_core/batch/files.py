@@ -179,7 +179,7 @@ def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50
                 continue
             result = model.gate(sample, chunk_size=chunk_size, **_part(part))
             export_sample(output, sample, result.populations, result.confidence, format=format,
-                          include_identifying=include_identifying, keep_keywords=keep_keywords)
+                          include_identifying=include_identifying, keep_keywords=keep_keywords, result=result)
             record.update(events=sample.n_events, counts=result.counts, novelty=result.novelty.to_dict(),
                           output=str(output), mean_confidence=float(result.confidence.mean()) if sample.n_events else 0.0)
             dropped = dropped_keyword_count(sample, format=format, include_identifying=include_identifying,

@@ -148,15 +148,16 @@ def from_anndata(adata, *, name: str | None = None) -> Sample:
 
 
 def write_gated_h5ad(path: str | os.PathLike, sample: Sample, populations=None, confidence=None, *,
-                     include_identifying: bool = False, keep_keywords=()) -> None:
-    """The gated patient as an AnnData ``.h5ad`` (layout of :func:`to_anndata`);
-    ``uns["keywords"]`` holds only the keywords needed to read the data (the allow-list of
-    :mod:`gating_core.library.privacy`) and those named in ``keep_keywords``, or every keyword
-    with ``include_identifying``; ``uns["dropped_keywords"]`` counts the ones left out."""
+                     include_identifying: bool = False, keep_keywords=(), result=None) -> None:
+    """The gated patient as an AnnData ``.h5ad`` (layout of :func:`to_anndata`, with
+    ``result``'s gating when given); ``uns["keywords"]`` holds only the keywords needed to read
+    the data (the allow-list of :mod:`gating_core.library.privacy`) and those named in
+    ``keep_keywords``, or every keyword with ``include_identifying``; ``uns["dropped_keywords"]``
+    counts the ones left out."""
     path = Path(path)
     if populations is not None:
         populations, confidence = _check_lengths(sample, populations, confidence, path)
-    adata = to_anndata(sample, populations=populations, confidence=confidence,
+    adata = to_anndata(sample, result, populations=populations, confidence=confidence,
                        include_identifying=include_identifying, keep_keywords=keep_keywords)
     tmp = _atomic_target(path)
     try:

@@ -167,7 +167,8 @@ def _write_fcs_export(path: Path, sample: Sample, populations, include_identifyi
 
 
 def export_sample(path: str | os.PathLike, sample: Sample, populations=None, confidence=None, *,
-                  format: str | None = None, include_identifying: bool = False, keep_keywords=()) -> Path:
+                  format: str | None = None, include_identifying: bool = False, keep_keywords=(),
+                  result=None) -> Path:
     """Write one patient for use outside the product: the single export path.
 
     Parameters
@@ -187,6 +188,9 @@ def export_sample(path: str | os.PathLike, sample: Sample, populations=None, con
         Parquet file carries no keywords at all.
     keep_keywords : names of further keywords to keep (case-insensitive, a leading ``$``
         optional; ``$PnV`` stands for that keyword of every channel).
+    result : the GateResult ``populations`` come from, or None. An h5ad file then also holds
+        its gating (``uns["gating"]``: the model's populations and the patient's novelty), as
+        :func:`~gating_core.io.interop.to_anndata` writes it; the other formats ignore it.
 
     An exported FCS reads back (this project's reader, FlowIO, FlowKit) with exactly the
     source sample's events on every channel: float32 when the values are float32, else
@@ -207,7 +211,7 @@ def export_sample(path: str | os.PathLike, sample: Sample, populations=None, con
         write_gated_parquet(path, sample, populations, confidence)
     elif format == "h5ad":
         write_gated_h5ad(path, sample, populations, confidence, include_identifying=include_identifying,
-                         keep_keywords=keep_keywords)
+                         keep_keywords=keep_keywords, result=result)
     else:
         _write_fcs_export(path, sample, populations, include_identifying, keep_keywords)
     return path
