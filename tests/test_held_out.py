@@ -273,3 +273,31 @@ def test_a_bandwidth_one_fold_chose_starts_from_the_nearest_fit_on_everyone(coho
     assert [curved for _, _, curved in calls] == [False, True, True, False, False]
     np.testing.assert_array_equal(calls[1][1], calls[3][1])  # the 2.5 fold started where the 2.0 folds did
     assert fitted[0].bandwidth_x_ == 2.5 and fitted[2].bandwidth_x_ == 8.0
+
+
+def test_the_standard_methods_see_the_cells_the_model_beside_them_sees(cohort, monkeypatch):
+    # A user's transform, channels and draw reach LDA, QDA and trees too, not only the model.
+    import gating_core.evaluation.protocols as protocols
+    from gating_core.evaluation.baselines import PooledBaseline
+
+    samples, labels, groups = cohort
+    fitted = []
+    real_fit = PooledBaseline.fit
+
+    def recording_fit(self, *args):
+        fitted.append(self)
+        return real_fit(self, *args)
+
+    monkeypatch.setattr(PooledBaseline, "fit", recording_fit)
+    channels = samples[0].pnn[:5]
+    params = {"random_state": 3, "cells_per_patient": 700, "channels": channels,
+              "transform": {channels[2]: "linear"}}
+    table = leave_one_group_out(samples, labels, groups, methods=["lda"], model_params=params)
+    assert len(table) == len(samples) and len(fitted) == len(set(groups))
+    for baseline in fitted:
+        model = baseline.preprocessing_
+        assert model.channels_ == channels and model.cells_per_patient == 700 and model.random_state == 3
+        assert model.transform_.kinds[2] == "linear" and model.transform_.kinds[3] != "linear"
+    with pytest.raises(ValueError, match="transform given for 'FL9', which is none of the model's channels"):
+        protocols.leave_one_group_out(samples, labels, groups, methods=["lda"],
+                                      model_params={"transform": {"FL9": "linear"}})

@@ -31,14 +31,18 @@ class PooledBaseline:
 
     Each training patient contributes the same seeded uniform draw of cells as a GatingModel
     with ``class_balance=0`` (a :class:`~gating_core.model.digest.PatientDigest`); channels and
-    transform are chosen the same way.
+    transform are chosen the same way, from ``channels`` and ``transform`` as GatingModel takes
+    them (the user's, when a model beside it is given them).
     """
 
-    def __init__(self, kind="lda", cells_per_patient=4000, compensate=True, random_state=0):
+    def __init__(self, kind="lda", cells_per_patient=4000, compensate=True, random_state=0, channels=None,
+                 transform="auto"):
         self.kind = kind
         self.cells_per_patient = cells_per_patient
         self.compensate = compensate
         self.random_state = random_state
+        self.channels = channels
+        self.transform = transform
 
     def _estimator(self):
         if self.kind == "lda":
@@ -53,7 +57,8 @@ class PooledBaseline:
 
     def fit(self, samples, labels):
         self.preprocessing_ = GatingModel(compensate=self.compensate, cells_per_patient=self.cells_per_patient,
-                                          random_state=self.random_state)  # training cells drawn uniformly
+                                          random_state=self.random_state, channels=self.channels,
+                                          transform=self.transform)  # training cells drawn uniformly
         cells, drawn_labels = self.preprocessing_.standardised_training_cells(samples, labels)
         self.estimator_ = self._estimator().fit(np.vstack(cells), np.concatenate(drawn_labels))
         self.populations_ = [str(c) for c in self.estimator_.classes_]

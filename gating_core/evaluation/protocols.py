@@ -345,7 +345,11 @@ def _fold_models(method, samples, labels, held_out_sets, model_params, groups, r
         train_labels = [labels[i] for i in train]
         progress(f"fold {k + 1} of {len(held_out_sets)}", k / len(held_out_sets))
         if method in ("lda", "qda", "trees"):
-            yield PooledBaseline(method, random_state=(model_params or {}).get("random_state", 0)).fit(
+            # on the cells the model beside it sees: its channels, transform, compensation and draw
+            params = model_params or {}
+            yield PooledBaseline(method, cells_per_patient=params.get("cells_per_patient", 4000),
+                                 compensate=params.get("compensate", True), random_state=params.get("random_state", 0),
+                                 channels=params.get("channels"), transform=params.get("transform", "auto")).fit(
                 train_samples, train_labels)
         elif method == "iw-nystroem":
             from gating_core.model.iw_model import IWNystroemGatingModel
