@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import json
+import zipfile
 
 import numpy as np
+
+
+def saved_arrays(model, path) -> tuple[dict, dict]:
+    """Save ``model`` to ``path`` and read it back as (its members but the description, the
+    description as a dict)."""
+    model.save(path)
+    with zipfile.ZipFile(path) as archive:
+        arrays = {name[:-4]: np.load(archive.open(name), allow_pickle=False) for name in archive.namelist()}
+    return arrays, json.loads(str(arrays.pop("meta")))
 
 
 def rewrite_model_file(arrays: dict, out, meta: dict, drop=()):

@@ -1,8 +1,6 @@
 """Cells beyond every training population: PopulationReach, and GatingModel's "unknown" cells."""
 
 import dataclasses
-import json
-import zipfile
 
 import numpy as np
 import pandas as pd
@@ -14,7 +12,7 @@ from gating_core.model import UNKNOWN, GatingModel
 from gating_core.model.file_checks import ModelFileError
 from gating_core.method.unknown_cells import UNKNOWN_MARGIN, PopulationReach
 from helpers import run_cli, sample_cohort, sample_paths
-from modelfile_helpers import rewrite_model_file
+from modelfile_helpers import rewrite_model_file, saved_arrays
 
 CENTRES = np.array([[0.0, 0.0, 0.0], [4.0, 0.0, 0.0]])
 
@@ -214,11 +212,7 @@ def test_the_reach_survives_the_model_file(model, tmp_path):
 
 
 def test_model_files_without_the_reach_gate_every_cell_to_a_known_population(model, tmp_path):
-    path = tmp_path / "model.npz"
-    model.save(path)
-    with zipfile.ZipFile(path) as archive:
-        arrays = {name[:-4]: np.load(archive.open(name), allow_pickle=False) for name in archive.namelist()}
-    meta = json.loads(str(arrays.pop("meta")))
+    arrays, meta = saved_arrays(model, tmp_path / "model.npz")
     reach_arrays = [name for name in arrays if name.startswith("reach_")]
     older = {**{k: v for k, v in meta.items() if k != "reach"}, "format_version": 6}
     older["params"] = {k: v for k, v in meta["params"].items() if k != "unknown_margin"}
@@ -236,11 +230,7 @@ def test_model_files_without_the_reach_gate_every_cell_to_a_known_population(mod
 
 
 def test_model_files_without_the_training_patients_means_measure_the_patients_own(model, tmp_path):
-    path = tmp_path / "model.npz"
-    model.save(path)
-    with zipfile.ZipFile(path) as archive:
-        arrays = {name[:-4]: np.load(archive.open(name), allow_pickle=False) for name in archive.namelist()}
-    meta = json.loads(str(arrays.pop("meta")))
+    arrays, meta = saved_arrays(model, tmp_path / "model.npz")
     assert arrays["reach_patient_means"].shape == (4, *model.population_reach_.means_.shape)
     older = GatingModel.load(rewrite_model_file(arrays, tmp_path / "old.npz", dict(meta, format_version=12),
                                                 drop=["reach_patient_means"]))

@@ -89,20 +89,20 @@ def export_section(patient: str, record, tree: GateTree, tree_json: str, work_di
     """Download buttons for the patient's gates as GatingML 2.0 and as a FlowJo workspace, for
     FlowJo, FlowKit or another lab's tool to apply to the patient's FCS file."""
     from gating_core.gates import GateError
-    from gating_core.gates.export import workspace_sample_id
+    from gating_core.gates.export import drawn_compensated, workspace_sample_id
     from ui import exports
 
     st.markdown("#### Export the gates")
     sample = record.sample
-    compensated = bool(sample.compensated and sample.spillover is not None)
     st.caption("For FlowJo, FlowKit or another tool, to apply to the patient's FCS file"
                + (" (drawn on values compensated by the file's own spillover matrix, as the files say)"
-                  if compensated else "") + f". The workspace refers to the file as `{workspace_sample_id(sample)}`.")
+                  if drawn_compensated(sample) else "") + f". The workspace refers to the file as `{workspace_sample_id(sample)}`.")
     gatingml, flowjo = st.columns(2)
     try:
         # GatingML holds the gates alone: written at once (cached per tree)
         data = exports.gates_file("gatingml", tree_json, record.token, sample, str(work_dir))
-        gatingml.download_button(exports.GATE_FILES["gatingml"][1], data=data, file_name=f"{patient}.gates.xml",
+        suffix, label = exports.GATE_FILES["gatingml"]
+        gatingml.download_button(label, data=data, file_name=f"{patient}.gates{suffix}",
                                  mime="application/xml", key="gates_gatingml")
     except GateError as exc:
         gatingml.caption(f"{exports.GATE_FILES['gatingml'][1]}: {exc}")
@@ -111,7 +111,8 @@ def export_section(patient: str, record, tree: GateTree, tree_json: str, work_di
         flowjo.button(exports.GATE_FILES["flowjo"][1], disabled=True, key="gates_flowjo", help=problem)
     else:
         # A workspace carries the patient's keywords, read from the whole file: written when asked for.
-        flowjo.download_button(exports.GATE_FILES["flowjo"][1], file_name=f"{patient}.gates.wsp",
+        suffix, label = exports.GATE_FILES["flowjo"]
+        flowjo.download_button(label, file_name=f"{patient}.gates{suffix}",
                                data=lambda: exports.gates_file("flowjo", tree_json, record.token, sample,
                                                                str(work_dir)),
                                mime="application/xml", key="gates_flowjo")

@@ -327,6 +327,10 @@ def _unknown_share(predicted, populations) -> float:
     return float(np.mean(np.asarray(predicted).astype(str) == UNKNOWN))
 
 
+#: The model settings a standard method shares with the model beside it (PooledBaseline's).
+BASELINE_SETTINGS = ("cells_per_patient", "compensate", "random_state", "channels", "transform")
+
+
 def _fold_models(method, samples, labels, held_out_sets, model_params, groups, refit, progress):
     """The fitted model of each fold, lazily for full refits (one at a time in memory)."""
     settings = {**(model_params or {}), **METHOD_SETTINGS.get(method, {})}
@@ -346,11 +350,8 @@ def _fold_models(method, samples, labels, held_out_sets, model_params, groups, r
         progress(f"fold {k + 1} of {len(held_out_sets)}", k / len(held_out_sets))
         if method in ("lda", "qda", "trees"):
             # on the cells the model beside it sees: its channels, transform, compensation and draw
-            params = model_params or {}
-            yield PooledBaseline(method, cells_per_patient=params.get("cells_per_patient", 4000),
-                                 compensate=params.get("compensate", True), random_state=params.get("random_state", 0),
-                                 channels=params.get("channels"), transform=params.get("transform", "auto")).fit(
-                train_samples, train_labels)
+            shared = {k: v for k, v in (model_params or {}).items() if k in BASELINE_SETTINGS}
+            yield PooledBaseline(method, **shared).fit(train_samples, train_labels)
         elif method == "iw-nystroem":
             from gating_core.model.iw_model import IWNystroemGatingModel
 

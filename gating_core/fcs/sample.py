@@ -117,18 +117,7 @@ class Sample:
         """
         if self.spillover is None or self.compensated:
             return self
-        idx = [self.channel_index(n) for n in self.spillover_channels]
-        dtype = np.float64 if self.events.dtype == np.float64 else np.float32
-        events = np.array(self.events, dtype=dtype)
-        inverse = _compensation_inverse(self)
-        # Row blocks keep the float64 temporaries small whatever the file size.
-        for start in range(0, len(events), 262_144):
-            block = events[start:start + 262_144]
-            block[:, idx] = (block[:, idx].astype(np.float64) @ inverse).astype(dtype)
-        return Sample(self.name, events, list(self.channels), dict(self.keywords), self.spillover,
-                      list(self.spillover_channels), self.version, self.path, compensated=True,
-                      notes=list(self.notes))
-
+        return self._with_matrix_applied(_compensation_inverse(self), compensated=True)
 
     def uncompensated(self) -> "Sample":
         """The events as the file holds them: a compensated sample's copy with the spillover
@@ -136,15 +125,20 @@ class Sample:
         float rounding. Any other sample is returned unchanged."""
         if self.spillover is None or not self.compensated:
             return self
+        return self._with_matrix_applied(np.asarray(self.spillover, dtype=np.float64), compensated=False)
+
+    def _with_matrix_applied(self, matrix: np.ndarray, compensated: bool) -> "Sample":
+        """A copy with its spillover channels' events multiplied by ``matrix`` (k, k), in float64,
+        kept in the events' dtype (float64 stays, anything else is float32)."""
         idx = [self.channel_index(n) for n in self.spillover_channels]
         dtype = np.float64 if self.events.dtype == np.float64 else np.float32
         events = np.array(self.events, dtype=dtype)
-        spillover = np.asarray(self.spillover, dtype=np.float64)
+        # Row blocks keep the float64 temporaries small whatever the file size.
         for start in range(0, len(events), 262_144):
             block = events[start:start + 262_144]
-            block[:, idx] = (block[:, idx].astype(np.float64) @ spillover).astype(dtype)
+            block[:, idx] = (block[:, idx].astype(np.float64) @ matrix).astype(dtype)
         return Sample(self.name, events, list(self.channels), dict(self.keywords), self.spillover,
-                      list(self.spillover_channels), self.version, self.path, compensated=False,
+                      list(self.spillover_channels), self.version, self.path, compensated=compensated,
                       notes=list(self.notes))
 
 

@@ -79,7 +79,7 @@ WORKSPACE_MATRIX = "Acquisition-defined"
 COMPENSATED_PREFIX = "Comp-"
 
 
-def _drawn_compensated(sample) -> bool:
+def drawn_compensated(sample) -> bool:
     """Whether gates drawn on ``sample`` are on values compensated by its file's matrix."""
     return sample is not None and bool(getattr(sample, "compensated", False)) \
         and getattr(sample, "spillover", None) is not None
@@ -213,12 +213,12 @@ def gating_strategy(tree: GateTree, sample=None, *, xml_ids: bool = False):
 
 def _strategy_and_channels(tree: GateTree, sample, xml_ids: bool, compensation_ref=None):
     """(GatingStrategy, {transform id: $PnN of the channel it transforms}). ``compensation_ref``
-    None: ``"FCS"`` for gates drawn on a compensated sample (:func:`_drawn_compensated`), else
+    None: ``"FCS"`` for gates drawn on a compensated sample (:func:`drawn_compensated`), else
     ``"uncompensated"``."""
     if len(tree) == 0:
         raise GateError("there are no gates to export")
     if compensation_ref is None:
-        compensation_ref = FILE_MATRIX if _drawn_compensated(sample) else "uncompensated"
+        compensation_ref = FILE_MATRIX if drawn_compensated(sample) else "uncompensated"
     writer = StrategyWriter(tree, sample, xml_ids, compensation_ref)
     return writer.write(), writer.channel_of
 
@@ -285,7 +285,7 @@ def export_flowjo_workspace(tree: GateTree, path: str | os.PathLike, samples, *,
     duplicates = sorted({i for i in ids if ids.count(i) > 1})
     if duplicates:
         raise GateError(f"two samples would have the same name in the workspace: {', '.join(duplicates)}")
-    compensated = [_drawn_compensated(s) for s in samples]
+    compensated = [drawn_compensated(s) for s in samples]
     if any(compensated) and not all(compensated):
         # The gates are written on the Comp- channels of every sample or of none.
         raise GateError("some of the samples are compensated and some are not, and one workspace's gates are "
