@@ -9,8 +9,8 @@ import streamlit as st
 
 from gating_core.fcs.transforms import is_time_like
 from gating_core.model.file_checks import ModelFileError
-from gating_core.model.summary import (adapted_populations_text, few_patients_note, similar_names_note,
-                                      unknown_cells_text, unknown_name_note)
+from gating_core.model.summary import (adapted_populations_text, few_patients_note, pooled_trees_text,
+                                      similar_names_note, unknown_cells_text, unknown_name_note)
 from ui.app_state import common_channels, incompatible_label_sets, label_set_disagreements, training_panel
 from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcome, job_progress, model_offers,
                        model_picker, others_jobs, refresh_status, require_patients, session_name_input)
@@ -230,12 +230,13 @@ if store.models:
     model_offers(store, "train")
     current = model_picker(st, store, "current_model_pick")
     model = store.models[current]
-    adapted, unknown = adapted_populations_text(model), unknown_cells_text(model)
+    adapted, unknown, trees = adapted_populations_text(model), unknown_cells_text(model), pooled_trees_text(model)
     st.markdown(f"Method: {model_kind(model)}  \n"
                 f"Populations: {', '.join(map(str, model.populations_))}  \n"
                 f"Channels: {', '.join(model_channel_labels(model))}  \n"
                 f"Channel transforms: {model_transforms(model)}"
                 + (f"  \nEach patient's own populations: {adapted}" if adapted else "")
+                + (f"  \nPooled trees: {trees}" if trees else "")
                 + (f"  \nUnknown cells: {unknown}" if unknown else ""))
     for note in (few_patients_note(model), unknown_name_note(model), similar_names_note(model)):
         if note:

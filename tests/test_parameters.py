@@ -26,7 +26,7 @@ from modelfile_helpers import rewrite_model_file
 #: parameters stores: the options left out of the default, then the method's family.
 RESEARCH_DEFAULTS = {"n_augment": 0, "augment_gain": 0.08, "augment_shift": 0.15, "bandwidth_x_hedge": None,
                      "self_training": False, "transfer_start": False, "adaptive_shapes": True,
-                     "population_components": 3, "swollen_check": True,
+                     "population_components": 3, "swollen_check": True, "trees_check": True,
                      "method": "marginal", "solver": "rff", "loss": "squared",
                      "patient_weighting": "uniform", "kernel_x": "gaussian", "select_embedding_bandwidth": False,
                      "selection_objective": "mean", "prior_shift": "none", "align": "none", "task_similarity": 0.5,

@@ -187,13 +187,15 @@ def run_train(args) -> int:
         print("Alignment: quantile (each channel's quantiles onto the training patients' mean)")
     if info.get("self_training"):
         print("Gating: each patient's gates follow its own confident cells (self-training)")
-    from gating_core.model.summary import (adapted_populations_text, few_patients_note, similar_names_note,
-                                          unknown_cells_text, unknown_name_note)
+    from gating_core.model.summary import (adapted_populations_text, few_patients_note, pooled_trees_text,
+                                          similar_names_note, unknown_cells_text, unknown_name_note)
 
-    adapted, unknown = adapted_populations_text(model), unknown_cells_text(model)
+    adapted, unknown, trees = adapted_populations_text(model), unknown_cells_text(model), pooled_trees_text(model)
     if adapted:
         print(f"Adapted populations: {adapted}"
               + ("" if adapted.startswith("off") else " (--adaptive-weight 0 turns them off)"))
+    if trees:
+        print(f"Pooled trees: {trees}")
     if unknown:
         print(f"Unknown cells: {unknown} (--unknown-margin none turns this off)")
     if args.method == IW_METHOD:

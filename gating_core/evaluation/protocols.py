@@ -91,6 +91,7 @@ METHOD_SETTINGS = {
     "marginal-whole-populations": {"method": "marginal", "population_components": 1},
     "marginal-even-weight": {"method": "marginal", "adaptive_weight": EVEN_ADAPTIVE_WEIGHT},
     "marginal-no-swollen-check": {"method": "marginal", "swollen_check": False},
+    "marginal-no-trees": {"method": "marginal", "trees_check": False},
     # The default with each option it leaves out.
     "marginal-augment": {"method": "marginal", "n_augment": 4},
     "marginal-second-bandwidth": {"method": "marginal", "bandwidth_x_hedge": 0.5},

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from gating_core.method.adaptive_lda import AdaptiveLDA
+from gating_core.method.boosted_trees import PooledTrees
 from gating_core.method.features import content_hashes
 from gating_core.method.population_components import adapted_fits, component_start, population_starts, split_populations
 from gating_core.method.priors import reestimate_prior, training_prior
@@ -43,6 +44,9 @@ ADAPTIVE_WEIGHT_TOLERANCE = 0.01
 #: patient's cells, then mixed in at TRANSFER_START_WEIGHT.
 ADAPTIVE_STARTS = ("training", "transfer")
 TRANSFER_START_WEIGHT = 0.5
+#: The pooled trees' share of the transfer model's part of the mix, where the check takes them
+#: (``pooled_trees_``): half trees.
+TREES_SHARE = 0.5
 
 
 def check_score(accuracies) -> float:
@@ -77,6 +81,21 @@ def weight_choice(accuracy: dict, folds) -> tuple:
     return chosen, score, fold_means
 
 
+def trees_choice(without, with_trees, folds) -> bool:
+    """Whether the check takes the pooled trees: the held-out training patients' accuracies at the
+    chosen weight ``without`` them and ``with_trees`` (``folds``: each one's fold). They are taken
+    when they raise :func:`check_score` and no fold's held-out mean falls, as a weight must. Trees
+    gate a patient of a run they were trained on better than a kernel machine does, and a
+    population that moved beyond the training range worse; the check's folds hold out the
+    training groups, so they take trees where the groups are alike enough for them to help
+    (docs/unseen_data.md, "Trees where the training groups ask for them")."""
+    folds = np.asarray(folds)
+    without, with_trees = np.asarray(without, np.float64), np.asarray(with_trees, np.float64)
+    if check_score(with_trees) <= check_score(without):
+        return False
+    return all(with_trees[folds == j].mean() >= without[folds == j].mean() for j in np.unique(folds))
+
+
 def _fold_components(split, train, fold_populations, populations) -> tuple:
     """A check fold's share of the training cells' components (``split``: labels, names and
     populations of :func:`~gating_core.method.population_components.split_populations`, or the
@@ -103,7 +122,7 @@ class PatientAdaptation:
         (``adaptive_start_``). Returns the training cells' components and their names for
         :meth:`_fit_reach` (None when the populations are not adapted)."""
         self.adaptive_lda_, self.adaptive_weight_, self.adaptive_start_ = None, 0.0, "training"
-        self.adaptive_shapes_, self.adaptive_components_ = False, None
+        self.adaptive_shapes_, self.adaptive_components_, self.pooled_trees_ = False, None, None
         if self.method != "marginal":  # the baselines (pooling, multitask) gate as fitted
             return None
         if self.transfer_start and self.adaptive_weight != "auto":
@@ -114,12 +133,14 @@ class PatientAdaptation:
         # The components are found once, on every training patient; the check's folds fit on
         # their patients' share of them, so that the weight is checked for the model it weighs.
         split = self._components(cells, labels, self.populations_)
-        start = "training"
+        start, trees = "training", False
         if self.adaptive_weight == "auto":
             report("Weighing the adapted populations (cross-validation over groups)", 0.92)
-            weight, start = self._choose_adaptive_weight(cells, embedding_cells, labels, params, split)
+            weight, start, trees = self._choose_adaptive_weight(cells, embedding_cells, labels, params, split)
         else:
             weight = float(self.adaptive_weight)
+        if trees:
+            self.pooled_trees_ = PooledTrees(random_state=self.random_state).fit(cells, labels, self.populations_)
         if weight <= 0:
             return None
         parts, names, self.adaptive_components_ = split
@@ -163,13 +184,16 @@ class PatientAdaptation:
         return UNKNOWN_MARGIN if self.unknown_margin is None else float(self.unknown_margin)
 
     def _choose_adaptive_weight(self, cells, embedding_cells, labels, params, split) -> tuple:
-        """``adaptive_weight="auto"``: (weight, start). ``EVEN_ADAPTIVE_WEIGHT`` unless another
+        """``adaptive_weight="auto"``: (weight, start, trees). ``EVEN_ADAPTIVE_WEIGHT`` unless another
         weight of ``ADAPTIVE_WEIGHTS`` gates the held-out groups' patients better by more than
         ``EVEN_WEIGHT_MARGIN`` (:func:`check_score`) and gates each fold's held-out patients
         at least as well on average (:func:`weight_choice`), EM started from the training
         populations; then that one. With ``transfer_start`` (ResearchGatingModel's option),
         (``TRANSFER_START_WEIGHT``, "transfer") when EM started from the transfer model's
         posteriors gates them better than every weight by more than ``ADAPTIVE_WEIGHT_TOLERANCE``.
+        ``trees``: whether pooled gradient-boosted trees take ``TREES_SHARE`` of the transfer
+        model's part (:func:`trees_choice`, with ``trees_check``; each fold fits them on its
+        patients' training cells).
 
         Each start fails somewhere. From the training populations, EM follows populations that
         moved beyond the training range (a new batch), where the transfer model's posteriors
@@ -186,7 +210,9 @@ class PatientAdaptation:
         on its labeled training cells. The table is ``selection_["adaptive_weight"]``: the mean and
         worst held-out accuracy at each weight, its score (``cv_score``), under ``cv_patients``
         each held-out patient's accuracy (``cv_patient_folds``: their folds) and under
-        ``cv_fold_accuracy`` each fold's mean (:func:`weight_choice`)."""
+        ``cv_fold_accuracy`` each fold's mean (:func:`weight_choice`); ``selection_["trees"]`` the
+        held-out patients' accuracies with the trees at the chosen weight and whether they were
+        taken."""
         groups = list(self.groups_)
         if len(set(groups)) < 2:
             # One group (every patient near-duplicates of the others, or one center given):
@@ -196,11 +222,12 @@ class PatientAdaptation:
         if len(unique) < 2:
             self.selection_["adaptive_weight"] = {"chosen": FALLBACK_ADAPTIVE_WEIGHT, "start": "training", "folds": 0,
                                                   "reason": "fewer than two patients to hold out"}
-            return FALLBACK_ADAPTIVE_WEIGHT, "training"
+            return FALLBACK_ADAPTIVE_WEIGHT, "training", False
         rng = np.random.default_rng(np.random.SeedSequence([int(self.random_state or 0), 31]))
         order = [unique[i] for i in rng.permutation(len(unique))]
         n_folds = min(int(self.cv_folds), len(unique))
         accuracy = {w: [] for w in ADAPTIVE_WEIGHTS}
+        with_trees = {w: [] for w in ADAPTIVE_WEIGHTS}
         fold_of = []  # the fold of each held-out patient, in the order of ``accuracy``'s lists
         transfer_started = []
         fixed = {"companion_bandwidth_x": self.companion_bandwidth_x_, "pooled_weight": self.pooled_weight_}
@@ -219,6 +246,9 @@ class PatientAdaptation:
             gaussians = AdaptiveLDA().fit([cells[i] for i in train], parts, classes=names)
             shapes = PopulationReach().fit([cells[i] for i in train], parts, names) if self.adaptive_shapes else None
             columns = np.searchsorted(np.asarray(self.populations_), np.asarray(fold.populations_))
+            trees = (PooledTrees(random_state=self.random_state).fit([cells[i] for i in train], [labels[i] for i in train],
+                                                                    fold.populations_)
+                     if self.trees_check else None)
             for i in held:
                 embedding = fold.classifier_.embed(embedding_cells[i])
                 adjust = fold._patient_adjustment(embedding_cells[i], embedding)
@@ -235,6 +265,10 @@ class PatientAdaptation:
 
                 for w in ADAPTIVE_WEIGHTS:
                     accuracy[w].append(accuracy_of((1.0 - w) * transfer + w * adapted))
+                if trees is not None:
+                    beside = (1.0 - TREES_SHARE) * transfer + TREES_SHARE * trees.proba(cells[i])
+                    for w in ADAPTIVE_WEIGHTS:
+                        with_trees[w].append(accuracy_of((1.0 - w) * beside + w * adapted))
                 fold_of.append(j)
                 if self.transfer_start:
                     start = fold._adjusted_proba(embedding_cells[i], embedding, 50_000, adjust)
@@ -267,7 +301,16 @@ class PatientAdaptation:
                                           "worst": float(np.min(transfer_started)),
                                           "score": check_score(transfer_started)}
         self.selection_["adaptive_weight"] = table
-        return chosen, start
+        trees = False
+        if self.trees_check and start == "training" and chosen < 1.0:
+            trees = trees_choice(accuracy[chosen], with_trees[chosen], fold_of)
+            self.selection_["trees"] = {
+                "taken": trees, "share": TREES_SHARE,
+                "cv_accuracy": float(np.mean(with_trees[chosen])), "cv_worst": float(np.min(with_trees[chosen])),
+                "cv_score": check_score(with_trees[chosen]), "cv_patients": list(with_trees[chosen]),
+                "cv_fold_accuracy": [float(np.mean(np.asarray(with_trees[chosen])[np.asarray(fold_of) == j]))
+                                     for j in np.unique(fold_of)]}
+        return chosen, start, trees
 
     def _fold_copy(self, groups, patients):
         """A model of this one's class, parameters and preprocessing, to fit on some patients only."""
@@ -293,7 +336,39 @@ class PatientAdaptation:
             proba = adjust(self._proba(cells, embedding, chunk_size))
         else:
             proba = adjust(*self._proba(cells, embedding, chunk_size, project=adjust.coef))
-        return proba if part == "transfer" else adjust.mix(proba, cells, weight)
+        if part == "transfer":
+            return proba
+        if getattr(self, "pooled_trees_", None) is None:
+            return adjust.mix(proba, cells, weight)
+        return self._mixed_with_trees(proba, cells, adjust, weight)
+
+    def _mixed_with_trees(self, transfer, cells, adjust: PatientAdjustment, weight: float) -> np.ndarray:
+        """The mix with the pooled trees taking ``TREES_SHARE`` of the transfer model's part, from
+        the transfer model's probabilities ``transfer`` (n, k) of ``cells`` (n, d).
+
+        The trees move every probability by at most their share s of the final mix, so the gap
+        between the likeliest population a and another b changes by s ((t_a - t_b) - (p_a - p_b))
+        >= -s (1 + p_a - p_b) (p the transfer model's, t the trees'): a cell whose call they
+        cannot change keeps the mix without them, and the trees score the others only (a few
+        percent of the cells where the parts agree). Where rare populations' columns come from
+        the transfer model alone (``transfer_columns``) the rows are normalised, and every cell is
+        scored."""
+        final = adjust.mix(transfer.copy(), cells, weight)
+        adapted = adjust.gaussians is not None and weight > 0
+        share = np.float32(TREES_SHARE * ((1.0 - weight) if adapted else 1.0))
+        if adapted and adjust.transfer_columns is not None:
+            rows = np.arange(len(cells))
+        else:
+            lead = final - share * transfer
+            top = np.argmax(final, axis=1)
+            rows_all = np.arange(len(final))
+            leader = lead[rows_all, top]
+            lead[rows_all, top] = -np.inf
+            rows = np.flatnonzero(lead.max(axis=1) >= leader - share)
+        if len(rows):
+            beside = (1.0 - TREES_SHARE) * transfer[rows] + TREES_SHARE * self.pooled_trees_.proba(cells[rows])
+            final[rows] = adjust.mix(beside.astype(np.float32), cells[rows], weight)
+        return final
 
     def gating_parts(self) -> tuple:
         """The parts that ``gate(..., part=...)`` can give alone: ("transfer", "adapted") when the

@@ -133,6 +133,9 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
     class_prior_ : ndarray (k,)  population shares of the training patients (each weighing the same)
     largest_shares_ : ndarray (k,) or None  each population's largest share in a training patient,
         against which a rare population the adapted populations let swell is told (None: not checked)
+    pooled_trees_ : PooledTrees or None  gradient-boosted trees on the pooled training cells,
+        taking half the transfer model's part where the check of ``adaptive_weight="auto"`` finds
+        that they gate its held-out groups better (None: not taken)
     selection_ : dict  the chosen parameters and the cross-validation tables
     groups_ : list of str;  groups_inferred_ : bool  (found from the embeddings when not given)
     novelty_reference_, novelty_threshold_ : float
@@ -156,6 +159,7 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
     adaptive_shapes = True
     population_components = MAX_COMPONENTS
     swollen_check = True
+    trees_check = True
     # ... and the method's family at the default's choices.
     method = "marginal"
     solver = "rff"
@@ -174,7 +178,7 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
     #: a file storing them at these values is this model's, otherwise a ResearchGatingModel's).
     RESEARCH_OPTIONS = ("n_augment", "augment_gain", "augment_shift", "bandwidth_x_hedge", "self_training",
                         "transfer_start", "adaptive_shapes", "population_components", "swollen_check",
-                        "method", "solver", "loss", "patient_weighting", "kernel_x", "select_embedding_bandwidth",
+                        "trees_check", "method", "solver", "loss", "patient_weighting", "kernel_x", "select_embedding_bandwidth",
                         "selection_objective", "prior_shift", "align", "task_similarity", "dica",
                         "dica_components", "class_balance")
 
@@ -393,6 +397,7 @@ class GatingModel(TransferFit, PatientAdaptation, PatientNovelty, PatientGating,
                 "adaptive_shapes": bool(getattr(self, "adaptive_shapes_", False)),
                 "split_populations": self._split_populations(),
                 "swollen_check": getattr(self, "largest_shares_", None) is not None,
+                "pooled_trees": getattr(self, "pooled_trees_", None) is not None,
                 "unknown_margin": None if not self._unknown_called() else float(self.unknown_margin),
                 "transform": self.transform_.to_dict()}
 

@@ -38,6 +38,7 @@ from gating_core.method.features import LinearMeanEmbedding, LinearProductFeatur
 from gating_core.model.file_checks import ModelFileError, archive_array, read_archive
 from gating_core.model.file_fields import Fields, read_description
 from gating_core.model.file_params import _classifier_params, _model_params, _transform
+from gating_core.method.boosted_trees import PooledTrees
 from gating_core.method.population_components import component_names
 from gating_core.model.file_parts import (_adaptive_populations, _components, _hedge_model,
                                           _landmark_reference, _linear_feature_map, _pooled_companion,
@@ -73,7 +74,15 @@ MODEL_FORMAT = "gating_core.model"
 # 13: each training patient's means of the populations in the reach (reach_patient_means): a cell
 #    where a training patient had a population is not unknown (files of formats 7-12 measure the
 #    new patient's own means alone).
-MODEL_FORMAT_VERSION = 13
+# 14: pooled gradient-boosted trees taking half the transfer model's part (trees_*), where the
+#    weight's check took them (files of formats 1-13 gate without them).
+MODEL_FORMAT_VERSION = 14
+
+#: The pooled trees' arrays (:class:`~gating_core.method.boosted_trees.PooledTrees`), by file name
+#: and attribute.
+TREE_ARRAYS = {"trees_columns": "columns_", "trees_feature": "feature_", "trees_threshold": "threshold_",
+               "trees_left": "left_", "trees_right": "right_", "trees_value": "value_", "trees_roots": "roots_",
+               "trees_baseline": "baseline_"}
 
 
 def _param_value(value):
@@ -132,6 +141,9 @@ def save_model(model, path) -> None:
     }
     if getattr(model, "largest_shares_", None) is not None:
         arrays["largest_shares"] = model.largest_shares_
+    trees = getattr(model, "pooled_trees_", None)
+    if trees is not None:
+        arrays.update({name: getattr(trees, attribute) for name, attribute in TREE_ARRAYS.items()})
     if isinstance(clf.embedder_, MeanEmbedding):  # the linear k'_X (mean cell) has no frequencies
         arrays["embedding_frequencies"] = clf.embedder_.frequencies_
     if isinstance(getattr(clf, "feature_map_", None), LinearProductFeatures):
@@ -176,6 +188,25 @@ def save_model(model, path) -> None:
             arrays["hedge_embedding_weights"] = hedge.feature_map_.embedding_weights_
     path = Path(path)
     _write_atomically(path, arrays)
+
+
+def _pooled_trees(path, arrays, populations, n_channels):
+    """The pooled trees the file holds (all of ``TREE_ARRAYS``), or None (none of them)."""
+    present = [name for name in TREE_ARRAYS if name in arrays]
+    if not present:
+        return None
+    if len(present) != len(TREE_ARRAYS):
+        missing = ", ".join(name for name in TREE_ARRAYS if name not in arrays)
+        raise ModelFileError(path, f"model file is inconsistent: the pooled trees lack {missing}")
+    shapes = {"trees_roots": (None, None)}
+    values = {name: archive_array(path, arrays, name, *shapes.get(name, (None,))) for name in TREE_ARRAYS}
+    try:
+        return PooledTrees.from_arrays(populations, values["trees_columns"], values["trees_feature"],
+                                       values["trees_threshold"], values["trees_left"], values["trees_right"],
+                                       values["trees_value"], values["trees_roots"], values["trees_baseline"],
+                                       n_channels)
+    except ValueError as exc:
+        raise ModelFileError(path, f"model file is inconsistent: {exc}") from None
 
 
 def _check_hedge_shares_embedding(hedge, main) -> None:
@@ -283,6 +314,7 @@ def model_from_parts(cls, meta, arrays, path="model", research_cls=None):
         model.largest_shares_ = array("largest_shares", k).astype(np.float64)
         if not np.all((model.largest_shares_ >= 0) & (model.largest_shares_ <= 1)):
             raise ModelFileError(path, "model file is inconsistent: array 'largest_shares' holds values outside [0, 1]")
+    model.pooled_trees_ = _pooled_trees(path, arrays, model.populations_, d_cells)
     model.dica_ = None
     if model.dica is not None:
         n_dica = array("dica_frequencies", d, None).shape[1]

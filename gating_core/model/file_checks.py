@@ -119,6 +119,15 @@ MODEL_MEMBERS = {
     "reach_distances": Member("f", 1),
     "reach_typical": Member("f", 1),
     "reach_patient_means": Member("f", 3),
+    # pooled gradient-boosted trees beside the transfer model (format 14)
+    "trees_columns": Member("i", 1),
+    "trees_feature": Member("i", 1),
+    "trees_threshold": Member("f", 1),
+    "trees_left": Member("i", 1),
+    "trees_right": Member("i", 1),
+    "trees_value": Member("f", 1),
+    "trees_roots": Member("i", 2),
+    "trees_baseline": Member("f", 1),
     # the DICA projection after standardisation (GatingModel's ``dica``)
     "dica_frequencies": Member("f", 2),
     "dica_feature_mean": Member("f", 1),

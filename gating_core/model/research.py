@@ -90,6 +90,11 @@ class ResearchGatingModel(GatingModel):
         patient where the adapted populations let it swell over its neighbours' cells
         (:mod:`~gating_core.method.swollen_populations`). False: the plain mix, for measuring what
         the check adds (``evaluate --method marginal-no-swollen-check``).
+    trees_check : bool, default=True
+        Whether the check of ``adaptive_weight="auto"`` also scores pooled gradient-boosted trees
+        taking half the transfer model's part, and takes them where its held-out groups gate
+        better with them (:func:`~gating_core.model.adaptation.trees_choice`). False: never, for
+        measuring what they add (``evaluate --method marginal-no-trees``).
 
     method : {"marginal", "pooling", "multitask"}, default="marginal"
         Marginal transfer, or the pooling / multitask baselines (multitask: k_P =
@@ -137,6 +142,7 @@ class ResearchGatingModel(GatingModel):
         "adaptive_shapes": [BOOLEAN],
         "population_components": [Interval(numbers.Integral, 1, MAX_COMPONENTS_PER_POPULATION)],
         "swollen_check": [BOOLEAN],
+        "trees_check": [BOOLEAN],
         "method": [Options(*METHODS)],
         "solver": [Options(*SOLVERS)],
         "loss": [Options(*LOSSES)],

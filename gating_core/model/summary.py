@@ -38,6 +38,21 @@ def adapted_populations_text(model) -> str | None:
             f"cells by EM, {start}; {fits}")
 
 
+def pooled_trees_text(model) -> str | None:
+    """Whether gradient-boosted trees on the pooled training cells take half the transfer
+    model's part, and the held-out groups' accuracy that decided it; None when not checked."""
+    table = getattr(model, "selection_", {}).get("trees")
+    if not table:
+        return None
+    without = getattr(model, "selection_", {}).get("adaptive_weight", {}).get("cv_accuracy", {})
+    plain = without.get(str(float(getattr(model, "adaptive_weight_", 0.0))))
+    figures = (f"held-out groups {table['cv_accuracy']:.4f} with them, {plain:.4f} without"
+               if plain is not None else f"held-out groups {table['cv_accuracy']:.4f} with them")
+    if getattr(model, "pooled_trees_", None) is not None:
+        return f"half the transfer model's part, for the close calls ({figures})"
+    return f"not taken: the held-out groups were not gated better with them ({figures})"
+
+
 def unknown_cells_text(model) -> str | None:
     """Which cells the model calls 'unknown', or None when it calls none."""
     describe = getattr(model, "describe", None)
