@@ -14,7 +14,7 @@ from gating_core.method.population_components import adapted_fits
 from gating_core.method.unknown_cells import PopulationReach
 from gating_core.model import (ADAPTIVE_WEIGHT_TOLERANCE, ADAPTIVE_WEIGHTS, EVEN_ADAPTIVE_WEIGHT,
                                EVEN_WEIGHT_MARGIN, GatingModel)
-from gating_core.model.adaptation import TRANSFER_START_WEIGHT, weight_choice
+from gating_core.model.weight_check import TRANSFER_START_WEIGHT, weight_choice
 from gating_core.model.file_checks import ModelFileError
 from gating_core.model.research import ResearchGatingModel
 from modelfile_helpers import rewrite_model_file

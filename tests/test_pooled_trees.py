@@ -7,7 +7,7 @@ from sklearn.ensemble import HistGradientBoostingClassifier
 
 from gating_core.method.boosted_trees import PooledTrees
 from gating_core.model import GatingModel
-from gating_core.model.adaptation import TREES_SHARE, trees_choice
+from gating_core.model.weight_check import TREES_SHARE, trees_choice
 from gating_core.model.file_checks import ModelFileError
 from gating_core.model.research import ResearchGatingModel
 from helpers import sample_cohort

@@ -22,8 +22,9 @@ from gating_core.method.population_components import MAX_COMPONENTS
 from gating_core.method.swollen_populations import largest_shares
 from gating_core.method.priors import training_prior
 from gating_core.method.unknown_cells import UNKNOWN_MARGIN
-from gating_core.model.adaptation import (ADAPTIVE_WEIGHT_TOLERANCE, ADAPTIVE_WEIGHTS, EVEN_ADAPTIVE_WEIGHT,  # noqa: F401
-                                         EVEN_WEIGHT_MARGIN, FALLBACK_ADAPTIVE_WEIGHT, PatientAdaptation)
+from gating_core.model.adaptation import PatientAdaptation
+from gating_core.model.weight_check import (ADAPTIVE_WEIGHT_TOLERANCE, ADAPTIVE_WEIGHTS, EVEN_ADAPTIVE_WEIGHT,  # noqa: F401
+                                           EVEN_WEIGHT_MARGIN, FALLBACK_ADAPTIVE_WEIGHT)
 from gating_core.model.digest import digest_patient
 from gating_core.model.file import load_model, save_model
 from gating_core.model.gating import PatientGating

@@ -19,7 +19,7 @@ from gating_core.method.classifier import MarginalTransferClassifier
 from gating_core.method.features import LinearProductFeatures, ProductRFF
 from gating_core.method.unknown_cells import PopulationReach
 from gating_core.method.population_components import MAX_COMPONENTS_PER_POPULATION
-from gating_core.model.adaptation import ADAPTIVE_STARTS
+from gating_core.model.weight_check import ADAPTIVE_STARTS
 from gating_core.model.file_checks import ModelFileError
 from gating_core.model.file_fields import Fields
 from gating_core.model.file_params import _classifier_params

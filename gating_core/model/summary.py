@@ -3,7 +3,7 @@ user: the training summary of ``train`` and the app's list of models both print 
 
 from __future__ import annotations
 
-from gating_core.model.adaptation import EVEN_ADAPTIVE_WEIGHT
+from gating_core.model.weight_check import EVEN_ADAPTIVE_WEIGHT
 
 
 def adapted_populations_text(model) -> str | None:
