@@ -172,3 +172,26 @@ def test_trees_join_where_the_training_batches_gate_better_with_them(multicenter
     for sample, labels in held:
         accuracy = np.mean(model.predict(sample) == labels)
         assert accuracy > 0.92 and accuracy >= np.mean(without.predict(sample) == labels) - 0.001
+
+
+def test_a_file_gated_in_chunks_with_the_trees_is_gated_as_in_memory(small_model, tmp_path):
+    import pandas as pd
+
+    from gating_core.batch.files import gate_file
+    from helpers import sample_paths
+
+    model, trees = small_model
+    model.pooled_trees_ = trees
+    try:
+        path = sample_paths([6])[0]
+        record = gate_file(model, path, tmp_path, chunk_size=7_000)[0]
+        sample, _ = (x[0] for x in sample_cohort([6]))
+        in_memory = model.gate(sample)
+    finally:
+        model.pooled_trees_ = None
+    assert "error" not in record
+    gated = pd.read_csv(record["output"])
+    assert np.array_equal(gated["population"].to_numpy().astype(str), np.asarray(in_memory.populations).astype(str))
+    np.testing.assert_allclose(gated["confidence"].to_numpy(), in_memory.confidence, atol=1e-4)
+    # The trees moved this patient's close calls' confidences: without them the file would differ.
+    assert np.abs(model.gate(sample).confidence - in_memory.confidence).max() > 1e-3
