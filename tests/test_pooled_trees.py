@@ -65,7 +65,7 @@ def test_trees_read_back_from_their_arrays_and_refuse_arrays_that_are_no_trees()
     broken = {
         "a tree points outside its nodes": dict(left=np.where(np.arange(len(trees.left_)) == inner,
                                                               len(trees.left_) + 5, trees.left_)),
-        "deeper than": dict(left=np.where(np.arange(len(trees.left_)) == inner, root, trees.left_)),  # a loop
+        "two parents": dict(left=np.where(np.arange(len(trees.left_)) == inner, root, trees.left_)),  # a loop
         "one child": dict(right=np.where(np.arange(len(trees.right_)) == inner, inner, trees.right_)),
         "channel the model does not have": dict(n_channels=2),
         "populations are not the model's": dict(columns=np.array([0, 1, 2, 2])),
@@ -74,6 +74,16 @@ def test_trees_read_back_from_their_arrays_and_refuse_arrays_that_are_no_trees()
     for message, change in broken.items():
         with pytest.raises(ValueError, match=message):
             PooledTrees.from_arrays(**{**_arrays(trees), **change})
+    # One tree of 70 splits in a chain, each with a leaf on its right.
+    chain = np.arange(70)
+    left = np.concatenate([chain + 1, np.arange(70, 141)])
+    left[69] = 140
+    right = np.concatenate([chain + 70, np.arange(70, 141)])
+    deep = dict(classes=np.array(["a", "b"]), columns=np.array([0, 1]), feature=np.zeros(141, np.int32),
+                threshold=np.zeros(141), left=left, right=right, value=np.zeros(141), roots=np.array([[0]]),
+                baseline=np.zeros(1), n_channels=4)
+    with pytest.raises(ValueError, match="deeper than 64 splits"):
+        PooledTrees.from_arrays(**deep)
 
 
 def test_the_check_takes_trees_only_when_they_score_higher_and_no_fold_falls():
@@ -195,3 +205,37 @@ def test_a_file_gated_in_chunks_with_the_trees_is_gated_as_in_memory(small_model
     np.testing.assert_allclose(gated["confidence"].to_numpy(), in_memory.confidence, atol=1e-4)
     # The trees moved this patient's close calls' confidences: without them the file would differ.
     assert np.abs(model.gate(sample).confidence - in_memory.confidence).max() > 1e-3
+
+
+def test_arrays_that_share_nodes_or_hold_too_many_trees_are_refused():
+    """A model file is a user's input: shared subtrees (2^depth paths to walk), many roots on one
+    tree or indices that would wrap are refused before any table is built."""
+    x, labels = _cells()
+    trees = PooledTrees(random_state=0).fit(x, labels)
+    arrays = _arrays(trees)
+    inner = int(np.flatnonzero(trees.left_ != np.arange(len(trees.left_)))[1])
+    both_to_one = dict(right=np.where(np.arange(len(trees.right_)) == inner, trees.left_[inner], trees.right_))
+    with pytest.raises(ValueError, match="two parents"):
+        PooledTrees.from_arrays(**{**arrays, **both_to_one})
+    same_root = np.full_like(trees.roots_, trees.roots_[0, 0])
+    with pytest.raises(ValueError, match="two parents"):
+        PooledTrees.from_arrays(**{**arrays, "roots": same_root})
+    n = 20_004  # 5,001 iterations of four one-leaf trees
+    stumps = dict(feature=np.zeros(n, np.int32), threshold=np.zeros(n), left=np.arange(n), right=np.arange(n),
+                  value=np.zeros(n), roots=np.arange(n).reshape(-1, 4))
+    with pytest.raises(ValueError, match="20004 trees; a model holds at most 20000"):
+        PooledTrees.from_arrays(**{**arrays, **stumps})
+    few = {name: a[:400] if name != "roots" else a[:100] for name, a in stumps.items()}
+    assert PooledTrees.from_arrays(**{**arrays, **few}).proba(x[:10]).shape == (10, 4)
+    wrapped = trees.left_.astype(np.int64)
+    wrapped[inner] += 2 ** 32
+    with pytest.raises(ValueError, match="out of range"):
+        PooledTrees.from_arrays(**{**arrays, "left": wrapped})
+
+
+def test_a_population_of_one_training_cell_is_left_to_the_other_parts():
+    x, labels = _cells()
+    labels = labels.copy()
+    labels[7] = "e"  # one cell: scikit-learn's stratified hold-out could not split it
+    trees = PooledTrees(random_state=0).fit(x, labels, classes=["a", "b", "c", "d", "e"])
+    assert np.all(trees.proba(x[:100])[:, 4] == 0)

@@ -20,6 +20,11 @@ MAX_LEAVES = 64
 ALL_LEAVES = np.uint64(2**64 - 1)
 #: Splits from a root to a leaf a tree may have (a tree of MAX_LEAVES leaves has fewer).
 MAX_DEPTH = MAX_LEAVES
+#: Trees and nodes a model may hold: scikit-learn's default boosts at most 100 iterations, a
+#: tree of at most 61 nodes per population each (50 populations: 5,000 trees, 305,000 nodes).
+#: The scoring tables take about 512 bytes per split node, so these bound a model file's memory.
+MAX_TREES = 20_000
+MAX_NODES = 400_000
 #: How far the probabilities may be from scikit-learn's own on the training cells
 #: (float64 sums in another order).
 SCORE_TOLERANCE = 1e-6
@@ -60,6 +65,14 @@ class PooledTrees:
         classes = np.unique(y) if classes is None else np.asarray(classes).astype(str)
         if not np.isin(y, classes).all():
             raise ValueError("a label is none of the given populations")
+        # scikit-learn holds out a stratified tenth of the cells to stop boosting, which needs two
+        # cells of every population; trees cannot learn a population from one cell either, so
+        # such a population is left to the model's other parts.
+        names, counts = np.unique(y, return_counts=True)
+        kept = np.isin(y, names[counts >= 2])
+        if len(names[counts >= 2]) < 2:
+            raise ValueError("the trees need two populations of at least two training cells each")
+        x, y = x[kept], y[kept]
         # OpenMP threads that spin while the CPUs serve other work stall the fit many times
         # over: the trees take the CPUs that are free, as BLAS does (gating_core.cpus).
         with threadpool_limits(limits=idle_cpus(), user_api="openmp"):
@@ -109,13 +122,13 @@ class PooledTrees:
         not make trees)."""
         trees = cls()
         trees.classes_ = np.asarray(classes).astype(str)
-        trees.columns_ = np.asarray(columns, dtype=np.int64)
-        trees.feature_ = np.asarray(feature, dtype=np.int32)
+        trees.columns_ = _indices(columns, np.int64)
+        trees.feature_ = _indices(feature, np.int32)
         trees.threshold_ = np.asarray(threshold, dtype=np.float64)
-        trees.left_ = np.asarray(left, dtype=np.int32)
-        trees.right_ = np.asarray(right, dtype=np.int32)
+        trees.left_ = _indices(left, np.int32)
+        trees.right_ = _indices(right, np.int32)
         trees.value_ = np.asarray(value, dtype=np.float64)
-        trees.roots_ = np.asarray(roots, dtype=np.int32)
+        trees.roots_ = _indices(roots, np.int32)
         trees.baseline_ = np.asarray(baseline, dtype=np.float64)
         trees.check(n_channels)
         trees._exit_tables()
@@ -124,10 +137,13 @@ class PooledTrees:
     def check(self, n_channels=None) -> None:
         """ValueError unless the arrays make trees: same lengths, children and roots within the
         nodes, every path from a root ending on a leaf within MAX_DEPTH splits, one score per
-        population (or one for two), columns that are populations, channels below ``n_channels``."""
+        population (or one for two), columns that are populations, channels below ``n_channels``,
+        no node with two parents, at most MAX_TREES trees and MAX_NODES nodes."""
         n = len(self.feature_)
         if n == 0 or not all(len(a) == n for a in (self.threshold_, self.left_, self.right_, self.value_)):
             raise ValueError("the trees' node arrays differ in length")
+        if n > MAX_NODES:
+            raise ValueError(f"{n} tree nodes; a model holds at most {MAX_NODES}")
         k = len(self.classes_)
         scores = len(self.columns_)
         if scores < 2 or len(np.unique(self.columns_)) != scores or self.columns_.min() < 0 or self.columns_.max() >= k:
@@ -140,9 +156,16 @@ class PooledTrees:
                 raise ValueError("a tree points outside its nodes")
         if self.feature_.min() < 0 or (n_channels is not None and self.feature_.max() >= n_channels):
             raise ValueError("a tree splits on a channel the model does not have")
+        if self.roots_.size > MAX_TREES:
+            raise ValueError(f"{self.roots_.size} trees; a model holds at most {MAX_TREES}")
         leaf = self.left_ == np.arange(n)
         if not np.array_equal(leaf, self.right_ == np.arange(n)):
             raise ValueError("a tree's node has one child")
+        # Trees, not graphs: every node has one parent at most and a root none, so each tree's
+        # nodes are its own and the tables built from them grow with the file's nodes.
+        children = np.concatenate([self.left_[~leaf], self.right_[~leaf], self.roots_.ravel()])
+        if len(np.unique(children)) != len(children):
+            raise ValueError("a node of the trees has two parents")
         reached = np.unique(self.roots_.ravel())
         for _ in range(MAX_DEPTH):  # a loop, or a path longer than a tree can have, never ends on leaves
             if leaf[reached].all():
@@ -248,3 +271,15 @@ class PooledTrees:
 def _bits(begin: int, end: int) -> np.uint64:
     """The bits ``begin`` to ``end - 1`` set."""
     return np.uint64(sum(1 << i for i in range(begin, end)))
+
+
+def _indices(values, dtype) -> np.ndarray:
+    """Whole numbers as ``dtype``, refused (ValueError) when they are not whole numbers or do not
+    fit: a model file's indices must not wrap into other, valid ones."""
+    values = np.asarray(values)
+    if values.dtype.kind not in "iu":
+        raise ValueError("the trees' indices are not whole numbers")
+    limit = np.iinfo(dtype)
+    if values.size and (int(values.min()) < limit.min or int(values.max()) > limit.max):
+        raise ValueError("the trees' indices are out of range")
+    return values.astype(dtype)

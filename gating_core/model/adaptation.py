@@ -20,6 +20,10 @@ from gating_core.method.unknown_cells import UNKNOWN_MARGIN, PopulationReach
 from gating_core.model.result import GATING_PARTS
 from gating_core.model.weight_check import TREES_SHARE, WeightCheck
 
+#: How far within the trees' bound (docs/method.md, pooled trees) a cell is still scored by them:
+#: the float32 mix rounds each probability to about 6e-8.
+BOUND_SLACK = np.float32(1e-6)
+
 
 class PatientAdaptation(WeightCheck):
     """The adapted populations, the unknown-cell reach and the per-patient adjustment (mixed
@@ -133,7 +137,8 @@ class PatientAdaptation(WeightCheck):
             rows_all = np.arange(len(final))
             leader = lead[rows_all, top]
             lead[rows_all, top] = -np.inf
-            rows = np.flatnonzero(lead.max(axis=1) >= leader - share)
+            # float32 rounding of the mix: a cell within a few steps of the bound is scored too
+            rows = np.flatnonzero(lead.max(axis=1) >= leader - share - BOUND_SLACK)
         if len(rows):
             beside = (1.0 - TREES_SHARE) * transfer[rows] + TREES_SHARE * self.pooled_trees_.proba(cells[rows])
             final[rows] = adjust.mix(beside.astype(np.float32), cells[rows], weight)

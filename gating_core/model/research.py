@@ -93,7 +93,7 @@ class ResearchGatingModel(GatingModel):
     trees_check : bool, default=True
         Whether the check of ``adaptive_weight="auto"`` also scores pooled gradient-boosted trees
         taking half the transfer model's part, and takes them where its held-out groups gate
-        better with them (:func:`~gating_core.model.adaptation.trees_choice`). False: never, for
+        better with them (:func:`~gating_core.model.weight_check.trees_choice`). False: never, for
         measuring what they add (``evaluate --method marginal-no-trees``).
 
     method : {"marginal", "pooling", "multitask"}, default="marginal"
