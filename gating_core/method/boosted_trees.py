@@ -205,31 +205,33 @@ class PooledTrees:
         each tree's leaf values left to right (trees, MAX_LEAVES))."""
         roots = self.roots_.ravel()
         leaf = self.left_ == np.arange(len(self.left_))
-        order = []  # per tree: (its leaves left to right, each split node's first left leaf)
+        order = []  # per tree: (its leaves left to right, each split node with its left subtree's leaves)
         for root in roots:
-            leaves, spans, stack = [], {}, [int(root)]
+            leaves, first, stack = [], {}, [int(root)]
             while stack:  # depth first, left before right: the leaves come left to right
                 node = stack.pop()
+                first[node] = len(leaves)  # the subtree of ``node`` starts at this leaf
                 if leaf[node]:
                     leaves.append(node)
                 else:
-                    spans[node] = len(leaves)  # its left subtree's leaves start here
                     stack.extend([int(self.right_[node]), int(self.left_[node])])
             if len(leaves) > MAX_LEAVES:
                 raise ValueError(f"a tree has {len(leaves)} leaves; gating reads trees of at most {MAX_LEAVES}")
-            order.append((leaves, spans))
+            # A split's left subtree holds the leaves from its own first to its right child's first.
+            splits = [(node, begin, first[int(self.right_[node])]) for node, begin in first.items() if not leaf[node]]
+            order.append((leaves, splits))
         tables = []  # built whole, then set: scoring threads may read the trees meanwhile
         for first in range(0, len(roots), TREE_BLOCK):
             trees = np.arange(first, min(first + TREE_BLOCK, len(roots)))
             leaf_values = np.zeros((len(trees), MAX_LEAVES))
             nodes, owner, rules_out = [], [], []
             for j, t in enumerate(trees):
-                leaves, spans = order[t]
+                leaves, splits = order[t]
                 leaf_values[j, :len(leaves)] = self.value_[leaves]
-                for node, begin in spans.items():
+                for node, begin, end in splits:
                     nodes.append(node)
                     owner.append(j)
-                    rules_out.append(_bits(begin, self._left_leaf_count(node, leaf) + begin))
+                    rules_out.append(_bits(begin, end))
             nodes, owner, rules_out = np.asarray(nodes, np.int64), np.asarray(owner, np.int64), np.asarray(rules_out, np.uint64)
             per_channel = {}
             for channel in np.unique(self.feature_[nodes]) if len(nodes) else []:
@@ -240,17 +242,6 @@ class PooledTrees:
                 per_channel[int(channel)] = (self.threshold_[nodes[mine]], np.bitwise_and.accumulate(steps, axis=0))
             tables.append((trees, per_channel, leaf_values))
         self.tables_ = tables
-
-    def _left_leaf_count(self, node: int, leaf: np.ndarray) -> int:
-        """How many leaves the left subtree of ``node`` has."""
-        count, stack = 0, [int(self.left_[node])]
-        while stack:
-            n = stack.pop()
-            if leaf[n]:
-                count += 1
-            else:
-                stack.extend([int(self.left_[n]), int(self.right_[n])])
-        return count
 
     def proba(self, cells) -> np.ndarray:
         """Probabilities (n, k) of ``cells`` (n, d) standardised as in training, float32, in the

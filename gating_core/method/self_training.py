@@ -133,19 +133,21 @@ class PatientAdjustment:
         shared-covariance fit's and (with ``shapes``) the own-shape fit's."""
         return adapted_proba(cells, self.gaussians, self.shapes, self.components)
 
-    def mix(self, proba: np.ndarray, cells: np.ndarray, weight: float) -> np.ndarray:
+    def mix(self, proba: np.ndarray, cells: np.ndarray, weight: float, adapted=None) -> np.ndarray:
         """``(1 - weight) proba + weight`` :meth:`adapted`, in place; unchanged without
         gaussians or at weight 0. With ``transfer_columns``, those columns keep ``proba``'s
-        values alone and every row is normalised to sum to 1."""
+        values alone and every row is normalised to sum to 1. ``adapted``: :meth:`adapted` of
+        ``cells`` when already computed."""
         if self.gaussians is None or weight <= 0:
             return proba
+        adapted = self.adapted(cells) if adapted is None else adapted
         if self.transfer_columns is None:
             proba *= np.float32(1.0 - weight)
-            proba += np.float32(weight) * self.adapted(cells)
+            proba += np.float32(weight) * adapted
             return proba
         weights = np.where(self.transfer_columns, np.float32(0.0), np.float32(weight)).astype(np.float32)
         proba *= np.float32(1.0) - weights
-        proba += weights * self.adapted(cells)
+        proba += weights * adapted
         proba /= proba.sum(axis=1, keepdims=True)
         return proba
 

@@ -317,14 +317,6 @@ class PopulationReach:
                 near |= np.einsum("npd,npd->np", centred, centred).min(axis=1) <= limit[j]
             far[rows[near]] = False
         return far
-        for means in training:
-            if not far.any():
-                break
-            # Only the cells still far are measured again: a patient of nothing new has none.
-            index = np.flatnonzero(far)
-            placed = np.where(stayed[:, None], means, patient.means)
-            far[index] = self.distance(np.asarray(cells)[index], placed, patient.spread) > patient.margin
-        return far
 
 
 def _centred_squares(cells, whitening, offsets) -> np.ndarray:

@@ -126,8 +126,9 @@ class PatientAdaptation(WeightCheck):
         percent of the cells where the parts agree). Where rare populations' columns come from
         the transfer model alone (``transfer_columns``) the rows are normalised, and every cell is
         scored."""
-        final = adjust.mix(transfer.copy(), cells, weight)
         adapted = adjust.gaussians is not None and weight > 0
+        posteriors = adjust.adapted(cells) if adapted else None  # once, for both mixes
+        final = adjust.mix(transfer.copy(), cells, weight, posteriors)
         share = np.float32(TREES_SHARE * ((1.0 - weight) if adapted else 1.0))
         if adapted and adjust.transfer_columns is not None:
             rows = np.arange(len(cells))
@@ -141,7 +142,8 @@ class PatientAdaptation(WeightCheck):
             rows = np.flatnonzero(lead.max(axis=1) >= leader - share - BOUND_SLACK)
         if len(rows):
             beside = (1.0 - TREES_SHARE) * transfer[rows] + TREES_SHARE * self.pooled_trees_.proba(cells[rows])
-            final[rows] = adjust.mix(beside.astype(np.float32), cells[rows], weight)
+            final[rows] = adjust.mix(beside.astype(np.float32), cells[rows], weight,
+                                     None if posteriors is None else posteriors[rows])
         return final
 
     def gating_parts(self) -> tuple:

@@ -199,12 +199,10 @@ def _pooled_trees(path, arrays, populations, n_channels):
         missing = ", ".join(name for name in TREE_ARRAYS if name not in arrays)
         raise ModelFileError(path, f"model file is inconsistent: the pooled trees lack {missing}")
     shapes = {"trees_roots": (None, None)}
-    values = {name: archive_array(path, arrays, name, *shapes.get(name, (None,))) for name in TREE_ARRAYS}
+    values = {attribute.rstrip("_"): archive_array(path, arrays, name, *shapes.get(name, (None,)))
+              for name, attribute in TREE_ARRAYS.items()}
     try:
-        return PooledTrees.from_arrays(populations, values["trees_columns"], values["trees_feature"],
-                                       values["trees_threshold"], values["trees_left"], values["trees_right"],
-                                       values["trees_value"], values["trees_roots"], values["trees_baseline"],
-                                       n_channels)
+        return PooledTrees.from_arrays(populations, n_channels=n_channels, **values)
     except ValueError as exc:
         raise ModelFileError(path, f"model file is inconsistent: {exc}") from None
 

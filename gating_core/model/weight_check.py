@@ -177,9 +177,10 @@ class WeightCheck:
             gaussians = AdaptiveLDA().fit([cells[i] for i in train], parts, classes=names)
             shapes = PopulationReach().fit([cells[i] for i in train], parts, names) if self.adaptive_shapes else None
             columns = np.searchsorted(np.asarray(self.populations_), np.asarray(fold.populations_))
-            trees = (PooledTrees(random_state=self.random_state).fit([cells[i] for i in train], [labels[i] for i in train],
-                                                                    fold.populations_)
-                     if self.trees_check else None)
+            fold_trees = None
+            if self.trees_check:
+                fold_trees = PooledTrees(random_state=self.random_state).fit(
+                    [cells[i] for i in train], [labels[i] for i in train], fold.populations_)
             for i in held:
                 embedding = fold.classifier_.embed(embedding_cells[i])
                 adjust = fold._patient_adjustment(embedding_cells[i], embedding)
@@ -196,8 +197,8 @@ class WeightCheck:
 
                 for w in ADAPTIVE_WEIGHTS:
                     accuracy[w].append(accuracy_of((1.0 - w) * transfer + w * adapted))
-                if trees is not None:
-                    beside = (1.0 - TREES_SHARE) * transfer + TREES_SHARE * trees.proba(cells[i])
+                if fold_trees is not None:
+                    beside = (1.0 - TREES_SHARE) * transfer + TREES_SHARE * fold_trees.proba(cells[i])
                     for w in ADAPTIVE_WEIGHTS:
                         with_trees[w].append(accuracy_of((1.0 - w) * beside + w * adapted))
                 fold_of.append(j)
