@@ -61,10 +61,11 @@ def test_unsupervised_dica_also_gates(dica_model):
     accuracy = np.mean(model.predict(read_fcs(path, compensate=True)).astype(str) == _truth(path.stem))
     assert accuracy >= 0.8, accuracy
     # UDICA ignores the labels: another labelling of the same cells gives the same projection
+    # (to BLAS rounding: the two fits may run on different numbers of BLAS threads)
     shuffled = [np.roll(y, 7) for y in labels]
     other = ResearchGatingModel(select=False, cells_per_patient=1000, dica="unsupervised", dica_components=8).fit(
         samples, shuffled)
-    np.testing.assert_array_equal(other.dica_.projection_, model.dica_.projection_)
+    np.testing.assert_allclose(other.dica_.projection_, model.dica_.projection_, rtol=1e-7, atol=1e-10)
 
 
 def test_save_load_gate_equals_in_memory_exactly(dica_model, tmp_path):
