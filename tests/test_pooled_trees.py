@@ -239,3 +239,38 @@ def test_a_population_of_one_training_cell_is_left_to_the_other_parts():
     labels[7] = "e"  # one cell: scikit-learn's stratified hold-out could not split it
     trees = PooledTrees(random_state=0).fit(x, labels, classes=["a", "b", "c", "d", "e"])
     assert np.all(trees.proba(x[:100])[:, 4] == 0)
+
+
+def _tiny_patient_cohort(sizes, seed=0):
+    """Patients of ``sizes`` events on three channels, gated by one threshold."""
+    from gating_core import Channel, Sample
+
+    rng = np.random.default_rng(seed)
+    samples = [Sample(f"p{i}", (rng.normal(size=(n, 3)) * 100 + 500).astype(np.float32),
+                      [Channel(c) for c in "ABC"], {}) for i, n in enumerate(sizes)]
+    return samples, [np.where(s.events[:, 0] > 500, "a", "b") for s in samples]
+
+
+def test_a_check_fold_trained_on_a_single_population_is_left_out():
+    """A group of one tiny patient held out leaves the other groups to train on; held in, its fold
+    trains on one population, which no classifier can learn: that fold is skipped, not the fit."""
+    samples, labels = _tiny_patient_cohort([500, 500, 1])
+    assert len(np.unique(labels[2])) == 1
+    model = GatingModel().fit(samples, labels, groups=["x", "x", "y"])
+    table = model.selection_["adaptive_weight"]
+    assert table["folds"] == 1 and len(table["skipped_folds"]["folds"]) == 1
+    assert table["cv_patient_folds"] == [table["cv_patient_folds"][0]]  # the tiny patient alone held out
+    assert np.mean(model.predict(samples[0]) == labels[0]) > 0.9
+
+
+def test_trees_too_few_cells_to_fit_in_a_fold_are_not_taken():
+    samples, labels = _tiny_patient_cohort([500, 500, 3])
+    labels[2] = np.array(["a", "b", "b"])  # two populations, one of a single cell
+    assert not PooledTrees.can_fit(labels[2]) and PooledTrees.can_fit(labels[:2])
+    model = GatingModel().fit(samples, labels, groups=["x", "x", "y"])
+    assert model.selection_["adaptive_weight"]["folds"] == 2
+    assert model.selection_["trees"]["taken"] is False and model.pooled_trees_ is None
+    assert "fewer than two populations" in model.selection_["trees"]["reason"]
+    from gating_core.model.summary import pooled_trees_text
+
+    assert pooled_trees_text(model).startswith("not taken: a fold's training cells")

@@ -68,10 +68,10 @@ class PooledTrees:
         # scikit-learn holds out a stratified tenth of the cells to stop boosting, which needs two
         # cells of every population; trees cannot learn a population from one cell either, so
         # such a population is left to the model's other parts.
+        if not self.can_fit(y):
+            raise ValueError("the trees need two populations of at least two training cells each")
         names, counts = np.unique(y, return_counts=True)
         kept = np.isin(y, names[counts >= 2])
-        if len(names[counts >= 2]) < 2:
-            raise ValueError("the trees need two populations of at least two training cells each")
         x, y = x[kept], y[kept]
         # OpenMP threads that spin while the CPUs serve other work stall the fit many times
         # over: the trees take the CPUs that are free, as BLAS does (gating_core.cpus).
@@ -84,6 +84,16 @@ class PooledTrees:
         if not np.allclose(self.proba(check), expected, atol=SCORE_TOLERANCE):
             raise RuntimeError("this scikit-learn's boosted trees are laid out otherwise than gating reads them")
         return self
+
+    @staticmethod
+    def can_fit(labels) -> bool:
+        """Whether trees can be fitted on cells of these ``labels`` (per event, or a list of per-patient
+        arrays): two populations of at least two cells each."""
+        y = np.concatenate(labels) if isinstance(labels, (list, tuple)) else np.asarray(labels)
+        if not len(y):
+            return False
+        counts = np.unique(y.astype(str), return_counts=True)[1]
+        return int(np.sum(counts >= 2)) >= 2
 
     def _copy(self, estimator, classes) -> None:
         """The fitted trees' arrays, each tree's node indices shifted into one array."""

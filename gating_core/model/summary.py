@@ -44,6 +44,8 @@ def pooled_trees_text(model) -> str | None:
     table = getattr(model, "selection_", {}).get("trees")
     if not table:
         return None
+    if "reason" in table:
+        return f"not taken: {table['reason']}"
     without = getattr(model, "selection_", {}).get("adaptive_weight", {}).get("cv_accuracy", {})
     plain = without.get(str(float(getattr(model, "adaptive_weight_", 0.0))))
     figures = (f"held-out groups {table['cv_accuracy']:.4f} with them, {plain:.4f} without"

@@ -163,10 +163,15 @@ class WeightCheck:
         transfer_started = []
         fixed = {"companion_bandwidth_x": self.companion_bandwidth_x_, "pooled_weight": self.pooled_weight_}
         fold_params = dict(params)  # the selected hyperparameters, kept in every fold
+        skipped = []  # folds whose training patients hold a single population: nothing to refit
+        trees_unfit = False  # a fold's training cells too few for trees: they cannot be judged
         for j in range(n_folds):
             held_groups = set(order[j::n_folds])
             train = [i for i, g in enumerate(groups) if g not in held_groups]
             held = [i for i, g in enumerate(groups) if g in held_groups]
+            if len(np.unique(np.concatenate([np.asarray(labels[i]).astype(str) for i in train]))) < 2:
+                skipped.append(j)
+                continue
             fold = self._fold_copy([self.groups_[i] for i in train], [self.training_patients_[i] for i in train])
             fold._fit_transfer([cells[i] for i in train], [embedding_cells[i] for i in train],
                                [labels[i] for i in train], fold_params, lambda stage, f: None, fixed=fixed)
@@ -178,9 +183,11 @@ class WeightCheck:
             shapes = PopulationReach().fit([cells[i] for i in train], parts, names) if self.adaptive_shapes else None
             columns = np.searchsorted(np.asarray(self.populations_), np.asarray(fold.populations_))
             fold_trees = None
-            if self.trees_check:
+            if self.trees_check and PooledTrees.can_fit([labels[i] for i in train]):
                 fold_trees = PooledTrees(random_state=self.random_state).fit(
                     [cells[i] for i in train], [labels[i] for i in train], fold.populations_)
+            elif self.trees_check:
+                trees_unfit = True
             for i in held:
                 embedding = fold.classifier_.embed(embedding_cells[i])
                 adjust = fold._patient_adjustment(embedding_cells[i], embedding)
@@ -211,6 +218,11 @@ class WeightCheck:
                     refined = patient.adapted(cells[i])
                     transfer_started.append(accuracy_of((1.0 - TRANSFER_START_WEIGHT) * transfer
                                                         + TRANSFER_START_WEIGHT * refined))
+        if not fold_of:
+            self.selection_["adaptive_weight"] = {
+                "chosen": FALLBACK_ADAPTIVE_WEIGHT, "start": "training", "folds": 0,
+                "reason": "the training patients of every fold held a single population"}
+            return FALLBACK_ADAPTIVE_WEIGHT, "training", False
         means = {w: float(np.mean(a)) for w, a in accuracy.items()}
         worst = {w: float(np.min(a)) for w, a in accuracy.items()}
         # The held-out patients come from the training groups, so the folds see only the shifts
@@ -221,20 +233,26 @@ class WeightCheck:
         start = "training"
         if transfer_started and check_score(transfer_started) > best + ADAPTIVE_WEIGHT_TOLERANCE:
             chosen, start = TRANSFER_START_WEIGHT, "transfer"
-        table = {"chosen": chosen, "start": start, "folds": n_folds,
+        table = {"chosen": chosen, "start": start, "folds": n_folds - len(skipped),
                  "cv_accuracy": {str(w): m for w, m in means.items()},
                  "cv_worst": {str(w): v for w, v in worst.items()},
                  "cv_score": {str(w): v for w, v in score.items()},
                  "cv_patients": {str(w): list(a) for w, a in accuracy.items()},
                  "cv_patient_folds": [int(j) for j in fold_of],
                  "cv_fold_accuracy": {str(w): m for w, m in fold_means.items()}}
+        if skipped:
+            table["skipped_folds"] = {"folds": skipped, "reason": "their training patients held a single population"}
         if transfer_started:
             table["cv_transfer_start"] = {"accuracy": float(np.mean(transfer_started)),
                                           "worst": float(np.min(transfer_started)),
                                           "score": check_score(transfer_started)}
         self.selection_["adaptive_weight"] = table
         trees = False
-        if self.trees_check and start == "training" and chosen < 1.0:
+        if self.trees_check and start == "training" and chosen < 1.0 and trees_unfit:
+            self.selection_["trees"] = {"taken": False, "share": TREES_SHARE,
+                                        "reason": "a fold's training cells held fewer than two populations "
+                                                  "of two cells or more"}
+        elif self.trees_check and start == "training" and chosen < 1.0:
             trees = trees_choice(accuracy[chosen], with_trees[chosen], fold_of)
             self.selection_["trees"] = {
                 "taken": trees, "share": TREES_SHARE,
