@@ -42,7 +42,7 @@ def small_model():
 # ------------------------------------------------------------------------------------ FlowKit
 
 def test_to_flowkit_and_back_is_exact_and_carries_the_spillover(raw_patient):
-    fk = to_flowkit(raw_patient)
+    fk = to_flowkit(raw_patient, include_identifying=True)
     assert isinstance(fk, flowkit.Sample) and fk.id == "patient_01"
     assert np.array_equal(fk.get_events(source="raw"), raw_patient.events)
     assert list(fk.pnn_labels) == raw_patient.pnn
@@ -65,6 +65,16 @@ def test_to_flowkit_and_back_is_exact_and_carries_the_spillover(raw_patient):
     # The spillover is usable by FlowKit's own compensation step, with our result.
     fk.apply_compensation(fk.metadata["spillover"])
     np.testing.assert_allclose(fk.get_events(source="comp"), raw_patient.compensate().events, rtol=1e-5, atol=1e-2)
+
+
+def test_to_flowkit_keeps_only_the_keywords_needed_to_read_the_data_unless_asked(raw_patient):
+    identifying = {"$FIL", "$DATE", "$SRC", "$CYTSN", "$COM", "SIM_CONDITION"}
+    assert identifying <= set(raw_patient.keywords)
+    shared = from_flowkit(to_flowkit(raw_patient)).keywords
+    assert not identifying & set(shared) and shared["$CYT"] == raw_patient.keywords["$CYT"]
+    assert int(shared["GATING_DROPPED_KEYWORDS"]) == len(identifying)
+    kept = from_flowkit(to_flowkit(raw_patient, keep_keywords=["sim_condition"])).keywords
+    assert kept["SIM_CONDITION"] == raw_patient.keywords["SIM_CONDITION"] and "$FIL" not in kept
 
 
 def test_from_flowkit_reads_a_flowkit_file_sample_like_read_fcs(sample_data_dir, raw_patient):
@@ -133,7 +143,11 @@ def test_to_anndata_layout_and_h5ad_round_trip(small_model, raw_patient, tmp_pat
     from gating_core import from_anndata, to_anndata
 
     result = small_model.gate(raw_patient)
-    adata = to_anndata(raw_patient, result)
+    adata = to_anndata(raw_patient, result, include_identifying=True)
+    # Every keyword but the source file's byte offsets, which point into a file the h5ad is not.
+    offsets = {"$BEGINDATA", "$ENDDATA", "$BEGINANALYSIS", "$ENDANALYSIS", "$BEGINSTEXT", "$ENDSTEXT", "$NEXTDATA"}
+    assert {"$BEGINDATA", "$ENDDATA"} <= set(raw_patient.keywords)
+    carried = {k: v for k, v in raw_patient.keywords.items() if k not in offsets}
     assert adata.shape == (12_000, 9)
     assert np.array_equal(adata.X, raw_patient.events)
     assert list(adata.var_names) == raw_patient.pnn
@@ -141,8 +155,14 @@ def test_to_anndata_layout_and_h5ad_round_trip(small_model, raw_patient, tmp_pat
     assert list(adata.obs_names[:3]) == ["0", "1", "2"]
     assert np.array_equal(adata.obs["population"].astype(str).to_numpy(), result.populations.astype(str))
     assert np.array_equal(adata.obs["confidence"].to_numpy(), result.confidence)
-    assert adata.uns["keywords"] == raw_patient.keywords
+    assert adata.uns["keywords"] == carried and adata.uns["dropped_keywords"] == 0
     assert adata.uns["gating"]["novelty"]["score"] == result.novelty.score
+    # The model's populations are the categories, in its order, a population the patient lacks too.
+    assert list(adata.obs["population"].cat.categories) == result.population_names
+    missing = to_anndata(raw_patient, result, populations=np.full(12_000, result.population_names[0], dtype=object))
+    assert list(missing.obs["population"].cat.categories) == result.population_names
+    edited = to_anndata(raw_patient, result, populations=np.full(12_000, "debris", dtype=object))
+    assert list(edited.obs["population"].cat.categories) == result.population_names + ["debris"]
 
     adata.write_h5ad(tmp_path / "p.h5ad")
     read_back = anndata.read_h5ad(tmp_path / "p.h5ad")
@@ -150,7 +170,7 @@ def test_to_anndata_layout_and_h5ad_round_trip(small_model, raw_patient, tmp_pat
     assert sample.name == "patient_01"
     assert sample.events.dtype == np.float32 and np.array_equal(sample.events, raw_patient.events)
     assert sample.channels == raw_patient.channels
-    assert sample.keywords == raw_patient.keywords
+    assert sample.keywords == carried
     assert np.array_equal(sample.spillover, raw_patient.spillover)
     assert sample.spillover_channels == raw_patient.spillover_channels
     assert np.array_equal(read_back.obs["population"].astype(str).to_numpy(), result.populations.astype(str))
@@ -168,7 +188,11 @@ def test_h5ad_export_keeps_only_keywords_needed_to_read_the_data(raw_patient, tm
     keywords = uns["keywords"]
     assert "$CYT" in keywords and "$SPILLOVER" in keywords
     assert not {"$FIL", "$DATE", "$SRC", "$CYTSN", "$COM", "SIM_CONDITION"} & set(keywords)
+    assert not {"$BEGINDATA", "$ENDDATA"} & set(keywords) and "$TOT" in keywords
     assert uns["dropped_keywords"] == 6
+    from gating_core import to_anndata
+
+    assert to_anndata(raw_patient).uns["keywords"] == keywords  # the in-memory conversion: the same rule
 
 
 def test_keyword_names_with_a_slash_survive_h5ad(tmp_path):
@@ -177,7 +201,7 @@ def test_keyword_names_with_a_slash_survive_h5ad(tmp_path):
 
     sample = Sample("s", np.arange(6, dtype=np.float32).reshape(3, 2), [Channel("A"), Channel("B", "CD4")],
                     {"LASER/1 POWER": "20", "PCT%": "5"})
-    to_anndata(sample).write_h5ad(tmp_path / "s.h5ad")
+    to_anndata(sample, include_identifying=True).write_h5ad(tmp_path / "s.h5ad")
     assert from_anndata(anndata.read_h5ad(tmp_path / "s.h5ad")).keywords == sample.keywords
 
 

@@ -45,7 +45,7 @@ def _decode_key(key: str) -> str:
     return key.replace("%2F", "/").replace("%25", "%")
 
 
-def to_anndata(sample: Sample, result=None, *, populations=None, confidence=None, include_identifying: bool = True,
+def to_anndata(sample: Sample, result=None, *, populations=None, confidence=None, include_identifying: bool = False,
                keep_keywords=()):
     """One patient as an ``anndata.AnnData``: the layout scverse tools (scanpy, pytometry) read.
 
@@ -53,9 +53,12 @@ def to_anndata(sample: Sample, result=None, *, populations=None, confidence=None
     * ``var``: one row per channel, indexed by ``$PnN``; columns ``pnn``, ``pns`` (marker) and
       ``range`` (``$PnR``, NaN when unknown).
     * ``obs``: one row per event in file order (index ``"0"``, ``"1"``, ...); ``population``
-      (categorical) and ``confidence`` (float32) when a gating result is given.
+      (categorical: the model's populations in its order with ``result``, so that the tables
+      of several patients concatenate; else the names present, sorted) and ``confidence``
+      (float32) when a gating result is given.
     * ``uns``: ``name``, ``fcs_version``, ``compensated``, ``keywords`` (dict; a ``/`` in a
-      keyword name is written ``%2F`` because h5ad cannot store it), ``dropped_keywords`` (how
+      keyword name is written ``%2F`` because h5ad cannot store it; without the FCS file's byte
+      offsets, ``$BEGINDATA`` and the like, which point into a file the h5ad is not), ``dropped_keywords`` (how
       many keywords the keyword policy left out; 0 with ``include_identifying``) and
       ``keyword_policy`` (the policy in words), ``spillover`` and
       ``spillover_channels`` when the sample has a spillover matrix, and ``gating``
@@ -66,17 +69,16 @@ def to_anndata(sample: Sample, result=None, *, populations=None, confidence=None
     sample : Sample
     result : GateResult from ``GatingModel.gate``, or None.
     populations, confidence : per-event arrays, instead of ``result``.
-    include_identifying : keep every keyword (default True: an in-memory conversion). With
-        False only those needed to read the data are kept (the allow-list of
-        :mod:`gating_core.library.privacy`, as the h5ad export of
-        :func:`~gating_core.io.export.export_sample` does by default), plus ``keep_keywords``.
+    include_identifying : keep every keyword. By default only those needed to read the data
+        are kept (the allow-list of :mod:`gating_core.library.privacy`, as every export does),
+        plus ``keep_keywords``: an AnnData object is often written out and shared as it is.
     keep_keywords : names of further keywords to keep (case-insensitive; ``$PnV`` for every
         channel's).
     """
     anndata = _require_anndata()
     import pandas as pd
 
-    from gating_core.library.privacy import policy_note, split_keywords
+    from gating_core.library.privacy import is_file_offset, policy_note, split_keywords
 
     if result is not None:
         populations = result.populations if populations is None else populations
@@ -88,7 +90,10 @@ def to_anndata(sample: Sample, result=None, *, populations=None, confidence=None
         if populations.shape != (n,):
             raise ValueError(f"{sample.name}: {populations.shape[0] if populations.ndim else 0} populations "
                              f"for {n} events")
-        obs["population"] = pd.Categorical(populations)
+        names = [str(p) for p in getattr(result, "population_names", None) or []]
+        # A population the caller gave beside the result's (an edited gating) is kept, after them.
+        names += sorted(set(np.unique(populations)) - set(names))
+        obs["population"] = pd.Categorical(populations, categories=names)
     if confidence is not None:
         confidence = np.asarray(confidence, dtype=np.float32)
         if confidence.shape != (n,):
@@ -97,7 +102,8 @@ def to_anndata(sample: Sample, result=None, *, populations=None, confidence=None
     ranges = [np.nan if c.range is None else float(c.range) for c in sample.channels]
     var = pd.DataFrame({"pnn": sample.pnn, "pns": sample.pns, "range": ranges},
                        index=pd.Index(sample.pnn, dtype=object))
-    kept, dropped = split_keywords({str(k): v for k, v in sample.keywords.items()},
+    kept, dropped = split_keywords({str(k): v for k, v in sample.keywords.items()
+                                    if not is_file_offset(str(k))},
                                    include_identifying=include_identifying, keep_keywords=keep_keywords)
     keywords = {_encode_key(k): str(v) for k, v in kept.items()}
     uns = {"name": sample.name, "fcs_version": sample.version or "", "compensated": bool(sample.compensated),

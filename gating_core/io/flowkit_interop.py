@@ -112,7 +112,7 @@ def from_flowkit(fk_sample, *, name: str | None = None) -> Sample:
                   version=str(getattr(fk_sample, "version", "3.1") or "3.1"), path=None, compensated=False)
 
 
-def to_flowkit(sample: Sample, *, include_identifying: bool = True, keep_keywords=()):
+def to_flowkit(sample: Sample, *, include_identifying: bool = False, keep_keywords=()):
     """A ``flowkit.Sample`` holding exactly ``sample``'s events, channels, keywords and spillover.
 
     The sample goes through the product's one export path (an FCS 3.1 file in a temporary
@@ -122,9 +122,9 @@ def to_flowkit(sample: Sample, *, include_identifying: bool = True, keep_keyword
     ``metadata["spillover"]`` (compensate with
     ``fk.apply_compensation(fk.metadata["spillover"])``, FlowKit's own step).
 
-    ``include_identifying`` keeps every keyword (default: kept, as this is an in-memory
-    conversion); pass False before sharing the result to keep only those needed to read the
-    data (:mod:`gating_core.library.privacy`) and the ones named in ``keep_keywords``.
+    ``include_identifying`` keeps every keyword. By default only those needed to read the data
+    are kept (:mod:`gating_core.library.privacy`, as every export does), and the ones named in
+    ``keep_keywords``: FlowKit writes a Sample out with its keywords.
 
     Raises ValueError for a sample that is already compensated: FlowKit keeps raw events and
     compensates them itself, so convert the sample as read (``read_fcs(..., compensate=False)``).

@@ -17,7 +17,8 @@ Kept, and why:
 
 * the data layout (``$BEGINDATA``, ``$ENDDATA``, ``$BEGINANALYSIS``, ``$ENDANALYSIS``,
   ``$BEGINSTEXT``, ``$ENDSTEXT``, ``$BYTEORD``, ``$DATATYPE``, ``$MODE``, ``$NEXTDATA``, ``$PAR``,
-  ``$TOT``): needed to read the file at all (an exported FCS gets them fresh from the writer);
+  ``$TOT``): needed to read the file at all (an exported FCS gets them fresh from the writer; an
+  h5ad file drops the byte offsets, which would point into a file it is not);
 * per channel ``$PnN`` (name), ``$PnS`` (marker), ``$PnB``, ``$PnE``, ``$PnR``, ``$PnG`` (how the
   values are stored and scaled), ``$PnV`` (voltage), ``$PnD`` (display hint), ``$PnT`` (detector
   type), ``$PnF`` (filter), ``$PnO`` (laser power), ``$PnL`` (wavelength), ``$PnP`` (percent
@@ -56,6 +57,9 @@ from typing import Callable, Iterable
 # Standard keywords an export keeps (names without the '$', upper case).
 LAYOUT_KEYWORDS = ("BEGINANALYSIS", "ENDANALYSIS", "BEGINSTEXT", "ENDSTEXT", "BEGINDATA", "ENDDATA",
                    "BYTEORD", "DATATYPE", "MODE", "NEXTDATA", "PAR", "TOT")
+# The layout keywords that are byte offsets into the FCS file they came from.
+FILE_OFFSET_KEYWORDS = ("BEGINANALYSIS", "ENDANALYSIS", "BEGINSTEXT", "ENDSTEXT", "BEGINDATA", "ENDDATA",
+                        "NEXTDATA")
 MEASUREMENT_KEYWORDS = ("TIMESTEP", "SPILLOVER", "SPILL", "COMP", "CYT", "VOL", "UNSTAINEDCENTERS")
 # Per-channel keywords $Pn<suffix> an export keeps.
 CHANNEL_SUFFIXES = ("N", "S", "B", "E", "R", "G", "V", "D", "T", "F", "O", "L", "P", "CALIBRATION",
@@ -87,6 +91,12 @@ def is_allowed(keyword: str) -> bool:
     """True when an export keeps ``keyword`` by default (see the module docstring)."""
     key = _fold(keyword)
     return key in _ALLOWED or bool(_CHANNEL.fullmatch(key)) or bool(PRODUCT_KEYWORDS.fullmatch(key))
+
+
+def is_file_offset(keyword: str) -> bool:
+    """True when ``keyword`` is a byte offset into the FCS file it was read from (``$BEGINDATA``,
+    ...): meaningless once the events leave that file in another format."""
+    return _fold(keyword) in FILE_OFFSET_KEYWORDS
 
 
 def is_identifying(keyword: str) -> bool:
