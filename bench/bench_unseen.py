@@ -30,6 +30,7 @@ Data sets and protocols (each a line of the tables in docs/unseen_data.md):
 - ``<set>+partial-<population>``: a real set with one population kept in a third of the patients
   (drawn at random with ``--seed``) and dropped from every other: ``+partial-b`` (mc: B cells),
   ``+partial-t`` (DLBCL: FL1+FL4+), as a population present in only some patients is;
+  ``+partial-<population><n>`` keeps it in ``n`` patients (``dlbcl-folds+partial-t4``: in 4 of 30);
 - ``hard-<kind>``: the simulator's hard cohorts (``simulate_hard_cohort``): ``channel-scale-shift``
   (train on one batch, gate the other), ``partial-population`` and ``rare`` (leave one center
   out).
@@ -127,11 +128,12 @@ def _derived(base: str, change: str, seed: int):
     if kind == "rare" and key in RARE:
         population, share = RARE[key]
         return (*thin_population(samples, labels, population, [share] * len(samples), seed), groups)
-    if kind == "partial" and key in PARTIAL:
+    if kind == "partial" and key[:1] in PARTIAL and (key[1:] == "" or key[1:].isdigit()):
         rng = np.random.default_rng(np.random.SeedSequence([int(seed), 3001]))
-        keeping = set(rng.choice(len(samples), max(2, round(PARTIAL_SHARE * len(samples))), replace=False))
+        kept = int(key[1:]) if key[1:] else max(2, round(PARTIAL_SHARE * len(samples)))
+        keeping = set(rng.choice(len(samples), min(kept, len(samples)), replace=False))
         shares = [1.0 if i in keeping else 0.0 for i in range(len(samples))]
-        return (*thin_population(samples, labels, PARTIAL[key], shares, seed), groups)
+        return (*thin_population(samples, labels, PARTIAL[key[:1]], shares, seed), groups)
     if change in MERGES:
         mapping = MERGES[change]
         return samples, [np.array([mapping.get(v, v) for v in y]) for y in labels], groups
