@@ -308,3 +308,25 @@ def test_info_and_gate_show_no_runtime_warning_for_an_overflowing_timestep(small
     gate = run_cli("gate", "--model", small_model, "--out-dir", tmp_path / "out2", bad, python_options=WARNINGS_FAIL)
     assert gate.returncode == 1
     assert gate.stderr.startswith("error: bad_time.fcs: $TIMESTEP = 1e+37") and "RuntimeWarning" not in gate.stderr
+
+
+@pytest.mark.parametrize("value", [1e30, -1e30, 3e38])
+def test_an_event_far_beyond_every_population_is_unknown_in_every_format(small_model, tmp_path, value):
+    """A value no instrument measures (a broken file's 1e30 on a linear scatter channel) would
+    overflow the kernels' squares into NaN: it is a cell beyond every population, confidence 0,
+    and every format is written, with no numpy warning."""
+    sample = read_fcs(NEW_PATIENT, compensate=False)
+    events = sample.events.copy()
+    events[-1, sample.pnn.index("FSC-A")] = value
+    path = tmp_path / "far.fcs"
+    write_fcs(path, events, sample.pnn, sample.pns, keywords={k: v for k, v in sample.keywords.items()
+                                                              if k.upper().startswith(("$SPILL", "SPILL"))})
+    for format in ("csv", "fcs"):
+        gate = run_cli("gate", "--model", small_model, "--out-dir", tmp_path / format, "--format", format, path,
+                       python_options=WARNINGS_FAIL)
+        assert gate.returncode == 0, gate.stderr
+    import pandas as pd
+
+    table = pd.read_csv(tmp_path / "csv" / "far.gated.csv")
+    assert len(table) == len(events) and table["population"].iloc[-1] == "unknown"
+    assert table["confidence"].between(0, 1).all() and table["confidence"].iloc[-1] == 0

@@ -107,7 +107,9 @@ def write_fcs(path: str | os.PathLike, events: np.ndarray, pnn: list[str], pns: 
     stored = "<f4" if datatype == "F" else "<f8"
     events = np.ascontiguousarray(events, dtype=stored)
     flat = events.reshape(-1)
-    if flat.size and not np.isfinite(np.dot(flat, flat)) and not np.all(np.isfinite(events)):
+    with np.errstate(over="ignore", invalid="ignore"):  # the quick check: a huge finite value overflows it
+        quick_finite = not flat.size or np.isfinite(np.dot(flat, flat))
+    if not quick_finite and not np.all(np.isfinite(events)):
         raise FCSError(path, "events hold NaN or infinite values, which FCS cannot store portably")
     names = [str(n) for n in pnn]
     if len(set(names)) != len(names) or any(n.strip() == "" for n in names):

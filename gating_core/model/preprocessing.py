@@ -193,7 +193,15 @@ class ChannelPreprocessing:
         out = self.transform_.apply(raw)
         out -= self.center_
         out /= self.scale_
+        np.clip(out, -STANDARDISED_BOUND, STANDARDISED_BOUND, out=out)
         return out
+
+
+#: Standardised values are held within this many standard deviations of the training centre. No
+#: real cell lies so far out; a value an instrument or a broken file wrote there (1e30 on a linear
+#: channel) would otherwise overflow the squares of the kernels and the reach into NaN, where it
+#: must simply be a cell beyond every population.
+STANDARDISED_BOUND = 1e4
 
 
 #: Events per training patient (of those its embedding is computed from) the default transform
