@@ -62,6 +62,7 @@ def test_every_command_exits_2_on_a_wrong_command_line(model_file, tmp_path):
         "train --dica-components": ["train", "--out", tmp_path / "m.npz", "--dica-components", "5", *PATIENTS],
         "gate": ["gate", "--model", model_file, NEW_PATIENT],  # no --out-dir
         "evaluate": ["evaluate", "--protocol", "sideways", *PATIENTS],
+        "evaluate, two patients": ["evaluate", "--protocol", "one-group", *PATIENTS[:2]],
         "library": ["library", "--path", tmp_path / "lib", "frobnicate"],
         "no command": [],
     }
@@ -72,6 +73,8 @@ def test_every_command_exits_2_on_a_wrong_command_line(model_file, tmp_path):
             wrong[name] = (result.returncode, result.stderr[-400:])
     assert not wrong, wrong
     assert not (tmp_path / "m.npz").exists()
+    result = run_cli("evaluate", "--protocol", "one-group", *PATIENTS[:2])
+    assert "training on one group and gating another needs at least three labeled patients, got 2" in result.stderr
 
 
 def test_the_exit_status_is_documented_in_help_and_readme():

@@ -520,3 +520,20 @@ def test_from_flowkit_gives_standard_keywords_their_dollar_back_and_only_those(r
     keywords = from_flowkit(fk).keywords
     assert keywords["SPILL"] == "1,FL1-A,1" and keywords["P1DISPLAY"] == "LOG"  # BD's own: no '$'
     assert keywords["$P3CALIBRATION"] == "1,MESF" and keywords["$P3S"] == "CD3" and keywords["$CYT"]
+
+
+def test_a_gating_result_alone_exports_its_populations_in_every_format(small_model, raw_patient, tmp_path):
+    from gating_core.io.export import export_sample, read_fcs_with_populations
+
+    result = small_model.gate(raw_patient)
+    table = pd.read_csv(export_sample(tmp_path / "p.csv", raw_patient, result=result))
+    assert table["population"].tolist() == result.populations.tolist()
+    np.testing.assert_allclose(table["confidence"], result.confidence, atol=1e-6)
+    assert pq.read_table(export_sample(tmp_path / "p.parquet", raw_patient, result=result)).column(
+        "population").to_pylist() == result.populations.tolist()
+    _, populations = read_fcs_with_populations(export_sample(tmp_path / "p.fcs", raw_patient, result=result))
+    assert np.array_equal(populations, result.populations.astype(str))
+    other = raw_patient.__class__(raw_patient.name, raw_patient.events[:100], raw_patient.channels)
+    with pytest.raises(ValueError, match="holds 12000 events, the sample 100: it is another patient's"):
+        export_sample(tmp_path / "q.csv", other, result=result)
+    assert not (tmp_path / "q.csv").exists()

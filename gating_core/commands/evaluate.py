@@ -189,7 +189,9 @@ def run_evaluate(args) -> int:
     if errors:
         return 1
     if len(samples) < 3:
-        return _usage("leave-one-patient-out needs at least three labeled patients")
+        wanted = {"both": "evaluation", "group": "leaving a group out", "patient": "leave-one-patient-out",
+                  "one-group": "training on one group and gating another", "folds": "folds over patients"}
+        return _usage(f"{wanted[args.protocol]} needs at least three labeled patients, got {len(samples)}")
     params = _model_params(args)
     params.pop("compensate", None)
     # The held-out check by subtraction (gating_core.evaluation.held_out) does not search sigma' yet: with

@@ -188,9 +188,10 @@ def export_sample(path: str | os.PathLike, sample: Sample, populations=None, con
         Parquet file carries no keywords at all.
     keep_keywords : names of further keywords to keep (case-insensitive, a leading ``$``
         optional; ``$PnV`` stands for that keyword of every channel).
-    result : the GateResult ``populations`` come from, or None. An h5ad file then also holds
-        its gating (``uns["gating"]``: the model's populations and the patient's novelty), as
-        :func:`~gating_core.io.interop.to_anndata` writes it; the other formats ignore it.
+    result : a GateResult of this sample, or None. Without ``populations`` / ``confidence``,
+        its own are written, in every format. An h5ad file also holds its gating
+        (``uns["gating"]``: the model's populations and the patient's novelty), as
+        :func:`~gating_core.io.interop.to_anndata` writes it.
 
     An exported FCS reads back (this project's reader, FlowIO, FlowKit) with exactly the
     source sample's events on every channel: float32 when the values are float32, else
@@ -198,6 +199,13 @@ def export_sample(path: str | os.PathLike, sample: Sample, populations=None, con
     anndata) or OSError.
     """
     path = Path(path)
+    if result is not None:
+        if len(result.populations) != sample.n_events:
+            raise ValueError(f"{sample.name}: the gating result holds {len(result.populations)} events, "
+                             f"the sample {sample.n_events}: it is another patient's")
+        if populations is None:
+            populations = result.populations
+            confidence = result.confidence if confidence is None else confidence
     by_suffix = {suffix: name for name, suffix in EXPORT_SUFFIXES.items()}
     format = format or by_suffix.get(path.suffix.lower(), "csv")
     if format not in EXPORT_FORMATS:

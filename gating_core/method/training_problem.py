@@ -76,7 +76,7 @@ class TrainingProblem:
             train_y = [np.asarray(y)[idx] for y, idx in zip(labels, picks)]
             self.classes = np.unique(np.concatenate(train_y))
             if len(self.classes) < 2:
-                raise ValueError(f"training labels hold a single population ({self.classes[0]!r}): one class "
+                raise ValueError(f"training labels hold a single population ('{self.classes[0]}'): one class "
                                  "only; need two or more")
         sources = list(samples if embedding_samples is None else embedding_samples)
         self.n_patients = len(cells)
