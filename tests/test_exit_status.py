@@ -138,3 +138,16 @@ def test_train_with_a_good_out_writes_the_model_and_exits_0(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npz"]
     # so few training patients are said to be few
     assert f"Note: {len(PATIENTS)} training patients: the model has seen little of how patients differ" in result.stdout
+    assert "labelled in one training patient only" not in result.stdout
+
+
+def test_train_points_out_a_population_only_one_patient_has(tmp_path):
+    shutil.copy(PATIENTS[2], tmp_path / "typo.fcs")
+    rows = (PATIENTS[2].parent / f"{PATIENTS[2].stem}.labels.csv").read_text().splitlines()
+    rows[1:1201] = ["Martians"] * 1200  # a tenth of the events: in any draw of training cells
+    (tmp_path / "typo.labels.csv").write_text("\n".join(rows) + "\n")
+    result = run_cli("train", "--no-selection", "--features", "64", "--cells-per-patient", "300", "--out",
+                     tmp_path / "m.npz", *PATIENTS[:2], tmp_path / "typo.fcs")
+    assert result.returncode == 0, result.stderr
+    [note] = [line for line in result.stdout.splitlines() if "one training patient only" in line]
+    assert note.startswith("Note: labelled in one training patient only: 'Martians' (typo, ")

@@ -3,6 +3,7 @@ of `train` and the app's list of models say it."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from gating_core.io.inputs import load_labeled_input
@@ -88,3 +89,22 @@ def test_populations_differing_only_in_case_or_spaces_are_pointed_out():
                     "and 'B cells'; 'Ungated' and 'ungated'): if each pair is one population, give it one name in "
                     "every patient's labels")
     assert similar_names_note(object()) is None
+
+
+def test_labels_that_do_not_match_across_patients_are_pointed_out():
+    from gating_core.model.summary import mismatched_labels_notes
+
+    same = [np.array(["T", "B", "T"]), np.array(["B", "T"]), np.array(["T", "B", "B"])]
+    assert mismatched_labels_notes(["p1", "p2", "p3"], same) == []
+    numbered = [np.array(["T", "B"]), np.array(["B", "T", "T"]), np.array(["0", "1", "2", "1"])]
+    assert mismatched_labels_notes(["p1", "p2", "p3"], numbered) == [
+        "p3 shares no population with the other training patients (its own: 0, 1, 2): if its labels name the "
+        "same populations otherwise, give each population one name in every patient's labels"]
+    typo = [np.array(["T", "B"]), np.array(["B", "T"]), np.array(["T", "B", "Martians", "Martians"])]
+    assert mismatched_labels_notes(["p1", "p2", "p3"], typo) == [
+        "labelled in one training patient only: 'Martians' (p3, 2 training cells); a misspelt name is learned "
+        "as a population of its own"]
+    # Two patients: a population of one of them is no sign of a typo; sharing nothing still is.
+    assert mismatched_labels_notes(["p1", "p2"], typo[1:]) == []
+    assert len(mismatched_labels_notes(["p1", "p2"], [np.array(["a"]), np.array(["b"])])) == 2
+    assert mismatched_labels_notes(["p1"], [np.array(["a"])]) == []

@@ -3,6 +3,8 @@ user: the training summary of ``train`` and the app's list of models both print 
 
 from __future__ import annotations
 
+import numpy as np
+
 from gating_core.model.weight_check import EVEN_ADAPTIVE_WEIGHT
 
 
@@ -92,6 +94,41 @@ def unknown_name_note(model) -> str | None:
         return None
     return (f"a training population is named '{UNKNOWN}', the name gating gives cells beyond every population: "
             "in a gating the two share it; rename that population (e.g. 'unknown cells') to tell them apart")
+
+
+def mismatched_labels_notes(names, labels) -> list[str]:
+    """What training should say about labels that do not match across its patients (``names``:
+    the patients; ``labels``: each one's per-cell populations): a patient that shares no population
+    with the others (populations numbered file by file, as some experts number them), and, with
+    three patients or more, a population labelled in one patient only (a misspelt name, or a
+    population only that patient has). Each is learned as it is; the notes say so."""
+    held = [set(map(str, np.unique(np.asarray(y).astype(str)))) for y in labels]
+    if len(held) < 2:
+        return []
+    notes, alone = [], set()
+    for i, (name, own) in enumerate(zip(names, held)):
+        others = set().union(*(h for j, h in enumerate(held) if j != i))
+        if own and not own & others:
+            alone.add(i)
+            notes.append(f"{name} shares no population with the other training patients (its own: "
+                         f"{_listed(sorted(own))}): if its labels name the same populations otherwise, "
+                         "give each population one name in every patient's labels")
+    if len(held) >= 3:
+        single = []
+        for population in sorted(set().union(*held)):
+            holders = [i for i, h in enumerate(held) if population in h]
+            if len(holders) == 1 and holders[0] not in alone:
+                i = holders[0]
+                cells = int(np.sum(np.asarray(labels[i]).astype(str) == population))
+                single.append(f"'{population}' ({names[i]}, {cells:,} training cells)")
+        if single:
+            notes.append(f"labelled in one training patient only: {_listed(single)}; a misspelt name is "
+                         "learned as a population of its own")
+    return notes
+
+
+def _listed(items, shown: int = 5) -> str:
+    return ", ".join(items[:shown]) + (f" and {len(items) - shown} more" if len(items) > shown else "")
 
 
 def similar_names_note(model) -> str | None:
