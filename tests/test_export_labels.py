@@ -196,3 +196,20 @@ def test_writers_validate_lengths(tmp_path, diva):
         write_gated_csv(tmp_path / "x.csv", diva, np.array(["a"] * diva.n_events),
                         np.full(diva.n_events, 2.0))
     assert not (tmp_path / "x.csv").exists()
+
+
+def test_labels_of_a_file_of_several_data_sets_are_said_to_be_the_first_ones(tmp_path, caplog):
+    import logging
+
+    from test_fcs_properties import build_fcs
+
+    first = [np.arange(4, dtype=np.float32), np.arange(4, dtype=np.float32) * 2]
+    second = [np.arange(6, dtype=np.float32), np.arange(6, dtype=np.float32)]
+    (tmp_path / "runs.fcs").write_bytes(build_fcs(dict(columns=first, datatype="F"), dict(columns=second, datatype="F")))
+    (tmp_path / "runs.labels.csv").write_text("population\na\nb\na\nb\n")
+    with caplog.at_level(logging.WARNING, logger="gating_core"):
+        sample, labels = load_labeled_input(tmp_path / "runs.fcs")
+    assert sample.n_events == 4 and list(labels) == ["a", "b", "a", "b"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "runs.fcs: the file holds 2 data sets; its labels are taken as the first one's (runs#1) and the other 1 "
+        "are left out of training"]

@@ -330,3 +330,11 @@ def test_an_event_far_beyond_every_population_is_unknown_in_every_format(small_m
     table = pd.read_csv(tmp_path / "csv" / "far.gated.csv")
     assert len(table) == len(events) and table["population"].iloc[-1] == "unknown"
     assert table["confidence"].between(0, 1).all() and table["confidence"].iloc[-1] == 0
+
+
+def test_a_file_of_no_events_is_said_to_hold_none(small_model, tmp_path):
+    sample = read_fcs(NEW_PATIENT, compensate=False)
+    write_fcs(tmp_path / "empty.fcs", sample.events[:0], sample.pnn, sample.pns)
+    gate = run_cli("gate", "--model", small_model, "--out-dir", tmp_path / "out", tmp_path / "empty.fcs")
+    assert gate.returncode == 1 and gate.stderr.strip() == "error: empty.fcs: empty: the sample holds no events"
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []

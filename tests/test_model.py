@@ -248,3 +248,12 @@ def test_ellipse_task_marginal_transfer_beats_the_paper_and_pooling():
     assert errors[True] <= 0.0722
     assert errors[False] > 0.15
     assert errors[False] > 4 * errors[True]
+
+
+def test_training_patients_without_a_shared_channel_are_named_with_their_channels():
+    rng = np.random.default_rng(0)
+    labels = [np.array(["a", "b"] * 50)] * 2
+    mass = Sample("mass", rng.normal(size=(100, 2)).astype(np.float32), [Channel("CD3"), Channel("CD19")])
+    flow = Sample("flow", rng.normal(size=(100, 2)).astype(np.float32), [Channel("FL1"), Channel("FL2")])
+    with pytest.raises(ChannelMismatchError, match=r"share no usable channel \(mass: CD3, CD19; flow: FL1, FL2\)"):
+        GatingModel(select=False).fit([mass, flow], labels)

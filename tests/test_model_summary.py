@@ -108,3 +108,12 @@ def test_labels_that_do_not_match_across_patients_are_pointed_out():
     assert mismatched_labels_notes(["p1", "p2"], typo[1:]) == []
     assert len(mismatched_labels_notes(["p1", "p2"], [np.array(["a"]), np.array(["b"])])) == 2
     assert mismatched_labels_notes(["p1"], [np.array(["a"])]) == []
+
+
+def test_training_patients_of_few_events_are_pointed_out():
+    from gating_core.model.summary import FEW_TRAINING_EVENTS, few_events_note
+
+    assert few_events_note(["p1", "p2"], [12_000, FEW_TRAINING_EVENTS]) is None
+    assert few_events_note(["p1", "p2", "p3"], [12_000, 1, 2]) == (
+        "training patients of few events: p2 (1), p3 (2); every training patient weighs the same, so their few "
+        "cells count as much as another patient's thousands")

@@ -187,9 +187,9 @@ def run_train(args) -> int:
         print("Alignment: quantile (each channel's quantiles onto the training patients' mean)")
     if info.get("self_training"):
         print("Gating: each patient's gates follow its own confident cells (self-training)")
-    from gating_core.model.summary import (adapted_populations_text, few_patients_note, mismatched_labels_notes,
-                                          pooled_trees_text, similar_names_note, unknown_cells_text,
-                                          unknown_name_note)
+    from gating_core.model.summary import (adapted_populations_text, few_events_note, few_patients_note,
+                                          mismatched_labels_notes, pooled_trees_text, similar_names_note,
+                                          unknown_cells_text, unknown_name_note)
 
     adapted, unknown, trees = adapted_populations_text(model), unknown_cells_text(model), pooled_trees_text(model)
     if adapted:
@@ -202,8 +202,11 @@ def run_train(args) -> int:
     if args.method == IW_METHOD:
         print(f"Kept {info['training_cells']:,} training cells and {info['n_landmarks']} landmarks per refit: "
               "`gate` refits the model for each new patient")
-    label_notes = mismatched_labels_notes([d.name for d in digests], [d.train_labels for d in digests])
-    for note in (few_patients_note(model), unknown_name_note(model), similar_names_note(model), *label_notes):
+    names = [d.name for d in digests]
+    notes = (few_patients_note(model), unknown_name_note(model), similar_names_note(model),
+             few_events_note(names, [d.n_events for d in digests]),
+             *mismatched_labels_notes(names, [d.train_labels for d in digests]))
+    for note in notes:
         if note:
             print(f"Note: {note}")
     print(f"Model written to {out}")

@@ -17,6 +17,7 @@ and folder loading, and the command line's ``train`` / ``evaluate`` all go throu
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,8 +25,11 @@ from pathlib import Path
 import numpy as np
 
 from gating_core.fcs import Sample, SampleList, read_fcs, read_fcs_all
+from gating_core.fcs.reader import data_set_names
 from gating_core.io.export import POPULATION_KEYWORD, populations_from_sample, read_gated_csv
 from gating_core.io.labels import LabelError, Provenance, labels_path_for, read_labels_csv
+
+logger = logging.getLogger(__package__)
 
 __all__ = ["InputPatient", "read_input", "load_labeled_input"]
 
@@ -78,6 +82,8 @@ def read_input(path: str | os.PathLike, *, compensate: bool = False,
         return SampleList([InputPatient(_gated_csv_stem(path), sample, populations, Provenance.GATED_CSV,
                                         path.name, [("gated-csv", path)])])
     labels_path = labels_path_for(path)
+    if labels_path.exists() or require_labels:
+        _say_labels_are_the_first_data_sets(path)
     if labels_path.exists():
         sample = read_fcs(path, compensate=compensate)
         labels = read_labels_csv(labels_path, sample.n_events)
@@ -95,6 +101,14 @@ def read_input(path: str | os.PathLike, *, compensate: bool = False,
     patients = [InputPatient(s.name if len(samples) > 1 else path.stem, s, sources=[("fcs", path)])
                 for s in samples]
     return SampleList(patients, samples.skipped)
+
+
+def _say_labels_are_the_first_data_sets(path: Path) -> None:
+    """Labels name the events of one data set: of a file that holds several, the first."""
+    names = data_set_names(path)
+    if len(names) > 1:
+        logger.warning("%s: the file holds %d data sets; its labels are taken as the first one's (%s) and the "
+                       "other %d are left out of training", path.name, len(names), names[0], len(names) - 1)
 
 
 def load_labeled_input(path: str | os.PathLike, compensate: bool = True):

@@ -153,7 +153,9 @@ class ChannelPreprocessing:
             kept.append(channel.pnn)
             markers.append(channel.pns)
         if not kept:
-            raise ChannelMismatchError("the training patients share no usable channel")
+            lacking = [s for s in samples[1:] if all(find_channel(s, c.pnn, c.pns) is None for c in first.channels)]
+            shown = "; ".join(f"{s.name}: {', '.join(s.pnn)}" for s in [first, *lacking[:2]])
+            raise ChannelMismatchError(f"the training patients share no usable channel ({shown})")
         self.channels_, self.channel_markers_ = kept, markers
         for s in samples[1:]:
             self._channel_indices(s)

@@ -61,6 +61,8 @@ class StreamedGating:
             raise ValueError(f"{sample.name}: gate_chunks needs compensated chunks (the model compensates)")
         indices = self._channel_indices(sample)
         chosen_raw, n = self._content_chosen_rows(chunks, indices, max(SCORE_BLOCK, int(chunk_size)))
+        if n == 0:
+            raise ValueError(f"{sample.name}: the sample holds no events")
         registration, embedding, chosen = self._patient_frame(chosen_raw, list(range(len(indices))))
         adjust = self._patient_adjustment(chosen, embedding)
         chunk_size = max(1, -(-int(chunk_size) // SCORE_BLOCK)) * SCORE_BLOCK

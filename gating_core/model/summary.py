@@ -96,6 +96,19 @@ def unknown_name_note(model) -> str | None:
             "in a gating the two share it; rename that population (e.g. 'unknown cells') to tell them apart")
 
 
+#: A training patient of fewer events is pointed out: every patient weighs the same in training.
+FEW_TRAINING_EVENTS = 100
+
+
+def few_events_note(names, n_events) -> str | None:
+    """What training should say about patients of fewer than FEW_TRAINING_EVENTS events, or None."""
+    few = [f"{name} ({int(n):,})" for name, n in zip(names, n_events) if int(n) < FEW_TRAINING_EVENTS]
+    if not few:
+        return None
+    return (f"training patients of few events: {_listed(few)}; every training patient weighs the same, so "
+            "their few cells count as much as another patient's thousands")
+
+
 def mismatched_labels_notes(names, labels) -> list[str]:
     """What training should say about labels that do not match across its patients (``names``:
     the patients; ``labels``: each one's per-cell populations): a patient that shares no population
