@@ -168,6 +168,9 @@ def run_train(args) -> int:
                                                          info["channels"])))
     print(f"Populations: {', '.join(info['populations'])}")
     bandwidth_p = "-" if info["bandwidth_p"] is None else f"{info['bandwidth_p']:.4g}"
+    if info["bandwidth_p"] is None and info["method"] == "marginal":
+        # Selection scored the patients' cells pooled above every use of their embedding.
+        bandwidth_p = "none (the patient's embedding did not help in selection: its cells are pooled)"
     if info.get("kernel_x") == "linear":  # no sigma_X (or sigma') to report
         print(f"Cell kernel: linear (embedding = mean cell), sigma_P = {bandwidth_p}, lambda = {info['alpha']:.1e}")
     else:
