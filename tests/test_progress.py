@@ -23,3 +23,20 @@ def test_off_a_terminal_a_long_run_writes_a_line_now_and_then(capsys, monkeypatc
     now[0] += 1000
     quiet("all", 1.0)
     assert capsys.readouterr().err == ""
+
+
+def test_evaluate_reports_one_rising_fraction_over_both_protocols(monkeypatch, tmp_path, capsys):
+    from gating_core import cli
+    from gating_core.synthetic import write_centers
+
+    paths = write_centers(tmp_path, n_centers=2, patients_per_center=2, seed=4, n_events=600, strength=1.0)
+    seen = []
+    monkeypatch.setattr(StageProgress, "__call__", lambda self, stage, fraction: seen.append((stage, fraction)))
+    assert cli.main(["evaluate", "--groups", str(tmp_path / "groups.csv"), "--method", "lda",
+                     *[str(p) for p in paths if p.suffix == ".fcs"]]) == 0
+    fractions = [f for _, f in seen]
+    assert fractions == sorted(fractions) and 0 <= fractions[0] and fractions[-1] <= 1
+    stages = [s for s, _ in seen]
+    assert any(s.startswith("groups: ") for s in stages) and any(s.startswith("patients: ") for s in stages)
+    assert max(f for s, f in seen if s.startswith("groups: ")) <= 0.5 <= min(
+        f for s, f in seen if s.startswith("patients: "))

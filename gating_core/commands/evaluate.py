@@ -213,19 +213,29 @@ def run_evaluate(args) -> int:
     seeds = sorted(set(args.seeds)) if args.seeds else None
 
     def protocols(model_params, progress):
-        tables = []
+        runs = []
         if args.protocol in ("both", "group") and len(distinct) >= 2 and not (singletons and args.protocol == "both"):
-            tables.append(leave_one_group_out(samples, labels, groups, methods=args.method, model_params=model_params,
-                                              progress=progress, refit=args.refit or "full"))
+            runs.append(("groups", lambda report: leave_one_group_out(
+                samples, labels, groups, methods=args.method, model_params=model_params, progress=report,
+                refit=args.refit or "full")))
         if args.protocol in ("both", "patient"):
-            tables.append(leave_one_patient_out(samples, labels, methods=args.method, model_params=model_params,
-                                                progress=progress, groups=groups, refit=patient_refit))
+            runs.append(("patients", lambda report: leave_one_patient_out(
+                samples, labels, methods=args.method, model_params=model_params, progress=report, groups=groups,
+                refit=patient_refit)))
         if args.protocol == "one-group":
-            tables.append(train_on_one_group(samples, labels, groups, methods=args.method, model_params=model_params,
-                                             progress=progress))
+            runs.append(("one group", lambda report: train_on_one_group(
+                samples, labels, groups, methods=args.method, model_params=model_params, progress=report)))
         if args.protocol == "folds":
-            tables.append(patient_folds(samples, labels, args.folds, methods=args.method, model_params=model_params,
-                                        progress=progress, groups=groups, seed=model_params.get("random_state", 0)))
+            runs.append(("folds", lambda report: patient_folds(
+                samples, labels, args.folds, methods=args.method, model_params=model_params, progress=report,
+                groups=groups, seed=model_params.get("random_state", 0))))
+        tables = []
+        for i, (name, run) in enumerate(runs):
+            # One bar over every protocol: each reports its own 0-100%, which would restart the bar.
+            def report(stage, fraction, i=i, name=name):
+                progress(f"{name}: {stage}" if len(runs) > 1 else stage, (i + fraction) / len(runs))
+
+            tables.append(run(report))
         return pd.concat(tables, ignore_index=True)
 
     try:
