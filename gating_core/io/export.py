@@ -199,12 +199,13 @@ def export_sample(path: str | os.PathLike, sample: Sample, populations=None, con
     anndata) or OSError.
     """
     path = Path(path)
-    if result is not None:
-        if len(result.populations) != sample.n_events:
-            raise ValueError(f"{sample.name}: the gating result holds {len(result.populations)} events, "
+    own = getattr(result, "populations", None)  # a streamed gating keeps none
+    if own is not None:
+        if len(own) != sample.n_events:
+            raise ValueError(f"{sample.name}: the gating result holds {len(own)} events, "
                              f"the sample {sample.n_events}: it is another patient's")
         if populations is None:
-            populations = result.populations
+            populations = own
             confidence = result.confidence if confidence is None else confidence
     by_suffix = {suffix: name for name, suffix in EXPORT_SUFFIXES.items()}
     format = format or by_suffix.get(path.suffix.lower(), "csv")
