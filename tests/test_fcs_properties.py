@@ -287,12 +287,28 @@ def test_huge_event_count_fails_fast_without_allocating(tmp_path):
     path.write_bytes(build_fcs(dict(columns=cols, datatype="F", tot=10 ** 12)))
     tracemalloc.start()
     try:
-        with pytest.raises(FCSError, match=r"1000000000000 events .* only 80 bytes follow"):
+        with pytest.raises(FCSError, match=r"1000000000000 events .* lies whole in the file but is 80 bytes"):
             read_fcs(path)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
     assert peak < 1_000_000
+
+
+def test_a_count_the_whole_data_segment_cannot_hold_is_not_called_a_truncation(tmp_path):
+    """$TOT (or $PAR, $PnB) edited upward leaves the DATA segment whole: the keywords are wrong,
+    and copying the file again would not help."""
+    cols = [np.arange(10, dtype=np.float32)] * 2
+    path = tmp_path / "edited.fcs"
+    path.write_bytes(build_fcs(dict(columns=cols, datatype="F", tot=12)))
+    with pytest.raises(FCSError) as error:
+        read_fcs(path)
+    assert "truncated" not in str(error.value)
+    assert "lies whole in the file but is 80 bytes, and $TOT with the channels' sizes" in str(error.value)
+    cut = tmp_path / "cut.fcs"
+    cut.write_bytes(build_fcs(dict(columns=cols, datatype="F"))[:-8])
+    with pytest.raises(FCSError, match="the file is truncated"):
+        read_fcs(cut)
 
 
 def test_huge_par_fails_fast(tmp_path):

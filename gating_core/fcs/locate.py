@@ -83,6 +83,10 @@ def _problem(c: _Candidate, needed: int, per_event_bytes: float, segments, base:
         return (f"the file ends at byte {file_size}, before its DATA segment ({_where(c, base)}): "
                 "it holds only HEADER and TEXT, or was cut short")
     if base + c.start + needed > file_size:
+        if 0 < c.length < needed and base + c.start + c.length <= file_size:
+            # The segment the offsets give is whole: what sizes an event, or $TOT, is wrong.
+            return (f"the DATA segment ({_where(c, base)}) lies whole in the file but is {c.length} bytes, "
+                    f"and $TOT with the channels' sizes ($PAR, $PnB, $DATATYPE) implies {needed}")
         return (f"the DATA segment ({_where(c, base)}) ends at byte {base + c.start + needed} "
                 f"but the file has only {file_size} bytes; only {file_size - base - c.start} bytes "
                 "follow its start: the file is truncated")
