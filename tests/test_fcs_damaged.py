@@ -92,6 +92,9 @@ def test_a_picture_dropped_for_an_fcs_file_is_named(tmp_path):
                    "instead of 'FCS')")
     path.write_bytes(b"not fcs at all" + bytes(100))
     _refuses(path, "not an FCS file (the HEADER starts with 'not fcs at' instead of 'FCS')")
+    path.write_text("FSC-A,SSC-A,population,confidence\n1.0,2.0,T cells,0.9\n" * 3)
+    _refuses(path, "not an FCS file: it is a text table (a gated CSV or a labels file?) (the HEADER starts with "
+                   "'FSC-A,SSC-' instead of 'FCS')")
 
 
 def test_a_real_instrument_file_cut_inside_data_is_refused(fcs_corpus, tmp_path):

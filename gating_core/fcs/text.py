@@ -51,6 +51,12 @@ _OTHER_FORMATS = ((b"\x89PNG", "a PNG image"), (b"\xff\xd8\xff", "a JPEG image")
                   (b"\xd0\xcf\x11\xe0", "an old Excel / Word file"), (b"GIF8", "a GIF image"))
 
 
+def _looks_like_a_table(raw: bytes) -> bool:
+    """Whether the first line of ``raw`` is printable text with a comma, semicolon or tab."""
+    line = raw.split(b"\n", 1)[0].rstrip(b"\r")
+    return line.isascii() and all(32 <= b < 127 or b == 9 for b in line) and any(c in line for c in b",;\t")
+
+
 def _parse_header(raw: bytes, path, base: int) -> _Header:
     where = "" if base == 0 else f" of the data set at byte {base}"
     if len(raw) < HEADER_LENGTH:
@@ -62,6 +68,8 @@ def _parse_header(raw: bytes, path, base: int) -> _Header:
     if raw[:3] != b"FCS":
         shown = raw[:10].decode("latin-1").encode("unicode_escape").decode("ascii")
         kind = next((name for magic, name in _OTHER_FORMATS if raw.startswith(magic)), None) if base == 0 else None
+        if kind is None and base == 0 and _looks_like_a_table(raw):
+            kind = "a text table (a gated CSV or a labels file?)"
         raise FCSError(path, "not an FCS file" + (f": it is {kind}" if kind else "")
                        + f" (the HEADER{where} starts with '{shown}' instead of 'FCS')")
     version = raw[3:6].decode("latin-1")
