@@ -138,7 +138,7 @@ def test_train_with_a_good_out_writes_the_model_and_exits_0(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npz"]
     # so few training patients are said to be few
     assert f"Note: {len(PATIENTS)} training patients: the model has seen little of how patients differ" in result.stdout
-    assert "labelled in one training patient only" not in result.stdout
+    assert "training cells of one patient only" not in result.stdout
 
 
 def test_train_points_out_a_population_only_one_patient_has(tmp_path):
@@ -149,5 +149,23 @@ def test_train_points_out_a_population_only_one_patient_has(tmp_path):
     result = run_cli("train", "--no-selection", "--features", "64", "--cells-per-patient", "300", "--out",
                      tmp_path / "m.npz", *PATIENTS[:2], tmp_path / "typo.fcs")
     assert result.returncode == 0, result.stderr
-    [note] = [line for line in result.stdout.splitlines() if "one training patient only" in line]
-    assert note.startswith("Note: labelled in one training patient only: 'Martians' (typo, ")
+    [note] = [line for line in result.stdout.splitlines() if "of one patient only" in line]
+    assert note.startswith("Note: training cells of one patient only: 'Martians' (typo, ")
+
+
+def test_train_says_a_labelled_file_of_several_data_sets_gives_its_first(tmp_path):
+    import numpy as np
+    from test_fcs_properties import build_fcs
+
+    from gating_core.fcs import read_fcs
+
+    first = read_fcs(PATIENTS[0])
+    columns = [first.events[:, j].astype(np.float32) for j in range(len(first.pnn))]
+    (tmp_path / "runs.fcs").write_bytes(build_fcs(dict(columns=columns, datatype="F", pnn=first.pnn),
+                                                  dict(columns=[c[:50] for c in columns], datatype="F", pnn=first.pnn)))
+    shutil.copy(PATIENTS[0].parent / f"{PATIENTS[0].stem}.labels.csv", tmp_path / "runs.labels.csv")
+    result = run_cli("train", "--no-selection", "--features", "64", "--cells-per-patient", "300", "--out",
+                     tmp_path / "m.npz", tmp_path / "runs.fcs", *PATIENTS[1:])
+    assert result.returncode == 0, result.stderr
+    assert ("Note: runs.fcs: the file holds 2 data sets; its labels are taken as the first one's (runs#1) and the "
+            "other 1 are left out of training") in result.stdout

@@ -341,3 +341,40 @@ def test_a_file_of_no_events_is_said_to_hold_none(small_model, tmp_path):
     gate = run_cli("gate", "--model", small_model, "--out-dir", tmp_path / "out", tmp_path / "empty.fcs")
     assert gate.returncode == 1 and gate.stderr.strip() == "error: empty.fcs: empty: the sample holds no events"
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
+
+
+def test_values_compensation_pushes_beyond_float32_are_refused_alike_in_every_format(small_model, tmp_path):
+    """Compensation in float64 of 3e38 and -3e38 overflows float32: the streamed formats refuse the
+    patient as the whole-file ones do, naming the channel, with no numpy warning."""
+    sample = read_fcs(NEW_PATIENT, compensate=False)
+    events = sample.events.copy()
+    events[-1, sample.pnn.index("FL1-A")], events[-1, sample.pnn.index("FL2-A")] = 3e38, -3e38
+    path = tmp_path / "over.fcs"
+    write_fcs(path, events, sample.pnn, sample.pns,
+              keywords={k: v for k, v in sample.keywords.items() if k.upper().startswith(("$SPILL", "SPILL"))})
+    assert read_fcs(path).has_spillover
+    messages = set()
+    for format in ("csv", "fcs"):
+        gate = run_cli("gate", "--model", small_model, "--out-dir", tmp_path / format, "--format", format, path,
+                       python_options=WARNINGS_FAIL)
+        assert gate.returncode == 1 and "Traceback" not in gate.stderr, gate.stderr
+        messages.add(gate.stderr.strip())
+        assert not (tmp_path / format).exists() or list((tmp_path / format).iterdir()) == []
+    [message] = messages
+    assert message.startswith("error: over.fcs: over: 1 events hold NaN or infinite values (channels FL")
+
+
+def test_training_refuses_values_no_instrument_measures(tmp_path):
+    """One such value would make its channel's standardisation infinite, and the model written
+    would be refused by every later load: training names the patient and the channel instead."""
+    source = SAMPLE_DATA / "patient_01.fcs"
+    sample = read_fcs(source, compensate=False)
+    events = sample.events.copy()
+    events[::10, sample.pnn.index("FSC-A")] = 1e30
+    write_fcs(tmp_path / "broken.fcs", events, sample.pnn, sample.pns)
+    (tmp_path / "broken.labels.csv").write_bytes((SAMPLE_DATA / "patient_01.labels.csv").read_bytes())
+    train = run_cli("train", "--no-selection", "--features", "64", "--cells-per-patient", "300", "--out",
+                    tmp_path / "m.npz", tmp_path / "broken.fcs", SAMPLE_DATA / "patient_02.fcs",
+                    python_options=WARNINGS_FAIL)
+    assert train.returncode == 1 and not (tmp_path / "m.npz").exists()
+    assert train.stderr.startswith("error: broken: ") and "values beyond 1e+15 (channels FSC-A)" in train.stderr

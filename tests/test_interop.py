@@ -537,3 +537,16 @@ def test_a_gating_result_alone_exports_its_populations_in_every_format(small_mod
     with pytest.raises(ValueError, match="holds 12000 events, the sample 100: it is another patient's"):
         export_sample(tmp_path / "q.csv", other, result=result)
     assert not (tmp_path / "q.csv").exists()
+    # A streamed gating keeps no per-event results, only its count: checked all the same.
+    compensated = raw_patient.compensate()
+    streamed = small_model.gate_chunks(compensated, lambda size: (
+        (start, compensated.events[start:start + size]) for start in range(0, compensated.n_events, size)))
+    with pytest.raises(ValueError, match="it is another patient's"):
+        export_sample(tmp_path / "q.csv", other, result=streamed)
+    if importlib.util.find_spec("anndata") is not None:
+        import anndata
+
+        path = export_sample(tmp_path / "s.h5ad", raw_patient, result.populations, result=streamed)
+        read = anndata.read_h5ad(path)
+        assert read.obs["population"].astype(str).tolist() == result.populations.tolist()
+        assert read.uns["gating"]["novelty"]["score"] == pytest.approx(result.novelty.score)

@@ -98,11 +98,11 @@ def test_labels_that_do_not_match_across_patients_are_pointed_out():
     assert mismatched_labels_notes(["p1", "p2", "p3"], same) == []
     numbered = [np.array(["T", "B"]), np.array(["B", "T", "T"]), np.array(["0", "1", "2", "1"])]
     assert mismatched_labels_notes(["p1", "p2", "p3"], numbered) == [
-        "p3 shares no population with the other training patients (its own: 0, 1, 2): if its labels name the "
-        "same populations otherwise, give each population one name in every patient's labels"]
+        "p3's training cells share no population with the other patients' (its own: 0, 1, 2): if its labels "
+        "name the same populations otherwise, give each population one name in every patient's labels"]
     typo = [np.array(["T", "B"]), np.array(["B", "T"]), np.array(["T", "B", "Martians", "Martians"])]
     assert mismatched_labels_notes(["p1", "p2", "p3"], typo) == [
-        "labelled in one training patient only: 'Martians' (p3, 2 training cells); a misspelt name is learned "
+        "training cells of one patient only: 'Martians' (p3, 2 cells); a misspelt name is learned "
         "as a population of its own"]
     # Two patients: a population of one of them is no sign of a typo; sharing nothing still is.
     assert mismatched_labels_notes(["p1", "p2"], typo[1:]) == []

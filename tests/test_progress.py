@@ -40,3 +40,18 @@ def test_evaluate_reports_one_rising_fraction_over_both_protocols(monkeypatch, t
     assert any(s.startswith("groups: ") for s in stages) and any(s.startswith("patients: ") for s in stages)
     assert max(f for s, f in seen if s.startswith("groups: ")) <= 0.5 <= min(
         f for s, f in seen if s.startswith("patients: "))
+
+
+def test_evaluate_over_seeds_reports_one_rising_fraction(monkeypatch, tmp_path):
+    from gating_core import cli
+    from gating_core.synthetic import write_centers
+
+    paths = write_centers(tmp_path, n_centers=2, patients_per_center=2, seed=4, n_events=600, strength=1.0)
+    seen = []
+    monkeypatch.setattr(StageProgress, "__call__", lambda self, stage, fraction: seen.append((stage, fraction)))
+    assert cli.main(["evaluate", "--groups", str(tmp_path / "groups.csv"), "--method", "lda",
+                     *[str(p) for p in paths if p.suffix == ".fcs"], "--seeds", "1", "2"]) == 0
+    fractions = [f for _, f in seen]
+    assert fractions == sorted(fractions) and fractions[-1] <= 1
+    assert {s.split(":")[0] for s, _ in seen} == {"seed 1", "seed 2"}
+    assert max(f for s, f in seen if s.startswith("seed 1:")) <= 0.5 <= min(f for s, f in seen if s.startswith("seed 2:"))

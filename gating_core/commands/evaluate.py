@@ -238,10 +238,24 @@ def run_evaluate(args) -> int:
             tables.append(run(report))
         return pd.concat(tables, ignore_index=True)
 
+    def over_seeds_run(progress):
+        """One run of the protocols per seed, in seed order, on one rising bar."""
+        done = iter(range(len(seeds)))
+
+        def run(model_params):
+            k = next(done)
+
+            def report(stage, fraction):
+                progress(f"seed {seeds[k]}: {stage}", (k + fraction) / len(seeds))
+
+            return protocols(model_params, report)
+
+        return run
+
     try:
         with StageProgress("evaluate") as progress:
             table = (protocols(params, progress) if seeds is None else
-                     repeat_over_seeds(lambda p: protocols(p, progress), seeds, params))
+                     repeat_over_seeds(over_seeds_run(progress), seeds, params))
     except (ChannelMismatchError, ValueError) as exc:
         return _fail(str(exc))
     summary = summarize(table)

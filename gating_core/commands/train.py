@@ -205,10 +205,13 @@ def run_train(args) -> int:
     if args.method == IW_METHOD:
         print(f"Kept {info['training_cells']:,} training cells and {info['n_landmarks']} landmarks per refit: "
               "`gate` refits the model for each new patient")
+    from gating_core.io.inputs import labelled_data_sets_note
+
     names = [d.name for d in digests]
     notes = (few_patients_note(model), unknown_name_note(model), similar_names_note(model),
              few_events_note(names, [d.n_events for d in digests]),
-             *mismatched_labels_notes(names, [d.train_labels for d in digests]))
+             *mismatched_labels_notes(names, [d.train_labels for d in digests]),
+             *map(labelled_data_sets_note, args.inputs))
     for note in notes:
         if note:
             print(f"Note: {note}")

@@ -136,7 +136,8 @@ class Sample:
         # Row blocks keep the float64 temporaries small whatever the file size.
         for start in range(0, len(events), 262_144):
             block = events[start:start + 262_144]
-            block[:, idx] = (block[:, idx].astype(np.float64) @ matrix).astype(dtype)
+            with np.errstate(over="ignore"):  # beyond float32: inf, which gating refuses by name
+                block[:, idx] = (block[:, idx].astype(np.float64) @ matrix).astype(dtype)
         return Sample(self.name, events, list(self.channels), dict(self.keywords), self.spillover,
                       list(self.spillover_channels), self.version, self.path, compensated=compensated,
                       notes=list(self.notes))

@@ -93,7 +93,8 @@ class EventStream:
 
         def compensate(bounds):
             block = events[bounds[0]:bounds[1]]
-            block[:, idx] = (block[:, idx].astype(np.float64) @ self._inverse).astype(dtype)
+            with np.errstate(over="ignore"):  # beyond float32: inf, which gating refuses by name
+                block[:, idx] = (block[:, idx].astype(np.float64) @ self._inverse).astype(dtype)
 
         parallel_rows(compensate, len(events), _COMPENSATION_BLOCK)
         return events

@@ -80,9 +80,9 @@ def to_anndata(sample: Sample, result=None, *, populations=None, confidence=None
 
     from gating_core.library.privacy import is_file_offset, policy_note, split_keywords
 
-    if result is not None:
-        populations = result.populations if populations is None else populations
-        confidence = result.confidence if confidence is None else confidence
+    if result is not None:  # a streamed gating holds no per-event results
+        populations = getattr(result, "populations", None) if populations is None else populations
+        confidence = getattr(result, "confidence", None) if confidence is None else confidence
     n = sample.n_events
     obs = pd.DataFrame(index=pd.Index([str(i) for i in range(n)], dtype=object))
     if populations is not None:

@@ -199,14 +199,14 @@ def export_sample(path: str | os.PathLike, sample: Sample, populations=None, con
     anndata) or OSError.
     """
     path = Path(path)
-    own = getattr(result, "populations", None)  # a streamed gating keeps none
-    if own is not None:
-        if len(own) != sample.n_events:
-            raise ValueError(f"{sample.name}: the gating result holds {len(own)} events, "
-                             f"the sample {sample.n_events}: it is another patient's")
-        if populations is None:
-            populations = own
-            confidence = result.confidence if confidence is None else confidence
+    own = getattr(result, "populations", None)  # a streamed gating keeps none, only its count
+    size = len(own) if own is not None else getattr(result, "n_events", None)
+    if size is not None and size != sample.n_events:
+        raise ValueError(f"{sample.name}: the gating result holds {size} events, "
+                         f"the sample {sample.n_events}: it is another patient's")
+    if own is not None and populations is None:
+        populations = own
+        confidence = result.confidence if confidence is None else confidence
     by_suffix = {suffix: name for name, suffix in EXPORT_SUFFIXES.items()}
     format = format or by_suffix.get(path.suffix.lower(), "csv")
     if format not in EXPORT_FORMATS:

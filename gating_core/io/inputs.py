@@ -103,12 +103,23 @@ def read_input(path: str | os.PathLike, *, compensate: bool = False,
     return SampleList(patients, samples.skipped)
 
 
-def _say_labels_are_the_first_data_sets(path: Path) -> None:
-    """Labels name the events of one data set: of a file that holds several, the first."""
+def labelled_data_sets_note(path) -> str | None:
+    """What reading labels for the FCS file ``path`` leaves out, or None: labels name the events of
+    one data set, so of a file that holds several, the first one's are read."""
+    path = Path(path)
+    if path.suffix.lower() == ".csv":
+        return None
     names = data_set_names(path)
-    if len(names) > 1:
-        logger.warning("%s: the file holds %d data sets; its labels are taken as the first one's (%s) and the "
-                       "other %d are left out of training", path.name, len(names), names[0], len(names) - 1)
+    if len(names) < 2:
+        return None
+    return (f"{path.name}: the file holds {len(names)} data sets; its labels are taken as the first one's "
+            f"({names[0]}) and the other {len(names) - 1} are left out of training")
+
+
+def _say_labels_are_the_first_data_sets(path: Path) -> None:
+    note = labelled_data_sets_note(path)
+    if note:
+        logger.warning("%s", note)
 
 
 def load_labeled_input(path: str | os.PathLike, compensate: bool = True):

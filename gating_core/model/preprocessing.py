@@ -22,19 +22,51 @@ from gating_core.model.result import ChannelMismatchError
 FINITE_CHECK_ROWS = 262_144
 
 
-def check_finite(name: str, events, indices, pnn) -> None:
-    """Raise ValueError naming the patient, how many events and which of the channels
-    ``indices`` (names ``pnn``) hold NaN or infinite values, if any do."""
+def nonfinite_events(events, indices) -> tuple[int, set]:
+    """(events holding NaN or infinite values on the channels ``indices``, those channels)."""
     bad_rows, bad_channels = 0, set()
     for start in range(0, len(events), FINITE_CHECK_ROWS):
         finite = np.isfinite(events[start:start + FINITE_CHECK_ROWS][:, indices])
         if not finite.all():
             bad_rows += int((~finite.all(axis=1)).sum())
             bad_channels |= {int(indices[j]) for j in np.flatnonzero(~finite.all(axis=0))}
+    return bad_rows, bad_channels
+
+
+def refuse_nonfinite(name: str, bad_rows: int, bad_channels, pnn) -> None:
+    """Raise ValueError naming the patient, how many events and which channels hold NaN or
+    infinite values, if any do."""
     if bad_rows:
         names = ", ".join(pnn[i] for i in sorted(bad_channels))
         raise ValueError(f"{name}: {bad_rows} events hold NaN or infinite values (channels {names}); "
                          f"remove those events or fix the values")
+
+
+#: A training event beyond this magnitude on a model channel is refused: no instrument measures
+#: it, and one such value makes a channel's standardisation infinite (gating calls it unknown).
+MAX_TRAINING_VALUE = 1e15
+
+
+def check_training_values(name: str, events, indices, pnn) -> None:
+    """Raise ValueError naming the patient, how many events and which of the channels hold NaN,
+    infinite values or values beyond MAX_TRAINING_VALUE, if any do."""
+    check_finite(name, events, indices, pnn)
+    bad_rows, bad_channels = 0, set()
+    for start in range(0, len(events), FINITE_CHECK_ROWS):
+        far = np.abs(events[start:start + FINITE_CHECK_ROWS][:, indices]) > MAX_TRAINING_VALUE
+        if far.any():
+            bad_rows += int(far.any(axis=1).sum())
+            bad_channels |= {int(indices[j]) for j in np.flatnonzero(far.any(axis=0))}
+    if bad_rows:
+        names = ", ".join(pnn[i] for i in sorted(bad_channels))
+        raise ValueError(f"{name}: {bad_rows} events hold values beyond {MAX_TRAINING_VALUE:g} (channels {names}), "
+                         "which no instrument measures; remove those events or fix the values")
+
+
+def check_finite(name: str, events, indices, pnn) -> None:
+    """Raise ValueError naming the patient, how many events and which of the channels
+    ``indices`` (names ``pnn``) hold NaN or infinite values, if any do."""
+    refuse_nonfinite(name, *nonfinite_events(events, indices), pnn)
 
 
 class ChannelPreprocessing:
@@ -53,8 +85,8 @@ class ChannelPreprocessing:
         indices = [self._channel_indices(v) for v in patients]
         for digest, index in zip(digests, indices):
             pnn = [c.pnn for c in digest.channels]
-            check_finite(digest.name, digest.train_events, index, pnn)
-            check_finite(digest.name, digest.embedding_events, index, pnn)
+            check_training_values(digest.name, digest.train_events, index, pnn)
+            check_training_values(digest.name, digest.embedding_events, index, pnn)
         embedding_raw = [d.embedding_events[:, i] for d, i in zip(digests, indices)]
         self._fit_scales(embedding_raw, patients[0])
         self.dica_ = None
@@ -153,8 +185,7 @@ class ChannelPreprocessing:
             kept.append(channel.pnn)
             markers.append(channel.pns)
         if not kept:
-            lacking = [s for s in samples[1:] if all(find_channel(s, c.pnn, c.pns) is None for c in first.channels)]
-            shown = "; ".join(f"{s.name}: {', '.join(s.pnn)}" for s in [first, *lacking[:2]])
+            shown = "; ".join(f"{s.name}: {', '.join(s.pnn)}" for s in samples[:3]) + ("; ..." if len(samples) > 3 else "")
             raise ChannelMismatchError(f"the training patients share no usable channel ({shown})")
         self.channels_, self.channel_markers_ = kept, markers
         for s in samples[1:]:

@@ -13,6 +13,7 @@ from gating_core.cpus import parallel_rows, with_blas_threads
 from gating_core.method.features import content_hashes
 from gating_core.method.prediction import SCORE_BLOCK
 from gating_core.method.self_training import PatientAdjustment
+from gating_core.model.preprocessing import nonfinite_events, refuse_nonfinite
 from gating_core.model.result import GATING_PARTS, StreamedGate
 
 #: The population of cells beyond every training population (GatingModel's ``unknown_margin``).
@@ -60,7 +61,17 @@ class StreamedGating:
         if self.compensate and sample.has_spillover and not sample.compensated:
             raise ValueError(f"{sample.name}: gate_chunks needs compensated chunks (the model compensates)")
         indices = self._channel_indices(sample)
-        chosen_raw, n = self._content_chosen_rows(chunks, indices, max(SCORE_BLOCK, int(chunk_size)))
+        bad = [0, set()]  # events and channels holding NaN or infinite values, over every chunk
+
+        def checked(size):
+            for start, events in chunks(size):
+                rows, channels = nonfinite_events(events, indices)
+                bad[0] += rows
+                bad[1] |= channels
+                yield start, events
+
+        chosen_raw, n = self._content_chosen_rows(checked, indices, max(SCORE_BLOCK, int(chunk_size)))
+        refuse_nonfinite(sample.name, bad[0], bad[1], sample.pnn)  # as gate() refuses them
         if n == 0:
             raise ValueError(f"{sample.name}: the sample holds no events")
         registration, embedding, chosen = self._patient_frame(chosen_raw, list(range(len(indices))))

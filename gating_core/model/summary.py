@@ -111,10 +111,11 @@ def few_events_note(names, n_events) -> str | None:
 
 def mismatched_labels_notes(names, labels) -> list[str]:
     """What training should say about labels that do not match across its patients (``names``:
-    the patients; ``labels``: each one's per-cell populations): a patient that shares no population
-    with the others (populations numbered file by file, as some experts number them), and, with
-    three patients or more, a population labelled in one patient only (a misspelt name, or a
-    population only that patient has). Each is learned as it is; the notes say so."""
+    the patients; ``labels``: each one's training cells' populations, the cells training drew): a
+    patient whose cells share no population with the others' (populations numbered file by file,
+    as some experts number them), and, with three patients or more, a population whose training
+    cells all come from one patient (a misspelt name, a population only that patient has, or one
+    too rare elsewhere to be drawn). Each is learned as it is; the notes say so."""
     held = [set(map(str, np.unique(np.asarray(y).astype(str)))) for y in labels]
     if len(held) < 2:
         return []
@@ -123,7 +124,7 @@ def mismatched_labels_notes(names, labels) -> list[str]:
         others = set().union(*(h for j, h in enumerate(held) if j != i))
         if own and not own & others:
             alone.add(i)
-            notes.append(f"{name} shares no population with the other training patients (its own: "
+            notes.append(f"{name}'s training cells share no population with the other patients' (its own: "
                          f"{_listed(sorted(own))}): if its labels name the same populations otherwise, "
                          "give each population one name in every patient's labels")
     if len(held) >= 3:
@@ -133,9 +134,9 @@ def mismatched_labels_notes(names, labels) -> list[str]:
             if len(holders) == 1 and holders[0] not in alone:
                 i = holders[0]
                 cells = int(np.sum(np.asarray(labels[i]).astype(str) == population))
-                single.append(f"'{population}' ({names[i]}, {cells:,} training cells)")
+                single.append(f"'{population}' ({names[i]}, {cells:,} cell{'s' if cells != 1 else ''})")
         if single:
-            notes.append(f"labelled in one training patient only: {_listed(single)}; a misspelt name is "
+            notes.append(f"training cells of one patient only: {_listed(single)}; a misspelt name is "
                          "learned as a population of its own")
     return notes
 
