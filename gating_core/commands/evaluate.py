@@ -239,11 +239,10 @@ def run_evaluate(args) -> int:
         return pd.concat(tables, ignore_index=True)
 
     def over_seeds_run(progress):
-        """One run of the protocols per seed, in seed order, on one rising bar."""
-        done = iter(range(len(seeds)))
+        """One run of the protocols per seed, on one rising bar."""
 
         def run(model_params):
-            k = next(done)
+            k = seeds.index(model_params["random_state"])
 
             def report(stage, fraction):
                 progress(f"seed {seeds[k]}: {stage}", (k + fraction) / len(seeds))

@@ -22,23 +22,30 @@ from gating_core.model.result import ChannelMismatchError
 FINITE_CHECK_ROWS = 262_144
 
 
-def nonfinite_events(events, indices) -> tuple[int, set]:
-    """(events holding NaN or infinite values on the channels ``indices``, those channels)."""
+def _flagged_events(events, indices, flagged) -> tuple[int, set]:
+    """(events with a value ``flagged`` (a boolean test of a block) on the channels ``indices``,
+    those channels), read in row blocks: no copy of a whole file's channels."""
     bad_rows, bad_channels = 0, set()
     for start in range(0, len(events), FINITE_CHECK_ROWS):
-        finite = np.isfinite(events[start:start + FINITE_CHECK_ROWS][:, indices])
-        if not finite.all():
-            bad_rows += int((~finite.all(axis=1)).sum())
-            bad_channels |= {int(indices[j]) for j in np.flatnonzero(~finite.all(axis=0))}
+        bad = flagged(events[start:start + FINITE_CHECK_ROWS][:, indices])
+        if bad.any():
+            bad_rows += int(bad.any(axis=1).sum())
+            bad_channels |= {int(indices[j]) for j in np.flatnonzero(bad.any(axis=0))}
     return bad_rows, bad_channels
 
 
-def refuse_nonfinite(name: str, bad_rows: int, bad_channels, pnn) -> None:
+def nonfinite_events(events, indices) -> tuple[int, set]:
+    """(events holding NaN or infinite values on the channels ``indices``, those channels)."""
+    return _flagged_events(events, indices, lambda block: ~np.isfinite(block))
+
+
+def refuse_nonfinite(name: str, bad_rows: int, bad_channels, pnn,
+                     problem: str = "NaN or infinite values") -> None:
     """Raise ValueError naming the patient, how many events and which channels hold NaN or
-    infinite values, if any do."""
+    infinite values (or the ``problem`` named), if any do."""
     if bad_rows:
         names = ", ".join(pnn[i] for i in sorted(bad_channels))
-        raise ValueError(f"{name}: {bad_rows} events hold NaN or infinite values (channels {names}); "
+        raise ValueError(f"{name}: {bad_rows} events hold {problem} (channels {names}); "
                          f"remove those events or fix the values")
 
 
@@ -51,22 +58,21 @@ def check_training_values(name: str, events, indices, pnn) -> None:
     """Raise ValueError naming the patient, how many events and which of the channels hold NaN,
     infinite values or values beyond MAX_TRAINING_VALUE, if any do."""
     check_finite(name, events, indices, pnn)
-    bad_rows, bad_channels = 0, set()
-    for start in range(0, len(events), FINITE_CHECK_ROWS):
-        far = np.abs(events[start:start + FINITE_CHECK_ROWS][:, indices]) > MAX_TRAINING_VALUE
-        if far.any():
-            bad_rows += int(far.any(axis=1).sum())
-            bad_channels |= {int(indices[j]) for j in np.flatnonzero(far.any(axis=0))}
-    if bad_rows:
-        names = ", ".join(pnn[i] for i in sorted(bad_channels))
-        raise ValueError(f"{name}: {bad_rows} events hold values beyond {MAX_TRAINING_VALUE:g} (channels {names}), "
-                         "which no instrument measures; remove those events or fix the values")
+    far = _flagged_events(events, indices, lambda block: np.abs(block) > MAX_TRAINING_VALUE)
+    refuse_nonfinite(name, *far, pnn, f"values beyond {MAX_TRAINING_VALUE:g}")
 
 
 def check_finite(name: str, events, indices, pnn) -> None:
     """Raise ValueError naming the patient, how many events and which of the channels
     ``indices`` (names ``pnn``) hold NaN or infinite values, if any do."""
     refuse_nonfinite(name, *nonfinite_events(events, indices), pnn)
+
+
+#: Standardised values are held within this many standard deviations of the training centre. No
+#: real cell lies so far out; a value an instrument or a broken file wrote there (1e30 on a linear
+#: channel) would otherwise overflow the squares of the kernels and the reach into NaN, where it
+#: must simply be a cell beyond every population.
+STANDARDISED_BOUND = 1e4
 
 
 class ChannelPreprocessing:
@@ -228,13 +234,6 @@ class ChannelPreprocessing:
         out /= self.scale_
         np.clip(out, -STANDARDISED_BOUND, STANDARDISED_BOUND, out=out)
         return out
-
-
-#: Standardised values are held within this many standard deviations of the training centre. No
-#: real cell lies so far out; a value an instrument or a broken file wrote there (1e30 on a linear
-#: channel) would otherwise overflow the squares of the kernels and the reach into NaN, where it
-#: must simply be a cell beyond every population.
-STANDARDISED_BOUND = 1e4
 
 
 #: Events per training patient (of those its embedding is computed from) the default transform

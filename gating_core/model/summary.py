@@ -3,6 +3,8 @@ user: the training summary of ``train`` and the app's list of models both print 
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 
 from gating_core.model.weight_check import EVEN_ADAPTIVE_WEIGHT
@@ -119,20 +121,20 @@ def mismatched_labels_notes(names, labels) -> list[str]:
     held = [set(map(str, np.unique(np.asarray(y).astype(str)))) for y in labels]
     if len(held) < 2:
         return []
+    holders = Counter(population for own in held for population in own)  # patients holding each
     notes, alone = [], set()
     for i, (name, own) in enumerate(zip(names, held)):
-        others = set().union(*(h for j, h in enumerate(held) if j != i))
-        if own and not own & others:
+        if own and all(holders[population] == 1 for population in own):
             alone.add(i)
             notes.append(f"{name}'s training cells share no population with the other patients' (its own: "
                          f"{_listed(sorted(own))}): if its labels name the same populations otherwise, "
                          "give each population one name in every patient's labels")
     if len(held) >= 3:
+        owner = {population: i for i, own in enumerate(held) for population in own}  # the one, where one
         single = []
-        for population in sorted(set().union(*held)):
-            holders = [i for i, h in enumerate(held) if population in h]
-            if len(holders) == 1 and holders[0] not in alone:
-                i = holders[0]
+        for population in sorted(p for p, count in holders.items() if count == 1):
+            i = owner[population]
+            if i not in alone:
                 cells = int(np.sum(np.asarray(labels[i]).astype(str) == population))
                 single.append(f"'{population}' ({names[i]}, {cells:,} cell{'s' if cells != 1 else ''})")
         if single:

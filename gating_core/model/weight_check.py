@@ -248,11 +248,13 @@ class WeightCheck:
                                           "score": check_score(transfer_started)}
         self.selection_["adaptive_weight"] = table
         trees = False
-        if self.trees_check and start == "training" and chosen < 1.0 and trees_unfit:
+        if not (self.trees_check and start == "training" and chosen < 1.0):
+            return chosen, start, trees
+        if trees_unfit:
             self.selection_["trees"] = {"taken": False, "share": TREES_SHARE,
                                         "reason": "a fold's training cells held fewer than two populations "
                                                   "of two cells or more"}
-        elif self.trees_check and start == "training" and chosen < 1.0:
+        else:
             trees = trees_choice(accuracy[chosen], with_trees[chosen], fold_of)
             self.selection_["trees"] = {
                 "taken": trees, "share": TREES_SHARE,
