@@ -58,7 +58,10 @@ def statistics(token: str, _record):
 def statistics_csv(records) -> bytes:
     import pandas as pd
 
-    return pd.concat([statistics(r.populations_token, r) for r in records]).to_csv(index=False).encode()
+    from gating_core.io.spreadsheet_cells import safe_frame
+
+    frame = pd.concat([statistics(r.populations_token, r) for r in records])
+    return safe_frame(frame).to_csv(index=False).encode()
 
 
 def all_as_zip(records, work_dir) -> bytes:
@@ -135,7 +138,9 @@ def batch_frame(records):
 
 
 def batch_csv(records) -> bytes:
-    return batch_frame(records).to_csv(index=False).encode()
+    from gating_core.io.spreadsheet_cells import safe_frame
+
+    return safe_frame(batch_frame(records)).to_csv(index=False).encode()
 
 
 def _report_key(record) -> str:

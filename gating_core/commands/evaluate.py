@@ -262,7 +262,9 @@ def run_evaluate(args) -> int:
     curve = novelty_curve(table) if "marginal" in args.method else None
     review = review_split(table)
     if args.csv:
-        table.to_csv(args.csv, index=False)
+        from gating_core.io.spreadsheet_cells import safe_frame
+
+        safe_frame(table).to_csv(args.csv, index=False)
     if args.json:
         document = {"groups": dict(zip([s.name for s in samples], groups)), "groups_origin": origin,
                     "patients": table.to_dict(orient="records"), "summary": summary.to_dict(orient="records"),

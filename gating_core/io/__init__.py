@@ -6,6 +6,7 @@ training), ``labels`` (the ``<stem>.labels.csv`` format and ``Provenance``), ``e
 export path: keyword policy, ``export_sample`` / ``export_bytes``, FCS with a population
 channel), ``gated_table`` (gated CSV / Parquet, written chunk by chunk, and
 ``read_gated_csv``), ``parquet_columns`` (which Parquet columns to dictionary-encode),
+``spreadsheet_cells`` (CSV text cells no spreadsheet evaluates as a formula),
 ``interop`` (where users import the conversions from) with ``flowkit_interop`` (FlowKit
 samples) and ``anndata_interop`` (AnnData, h5ad). Import each name from its module (or the
 public ones from ``gating_core`` itself); this package re-exports nothing, so reading a labels

@@ -4,7 +4,9 @@ written whole or chunk by chunk (:class:`GatedTableWriter`), and a gated CSV rea
 Gated CSV (design.md section 4): one row per event in the original order, one column per
 channel named by its $PnN, then ``population`` (text) and ``confidence`` (0..1). Floats are
 written as the shortest text that reads back to the same float32 (or float64) value, so a
-gated CSV is a lossless training input. Every file is written under a temporary name and
+gated CSV is a lossless training input. Channel and population names that a spreadsheet would
+evaluate as a formula are written with a leading apostrophe, and read back without it
+(:mod:`gating_core.io.spreadsheet_cells`). Every file is written under a temporary name and
 renamed when complete. Exports go through :func:`gating_core.io.export.export_sample`, which
 calls these writers (and, for h5ad, :func:`gating_core.io.anndata_interop.write_gated_h5ad`).
 """
@@ -20,6 +22,7 @@ from gating_core.cpus import score_threads
 from gating_core.fcs import Channel, Sample
 from gating_core.io.labels import POPULATION_COLUMN, LabelError, _read_csv_table, population_array, read_header
 from gating_core.io.parquet_columns import repeating_columns
+from gating_core.io.spreadsheet_cells import arrow_cell_texts, cell_text, safe_arrow_cells, safe_cell
 
 __all__ = ["GatedTableWriter", "write_gated_csv", "read_gated_csv", "write_gated_parquet", "CONFIDENCE_COLUMN"]
 
@@ -52,13 +55,14 @@ CSV_MIN_BLOCK_ROWS = 16_384
 
 
 def _csv_header(names) -> bytes:
-    """The header line Arrow's CSV writer writes (``quoting_style="needed"``): every name quoted."""
+    """The header line Arrow's CSV writer writes (``quoting_style="needed"``): every name quoted,
+    and made safe for a spreadsheet (:mod:`gating_core.io.spreadsheet_cells`)."""
     import io
 
     import pyarrow as pa
     import pyarrow.csv as pacsv
 
-    schema = pa.schema([(name, pa.string()) for name in names])
+    schema = pa.schema([(safe_cell(name), pa.string()) for name in names])
     out = io.BytesIO()
     pacsv.write_csv(schema.empty_table(), out, write_options=pacsv.WriteOptions(quoting_style="needed"))
     return out.getvalue()
@@ -67,7 +71,8 @@ def _csv_header(names) -> bytes:
 def _csv_rows(events, dtype, populations, confidence) -> bytes:
     """CSV text of rows, byte for byte what Arrow's CSV writer (``quoting_style="needed"``)
     writes for the same columns: floats by Arrow's shortest round-trip cast to text,
-    unquoted; population text always quoted, quotes doubled; ``\\n`` after each row.
+    unquoted; population text always quoted, quotes doubled, made safe for a spreadsheet
+    (:func:`~gating_core.io.spreadsheet_cells.safe_arrow_cells`); ``\\n`` after each row.
 
     Built with Arrow's string kernels (cast, element-wise join), so no Python loop runs per
     row; the joined rows' character buffer is the text."""
@@ -76,7 +81,7 @@ def _csv_rows(events, dtype, populations, confidence) -> bytes:
 
     events = np.asarray(events, dtype=dtype)
     parts = [pc.cast(pa.array(np.ascontiguousarray(events[:, i])), pa.string()) for i in range(events.shape[1])]
-    names = pa.array(populations, type=pa.string())
+    names = safe_arrow_cells(pa.array(populations, type=pa.string()))
     parts.append(pc.binary_join_element_wise('"', pc.replace_substring(names, '"', '""'), '"', ""))
     if confidence is not None:
         parts.append(pc.cast(pa.array(np.asarray(confidence).astype(np.float32)), pa.string()))
@@ -312,12 +317,13 @@ def read_gated_csv(path: str | os.PathLike, dtype=np.float32):
     if POPULATION_COLUMN not in header:
         raise LabelError(path, "is not a gated CSV: no 'population' column in the header "
                                f"(found {header[:6]})")
-    channel_names = [c for c in header if c not in (POPULATION_COLUMN, CONFIDENCE_COLUMN)]
+    columns = [c for c in header if c not in (POPULATION_COLUMN, CONFIDENCE_COLUMN)]
+    channel_names = [cell_text(c) for c in columns]  # as written: safe for a spreadsheet
     if not channel_names:
         raise LabelError(path, "is not a gated CSV: no channel columns before 'population'")
     if any(name.strip() == "" for name in channel_names):
         raise LabelError(path, "header has an empty channel name")
-    types = {name: pa.float64() for name in channel_names}
+    types = {column: pa.float64() for column in columns}
     types[POPULATION_COLUMN] = pa.string()
     has_confidence = CONFIDENCE_COLUMN in header
     if has_confidence:
@@ -327,14 +333,14 @@ def read_gated_csv(path: str | os.PathLike, dtype=np.float32):
         raise LabelError(path, "has a header but no event rows")
     events = np.empty((table.num_rows, len(channel_names)), dtype=dtype)
     for i, name in enumerate(channel_names):
-        column = table.column(name)
+        column = table.column(columns[i])
         if column.null_count:
             raise LabelError(path, f"column {name!r} has {column.null_count} empty or NaN cells")
         values = column.to_numpy()
         if not np.all(np.isfinite(values)):
             raise LabelError(path, f"column {name!r} holds NaN or infinite values")
         events[:, i] = values
-    populations = population_array(path, table.column(POPULATION_COLUMN), table.num_rows)
+    populations = population_array(path, arrow_cell_texts(table.column(POPULATION_COLUMN)), table.num_rows)
     confidence = None
     if has_confidence:
         column = table.column(CONFIDENCE_COLUMN)
