@@ -108,9 +108,13 @@ class ClusterError(GatingCoreError, RuntimeError):
 def describe_error(exc: BaseException) -> str:
     """A one-line ``"<path>: <problem>"`` for an error shown to a user (no traceback).
 
-    GatingCoreError already names its file; OSError names ``exc.filename`` and its strerror;
-    UnicodeError says which text (a file name, usually) was not valid UTF-8.
+    A PathError names its file by the path it was given (as typed on a command line: two
+    inputs of one name in different folders are told apart), other GatingCoreErrors as their
+    ``str``; OSError names ``exc.filename`` and its strerror; UnicodeError says which text (a
+    file name, usually) was not valid UTF-8; any other error is its own message.
     """
+    if isinstance(exc, PathError) and exc.path:
+        return f"{exc.path}: {exc.problem}"
     if isinstance(exc, GatingCoreError):
         return str(exc)
     if isinstance(exc, OSError):
@@ -125,7 +129,7 @@ def describe_error(exc: BaseException) -> str:
             text = printable(text)
         where = f"{text[:200]}: " if text else ""
         return f"{where}not valid UTF-8 text ({getattr(exc, 'reason', exc)}); rename the file or give plain text"
-    return f"{type(exc).__name__}: {exc}"
+    return str(exc) or type(exc).__name__  # a ValueError of ours names its patient or file itself
 
 
 def printable(text: str) -> str:

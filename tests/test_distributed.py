@@ -91,10 +91,10 @@ def test_failing_files_do_not_stop_the_batch(batch, client, tmp_path):
     records = gate_files_distributed(batch["model_path"], paths, tmp_path, chunk_size=CHUNK, client=client)
 
     assert [r["file"] for r in records] == [str(p) for p in paths]
-    errors = {Path(r["file"]).name: r["error"] for r in records if "error" in r}
-    assert sorted(errors) == ["missing.fcs", "notes.fcs", "truncated.fcs"]
-    for name, message in errors.items():
-        assert message.startswith(f"{name}: "), message
+    errors = {r["file"]: r["error"] for r in records if "error" in r}
+    assert sorted(Path(f).name for f in errors) == ["missing.fcs", "notes.fcs", "truncated.fcs"]
+    for path, message in errors.items():
+        assert message.startswith(f"{path}: "), message  # the path given, not only its name
     assert [r["patient"] for r in records if "error" not in r] == ["new_1", "new_2"]
     # Only the good files produced output, and no temporary file is left behind.
     assert sorted(p.name for p in tmp_path.iterdir()) == ["new_1.gated.csv", "new_2.gated.csv"]
@@ -159,7 +159,7 @@ def test_cli_gate_with_local_workers(batch, tmp_path):
                      "--chunk-size", CHUNK, *paths, timeout=240, cwd=tmp_path, env={"TMPDIR": str(temporary)})
     assert result.returncode == 1, result.stderr  # one file failed
     assert sorted(p.name for p in temporary.rglob("*")) == []
-    assert "error: truncated.fcs: " in result.stderr
+    assert f"error: {batch['truncated']}: " in result.stderr
     assert f"new_0: {N_EVENTS:,} events -> {out_dir / 'new_0.gated.csv'}" in result.stdout
     serial_dir = tmp_path / "serial"
     serial_dir.mkdir()

@@ -89,11 +89,28 @@ def test_bad_inputs_give_one_error_line_and_no_traceback(model_path, sample_data
 def test_error_messages_name_the_file_and_the_problem(model_path, sample_data_dir, tmp_path):
     cases = _bad_inputs(model_path, sample_data_dir, tmp_path)
     stderr = run_cli(*cases["gate with format_version a string"], text=False).stderr.decode()
-    assert stderr.startswith("error: bad_json.npz: model description: format_version must be")
+    assert stderr.startswith(f"error: {tmp_path / 'bad_json.npz'}: model description: format_version must be")
     stderr = run_cli(*cases["library import of a non-UTF-8 file name"], text=False).stderr.decode()
     assert stderr.startswith("error: x\\xff.fcs: the file name is not valid UTF-8")
     stderr = run_cli(*cases["gate into a file"], text=False).stderr.decode()
     assert stderr.startswith("error: ") and stderr.rstrip().endswith("a_file: --out-dir names a file, not a folder")
+
+
+def test_errors_name_the_path_given_so_that_files_of_one_name_are_told_apart(sample_data_dir, tmp_path):
+    """Two inputs called x.fcs in different folders: each error names its own, as typed."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    (tmp_path / "a" / "x.fcs").write_bytes(b"garbage")
+    shutil.copy(sample_data_dir / "patient_01.fcs", tmp_path / "b" / "x.fcs")  # no labels beside it
+    train = run_cli("train", "--out", "m.npz", "a/x.fcs", "b/x.fcs", cwd=tmp_path)
+    assert train.returncode == 1 and "Traceback" not in train.stderr
+    lines = train.stderr.splitlines()
+    assert "error: a/x.fcs: file is 7 bytes long, too short to hold an FCS HEADER (58 bytes)" in lines
+    assert any(line.startswith("error: b/x.labels.csv: labels file is missing") for line in lines)
+    info = run_cli("info", "a/x.fcs", cwd=tmp_path)
+    assert info.returncode == 1 and info.stderr.startswith("error: a/x.fcs: file is 7 bytes long")
+    gate = run_cli("gate", "--model", "a/x.fcs", "--out-dir", "out", "b/x.fcs", cwd=tmp_path)
+    assert gate.returncode == 1 and gate.stderr.startswith("error: a/x.fcs: not a gating model file")
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="/proc, which takes no new file for any user, is Linux's")
@@ -110,7 +127,7 @@ def test_an_output_folder_that_cannot_be_written_is_refused_before_any_work(mode
     (out / "new_patient_01.gated.csv").mkdir(parents=True)
     both = run_cli("gate", "--model", model_path, "--out-dir", out, fcs, sample_data_dir / "new" / "new_patient_02.fcs")
     assert both.returncode == 1 and "Traceback" not in both.stderr
-    assert f"error: new_patient_01.fcs: cannot write {out / 'new_patient_01.gated.csv'}: a folder of that name is " \
+    assert f"error: {fcs}: cannot write {out / 'new_patient_01.gated.csv'}: a folder of that name is " \
            "in the way" in both.stderr
     assert (out / "new_patient_02.gated.csv").is_file()
     # a folder made for the outputs and left empty, every patient failing, is not left behind

@@ -242,13 +242,13 @@ def test_info_and_gate_refuse_a_file_cut_inside_data(small_model, tmp_path):
     path.write_bytes(_cut_with_header_in_text(NEW_PATIENT.read_bytes(), cut=50, into_text=200))
     info = run_cli("info", path, python_options=WARNINGS_FAIL)
     assert info.returncode == 1, info.stdout
-    assert info.stderr.startswith("error: patient cut.fcs: ") and "the file is truncated" in info.stderr
+    assert info.stderr.startswith(f"error: {path}: ") and "the file is truncated" in info.stderr
     out = tmp_path / "out"
     for fmt in ("csv", "fcs"):  # streamed and whole-file reads
         gate = run_cli("gate", "--model", small_model, "--out-dir", out, "--format", fmt, path,
                        python_options=WARNINGS_FAIL)
         assert gate.returncode == 1, gate.stdout
-        assert gate.stderr.startswith("error: patient cut.fcs: ") and "the file is truncated" in gate.stderr
+        assert gate.stderr.startswith(f"error: {path}: ") and "the file is truncated" in gate.stderr
         assert "Traceback" not in gate.stderr
     assert not out.exists() or list(out.iterdir()) == []
 
@@ -310,7 +310,7 @@ def test_info_and_gate_show_no_runtime_warning_for_an_overflowing_timestep(small
     bad = _with_time(tmp_path, "1e37", name="bad_time.fcs", ranges=[262144] * 9 + [1])
     gate = run_cli("gate", "--model", small_model, "--out-dir", tmp_path / "out2", bad, python_options=WARNINGS_FAIL)
     assert gate.returncode == 1
-    assert gate.stderr.startswith("error: bad_time.fcs: $TIMESTEP = 1e+37") and "RuntimeWarning" not in gate.stderr
+    assert gate.stderr.startswith(f"error: {bad}: $TIMESTEP = 1e+37") and "RuntimeWarning" not in gate.stderr
 
 
 @pytest.mark.parametrize("value", [1e30, -1e30, 3e38])
@@ -339,7 +339,7 @@ def test_a_file_of_no_events_is_said_to_hold_none(small_model, tmp_path):
     sample = read_fcs(NEW_PATIENT, compensate=False)
     write_fcs(tmp_path / "empty.fcs", sample.events[:0], sample.pnn, sample.pns)
     gate = run_cli("gate", "--model", small_model, "--out-dir", tmp_path / "out", tmp_path / "empty.fcs")
-    assert gate.returncode == 1 and gate.stderr.strip() == "error: empty.fcs: empty: the sample holds no events"
+    assert gate.returncode == 1 and gate.stderr.strip() == f"error: {tmp_path / 'empty.fcs'}: empty: the sample holds no events"
     assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []
 
 
@@ -361,7 +361,7 @@ def test_values_compensation_pushes_beyond_float32_are_refused_alike_in_every_fo
         messages.add(gate.stderr.strip())
         assert not (tmp_path / format).exists() or list((tmp_path / format).iterdir()) == []
     [message] = messages
-    assert message.startswith("error: over.fcs: over: 1 events hold NaN or infinite values (channels FL")
+    assert message.startswith(f"error: {path}: over: 1 events hold NaN or infinite values (channels FL")
 
 
 def test_training_refuses_values_no_instrument_measures(tmp_path):

@@ -131,10 +131,11 @@ def _gate_task(model_bytes: bytes, digest: str, fcs_path: str, out_dir: str, chu
 
 
 def _failure_record(path: str, exc: BaseException) -> dict:
-    name = Path(path).name
     message = str(exc) or type(exc).__name__
-    if name not in message:
-        message = f"{name}: {message}"
+    if message.startswith(f"{Path(path).name}: "):
+        message = message[len(Path(path).name) + 2:]
+    if str(path) not in message:
+        message = f"{path}: {message}"
     return {"file": path, "patient": Path(path).stem, "error": message}
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from gating_core.errors import PathError, describe_error
 from gating_core.fcs import FCSError, read_fcs_all, stream_fcs_all
 from gating_core.io.export import EXPORT_SUFFIXES, GatedTableWriter, dropped_keyword_count, export_sample
 from gating_core.model.digest import PatientDigest
@@ -87,7 +88,7 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
     try:
         streams = stream_fcs_all(fcs_path, compensate=model.compensate)
     except FCSError as exc:
-        return [{"file": str(fcs_path), "patient": fcs_path.stem, "error": str(exc)}]
+        return [{"file": str(fcs_path), "patient": fcs_path.stem, "error": describe_error(exc)}]
     records = []
     for stream in streams:
         sample = stream.sample
@@ -110,7 +111,7 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
             _add_part(record, part)
             _add_fit_cost(record, model)
         except FCSError as exc:
-            message = str(exc)
+            message = describe_error(exc)
             if len(streams) > 1:
                 message = _unreadable(fcs_path, sample.name, exc.problem)
             record["error"] = message
@@ -139,17 +140,22 @@ def _add_fit_cost(record: dict, model) -> None:
         record["fit_seconds"] = float(seconds)
 
 
+# Records name the input by its path as given (two inputs of one name in different folders are
+# told apart), as the command line's other errors do (gating_core.errors.describe_error).
+
 def _in_the_way(fcs_path: Path, output: Path) -> str:
-    return f"{fcs_path.name}: cannot write {output}: a folder of that name is in the way"
+    return f"{fcs_path}: cannot write {output}: a folder of that name is in the way"
 
 
 def _naming_the_file(fcs_path: Path, exc: Exception) -> str:
-    message = str(exc)
-    return message if fcs_path.name in message else f"{fcs_path.name}: {message}"
+    message = describe_error(exc) if isinstance(exc, (PathError, OSError)) else str(exc)
+    if message.startswith(f"{fcs_path.name}: "):
+        return f"{fcs_path}: {message[len(fcs_path.name) + 2:]}"
+    return message if str(fcs_path) in message else f"{fcs_path}: {message}"
 
 
 def _unreadable(fcs_path: Path, name: str, problem: str) -> str:
-    return f"{fcs_path.name}: data set {name} cannot be read: {problem}"
+    return f"{fcs_path}: data set {name} cannot be read: {problem}"
 
 
 def _skipped_records(fcs_path: Path, data_sets) -> list[dict]:
@@ -167,7 +173,7 @@ def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50
     try:
         samples = read_fcs_all(fcs_path, compensate=model.compensate)
     except FCSError as exc:
-        return [{"file": str(fcs_path), "patient": fcs_path.stem, "error": str(exc)}]
+        return [{"file": str(fcs_path), "patient": fcs_path.stem, "error": describe_error(exc)}]
     records = []
     for sample in samples:
         record = {"file": str(fcs_path), "patient": sample.name}

@@ -11,7 +11,7 @@ from pathlib import Path
 from gating_core.commands import print_json
 from gating_core.commands.model_options import (_check_unique, _fail, _model_options, _model_params, _usage,
                                              writable_folder_problem)
-from gating_core.errors import print_error
+from gating_core.errors import describe_error, print_error
 
 # Kept here rather than imported so that the command line starts without numpy and scikit-learn;
 # tests/test_transfer.py checks it against gating_core.evaluation.protocols.ALL_METHODS.
@@ -126,7 +126,7 @@ def _load_inputs(paths, compensate: bool):
         try:
             sample, populations = load_labeled_input(path, compensate=compensate)
         except (FCSError, LabelError, OSError) as exc:
-            errors.append(str(exc))
+            errors.append(describe_error(exc))
             continue
         samples.append(sample)
         labels.append(populations)
@@ -205,7 +205,7 @@ def run_evaluate(args) -> int:
     try:
         groups, origin = _evaluation_groups(args, samples, labels)
     except GroupsError as exc:
-        return _fail(str(exc))
+        return _fail(describe_error(exc))
     distinct = sorted(set(groups))
     singletons = len(distinct) == len(samples)
     if args.protocol in ("group", "one-group") and len(distinct) < 2:
@@ -256,7 +256,7 @@ def run_evaluate(args) -> int:
             table = (protocols(params, progress) if seeds is None else
                      repeat_over_seeds(over_seeds_run(progress), seeds, params))
     except (ChannelMismatchError, ValueError) as exc:
-        return _fail(str(exc))
+        return _fail(describe_error(exc))
     summary = summarize(table)
     over_seeds = None if seeds is None else summarize_seeds(table)
     curve = novelty_curve(table) if "marginal" in args.method else None

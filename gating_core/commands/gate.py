@@ -8,7 +8,7 @@ from pathlib import Path
 
 from gating_core.commands import DEFAULT_KEYWORDS_HELP, add_keyword_options, positive_int, print_json
 from gating_core.commands.model_options import IW_METHOD, _cluster_options, _fail, _usage, writable_folder_problem
-from gating_core.errors import print_error
+from gating_core.errors import describe_error, print_error
 from gating_core.model.result import GATING_PARTS, PART_TITLES, review_flags, review_order
 
 
@@ -69,7 +69,7 @@ def run_gate(args) -> int:
     try:
         model = load_any_model(args.model)
     except ModelFileError as exc:
-        return _fail(str(exc))
+        return _fail(describe_error(exc))
     transductive = model.method == iw_method
     if args.method == IW_METHOD and not transductive:
         return _fail(f"{args.model}: not an {IW_METHOD} model (it holds a {model.method} model); "
@@ -100,7 +100,7 @@ def run_gate(args) -> int:
                                              format=args.format, include_identifying=args.include_identifying,
                                              keep_keywords=args.keep_keywords, part=args.part)
         except ClusterError as exc:
-            return _fail(str(exc))
+            return _fail(describe_error(exc))
     else:
         from gating_core.batch.files import gate_file
 

@@ -13,7 +13,7 @@ still reported.
 from __future__ import annotations
 
 from . import print_json
-from ..errors import print_error
+from ..errors import describe_error, print_error
 from ..fcs import FCSError, fcs_info
 
 
@@ -71,7 +71,7 @@ def run(args) -> int:
         try:
             info = fcs_info(path)
         except FCSError as exc:
-            print_error(exc)
+            print_error(describe_error(exc))
             results.append({"file": path, "error": exc.problem})
             status = 1
             continue

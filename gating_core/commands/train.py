@@ -10,7 +10,7 @@ from gating_core.commands.model_options import (DEFAULT_ADAPTIVE_WEIGHT, DEFAULT
                                                 IW_CELLS_PER_PATIENT, IW_METHOD, UNKNOWN_MARGIN, _check_unique,
                                                 _cluster_options, _fail, _model_options, _model_params,
                                                 _unit_interval, _usage, writable_folder_problem)
-from gating_core.errors import print_error
+from gating_core.errors import describe_error, print_error
 
 # Kept here rather than imported so that the command line starts without numpy and scikit-learn:
 # the choices of ``train`` (gating_core.model.estimator.METHODS and gating_core.method.classifier.LOSSES,
@@ -111,7 +111,7 @@ def run_train(args) -> int:
             digests, errors = digest_files_distributed(args.inputs, digest_params, workers=args.workers,
                                                        scheduler=args.scheduler)
         except ClusterError as exc:
-            return _fail(str(exc))
+            return _fail(describe_error(exc))
     else:
         from gating_core.batch.files import digest_file
         from gating_core.fcs import FCSError
@@ -122,7 +122,7 @@ def run_train(args) -> int:
             try:
                 digests.append(digest_file(path, i, model))
             except (FCSError, LabelError, OSError, ValueError) as exc:
-                errors.append(str(exc))
+                errors.append(describe_error(exc))
     if args.library:
         from gating_core.library import LibraryError, PatientLibrary
 
@@ -136,7 +136,7 @@ def run_train(args) -> int:
             trained = {d.name for d in library_part}
             unlabeled = [name for name in library.patient_names() if name not in trained]
         except LibraryError as exc:
-            errors.append(str(exc))
+            errors.append(describe_error(exc))
         else:
             digests += library_part
             left_out = ""
@@ -157,7 +157,7 @@ def run_train(args) -> int:
         with StageProgress("train") as progress:
             model.fit_digests(digests, progress=progress)
     except (ChannelMismatchError, ValueError) as exc:
-        return _fail(str(exc))
+        return _fail(describe_error(exc))
     model.save(out)
     info = model.describe()
     print(f"Method: {_method_label(info['method'], info['loss'], info['task_similarity'])}")
