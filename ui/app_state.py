@@ -262,7 +262,7 @@ def review_notice(patient: str, novelty) -> tuple[str, str] | None:
     """What the Auto-gate page says of a gated patient's novelty and of how much the model's parts
     disagree on its cells: ("warning" or "success", markdown), or None without a novelty (a
     result stored before either was measured gives what it has)."""
-    from gating_core.model.result import novelty_field, review_flags
+    from gating_core.model.result import constant_channel_names, novelty_field, review_flags
 
     if novelty is None:
         return None
@@ -273,6 +273,18 @@ def review_notice(patient: str, novelty) -> tuple[str, str] | None:
     if disagreement is not None:
         parts = (f"The transfer model and {patient}'s own populations name different populations for "
                  f"{float(disagreement):.1%} of its cells (review above {float(threshold):.0%}).")
+    kind, text = _novelty_notice(patient, novel, disagree, get, parts)
+    constant = constant_channel_names(novelty)
+    if constant:
+        one = len(constant) == 1
+        return "warning", (f"**{', '.join(constant)} {'holds' if one else 'hold'} one value on every event of "
+                           f"{patient}**: a detector off or a channel not recorded? The gates that use "
+                           f"{'it' if one else 'them'} are guesses: review them by hand. {text}")
+    return kind, text
+
+
+def _novelty_notice(patient: str, novel: bool, disagree: bool, get, parts: str) -> tuple[str, str]:
+    """:func:`review_notice` from the novelty and the parts' disagreement alone."""
     if novel:
         return "warning", " ".join(
             [f"**{patient} is unlike the training patients** (novelty score {float(get('score')):.2f}, threshold "
@@ -296,7 +308,7 @@ def review_worklist(novelties: dict, accepted=()):
     longer to review, and comes last."""
     import pandas as pd
 
-    from gating_core.model.result import novelty_field, review_flags, review_order
+    from gating_core.model.result import constant_channel_names, novelty_field, review_flags, review_order
 
     accepted = set(accepted)
     rows = []
@@ -304,8 +316,10 @@ def review_worklist(novelties: dict, accepted=()):
         novelty = novelties[patient]
         novel, disagree = review_flags(novelty)
         get = partial(novelty_field, novelty)
-        reasons = (["unlike the training patients"] if novel else []) + (["the model's parts disagree"]
-                                                                        if disagree else [])
+        constant = constant_channel_names(novelty)
+        reasons = ((["unlike the training patients"] if novel else []) + (["the model's parts disagree"]
+                                                                         if disagree else [])
+                   + ([f"{', '.join(constant)}: one value on every event"] if constant else []))
         disagreement, score = get("disagreement"), get("score")
         rows.append({"patient": patient, "review": "" if patient in accepted else "; ".join(reasons),
                      "disagreement": float("nan") if disagreement is None else float(disagreement),

@@ -9,7 +9,7 @@ from pathlib import Path
 from gating_core.commands import DEFAULT_KEYWORDS_HELP, add_keyword_options, positive_int, print_json
 from gating_core.commands.model_options import IW_METHOD, _cluster_options, _fail, _usage, writable_folder_problem
 from gating_core.errors import describe_error, print_error
-from gating_core.model.result import GATING_PARTS, PART_TITLES, review_flags, review_order
+from gating_core.model.result import GATING_PARTS, PART_TITLES, review_order, review_reasons
 
 
 def register(subparsers) -> None:
@@ -134,7 +134,7 @@ def run_gate(args) -> int:
         if "fit_seconds" in record:
             print(f"  {IW_METHOD} refit for this patient: {record['fit_seconds']:.1f} s")
         novelty = record["novelty"]
-        prefix = "  WARNING: " if any(review_flags(novelty)) else "  "
+        prefix = "  WARNING: " if review_reasons(novelty) else "  "
         print(prefix + novelty["message"])
         if record.get("dropped_keywords"):
             print("  " + dropped_note(record["dropped_keywords"]))
@@ -150,9 +150,7 @@ def patients_to_review(records) -> list[str]:
     novelties = {record["patient"]: record["novelty"] for record in records}
     flagged = []
     for patient in review_order(novelties):
-        novel, disagree = review_flags(novelties[patient])
-        why = (["unlike the training patients"] if novel else []) + (
-            [f"parts disagree on {novelties[patient]['disagreement']:.1%} of its cells"] if disagree else [])
+        why = review_reasons(novelties[patient])
         if why:
             flagged.append(f"{patient} ({', '.join(why)})")
     return flagged

@@ -9,7 +9,7 @@ import numpy as np
 
 from gating_core.method.prediction import SCORE_BLOCK
 from gating_core.method.features import content_subsample
-from gating_core.model.preprocessing import check_finite
+from gating_core.model.preprocessing import check_finite, constant_candidates, constant_channels, refuse_unmeasured
 from gating_core.model.result import GateResult
 
 
@@ -51,6 +51,10 @@ class PatientGating:
             raise ValueError(f"{sample.name}: the sample holds no events")
         check_finite(sample.name, events, indices, sample.pnn)
         registration, embedding, chosen = self._patient_frame(events, indices)
+        # A constant channel is constant on the chosen cells (standardising maps one value to
+        # one value): only those are checked on every event.
+        constant = constant_channels([events], indices, constant_candidates(chosen), sample.pnn)
+        refuse_unmeasured(sample.name, constant, len(indices), sample.n_events)
         adjust = self._patient_adjustment(chosen, embedding)
         n = sample.n_events
         # Chunks are whole multiples of the scoring block, so with random features (the default
@@ -72,7 +76,7 @@ class PatientGating:
         names = self.gated_populations()
         populations = np.asarray(names, dtype=object)[codes] if n else np.array([], dtype=object)
         counts = np.bincount(codes, minlength=len(names)) if n else np.zeros(len(names), int)
-        novelty = self.novelty(sample, embedding, self._parts_disagreement(chosen, embedding, adjust))
+        novelty = self.novelty(sample, embedding, self._parts_disagreement(chosen, embedding, adjust), constant)
         return GateResult(populations, confidence, novelty, names,
                           {name: int(c) for name, c in zip(names, counts)}, part)
 

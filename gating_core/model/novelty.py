@@ -49,10 +49,11 @@ class PatientNovelty:
         """Psi from the content-chosen cells of ``events`` (n, all channels) on ``indices``."""
         return self._patient_frame(events, indices)[1]
 
-    def novelty(self, sample=None, embedding=None, disagreement=None) -> Novelty:
+    def novelty(self, sample=None, embedding=None, disagreement=None, constant_channels=None) -> Novelty:
         """Novelty of a patient relative to the training patients (see :class:`Novelty`), with
-        the share of its cells on which the model's parts disagree when gating measured it
-        (``disagreement``; :meth:`gate` and :meth:`gate_chunks` do)."""
+        the share of its cells on which the model's parts disagree and the channels that hold
+        one value on all its events ({$PnN: value}), when gating measured them
+        (``disagreement``, ``constant_channels``; :meth:`gate` and :meth:`gate_chunks` do)."""
         self._check_fitted()
         if embedding is None:
             embedding = self.patient_embedding(sample)
@@ -77,4 +78,5 @@ class PatientNovelty:
                 novelty.message = f"{parts}: review its gates by hand. {message}"
             else:
                 novelty.message += f" {parts}" + (": review its gates by hand." if novelty.parts_disagree else ".")
+        novelty.note_constant_channels(constant_channels, name)
         return novelty

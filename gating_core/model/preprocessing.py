@@ -276,3 +276,46 @@ def found_transform(samples, channels, compensate: bool = True, embedding_cells:
     keywords = samples[0].keywords
     return (default_transform(list(channels), pooled, keywords, ranges),
             default_transform_reasons(list(channels), pooled, keywords, ranges))
+
+
+def constant_candidates(chosen) -> np.ndarray:
+    """The columns of a patient's content-chosen cells ``chosen`` (m, d) whose values are all
+    equal (m >= 2): (d,) bool. A channel that is constant on every event is constant on these;
+    :func:`constant_channels` checks the candidates on every event."""
+    chosen = np.asarray(chosen)
+    if len(chosen) < 2:
+        return np.zeros(chosen.shape[1] if chosen.ndim == 2 else 0, dtype=bool)
+    return np.all(chosen == chosen[:1], axis=0)
+
+
+def constant_channels(chunks, indices, candidates, pnn) -> dict[str, float]:
+    """The model channels that hold one value on every event of a patient: {$PnN: value}.
+
+    ``chunks``: iterable of event arrays (m, all channels), the patient's events in order (one
+    array for a whole file). ``candidates``: :func:`constant_candidates` of its chosen cells, in
+    the order of ``indices``; only those are checked, so a patient without any costs nothing.
+    A detector switched off, a channel the instrument did not record, a file of zeros: the
+    gates that use such a channel are guesses."""
+    columns = np.asarray(indices)[np.flatnonzero(candidates)]
+    if len(columns) == 0:
+        return {}
+    first, same = None, np.ones(len(columns), dtype=bool)
+    for events in chunks:
+        values = np.asarray(events)[:, columns]
+        if len(values) == 0:
+            continue
+        if first is None:
+            first = values[0].copy()
+        same &= np.all(values == first, axis=0)
+    if first is None:
+        return {}
+    return {pnn[c]: float(first[j]) for j, c in enumerate(columns) if same[j]}
+
+
+def refuse_unmeasured(name: str, constant: dict, n_channels: int, n_events: int) -> None:
+    """Raise ValueError when every one of the model's ``n_channels`` channels holds one value
+    on all of a patient's ``n_events`` (two or more) events: nothing was measured to gate."""
+    if n_events >= 2 and n_channels and len(constant) == n_channels:
+        values = ", ".join(f"{c} {v:g}" for c, v in constant.items())
+        raise ValueError(f"{name}: all {n_events} events hold the same values on every channel the model "
+                         f"uses ({values}): nothing was measured to gate")

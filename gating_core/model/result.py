@@ -39,7 +39,11 @@ class Novelty:
     and its adapted populations (the two parts the default mixes) name different populations, or
     None when the model does not mix them. ``parts_disagree`` when it exceeds
     ``disagreement_threshold``: the patient's gates are then more often wrong, whatever its
-    novelty. ``needs_review`` when either flag is up.
+    novelty.
+
+    ``constant_channels``: {$PnN: value} of the model's channels that hold one value on every
+    event of the patient (a detector off, a channel not recorded): the gates that use them are
+    guesses. ``needs_review`` when any of these is up.
     """
 
     score: float
@@ -49,6 +53,7 @@ class Novelty:
     message: str = ""
     disagreement: float | None = None
     disagreement_threshold: float = DISAGREEMENT_THRESHOLD
+    constant_channels: dict = field(default_factory=dict)
 
     @property
     def parts_disagree(self) -> bool:
@@ -56,13 +61,25 @@ class Novelty:
 
     @property
     def needs_review(self) -> bool:
-        return bool(self.is_novel) or self.parts_disagree
+        return bool(self.is_novel) or self.parts_disagree or bool(self.constant_channels)
+
+    def note_constant_channels(self, constant, name: str) -> None:
+        """Record the channels that hold one value on every event of patient ``name``
+        ({$PnN: value}; none: nothing changes), and say so first in :attr:`message`."""
+        if not constant:
+            return
+        self.constant_channels = dict(constant)
+        held = ", ".join(f"{c} ({v:g})" for c, v in constant.items())
+        one = len(constant) == 1
+        self.message = (f"{'Channel' if one else 'Channels'} {held} {'holds' if one else 'hold'} one value on "
+                        f"every event of {name}: a detector off or a channel not recorded? The gates that use "
+                        f"{'it' if one else 'them'} are guesses; review them by hand. {self.message}")
 
     def to_dict(self) -> dict:
         return {"score": self.score, "threshold": self.threshold, "is_novel": self.is_novel,
                 "nearest_patient": self.nearest_patient, "message": self.message,
                 "disagreement": self.disagreement, "disagreement_threshold": self.disagreement_threshold,
-                "parts_disagree": self.parts_disagree}
+                "parts_disagree": self.parts_disagree, "constant_channels": dict(self.constant_channels)}
 
 
 def novelty_field(novelty, key: str):
@@ -83,14 +100,32 @@ def review_flags(novelty) -> tuple[bool, bool]:
     return bool(novelty_field(novelty, "is_novel")), disagree
 
 
+def constant_channel_names(novelty) -> list[str]:
+    """The channels of a :class:`Novelty` (or its stored dict) that hold one value on every event
+    of the patient; empty for results stored before this was measured."""
+    return list(novelty_field(novelty, "constant_channels") or {})
+
+
+def review_reasons(novelty) -> list[str]:
+    """Why a gated patient is to be reviewed, in words (empty: it is not): unlike the training
+    patients, the model's parts disagreeing on many of its cells, channels that hold one value."""
+    novel, disagree = review_flags(novelty)
+    constant = constant_channel_names(novelty)
+    return ((["unlike the training patients"] if novel else [])
+            + ([f"parts disagree on {float(novelty_field(novelty, 'disagreement')):.1%} of its cells"] if disagree else [])
+            + ([f"{', '.join(constant)} {'holds' if len(constant) == 1 else 'hold'} one value"] if constant else []))
+
+
 def review_order(novelties: dict) -> list:
     """The patients of ``{patient: novelty}`` (a :class:`Novelty`, its stored dict, or None) in the
     order to review them: unlike the training patients first, then those the model's parts
-    disagree on, then the others; each group by decreasing disagreement, unmeasured last."""
+    disagree on or with a channel of one value, then the others; each group by decreasing
+    disagreement, unmeasured last."""
     def key(item):
         novel, disagree = review_flags(item[1])
         disagreement = novelty_field(item[1], "disagreement")
-        return not novel, not disagree, 1.0 if disagreement is None else -float(disagreement)
+        flagged = disagree or bool(constant_channel_names(item[1]))
+        return not novel, not flagged, 1.0 if disagreement is None else -float(disagreement)
 
     return [patient for patient, _ in sorted(novelties.items(), key=key)]
 

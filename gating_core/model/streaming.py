@@ -13,8 +13,9 @@ from gating_core.cpus import parallel_rows, with_blas_threads
 from gating_core.method.features import content_hashes
 from gating_core.method.prediction import SCORE_BLOCK
 from gating_core.method.self_training import PatientAdjustment
-from gating_core.model.preprocessing import nonfinite_events, refuse_nonfinite
-from gating_core.model.result import GATING_PARTS, StreamedGate
+from gating_core.model.preprocessing import (constant_candidates, constant_channels, nonfinite_events, refuse_nonfinite,
+                                             refuse_unmeasured)
+from gating_core.model.result import GATING_PARTS, Novelty, StreamedGate
 
 #: The population of cells beyond every training population (GatingModel's ``unknown_margin``).
 UNKNOWN = "unknown"
@@ -74,6 +75,12 @@ class StreamedGating:
         refuse_nonfinite(sample.name, bad[0], bad[1], sample.pnn)  # as gate() refuses them
         if n == 0:
             raise ValueError(f"{sample.name}: the sample holds no events")
+        # As gate(): channels constant on the chosen cells are checked on every event (one more
+        # pass over the file, only for a patient that has such a channel).
+        candidates = constant_candidates(chosen_raw)
+        constant = {} if not candidates.any() else constant_channels(
+            (events for _, events in chunks(max(SCORE_BLOCK, int(chunk_size)))), indices, candidates, sample.pnn)
+        refuse_unmeasured(sample.name, constant, len(indices), n)
         registration, embedding, chosen = self._patient_frame(chosen_raw, list(range(len(indices))))
         adjust = self._patient_adjustment(chosen, embedding)
         chunk_size = max(1, -(-int(chunk_size) // SCORE_BLOCK)) * SCORE_BLOCK
@@ -94,8 +101,7 @@ class StreamedGating:
         if seen != n:
             raise ValueError(f"{sample.name}: the second pass gave {seen} events, the first {n}")
         disagreement = self._parts_disagreement(chosen, embedding, adjust)
-        novelty = self.novelty(sample, embedding) if disagreement is None else self.novelty(sample, embedding,
-                                                                                            disagreement)
+        novelty = self._streamed_novelty(sample, embedding, disagreement, constant)
         return StreamedGate(novelty, {p: int(c) for p, c in zip(names, counts)},
                             n, total_confidence / n if n else 0.0, names, part)
 
@@ -146,6 +152,13 @@ class StreamedGating:
         """What scoring does to the model's probabilities of this patient: by default its prior
         ratio (``_prior_ratio``) alone; GatingModel adds its self-training step."""
         return PatientAdjustment(self._prior_ratio(chosen, frame))
+
+    def _streamed_novelty(self, sample, frame, disagreement, constant) -> Novelty:
+        """The patient's novelty, with the parts' disagreement (None: one part) and its constant
+        channels ({$PnN: value})."""
+        novelty = self.novelty(sample, frame) if disagreement is None else self.novelty(sample, frame, disagreement)
+        novelty.note_constant_channels(constant, sample.name)
+        return novelty
 
     def _parts_disagreement(self, chosen, frame, adjust: PatientAdjustment):
         """The share of the patient's cells on which the model's parts disagree: None by default
