@@ -31,6 +31,10 @@ Data sets and protocols (each a line of the tables in docs/unseen_data.md):
   (drawn at random with ``--seed``) and dropped from every other: ``+partial-b`` (mc: B cells),
   ``+partial-t`` (DLBCL: FL1+FL4+), as a population present in only some patients is;
   ``+partial-<population><n>`` keeps it in ``n`` patients (``dlbcl-folds+partial-t4``: in 4 of 30);
+- ``<set>+clip-<channel>-<q>``: a real set whose channel (its ``$PnN`` starting with ``<channel>``,
+  case-insensitive) saturates at the q-th percentile of its values over every patient, as an
+  instrument's detector does at the top of its range: every value above is set to it, a pile
+  at the maximum (``dlbcl-folds+clip-fl4-97``);
 - ``hard-<kind>``: the simulator's hard cohorts (``simulate_hard_cohort``): ``channel-scale-shift``
   (train on one batch, gate the other), ``partial-population`` and ``rare`` (leave one center
   out).
@@ -119,6 +123,20 @@ def thin_population(samples, labels, population: str, shares, seed: int):
     return thinned_samples, thinned_labels
 
 
+def saturated(samples, channel: str, percent: str):
+    """The samples with the channel whose ``$PnN`` starts with ``channel`` (case-insensitive)
+    held at the ``percent``-th percentile of its values over every sample: one ceiling for the
+    whole set, as one instrument's."""
+    [index] = [i for i, name in enumerate(samples[0].pnn) if name.lower().startswith(channel.lower())]
+    ceiling = np.percentile(np.concatenate([s.events[:, index] for s in samples]), float(percent))
+    out = []
+    for sample in samples:
+        events = sample.events.copy()
+        np.minimum(events[:, index], events.dtype.type(ceiling), out=events[:, index])
+        out.append(dataclasses.replace(sample, events=events))
+    return out
+
+
 def _derived(base: str, change: str, seed: int):
     loaded = load_set(base, seed)
     if loaded is None:
@@ -134,10 +152,12 @@ def _derived(base: str, change: str, seed: int):
         keeping = set(rng.choice(len(samples), min(kept, len(samples)), replace=False))
         shares = [1.0 if i in keeping else 0.0 for i in range(len(samples))]
         return (*thin_population(samples, labels, PARTIAL[key[:1]], shares, seed), groups)
+    if kind == "clip" and key.count("-") == 1 and key.rsplit("-", 1)[1].replace(".", "", 1).isdigit():
+        return (saturated(samples, *key.rsplit("-", 1)), labels, groups)
     if change in MERGES:
         mapping = MERGES[change]
         return samples, [np.array([mapping.get(v, v) for v in y]) for y in labels], groups
-    known = [*MERGES, *(f"rare-{k}" for k in RARE), *(f"partial-{k}" for k in PARTIAL)]
+    known = [*MERGES, *(f"rare-{k}" for k in RARE), *(f"partial-{k}" for k in PARTIAL), "clip-<channel>-<q>"]
     raise SystemExit(f"unknown change {change!r}: one of {', '.join(known)}")
 
 
