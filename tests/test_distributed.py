@@ -154,12 +154,13 @@ def test_cli_gate_with_local_workers(batch, tmp_path):
     directory (Dask's own scratch space would keep its lock files there)."""
     out_dir, temporary = tmp_path / "out", tmp_path / "tmp"
     temporary.mkdir()
-    paths = [str(p) for p in batch["good"][:2]] + [str(batch["truncated"])]
+    # paths as typed from the data's folder: the workers are sent absolute ones, errors say these
+    paths = [os.path.relpath(p, batch["root"]) for p in [*batch["good"][:2], batch["truncated"]]]
     result = run_cli("gate", "--model", batch["model_path"], "--out-dir", out_dir, "--workers", "2",
-                     "--chunk-size", CHUNK, *paths, timeout=240, cwd=tmp_path, env={"TMPDIR": str(temporary)})
+                     "--chunk-size", CHUNK, *paths, timeout=240, cwd=batch["root"], env={"TMPDIR": str(temporary)})
     assert result.returncode == 1, result.stderr  # one file failed
     assert sorted(p.name for p in temporary.rglob("*")) == []
-    assert f"error: {batch['truncated']}: " in result.stderr
+    assert result.stderr.startswith(f"error: {paths[2]}: the file is truncated"), result.stderr
     assert f"new_0: {N_EVENTS:,} events -> {out_dir / 'new_0.gated.csv'}" in result.stdout
     serial_dir = tmp_path / "serial"
     serial_dir.mkdir()
@@ -219,3 +220,12 @@ def test_cluster_gates_with_one_part_as_the_serial_path_does(batch, client, tmp_
     with pytest.raises(ValueError, match="part='lda'"):
         gate_files_distributed(batch["model_path"], paths, tmp_path / "none", client=client, part="lda")
     assert not (tmp_path / "none").exists()
+
+
+def test_cli_train_with_local_workers_names_a_bad_input_as_typed(batch, tmp_path):
+    """Workers read absolute paths; the error names the file as the caller typed it."""
+    typed = os.path.relpath(batch["not_fcs"], batch["root"])
+    result = run_cli("train", "--workers", "2", "--no-selection", "--out", tmp_path / "m.npz", typed,
+                     timeout=240, cwd=batch["root"])
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert result.stderr.startswith(f"error: {typed}: "), result.stderr

@@ -62,6 +62,9 @@ def _novelty_details(result) -> dict:
     if disagreement is not None:
         stored.update(disagreement=float(disagreement),
                       disagreement_threshold=float(novelty.disagreement_threshold))
+    constant = getattr(novelty, "constant_channels", None)
+    if constant:
+        stored["constant_channels"] = {str(c): float(v) for c, v in constant.items()}
     return {**details, "novelty": stored}
 
 

@@ -130,6 +130,12 @@ def _gate_task(model_bytes: bytes, digest: str, fcs_path: str, out_dir: str, chu
         return gate_file(model, fcs_path, out_dir, **options)
 
 
+def _as_typed(message: str, resolved: str, typed: str) -> str:
+    """A worker's message, which names the file by the absolute path it was sent, naming it as the
+    caller typed it (as the serial path does)."""
+    return typed + message[len(resolved):] if message.startswith(f"{resolved}: ") else message
+
+
 def _failure_record(path: str, exc: BaseException) -> dict:
     message = str(exc) or type(exc).__name__
     if message.startswith(f"{Path(path).name}: "):
@@ -172,6 +178,7 @@ def cluster_client(workers=None, scheduler=None, client=None, connect_timeout="3
 def _digest_task(path: str, index: int, params: dict):
     """On a worker: read one labeled INPUT and reduce it to a PatientDigest (or an error)."""
     from gating_core.batch.files import digest_file
+    from gating_core.errors import describe_error
     from gating_core.fcs import FCSError
     from gating_core.io.labels import LabelError
     from gating_core.model.research import build_model
@@ -180,7 +187,7 @@ def _digest_task(path: str, index: int, params: dict):
         # ``params`` are a model's get_params(): a ResearchGatingModel's name its options.
         return digest_file(path, index, build_model(params))
     except (FCSError, LabelError, OSError, ValueError) as exc:
-        return {"file": path, "error": str(exc)}
+        return {"file": path, "error": describe_error(exc)}
 
 
 def digest_files_distributed(paths, model_params: dict, workers=None, scheduler=None, client=None,
@@ -193,19 +200,20 @@ def digest_files_distributed(paths, model_params: dict, workers=None, scheduler=
     ``build_model(model_params).fit_digests(digests)`` (:func:`gating_core.model.research.build_model`:
     a GatingModel, or a ResearchGatingModel for its options) then gives the same model as ``fit``.
     """
-    paths = [str(Path(p).resolve()) for p in paths]
+    given = [str(p) for p in paths]
+    paths = [str(Path(p).resolve()) for p in paths]  # where the workers find them
     with cluster_client(workers, scheduler, client, connect_timeout) as client:
         batch = uuid.uuid4().hex
         futures = [client.submit(_digest_task, p, i, model_params, key=f"digest-{i}-{batch}", pure=False)
                    for i, p in enumerate(paths)]
         digests, errors = [], []
-        for path, future in zip(paths, futures):
+        for path, typed, future in zip(paths, given, futures):
             try:
                 result = future.result()
             except Exception as exc:  # noqa: BLE001 - a worker crash is reported per file
                 result = _failure_record(path, exc)
             if isinstance(result, dict):
-                errors.append(result["error"])
+                errors.append(_as_typed(result["error"], path, typed))
             else:
                 digests.append(result)
         return digests, errors
@@ -279,6 +287,8 @@ def gate_files_distributed(model_path, fcs_paths, out_dir, workers=None, schedul
                 continue
             for record in file_records:
                 # Report the paths as the caller wrote them, like the serial path does.
+                if "error" in record:
+                    record["error"] = _as_typed(record["error"], str(Path(path).resolve()), path)
                 record["file"] = path
                 if "output" in record:
                     record["output"] = str(out_dir_given / Path(record["output"]).name)

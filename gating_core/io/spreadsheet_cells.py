@@ -58,9 +58,12 @@ def arrow_cell_texts(column):
 def safe_frame(frame):
     """A copy of a pandas DataFrame whose column names and text cells are :func:`safe_cell`'d,
     ready for ``to_csv``; numeric columns are left as they are."""
+    from pandas.api.types import is_numeric_dtype
+
     out = frame.rename(columns=lambda name: safe_cell(name) if isinstance(name, str) else name)
     for name in out.columns:
         column = out[name]
-        if column.dtype == object or str(column.dtype) in ("string", "category"):
+        # Text is object, str (pandas 3's default), string or category: anything not numeric.
+        if not is_numeric_dtype(column.dtype):
             out[name] = column.map(lambda v: safe_cell(v) if isinstance(v, str) else v)
     return out

@@ -9,7 +9,7 @@ import numpy as np
 
 from gating_core.method.prediction import SCORE_BLOCK
 from gating_core.method.features import content_subsample
-from gating_core.model.preprocessing import check_finite, constant_candidates, constant_channels, refuse_unmeasured
+from gating_core.model.preprocessing import CONSTANT_HEAD_EVENTS, check_finite, constant_channels, refuse_unmeasured
 from gating_core.model.result import GateResult
 
 
@@ -50,11 +50,9 @@ class PatientGating:
         if sample.n_events == 0:
             raise ValueError(f"{sample.name}: the sample holds no events")
         check_finite(sample.name, events, indices, sample.pnn)
-        registration, embedding, chosen = self._patient_frame(events, indices)
-        # A constant channel is constant on the chosen cells (standardising maps one value to
-        # one value): only those are checked on every event.
-        constant = constant_channels([events], indices, constant_candidates(chosen), sample.pnn)
+        constant = constant_channels(sample, [events], indices, events[:CONSTANT_HEAD_EVENTS])
         refuse_unmeasured(sample.name, constant, len(indices), sample.n_events)
+        registration, embedding, chosen = self._patient_frame(events, indices)
         adjust = self._patient_adjustment(chosen, embedding)
         n = sample.n_events
         # Chunks are whole multiples of the scoring block, so with random features (the default

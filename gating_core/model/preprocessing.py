@@ -278,38 +278,62 @@ def found_transform(samples, channels, compensate: bool = True, embedding_cells:
             default_transform_reasons(list(channels), pooled, keywords, ranges))
 
 
-def constant_candidates(chosen) -> np.ndarray:
-    """The columns of a patient's content-chosen cells ``chosen`` (m, d) whose values are all
-    equal (m >= 2): (d,) bool. A channel that is constant on every event is constant on these;
-    :func:`constant_channels` checks the candidates on every event."""
-    chosen = np.asarray(chosen)
-    if len(chosen) < 2:
-        return np.zeros(chosen.shape[1] if chosen.ndim == 2 else 0, dtype=bool)
-    return np.all(chosen == chosen[:1], axis=0)
+#: Events at the start of a patient's file on which a channel must hold one value to be checked
+#: on every event (:func:`constant_channels`).
+CONSTANT_HEAD_EVENTS = 4096
+#: Relative tolerance on values recorded through a compensation taken back out (float32 rounding
+#: of the compensated values, a few 1e-7 of the terms summed).
+RECORDED_TOLERANCE = 1e-5
 
 
-def constant_channels(chunks, indices, candidates, pnn) -> dict[str, float]:
-    """The model channels that hold one value on every event of a patient: {$PnN: value}.
+def recorded_values(sample, events, columns) -> tuple[np.ndarray, np.ndarray]:
+    """The values of channels ``columns`` (indices into the sample's channels) of ``events``
+    (m, all channels) as the instrument recorded them, float64 (m, c): a compensated sample's
+    spillover channels with the spillover matrix taken back out (events @ S), the others as they
+    are. With each column's rounding scale (c,): the largest sum of magnitudes the
+    uncompensation adds up (0 for a column read as it is, which is exact)."""
+    events = np.asarray(events)
+    values = events[:, columns].astype(np.float64)
+    scale = np.zeros(len(columns))
+    if sample.spillover is None or not sample.compensated or len(events) == 0:
+        return values, scale
+    spill = [sample.channel_index(n) for n in sample.spillover_channels]
+    matrix = np.asarray(sample.spillover, dtype=np.float64)
+    for j, column in enumerate(columns):
+        if column in spill:
+            compensated = events[:, spill].astype(np.float64)
+            weights = matrix[:, spill.index(column)]
+            values[:, j] = compensated @ weights
+            scale[j] = float(np.max(np.abs(compensated) @ np.abs(weights)))
+    return values, scale
 
-    ``chunks``: iterable of event arrays (m, all channels), the patient's events in order (one
-    array for a whole file). ``candidates``: :func:`constant_candidates` of its chosen cells, in
-    the order of ``indices``; only those are checked, so a patient without any costs nothing.
-    A detector switched off, a channel the instrument did not record, a file of zeros: the
-    gates that use such a channel are guesses."""
-    columns = np.asarray(indices)[np.flatnonzero(candidates)]
-    if len(columns) == 0:
+
+def constant_channels(sample, chunks, indices, head) -> dict[str, float]:
+    """The model channels that hold one value on every event of a patient, as the instrument
+    recorded them (a compensated file's detectors before compensation): {$PnN: value}.
+
+    ``head``: the patient's first events (up to :data:`CONSTANT_HEAD_EVENTS`, all channels);
+    only the channels of one value there (two events or more) are checked on every event of
+    ``chunks`` (an iterable of event arrays in file order; ``[events]`` for a whole file), so a
+    patient without one costs nothing. A detector switched off, a channel the instrument did not
+    record, a file of zeros: the gates that use such a channel are guesses."""
+    head = np.asarray(head)
+    if len(head) < 2:
         return {}
-    first, same = None, np.ones(len(columns), dtype=bool)
+    values, scale = recorded_values(sample, head, list(indices))
+    one = values.max(axis=0) - values.min(axis=0) <= RECORDED_TOLERANCE * scale
+    candidates = [c for c, flat in zip(indices, one) if flat]
+    if not candidates:
+        return {}
+    first = recorded_values(sample, head[:1], candidates)[0][0]
+    low, high, bound = first.copy(), first.copy(), np.zeros(len(candidates))
     for events in chunks:
-        values = np.asarray(events)[:, columns]
-        if len(values) == 0:
-            continue
-        if first is None:
-            first = values[0].copy()
-        same &= np.all(values == first, axis=0)
-    if first is None:
-        return {}
-    return {pnn[c]: float(first[j]) for j, c in enumerate(columns) if same[j]}
+        values, scale = recorded_values(sample, events, candidates)
+        if len(values):
+            low, high = np.minimum(low, values.min(axis=0)), np.maximum(high, values.max(axis=0))
+            bound = np.maximum(bound, scale)
+    flat = high - low <= RECORDED_TOLERANCE * bound
+    return {sample.pnn[c]: float(first[j]) for j, c in enumerate(candidates) if flat[j]}
 
 
 def refuse_unmeasured(name: str, constant: dict, n_channels: int, n_events: int) -> None:

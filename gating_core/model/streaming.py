@@ -13,8 +13,8 @@ from gating_core.cpus import parallel_rows, with_blas_threads
 from gating_core.method.features import content_hashes
 from gating_core.method.prediction import SCORE_BLOCK
 from gating_core.method.self_training import PatientAdjustment
-from gating_core.model.preprocessing import (constant_candidates, constant_channels, nonfinite_events, refuse_nonfinite,
-                                             refuse_unmeasured)
+from gating_core.model.preprocessing import (CONSTANT_HEAD_EVENTS, constant_channels, nonfinite_events,
+                                             refuse_nonfinite, refuse_unmeasured)
 from gating_core.model.result import GATING_PARTS, Novelty, StreamedGate
 
 #: The population of cells beyond every training population (GatingModel's ``unknown_margin``).
@@ -63,23 +63,26 @@ class StreamedGating:
             raise ValueError(f"{sample.name}: gate_chunks needs compensated chunks (the model compensates)")
         indices = self._channel_indices(sample)
         bad = [0, set()]  # events and channels holding NaN or infinite values, over every chunk
+        head = []  # the file's first events, for the constant channels (as gate() takes them)
 
         def checked(size):
             for start, events in chunks(size):
                 rows, channels = nonfinite_events(events, indices)
                 bad[0] += rows
                 bad[1] |= channels
+                taken = sum(len(h) for h in head)
+                if taken < CONSTANT_HEAD_EVENTS:
+                    head.append(np.array(events[:CONSTANT_HEAD_EVENTS - taken]))
                 yield start, events
 
         chosen_raw, n = self._content_chosen_rows(checked, indices, max(SCORE_BLOCK, int(chunk_size)))
         refuse_nonfinite(sample.name, bad[0], bad[1], sample.pnn)  # as gate() refuses them
         if n == 0:
             raise ValueError(f"{sample.name}: the sample holds no events")
-        # As gate(): channels constant on the chosen cells are checked on every event (one more
-        # pass over the file, only for a patient that has such a channel).
-        candidates = constant_candidates(chosen_raw)
-        constant = {} if not candidates.any() else constant_channels(
-            (events for _, events in chunks(max(SCORE_BLOCK, int(chunk_size)))), indices, candidates, sample.pnn)
+        # As gate(): channels of one value in the first events are checked on every event (one
+        # more pass over the file, only for a patient that has such a channel).
+        constant = constant_channels(sample, (events for _, events in chunks(max(SCORE_BLOCK, int(chunk_size)))),
+                                     indices, np.concatenate(head) if head else np.empty((0, 0)))
         refuse_unmeasured(sample.name, constant, len(indices), n)
         registration, embedding, chosen = self._patient_frame(chosen_raw, list(range(len(indices))))
         adjust = self._patient_adjustment(chosen, embedding)
