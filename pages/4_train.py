@@ -10,7 +10,7 @@ import streamlit as st
 from gating_core.fcs.transforms import is_time_like
 from gating_core.model.file_checks import ModelFileError
 from gating_core.model.summary import (adapted_populations_text, few_patients_note, pooled_trees_text,
-                                      similar_names_note, unknown_cells_text, unknown_name_note)
+                                      saturated_note, similar_names_note, unknown_cells_text, unknown_name_note)
 from ui.app_state import common_channels, incompatible_label_sets, label_set_disagreements, training_panel
 from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcome, job_progress, model_offers,
                        model_picker, others_jobs, refresh_status, require_patients, session_name_input)
@@ -238,7 +238,7 @@ if store.models:
                 + (f"  \nEach patient's own populations: {adapted}" if adapted else "")
                 + (f"  \nPooled trees: {trees}" if trees else "")
                 + (f"  \nUnknown cells: {unknown}" if unknown else ""))
-    for note in (few_patients_note(model), unknown_name_note(model), similar_names_note(model)):
+    for note in (few_patients_note(model), unknown_name_note(model), similar_names_note(model), saturated_note(model)):
         if note:
             st.info(note[0].upper() + note[1:] + ".")
     st.download_button("Save model (.npz)", data=lambda: model_bytes(model, store.work_dir),

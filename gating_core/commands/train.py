@@ -191,8 +191,8 @@ def run_train(args) -> int:
     if info.get("self_training"):
         print("Gating: each patient's gates follow its own confident cells (self-training)")
     from gating_core.model.summary import (adapted_populations_text, few_events_note, few_patients_note,
-                                          mismatched_labels_notes, pooled_trees_text, similar_names_note,
-                                          unknown_cells_text, unknown_name_note)
+                                          mismatched_labels_notes, pooled_trees_text, saturated_note,
+                                          similar_names_note, unknown_cells_text, unknown_name_note)
 
     adapted, unknown, trees = adapted_populations_text(model), unknown_cells_text(model), pooled_trees_text(model)
     if adapted:
@@ -208,7 +208,7 @@ def run_train(args) -> int:
     from gating_core.io.inputs import labelled_data_sets_note
 
     names = [d.name for d in digests]
-    notes = (few_patients_note(model), unknown_name_note(model), similar_names_note(model),
+    notes = (few_patients_note(model), unknown_name_note(model), similar_names_note(model), saturated_note(model),
              few_events_note(names, [d.n_events for d in digests]),
              *mismatched_labels_notes(names, [d.train_labels for d in digests]),
              *map(labelled_data_sets_note, args.inputs))

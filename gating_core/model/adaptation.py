@@ -13,6 +13,7 @@ from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.boosted_trees import PooledTrees
 from gating_core.method.features import content_hashes
 from gating_core.method.population_components import adapted_fits, component_start, population_starts, split_populations
+from gating_core.method.saturation import without_piles
 from gating_core.method.priors import reestimate_prior
 from gating_core.method.self_training import PatientAdjustment, self_training_coef
 from gating_core.method.swollen_populations import called_shares, swollen_populations
@@ -29,8 +30,21 @@ class PatientAdaptation(WeightCheck):
     """The adapted populations, the unknown-cell reach and the per-patient adjustment (mixed
     into GatingModel, whose parameters and fitted attributes it reads)."""
 
+    def _shared_fit_cells(self, cells, parts) -> tuple:
+        """The training cells and their components the shared-covariance fit is fitted on: without
+        the cells piled at a channel's top value (:func:`~gating_core.method.saturation.without_piles`),
+        recorded in ``selection_["saturated"]``."""
+        kept_cells, kept_parts, left_out = without_piles(cells, parts)
+        if left_out:
+            channels = np.asarray(self.channels_)
+            self.selection_["saturated"] = {
+                self.training_patients_[i]: {"cells": n, "channels": [str(c) for c in channels[piles]]}
+                for i, (n, piles) in left_out.items()}
+        return kept_cells, kept_parts
+
     def _fit_adaptive(self, cells, embedding_cells, labels, params, report):
-        """The adapted populations (``adaptive_lda_``; the own-shape fit, ``adaptive_shapes_``,
+        """The adapted populations (``adaptive_lda_``, fitted without the cells piled at a
+        channel's top value, :meth:`_shared_fit_cells`; the own-shape fit, ``adaptive_shapes_``,
         uses ``population_reach_``), their Gaussian components (``adaptive_components_``), their
         share (``adaptive_weight_``) and where their EM starts for a new patient
         (``adaptive_start_``). Returns the training cells' components and their names for
@@ -58,7 +72,7 @@ class PatientAdaptation(WeightCheck):
         if weight <= 0:
             return None
         parts, names, self.adaptive_components_ = split
-        self.adaptive_lda_ = AdaptiveLDA().fit(cells, parts, classes=names)
+        self.adaptive_lda_ = AdaptiveLDA().fit(*self._shared_fit_cells(cells, parts), classes=names)
         self.adaptive_weight_, self.adaptive_start_ = weight, start
         self.adaptive_shapes_ = bool(self.adaptive_shapes)
         return parts, names

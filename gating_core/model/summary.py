@@ -160,3 +160,16 @@ def similar_names_note(model) -> str | None:
     listed = "; ".join(" and ".join(f"'{n}'" for n in group) for group in alike)
     return (f"training populations that differ only in letter case or spaces are learned apart ({listed}): "
             "if each pair is one population, give it one name in every patient's labels")
+
+
+def saturated_note(model) -> str | None:
+    """What a model should say of training patients whose cells pile at a channel's top value (a
+    saturated detector), left out of its populations' shared-covariance fit
+    (:mod:`gating_core.method.saturation`), or None."""
+    saturated = (getattr(model, "selection_", None) or {}).get("saturated") or {}
+    if not saturated:
+        return None
+    listed = [f"{patient} ({v['cells']:,} on {', '.join(v['channels'])})" for patient, v in saturated.items()]
+    return (f"training cells piled at a channel's top value (a saturated detector) in {len(listed)} "
+            f"patient{'s' if len(listed) > 1 else ''}: {_listed(listed)}; the populations' shared "
+            "covariance is fitted without them, and gating still sees every cell")

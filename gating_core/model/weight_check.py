@@ -11,6 +11,7 @@ from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.boosted_trees import PooledTrees
 from gating_core.method.population_components import adapted_fits, component_start, population_starts
 from gating_core.method.priors import training_prior
+from gating_core.method.saturation import without_piles
 from gating_core.method.self_training import PatientAdjustment
 from gating_core.method.unknown_cells import PopulationReach
 
@@ -179,7 +180,8 @@ class WeightCheck:
             fold.class_prior_ = training_prior([labels[i] for i in train], fold.classifier_.classes_)
             parts, names, population_of = _fold_components(split, train, fold.populations_, self.populations_)
             starts = None if population_of is None else population_starts(population_of)
-            gaussians = AdaptiveLDA().fit([cells[i] for i in train], parts, classes=names)
+            kept, kept_parts, _ = without_piles([cells[i] for i in train], parts)  # as the final fit's
+            gaussians = AdaptiveLDA().fit(kept, kept_parts, classes=names)
             shapes = PopulationReach().fit([cells[i] for i in train], parts, names) if self.adaptive_shapes else None
             columns = np.searchsorted(np.asarray(self.populations_), np.asarray(fold.populations_))
             fold_trees = None
