@@ -32,6 +32,18 @@ def test_a_pile_is_a_share_of_the_cells_at_a_channels_top_value():
     assert piled_cells(few)[0].sum() == MIN_PILE_CELLS and MIN_PILE_CELLS >= PILE_SHARE * 200
 
 
+def test_a_channel_of_one_value_holds_no_pile():
+    """A detector off puts every cell at its 'top': no ceiling, and the patient's real piles on
+    other channels are still found."""
+    rng = np.random.default_rng(2)
+    cells = rng.normal(size=(500, 3))
+    cells[:, 0] = 7.0
+    cells[:, 2] = np.minimum(cells[:, 2], np.quantile(cells[:, 2], 0.98))
+    piled, piles = piled_cells(cells)
+    assert piles.tolist() == [False, False, True]
+    assert piled.sum() == np.sum(cells[:, 2] == cells[:, 2].max())
+
+
 def test_piled_cells_are_left_out_unless_a_population_would_go_with_them():
     rng = np.random.default_rng(1)
     plain = rng.normal(size=(400, 2))
@@ -61,11 +73,11 @@ def test_a_model_fits_its_patients_populations_without_the_piled_cells(tmp_path)
     model = GatingModel(select=False, n_features=64, n_embedding_features=16, cells_per_patient=600,
                         embedding_cells=1000, random_state=0).fit(capped, labels)
     saturated = model.selection_["saturated"]
-    assert sorted(saturated) == ["patient_01", "patient_02", "patient_03"]
-    assert all(v["channels"] == ["SSC-A"] and v["cells"] > 0 for v in saturated.values())
+    assert [v["patient"] for v in saturated] == ["patient_01", "patient_02", "patient_03"]
+    assert all(v["channels"] == ["SSC-A"] and v["cells"] > 0 for v in saturated)
     note = saturated_note(model)
     assert note.startswith("training cells piled at a channel's top value (a saturated detector) in 3 patients: "
-                           f"patient_01 ({saturated['patient_01']['cells']:,} on SSC-A), patient_02 (")
+                           f"patient_01 ({saturated[0]['cells']:,} on SSC-A), patient_02 (")
     model.save(tmp_path / "model.npz")
     assert GatingModel.load(tmp_path / "model.npz").selection_["saturated"] == saturated  # kept in the file
     # the shared-covariance populations are those of the training cells without the piles; the
@@ -86,6 +98,31 @@ def test_a_model_fits_its_patients_populations_without_the_piled_cells(tmp_path)
     assert "saturated" not in plain.selection_ and saturated_note(plain) is None
 
 
+def test_patients_of_one_name_are_each_recorded_and_a_dica_model_is_left_alone():
+    from gating_core.model.research import ResearchGatingModel
+
+    samples, labels = sample_cohort(range(1, 4))
+    capped = []
+    for sample in samples:
+        events = sample.events.copy()
+        for channel in (sample.pnn.index("FSC-A"), sample.pnn.index("SSC-A")):  # 5% of the events at the top
+            np.minimum(events[:, channel], np.float32(np.quantile(events[:, channel], 0.95)), out=events[:, channel])
+        capped.append(dataclasses.replace(sample, events=events, name="patient"))
+    quick = dict(select=False, n_features=64, n_embedding_features=16, cells_per_patient=600, embedding_cells=1000)
+    model = GatingModel(**quick).fit(capped, labels)
+    assert [v["patient"] for v in model.selection_["saturated"]] == ["patient"] * 3
+    assert "in 3 patients" in saturated_note(model)
+    # with DICA the cells are projections, whose coordinates are no channels: nothing is left out
+    # (events at the top of every channel are one row repeated, which tops projected coordinates too)
+    everywhere = []
+    for sample in samples:
+        events = sample.events.copy()
+        events[:len(events) // 20] = events.max(axis=0)  # 5% of the events: every detector saturated
+        everywhere.append(dataclasses.replace(sample, events=events))
+    dica = ResearchGatingModel(dica="supervised", **quick).fit(everywhere, labels)
+    assert "saturated" not in dica.selection_
+
+
 @pytest.mark.slow
 def test_biopsies_trained_on_a_saturated_channel_are_gated_where_the_population_truly_lies(dlbcl_dir):
     """FL4 held at 772 (the 97th percentile over the 30 biopsies), as one instrument's ceiling:
@@ -101,7 +138,8 @@ def test_biopsies_trained_on_a_saturated_channel_are_gated_where_the_population_
 
     training = [capped(n) for n in ("19", "20", "21", "22", "23", "24")]
     model = GatingModel(random_state=0).fit([s for s, _ in training], [y for _, y in training])
-    assert set(model.selection_["saturated"]) == {f"dlbcl_{n}" for n in ("19", "20", "21", "22", "23", "24")}
+    assert [v["patient"] for v in model.selection_["saturated"]] == [f"dlbcl_{n}" for n in
+                                                                   ("19", "20", "21", "22", "23", "24")]
     accuracy = {}
     for number in ("16", "05", "11"):
         sample, labels = capped(number)

@@ -14,7 +14,9 @@ the trees, and gating (left out of the new patient's EM, the piled cells lost mo
 gained: they still say which population is there).
 
 Only the top of a channel: a pile at its bottom (mass cytometry's zeros, a log channel's first
-value) is where a negative population does sit.
+value) is where a negative population does sit. The piles are looked for in the values the
+model is fitted on: a compensated file's fluorescence pile is spread by compensation over many
+values and is not found (its scatter and width channels, outside the spillover matrix, are).
 """
 
 from __future__ import annotations
@@ -30,12 +32,14 @@ MIN_PILE_CELLS = 5
 def piled_cells(cells) -> tuple[np.ndarray, np.ndarray]:
     """Which of one patient's cells (m, d) sit at a pile (m,) bool, and which channels hold a
     pile (d,) bool: at least ``PILE_SHARE`` of the cells, and ``MIN_PILE_CELLS``, at the
-    channel's largest value."""
+    channel's largest value. A channel of one value (a detector off) holds no pile: its top is
+    not a ceiling the others were cut at."""
     cells = np.asarray(cells)
     if len(cells) == 0:
         return np.zeros(0, dtype=bool), np.zeros(cells.shape[1] if cells.ndim == 2 else 0, dtype=bool)
-    at_top = cells == cells.max(axis=0)
-    piles = at_top.sum(axis=0) >= max(MIN_PILE_CELLS, PILE_SHARE * len(cells))
+    top = cells.max(axis=0)
+    at_top = cells == top
+    piles = (at_top.sum(axis=0) >= max(MIN_PILE_CELLS, PILE_SHARE * len(cells))) & (cells.min(axis=0) < top)
     return (at_top[:, piles].any(axis=1) if piles.any() else np.zeros(len(cells), dtype=bool)), piles
 
 
@@ -43,8 +47,9 @@ def without_piles(cells, labels) -> tuple[list, list, dict]:
     """Each training patient's cells and labels without the cells of its piles (:func:`piled_cells`).
 
     A patient keeps every cell where leaving the piled ones out would leave fewer than two, or
-    take away one of its populations whole (a population all at the ceiling still needs its
-    Gaussian).
+    take away one of its labels whole (a population, or a population's component, all at the
+    ceiling still needs its Gaussian). The populations' training shares are then counted without
+    the piled cells too.
 
     Parameters
     ----------

@@ -33,13 +33,16 @@ class PatientAdaptation(WeightCheck):
     def _shared_fit_cells(self, cells, parts) -> tuple:
         """The training cells and their components the shared-covariance fit is fitted on: without
         the cells piled at a channel's top value (:func:`~gating_core.method.saturation.without_piles`),
-        recorded in ``selection_["saturated"]``."""
+        recorded in ``selection_["saturated"]`` (a list, one entry per patient concerned). All of
+        them with a DICA projection, whose coordinates are no channels."""
+        if getattr(self, "dica_", None) is not None:
+            return cells, parts
         kept_cells, kept_parts, left_out = without_piles(cells, parts)
         if left_out:
             channels = np.asarray(self.channels_)
-            self.selection_["saturated"] = {
-                self.training_patients_[i]: {"cells": n, "channels": [str(c) for c in channels[piles]]}
-                for i, (n, piles) in left_out.items()}
+            self.selection_["saturated"] = [
+                {"patient": self.training_patients_[i], "cells": n, "channels": [str(c) for c in channels[piles]]}
+                for i, (n, piles) in left_out.items()]
         return kept_cells, kept_parts
 
     def _fit_adaptive(self, cells, embedding_cells, labels, params, report):

@@ -166,10 +166,10 @@ def saturated_note(model) -> str | None:
     """What a model should say of training patients whose cells pile at a channel's top value (a
     saturated detector), left out of its populations' shared-covariance fit
     (:mod:`gating_core.method.saturation`), or None."""
-    saturated = (getattr(model, "selection_", None) or {}).get("saturated") or {}
+    saturated = (getattr(model, "selection_", None) or {}).get("saturated") or []
     if not saturated:
         return None
-    listed = [f"{patient} ({v['cells']:,} on {', '.join(v['channels'])})" for patient, v in saturated.items()]
+    listed = [f"{v['patient']} ({v['cells']:,} on {', '.join(v['channels'])})" for v in saturated]
     return (f"training cells piled at a channel's top value (a saturated detector) in {len(listed)} "
             f"patient{'s' if len(listed) > 1 else ''}: {_listed(listed)}; the populations' shared "
             "covariance is fitted without them, and gating still sees every cell")

@@ -115,6 +115,14 @@ class WeightCheck:
     """The check's folds (mixed into GatingModel through PatientAdaptation, whose fits they
     refit on each fold's patients)."""
 
+    def _fold_shared_fit_cells(self, cells, parts) -> tuple:
+        """A fold's training cells and components for its shared-covariance fit, as the final fit
+        takes them (``_shared_fit_cells``: without the piled cells, unless the cells are a DICA
+        projection), nothing recorded."""
+        if getattr(self, "dica_", None) is not None:
+            return cells, parts
+        return without_piles(cells, parts)[:2]
+
     def _choose_adaptive_weight(self, cells, embedding_cells, labels, params, split) -> tuple:
         """``adaptive_weight="auto"``: (weight, start, trees). ``EVEN_ADAPTIVE_WEIGHT`` unless another
         weight of ``ADAPTIVE_WEIGHTS`` gates the held-out groups' patients better by more than
@@ -180,8 +188,8 @@ class WeightCheck:
             fold.class_prior_ = training_prior([labels[i] for i in train], fold.classifier_.classes_)
             parts, names, population_of = _fold_components(split, train, fold.populations_, self.populations_)
             starts = None if population_of is None else population_starts(population_of)
-            kept, kept_parts, _ = without_piles([cells[i] for i in train], parts)  # as the final fit's
-            gaussians = AdaptiveLDA().fit(kept, kept_parts, classes=names)
+            gaussians = AdaptiveLDA().fit(*self._fold_shared_fit_cells([cells[i] for i in train], parts),
+                                          classes=names)
             shapes = PopulationReach().fit([cells[i] for i in train], parts, names) if self.adaptive_shapes else None
             columns = np.searchsorted(np.asarray(self.populations_), np.asarray(fold.populations_))
             fold_trees = None
