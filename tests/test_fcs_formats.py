@@ -308,8 +308,8 @@ def test_batch_gating_records_a_skipped_data_set(tmp_path):
     path = _write(tmp_path, "two.fcs", build_fcs(hist, dict(columns=good, datatype="F")))
     records = gate_file(NoModel(), path, tmp_path)
     by_patient = {r["patient"]: r["error"] for r in records}
-    assert by_patient["two#2"] == "two.fcs: not gated (4 events)"
-    assert by_patient["two#1"].startswith("two.fcs: data set two#1 cannot be read: histogram")
+    assert by_patient["two#2"] == f"{path}: not gated (4 events)"  # the path given, not only its name
+    assert by_patient["two#1"].startswith(f"{path}: data set two#1 cannot be read: histogram")
 
 
 def test_flowio_engine_falls_back_on_normalised_text(tmp_path):

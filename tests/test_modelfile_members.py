@@ -106,7 +106,7 @@ def _gate_refuses(path: Path, tmp_path: Path, *words: str) -> None:
     out = tmp_path / "out"
     result = run_cli("gate", "--model", path, "--out-dir", out, NEW_PATIENT)
     assert result.returncode == 1, (result.returncode, result.stderr)
-    assert result.stderr.startswith(f"error: {path.name}: ") and "Traceback" not in result.stderr, result.stderr
+    assert result.stderr.startswith(f"error: {path}: ") and "Traceback" not in result.stderr, result.stderr
     for word in words:
         assert word in result.stderr, result.stderr
     assert not out.exists() or list(out.iterdir()) == []
