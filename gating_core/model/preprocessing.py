@@ -298,13 +298,13 @@ def recorded_values(sample, events, columns) -> tuple[np.ndarray, np.ndarray]:
     if sample.spillover is None or not sample.compensated or len(events) == 0:
         return values, scale
     spill = [sample.channel_index(n) for n in sample.spillover_channels]
-    matrix = np.asarray(sample.spillover, dtype=np.float64)
-    for j, column in enumerate(columns):
-        if column in spill:
-            compensated = events[:, spill].astype(np.float64)
-            weights = matrix[:, spill.index(column)]
-            values[:, j] = compensated @ weights
-            scale[j] = float(np.max(np.abs(compensated) @ np.abs(weights)))
+    taken = [j for j, column in enumerate(columns) if column in spill]
+    if not taken:
+        return values, scale
+    compensated = events[:, spill].astype(np.float64)  # once for every column taken back out
+    weights = np.asarray(sample.spillover, dtype=np.float64)[:, [spill.index(columns[j]) for j in taken]]
+    values[:, taken] = compensated @ weights
+    scale[taken] = np.max(np.abs(compensated) @ np.abs(weights), axis=0)
     return values, scale
 
 
