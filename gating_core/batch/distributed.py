@@ -137,12 +137,9 @@ def _as_typed(message: str, resolved: str, typed: str) -> str:
 
 
 def _failure_record(path: str, exc: BaseException) -> dict:
-    message = str(exc) or type(exc).__name__
-    if message.startswith(f"{Path(path).name}: "):
-        message = message[len(Path(path).name) + 2:]
-    if str(path) not in message:
-        message = f"{path}: {message}"
-    return {"file": path, "patient": Path(path).stem, "error": message}
+    from gating_core.batch.files import naming_the_file
+
+    return {"file": path, "patient": Path(path).stem, "error": naming_the_file(Path(path), exc)}
 
 
 @contextmanager

@@ -116,7 +116,7 @@ def gate_file(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50_000, f
                 message = _unreadable(fcs_path, sample.name, exc.problem)
             record["error"] = message
         except (ChannelMismatchError, ValueError, OSError) as exc:
-            record["error"] = _naming_the_file(fcs_path, exc)
+            record["error"] = naming_the_file(fcs_path, exc)
         records.append(record)
     return records + _skipped_records(fcs_path, streams)
 
@@ -147,8 +147,9 @@ def _in_the_way(fcs_path: Path, output: Path) -> str:
     return f"{fcs_path}: cannot write {output}: a folder of that name is in the way"
 
 
-def _naming_the_file(fcs_path: Path, exc: Exception) -> str:
-    message = describe_error(exc) if isinstance(exc, (PathError, OSError)) else str(exc)
+def naming_the_file(fcs_path: Path, exc: BaseException) -> str:
+    """``exc``'s message for a record of the input ``fcs_path``, naming it by the path given."""
+    message = describe_error(exc) if isinstance(exc, (PathError, OSError)) else (str(exc) or type(exc).__name__)
     if message.startswith(f"{fcs_path.name}: "):
         return f"{fcs_path}: {message[len(fcs_path.name) + 2:]}"
     return message if str(fcs_path) in message else f"{fcs_path}: {message}"
@@ -195,7 +196,7 @@ def _gate_file_whole(model: GatingModel, fcs_path, out_dir, chunk_size: int = 50
             _add_part(record, part)
             _add_fit_cost(record, model)
         except (ChannelMismatchError, FCSError, ValueError, OSError) as exc:
-            record["error"] = _naming_the_file(fcs_path, exc)
+            record["error"] = naming_the_file(fcs_path, exc)
         records.append(record)
     return records + _skipped_records(fcs_path, samples)
 
