@@ -41,7 +41,9 @@ Data sets and protocols (each a line of the tables in docs/unseen_data.md):
 
 Run: ``python bench/bench_unseen.py --sets mc-batch,dlbcl-batch --methods marginal,lda,trees
 --csv out.csv`` (``--list`` names the sets); the per-patient rows go to ``--csv``, and the
-summary (mean and worst patient accuracy, macro-F1) is printed per set. Shared data are read
+summary (mean and worst patient accuracy, macro-F1) is printed per set. The models are given their
+training patients' groups (the centers, batches); ``--groups-found`` withholds them, and each
+model finds them from the cells as ``train`` without ``--groups`` does (the same folds). Shared data are read
 from ``../shared/data`` (or ``$GATING_SHARED_DATA``); sets whose data are missing are skipped.
 """
 
@@ -221,12 +223,23 @@ def few_of_one_group(groups, seed: int) -> list[tuple[str, list[int]]]:
     return folds
 
 
-def run_set(name: str, methods, seed: int) -> pd.DataFrame | None:
+def run_set(name: str, methods, seed: int, groups_found: bool = False) -> pd.DataFrame | None:
+    """The per-patient rows of a set's protocol. ``groups_found``: the models are not given their
+    training patients' groups and find them from the cells, as ``train`` without ``--groups``
+    does; the folds still hold out the set's groups (the same folds as without it)."""
     loaded = load_set(name, seed)
     if loaded is None:
         return None
     samples, labels, groups = loaded
     params = {"random_state": seed}
+    if groups_found:
+        if name.startswith("dlbcl-batch-4"):
+            raise SystemExit("--groups-found: dlbcl-batch-4 scores only some of each fold's held-out patients; "
+                             "not supported")
+        held = held_out_sets(name, groups, seed)
+        group_of = [groups[h[0]] if len({groups[i] for i in h}) == 1 else f"fold {k + 1}" for k, h in enumerate(held)]
+        table = held_out_evaluation(samples, labels, held, "groups-found", methods, params, names=group_of)
+        return table
     name = name.split("+", 1)[0]
     if name in PATIENT_FOLDS or name.startswith("simfolds-"):
         return patient_folds(samples, labels, 2, methods=methods, model_params=params, groups=groups, seed=seed)
@@ -251,6 +264,9 @@ def main(argv=None) -> int:
                         help="comma-separated evaluate methods (default: the default and the standard methods)")
     parser.add_argument("--seed", type=int, default=0, help="model seed")
     parser.add_argument("--csv", help="write every per-patient row here (appended per set)")
+    parser.add_argument("--groups-found", action="store_true",
+                        help="the models find their training patients' groups from the cells, as train without "
+                             "--groups does (the folds are the set's own)")
     parser.add_argument("--list", action="store_true", help="name the sets and stop")
     args = parser.parse_args(argv)
     if args.list:
@@ -260,7 +276,7 @@ def main(argv=None) -> int:
     tables = []
     for name in [s for s in args.sets.split(",") if s]:
         start = time.time()
-        table = run_set(name, methods, args.seed)
+        table = run_set(name, methods, args.seed, args.groups_found)
         if table is None:
             print(f"== {name}: data not found, skipped", flush=True)
             continue

@@ -410,3 +410,30 @@ def test_folds_over_patients_of_known_centers_hold_out_half_of_each_set_whatever
     same = load_set("sim-11")
     assert groups == same[2] == centers
     assert all(np.array_equal(a.events, b.events) for a, b in zip(samples, same[0]))
+
+
+def test_models_that_find_their_groups_are_given_none_and_hold_out_the_sets_own_folds(monkeypatch):
+    """``--groups-found`` runs the set's folds with models fitted as ``train`` without ``--groups``:
+    no group reaches them, and each fold is named for the group it holds out."""
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench_unseen
+
+    centers = [f"center_{1 + i // 3}" for i in range(12)]
+    monkeypatch.setattr(bench_unseen, "load_set", lambda name, seed: (list(range(12)), [None] * 12, centers))
+    calls = []
+
+    def evaluation(samples, labels, held, protocol, methods, params, **options):
+        calls.append((held, protocol, options))
+        return "rows"
+
+    monkeypatch.setattr(bench_unseen, "held_out_evaluation", evaluation)
+    assert bench_unseen.run_set("sim-11", ["marginal"], 0, groups_found=True) == "rows"
+    [(held, protocol, options)] = calls
+    assert held == group_held_out_sets(centers, 12) and protocol == "groups-found"
+    assert options == {"names": ["center_1", "center_2", "center_3", "center_4"]}
+    bench_unseen.run_set("simfolds-11", ["marginal"], 0, groups_found=True)
+    assert calls[1][0] == patient_fold_sets(12, 2, 0) and calls[1][2] == {"names": ["fold 1", "fold 2"]}
+    bench_unseen.run_set("dlbcl-batch", ["marginal"], 0, groups_found=True)
+    assert calls[2][0] == one_group_held_out_sets(centers, 12)
+    with pytest.raises(SystemExit, match="dlbcl-batch-4"):
+        bench_unseen.run_set("dlbcl-batch-4", ["marginal"], 0, groups_found=True)
