@@ -17,6 +17,8 @@ Data sets and protocols (each a line of the tables in docs/unseen_data.md):
 - ``sim-<seed>``: a simulated 4-center flow cohort (``simulate_centers(4, 3, seed, 6000,
   strength=2.0)``), leave one center out;
 - ``simfolds-<seed>``: the same cohort, 2 random folds over patients (every center trained on);
+- ``sim<C>x<P>-<seed>``: a cohort of another shape, ``C`` centers of ``P`` patients (``sim2x6-11``:
+  two centers of six, the model trained on one and gating the other), leave one center out;
 - ``<set>+<merge>``: a real set with some of its populations merged into one, which is then no
   single Gaussian (as a lab's catch-all gates are): ``+lymphocytes`` (mc: B, CD4 T and CD8 T cells
   one population), ``+b-rest`` (mc: B cells against everything else, a small population beside a
@@ -52,6 +54,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -181,7 +184,13 @@ def load_set(name: str, seed: int = 0):
         return tuple([part[i] for i in drawn] for part in loaded)
     if name.startswith("dlbcl-"):
         return _shared("dlbcl", "group")
-    if name.startswith(("sim-", "simfolds-")):
+    shape = re.fullmatch(r"sim(\d+)x(\d+)-(\d+)", name)
+    if shape:
+        n_centers, per_center, cohort_seed = (int(v) for v in shape.groups())
+        if n_centers < 2 or per_center < 1:
+            raise SystemExit(f"{name}: leaving one center out needs two centers or more of one patient or more")
+        cohort, center_of = simulate_centers(n_centers, per_center, seed=cohort_seed, n_events=6000, strength=2.0)
+    elif name.startswith(("sim-", "simfolds-")):
         cohort_seed = int(name.rsplit("-", 1)[1])
         cohort, center_of = simulate_centers(4, 3, seed=cohort_seed, n_events=6000, strength=2.0)
     elif name.startswith("hard-"):

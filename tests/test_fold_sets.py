@@ -437,3 +437,15 @@ def test_models_that_find_their_groups_are_given_none_and_hold_out_the_sets_own_
     assert calls[2][0] == one_group_held_out_sets(centers, 12)
     with pytest.raises(SystemExit, match="dlbcl-batch-4"):
         bench_unseen.run_set("dlbcl-batch-4", ["marginal"], 0, groups_found=True)
+
+
+def test_a_cohort_of_another_shape_holds_its_centers_patients_and_leaves_each_center_out(monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    from bench_unseen import held_out_sets, load_set
+
+    samples, labels, groups = load_set("sim2x3-5")
+    assert groups == ["center_1"] * 3 + ["center_2"] * 3
+    assert len(samples) == len(labels) == 6 and all(len(y) == s.n_events == 6000 for s, y in zip(samples, labels))
+    assert held_out_sets("sim2x3-5", groups, 0) == [[0, 1, 2], [3, 4, 5]]
+    with pytest.raises(SystemExit, match="two centers"):
+        load_set("sim1x6-5")
