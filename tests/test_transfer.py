@@ -381,9 +381,12 @@ def test_pooled_weight_option_takes_auto_or_a_weight():
 def test_command_line_names_match_the_library():
     from gating_core.commands import evaluate, model_options
     from gating_core.evaluation import ALL_METHODS
+    from gating_core.evaluation.protocols import METHOD_SETTINGS
     from gating_core.model import DEFAULT_ADAPTIVE_WEIGHT, DEFAULT_POOLED_WEIGHT
 
     assert sorted(evaluate.EVALUATION_METHODS) == sorted(ALL_METHODS)
+    # every method given settings can be asked for by name
+    assert set(METHOD_SETTINGS) <= set(ALL_METHODS)
     assert model_options.DEFAULT_POOLED_WEIGHT == DEFAULT_POOLED_WEIGHT
     assert model_options.DEFAULT_ADAPTIVE_WEIGHT == DEFAULT_ADAPTIVE_WEIGHT
 

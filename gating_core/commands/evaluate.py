@@ -25,7 +25,7 @@ EVALUATION_METHODS += ("marginal-hinge", "multitask-0.01", "multitask-0.5", "dic
 EVALUATION_METHODS += ("marginal-whole-populations",)
 EVALUATION_METHODS += ("marginal-landmarks",)
 EVALUATION_METHODS += ("marginal-shared-covariance", "marginal-even-weight")
-EVALUATION_METHODS += ("marginal-no-swollen-check",)
+EVALUATION_METHODS += ("marginal-no-swollen-check", "marginal-no-trees")
 
 
 def _looks_like_input(value: str) -> bool:
@@ -81,7 +81,8 @@ def register(subparsers) -> None:
                                "populations without their own shapes, marginal-even-weight weighs the transfer model "
                                "and the two fits a third each whatever the held-out groups say, marginal-whole-populations "
                                "fits every population as one Gaussian, never as components, marginal-no-swollen-check "
-                               "mixes a rare population the adapted populations let swell as any other). Names: "
+                               "mixes a rare population the adapted populations let swell as any other, "
+                               "marginal-no-trees never lets the pooled trees join). Names: "
                                + ", ".join(EVALUATION_METHODS))
     evaluate.add_argument("--groups", metavar="FILE|KEYWORD",
                           help="the group (center, batch, run) of each patient: a CSV (patient, group) or an "

@@ -52,8 +52,9 @@ ALL_METHODS += ("marginal-landmarks",)
 # The adapted populations' parts: without the own-shape fit (the shared-covariance fit alone), and
 # at the even thirds whatever the held-out groups say.
 ALL_METHODS += ("marginal-shared-covariance", "marginal-even-weight")
-# The default without the check of rare populations the adapted populations let swell.
-ALL_METHODS += ("marginal-no-swollen-check",)
+# The default without the check of rare populations the adapted populations let swell, and
+# without the pooled trees its weight's check may take.
+ALL_METHODS += ("marginal-no-swollen-check", "marginal-no-trees")
 #: GatingModel settings of each kernel method (on top of the user's model parameters); a method
 #: whose settings name a research option (n_augment, augment_gain, augment_shift,
 #: bandwidth_x_hedge, self_training, transfer_start) is a ResearchGatingModel (model.research.build_model). The
