@@ -246,9 +246,15 @@ def run_set(name: str, methods, seed: int, groups_found: bool = False) -> pd.Dat
             raise SystemExit("--groups-found: dlbcl-batch-4 scores only some of each fold's held-out patients; "
                              "not supported")
         held = held_out_sets(name, groups, seed)
-        group_of = [groups[h[0]] if len({groups[i] for i in h}) == 1 else f"fold {k + 1}" for k, h in enumerate(held)]
-        table = held_out_evaluation(samples, labels, held, "groups-found", methods, params, names=group_of)
-        return table
+        base = name.split("+", 1)[0]
+        # each fold named as the set's own protocol names it, so that the two runs' rows line up
+        if base in PATIENT_FOLDS or base.startswith("simfolds-"):
+            names = [f"fold {k + 1}" for k in range(len(held))]
+        elif base in TRAIN_ON_ONE_GROUP:
+            names = [f"trained on {group}" for group in dict.fromkeys(str(g) for g in groups)]
+        else:
+            names = [str(groups[h[0]]) for h in held]
+        return held_out_evaluation(samples, labels, held, "groups-found", methods, params, names=names)
     name = name.split("+", 1)[0]
     if name in PATIENT_FOLDS or name.startswith("simfolds-"):
         return patient_folds(samples, labels, 2, methods=methods, model_params=params, groups=groups, seed=seed)

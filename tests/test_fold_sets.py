@@ -435,6 +435,9 @@ def test_models_that_find_their_groups_are_given_none_and_hold_out_the_sets_own_
     assert calls[1][0] == patient_fold_sets(12, 2, 0) and calls[1][2] == {"names": ["fold 1", "fold 2"]}
     bench_unseen.run_set("dlbcl-batch", ["marginal"], 0, groups_found=True)
     assert calls[2][0] == one_group_held_out_sets(centers, 12)
+    assert calls[2][2] == {"names": [f"trained on center_{k}" for k in range(1, 5)]}
+    bench_unseen.run_set("sim2x6-11+bnk-rest", ["marginal"], 0, groups_found=True)
+    assert calls[3][0] == group_held_out_sets(centers, 12) and calls[3][2] == calls[0][2]
     with pytest.raises(SystemExit, match="dlbcl-batch-4"):
         bench_unseen.run_set("dlbcl-batch-4", ["marginal"], 0, groups_found=True)
 
