@@ -414,7 +414,8 @@ def test_folds_over_patients_of_known_centers_hold_out_half_of_each_set_whatever
 
 def test_models_that_find_their_groups_are_given_none_and_hold_out_the_sets_own_folds(monkeypatch):
     """``--groups-found`` runs the set's folds with models fitted as ``train`` without ``--groups``:
-    no group reaches them, and each fold is named for the group it holds out."""
+    no group reaches them, and each fold is named as the set's own protocol names it (a group left
+    out, "trained on" a group, "fold k")."""
     monkeypatch.syspath_prepend(str(BENCH))
     import bench_unseen
 
