@@ -9,11 +9,12 @@ import pytest
 
 from gating_core.fcs import Channel, Sample
 from gating_core.method.self_training import PatientAdjustment
-from gating_core.method.swollen_populations import (RARE_SHARE, SWELL_FACTOR, called_shares, largest_shares,
-                                                     swollen_populations)
+from gating_core.method.swollen_populations import (RARE_SHARE, SWELL_FACTOR, called_shares, disagreement_beside,
+                                                     largest_shares, swollen_populations)
 from gating_core.model import GatingModel
 from gating_core.model.file_checks import ModelFileError
 from gating_core.model.research import ResearchGatingModel
+from gating_core.model.result import DISAGREEMENT_THRESHOLD
 from modelfile_helpers import rewrite_model_file
 
 
@@ -50,6 +51,17 @@ def test_the_shares_called_and_the_largest_training_share():
     np.testing.assert_array_equal(called_shares(np.zeros((0, 3))), [0.0, 0.0, 0.0])
     labels = [np.array(["a", "a", "b", "c"]), np.array(["a", "b", "b", "b", "b"]), np.array([], dtype=str)]
     np.testing.assert_allclose(largest_shares(labels, ["a", "b", "c"]), [0.5, 0.8, 0.25])
+
+
+def test_the_disagreement_beside_the_swollen_populations():
+    transfer = np.array([0, 1, 1, 2, 2, 2, 0, 0])
+    adapted = np.array([0, 2, 1, 1, 2, 0, 1, 0])
+    # beside population 1: the cells neither half calls 1 are 0, 4, 5 and 7; they differ on 5
+    assert disagreement_beside(transfer, adapted, [False, True, False]) == pytest.approx(0.25)
+    # beside nothing: every cell, 4 of 8 differ
+    assert disagreement_beside(transfer, adapted, [False, False, False]) == pytest.approx(0.5)
+    # every cell called one of them by a half: nothing to count
+    assert disagreement_beside(transfer, adapted, [True, True, False]) == 0.0
 
 
 def test_mixing_takes_the_transfer_columns_from_the_transfer_model_alone():
@@ -123,6 +135,33 @@ def test_a_rare_population_swollen_in_a_new_patient_is_gated_by_the_transfer_mod
     assert model._patient_parts(training[0][0])[2].transfer_columns is None
     # The review flag's disagreement is computed with the check, from the same cells.
     assert model.gate(wide).novelty.disagreement == pytest.approx(adjust.disagreement)
+
+
+def test_no_column_is_taken_where_the_halves_part_ways_beside_it(continuum, monkeypatch):
+    model, _, (wide, _) = continuum
+    adjust = model._patient_parts(wide)[2]
+    assert adjust.transfer_columns.tolist() == [False, True, False]
+    transfer, adapted = model._halves(*_chosen_and_embedding(model, wide), adjust)
+    calls_t, calls_a = np.argmax(transfer, axis=1), np.argmax(adapted, axis=1)
+    # the halves agree on the wide patient's cells beside the swollen population
+    assert disagreement_beside(calls_t, calls_a, [False, True, False]) < 0.02
+    # A transfer model that does not fit the patient: it calls a third of the cells the adapted
+    # populations call 'big' 'rest' instead (the rare population's shares as before).
+    big = np.flatnonzero(calls_a == 0)
+    moved = big[: len(calls_a) // 3]
+    lost = transfer.copy()
+    lost[moved] = np.array([0.0, 0.0, 1.0], np.float32)
+    assert disagreement_beside(np.argmax(lost, axis=1), calls_a, [False, True, False]) > DISAGREEMENT_THRESHOLD
+    monkeypatch.setattr(type(model), "_halves", lambda self, chosen, embedding, a: (lost, adapted))
+    again = model._patient_parts(wide)[2]
+    assert again.transfer_columns is None
+    assert again.disagreement == pytest.approx(np.mean(np.argmax(lost, axis=1) != calls_a))
+
+
+def _chosen_and_embedding(model, sample):
+    """The content-chosen cells and embedding gating takes for ``sample``."""
+    registration, embedding, chosen = model._patient_frame(sample.events, model._channel_indices(sample))
+    return chosen, embedding
 
 
 def test_the_model_file_keeps_the_largest_shares_and_older_files_gate_without_the_check(continuum, tmp_path):

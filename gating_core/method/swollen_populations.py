@@ -18,6 +18,12 @@ more is no rare population even where it is rare on average: a new center's mono
 of the events (training patients at most 7%) moved and grew; a biopsy can be made mostly of
 `other` cells, a few percent of most training biopsies.
 (docs/unseen_data.md, "Rare populations, and populations only some patients have".)
+
+The transfer model's share is the reference only where the transfer model fits the patient: where
+the two halves name different populations on more than a fifth of the cells that neither calls a
+swollen one, the patient lies where the transfer model does not reach (a center unlike every
+training one, a model trained on one center), both halves' shares of the population are suspect,
+and gating keeps the plain mix (:func:`disagreement_beside`).
 """
 
 from __future__ import annotations
@@ -78,3 +84,19 @@ def swollen_populations(prior, largest, adapted_share, transfer_share) -> np.nda
 
     return ((largest < RARE_SHARE) & (adapted_share > SWELL_FACTOR * largest)
             & (distance(transfer_share) < distance(adapted_share)))
+
+
+def disagreement_beside(transfer_calls, adapted_calls, populations) -> float:
+    """The share of one patient's cells on which the two halves name different populations,
+    counted over the cells that neither calls one of ``populations`` ((k,) bool): how far the
+    halves part ways beside those populations. 0.0 where every cell is called one of them.
+
+    transfer_calls, adapted_calls : (n,) int, each cell's population of highest probability in
+        each half
+    """
+    transfer_calls, adapted_calls = np.asarray(transfer_calls), np.asarray(adapted_calls)
+    populations = np.asarray(populations, dtype=bool)
+    beside = ~(populations[transfer_calls] | populations[adapted_calls])
+    if not beside.any():
+        return 0.0
+    return float(np.mean(transfer_calls[beside] != adapted_calls[beside]))
