@@ -9,12 +9,11 @@ import pytest
 
 from gating_core.fcs import Channel, Sample
 from gating_core.method.self_training import PatientAdjustment
-from gating_core.method.swollen_populations import (RARE_SHARE, SWELL_FACTOR, called_shares, disagreement_beside,
-                                                     largest_shares, swollen_populations)
+from gating_core.method.swollen_populations import (PARTING_SHARE, RARE_SHARE, SWELL_FACTOR, called_shares,
+                                                     disagreement_beside, largest_shares, swollen_populations)
 from gating_core.model import GatingModel
 from gating_core.model.file_checks import ModelFileError
 from gating_core.model.research import ResearchGatingModel
-from gating_core.model.result import DISAGREEMENT_THRESHOLD
 from modelfile_helpers import rewrite_model_file
 
 
@@ -60,8 +59,10 @@ def test_the_disagreement_beside_the_swollen_populations():
     assert disagreement_beside(transfer, adapted, [False, True, False]) == pytest.approx(0.25)
     # beside nothing: every cell, 4 of 8 differ
     assert disagreement_beside(transfer, adapted, [False, False, False]) == pytest.approx(0.5)
-    # every cell called one of them by a half: nothing to count
+    # every cell called one of them by a half, or no cell: nothing to count
     assert disagreement_beside(transfer, adapted, [True, True, False]) == 0.0
+    assert disagreement_beside(np.zeros(0, int), np.zeros(0, int), [False, True]) == 0.0
+    assert PARTING_SHARE == 0.2
 
 
 def test_mixing_takes_the_transfer_columns_from_the_transfer_model_alone():
@@ -151,7 +152,10 @@ def test_no_column_is_taken_where_the_halves_part_ways_beside_it(continuum, monk
     moved = big[: len(calls_a) // 3]
     lost = transfer.copy()
     lost[moved] = np.array([0.0, 0.0, 1.0], np.float32)
-    assert disagreement_beside(np.argmax(lost, axis=1), calls_a, [False, True, False]) > DISAGREEMENT_THRESHOLD
+    assert disagreement_beside(np.argmax(lost, axis=1), calls_a, [False, True, False]) > PARTING_SHARE
+    # the rare population still swelled by the shares alone: only the condition leaves the mix plain
+    assert swollen_populations(model.class_prior_, model.largest_shares_, called_shares(adapted),
+                               called_shares(lost)).tolist() == [False, True, False]
     monkeypatch.setattr(type(model), "_halves", lambda self, chosen, embedding, a: (lost, adapted))
     again = model._patient_parts(wide)[2]
     assert again.transfer_columns is None

@@ -16,9 +16,10 @@ from gating_core.method.population_components import adapted_fits, component_sta
 from gating_core.method.saturation import without_piles
 from gating_core.method.priors import reestimate_prior
 from gating_core.method.self_training import PatientAdjustment, self_training_coef
-from gating_core.method.swollen_populations import called_shares, disagreement_beside, swollen_populations
+from gating_core.method.swollen_populations import (PARTING_SHARE, called_shares, disagreement_beside,
+                                                     swollen_populations)
 from gating_core.method.unknown_cells import UNKNOWN_MARGIN, PopulationReach
-from gating_core.model.result import DISAGREEMENT_THRESHOLD, GATING_PARTS
+from gating_core.model.result import GATING_PARTS
 from gating_core.model.weight_check import TREES_SHARE, WeightCheck
 
 #: How far within the trees' bound (docs/method.md, pooled trees) a cell is still scored by them:
@@ -214,7 +215,7 @@ class PatientAdaptation(WeightCheck):
         review flag's) and, with ``largest_shares_``, the rare populations the adapted ones let
         swell, whose columns gating takes from the transfer model (``adjust.transfer_columns``;
         :mod:`gating_core.method.swollen_populations`), unless the halves part ways on more than
-        ``DISAGREEMENT_THRESHOLD`` of the other cells (:func:`disagreement_beside`)."""
+        ``PARTING_SHARE`` of the other cells (:func:`disagreement_beside`)."""
         if not 0.0 < float(getattr(self, "adaptive_weight_", 0.0)) < 1.0:
             return
         transfer, adapted = self._halves(chosen, embedding, adjust)
@@ -224,10 +225,10 @@ class PatientAdaptation(WeightCheck):
         if largest is None:
             return
         swollen = swollen_populations(self.class_prior_, largest, called_shares(adapted), called_shares(transfer))
-        # The transfer model's share is no reference where it does not fit the patient: the
-        # review flag's disagreement, counted beside the swollen populations (a model of one
-        # center gating another called a population that grew there swollen).
-        if swollen.any() and disagreement_beside(transfer_calls, adapted_calls, swollen) > DISAGREEMENT_THRESHOLD:
+        # The transfer model's share is no reference where the halves part ways on the rest of
+        # the patient (a model of one center gating another took a population that grew there
+        # for a swollen one).
+        if swollen.any() and disagreement_beside(transfer_calls, adapted_calls, swollen) > PARTING_SHARE:
             return
         adjust.transfer_columns = swollen if swollen.any() else None
 
