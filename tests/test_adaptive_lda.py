@@ -10,7 +10,7 @@ import pytest
 from gating_core import read_fcs
 from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.features import content_hashes
-from gating_core.method.population_components import adapted_fits
+from gating_core.method.population_components import LOST_SHARE, adapted_fits, lost_populations
 from gating_core.method.unknown_cells import PopulationReach
 from gating_core.model import (ADAPTIVE_WEIGHT_TOLERANCE, ADAPTIVE_WEIGHTS, EVEN_ADAPTIVE_WEIGHT,
                                EVEN_WEIGHT_MARGIN, GatingModel)
@@ -434,6 +434,99 @@ def test_a_population_absent_from_the_patient_does_not_take_the_cluster_of_a_rar
     assert np.mean(classes[np.argmax(reach.proba(cells, own), 1)] == truth) > 0.95
     from_training = reach.for_patient(cells)
     assert np.mean(classes[np.argmax(reach.proba(cells, from_training), 1)] == truth) < 0.5
+
+
+def test_the_own_shape_em_starts_again_where_it_lost_a_population_the_shared_fit_found():
+    """Training: A, tight (variance 0.1), holds 60% of the cells beside B, wide (variance 3). In
+    the new patient A moved by (2, 2), six of its own standard deviations: from the training
+    means the own-shape EM gives A's cells to B and leaves A none, while the shared-covariance fit
+    finds A's share. Started again from the shared fit's means, the own-shape fit keeps A; moved
+    by (1, 1), it follows A itself and is not fitted again."""
+    rng = np.random.default_rng(2)
+    means, spreads = [(0, 0), (5, 0), (0, 6)], [0.1, 3.0, 0.5]
+    training = [_three_populations(rng, 3000, [0.6, 0.2, 0.2], [np.add(m, rng.normal(0, 0.1, 2)) for m in means],
+                                   spreads) for _ in range(5)]
+    classes = np.array(["A", "B", "C"])
+    lda = AdaptiveLDA().fit([c for c, _ in training], [y for _, y in training], classes=classes)
+    reach = PopulationReach().fit([c for c, _ in training], [y for _, y in training], classes)
+
+    def accuracy(cells, truth, patient):
+        return np.mean(classes[np.argmax(reach.proba(cells, patient), 1)] == truth)
+
+    cells, truth = _three_populations(rng, 3000, [0.6, 0.2, 0.2], [(2, 2), (5, 0), (0, 6)], spreads)
+    gaussians, own = adapted_fits(lda, reach, cells)
+    shares = np.exp(gaussians.log_shares)
+    from_training = reach.for_patient(cells, shares=shares)
+    assert shares[0] > 0.55 and np.exp(from_training.log_shares)[0] * len(cells) < 3
+    np.testing.assert_array_equal(lost_populations(shares, np.exp(from_training.log_shares), len(cells)),
+                                  [True, False, False])
+    assert accuracy(cells, truth, from_training) < 0.5
+    np.testing.assert_allclose(own.means, reach.for_patient(cells, shares=shares, means=gaussians.means).means)
+    assert reach.log_likelihood(cells, own) > reach.log_likelihood(cells, from_training) + 1.0
+    assert np.exp(own.log_shares)[0] > 0.55
+    assert accuracy(cells, truth, own) > 0.95
+
+    class StartsBadly(PopulationReach):
+        """Scores every fit started away from the training means as the less likely."""
+
+        def log_likelihood(self, cells, patient):
+            return -np.inf if not np.allclose(patient.means, from_training.means) else 0.0
+
+    unlikely = StartsBadly()
+    unlikely.__dict__.update(reach.__dict__)
+    np.testing.assert_array_equal(adapted_fits(lda, unlikely, cells)[1].means, from_training.means)
+
+    cells, truth = _three_populations(rng, 3000, [0.6, 0.2, 0.2], [(1, 1), (5, 0), (0, 6)], spreads)
+    gaussians, own = adapted_fits(lda, reach, cells)
+    from_training = reach.for_patient(cells, shares=np.exp(gaussians.log_shares))
+    assert not lost_populations(np.exp(gaussians.log_shares), np.exp(from_training.log_shares), len(cells)).any()
+    np.testing.assert_array_equal(own.means, from_training.means)
+    assert accuracy(cells, truth, own) > 0.95
+
+
+def test_a_population_is_lost_when_the_own_shape_fit_leaves_it_no_cell_the_shared_fit_gives_it():
+    shared = np.array([0.5, LOST_SHARE, 0.4 - LOST_SHARE / 2, LOST_SHARE / 2])
+    own = np.array([1e-9, 1e-9, 0.6, 0.4 - 2e-9])
+    # 1,000 cells: a share under 0.003 is fewer than 3 cells.
+    np.testing.assert_array_equal(lost_populations(shared, own, 1000), [True, True, False, False])
+    # 10 of 1,000 cells are still a population the own-shape EM followed.
+    np.testing.assert_array_equal(lost_populations(shared, [0.01, 0.01, 0.58, 0.4], 1000), [False] * 4)
+    # Shares need not be normalised.
+    np.testing.assert_array_equal(lost_populations(2 * shared, 3 * own, 1000), [True, True, False, False])
+    # With components, a population is lost only when all its components are: the first two
+    # columns are one population, whose second component kept the cells.
+    np.testing.assert_array_equal(lost_populations(shared, [1e-9, 0.5, 0.3, 0.2], 1000, starts=[0, 2, 3]),
+                                  [False, False, False])
+    np.testing.assert_array_equal(lost_populations(shared, own, 1000, starts=[0, 2, 3]), [True, False, False])
+
+
+def test_the_own_shape_log_likelihood_is_the_mixture_density_without_its_constant():
+    from scipy.stats import multivariate_normal
+
+    rng = np.random.default_rng(3)
+    training = [_three_populations(rng, 800, [0.5, 0.3, 0.2], [(0, 0), (4, 0), (0, 5)], [1.0, 2.0, 0.5])
+                for _ in range(3)]
+    reach = PopulationReach().fit([c for c, _ in training], [y for _, y in training], np.array(["A", "B", "C"]))
+    cells = training[0][0][:300]
+    patient = reach.for_patient(cells)
+    covariances = [np.linalg.inv(w @ w.T) for w in reach.whitening_]
+    density = sum(np.exp(s) * multivariate_normal(m, c).pdf(cells)
+                  for s, m, c in zip(patient.log_shares, patient.means, covariances))
+    expected = np.mean(np.log(density)) + np.log(2 * np.pi)  # d / 2 log(2 pi), d = 2
+    assert reach.log_likelihood(cells, patient) == pytest.approx(expected, rel=1e-9)
+    assert reach.log_likelihood(cells[:0], patient) == 0.0
+
+
+def test_the_own_shape_em_refuses_means_it_cannot_start_from():
+    rng = np.random.default_rng(0)
+    training = [_three_populations(rng, 600, [0.5, 0.3, 0.2], [(0, 0), (4, 0), (0, 5)], [1.0, 1.0, 1.0]) for _ in range(2)]
+    reach = PopulationReach().fit([c for c, _ in training], [y for _, y in training], np.array(["A", "B", "C"]))
+    for means in (np.zeros((2, 2)), np.zeros((3, 3)), [[0, 0], [np.nan, 0], [0, 5]]):
+        with pytest.raises(ValueError, match="means"):
+            reach.for_patient(training[0][0], means=means)
+    # Started at the training means, the EM is the one without a start.
+    np.testing.assert_array_equal(reach.patient_populations(training[0][0], means=reach.means_)[0],
+                                  reach.patient_populations(training[0][0])[0])
 
 
 def test_the_own_shape_em_refuses_shares_it_cannot_start_from():

@@ -18,7 +18,7 @@ import numpy as np
 from sklearn.mixture import GaussianMixture
 
 from gating_core.method.adaptive_lda import AdaptiveLDA
-from gating_core.method.unknown_cells import UNKNOWN_MARGIN, PopulationReach
+from gating_core.method.unknown_cells import MIN_POPULATION_CELLS, UNKNOWN_MARGIN, PopulationReach
 
 #: Components per population at most (``GatingModel.population_components``'s default).
 MAX_COMPONENTS = 3
@@ -43,23 +43,57 @@ MIN_SPLIT_GAIN = 0.005
 #: mode): a population that is one skewed or heavy-tailed cluster stays whole (BIC alone splits
 #: almost any real population), one made of separate clusters is split.
 MIN_SEPARATION = 3.0
+#: A population the shared-covariance fit gives at least this share of a patient's cells is lost
+#: by the own-shape fit where that fit leaves it without cells (:func:`lost_populations`). Below
+#: it, a small population the shared covariance lets swell over a neighbour's cells (a few
+#: percent in a simulated center) would restart the own-shape fit from a wrong mean.
+LOST_SHARE = 0.1
 
 
-def adapted_fits(lda: AdaptiveLDA, reach: PopulationReach | None, cells, margin=UNKNOWN_MARGIN, start=None) -> tuple:
+def adapted_fits(lda: AdaptiveLDA, reach: PopulationReach | None, cells, margin=UNKNOWN_MARGIN, start=None,
+                 starts=None) -> tuple:
     """Both generative fits adapted to one patient's cells (m, d) by EM: (the shared-covariance
     Gaussians, :meth:`AdaptiveLDA.adapt` from ``start``; the own-shape populations,
-    :meth:`PopulationReach.for_patient`, or None without ``reach``).
+    :meth:`PopulationReach.for_patient`, or None without ``reach``). ``starts``
+    (:func:`population_starts`): the first component of each population, where the fits model
+    components (a population is lost below only when all its components are).
 
     The own-shape EM starts from the population shares the shared-covariance EM found in the
     patient, not from the training shares. Started from the training shares, a population that
     is common in training and absent in this patient (a biopsy of tumour cells and no FL2+
-    cell) takes the nearest cluster in the first step, and its fixed shape then holds it; the
+    cell) takes the nearest cluster in the first step, and its fixed shape can then hold it; the
     shared-covariance fit, whose covariance follows the patient, finds the patient's own mix
-    first."""
+    first.
+
+    It starts from the training means. Where a run moved a population further than its own
+    training shape reaches, a neighbour of a wider shape takes the moved cells and EM is left
+    with no cell for the population (:func:`lost_populations`). The own-shape EM then starts
+    again from the shared-covariance fit's means, and of its two ends the one under which the
+    patient's cells are likelier is kept (:meth:`PopulationReach.log_likelihood`): where the
+    shared covariance let a population swell over a neighbour's cells, the own shapes that
+    left it none fit the cells better."""
     gaussians = lda.adapt(cells, start)
     if reach is None:
         return gaussians, None
-    return gaussians, reach.for_patient(cells, margin, shares=np.exp(gaussians.log_shares))
+    shares = np.exp(gaussians.log_shares)
+    own = reach.for_patient(cells, margin, shares=shares)
+    if lost_populations(shares, np.exp(own.log_shares), len(cells), starts).any():
+        again = reach.for_patient(cells, margin, shares=shares, means=gaussians.means)
+        if reach.log_likelihood(cells, again) > reach.log_likelihood(cells, own):
+            own = again
+    return gaussians, own
+
+
+def lost_populations(shared, own, n_cells, starts=None) -> np.ndarray:
+    """Which populations (k,) the own-shape fit lost: fewer than ``MIN_POPULATION_CELLS`` of the
+    patient's ``n_cells`` cells by its shares ``own`` (the EM gave up moving them), where the
+    shared-covariance fit's shares ``shared`` give them ``LOST_SHARE`` of the cells or more.
+    Per population where ``starts`` (:func:`population_starts`) groups components into
+    populations."""
+    shared, own = np.asarray(shared, dtype=np.float64), np.asarray(own, dtype=np.float64)
+    if starts is not None:
+        shared, own = np.add.reduceat(shared, np.asarray(starts)), np.add.reduceat(own, np.asarray(starts))
+    return (own / own.sum() * n_cells < MIN_POPULATION_CELLS) & (shared / shared.sum() >= LOST_SHARE)
 
 
 def component_name(population: int, component: int) -> str:

@@ -186,21 +186,28 @@ class PopulationReach:
         projected = (x - mean) @ self.whitening_[j]
         return np.einsum("nd,nd->n", projected, projected)
 
-    def for_patient(self, cells, margin=UNKNOWN_MARGIN, shares=None) -> PatientReach:
+    def for_patient(self, cells, margin=UNKNOWN_MARGIN, shares=None, means=None) -> PatientReach:
         """The reach of one patient's populations from its cells (m, d): their means and shares
-        (:meth:`patient_populations`, EM started from ``shares``) and the patient's spread
-        (:meth:`patient_spread`)."""
-        means, shares = self.patient_populations(cells, margin, shares=shares)
+        (:meth:`patient_populations`, EM started from ``shares`` and ``means``) and the patient's
+        spread (:meth:`patient_spread`)."""
+        means, shares = self.patient_populations(cells, margin, shares=shares, means=means)
         return PatientReach(means, self.patient_spread(cells, means), float(margin), np.log(shares))
 
-    def patient_populations(self, cells, margin=UNKNOWN_MARGIN, trim_steps=TRIM_STEPS, shares=None) -> tuple:
+    def patient_populations(self, cells, margin=UNKNOWN_MARGIN, trim_steps=TRIM_STEPS, shares=None,
+                            means=None) -> tuple:
         """The population means (k, d) and shares (k,) of one patient, from its cells (m, d) by
-        EM started from the training means and ``shares`` (k,) (None: the training shares), the
-        shapes fixed; then ``trim_steps`` more steps in which cells beyond ``margin``
-        (:meth:`distance`) take no part, so that a new population the first steps pulled a known
-        one towards lets it go. Deterministic: fixed steps in float64."""
+        EM started from ``means`` (k, d) (None: the training means) and ``shares`` (k,) (None:
+        the training shares), the shapes fixed; then ``trim_steps`` more steps in which cells
+        beyond ``margin`` (:meth:`distance`) take no part, so that a new population the first
+        steps pulled a known one towards lets it go. A population with too few of the patient's
+        cells takes its training mean. Deterministic: fixed steps in float64."""
         z = np.asarray(cells, dtype=np.float64)
-        means = self.means_.copy()
+        if means is None:
+            means = self.means_.copy()
+        else:
+            means = np.array(means, dtype=np.float64)
+            if means.shape != self.means_.shape or not np.all(np.isfinite(means)):
+                raise ValueError(f"means must be {self.means_.shape[0]} x {self.means_.shape[1]} finite numbers")
         if shares is None:
             shares = self.priors_.copy()
         else:
@@ -223,6 +230,18 @@ class PopulationReach:
             movable = expected >= MIN_POPULATION_CELLS
             means = np.where(movable[:, None], (resp.T @ z) / np.maximum(expected, 1e-12)[:, None], self.means_)
         return means, shares
+
+    def log_likelihood(self, cells, patient: PatientReach) -> float:
+        """The mean log-likelihood of a patient's cells (m, d) under its populations (``patient``:
+        :meth:`for_patient`), each a Gaussian of its own training shape around the patient's mean
+        weighed by the patient's share, without the constant term: two fits of one patient's cells
+        compare by it. In float64."""
+        z = np.asarray(cells, dtype=np.float64)
+        if len(z) == 0:
+            return 0.0
+        logits = np.asarray(patient.log_shares) - 0.5 * (self.squared_distances(z, patient.means) + self.log_dets_)
+        top = logits.max(axis=1)
+        return float(np.mean(top + np.log(np.exp(logits - top[:, None]).sum(axis=1))))
 
     def proba(self, cells, patient: PatientReach) -> np.ndarray:
         """Posterior population probabilities (n, k) float32 of a patient's cells (n, d) under

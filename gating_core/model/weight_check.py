@@ -202,7 +202,7 @@ class WeightCheck:
                 embedding = fold.classifier_.embed(embedding_cells[i])
                 adjust = fold._patient_adjustment(embedding_cells[i], embedding)
                 transfer = fold._adjusted_proba(cells[i], embedding, 50_000, adjust)
-                fitted, own = adapted_fits(gaussians, shapes, embedding_cells[i], self._reach_margin())
+                fitted, own = adapted_fits(gaussians, shapes, embedding_cells[i], self._reach_margin(), starts=starts)
                 patient = PatientAdjustment(gaussians=fitted, components=starts)
                 if own is not None:
                     patient.shapes = (shapes, own)
@@ -222,7 +222,8 @@ class WeightCheck:
                 if self.transfer_start:
                     start = fold._adjusted_proba(embedding_cells[i], embedding, 50_000, adjust)
                     start = component_start(start, gaussians, embedding_cells[i], population_of)
-                    patient.gaussians, own = adapted_fits(gaussians, shapes, embedding_cells[i], self._reach_margin(), start)
+                    patient.gaussians, own = adapted_fits(gaussians, shapes, embedding_cells[i], self._reach_margin(),
+                                                           start, starts)
                     if own is not None:
                         patient.shapes = (shapes, own)
                     refined = patient.adapted(cells[i])
