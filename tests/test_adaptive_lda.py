@@ -466,6 +466,10 @@ def test_the_own_shape_em_starts_again_where_it_lost_a_population_the_shared_fit
     assert np.exp(own.log_shares)[0] > 0.55
     assert accuracy(cells, truth, own) > 0.95
 
+    # Had no training patient held more than a quarter of A, its 60% here would be a swelling.
+    np.testing.assert_array_equal(adapted_fits(lda, reach, cells, largest=[0.25, 1.0, 1.0])[1].means,
+                                  from_training.means)
+
     class StartsBadly(PopulationReach):
         """Scores every fit started away from the training means as the less likely."""
 
@@ -498,6 +502,10 @@ def test_a_population_is_lost_when_the_own_shape_fit_leaves_it_no_cell_the_share
     np.testing.assert_array_equal(lost_populations(shared, [1e-9, 0.5, 0.3, 0.2], 1000, starts=[0, 2, 3]),
                                   [False, False, False])
     np.testing.assert_array_equal(lost_populations(shared, own, 1000, starts=[0, 2, 3]), [True, False, False])
+    # A population the shared fit gives more than twice its largest training share swelled
+    # there: it is not taken for lost.
+    largest = np.array([0.2, LOST_SHARE / 2, 0.5, 0.1])
+    np.testing.assert_array_equal(lost_populations(shared, own, 1000, largest=largest), [False, True, False, False])
 
 
 def test_the_own_shape_log_likelihood_is_the_mixture_density_without_its_constant():

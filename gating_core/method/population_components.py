@@ -18,6 +18,7 @@ import numpy as np
 from sklearn.mixture import GaussianMixture
 
 from gating_core.method.adaptive_lda import AdaptiveLDA
+from gating_core.method.swollen_populations import SWELL_FACTOR
 from gating_core.method.unknown_cells import MIN_POPULATION_CELLS, UNKNOWN_MARGIN, PopulationReach
 
 #: Components per population at most (``GatingModel.population_components``'s default).
@@ -51,12 +52,13 @@ LOST_SHARE = 0.1
 
 
 def adapted_fits(lda: AdaptiveLDA, reach: PopulationReach | None, cells, margin=UNKNOWN_MARGIN, start=None,
-                 starts=None) -> tuple:
+                 starts=None, largest=None) -> tuple:
     """Both generative fits adapted to one patient's cells (m, d) by EM: (the shared-covariance
     Gaussians, :meth:`AdaptiveLDA.adapt` from ``start``; the own-shape populations,
     :meth:`PopulationReach.for_patient`, or None without ``reach``). ``starts``
     (:func:`population_starts`): the first component of each population, where the fits model
-    components (a population is lost below only when all its components are).
+    components (a population is lost below only when all its components are). ``largest``
+    (k,): each population's largest share in a training patient (None: not known).
 
     The own-shape EM starts from the population shares the shared-covariance EM found in the
     patient, not from the training shares. Started from the training shares, a population that
@@ -69,31 +71,37 @@ def adapted_fits(lda: AdaptiveLDA, reach: PopulationReach | None, cells, margin=
     training shape reaches, a neighbour of a wider shape takes the moved cells and EM is left
     with no cell for the population (:func:`lost_populations`). The own-shape EM then starts
     again from the shared-covariance fit's means, and of its two ends the one under which the
-    patient's cells are likelier is kept (:meth:`PopulationReach.log_likelihood`): where the
-    shared covariance let a population swell over a neighbour's cells, the own shapes that
-    left it none fit the cells better."""
+    patient's cells are likelier is kept (:meth:`PopulationReach.log_likelihood`). A population
+    the shared covariance let swell over a neighbour's cells, to more than ``SWELL_FACTOR`` times
+    its largest training share, is not taken for lost: the likelier end can be the one that gives
+    it the neighbour's cells (a small population beside an expert's catch-all gate)."""
     gaussians = lda.adapt(cells, start)
     if reach is None:
         return gaussians, None
     shares = np.exp(gaussians.log_shares)
     own = reach.for_patient(cells, margin, shares=shares)
-    if lost_populations(shares, np.exp(own.log_shares), len(cells), starts).any():
+    if lost_populations(shares, np.exp(own.log_shares), len(cells), starts, largest).any():
         again = reach.for_patient(cells, margin, shares=shares, means=gaussians.means)
         if reach.log_likelihood(cells, again) > reach.log_likelihood(cells, own):
             own = again
     return gaussians, own
 
 
-def lost_populations(shared, own, n_cells, starts=None) -> np.ndarray:
+def lost_populations(shared, own, n_cells, starts=None, largest=None) -> np.ndarray:
     """Which populations (k,) the own-shape fit lost: fewer than ``MIN_POPULATION_CELLS`` of the
     patient's ``n_cells`` cells by its shares ``own`` (the EM gave up moving them), where the
-    shared-covariance fit's shares ``shared`` give them ``LOST_SHARE`` of the cells or more.
-    Per population where ``starts`` (:func:`population_starts`) groups components into
-    populations."""
+    shared-covariance fit's shares ``shared`` give them ``LOST_SHARE`` of the cells or more, and,
+    with ``largest`` (k,: each population's largest share in a training patient), at most
+    ``SWELL_FACTOR`` times that share. Per population where ``starts`` (:func:`population_starts`)
+    groups components into populations."""
     shared, own = np.asarray(shared, dtype=np.float64), np.asarray(own, dtype=np.float64)
     if starts is not None:
         shared, own = np.add.reduceat(shared, np.asarray(starts)), np.add.reduceat(own, np.asarray(starts))
-    return (own / own.sum() * n_cells < MIN_POPULATION_CELLS) & (shared / shared.sum() >= LOST_SHARE)
+    shared, own = shared / shared.sum(), own / own.sum()
+    lost = (own * n_cells < MIN_POPULATION_CELLS) & (shared >= LOST_SHARE)
+    if largest is not None:
+        lost &= shared <= SWELL_FACTOR * np.asarray(largest, dtype=np.float64)
+    return lost
 
 
 def component_name(population: int, component: int) -> str:

@@ -200,7 +200,7 @@ class PatientAdaptation(WeightCheck):
                 start = self._adjusted_proba(ordered, embedding, 50_000, adjust)  # no gaussians yet: unmixed
                 start = component_start(start, lda, ordered, components)
             adjust.gaussians, patient = adapted_fits(lda, own_em, ordered, self._reach_margin(), start,
-                                                      adjust.components)
+                                                      adjust.components, getattr(self, "largest_shares_", None))
         elif own_em is not None:
             patient = reach.for_patient(ordered, self._reach_margin())
         if own_em is not None:

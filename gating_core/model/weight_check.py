@@ -13,6 +13,7 @@ from gating_core.method.population_components import adapted_fits, component_sta
 from gating_core.method.priors import training_prior
 from gating_core.method.saturation import without_piles
 from gating_core.method.self_training import PatientAdjustment
+from gating_core.method.swollen_populations import largest_shares
 from gating_core.method.unknown_cells import PopulationReach
 
 
@@ -188,6 +189,8 @@ class WeightCheck:
             fold.class_prior_ = training_prior([labels[i] for i in train], fold.classifier_.classes_)
             parts, names, population_of = _fold_components(split, train, fold.populations_, self.populations_)
             starts = None if population_of is None else population_starts(population_of)
+            largest = (largest_shares([labels[i] for i in train], fold.populations_)
+                       if getattr(self, "swollen_check", False) else None)
             gaussians = AdaptiveLDA().fit(*self._fold_shared_fit_cells([cells[i] for i in train], parts),
                                           classes=names)
             shapes = PopulationReach().fit([cells[i] for i in train], parts, names) if self.adaptive_shapes else None
@@ -202,7 +205,8 @@ class WeightCheck:
                 embedding = fold.classifier_.embed(embedding_cells[i])
                 adjust = fold._patient_adjustment(embedding_cells[i], embedding)
                 transfer = fold._adjusted_proba(cells[i], embedding, 50_000, adjust)
-                fitted, own = adapted_fits(gaussians, shapes, embedding_cells[i], self._reach_margin(), starts=starts)
+                fitted, own = adapted_fits(gaussians, shapes, embedding_cells[i], self._reach_margin(), starts=starts,
+                                           largest=largest)
                 patient = PatientAdjustment(gaussians=fitted, components=starts)
                 if own is not None:
                     patient.shapes = (shapes, own)
@@ -223,7 +227,7 @@ class WeightCheck:
                     start = fold._adjusted_proba(embedding_cells[i], embedding, 50_000, adjust)
                     start = component_start(start, gaussians, embedding_cells[i], population_of)
                     patient.gaussians, own = adapted_fits(gaussians, shapes, embedding_cells[i], self._reach_margin(),
-                                                           start, starts)
+                                                           start, starts, largest)
                     if own is not None:
                         patient.shapes = (shapes, own)
                     refined = patient.adapted(cells[i])
