@@ -292,3 +292,36 @@ def adapted_proba(cells, gaussians, shapes=None, starts=None) -> np.ndarray:
         proba += reach.proba(cells, patient)
         proba *= np.float32(0.5)
     return proba if starts is None else population_proba(proba, starts)
+
+
+#: Two populations whose adapted probabilities differ by at most this are tied: the two fits,
+#: each sure of another population, average to 0.5 / 0.5, and float32 rounding of a mean of
+#: saturated posteriors leaves a few units of 6e-8 between them.
+TIE_TOLERANCE = np.float32(1e-6)
+#: The share of a tied row's probability that goes to the tied population a tie-breaker prefers:
+#: far above float32 rounding, too little to move any probability by more than that.
+TIE_SHARE = np.float32(1e-3)
+
+
+def tied_rows(proba: np.ndarray) -> np.ndarray:
+    """Indices of the rows of ``proba`` (n, k) whose two likeliest populations are tied (within
+    ``TIE_TOLERANCE``), whose call ``argmax`` would give to the population listed first."""
+    if proba.shape[1] < 2 or len(proba) == 0:
+        return np.empty(0, dtype=np.intp)
+    top = np.partition(proba, -2, axis=1)[:, -2:]
+    return np.flatnonzero(top[:, 1] - top[:, 0] <= TIE_TOLERANCE)
+
+
+def break_ties(proba: np.ndarray, rows: np.ndarray, breaker: np.ndarray) -> np.ndarray:
+    """``proba`` (n, k) with the ties of its rows ``rows`` broken by ``breaker`` (len(rows), k),
+    in place: of the populations tied for a row's top, the one the breaker finds likeliest takes
+    ``TIE_SHARE`` of the row's probability (the transfer model's choice, for the adapted populations
+    alone); every other row keeps its bits."""
+    if len(rows):
+        tied = proba[rows]
+        candidates = tied >= tied.max(axis=1, keepdims=True) - TIE_TOLERANCE
+        winner = np.argmax(np.where(candidates, np.asarray(breaker, dtype=np.float64), -np.inf), axis=1)
+        tied *= np.float32(1.0) - TIE_SHARE
+        tied[np.arange(len(rows)), winner] += TIE_SHARE
+        proba[rows] = tied
+    return proba

@@ -12,7 +12,8 @@ import numpy as np
 from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.boosted_trees import PooledTrees
 from gating_core.method.features import content_hashes
-from gating_core.method.population_components import adapted_fits, component_start, population_starts, split_populations
+from gating_core.method.population_components import (adapted_fits, break_ties, component_start, population_starts,
+                                                       split_populations, tied_rows)
 from gating_core.method.saturation import without_piles
 from gating_core.method.priors import reestimate_prior
 from gating_core.method.self_training import PatientAdjustment, self_training_coef
@@ -114,24 +115,35 @@ class PatientAdaptation(WeightCheck):
         """The margin of the patient EM's trimming steps (:meth:`PopulationReach.patient_populations`):
         ``unknown_margin``, or its default when no cell is called unknown."""
         return UNKNOWN_MARGIN if self.unknown_margin is None else float(self.unknown_margin)
+
     def _adjusted_proba(self, cells, embedding, chunk_size, adjust: PatientAdjustment, part=None) -> np.ndarray:
         """The final probabilities of standardised (registered) cells of one patient: the blend
         (:meth:`_proba`), then ``adjust`` (its prior ratio and self-training step), then the
         patient's adapted populations mixed in (``adaptive_weight_``). ``part`` ("transfer" or
-        "adapted", :meth:`gating_parts`) gives that part alone."""
+        "adapted", :meth:`gating_parts`) gives that part alone. The adapted populations alone
+        (``part="adapted"``, or a weight of 1) break their ties with the transfer model
+        (:func:`~gating_core.method.population_components.break_ties`), not by population name."""
         weight = float(getattr(self, "adaptive_weight_", 0.0))
         if part == "adapted" or (part is None and weight >= 1.0 and adjust.gaussians is not None):
-            # The transfer model's share is 0: scoring it would only be multiplied away.
-            return adjust.adapted(cells)
-        if adjust.coef is None:
-            proba = adjust(self._proba(cells, embedding, chunk_size))
-        else:
-            proba = adjust(*self._proba(cells, embedding, chunk_size, project=adjust.coef))
+            # The transfer model's share is 0: it is scored only where it breaks a tie.
+            adapted = adjust.adapted(cells)
+            rows = tied_rows(adapted)
+            if len(rows):
+                break_ties(adapted, rows, self._transfer_proba(cells[rows], embedding, chunk_size, adjust))
+            return adapted
+        proba = self._transfer_proba(cells, embedding, chunk_size, adjust)
         if part == "transfer":
             return proba
         if getattr(self, "pooled_trees_", None) is None:
             return adjust.mix(proba, cells, weight)
         return self._mixed_with_trees(proba, cells, adjust, weight)
+
+    def _transfer_proba(self, cells, embedding, chunk_size, adjust: PatientAdjustment) -> np.ndarray:
+        """The transfer model's probabilities of cells (n, d) after ``adjust``'s prior ratio and
+        self-training step: (n, k)."""
+        if adjust.coef is None:
+            return adjust(self._proba(cells, embedding, chunk_size))
+        return adjust(*self._proba(cells, embedding, chunk_size, project=adjust.coef))
 
     def _mixed_with_trees(self, transfer, cells, adjust: PatientAdjustment, weight: float) -> np.ndarray:
         """The mix with the pooled trees taking ``TREES_SHARE`` of the transfer model's part, from
@@ -235,12 +247,11 @@ class PatientAdaptation(WeightCheck):
 
     def _halves(self, chosen, embedding, adjust: PatientAdjustment) -> tuple:
         """The transfer model's probabilities of cells ``chosen`` (m, d), after ``adjust``'s prior
-        ratio and self-training step, and the adapted populations': two (m, k)."""
-        if adjust.coef is None:
-            transfer = adjust(self._proba(chosen, embedding, 50_000))
-        else:
-            transfer = adjust(*self._proba(chosen, embedding, 50_000, project=adjust.coef))
-        return transfer, adjust.adapted(chosen)
+        ratio and self-training step, and the adapted populations' (their ties broken by the
+        transfer model's, as ``part="adapted"`` gates): two (m, k)."""
+        transfer, adapted = self._transfer_proba(chosen, embedding, 50_000, adjust), adjust.adapted(chosen)
+        rows = tied_rows(adapted)
+        return transfer, break_ties(adapted, rows, transfer[rows])
 
     def _parts_disagreement(self, chosen, embedding, adjust: PatientAdjustment):
         """The share of the content-chosen cells ``chosen`` (m, d) on which the transfer model

@@ -9,7 +9,8 @@ import numpy as np
 
 from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.boosted_trees import PooledTrees
-from gating_core.method.population_components import adapted_fits, component_start, population_starts
+from gating_core.method.population_components import (adapted_fits, break_ties, component_start, population_starts,
+                                                       tied_rows)
 from gating_core.method.priors import training_prior
 from gating_core.method.saturation import without_piles
 from gating_core.method.self_training import PatientAdjustment
@@ -216,12 +217,16 @@ class WeightCheck:
                 def accuracy_of(proba):
                     return float(np.mean(np.asarray(self.populations_)[columns[np.argmax(proba, axis=1)]] == truth))
 
+                # Alone, the adapted populations break their ties as gating does.
+                alone = adapted.copy()
+                rows = tied_rows(alone)
+                break_ties(alone, rows, transfer[rows])
                 for w in ADAPTIVE_WEIGHTS:
-                    accuracy[w].append(accuracy_of((1.0 - w) * transfer + w * adapted))
+                    accuracy[w].append(accuracy_of(alone if w >= 1.0 else (1.0 - w) * transfer + w * adapted))
                 if fold_trees is not None:
                     beside = (1.0 - TREES_SHARE) * transfer + TREES_SHARE * fold_trees.proba(cells[i])
                     for w in ADAPTIVE_WEIGHTS:
-                        with_trees[w].append(accuracy_of((1.0 - w) * beside + w * adapted))
+                        with_trees[w].append(accuracy_of(alone if w >= 1.0 else (1.0 - w) * beside + w * adapted))
                 fold_of.append(j)
                 if self.transfer_start:
                     start = fold._adjusted_proba(embedding_cells[i], embedding, 50_000, adjust)
