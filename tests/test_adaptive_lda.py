@@ -357,6 +357,39 @@ def test_alone_the_adapted_populations_give_a_tie_to_the_transfer_models_choice(
     np.testing.assert_array_equal(model._adjusted_proba(cells, embedding, 50_000, adjust), untied)
 
 
+def test_the_weight_check_scores_the_adapted_populations_alone_with_their_ties_broken(small_cohort, monkeypatch):
+    """The check's score of a weight of 1 is that of gating at it: every held-out cell tied between
+    the first population and the largest one goes where the fold's transfer model sends it."""
+    from gating_core.method.self_training import PatientAdjustment
+
+    samples, labels, centers = small_cohort
+    names = sorted(np.unique(np.concatenate(labels[:4])).tolist())
+    counts = pd.Series(np.concatenate(labels[:4])).value_counts()
+    largest = names.index(counts.index[0])
+    assert largest != 0
+
+    def tied(self, cells):
+        proba = np.zeros((len(cells), len(names)), dtype=np.float32)
+        proba[:, [0, largest]] = 0.5
+        return proba
+
+    monkeypatch.setattr(PatientAdjustment, "adapted", tied)
+    model = ResearchGatingModel(select=False, n_augment=1, cells_per_patient=1500, adaptive_weight="auto").fit(
+        samples[:4], labels[:4], groups=centers[:4])
+    scored = model.selection_["adaptive_weight"]["cv_patients"]["1.0"]
+    assert len(scored) == 4
+    first_share = [np.mean(np.asarray(y) == names[0]) for y in labels[:4]]
+    largest_share = [np.mean(np.asarray(y) == names[largest]) for y in labels[:4]]
+    # By name every held-out cell would be called the first population (its share the patient's
+    # accuracy); broken by the transfer model, the largest population's cells are mostly called
+    # right, and no other population's. (The check lists its patients fold by fold: compared in
+    # order of accuracy; the check scores the 1,500 cells drawn of each, so the shares within 0.03.)
+    floor = sorted(f + 0.8 * l - 0.03 for f, l in zip(first_share, largest_share))
+    ceiling = sorted(f + l + 0.03 for f, l in zip(first_share, largest_share))
+    assert all(a >= f for a, f in zip(sorted(scored), floor)), (scored, floor)
+    assert all(a <= c for a, c in zip(sorted(scored), ceiling)), (scored, ceiling)
+
+
 def _adjustment(model, sample):
     """What the model does for this patient beyond the transfer model (its PatientAdjustment)."""
     _, embedding, chosen = model._patient_frame(model._compensated(sample).events, model._channel_indices(sample))
