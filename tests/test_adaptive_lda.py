@@ -11,7 +11,7 @@ from gating_core import read_fcs
 from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.features import content_hashes
 from gating_core.method.population_components import (LOST_SHARE, TIE_SHARE, TIE_TOLERANCE, adapted_fits,
-                                                      break_ties, lost_populations, tied_rows)
+                                                      break_ties, lost_populations, tied_rows, ties_broken)
 from gating_core.method.unknown_cells import PopulationReach
 from gating_core.model import (ADAPTIVE_WEIGHT_TOLERANCE, ADAPTIVE_WEIGHTS, EVEN_ADAPTIVE_WEIGHT,
                                EVEN_WEIGHT_MARGIN, GatingModel)
@@ -302,59 +302,70 @@ def test_ties_of_the_adapted_populations_are_found_and_broken_by_another_model()
                       [0.0, half + np.float32(3e-7), half - np.float32(3e-7)],  # float32 rounding apart
                       [0.1, 0.6, 0.3],
                       [0.4999, 0.5001, 0.0],                   # apart by 2e-4: no tie
-                      [1 / 3, 1 / 3, 1 / 3]], dtype=np.float32)
+                      [1 / 3, 1 / 3, 1 / 3],
+                      [0.0, half, half]], dtype=np.float32)
     rows = tied_rows(proba)
-    np.testing.assert_array_equal(rows, [0, 1, 4])
+    np.testing.assert_array_equal(rows, [0, 1, 4, 5])
     assert tied_rows(proba[:, :1]).size == 0 and tied_rows(proba[:0]).size == 0
     breaker = np.array([[0.0, 0.3, 0.7],     # prefers column 1 of the tied 0 and 1; 2 is no candidate
                         [0.0, 4e-7, 5e-7],   # prefers the column 2, tied with 1, however slightly
-                        [0.2, 0.2, 0.6]], dtype=np.float32)
+                        [0.2, 0.2, 0.6],
+                        [0.9, 0.05, 0.05]],  # ties too between the tied 1 and 2: the first listed
+                       dtype=np.float32)
     before = proba.copy()
     broken = break_ties(proba, rows, breaker)
     assert broken is proba and broken.dtype == np.float32
-    np.testing.assert_array_equal(broken.argmax(axis=1), [1, 2, 1, 1, 2])
+    np.testing.assert_array_equal(broken.argmax(axis=1), [1, 2, 1, 1, 2, 1])
     np.testing.assert_array_equal(broken[[2, 3]], before[[2, 3]])  # untied rows keep their bits
     assert np.abs(broken - before).max() <= TIE_SHARE
     np.testing.assert_allclose(broken.sum(axis=1), 1.0, atol=1e-6)
     np.testing.assert_allclose(broken[0], [0.4995, 0.5005, 0.0], atol=1e-7)
     assert TIE_TOLERANCE < TIE_SHARE
+    # The breaker is asked about the tied rows only, and not at all where none ties.
+    asked = []
+
+    def breaker_of(tied):
+        asked.append(tied.copy())
+        return breaker[: len(tied)]
+
+    np.testing.assert_array_equal(ties_broken(before.copy(), breaker_of), broken)
+    np.testing.assert_array_equal(asked[0], [0, 1, 4, 5])
+    untied = before[[2, 3]].copy()
+    assert ties_broken(untied, breaker_of) is untied and len(asked) == 1
+    np.testing.assert_array_equal(untied, before[[2, 3]])
 
 
 def test_alone_the_adapted_populations_give_a_tie_to_the_transfer_models_choice(small_cohort):
     """Where the shared-covariance and own-shape fits are each sure of another population, their
     mean ties; the call then follows the transfer model, at a weight of 1 and in the adapted part,
-    not the first population name."""
+    not the first population name, and the other cells keep the adapted populations' bits."""
     samples, labels, _ = small_cohort
     model = ResearchGatingModel(select=False, n_augment=1, cells_per_patient=1500, adaptive_weight=1.0).fit(
         samples[:4], labels[:4])
     new = samples[5]
-    cells = model.standardised_cells(new)[:400]
+    cells = model.standardised_cells(new)[:600]
     embedding = model.patient_embedding(new)
     adjust = _adjustment(model, new)
     transfer = model._transfer_proba(cells, embedding, 50_000, adjust)
-    k = transfer.shape[1]
-    # Every cell tied between the transfer model's second and third choices, the rest zero.
+    assert transfer.shape[1] >= 3
+    # Every other cell tied between the transfer model's second and third choices (where those
+    # lie apart by far more than rounding), the others clear of any tie.
     order = np.argsort(-transfer, axis=1, kind="stable")
-    tied = np.zeros_like(transfer)
     rows = np.arange(len(cells))
-    tied[rows, order[:, 1]] = 0.5
-    tied[rows, order[:, 2]] = 0.5
-    adjust.adapted = lambda c: tied[:len(c)].copy()
-    second, third = transfer[rows, order[:, 1]], transfer[rows, order[:, 2]]
-    expected = np.where(second > third, order[:, 1],
-                        np.where(third > second, order[:, 2], np.minimum(order[:, 1], order[:, 2])))
-    by_name = np.minimum(order[:, 1], order[:, 2])
-    assert k >= 3 and np.mean(expected != by_name) > 0.2  # a break by name would differ
+    second, third = order[:, 1], order[:, 2]
+    apart = transfer[rows, second] - transfer[rows, third] > 1e-4
+    tied = (rows % 2 == 0) & apart
+    proba = np.zeros_like(transfer)
+    proba[rows, second] = np.where(tied, 0.5, 0.6)
+    proba[rows, third] = np.where(tied, 0.5, 0.4)
+    adjust.adapted = lambda c: proba[:len(c)].copy()
+    by_name = np.minimum(second, third)
+    assert tied.sum() > 100 and np.mean(second[tied] != by_name[tied]) > 0.2  # a break by name would differ
     for part in ("adapted", None):
-        proba = model._adjusted_proba(cells, embedding, 50_000, adjust, part=part)
-        np.testing.assert_array_equal(proba.argmax(axis=1), expected)
-        np.testing.assert_allclose(proba, tied, atol=float(TIE_SHARE))
-    # Cells the fits do not tie keep the adapted populations' probabilities to the bit.
-    untied = tied.copy()
-    untied[rows, order[:, 1]] = 0.6
-    untied[rows, order[:, 2]] = 0.4
-    adjust.adapted = lambda c: untied[:len(c)].copy()
-    np.testing.assert_array_equal(model._adjusted_proba(cells, embedding, 50_000, adjust), untied)
+        gated = model._adjusted_proba(cells, embedding, 50_000, adjust, part=part)
+        np.testing.assert_array_equal(gated.argmax(axis=1)[tied], second[tied])
+        np.testing.assert_array_equal(gated[~tied], proba[~tied])
+        np.testing.assert_allclose(gated, proba, atol=float(TIE_SHARE))
 
 
 def test_the_weight_check_scores_the_adapted_populations_alone_with_their_ties_broken(small_cohort, monkeypatch):
@@ -382,12 +393,10 @@ def test_the_weight_check_scores_the_adapted_populations_alone_with_their_ties_b
     largest_share = [np.mean(np.asarray(y) == names[largest]) for y in labels[:4]]
     # By name every held-out cell would be called the first population (its share the patient's
     # accuracy); broken by the transfer model, the largest population's cells are mostly called
-    # right, and no other population's. (The check lists its patients fold by fold: compared in
+    # right. (The check lists its patients fold by fold: compared in
     # order of accuracy; the check scores the 1,500 cells drawn of each, so the shares within 0.03.)
     floor = sorted(f + 0.8 * l - 0.03 for f, l in zip(first_share, largest_share))
-    ceiling = sorted(f + l + 0.03 for f, l in zip(first_share, largest_share))
     assert all(a >= f for a, f in zip(sorted(scored), floor)), (scored, floor)
-    assert all(a <= c for a, c in zip(sorted(scored), ceiling)), (scored, ceiling)
 
 
 def _adjustment(model, sample):

@@ -189,6 +189,8 @@ def _adapted_accuracy(cells, codes, parts, names, population_of) -> float:
     for x, c in zip(cells, codes):
         gaussians, patient = adapted_fits(lda, reach, x)
         proba = adapted_proba(x, gaussians, (reach, patient), starts)
+        # No transfer model is fitted yet to break the fits' ties: they go to the first
+        # population, alike for every split compared.
         accuracy.append(np.mean(np.argmax(proba, axis=1) == c))
     return float(np.mean(accuracy))
 
@@ -316,7 +318,7 @@ def break_ties(proba: np.ndarray, rows: np.ndarray, breaker: np.ndarray) -> np.n
     """``proba`` (n, k) with the ties of its rows ``rows`` broken by ``breaker`` (len(rows), k),
     in place: of the populations tied for a row's top, the one the breaker finds likeliest takes
     ``TIE_SHARE`` of the row's probability (the transfer model's choice, for the adapted populations
-    alone); every other row keeps its bits."""
+    alone; where the breaker ties too, the one listed first); every other row keeps its bits."""
     if len(rows):
         tied = proba[rows]
         candidates = tied >= tied.max(axis=1, keepdims=True) - TIE_TOLERANCE
@@ -325,3 +327,11 @@ def break_ties(proba: np.ndarray, rows: np.ndarray, breaker: np.ndarray) -> np.n
         tied[np.arange(len(rows)), winner] += TIE_SHARE
         proba[rows] = tied
     return proba
+
+
+def ties_broken(proba: np.ndarray, breaker_of) -> np.ndarray:
+    """``proba`` (n, k) with its tied rows (:func:`tied_rows`) broken (:func:`break_ties`), in
+    place, by ``breaker_of(rows)``: the tie-breaker's probabilities of those rows (len(rows), k),
+    asked for only where a row ties (scoring a model on every cell would cost what it saves)."""
+    rows = tied_rows(proba)
+    return break_ties(proba, rows, breaker_of(rows)) if len(rows) else proba

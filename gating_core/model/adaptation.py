@@ -12,8 +12,8 @@ import numpy as np
 from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.boosted_trees import PooledTrees
 from gating_core.method.features import content_hashes
-from gating_core.method.population_components import (adapted_fits, break_ties, component_start, population_starts,
-                                                       split_populations, tied_rows)
+from gating_core.method.population_components import (adapted_fits, component_start, population_starts,
+                                                       split_populations, ties_broken)
 from gating_core.method.saturation import without_piles
 from gating_core.method.priors import reestimate_prior
 from gating_core.method.self_training import PatientAdjustment, self_training_coef
@@ -122,15 +122,12 @@ class PatientAdaptation(WeightCheck):
         patient's adapted populations mixed in (``adaptive_weight_``). ``part`` ("transfer" or
         "adapted", :meth:`gating_parts`) gives that part alone. The adapted populations alone
         (``part="adapted"``, or a weight of 1) break their ties with the transfer model
-        (:func:`~gating_core.method.population_components.break_ties`), not by population name."""
+        (:func:`~gating_core.method.population_components.ties_broken`), not by population name."""
         weight = float(getattr(self, "adaptive_weight_", 0.0))
         if part == "adapted" or (part is None and weight >= 1.0 and adjust.gaussians is not None):
             # The transfer model's share is 0: it is scored only where it breaks a tie.
-            adapted = adjust.adapted(cells)
-            rows = tied_rows(adapted)
-            if len(rows):
-                break_ties(adapted, rows, self._transfer_proba(cells[rows], embedding, chunk_size, adjust))
-            return adapted
+            return ties_broken(adjust.adapted(cells),
+                               lambda rows: self._transfer_proba(cells[rows], embedding, chunk_size, adjust))
         proba = self._transfer_proba(cells, embedding, chunk_size, adjust)
         if part == "transfer":
             return proba
@@ -249,9 +246,8 @@ class PatientAdaptation(WeightCheck):
         """The transfer model's probabilities of cells ``chosen`` (m, d), after ``adjust``'s prior
         ratio and self-training step, and the adapted populations' (their ties broken by the
         transfer model's, as ``part="adapted"`` gates): two (m, k)."""
-        transfer, adapted = self._transfer_proba(chosen, embedding, 50_000, adjust), adjust.adapted(chosen)
-        rows = tied_rows(adapted)
-        return transfer, break_ties(adapted, rows, transfer[rows])
+        transfer = self._transfer_proba(chosen, embedding, 50_000, adjust)
+        return transfer, ties_broken(adjust.adapted(chosen), lambda rows: transfer[rows])
 
     def _parts_disagreement(self, chosen, embedding, adjust: PatientAdjustment):
         """The share of the content-chosen cells ``chosen`` (m, d) on which the transfer model

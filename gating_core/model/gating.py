@@ -62,6 +62,8 @@ class PatientGating:
         # in another product when chunk_size changes, which BLAS may round differently:
         # independent of chunk_size to float32 rounding only. So is the unknown-cell call (one
         # product per chunk): a cell within float32 rounding of the margin may fall either way.
+        # The adapted populations alone ask the transfer model only about their tied cells, in a
+        # product of those: a tie the transfer model too holds within rounding may go either way.
         chunk_size = max(1, -(-int(chunk_size) // SCORE_BLOCK)) * SCORE_BLOCK
         codes = np.empty(n, dtype=np.int16)
         confidence = np.empty(n, dtype=np.float32)

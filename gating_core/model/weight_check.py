@@ -9,8 +9,7 @@ import numpy as np
 
 from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.boosted_trees import PooledTrees
-from gating_core.method.population_components import (adapted_fits, break_ties, component_start, population_starts,
-                                                       tied_rows)
+from gating_core.method.population_components import adapted_fits, component_start, population_starts, ties_broken
 from gating_core.method.priors import training_prior
 from gating_core.method.saturation import without_piles
 from gating_core.method.self_training import PatientAdjustment
@@ -218,9 +217,7 @@ class WeightCheck:
                     return float(np.mean(np.asarray(self.populations_)[columns[np.argmax(proba, axis=1)]] == truth))
 
                 # Alone, the adapted populations break their ties as gating does.
-                alone = adapted.copy()
-                rows = tied_rows(alone)
-                break_ties(alone, rows, transfer[rows])
+                alone = ties_broken(adapted.copy(), lambda rows: transfer[rows])
                 for w in ADAPTIVE_WEIGHTS:
                     accuracy[w].append(accuracy_of(alone if w >= 1.0 else (1.0 - w) * transfer + w * adapted))
                 if fold_trees is not None:
