@@ -111,7 +111,7 @@ from gating_core.evaluation import patient_scores  # noqa: E402
 from gating_core.evaluation.baselines import PooledBaseline  # noqa: E402
 from gating_core.evaluation.protocols import METHOD_SETTINGS  # noqa: E402
 from gating_core.method.adaptive_lda import AdaptiveLDA  # noqa: E402
-from gating_core.method.population_components import population_proba  # noqa: E402
+from gating_core.method.population_components import population_proba, ties_broken  # noqa: E402
 from gating_core.method.swollen_populations import called_shares, swollen_populations  # noqa: E402
 from gating_core.model.result import DISAGREEMENT_THRESHOLD  # noqa: E402
 from gating_core.model.estimator import GatingModel  # noqa: E402
@@ -356,11 +356,18 @@ def _vote(patient):
     return np.eye(default.shape[1], dtype=np.float32)[called]
 
 
+def _adapted_alone(patient) -> np.ndarray:
+    """The adapted populations' probabilities alone, their ties broken by the transfer model's as
+    gating breaks them (:func:`~gating_core.method.population_components.ties_broken`)."""
+    adapted = ((patient["shared"] + patient["own"]) * np.float32(0.5)).astype(np.float32)
+    return ties_broken(adapted, lambda rows: patient["transfer"][rows])
+
+
 def _disagreement(patient) -> float:
     """The share of cells on which the transfer model and the adapted populations differ."""
     if "shared" not in patient:
         return 0.0
-    adapted = np.argmax(patient["shared"] + patient["own"], axis=1)
+    adapted = np.argmax(_adapted_alone(patient), axis=1)
     return float(np.mean(np.argmax(patient["transfer"], axis=1) != adapted))
 
 
@@ -544,7 +551,7 @@ def review_table(folders) -> pd.DataFrame:
 
 #: ``parts``: the gatings a reviewer compares, each patient's probabilities of one.
 REVIEW_ALTERNATIVES = {"default": lambda p: p["default"], "transfer": lambda p: p["transfer"],
-                       "adapted": lambda p: p["shared"] + p["own"]}
+                       "adapted": _adapted_alone}
 
 
 def parts_table(folders) -> pd.DataFrame:

@@ -179,25 +179,27 @@ def test_the_blend_bench_gives_trees_to_a_familiar_patient_the_parts_agree_on(tm
 
 
 def test_the_blend_bench_reviews_the_parts_disagreement(tmp_path, blend_bench, capsys):
-    # Four cells: the transfer model calls a, a, b, b; the adapted fits (their mean) b, a, b, a.
-    transfer = np.array([[0.9, 0.1], [0.8, 0.2], [0.1, 0.9], [0.3, 0.7]], np.float32)
-    shared = np.array([[0.2, 0.8], [0.9, 0.1], [0.1, 0.9], [0.9, 0.1]], np.float32)
-    own = np.array([[0.3, 0.7], [0.7, 0.3], [0.3, 0.7], [0.7, 0.3]], np.float32)
+    # Five cells: the transfer model calls a, a, b, b, b; the adapted fits (their mean) b, a, b,
+    # a, and a tie on the fifth (each fit sure of another population), which goes to the
+    # transfer model's b as gating breaks it, not to the first name.
+    transfer = np.array([[0.9, 0.1], [0.8, 0.2], [0.1, 0.9], [0.3, 0.7], [0.2, 0.8]], np.float32)
+    shared = np.array([[0.2, 0.8], [0.9, 0.1], [0.1, 0.9], [0.9, 0.1], [1.0, 0.0]], np.float32)
+    own = np.array([[0.3, 0.7], [0.7, 0.3], [0.3, 0.7], [0.7, 0.3], [0.0, 1.0]], np.float32)
     default = transfer / 3 + (shared + own) / 3
     arrays = {"populations": np.array(["a", "b"]), "weight": np.float64(2.0 / 3.0),
               "0:transfer": transfer, "0:shared": shared, "0:own": own, "0:default": default,
-              "0:truth": np.array(["b", "a", "b", "b"]), "0:name": np.array("p1"), "0:novelty": np.float64(2.5),
-              "0:novelty_threshold": np.float64(1.5)}
+              "0:truth": np.array(["b", "a", "b", "b", "b"]), "0:name": np.array("p1"),
+              "0:novelty": np.float64(2.5), "0:novelty_threshold": np.float64(1.5)}
     np.savez(tmp_path / "demo__00.npz", **arrays)
     table = blend_bench.review_table([tmp_path])
     assert table[["set", "patient", "method"]].values.tolist() == [["demo", "p1", "marginal"]]
-    assert table.loc[0, "disagreement"] == pytest.approx(0.5)  # cells 1 and 4
-    # the default (a third each) calls b (0.47 against 0.53), a, b, a (0.63): cells 1-3 right
-    assert table.loc[0, "accuracy"] == pytest.approx(0.75)
+    assert table.loc[0, "disagreement"] == pytest.approx(0.4)  # cells 1 and 4
+    # the default (a third each) calls b (0.47 against 0.53), a, b, a (0.63), b: all but cell 4 right
+    assert table.loc[0, "accuracy"] == pytest.approx(0.8)
     assert (table.loc[0, "novelty"], table.loc[0, "novelty_threshold"]) == (2.5, 1.5)
     assert blend_bench.main(["review", str(tmp_path)]) == 0
     printed = capsys.readouterr().out
-    assert "flagged (disagreement > 0.2): 1 patients, mean accuracy 0.750" in printed
+    assert "flagged (disagreement > 0.2): 1 patients, mean accuracy 0.800" in printed
     assert "beside it, the novelty warning: 1 patients" in printed
 
 
