@@ -111,7 +111,7 @@ from gating_core.evaluation import patient_scores  # noqa: E402
 from gating_core.evaluation.baselines import PooledBaseline  # noqa: E402
 from gating_core.evaluation.protocols import METHOD_SETTINGS  # noqa: E402
 from gating_core.method.adaptive_lda import AdaptiveLDA  # noqa: E402
-from gating_core.method.population_components import population_proba, ties_broken  # noqa: E402
+from gating_core.method.population_components import parts_disagreement, population_proba, ties_broken  # noqa: E402
 from gating_core.method.swollen_populations import called_shares, swollen_populations  # noqa: E402
 from gating_core.model.result import DISAGREEMENT_THRESHOLD  # noqa: E402
 from gating_core.model.estimator import GatingModel  # noqa: E402
@@ -364,11 +364,12 @@ def _adapted_alone(patient) -> np.ndarray:
 
 
 def _disagreement(patient) -> float:
-    """The share of cells on which the transfer model and the adapted populations differ."""
+    """The share of cells on which the transfer model and the adapted populations do not name the
+    same population, as gating counts it (:func:`~gating_core.method.population_components.parts_disagreement`)."""
     if "shared" not in patient:
         return 0.0
-    adapted = np.argmax(_adapted_alone(patient), axis=1)
-    return float(np.mean(np.argmax(patient["transfer"], axis=1) != adapted))
+    adapted = ((patient["shared"] + patient["own"]) * np.float32(0.5)).astype(np.float32)
+    return parts_disagreement(patient["transfer"], adapted)
 
 
 def _familiar_trees(patient):

@@ -11,7 +11,8 @@ from gating_core import read_fcs
 from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.features import content_hashes
 from gating_core.method.population_components import (LOST_SHARE, TIE_SHARE, TIE_TOLERANCE, adapted_fits,
-                                                      break_ties, lost_populations, tied_rows, ties_broken)
+                                                      break_ties, lost_populations, parts_disagreement, tied_rows,
+                                                      ties_broken)
 from gating_core.method.unknown_cells import PopulationReach
 from gating_core.model import (ADAPTIVE_WEIGHT_TOLERANCE, ADAPTIVE_WEIGHTS, EVEN_ADAPTIVE_WEIGHT,
                                EVEN_WEIGHT_MARGIN, GatingModel)
@@ -333,6 +334,44 @@ def test_ties_of_the_adapted_populations_are_found_and_broken_by_another_model()
     untied = before[[2, 3]].copy()
     assert ties_broken(untied, breaker_of) is untied and len(asked) == 1
     np.testing.assert_array_equal(untied, before[[2, 3]])
+
+
+def test_the_parts_disagree_where_the_adapted_populations_tie_whatever_the_names():
+    transfer = np.array([[0.8, 0.1, 0.1],   # a; adapted a: agree
+                         [0.1, 0.8, 0.1],   # b; adapted a: differ
+                         [0.1, 0.8, 0.1],   # b; adapted tie a / b: differ (they name none)
+                         [0.8, 0.1, 0.1],   # a; adapted tie a / b: differ
+                         [0.1, 0.1, 0.8]],  # c; adapted c, by 2e-4 over b: no tie, agree
+                        dtype=np.float32)
+    adapted = np.array([[0.9, 0.1, 0.0], [0.6, 0.4, 0.0], [0.5, 0.5, 0.0], [0.5, 0.5, 0.0],
+                        [0.0, 0.4999, 0.5001]], dtype=np.float32)
+    assert parts_disagreement(transfer, adapted) == pytest.approx(0.6)
+    # The populations in another order (other names): the same share, where a tie's first
+    # population would have moved it.
+    order = [2, 1, 0]
+    assert parts_disagreement(transfer[:, order], adapted[:, order]) == pytest.approx(0.6)
+    assert parts_disagreement(transfer[:0], adapted[:0]) == 0.0
+
+
+def test_the_review_flag_counts_the_adapted_populations_ties(small_cohort):
+    samples, labels, _ = small_cohort
+    model = ResearchGatingModel(select=False, n_augment=1, cells_per_patient=1500,
+                                adaptive_weight=EVEN_ADAPTIVE_WEIGHT).fit(samples[:4], labels[:4])
+    new = samples[5]
+    _, embedding, chosen = model._patient_frame(model._compensated(new).events, model._channel_indices(new))
+    adjust = model._patient_adjustment(chosen, embedding)
+    transfer = model._transfer_proba(chosen, embedding, 50_000, adjust)
+    calls = transfer.argmax(axis=1)
+    # Every third cell tied between the transfer model's choice and another population; the
+    # others called as the transfer model calls them.
+    other = (calls + 1) % transfer.shape[1]
+    tied = np.arange(len(chosen)) % 3 == 0
+    proba = np.zeros_like(transfer)
+    proba[np.arange(len(chosen)), calls] = np.where(tied, 0.5, 1.0)
+    proba[np.arange(len(chosen))[tied], other[tied]] = 0.5
+    adjust.adapted = lambda c: proba[:len(c)].copy()
+    adjust.disagreement = None
+    assert model._parts_disagreement(chosen, embedding, adjust) == pytest.approx(np.mean(tied))
 
 
 def test_alone_the_adapted_populations_give_a_tie_to_the_transfer_models_choice(small_cohort):

@@ -180,8 +180,8 @@ def test_the_blend_bench_gives_trees_to_a_familiar_patient_the_parts_agree_on(tm
 
 def test_the_blend_bench_reviews_the_parts_disagreement(tmp_path, blend_bench, capsys):
     # Five cells: the transfer model calls a, a, b, b, b; the adapted fits (their mean) b, a, b,
-    # a, and a tie on the fifth (each fit sure of another population), which goes to the
-    # transfer model's b as gating breaks it, not to the first name.
+    # a, and a tie on the fifth (each fit sure of another population), which names no population
+    # of their own: a disagreement, as gating counts it, whatever the tie's first name.
     transfer = np.array([[0.9, 0.1], [0.8, 0.2], [0.1, 0.9], [0.3, 0.7], [0.2, 0.8]], np.float32)
     shared = np.array([[0.2, 0.8], [0.9, 0.1], [0.1, 0.9], [0.9, 0.1], [1.0, 0.0]], np.float32)
     own = np.array([[0.3, 0.7], [0.7, 0.3], [0.3, 0.7], [0.7, 0.3], [0.0, 1.0]], np.float32)
@@ -193,7 +193,7 @@ def test_the_blend_bench_reviews_the_parts_disagreement(tmp_path, blend_bench, c
     np.savez(tmp_path / "demo__00.npz", **arrays)
     table = blend_bench.review_table([tmp_path])
     assert table[["set", "patient", "method"]].values.tolist() == [["demo", "p1", "marginal"]]
-    assert table.loc[0, "disagreement"] == pytest.approx(0.4)  # cells 1 and 4
+    assert table.loc[0, "disagreement"] == pytest.approx(0.6)  # cells 1, 4 and 5
     # the default (a third each) calls b (0.47 against 0.53), a, b, a (0.63), b: all but cell 4 right
     assert table.loc[0, "accuracy"] == pytest.approx(0.8)
     assert (table.loc[0, "novelty"], table.loc[0, "novelty_threshold"]) == (2.5, 1.5)

@@ -335,3 +335,17 @@ def ties_broken(proba: np.ndarray, breaker_of) -> np.ndarray:
     asked for only where a row ties (scoring a model on every cell would cost what it saves)."""
     rows = tied_rows(proba)
     return break_ties(proba, rows, breaker_of(rows)) if len(rows) else proba
+
+
+def parts_disagreement(transfer: np.ndarray, adapted: np.ndarray) -> float:
+    """The share of a patient's cells (rows of the transfer model's probabilities ``transfer`` and
+    the adapted populations' ``adapted``, both (m, k)) on which the two do not name the same
+    population. A cell the adapted populations tie on (:func:`tied_rows`: their two fits each sure
+    of another population) counts among them whatever the transfer model calls it: there the
+    adapted populations name none of their own, and counting the tie's first population instead
+    would make the share depend on the populations' names. 0.0 for no cell."""
+    if len(transfer) == 0:
+        return 0.0
+    differ = np.argmax(transfer, axis=1) != np.argmax(adapted, axis=1)
+    differ[tied_rows(adapted)] = True
+    return float(np.mean(differ))
