@@ -74,7 +74,8 @@ with st.expander(f"Gated patients: {flagged} of {len(gated)} to review first" if
                  f"Gated patients: none flagged for review ({len(gated)})", expanded=bool(flagged)):
     st.table(worklist_display(worklist))
     st.caption("Parts disagree on: the share of the patient's cells that the model's two parts call different "
-               "populations (the transfer model, which carries the training patients' boundaries over, and the "
+               "populations, or that the patient's own populations leave undecided between two (the transfer "
+               "model, which carries the training patients' boundaries over, and the "
                "patient's own populations, fitted to its clusters; each can gate the patient alone further down "
                "the page). Above 20% the patient is flagged, as patients gated less accurately were. Novelty: how "
                "far the patient's cells lie from the nearest training patient's; above the threshold it is "

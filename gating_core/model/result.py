@@ -36,10 +36,10 @@ class Novelty:
     training patient is to its nearest peer). ``is_novel`` when ``score > threshold``.
 
     ``disagreement``: the share of the patient's content-chosen cells on which the transfer model
-    and its adapted populations (the two parts the default mixes) name different populations, or
-    None when the model does not mix them. ``parts_disagree`` when it exceeds
-    ``disagreement_threshold``: the patient's gates are then more often wrong, whatever its
-    novelty.
+    and its adapted populations (the two parts the default mixes) name different populations (a
+    cell the adapted populations' two fits tie on counts), or None when the model does not mix
+    them. ``parts_disagree`` when it exceeds ``disagreement_threshold``: the patient's gates are
+    then more often wrong, whatever its novelty.
 
     ``constant_channels``: {$PnN: value} of the model's channels that hold one value on every
     event of the patient (a detector off, a channel not recorded): the gates that use them are
