@@ -356,11 +356,16 @@ def _vote(patient):
     return np.eye(default.shape[1], dtype=np.float32)[called]
 
 
+def _adapted_mean(patient) -> np.ndarray:
+    """The adapted populations' probabilities (n, k) float32: the mean of the two fits', as gating
+    averages them."""
+    return ((patient["shared"] + patient["own"]) * np.float32(0.5)).astype(np.float32)
+
+
 def _adapted_alone(patient) -> np.ndarray:
     """The adapted populations' probabilities alone, their ties broken by the transfer model's as
     gating breaks them (:func:`~gating_core.method.population_components.ties_broken`)."""
-    adapted = ((patient["shared"] + patient["own"]) * np.float32(0.5)).astype(np.float32)
-    return ties_broken(adapted, lambda rows: patient["transfer"][rows])
+    return ties_broken(_adapted_mean(patient), lambda rows: patient["transfer"][rows])
 
 
 def _disagreement(patient) -> float:
@@ -368,8 +373,7 @@ def _disagreement(patient) -> float:
     same population, as gating counts it (:func:`~gating_core.method.population_components.parts_disagreement`)."""
     if "shared" not in patient:
         return 0.0
-    adapted = ((patient["shared"] + patient["own"]) * np.float32(0.5)).astype(np.float32)
-    return parts_disagreement(patient["transfer"], adapted)
+    return parts_disagreement(patient["transfer"], _adapted_mean(patient))
 
 
 def _familiar_trees(patient):
