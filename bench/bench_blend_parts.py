@@ -111,8 +111,9 @@ from gating_core.evaluation import patient_scores  # noqa: E402
 from gating_core.evaluation.baselines import PooledBaseline  # noqa: E402
 from gating_core.evaluation.protocols import METHOD_SETTINGS  # noqa: E402
 from gating_core.method.adaptive_lda import AdaptiveLDA  # noqa: E402
-from gating_core.method.population_components import parts_disagreement, population_proba, ties_broken  # noqa: E402
+from gating_core.method.population_components import population_proba  # noqa: E402
 from gating_core.method.swollen_populations import called_shares, swollen_populations  # noqa: E402
+from gating_core.method.ties import parts_disagreement, ties_broken  # noqa: E402
 from gating_core.model.result import DISAGREEMENT_THRESHOLD  # noqa: E402
 from gating_core.model.estimator import GatingModel  # noqa: E402
 from gating_core.model.research import build_model  # noqa: E402
@@ -364,13 +365,13 @@ def _adapted_mean(patient) -> np.ndarray:
 
 def _adapted_alone(patient) -> np.ndarray:
     """The adapted populations' probabilities alone, their ties broken by the transfer model's as
-    gating breaks them (:func:`~gating_core.method.population_components.ties_broken`)."""
+    gating breaks them (:func:`~gating_core.method.ties.ties_broken`)."""
     return ties_broken(_adapted_mean(patient), lambda rows: patient["transfer"][rows])
 
 
 def _disagreement(patient) -> float:
     """The share of cells on which the transfer model and the adapted populations do not name the
-    same population, as gating counts it (:func:`~gating_core.method.population_components.parts_disagreement`)."""
+    same population, as gating counts it (:func:`~gating_core.method.ties.parts_disagreement`)."""
     if "shared" not in patient:
         return 0.0
     return parts_disagreement(patient["transfer"], _adapted_mean(patient))

@@ -10,9 +10,8 @@ import pytest
 from gating_core import read_fcs
 from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.features import content_hashes
-from gating_core.method.population_components import (LOST_SHARE, TIE_SHARE, TIE_TOLERANCE, adapted_fits,
-                                                      break_ties, lost_populations, parts_disagreement, tied_rows,
-                                                      ties_broken)
+from gating_core.method.population_components import LOST_SHARE, adapted_fits, lost_populations
+from gating_core.method.ties import TIE_SHARE, TIE_TOLERANCE, break_ties, parts_disagreement, tied_rows, ties_broken
 from gating_core.method.unknown_cells import PopulationReach
 from gating_core.model import (ADAPTIVE_WEIGHT_TOLERANCE, ADAPTIVE_WEIGHTS, EVEN_ADAPTIVE_WEIGHT,
                                EVEN_WEIGHT_MARGIN, GatingModel)

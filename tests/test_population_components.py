@@ -105,6 +105,27 @@ def test_a_split_by_run_is_refused_where_some_patients_hold_a_tail_of_the_other_
     assert _within_patients(mixture, mixture.predict(catch_all), rest_of)
 
 
+def test_a_split_is_scored_with_tied_cells_counting_half_whatever_the_names(monkeypatch):
+    from types import SimpleNamespace
+
+    import gating_core.method.population_components as components
+
+    fitted = SimpleNamespace(fit=lambda *args, **kwargs: None)
+    monkeypatch.setattr(components, "AdaptiveLDA", lambda: fitted)
+    monkeypatch.setattr(components, "PopulationReach", lambda: fitted)
+    monkeypatch.setattr(components, "adapted_fits", lambda lda, reach, x: (None, None))
+    # the two fits each sure of another population on every cell but the last
+    tied = np.array([[0.5, 0.5], [0.5, 0.5], [0.5, 0.5], [0.9, 0.1]], np.float32)
+    monkeypatch.setattr(components, "adapted_proba", lambda x, gaussians, shapes, starts: tied)
+    cells, parts = [np.zeros((4, 2))], [np.zeros(4, object)]
+    score = components._adapted_accuracy(cells, [np.array([0, 0, 0, 0])], parts, ["a", "b"], [0, 1])
+    assert score == pytest.approx((3 * 0.5 + 1) / 4)
+    # cells of the second population score as much on the tied cells: by argmax, they would
+    # score none there
+    score = components._adapted_accuracy(cells, [np.array([1, 1, 1, 0])], parts, ["a", "b"], [0, 1])
+    assert score == pytest.approx((3 * 0.5 + 1) / 4)
+
+
 def test_population_probabilities_sum_their_components():
     proba = np.array([[0.1, 0.2, 0.3, 0.4], [0.5, 0.25, 0.0, 0.25]], dtype=np.float32)
     starts = population_starts([0, 0, 1, 2])

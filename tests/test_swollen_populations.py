@@ -11,6 +11,7 @@ from gating_core.fcs import Channel, Sample
 from gating_core.method.self_training import PatientAdjustment
 from gating_core.method.swollen_populations import (PARTING_SHARE, RARE_SHARE, SWELL_FACTOR, called_shares,
                                                      disagreement_beside, largest_shares, swollen_populations)
+from gating_core.method.ties import call_weights
 from gating_core.model import GatingModel
 from gating_core.model.file_checks import ModelFileError
 from gating_core.model.research import ResearchGatingModel
@@ -52,17 +53,55 @@ def test_the_shares_called_and_the_largest_training_share():
     np.testing.assert_allclose(largest_shares(labels, ["a", "b", "c"]), [0.5, 0.8, 0.25])
 
 
+def test_a_tied_cell_counts_evenly_to_the_tied_populations_whatever_their_order():
+    # the adapted populations' two fits each sure of another population: 0.5 / 0.5 (within the
+    # float32 rounding of the mean), and a three-way tie
+    proba = np.array([[0.5, 0.5, 0.0], [0.0, 0.5000001, 0.4999999], [1 / 3, 1 / 3, 1 / 3], [0.1, 0.8, 0.1]],
+                     np.float32)
+    np.testing.assert_allclose(call_weights(proba), [[0.5, 0.5, 0.0], [0.0, 0.5, 0.5], [1 / 3, 1 / 3, 1 / 3],
+                                                     [0.0, 1.0, 0.0]], rtol=0, atol=1e-12)
+    expected = [0.5 / 4 + 1 / 12, 0.5 / 4 + 0.5 / 4 + 1 / 12 + 1 / 4, 0.5 / 4 + 1 / 12]
+    np.testing.assert_allclose(called_shares(proba), expected, rtol=0, atol=1e-12)
+    assert call_weights(np.zeros((0, 3))).shape == (0, 3)
+    # by argmax the first two cells would count to the first tied population, and reordering the
+    # populations would move the shares
+    order = [2, 0, 1]
+    np.testing.assert_allclose(called_shares(proba[:, order]), np.asarray(expected)[order], rtol=0, atol=1e-12)
+
+
+def _one_hot(calls, k=3):
+    return np.eye(k, dtype=np.float32)[np.asarray(calls)]
+
+
 def test_the_disagreement_beside_the_swollen_populations():
-    transfer = np.array([0, 1, 1, 2, 2, 2, 0, 0])
-    adapted = np.array([0, 2, 1, 1, 2, 0, 1, 0])
+    transfer = _one_hot([0, 1, 1, 2, 2, 2, 0, 0])
+    adapted = _one_hot([0, 2, 1, 1, 2, 0, 1, 0])
     # beside population 1: the cells neither half calls 1 are 0, 4, 5 and 7; they differ on 5
     assert disagreement_beside(transfer, adapted, [False, True, False]) == pytest.approx(0.25)
     # beside nothing: every cell, 4 of 8 differ
     assert disagreement_beside(transfer, adapted, [False, False, False]) == pytest.approx(0.5)
     # every cell called one of them by a half, or no cell: nothing to count
     assert disagreement_beside(transfer, adapted, [True, True, False]) == 0.0
-    assert disagreement_beside(np.zeros(0, int), np.zeros(0, int), [False, True]) == 0.0
+    assert disagreement_beside(np.zeros((0, 2)), np.zeros((0, 2)), [False, True]) == 0.0
     assert PARTING_SHARE == 0.2
+
+
+def test_a_tie_of_the_adapted_populations_parts_the_halves_by_its_expected_share():
+    transfer = _one_hot([0, 0, 2, 2])
+    # cell 0: the adapted populations tie 0 / 2 (the transfer model calls 0): beside population 1,
+    # half a cell agreeing and half disagreeing; cell 1: a tie 0 / 1 (1 the swollen one): half of
+    # it counted, agreeing; cells 2 and 3 untied, one agreeing and one not
+    adapted = np.array([[0.5, 0.0, 0.5], [0.5, 0.5, 0.0], [0.0, 0.0, 1.0], [1.0, 0.0, 0.0]], np.float32)
+    swollen = [False, True, False]
+    assert disagreement_beside(transfer, adapted, swollen) == pytest.approx(1.5 / 3.5)
+    # the same whatever order the populations are listed in (by argmax, the first tie would agree
+    # in this order and disagree in the reverse one)
+    order = [2, 1, 0]
+    assert disagreement_beside(transfer[:, order], adapted[:, order],
+                               np.asarray(swollen)[order]) == pytest.approx(1.5 / 3.5)
+    # a cell whose only tie is with the swollen population, as the one cell left: half a cell
+    # counted, and the halves agree on it
+    assert disagreement_beside(transfer[1:2], adapted[1:2], swollen) == 0.0
 
 
 def test_mixing_takes_the_transfer_columns_from_the_transfer_model_alone():
@@ -143,16 +182,16 @@ def test_no_column_is_taken_where_the_halves_part_ways_beside_it(continuum, monk
     adjust = model._patient_parts(wide)[2]
     assert adjust.transfer_columns.tolist() == [False, True, False]
     transfer, adapted = model._halves(*_chosen_and_embedding(model, wide), adjust)
-    calls_t, calls_a = np.argmax(transfer, axis=1), np.argmax(adapted, axis=1)
+    calls_a = np.argmax(adapted, axis=1)
     # the halves agree on the wide patient's cells beside the swollen population
-    assert disagreement_beside(calls_t, calls_a, [False, True, False]) < 0.02
+    assert disagreement_beside(transfer, adapted, [False, True, False]) < 0.02
     # A transfer model that does not fit the patient: it calls a third of the cells the adapted
     # populations call 'big' 'rest' instead (the rare population's shares as before).
     big = np.flatnonzero(calls_a == 0)
     moved = big[: len(calls_a) // 3]
     lost = transfer.copy()
     lost[moved] = np.array([0.0, 0.0, 1.0], np.float32)
-    assert disagreement_beside(np.argmax(lost, axis=1), calls_a, [False, True, False]) > PARTING_SHARE
+    assert disagreement_beside(lost, adapted, [False, True, False]) > PARTING_SHARE
     # the rare population still swelled by the shares alone: only the condition leaves the mix plain
     assert swollen_populations(model.class_prior_, model.largest_shares_, called_shares(adapted),
                                called_shares(lost)).tolist() == [False, True, False]

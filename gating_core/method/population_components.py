@@ -19,6 +19,7 @@ from sklearn.mixture import GaussianMixture
 
 from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.swollen_populations import SWELL_FACTOR
+from gating_core.method.ties import call_weights
 from gating_core.method.unknown_cells import MIN_POPULATION_CELLS, UNKNOWN_MARGIN, PopulationReach
 
 #: Components per population at most (``GatingModel.population_components``'s default).
@@ -189,9 +190,9 @@ def _adapted_accuracy(cells, codes, parts, names, population_of) -> float:
     for x, c in zip(cells, codes):
         gaussians, patient = adapted_fits(lda, reach, x)
         proba = adapted_proba(x, gaussians, (reach, patient), starts)
-        # No transfer model is fitted yet to break the fits' ties: they go to the first
-        # population, alike for every split compared.
-        accuracy.append(np.mean(np.argmax(proba, axis=1) == c))
+        # No transfer model is fitted yet to break the fits' ties: a tied cell counts as the
+        # share of a right call a random choice among the tied would make, whatever the names.
+        accuracy.append(np.mean(call_weights(proba)[np.arange(len(c)), c]))
     return float(np.mean(accuracy))
 
 
@@ -294,58 +295,3 @@ def adapted_proba(cells, gaussians, shapes=None, starts=None) -> np.ndarray:
         proba += reach.proba(cells, patient)
         proba *= np.float32(0.5)
     return proba if starts is None else population_proba(proba, starts)
-
-
-#: Two populations whose adapted probabilities differ by at most this are tied: the two fits,
-#: each sure of another population, average to 0.5 / 0.5, and float32 rounding of a mean of
-#: saturated posteriors leaves a few units of 6e-8 between them.
-TIE_TOLERANCE = np.float32(1e-6)
-#: The share of a tied row's probability that goes to the tied population a tie-breaker prefers:
-#: far above float32 rounding, too little to move any probability by more than that.
-TIE_SHARE = np.float32(1e-3)
-
-
-def tied_rows(proba: np.ndarray) -> np.ndarray:
-    """Indices of the rows of ``proba`` (n, k) whose two likeliest populations are tied (within
-    ``TIE_TOLERANCE``), whose call ``argmax`` would give to the population listed first."""
-    if proba.shape[1] < 2 or len(proba) == 0:
-        return np.empty(0, dtype=np.intp)
-    top = np.partition(proba, -2, axis=1)[:, -2:]
-    return np.flatnonzero(top[:, 1] - top[:, 0] <= TIE_TOLERANCE)
-
-
-def break_ties(proba: np.ndarray, rows: np.ndarray, breaker: np.ndarray) -> np.ndarray:
-    """``proba`` (n, k) with the ties of its rows ``rows`` broken by ``breaker`` (len(rows), k),
-    in place: of the populations tied for a row's top, the one the breaker finds likeliest takes
-    ``TIE_SHARE`` of the row's probability (the transfer model's choice, for the adapted populations
-    alone; where the breaker ties too, the one listed first); every other row keeps its bits."""
-    if len(rows):
-        tied = proba[rows]
-        candidates = tied >= tied.max(axis=1, keepdims=True) - TIE_TOLERANCE
-        winner = np.argmax(np.where(candidates, np.asarray(breaker, dtype=np.float64), -np.inf), axis=1)
-        tied *= np.float32(1.0) - TIE_SHARE
-        tied[np.arange(len(rows)), winner] += TIE_SHARE
-        proba[rows] = tied
-    return proba
-
-
-def ties_broken(proba: np.ndarray, breaker_of) -> np.ndarray:
-    """``proba`` (n, k) with its tied rows (:func:`tied_rows`) broken (:func:`break_ties`), in
-    place, by ``breaker_of(rows)``: the tie-breaker's probabilities of those rows (len(rows), k),
-    asked for only where a row ties (scoring a model on every cell would cost what it saves)."""
-    rows = tied_rows(proba)
-    return break_ties(proba, rows, breaker_of(rows)) if len(rows) else proba
-
-
-def parts_disagreement(transfer: np.ndarray, adapted: np.ndarray) -> float:
-    """The share of a patient's cells (rows of the transfer model's probabilities ``transfer`` and
-    the adapted populations' ``adapted``, both (m, k)) on which the two do not name the same
-    population. A cell the adapted populations tie on (:func:`tied_rows`: their two fits each sure
-    of another population) counts among them whatever the transfer model calls it: there the
-    adapted populations name none of their own, and counting the tie's first population instead
-    would make the share depend on the populations' names. 0.0 for no cell."""
-    if len(transfer) == 0:
-        return 0.0
-    differ = np.argmax(transfer, axis=1) != np.argmax(adapted, axis=1)
-    differ[tied_rows(adapted)] = True
-    return float(np.mean(differ))

@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from gating_core.method.ties import call_weights
+
 #: A population is rare when its share is below this in every training patient. Larger
 #: populations differ from patient to patient by more than any factor: a biopsy made of one
 #: population's cells is no swelling. A catch-all that is a few percent of most patients and more
@@ -52,12 +54,13 @@ PARTING_SHARE = 0.2
 
 
 def called_shares(proba) -> np.ndarray:
-    """The share of cells (n,) called each population (k,) by probabilities ``proba`` (n, k):
-    the population of highest probability."""
+    """The share of cells (n,) called each population (k,) by probabilities ``proba`` (n, k): the
+    population of highest probability, a cell whose top populations tie counting evenly to each
+    of them (:func:`~gating_core.method.ties.call_weights`)."""
     proba = np.asarray(proba)
     if len(proba) == 0:
         return np.zeros(proba.shape[1])
-    return np.bincount(np.argmax(proba, axis=1), minlength=proba.shape[1]) / len(proba)
+    return call_weights(proba).mean(axis=0)
 
 
 def largest_shares(labels, classes) -> np.ndarray:
@@ -94,19 +97,26 @@ def swollen_populations(prior, largest, adapted_share, transfer_share) -> np.nda
             & (distance(transfer_share) < distance(adapted_share)))
 
 
-def disagreement_beside(transfer_calls, adapted_calls, populations) -> float:
+def disagreement_beside(transfer, adapted, populations) -> float:
     """The share of one patient's cells on which the two halves name different populations,
     counted over the cells that neither calls one of ``populations`` ((k,) bool): how far the
     halves part ways beside those populations. 0.0 where no cell is left to count (none at all,
     or every one called one of them by a half): nothing says the halves part ways, and the check
     acts as it would without the condition.
 
-    transfer_calls, adapted_calls : (n,) int, each cell's population of highest probability in
-        each half
+    transfer, adapted : (n, k) each half's probabilities of the cells. A cell whose top populations
+        tie counts as each of them by an even share (:func:`~gating_core.method.ties.call_weights`):
+        the share is the expected one with ties broken at random, whatever the populations' names.
     """
-    transfer_calls, adapted_calls = np.asarray(transfer_calls), np.asarray(adapted_calls)
     populations = np.asarray(populations, dtype=bool)
-    beside = ~(populations[transfer_calls] | populations[adapted_calls])
-    if not beside.any():
+    if len(transfer) == 0:
         return 0.0
-    return float(np.mean(transfer_calls[beside] != adapted_calls[beside]))
+    calls_t, calls_a = call_weights(transfer), call_weights(adapted)
+    # By cell: how much of it neither half calls one of the populations, and how much of that
+    # they call the same population.
+    beside = (1.0 - calls_t[:, populations].sum(axis=1)) * (1.0 - calls_a[:, populations].sum(axis=1))
+    agree = (calls_t[:, ~populations] * calls_a[:, ~populations]).sum(axis=1)
+    counted = float(beside.sum())
+    if counted < 1e-9:  # no cell beside them, but for rounding
+        return 0.0
+    return float((beside - agree).sum() / counted)

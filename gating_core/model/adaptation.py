@@ -12,13 +12,13 @@ import numpy as np
 from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.boosted_trees import PooledTrees
 from gating_core.method.features import content_hashes
-from gating_core.method.population_components import (adapted_fits, component_start, parts_disagreement,
-                                                       population_starts, split_populations, ties_broken)
+from gating_core.method.population_components import adapted_fits, component_start, population_starts, split_populations
 from gating_core.method.saturation import without_piles
 from gating_core.method.priors import reestimate_prior
 from gating_core.method.self_training import PatientAdjustment, self_training_coef
 from gating_core.method.swollen_populations import (PARTING_SHARE, called_shares, disagreement_beside,
                                                      swollen_populations)
+from gating_core.method.ties import parts_disagreement, ties_broken
 from gating_core.method.unknown_cells import UNKNOWN_MARGIN, PopulationReach
 from gating_core.model.result import GATING_PARTS
 from gating_core.model.weight_check import TREES_SHARE, WeightCheck
@@ -122,7 +122,7 @@ class PatientAdaptation(WeightCheck):
         patient's adapted populations mixed in (``adaptive_weight_``). ``part`` ("transfer" or
         "adapted", :meth:`gating_parts`) gives that part alone. The adapted populations alone
         (``part="adapted"``, or a weight of 1) break their ties with the transfer model
-        (:func:`~gating_core.method.population_components.ties_broken`), not by population name."""
+        (:func:`~gating_core.method.ties.ties_broken`), not by population name."""
         weight = float(getattr(self, "adaptive_weight_", 0.0))
         if part == "adapted" or (part is None and weight >= 1.0 and adjust.gaussians is not None):
             # The transfer model's share is 0: it is scored only where it breaks a tie.
@@ -225,15 +225,12 @@ class PatientAdaptation(WeightCheck):
         review flag's) and, with ``largest_shares_``, the rare populations the adapted ones let
         swell, whose columns gating takes from the transfer model (``adjust.transfer_columns``;
         :mod:`gating_core.method.swollen_populations`), unless the halves part ways on more than
-        ``PARTING_SHARE`` of the other cells (:func:`disagreement_beside`)."""
+        ``PARTING_SHARE`` of the other cells (:func:`disagreement_beside`). The shares and the
+        parting count a cell whose top populations tie evenly to each of them
+        (:func:`~gating_core.method.ties.call_weights`), whatever the populations' names."""
         if not 0.0 < float(getattr(self, "adaptive_weight_", 0.0)) < 1.0:
             return
         transfer, adapted = self._halves(chosen, embedding, adjust)
-        # The check's shares and parting count the calls as argmax makes them (a tie of the
-        # adapted populations to its first population), as its bounds were measured: broken by
-        # the transfer model instead, a patient of a model of one center fell from 0.87 to 0.68
-        # as its parting dropped below the bound.
-        transfer_calls, adapted_calls = np.argmax(transfer, axis=1), np.argmax(adapted, axis=1)
         adjust.disagreement = parts_disagreement(transfer, adapted)
         largest = getattr(self, "largest_shares_", None)
         if largest is None:
@@ -242,7 +239,7 @@ class PatientAdaptation(WeightCheck):
         # The transfer model's share is no reference where the halves part ways on the rest of
         # the patient (a model of one center gating another took a population that grew there
         # for a swollen one).
-        if swollen.any() and disagreement_beside(transfer_calls, adapted_calls, swollen) > PARTING_SHARE:
+        if swollen.any() and disagreement_beside(transfer, adapted, swollen) > PARTING_SHARE:
             return
         adjust.transfer_columns = swollen if swollen.any() else None
 
@@ -254,7 +251,7 @@ class PatientAdaptation(WeightCheck):
     def _parts_disagreement(self, chosen, embedding, adjust: PatientAdjustment):
         """The share of the content-chosen cells ``chosen`` (m, d) on which the transfer model
         (after ``adjust``'s prior ratio and self-training step) and the patient's adapted
-        populations do not name the same population (:func:`~gating_core.method.population_components.parts_disagreement`:
+        populations do not name the same population (:func:`~gating_core.method.ties.parts_disagreement`:
         a cell the adapted populations tie on counts); None unless both are mixed (a weight strictly
         between 0 and 1). Patients on which they disagree are gated worse, whichever is right
         (docs/unseen_data.md, "Which patients to review first")."""

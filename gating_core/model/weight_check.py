@@ -9,11 +9,12 @@ import numpy as np
 
 from gating_core.method.adaptive_lda import AdaptiveLDA
 from gating_core.method.boosted_trees import PooledTrees
-from gating_core.method.population_components import adapted_fits, component_start, population_starts, ties_broken
+from gating_core.method.population_components import adapted_fits, component_start, population_starts
 from gating_core.method.priors import training_prior
 from gating_core.method.saturation import without_piles
 from gating_core.method.self_training import PatientAdjustment
 from gating_core.method.swollen_populations import largest_shares
+from gating_core.method.ties import ties_broken
 from gating_core.method.unknown_cells import PopulationReach
 
 
