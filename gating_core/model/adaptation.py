@@ -235,6 +235,9 @@ class PatientAdaptation(WeightCheck):
         largest = getattr(self, "largest_shares_", None)
         if largest is None:
             return
+        # The halves' ties are counted evenly, not broken by the transfer model: broken so, they
+        # agree with it by construction, and a patient of a model of one center whose parting
+        # then fell below the bound was gated at 0.68 instead of 0.87.
         swollen = swollen_populations(self.class_prior_, largest, called_shares(adapted), called_shares(transfer))
         # The transfer model's share is no reference where the halves part ways on the rest of
         # the patient (a model of one center gating another took a population that grew there
