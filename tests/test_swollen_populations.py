@@ -86,7 +86,7 @@ def test_the_disagreement_beside_the_swollen_populations():
     assert PARTING_SHARE == 0.2
 
 
-def test_a_tie_of_the_adapted_populations_parts_the_halves_by_its_expected_share():
+def test_a_tie_of_the_adapted_populations_parts_the_halves_by_its_expected_count():
     transfer = _one_hot([0, 0, 2, 2])
     # cell 0: the adapted populations tie 0 / 2 (the transfer model calls 0): beside population 1,
     # half a cell agreeing and half disagreeing; cell 1: a tie 0 / 1 (1 the swollen one): half of

@@ -106,7 +106,8 @@ def disagreement_beside(transfer, adapted, populations) -> float:
 
     transfer, adapted : (n, k) each half's probabilities of the cells. A cell whose top populations
         tie counts as each of them by an even share (:func:`~gating_core.method.ties.call_weights`):
-        the share is the expected one with ties broken at random, whatever the populations' names.
+        the result is the expected number of cells the halves differ on over the expected number
+        counted, ties broken at random, whatever the populations' names.
     """
     populations = np.asarray(populations, dtype=bool)
     if len(transfer) == 0:
