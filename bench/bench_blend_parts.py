@@ -71,8 +71,9 @@ the sets where it gains or loses more than 0.1 point against the default. The ru
   transfer model's share split evenly).
 - ``familiar``: the adapted populations at a third on the cells that lie within the training
   reach (``PopulationReach``'s, :data:`FAMILIAR_MARGIN` times it) of both the population the
-  transfer model calls and the one the adapted populations call: a disagreement inside the
-  training range is about an edge the transfer model learned from the experts;
+  transfer model calls and the one the adapted populations call (every one of them where a part's
+  top populations tie): a disagreement inside the training range is about an edge the transfer
+  model learned from the experts;
 - ``rare-columns``: the transfer model alone in the column of every population the adapted
   populations find at less than :data:`RARE_SHARE` of the patient's cells;
 - ``plain-mix``: the default's parts mixed at the fold's weight in every column, without the
@@ -112,7 +113,9 @@ from gating_core.evaluation.baselines import PooledBaseline  # noqa: E402
 from gating_core.evaluation.protocols import METHOD_SETTINGS  # noqa: E402
 from gating_core.method.adaptive_lda import AdaptiveLDA  # noqa: E402
 from gating_core.method.population_components import population_proba  # noqa: E402
-from gating_core.method.swollen_populations import called_shares, swollen_populations  # noqa: E402
+from gating_core.method.swollen_populations import (PARTING_SHARE, called_shares, disagreement_beside,  # noqa: E402
+                                                    swollen_populations)
+from gating_core.method.ties import call_weights  # noqa: E402
 from gating_core.method.ties import parts_disagreement, ties_broken  # noqa: E402
 from gating_core.model.result import DISAGREEMENT_THRESHOLD  # noqa: E402
 from gating_core.model.estimator import GatingModel  # noqa: E402
@@ -409,8 +412,10 @@ def _familiar(patient, margin=None):
     adapted = (patient["shared"] + patient["own"]) / 2
     rows = np.arange(len(reach))
     margin = FAMILIAR_MARGIN if margin is None else margin
-    familiar = ((reach[rows, np.argmax(patient["transfer"], axis=1)] <= margin)
-                & (reach[rows, np.argmax(adapted, axis=1)] <= margin))
+    # A cell whose top populations tie is familiar only if each of them is within the reach.
+    near = reach <= margin
+    familiar = (np.all(near | (call_weights(patient["transfer"]) == 0), axis=1)
+                & np.all(near | (call_weights(adapted) == 0), axis=1))
     w = np.where(familiar, min(patient["weight"], 1.0 / 3.0), patient["weight"]).astype(np.float32)[:, None]
     return (1.0 - w) * patient["transfer"] + w * adapted
 
@@ -432,11 +437,14 @@ def _rare_columns(patient):
 
 def _checked_mix(patient, adapted):
     """The default's mix of the transfer model and ``adapted`` (n, k), with its check of rare
-    populations that swell (a fold file without ``largest_shares``: none)."""
+    populations that swell (a fold file without ``largest_shares``: none), which does not act
+    where the halves part ways on more than ``PARTING_SHARE`` of the other cells."""
     swollen = np.zeros(len(patient["populations"]), bool)
     if "largest_shares" in patient:
         swollen = swollen_populations(patient["prior"], patient["largest_shares"], called_shares(adapted),
                                       called_shares(patient["transfer"]))
+        if swollen.any() and disagreement_beside(patient["transfer"], adapted, swollen) > PARTING_SHARE:
+            swollen[:] = False
     return _column_mix(patient, swollen, adapted)
 
 

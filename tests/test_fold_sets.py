@@ -338,6 +338,39 @@ def test_the_blend_bench_scores_the_shared_fits_column_for_rare_populations(tmp_
     assert blend_bench.score(tmp_path, "accuracy", ["rare-shared"])["rare"]["rare-shared"] == []
 
 
+def test_the_blend_bench_checks_swelling_as_gating_does_where_the_halves_part_ways(blend_bench):
+    # 100 cells of a, b and the rare r (1% of every training patient). The transfer model calls
+    # r on cells 0-1, a on 2-49, b on 50-99; the adapted populations r on 0-9: r swelled.
+    n = 100
+    transfer = np.zeros((n, 3), np.float32)
+    transfer[:2] = [0.05, 0.05, 0.9]
+    transfer[2:50] = [0.9, 0.05, 0.05]
+    transfer[50:] = [0.05, 0.9, 0.05]
+    adapted = np.where(transfer == 0.9, np.float32(0.99), np.float32(0.005)).astype(np.float32)
+    adapted[:10] = [0.005, 0.005, 0.99]
+    patient = {"populations": np.array(["a", "b", "r"]), "weight": 2.0 / 3.0, "transfer": transfer,
+               "prior": np.array([0.5, 0.49, 0.01]), "largest_shares": np.array([0.6, 0.6, 0.01])}
+    # The halves agree beside r: its column is the transfer model's, cells 2-9 stay a.
+    assert np.argmax(blend_bench._checked_mix(patient, adapted), axis=1)[2:10].tolist() == [0] * 8
+    # They part ways on 30 of the 90 other cells (1/3, beyond PARTING_SHARE): the plain mix,
+    # which calls the eight r, as gating does.
+    adapted[50:80] = [0.99, 0.005, 0.005]
+    assert np.argmax(blend_bench._checked_mix(patient, adapted), axis=1)[2:10].tolist() == [2] * 8
+
+
+@pytest.mark.parametrize("order", [[0, 1], [1, 0]])
+def test_the_blend_bench_finds_a_tied_cell_familiar_only_within_each_tied_populations_reach(blend_bench, order):
+    # The adapted fits each sure of another population: they tie. The first population lies
+    # within the cell's training reach, the second beyond it: not familiar, whatever the order.
+    transfer = np.array([[0.9, 0.1]], np.float32)[:, order]
+    patient = {"weight": 2.0 / 3.0, "transfer": transfer, "shared": np.array([[1.0, 0.0]], np.float32)[:, order],
+               "own": np.array([[0.0, 1.0]], np.float32)[:, order],
+               "training_reach": np.array([[0.5, 5.0]], np.float32)[:, order]}
+    # the adapted populations at the fold's weight (2/3), not a third: 0.3 + 1/3 against 0.033 + 1/3
+    expected = np.array([[0.3 + 1 / 3, 0.1 / 3 + 1 / 3]])[:, order]
+    np.testing.assert_allclose(blend_bench._familiar(patient), expected, rtol=1e-6)
+
+
 def test_the_blend_bench_keeps_a_split_populations_parts_per_population(blend_bench):
     # 'rest' is two clusters with 'target' between them: the default splits it into two
     # components, whose columns the fold file must sum, as gating does.
