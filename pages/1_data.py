@@ -77,7 +77,7 @@ summary = getattr(store, "load_summary", [])
 if summary:
     st.success("Loaded " + ("  \n".join(summary) if len(summary) <= 6 else
                             f"{len(summary)} patients ({sum(1 for s in summary if 'labeled' in s)} labeled)"))
-show_messages(store.load_errors, store.load_notes)
+show_messages(store.load_errors, store.load_notes, getattr(store, "load_warnings", []))
 
 st.subheader("Loaded patients")
 if not store.patients:

@@ -598,6 +598,27 @@ def test_sample_data_twice_says_already_loaded(library):
     assert len(store_of(at).patients) == 11
 
 
+def test_the_same_file_under_another_name_is_loaded_with_a_warning(library, sample_data_dir):
+    at = start()
+    data = (sample_data_dir / "new" / "new_patient_02.fcs").read_bytes()
+    other = (sample_data_dir / "new" / "new_patient_03.fcs").read_bytes()
+    at.file_uploader(key="uploads").set_value([("new_patient_02.fcs", data, "application/octet-stream"),
+                                               ("new_patient_03.fcs", other, "application/octet-stream")])
+    at.run()
+    assert not at.warning
+    # renamed on the way (a browser's name with folders in it too): loaded, and said to be a twin
+    at.file_uploader(key="uploads").set_value([("../copies/p02 again.fcs", data, "application/octet-stream")])
+    at.run()
+    store = store_of(at)
+    assert sorted(store.patients) == ["new_patient_02", "new_patient_03", "p02_again"]
+    (warning,) = [w.value for w in at.warning]
+    assert warning.startswith("**p02_again** (../copies/p02 again.fcs) holds exactly the events of **new_patient_02**")
+    assert store.same_events(["p02_again", "new_patient_03"]) == {"p02_again": ["new_patient_02"]}
+    # the session's memory alone (no library) finds it from the events
+    store.library = None
+    assert store.same_events(["new_patient_02"]) == {"new_patient_02": ["p02_again"]}
+
+
 def test_reupload_asks_replace_keep_both_or_skip(library, sample_data_dir):
     at = start()
     data = (sample_data_dir / "new" / "new_patient_02.fcs").read_bytes()

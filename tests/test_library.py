@@ -198,7 +198,13 @@ def test_cli_import_list_export_remove(tmp_path, capsys):
     path_a, events_a, labels_a = write_patient(tmp_path, "alpha", seed=3)
     path_b, _, _ = write_patient(tmp_path, "beta", seed=4, labels=False)
     assert cli_main(["library", "--path", str(lib), "import", str(path_a), str(path_b)]) == 0
-    assert "2 patient(s) added" in capsys.readouterr().out
+    printed = capsys.readouterr()
+    assert "2 patient(s) added" in printed.out and not printed.err
+    # the same file under another name: added, with a warning naming both
+    assert cli_main(["library", "--path", str(lib), "import", str(path_b), "--name", "gamma"]) == 0
+    assert capsys.readouterr().err.startswith("warning: beta, gamma hold exactly the same events")
+    assert cli_main(["library", "--path", str(lib), "remove", "gamma"]) == 0
+    capsys.readouterr()
 
     assert cli_main(["library", "--path", str(lib), "list", "--json"]) == 0
     listing = json.loads(capsys.readouterr().out)
@@ -901,3 +907,18 @@ def test_run_once_runs_once_across_threads_and_processes_and_again_after_a_failu
     with pytest.raises(ValueError):
         library.run_once("../escape", slow)
     assert library.check() == []
+
+
+def test_the_same_events_under_two_names_are_found_whatever_their_labels(tmp_path):
+    path, _, _ = write_patient(tmp_path, "p1", seed=0)  # labeled
+    other, _, _ = write_patient(tmp_path, "p2", seed=1, labels=False)
+    library = PatientLibrary(tmp_path / "lib")
+    library.import_files([path, path.with_name("p1.labels.csv"), other])
+    assert library.same_events() == []
+    # the same FCS file again, without its labels, under another name; then a third copy
+    assert library.import_file(path, name="p1 copy") == ["p1 copy"]
+    library.add_patient(read_fcs(path), name="p1 again")
+    assert [sorted(group) for group in library.same_events()] == [["p1", "p1 again", "p1 copy"]]
+    library.remove_patient("p1 copy")
+    library.remove_patient("p1 again")
+    assert library.same_events() == []

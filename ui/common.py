@@ -299,9 +299,11 @@ def require_patients(store: Store, labeled: bool | None = None) -> bool:
     return False
 
 
-def show_messages(errors, notes) -> None:
+def show_messages(errors, notes, warnings=()) -> None:
     for file_name, message in errors:
         st.error(message, icon="⚠️")
+    for file_name, message in warnings:
+        st.warning(message)
     for file_name, message in notes:
         st.info(message)
 

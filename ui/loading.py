@@ -26,6 +26,16 @@ def add_patients(store, patients, notes: list) -> list:
     return added
 
 
+def same_events_warnings(store, added) -> list:
+    """A warning for each added patient whose events another loaded patient already holds (the
+    same file loaded twice under two names), as (file name, message) pairs."""
+    twins = store.same_events([p.name for p in added]) if added else {}
+    return [(p.file_name, f"**{p.name}** ({p.file_name or 'no file name'}) holds exactly the events of "
+             + ", ".join(f"**{t}**" for t in twins[p.name]) + ": the same file loaded twice? Training "
+             "and a batch's statistics would count that patient twice; if so, delete one below.")
+            for p in added if p.name in twins]
+
+
 def summary_lines(patients) -> list[str]:
     return [f"**{p.name}**: {p.sample.n_events:,} events, {len(p.sample.channels)} channels"
             + (f", labeled ({p.label_source})" if p.labels is not None else ", new") for p in patients]
@@ -42,6 +52,7 @@ def take_report(store, report, already_loaded_means_skip: bool = False) -> list:
         clashing = []
     added = add_patients(store, free, notes)
     store.load_errors, store.load_notes, store.load_summary = list(report.errors), notes, summary_lines(added)
+    store.load_warnings = same_events_warnings(store, added)
     return clashing
 
 
@@ -82,3 +93,4 @@ def resolve_clashes(store, clashing, choices) -> None:
         else:
             notes.append((patient.file_name, f"{patient.file_name}: skipped, {patient.name} stays as it was."))
     store.load_summary, store.load_notes, store.load_errors = summary_lines(added), notes, []
+    store.load_warnings = same_events_warnings(store, added)

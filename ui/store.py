@@ -14,6 +14,7 @@ how a session reads the library and keeps up with what the others change is
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -53,6 +54,15 @@ def _review_details(record: PatientRecord) -> dict:
         return {}
     return {REVIEWED_DETAIL: True, "cells corrected": earlier + record.corrected_count()}
 
+def events_fingerprint(sample) -> str:
+    """SHA-256 of a sample's channel names and events: equal for the same file read twice."""
+    events = np.ascontiguousarray(sample.events)
+    digest = hashlib.sha256(f"{events.dtype.str}{events.shape}".encode())
+    digest.update("\x1f".join(sample.pnn).encode())
+    digest.update(events.tobytes())
+    return digest.hexdigest()
+
+
 class Store(LibraryView):
     """All state of one browser session, written through to the patient library."""
 
@@ -70,6 +80,8 @@ class Store(LibraryView):
         self.check_record = None  # what the shown check was run on: its setup and time, no table
         self.load_errors: list[tuple[str, str]] = []
         self.load_notes: list[tuple[str, str]] = []
+        # the same events as a patient already loaded (same_events), shown as warnings
+        self.load_warnings: list[tuple[str, str]] = []
         self.warnings: list[str] = []
         self.seen_uploads: set[str] = set()
         self.adopted_jobs: set[str] = set()  # background jobs whose results this session took up
@@ -218,6 +230,30 @@ class Store(LibraryView):
             gate_set = self._persist("gates", self.library.save_gates, name, tree.to_dict())
             if gate_set is not None:
                 self._note_version(name, gates=gate_set)
+
+    def same_events(self, names) -> dict[str, list[str]]:
+        """For each of ``names``, the other loaded patients that hold exactly its events (the same
+        file loaded twice under two names); names without such a twin are left out. From the
+        library's stored files where there is one, else from the events in memory."""
+        if self.library is not None:
+            try:
+                groups = self.library.same_events()
+            except Exception as exc:  # the check is a courtesy: a library that cannot answer loads on
+                self.warnings.append(f"Could not compare the new patients with the library's: {exc}")
+                return {}
+        else:
+            by_content: dict[str, list[str]] = {}
+            for name, record in self.patients.items():
+                if record.sample_loaded and record.sample is not None:
+                    by_content.setdefault(events_fingerprint(record.sample), []).append(name)
+            groups = list(by_content.values())
+        twins = {}
+        for group in groups:
+            present = [n for n in group if n in self.patients]
+            for name in names:
+                if name in present and len(present) > 1:
+                    twins[name] = [n for n in present if n != name]
+        return twins
 
     def remove_patient(self, name: str) -> None:
         self.patients.pop(name, None)

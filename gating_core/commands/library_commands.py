@@ -111,6 +111,12 @@ def _import(args) -> int:
         labels = f"{len(info.populations)} populations ({info.label_provenance})" if info.labeled else "unlabeled"
         print(f"imported {name}: {info.n_events} events x {info.n_channels} channels, {labels}")
     print(f"{len(names)} patient(s) added to {library.path}")
+    added = set(names)
+    for group in library.same_events():
+        if added & set(group):
+            print(f"warning: {', '.join(group)} hold exactly the same events (the same file under several "
+                  "names?); training on them, or counting them in a batch's statistics, counts that patient "
+                  "more than once", file=sys.stderr)
     return 0
 
 

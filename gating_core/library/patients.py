@@ -118,6 +118,22 @@ class PatientsMixin:
                 "FROM patients p ORDER BY p.created_at, p.name").fetchall()
         return {r[0]: (r[1], tuple((r[3] or "").split("\x1f")), r[2], r[4], r[5]) for r in rows}
 
+    def same_events(self) -> list[list[str]]:
+        """Patients that hold the same events: groups of two or more names (each in the order the
+        patients were added, the groups by their first), [] when every patient's events differ.
+
+        Found from the stored events files' SHA-256, without reading any file: the same FCS file
+        loaded twice under two names (renamed, re-exported, uploaded from two folders) stores
+        the same bytes, whatever its labels. Training on both, or counting both in a batch's
+        statistics, counts that patient twice."""
+        with self._connect() as conn:
+            rows = conn.execute("SELECT p.name, f.sha256 FROM patients p JOIN files f ON f.id = p.events_file "
+                                "ORDER BY p.created_at, p.name").fetchall()
+        groups: dict[str, list[str]] = {}
+        for name, sha256 in rows:
+            groups.setdefault(sha256, []).append(name)
+        return [names for names in groups.values() if len(names) > 1]
+
     def patient(self, name: str) -> PatientInfo:
         with self._connect() as conn, catalog.read_transaction(conn):
             return self._info(conn, self._patient_row(conn, name))
