@@ -588,7 +588,9 @@ def test_gates_as_labels_asks_with_counts_and_can_be_undone(library, sample_data
 
 
 def test_sample_data_twice_says_already_loaded(library):
-    at = load_sample_data(start())
+    at = start()
+    assert at.button[0].label == "Load sample data" and at.button[0].proto.type == "primary"
+    at = load_sample_data(at)
     assert "11" in sidebar_text(at) and "**11** patients loaded" in sidebar_text(at)  # same run, not stale
     at = load_sample_data(at)
     assert not at.success or "Loaded" not in at.success[0].value
@@ -596,6 +598,8 @@ def test_sample_data_twice_says_already_loaded(library):
     assert any(n.startswith("Already in the library, not loaded again: patient_01, ") for n in notes)
     assert not any("not added" in n for n in notes)
     assert len(store_of(at).patients) == 11
+    # beside loaded patients the button no longer draws the eye away from the uploader
+    assert at.button[0].label == "Load sample data" and at.button[0].proto.type == "secondary"
 
 
 def test_the_same_file_under_another_name_is_loaded_with_a_warning(library, sample_data_dir):
