@@ -151,6 +151,26 @@ def test_svg_scatter_maps_points_and_is_well_formed():
     assert "a < b & c" in texts and 'G"1 50%' in texts
 
 
+def test_report_axes_are_read_in_the_channels_units():
+    # ticks inside the range are drawn at their place, outside it dropped; the ends anchored inward
+    svg = svg_scatter(np.array([1.0]), np.array([1.0]), np.array(["#000000"]), (0, 10), (0, 10),
+                      x_ticks=([0.0, 5.0, 10.0, 12.0], ["0", "5", "10", "12"]), y_ticks=([5.0], ["1K"]))
+    root = ET.fromstring(svg)
+    texts = {e.text: e for e in root.iter() if e.tag.endswith("text")}
+    assert [(texts[t].get("x"), texts[t].get("text-anchor")) for t in ("0", "5", "10")] == \
+        [("48.0", "start"), ("199.0", "middle"), ("350.0", "end")]
+    assert "12" not in texts and texts["1K"].get("y") == "145.0"  # 24 + 236 / 2, plus 3 to centre the text
+    # a report on an arcsinh axis labels decades of the channel's values, not arcsinh units
+    from gating_core.reports.plotting import raw_ticks
+
+    scale = panel_scale("FL1-A", [_small_sample()[0]])
+    assert scale.kind == "arcsinh"
+    positions, labels = raw_ticks(scale, *scale.forward(np.array([-100.0, 1e5])))
+    svg = svg_histogram(np.zeros(3), scale.forward(np.array([-100.0, 1e5])), x_ticks=(positions, labels))
+    shown = [e.text for e in ET.fromstring(svg).iter() if e.tag.endswith("text")]
+    assert shown[-7:-1] == ["-100", "0", "100", "1000", "10K", "100K"]  # the x axis, then the top count
+
+
 def test_report_is_self_contained_and_holds_table_plots_compensation_and_qc(patient, tree):
     sample, labels = patient
     html = patient_report_html("patient_01", sample, labels, tree=tree, source="labels", file_name="patient_01.fcs",

@@ -24,7 +24,8 @@ import math
 
 import numpy as np
 
-from gating_core.reports.plotting import display_range, population_colors, sample_channel_label, subsample_indices
+from gating_core.reports.plotting import (display_range, population_colors, raw_ticks, sample_channel_label,
+                                         subsample_indices)
 from gating_core.reports.svg_plots import _e, svg_histogram, svg_scatter
 
 __all__ = ["ALL_EVENTS", "BATCH_COLUMNS", "population_rows", "batch_table", "patient_report_html"]
@@ -192,7 +193,7 @@ def _plots(sample, populations, tree, memberships, max_dots: int, counted=None) 
                 bands = [(g.name, d.low, d.high, share(g)) for g, d in drawn if isinstance(d, Band)]
                 svgs.append(svg_histogram(x[in_parent], x_range, title=title,
                                           x_label=_axis_label(sample, xc, first.x_scale), bands=bands,
-                                          clip_id=f"clip{len(svgs)}"))
+                                          clip_id=f"clip{len(svgs)}", x_ticks=raw_ticks(first.x_scale, *x_range)))
                 continue
             y = first.y_scale.forward(sample.events[:, sample.channel_index(yc)])
             y_range = display_range(y[in_parent] if in_parent.any() else y)
@@ -205,7 +206,8 @@ def _plots(sample, populations, tree, memberships, max_dots: int, counted=None) 
             svgs.append(svg_scatter(x[shown], y[shown], np.full(shown.size, "#3B5B92"), x_range, y_range,
                                     title=title, x_label=_axis_label(sample, xc, first.x_scale),
                                     y_label=_axis_label(sample, yc, first.y_scale), outlines=outlines,
-                                    splits=list(splits.items()), clip_id=f"clip{len(svgs)}"))
+                                    splits=list(splits.items()), clip_id=f"clip{len(svgs)}",
+                                    x_ticks=raw_ticks(first.x_scale, *x_range), y_ticks=raw_ticks(first.y_scale, *y_range)))
         return svgs
     labels = np.asarray(populations).astype(str)
     names = sorted(set(labels.tolist()), key=lambda p: (p.casefold() in ("other", "ungated"), p))
@@ -215,10 +217,12 @@ def _plots(sample, populations, tree, memberships, max_dots: int, counted=None) 
         xs, ys = _scale_of(sample, xc), _scale_of(sample, yc)
         x = xs.forward(sample.events[:, sample.channel_index(xc)])
         y = ys.forward(sample.events[:, sample.channel_index(yc)])
-        svgs.append(svg_scatter(x[idx], y[idx], dot_colors, display_range(x), display_range(y),
+        x_range, y_range = display_range(x), display_range(y)
+        svgs.append(svg_scatter(x[idx], y[idx], dot_colors, x_range, y_range,
                                 title="populations", x_label=_axis_label(sample, xc, xs),
                                 y_label=_axis_label(sample, yc, ys), legend=colors,
-                                clip_id=f"clip{len(svgs)}"))
+                                clip_id=f"clip{len(svgs)}", x_ticks=raw_ticks(xs, *x_range),
+                                y_ticks=raw_ticks(ys, *y_range)))
     return svgs
 
 

@@ -33,8 +33,37 @@ def _svg_frame(title, x_label, y_label, pw, ph, clip_id) -> list:
             f'<g clip-path="url(#{_e(clip_id)})">']
 
 
+def _axis_ticks(x_range, y_range, pw, ph, x_ticks, y_ticks) -> list:
+    """Tick marks and their labels outside the plot area. ``x_ticks`` / ``y_ticks``: (positions in
+    display coordinates, labels), as :func:`gating_core.reports.plotting.raw_ticks` gives them, so a
+    transformed axis is read in the channel's own units; None: the axis' two ends, as numbers."""
+    parts, marks = [], []
+    for ticks, (lo, hi), horizontal in ((x_ticks, x_range, True), (y_ticks, y_range, False)):
+        lo, hi = float(lo), float(hi)
+        if ticks is None:
+            ticks = ([lo, hi], [f"{lo:.3g}", f"{hi:.3g}"])
+        for value, text in zip(*ticks):
+            if not (hi > lo and lo <= float(value) <= hi):
+                continue
+            share = (float(value) - lo) / (hi - lo)
+            if horizontal:
+                at = _LEFT + share * pw
+                anchor = "start" if share < 0.02 else "end" if share > 0.98 else "middle"
+                marks.append(f"M{at:.1f} {_TOP + ph}v3")
+                parts.append(f'<text x="{at:.1f}" y="{_TOP + ph + 12}" text-anchor="{anchor}" font-size="9" '
+                             f'fill="#555">{_e(text)}</text>')
+            else:
+                at = _TOP + ph - share * ph
+                marks.append(f"M{_LEFT - 3} {at:.1f}h3")
+                parts.append(f'<text x="{_LEFT - 5}" y="{min(max(at + 3, _TOP + 8), _TOP + ph):.1f}" '
+                             f'text-anchor="end" font-size="9" fill="#555">{_e(text)}</text>')
+    if marks:
+        parts.insert(0, f'<path fill="none" stroke="#888" d="{"".join(marks)}"/>')
+    return parts
+
+
 def svg_scatter(x, y, colors, x_range, y_range, *, title: str = "", x_label: str = "", y_label: str = "",
-                outlines=(), legend=None, clip_id: str = "clip", splits=()) -> str:
+                outlines=(), legend=None, clip_id: str = "clip", splits=(), x_ticks=None, y_ticks=None) -> str:
     """A scatter plot as an inline ``<svg>`` element.
 
     x, y : arrays (m,) in display coordinates; colors : array (m,) of "#rrggbb" strings;
@@ -42,7 +71,8 @@ def svg_scatter(x, y, colors, x_range, y_range, *, title: str = "", x_label: str
     polygons drawn over the dots with their name and a text (e.g. "12.3% of parent");
     legend : dict name -> color; clip_id : id of the plot area's clip path (unique per page);
     splits : list of ((x, y), {quadrant code: text}) quadrant splits, each drawn as its two
-    dividing lines with every quadrant's text in its corner ("++": top right, "-+": top left...).
+    dividing lines with every quadrant's text in its corner ("++": top right, "-+": top left...);
+    x_ticks, y_ticks : (positions, labels) of each axis' ticks (:func:`_axis_ticks`).
     Dots are 1.6 px squares, one path per colour.
     """
     x0, x1 = float(x_range[0]), float(x_range[1])
@@ -87,12 +117,7 @@ def svg_scatter(x, y, colors, x_range, y_range, *, title: str = "", x_label: str
             parts.append(f'<text x="{tx}" y="{ty}" text-anchor="{"end" if right else "start"}" font-size="10" '
                          f'fill="#C00000">{_e(text)}</text>')
     parts.append("</g>")
-    for value, anchor_x, anchor in ((x0, _LEFT, "start"), (x1, _LEFT + pw, "end")):
-        parts.append(f'<text x="{anchor_x}" y="{_TOP + ph + 12}" text-anchor="{anchor}" font-size="9" '
-                     f'fill="#555">{value:.3g}</text>')
-    for value, anchor_y in ((y0, _TOP + ph), (y1, _TOP + 8)):
-        parts.append(f'<text x="{_LEFT - 3}" y="{anchor_y}" text-anchor="end" font-size="9" fill="#555">'
-                     f'{value:.3g}</text>')
+    parts += _axis_ticks((x0, x1), (y0, y1), pw, ph, x_ticks, y_ticks)
     if legend:
         for k, (name, color) in enumerate(legend.items()):
             parts.append(f'<rect x="{_LEFT + 4}" y="{_TOP + 4 + 11 * k}" width="8" height="8" fill="{_e(color)}"/>'
@@ -102,11 +127,12 @@ def svg_scatter(x, y, colors, x_range, y_range, *, title: str = "", x_label: str
 
 
 def svg_histogram(values, value_range, *, title: str = "", x_label: str = "", bands=(), bins: int = 120,
-                  clip_id: str = "clip") -> str:
+                  clip_id: str = "clip", x_ticks=None) -> str:
     """A histogram of one channel as an inline ``<svg>`` element, with range gates as bands.
 
     values : array (n,) in display coordinates; value_range : (lo, hi) of the axis;
-    bands : list of (name, low, high, text), each shaded from low to high and named.
+    bands : list of (name, low, high, text), each shaded from low to high and named;
+    x_ticks : (positions, labels) of the axis' ticks (:func:`_axis_ticks`).
     """
     x0, x1 = float(value_range[0]), float(value_range[1])
     pw, ph = _W - _LEFT - _RIGHT, _H - _TOP - _BOTTOM
@@ -134,9 +160,7 @@ def svg_histogram(values, value_range, *, title: str = "", x_label: str = "", ba
     path.append(f"L{px(edges[-1]):.1f} {base}Z")
     parts.append(f'<path fill="#3B5B92" fill-opacity="0.5" stroke="#3B5B92" d="{"".join(path)}"/>')
     parts.append("</g>")
-    for value, anchor_x, anchor in ((x0, _LEFT, "start"), (x1, _LEFT + pw, "end")):
-        parts.append(f'<text x="{anchor_x}" y="{_TOP + ph + 12}" text-anchor="{anchor}" font-size="9" '
-                     f'fill="#555">{value:.3g}</text>')
+    parts += _axis_ticks((x0, x1), (0, 1), pw, ph, x_ticks, ([], []))
     parts.append(f'<text x="{_LEFT - 3}" y="{_TOP + 8}" text-anchor="end" font-size="9" fill="#555">{top:,}</text>')
     parts.append("</svg>")
     return "".join(parts)
