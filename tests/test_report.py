@@ -185,6 +185,10 @@ def test_report_is_self_contained_and_holds_table_plots_compensation_and_qc(pati
     for gate in tree.gates:
         assert f"<td>{gate.name}</td>" in html
         assert f"<td>{int(counted[gate.name].sum()):,}</td>" in html
+    # what each way of counting in the table means, said once under it
+    assert "Counted by: <i>labels</i>, each cell in the population it is called, from labels; <i>labels and " \
+        "gates</i>, the cells counted below the gate, and those inside it whose population no gate names." in html
+    assert html.count("Counted by:") == 1
     assert "7 x 7 spillover matrix from keyword $SPILLOVER, applied" in html
     assert "<td>CD3 (FL1-A)</td>" in html                    # matrix rows named by marker
     assert "no time channel" in html and "No novelty score" in html

@@ -337,6 +337,14 @@ def patient_report_html(patient: str, sample, populations, *, confidence=None, n
                      f"below {low_confidence:.2f}.</p>")
     parts.append("<h2>Populations</h2>" + _table_html(shown, {"count": "{:,}", "% of parent": "{:.1f}",
                                                             "% of total": "{:.2f}", "mean confidence": "{:.3f}"}))
+    ways = set(shown["counted by"]) if "counted by" in shown else set()
+    if ways:
+        meaning = {"labels": "each cell in the population it is called, from " + (source or "its labels"),
+                   "gates": "the cells inside the drawn gate",
+                   "labels and gates": "the cells counted below the gate, and those inside it whose population "
+                                       "no gate names"}
+        parts.append("<p class='meta'>Counted by: " + "; ".join(f"<i>{_e(w)}</i>, {_e(meaning[w])}" for w in
+                                                                  sorted(ways) if w in meaning) + ".</p>")
     if gate_notes:
         parts.append("<p class='warn'>Gates kept as the template drew them:</p><ul>"
                      + "".join(f"<li>{_e(name)}: {_e(why)}</li>" for name, why in gate_notes.items()) + "</ul>")
