@@ -54,6 +54,7 @@ def _review_details(record: PatientRecord) -> dict:
         return {}
     return {REVIEWED_DETAIL: True, "cells corrected": earlier + record.corrected_count()}
 
+
 def events_fingerprint(sample) -> str:
     """SHA-256 of a sample's channel names and events: equal for the same file read twice."""
     events = np.ascontiguousarray(sample.events)
