@@ -207,7 +207,8 @@ def _plots(sample, populations, tree, memberships, max_dots: int, counted=None) 
                                     title=title, x_label=_axis_label(sample, xc, first.x_scale),
                                     y_label=_axis_label(sample, yc, first.y_scale), outlines=outlines,
                                     splits=list(splits.items()), clip_id=f"clip{len(svgs)}",
-                                    x_ticks=raw_ticks(first.x_scale, *x_range), y_ticks=raw_ticks(first.y_scale, *y_range)))
+                                    x_ticks=raw_ticks(first.x_scale, *x_range),
+                                    y_ticks=raw_ticks(first.y_scale, *y_range)))
         return svgs
     labels = np.asarray(populations).astype(str)
     names = sorted(set(labels.tolist()), key=lambda p: (p.casefold() in ("other", "ungated"), p))
