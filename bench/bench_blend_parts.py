@@ -115,8 +115,7 @@ from gating_core.method.adaptive_lda import AdaptiveLDA  # noqa: E402
 from gating_core.method.population_components import population_proba  # noqa: E402
 from gating_core.method.swollen_populations import (PARTING_SHARE, called_shares, disagreement_beside,  # noqa: E402
                                                     swollen_populations)
-from gating_core.method.ties import call_weights  # noqa: E402
-from gating_core.method.ties import parts_disagreement, ties_broken  # noqa: E402
+from gating_core.method.ties import call_weights, parts_disagreement, ties_broken  # noqa: E402
 from gating_core.model.result import DISAGREEMENT_THRESHOLD  # noqa: E402
 from gating_core.model.estimator import GatingModel  # noqa: E402
 from gating_core.model.research import build_model  # noqa: E402
