@@ -11,7 +11,8 @@ from ui import cache, exports
 from ui.app_state import channel_presence, some_names, unrelated_panels
 from ui.common import SAMPLE_DATA, channel_label, get_store, refresh_status, show_messages
 from ui.ingest import ingest_files, load_folder
-from ui.loading import CLASH_CHOICES, autoload_sample_data, resolve_clashes, take_report
+from ui.loading import (CLASH_CHOICES, autoload_sample_data, keep_upload_errors, resolve_clashes, take_report,
+                        upload_errors_shown)
 
 store = get_store()
 st.title("Data: load patients")
@@ -58,6 +59,7 @@ if fresh:
         report = ingest_files([(f.name, f.getvalue()) for f in fresh], store.work_dir,
                               existing=store.patients, rename_clashes=False)
     store.seen_uploads.update(f.file_id for f in fresh)
+    keep_upload_errors(store, report, [(f.file_id, f.name) for f in fresh])
     _take_report(report)
 
 # A file whose patient name is already loaded: the user decides, nothing is renamed silently.
@@ -80,7 +82,9 @@ summary = getattr(store, "load_summary", [])
 if summary:
     st.success("Loaded " + ("  \n".join(summary) if len(summary) <= 6 else
                             f"{len(summary)} patients ({sum(1 for s in summary if 'labeled' in s)} labeled)"))
-show_messages(store.load_errors, store.load_notes, getattr(store, "load_warnings", []))
+# A file that could not be read keeps its error while it sits in the uploader, past later uploads.
+show_messages(upload_errors_shown(store, [f.file_id for f in uploads or []]) + store.load_errors, store.load_notes,
+              getattr(store, "load_warnings", []))
 
 st.subheader("Loaded patients")
 if not store.patients:

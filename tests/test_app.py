@@ -77,6 +77,30 @@ def test_upload_several_files_bad_one_reported_in_place(library, tmp_path, sampl
     goto(at, "pages/2_explore.py")
 
 
+def test_an_upload_error_stays_while_its_file_sits_in_the_uploader():
+    from types import SimpleNamespace
+
+    from ui.loading import keep_upload_errors, upload_errors_shown
+
+    store = SimpleNamespace(upload_errors={})
+    first = SimpleNamespace(errors=[("scan.fcs", "scan.fcs: not an FCS file")])
+    keep_upload_errors(store, first, [("id-1", "scan.fcs"), ("id-2", "good.fcs")])
+    assert first.errors == []
+    assert upload_errors_shown(store, ["id-1", "id-2"]) == [("scan.fcs", "scan.fcs: not an FCS file")]
+    # a later upload: its own errors join the earlier ones, in upload order; one naming none of
+    # its files stays with the report
+    second = SimpleNamespace(errors=[("bad.labels.csv", "bad.labels.csv: no population column"),
+                                     ("elsewhere.fcs", "elsewhere.fcs: missing")])
+    keep_upload_errors(store, second, [("id-3", "bad.labels.csv"), ("id-4", "bad.labels.csv")])
+    assert second.errors == [("elsewhere.fcs", "elsewhere.fcs: missing")]
+    shown = upload_errors_shown(store, ["id-1", "id-2", "id-3", "id-4"])
+    assert [name for name, _ in shown] == ["scan.fcs", "bad.labels.csv", "bad.labels.csv"]
+    # the user takes scan.fcs and one of the two same-named files out of the uploader
+    assert upload_errors_shown(store, ["id-2", "id-4"]) == [("bad.labels.csv", "bad.labels.csv: no population column")]
+    assert set(store.upload_errors) == {"id-4"}
+    assert upload_errors_shown(store, []) == [] and store.upload_errors == {}
+
+
 def test_mismatched_channel_names_are_shown_and_matched(library, tmp_path, sample_data_dir):
     s = read_fcs(sample_data_dir / "patient_01.fcs")
     renamed = [("CD3-FITC" if c == "FL1-A" else c) for c in s.pnn]

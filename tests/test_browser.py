@@ -443,6 +443,34 @@ def test_upload_gate_train_autogate_download(app_url, browser, artifacts_dir, sa
     page.screenshot(path=str(artifacts_dir / "9_autogate_after_reload.png"), full_page=True)
 
 
+def test_an_unreadable_upload_keeps_its_error_until_its_file_is_taken_out(app_url, browser, sample_data_dir,
+                                                                           tmp_path, library_with_patients):
+    from gating_core.library import PatientLibrary
+
+    page = open_app(browser, app_url, downloads=False)
+    bad = tmp_path / "scan.fcs"
+    bad.write_bytes(b"FCS3.0    not an FCS file")
+    upload = page.locator("input[type=file]").first
+    errors = page.get_by_test_id("stAlertContentError")
+
+    upload.set_input_files(str(bad))
+    errors.filter(has_text="scan.fcs:").wait_for()
+    wait_idle(page)
+    # a good file uploaded next is loaded, and the bad one, still in the uploader, keeps its error
+    good = sample_data_dir / "new" / "new_patient_01.fcs"
+    upload.set_input_files(str(good))
+    page.get_by_text(f"new_patient_01: {read_fcs(good).n_events:,} events").wait_for()
+    wait_idle(page)
+    assert [e.inner_text().split("scan.fcs:")[1].strip() for e in errors.all()] == [
+        "file is 25 bytes long, too short to hold an FCS HEADER (58 bytes)"]
+
+    page.get_by_role("button", name="Remove scan.fcs").click()
+    wait_idle(page)
+    errors.first.wait_for(state="detached")
+    assert page.get_by_test_id("stFileChipName").all_inner_texts() == ["new_patient_01.fcs"]
+    assert "new_patient_01" in PatientLibrary(library_with_patients).patient_names()
+
+
 def test_quadrant_gate_in_the_browser_with_its_tree_and_backgating(app_url, browser, artifacts_dir,
                                                                    library_with_patients):
     """Split CD3+ cells into CD4 / CD8 quadrants with the page's controls, see the split on the

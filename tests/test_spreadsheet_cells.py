@@ -1,6 +1,7 @@
 """Text cells of our CSV files are never evaluated by a spreadsheet, and read back exactly."""
 
 import csv
+import io
 
 import numpy as np
 import pandas as pd
@@ -72,3 +73,18 @@ def test_a_table_for_a_spreadsheet_escapes_text_only():
     assert list(safe["population"]) == ["'-ve", "B"]
     assert safe["share"].tolist() == [-0.5, 0.25]
     assert frame["patient"].tolist() == ["=evil", "p2"]  # the caller's frame is not changed
+
+
+def test_a_statistics_table_keeps_the_digits_a_float32_value_holds():
+    from gating_core.io.spreadsheet_cells import statistics_table_csv
+
+    median = float(np.float32(139.469))  # 139.468994140625 as a float64
+    frame = pd.DataFrame({"population": ["=B", "T"], "count": [289, 1_048_576], "% of total": [100 / 3, 66.5],
+                          "median CD3": [median, -0.000123456789], "CV CD3": [np.nan, 1e9 / 7]})
+    lines = statistics_table_csv(frame).decode().splitlines()
+    assert lines == ["population,count,% of total,median CD3,CV CD3",
+                     "'=B,289,33.33333,139.469,",
+                     "T,1048576,66.5,-0.0001234568,1.428571e+08"]
+    back = pd.read_csv(io.StringIO("\n".join(lines)))
+    np.testing.assert_allclose(back["median CD3"], frame["median CD3"], rtol=5e-7)
+    assert back["count"].tolist() == [289, 1_048_576]

@@ -58,10 +58,9 @@ def statistics(token: str, _record):
 def statistics_csv(records) -> bytes:
     import pandas as pd
 
-    from gating_core.io.spreadsheet_cells import safe_frame
+    from gating_core.io.spreadsheet_cells import statistics_table_csv
 
-    frame = pd.concat([statistics(r.populations_token, r) for r in records])
-    return safe_frame(frame).to_csv(index=False).encode()
+    return statistics_table_csv(pd.concat([statistics(r.populations_token, r) for r in records]))
 
 
 def all_as_zip(records, work_dir) -> bytes:
@@ -138,9 +137,9 @@ def batch_frame(records):
 
 
 def batch_csv(records) -> bytes:
-    from gating_core.io.spreadsheet_cells import safe_frame
+    from gating_core.io.spreadsheet_cells import statistics_table_csv
 
-    return safe_frame(batch_frame(records)).to_csv(index=False).encode()
+    return statistics_table_csv(batch_frame(records))
 
 
 def _report_key(record) -> str:

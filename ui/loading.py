@@ -36,6 +36,33 @@ def same_events_warnings(store, added) -> list:
             for p in added if p.name in twins]
 
 
+def keep_upload_errors(store, report, uploads) -> None:
+    """Move the report's errors onto the uploaded files they name, as (file id, name) pairs
+    of this upload, so that each stays on show while its file sits in the uploader, however
+    many uploads follow (:func:`upload_errors_shown`). An error naming no file of this
+    upload stays in the report."""
+    ids_by_name: dict[str, list[str]] = {}
+    for file_id, file_name in uploads:
+        ids_by_name.setdefault(file_name, []).append(file_id)
+    unplaced = []
+    for file_name, message in report.errors:
+        file_ids = ids_by_name.get(file_name)
+        if not file_ids:
+            unplaced.append((file_name, message))
+        for file_id in file_ids or ():
+            store.upload_errors.setdefault(file_id, []).append((file_name, message))
+    report.errors = unplaced
+
+
+def upload_errors_shown(store, present_ids) -> list:
+    """The errors of the uploaded files still in the uploader, in upload order; those of files
+    taken out of it are forgotten."""
+    present = set(present_ids)
+    for file_id in [i for i in store.upload_errors if i not in present]:
+        del store.upload_errors[file_id]
+    return [error for errors in store.upload_errors.values() for error in errors]
+
+
 def summary_lines(patients) -> list[str]:
     return [f"**{p.name}**: {p.sample.n_events:,} events, {len(p.sample.channels)} channels"
             + (f", labeled ({p.label_source})" if p.labels is not None else ", new") for p in patients]

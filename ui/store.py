@@ -85,6 +85,8 @@ class Store(LibraryView):
         self.load_warnings: list[tuple[str, str]] = []
         self.warnings: list[str] = []
         self.seen_uploads: set[str] = set()
+        # uploader file id -> its errors, shown while the file sits in the uploader (upload_errors_shown)
+        self.upload_errors: dict[str, list[tuple[str, str]]] = {}
         self.adopted_jobs: set[str] = set()  # background jobs whose results this session took up
         # Models others trained, offered rather than made current: {"model_id", "label", "by", "settings"}
         self.model_offers: list[dict] = []
