@@ -13,9 +13,23 @@
 3. only the connected piece of that region holding the most predicted cells is kept, holes
    filled (a gate is one polygon; an outlier island is dropped, not bridged as a convex hull
    would bridge it, and a concave population stays concave);
-4. its outline is traced along the pixel edges and simplified (Douglas-Peucker) to at most
-   ``max_vertices`` vertices a reviewer can drag; vertices on the grid's border move out to
-   the data's extreme values, so cells piled on an axis end stay inside.
+4. the piece is smoothed: blurred by a Gaussian of ``outline_smoothing`` bins and cut at half
+   height, which rounds off the teeth a pixel wide that the noise of two close densities
+   leaves on its edge and keeps its broad shape. A piece that would lose more than
+   :data:`SMOOTHING_LOSS` of its predicted cells to it (a streak a few bins wide, a small
+   population) is kept as it was;
+5. its outline is traced along the pixel edges and each edge replaced by its midpoint, so that
+   a slanted edge, a staircase of pixels, becomes a straight line; it is simplified
+   (Douglas-Peucker, to one bin) to at most ``max_vertices`` vertices a reviewer can drag;
+   vertices on the grid's border move out to the data's extreme values, so cells piled on an
+   axis end stay inside.
+
+Measured (fitted to the expert labels of the three new sample-data patients and of multicenter
+samples 02-10, templates from patient_01 / multicenter_01): the smoothing and the midpoints
+halve the polygons' total turning (5.1 and 4.7 turns to 3.0 and 2.1) and their turns sharper
+than 60 degrees (16.9 and 15.1 per polygon to 7.9 and 5.1), with 19 and 15 vertices instead of
+24 and 23, for 0.001 and 0.0006 less mean F1 against the cells they were fitted to (lowest F1
+0.961 and 0.954 before, 0.961 and 0.953 after).
 
 Only numpy and scipy (``scipy.ndimage``) are used: no matplotlib, no shapely.
 
@@ -113,6 +127,43 @@ def _simplify_loop(loop: np.ndarray, tolerance: float, max_vertices: int) -> np.
         tolerance *= 1.5
 
 
+#: The share of a region's predicted cells its smoothing may lose; past it the region is kept as
+#: it was (see :func:`_smoothed_region`).
+SMOOTHING_LOSS = 0.02
+
+
+def _smoothed_region(region: np.ndarray, counts: np.ndarray, sigma: float) -> np.ndarray:
+    """``region`` blurred by a Gaussian of ``sigma`` bins and cut at half height, its largest
+    piece by ``counts`` with holes filled; ``region`` itself where that piece holds less than
+    1 - :data:`SMOOTHING_LOSS` of the counts ``region`` holds."""
+    if sigma <= 0:
+        return region
+    # "nearest": a region running off the grid is not worn away at the border
+    smooth = ndimage.gaussian_filter(region.astype(np.float64), sigma, mode="nearest") > 0.5
+    pieces, n_pieces = ndimage.label(smooth)
+    if n_pieces == 0:
+        return region
+    mass = ndimage.sum(counts, pieces, index=np.arange(1, n_pieces + 1))
+    smooth = ndimage.binary_fill_holes(pieces == 1 + int(np.argmax(mass)))
+    if counts[smooth].sum() < (1.0 - SMOOTHING_LOSS) * counts[region].sum():
+        return region
+    return smooth
+
+
+def _edge_midpoints(loop: np.ndarray, bins: int) -> np.ndarray:
+    """A traced outline (lattice corners) as the midpoints of its pixel edges, with the corners
+    that lie on the grid's border kept too, so that a region filling a corner of the grid keeps
+    it (those vertices are moved beyond the data later)."""
+    midpoints = 0.5 * (loop + np.roll(loop, -1, axis=0))
+    on_border = np.any((loop <= 0) | (loop >= bins), axis=1)
+    points = np.empty((len(loop) + int(on_border.sum()), 2))
+    # each border corner goes just before the midpoint of the edge it starts
+    slots = np.arange(len(loop)) + np.cumsum(on_border)
+    points[slots] = midpoints
+    points[slots[on_border] - 1] = loop[on_border]
+    return points
+
+
 @dataclass
 class PolygonFit:
     """What :func:`fit_polygon` found: ``vertices`` (k, 2) in display coordinates, or None when
@@ -124,7 +175,8 @@ class PolygonFit:
 
 
 def fit_polygon(points: np.ndarray, predicted: np.ndarray, *, bins: int = 96, smoothing: float = 1.2,
-                core: float = 0.01, max_vertices: int = 30, min_events: int = 10) -> PolygonFit:
+                core: float = 0.01, outline_smoothing: float = 1.5, max_vertices: int = 30,
+                min_events: int = 10) -> PolygonFit:
     """Fit one polygon to the predicted cells among a parent's events on one plot.
 
     Parameters
@@ -133,7 +185,7 @@ def fit_polygon(points: np.ndarray, predicted: np.ndarray, *, bins: int = 96, sm
         The parent's events in the gate's display coordinates (NaN rows are ignored).
     predicted : ndarray of bool (n_parent_events,)
         Which of them the model put in this gate's populations.
-    bins, smoothing, core, max_vertices, min_events : see the module docstring.
+    bins, smoothing, core, outline_smoothing, max_vertices, min_events : see the module docstring.
 
     Returns
     -------
@@ -165,8 +217,9 @@ def fit_polygon(points: np.ndarray, predicted: np.ndarray, *, bins: int = 96, sm
     raw_pos, _, _ = np.histogram2d(clipped[predicted, 0], clipped[predicted, 1], bins=(x_edges, y_edges))
     mass = ndimage.sum(raw_pos + 1e-9 * pos, components, index=np.arange(1, n_components + 1))
     region = ndimage.binary_fill_holes(components == 1 + int(np.argmax(mass)))
-    loop = _trace_outline(region)
-    corners = _simplify_loop(loop, 0.75, max_vertices)
+    region = _smoothed_region(region, raw_pos, outline_smoothing)
+    outline = _edge_midpoints(_trace_outline(region), bins)
+    corners = _simplify_loop(outline, 1.0, max_vertices)
     if len(corners) < 3:
         return PolygonFit(None, n_pred, (x_edges, y_edges))
     # lattice corner (i, j) -> display coordinates; the grid's border -> beyond every event
