@@ -193,7 +193,8 @@ def _attach_labels(file_name, path, fcs_by_stem, existing, report):
         match = next((n for n in existing if n.casefold() == stem.casefold()), None)
         if match is None:
             report.errors.append((file_name, f"{file_name}: no FCS file {stem}.fcs was loaded with it or "
-                                             f"before it, so these labels belong to no patient"))
+                                             f"before it, so these labels belong to no patient; take it out of "
+                                             f"the uploader and add it again with or after {stem}.fcs"))
             return
         try:
             labels = read_labels_csv(path, existing[match].n_events)
