@@ -626,7 +626,7 @@ def test_sample_data_twice_says_already_loaded(library):
     assert at.button[0].label == "Load sample data" and at.button[0].proto.type == "secondary"
 
 
-def test_the_same_file_under_another_name_is_loaded_with_a_warning(library, sample_data_dir):
+def test_the_same_file_under_another_name_is_loaded_with_a_warning(library, sample_data_dir, monkeypatch):
     at = start()
     data = (sample_data_dir / "new" / "new_patient_02.fcs").read_bytes()
     other = (sample_data_dir / "new" / "new_patient_03.fcs").read_bytes()
@@ -642,9 +642,21 @@ def test_the_same_file_under_another_name_is_loaded_with_a_warning(library, samp
     (warning,) = [w.value for w in at.warning]
     assert warning.startswith("**p02_again** (../copies/p02 again.fcs) holds exactly the events of **new_patient_02**")
     assert store.same_events(["p02_again", "new_patient_03"]) == {"p02_again": ["new_patient_02"]}
-    # the session's memory alone (no library) finds it from the events
+    # the session's memory alone (no library) finds it from the events, each version of a
+    # patient's events hashed once
+    import hashlib
+
+    import ui.store
+
+    hashed = []
+    monkeypatch.setattr(ui.store, "events_fingerprint",
+                        lambda sample: hashed.append(sample.name) or hashlib.sha256(sample.events.tobytes()).hexdigest())
     store.library = None
     assert store.same_events(["new_patient_02"]) == {"new_patient_02": ["p02_again"]}
+    assert store.same_events(["p02_again"]) == {"p02_again": ["new_patient_02"]}
+    assert len(hashed) == 3
+    store.patients["new_patient_03"].token = "its events changed"
+    assert store.same_events(["new_patient_03"]) == {} and len(hashed) == 4
 
 
 def test_reupload_asks_replace_keep_both_or_skip(library, sample_data_dir):

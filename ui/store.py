@@ -87,6 +87,7 @@ class Store(LibraryView):
         self.seen_uploads: set[str] = set()
         # uploader file id -> its errors, shown while the file sits in the uploader (upload_errors_shown)
         self.upload_errors: dict[str, list[tuple[str, str]]] = {}
+        self._fingerprints: dict[str, str] = {}  # events token -> events_fingerprint (same_events)
         self.adopted_jobs: set[str] = set()  # background jobs whose results this session took up
         # Models others trained, offered rather than made current: {"model_id", "label", "by", "settings"}
         self.model_offers: list[dict] = []
@@ -246,9 +247,14 @@ class Store(LibraryView):
                 return {}
         else:
             by_content: dict[str, list[str]] = {}
+            fingerprints = {}
             for name, record in self.patients.items():
                 if record.sample_loaded and record.sample is not None:
-                    by_content.setdefault(events_fingerprint(record.sample), []).append(name)
+                    # hashed once per version of a patient's events (its token), not at every upload
+                    digest = self._fingerprints.get(record.token) or events_fingerprint(record.sample)
+                    fingerprints[record.token] = digest
+                    by_content.setdefault(digest, []).append(name)
+            self._fingerprints = fingerprints
             groups = list(by_content.values())
         twins = {}
         for group in groups:
