@@ -649,8 +649,12 @@ def test_the_same_file_under_another_name_is_loaded_with_a_warning(library, samp
     import ui.store
 
     hashed = []
-    monkeypatch.setattr(ui.store, "events_fingerprint",
-                        lambda sample: hashed.append(sample.name) or hashlib.sha256(sample.events.tobytes()).hexdigest())
+
+    def fingerprint(sample):
+        hashed.append(sample.name)
+        return hashlib.sha256(sample.events.tobytes()).hexdigest()
+
+    monkeypatch.setattr(ui.store, "events_fingerprint", fingerprint)
     store.library = None
     assert store.same_events(["new_patient_02"]) == {"new_patient_02": ["p02_again"]}
     assert store.same_events(["p02_again"]) == {"p02_again": ["new_patient_02"]}
