@@ -6,7 +6,9 @@ not gates), a model is trained on the training patients, each new patient is gat
 template's gates are fitted to its predicted populations (``fit_gate_tree``). Printed per
 population: F1 of the fitted gate's membership against the cells predicted in it (what the
 reviewer sees as gates vs what the model said), and, for context, F1 of the same gate against the
-expert labels and of the cell-level prediction against the expert labels.
+expert labels and of the cell-level prediction against the expert labels; and each fitted
+polygon's vertices and total turning (``gating_core.gates.polygon_fit.total_turning``: 1 for a
+convex polygon, about one more for each tooth or notch).
 
     python bench/bench_autogates.py [--sample-only | --multicenter-only] [--no-select]
 """
@@ -26,6 +28,7 @@ from gating_core.gates import panel_scale
 from gating_core.gates.agreement import agreement
 from gating_core.gates.autogates import (MULTICENTER_HIERARCHY, SAMPLE_DATA_HIERARCHY, UNASSIGNED, fit_gate_tree,
                                          gate_populations, tree_from_labels)
+from gating_core.gates.polygon_fit import total_turning
 
 REPO = Path(__file__).resolve().parent.parent
 MULTICENTER = REPO.parent / "shared" / "data" / "multicenter"
@@ -63,10 +66,14 @@ def run(name, training, new, truth, hierarchy, select):
                 counted = ~np.isin(expert, UNASSIGNED) & ~np.isin(predicted, UNASSIGNED)
                 expert_target, predicted_target, inside = expert_target & counted, predicted_target & counted, \
                     inside & counted
+            gate = fit.tree[row.gate]
+            polygon = gate.kind == "polygon"
             rows.append({"data": name, "patient": sample.name, "gate": row.gate, "parent": row.parent,
                          "% of parent": row._5, "F1 gates vs predicted": row.F1,
                          "F1 gates vs expert": _f1(inside, expert_target),
-                         "F1 predicted vs expert": _f1(predicted_target, expert_target)})
+                         "F1 predicted vs expert": _f1(predicted_target, expert_target),
+                         "vertices": len(gate.vertices) if polygon else np.nan,
+                         "turns": total_turning(gate.vertices) if polygon else np.nan})
     table = pd.DataFrame(rows)
     print(f"\n== {name}: template from {samples[0].name}; model trained on {len(samples)} patients in "
           f"{t_train:.1f} s (select={select}); template drawn in {t_template:.2f} s; fitting the gates of one "
@@ -77,6 +84,8 @@ def run(name, training, new, truth, hierarchy, select):
                                                        "F1 predicted vs expert"]].agg(["mean", "min"])
         print(f"\n{name}, per gate over the new patients (mean, min):")
         print(summary.round(3).to_string())
+    print(f"\n{name}: fitted polygons, mean over gates and new patients: {table['vertices'].mean():.1f} vertices, "
+          f"{table['turns'].mean():.2f} turns (largest {table['turns'].max():.2f})")
     return table
 
 

@@ -15,7 +15,7 @@ from gating_core.gates.autogates import (ALL_EVENTS, MULTICENTER_HIERARCHY, SAMP
                                          fit_gate_tree, gate_populations, relabel_after_edit, tree_from_labels,
                                          unassigned_name)
 from gating_core.gates.polygon_fit import (SMOOTHING_LOSS, _edge_midpoints, _smoothed_region, _trace_outline,
-                                          fit_polygon)
+                                          fit_polygon, total_turning)
 from gating_core.io.inputs import load_labeled_input
 from ui.app_state import autogate_templates
 from helpers import sample_cohort
@@ -130,14 +130,12 @@ def test_smoothing_a_region_rounds_off_teeth_but_never_drops_its_cells():
     assert _smoothed_region(line, line * 1.0, 1.5).tolist() == line.tolist()
 
 
-def _turns(vertices) -> float:
-    """A closed polygon's total turning in turns (1 for a convex one; each tooth adds about one),
-    on axes scaled to its width and height."""
-    v = np.asarray(vertices, float)
-    v = (v - v.min(axis=0)) / np.ptp(v, axis=0)
-    step = np.roll(v, -1, axis=0) - v
-    heading = np.arctan2(step[:, 1], step[:, 0])
-    return float(np.abs(np.angle(np.exp(1j * (np.roll(heading, -1) - heading)))).sum() / (2 * np.pi))
+def test_total_turning_counts_the_teeth():
+    square = [[0, 0], [2, 0], [2, 1], [0, 1]]
+    assert total_turning(square) == pytest.approx(1.0)
+    # one rectangular notch in the top side: four more right angles, one more turn
+    notched = [[0, 0], [4, 0], [4, 2], [3, 2], [3, 1], [2, 1], [2, 2], [0, 2]]
+    assert total_turning(notched) == pytest.approx(2.0)
 
 
 def test_fitted_gates_follow_a_population_without_teeth(sample_data_dir, template):
@@ -146,7 +144,7 @@ def test_fitted_gates_follow_a_population_without_teeth(sample_data_dir, templat
     turns = []
     for i in (1, 2, 3):
         sample, populations = _new_patient(sample_data_dir, i)
-        turns += [_turns(g.vertices) for g in fit_gate_tree(template, sample, populations).tree.gates]
+        turns += [total_turning(g.vertices) for g in fit_gate_tree(template, sample, populations).tree.gates]
     assert len(turns) == 27 and np.mean(turns) < 3.5, np.round(turns, 2)
 
 

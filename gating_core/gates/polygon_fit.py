@@ -24,12 +24,8 @@
    vertices on the grid's border move out to the data's extreme values, so cells piled on an
    axis end stay inside.
 
-Measured (fitted to the expert labels of the three new sample-data patients and of multicenter
-samples 02-10, templates from patient_01 / multicenter_01): the smoothing and the midpoints
-halve the polygons' total turning (5.1 and 4.7 turns to 3.0 and 2.1) and their turns sharper
-than 60 degrees (16.9 and 15.1 per polygon to 7.9 and 5.1), with 19 and 15 vertices instead of
-24 and 23, for 0.001 and 0.0006 less mean F1 against the cells they were fitted to (lowest F1
-0.961 and 0.954 before, 0.961 and 0.953 after).
+How much smoother that makes the polygons, and what it costs in agreement, is measured in
+docs/app.md (`bench/bench_autogates.py`, which also prints each polygon's :func:`total_turning`).
 
 Only numpy and scipy (``scipy.ndimage``) are used: no matplotlib, no shapely.
 
@@ -162,6 +158,16 @@ def _edge_midpoints(loop: np.ndarray, bins: int) -> np.ndarray:
     points[slots] = midpoints
     points[slots[on_border] - 1] = loop[on_border]
     return points
+
+
+def total_turning(vertices) -> float:
+    """How much a closed polygon's outline turns, in full turns, on axes scaled to its width and
+    height: 1 for a convex polygon, about one more for each tooth or notch. vertices (k, 2)."""
+    v = np.asarray(vertices, dtype=np.float64)
+    v = (v - v.min(axis=0)) / np.where(np.ptp(v, axis=0) > 0, np.ptp(v, axis=0), 1.0)
+    step = np.roll(v, -1, axis=0) - v
+    heading = np.arctan2(step[:, 1], step[:, 0])
+    return float(np.abs(np.angle(np.exp(1j * (np.roll(heading, -1) - heading)))).sum() / (2 * np.pi))
 
 
 @dataclass
