@@ -82,7 +82,9 @@ def test_channel_scale_flow_biopsies_train_and_gate_in_the_browser(app_url, brow
 
     # The model's parts, each alone: the reviewer compares them and starts the review from the
     # patient's own populations; the library keeps that gating and which part made it.
+    wait_idle(page)  # the download's rerun ends before the next click (a loaded machine can take long)
     page.get_by_text("Compare the model's parts").click()
+    wait_idle(page)
     page.get_by_role("button", name="Gate with each part alone").click()
     page.get_by_text("Start the review from").wait_for(timeout=600_000)
     wait_idle(page)
