@@ -8,8 +8,9 @@ from gating_core.gates.agreement import flat_statistics
 from gating_core.model.result import PART_TITLES, review_flags
 from gating_core.reports.plotting import population_colors
 from ui import autogate_view, cache, charts, exports, parts_view
-from ui.app_state import (acceptance_acknowledgement, missing_model_channels, new_population_name, review_notice,
-                          review_worklist, shape_from_selection, unknown_cells_notice, worklist_display)
+from ui.app_state import (acceptance_acknowledgement, later_twins, missing_model_channels, new_population_name,
+                          review_notice, review_worklist, shape_from_selection, unknown_cells_notice,
+                          worklist_display)
 from ui.common import (channel_label, confirm_action, default_xy, get_store, label_versions, model_offers,
                        model_picker, plot_range, refresh_status, require_patients, scale_select, show_label_change)
 from ui.training import is_transductive, refit_caption
@@ -39,7 +40,13 @@ model = store.models[model_name]
 # Only patients with every channel the model needs are offered by default; the others are named.
 unfit = {n: missing_model_channels(model, store.patients[n].sample.channels) for n in store.unlabeled()}
 compatible = [n for n, missing in unfit.items() if not missing]
-targets = m2.multiselect("Patients to gate", list(store.patients), default=compatible, key=f"ag_targets_{model_name}")
+# A patient whose events an earlier one holds (the same file loaded twice) is not ticked.
+twins = later_twins(compatible, list(store.patients), store.same_events(compatible))
+targets = m2.multiselect("Patients to gate", list(store.patients), default=[n for n in compatible if n not in twins],
+                         key=f"ag_targets_{model_name}")
+for name, first in twins.items():
+    if name not in targets:
+        st.caption(f"{name} is not selected: it holds exactly the events of {first} (the same file loaded twice?).")
 for name, missing in unfit.items():
     if missing and name in targets:
         st.warning(f"{name} lacks {', '.join(missing)}, which {model_name} needs: it cannot be gated by this model.")
@@ -87,6 +94,11 @@ if state.get("ag_patient") not in gated:
     kept = state.get("ag_patient_kept")
     first = next((n for n in worklist["patient"] if n in to_review), gated[0])
     state["ag_patient"] = kept if kept in gated else first
+elif state.get("ag_patient_marked") != to_review:
+    # The browser keeps showing the choice's old text (" · to review" after an accept) until its
+    # value is sent again.
+    state["ag_patient"] = state["ag_patient"]
+state["ag_patient_marked"] = to_review
 patient = st.selectbox("Review patient", gated, key="ag_patient",
                        format_func=lambda n: f"{n} · to review" if n in to_review else n)
 state["ag_patient_kept"] = patient
@@ -100,15 +112,19 @@ result = record.load_result()
 sample = record.sample
 novelty = getattr(result, "novelty", None)
 notice = review_notice(patient, novelty)
-if notice is not None and notice[0] == "warning":
+accepted = record.label_source.startswith("auto-gate")
+if accepted:
+    # Reviewed and accepted: what the gating flagged is history, not a task.
+    st.info(f"{patient} was accepted: it is a historical patient for the next training.")
+    if notice is not None:
+        st.caption(f"When it was gated: {notice[1]}")
+elif notice is not None and notice[0] == "warning":
     st.warning(notice[1], icon=":material/warning:")
 elif notice is not None:
     st.success(notice[1], icon=":material/check_circle:")
 unknown_notice = unknown_cells_notice(patient, record.populations, pop_names)
 if unknown_notice:
     st.warning(unknown_notice, icon=":material/help:")
-if record.label_source.startswith("auto-gate"):
-    st.info(f"{patient} was accepted: it is a historical patient for the next training.")
 part = getattr(result, "part", None)
 st.caption(f"Auto-gated with the model **{record.result_model or 'not recorded'}**"
            + (f", by {PART_TITLES[part]}" if part else "")
@@ -316,7 +332,9 @@ if autogate_view.gates_section(store, patient, record) is None:
                                 "% of total": st.column_config.NumberColumn(format="%.2f")})
 
 if record.corrected is not None:
-    st.caption(f"{record.corrected_count():,} cells corrected by hand.")
+    earlier = record.earlier_corrected_count()
+    st.caption(f"{record.cells_corrected():,} cells corrected by hand"
+               + (f" ({earlier:,} of them in an earlier session)." if earlier else "."))
 elif record.reviewed_earlier:
     earlier = (getattr(result, "details", None) or {}).get("cells corrected")
     st.caption("Corrected by hand in an earlier session" + (f" ({int(earlier):,} cells)" if earlier is not None else "")

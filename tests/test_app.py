@@ -626,6 +626,31 @@ def test_sample_data_twice_says_already_loaded(library):
     assert at.button[0].label == "Load sample data" and at.button[0].proto.type == "secondary"
 
 
+def test_a_later_twin_of_a_loaded_patient_is_not_ticked_for_auto_gating(library, sample_data_dir):
+    """The same file loaded twice under two names: Auto-gate ticks the first only (gating both
+    would count that patient twice in a batch's statistics) and says why the other is not."""
+    pytest.importorskip("gating_core.model")
+    from ui.app_state import later_twins
+
+    order = ["a", "b", "c", "d", "e"]
+    twins = {"d": ["b", "e"], "e": ["b", "d"], "c": []}
+    assert later_twins(["c", "d", "e"], order, twins) == {"d": "b", "e": "b"}
+    assert later_twins(["b", "d"], order, {"b": ["d"], "d": ["b"]}) == {"d": "b"}
+    assert later_twins(["a"], order, {}) == {}
+
+    at = load_sample_data(start())
+    data = (sample_data_dir / "new" / "new_patient_02.fcs").read_bytes()
+    at.file_uploader(key="uploads").set_value([("p02 again.fcs", data, "application/octet-stream")])
+    at.run()
+    assert "p02_again" in store_of(at).patients
+    at = train_quick_model(at)
+    at = goto(at, "pages/5_autogate.py")
+    model = store_of(at).current_model
+    assert at.multiselect(key=f"ag_targets_{model}").value == ["new_patient_01", "new_patient_02", "new_patient_03"]
+    assert [c.value for c in at.caption if c.value.startswith("p02_again")] == [
+        "p02_again is not selected: it holds exactly the events of new_patient_02 (the same file loaded twice?)."]
+
+
 def test_the_same_file_under_another_name_is_loaded_with_a_warning(library, sample_data_dir, monkeypatch):
     at = start()
     data = (sample_data_dir / "new" / "new_patient_02.fcs").read_bytes()

@@ -747,3 +747,66 @@ def test_gates_are_fitted_with_the_populations_of_the_model_that_gated_the_patie
     assert "NK cells" in gates["populations"]
     assert "Lymphocytes" not in gates["unfitted"], gates["unfitted"]
     assert gates["unfitted"]["NK cells"] == "no cell of this patient is predicted in its population"
+
+
+def test_cells_corrected_in_two_sessions_are_counted_together_on_the_page_and_in_the_report(loaded):
+    """Cells corrected in one session and more in the next: the page counts both (naming the
+    earlier session's share), the library stores the sum, and the HTML report says so; once
+    accepted, the page and the report keep the gating's flags as history, not as a task."""
+    from apptest_helpers import reload
+    from gating_core.gates.autogates import SAMPLE_DATA_HIERARCHY
+    from ui import exports
+
+    store = store_of(loaded)
+    patient = "new_patient_02"
+    at = autogate(loaded, drawn_tree(store, [g[0] for g in SAMPLE_DATA_HIERARCHY]), targets=(patient,))
+    at.selectbox(key="ag_patient").set_value(patient)
+    at.selectbox(key="ag_x").set_value("FL3-A")
+    at.selectbox(key="ag_y").set_value("FL6-A")
+    run(at)
+    record = store.patients[patient]
+    predicted = np.asarray(record.populations).astype(str)
+    sample = record.sample
+    fl3, fl6 = (sample.events[:, sample.pnn.index(c)] for c in ("FL3-A", "FL6-A"))
+    first = [tuple(np.percentile(fl3, [10, 30])), tuple(np.percentile(fl6, [10, 30]))]
+    circle_box(at, patient, "FL3-A", "FL6-A", [(first[0][0], first[1][0]), (first[0][1], first[1][1])],
+               to="CD8 T cells")
+    at.button(key="ag_reassign").click()
+    run(at)
+    earlier = int((np.asarray(record.populations).astype(str) != predicted).sum())
+    assert earlier > 50
+    assert any(c.value == f"{earlier:,} cells corrected by hand." for c in at.caption)
+
+    again = reload(at, "pages/5_autogate.py")
+    again.selectbox(key="ag_patient").set_value(patient)
+    again.selectbox(key="ag_x").set_value("FL3-A")
+    again.selectbox(key="ag_y").set_value("FL6-A")
+    run(again)
+    kept = store_of(again).patients[patient]
+    reviewed = np.asarray(kept.populations).astype(str).copy()
+    (x0, x1), (y0, y1) = np.percentile(fl3, [60, 80]), np.percentile(fl6, [60, 80])
+    circle_box(again, patient, "FL3-A", "FL6-A", [(x0, y0), (x1, y1)], to="CD4 T cells")
+    again.button(key="ag_reassign").click()
+    run(again)
+    now = np.asarray(kept.populations).astype(str)
+    this_session = int((now != reviewed).sum())
+    assert this_session > 50 and kept.corrected_count() == this_session
+    total = earlier + this_session
+    assert kept.cells_corrected() == total
+    assert any(c.value == f"{total:,} cells corrected by hand ({earlier:,} of them in an earlier session)."
+               for c in again.caption)
+    stored = store_of(reload(again, "pages/5_autogate.py")).patients[patient].load_result()
+    assert stored.details["cells corrected"] == total
+    report = exports.patient_report(kept).decode()
+    assert f"<p>Reviewed: {total:,} cells corrected by hand.</p>" in report
+
+    # accepted: the picker and the page no longer ask for a review, and the report says accepted
+    store_of(again).accept(patient)
+    run(again)
+    assert again.selectbox(key="ag_patient").format_func(patient) == patient
+    assert any(i.value == f"{patient} was accepted: it is a historical patient for the next training."
+               for i in again.info)
+    assert not [w.value for w in again.warning if "review its gates by hand" in w.value]
+    report = exports.patient_report(kept).decode()
+    assert f"<p>Reviewed: {total:,} cells corrected by hand; accepted as the patient's labels.</p>" in report
+    assert ": review the populations by hand." not in report

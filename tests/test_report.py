@@ -217,6 +217,37 @@ def test_report_escapes_every_user_string_and_shows_novelty_confidence_and_flags
     assert html.count("<svg") == 2                             # flat: scatter and two fluorescence channels
 
 
+def test_report_says_what_review_did_and_keeps_an_accepted_patients_flags_as_history(patient, tree):
+    sample, labels = patient
+    flagged = {"score": 3.2, "threshold": 1.5, "is_novel": True, "disagreement": 0.31,
+               "disagreement_threshold": 0.2}
+    to_review = patient_report_html("p", sample, labels, tree=tree, novelty=flagged)
+    assert ("<p class='warn'>novelty score 3.20 (threshold 1.50): UNLIKE every training patient: review the "
+            "populations by hand.</p>") in to_review
+    assert ("<p class='warn'>the transfer model and the patient&#x27;s own populations disagree on 31.0% of its cells "
+            "(review above 20%): review the populations by hand.</p>") in to_review
+    assert "Reviewed" not in to_review and "adjusted by hand" not in to_review
+
+    corrected = patient_report_html("p", sample, labels, tree=tree, novelty=flagged, cells_corrected=1234,
+                                    gates_before_correction=True)
+    assert "<p>Reviewed: 1,234 cells corrected by hand.</p>" in corrected
+    assert ("<p class='warn'>The gates were adjusted by hand before cells were corrected: they may no longer "
+            "enclose the corrected populations.") in corrected
+    assert corrected.count(": review the populations by hand.") == 2
+
+    accepted = patient_report_html("p", sample, labels, tree=tree, novelty=flagged, cells_corrected=0,
+                                   accepted=True)
+    assert "<p>Reviewed: 0 cells corrected by hand; accepted as the patient's labels.</p>" in accepted
+    assert ("<p class='meta'>novelty score 3.20 (threshold 1.50): UNLIKE every training patient: flagged for "
+            "review when gated; reviewed and accepted.</p>") in accepted
+    assert ("disagree on 31.0% of its cells (review above 20%): flagged for review when gated; reviewed and "
+            "accepted.</p>") in accepted
+    assert "review the populations by hand" not in accepted and "class='warn'>novelty" not in accepted
+    calm = {"score": 0.8, "threshold": 1.5, "is_novel": False, "disagreement": 0.05, "disagreement_threshold": 0.2}
+    assert ("<p class='ok'>novelty score 0.80 (threshold 1.50): resembles the training patients.</p>"
+            in patient_report_html("p", sample, labels, novelty=calm, accepted=True))
+
+
 def test_report_draws_quadrant_range_and_boolean_gates(patient, tree):
     """Every gate kind is drawn: a quadrant split as its two lines with each quadrant named in
     its corner, a range gate as a band on its parent's histogram; a boolean gate has no plot."""

@@ -23,6 +23,19 @@ def missing_model_channels(model, channels) -> list[str]:
             if pnn.casefold() not in have and not (pns and pns.casefold() in have)]
 
 
+def later_twins(candidates, order, twins: dict) -> dict[str, str]:
+    """The ``candidates`` whose events a patient earlier in ``order`` (the loaded patients, as
+    added) already holds: {candidate: that earlier patient}. ``twins``: :meth:`Store.same_events`
+    of the candidates. Gating both would count one patient twice in a batch's statistics."""
+    position = {name: i for i, name in enumerate(order)}
+    later = {}
+    for name in candidates:
+        earlier = [t for t in twins.get(name, ()) if position.get(t, len(position)) < position.get(name, -1)]
+        if earlier:
+            later[name] = min(earlier, key=position.__getitem__)
+    return later
+
+
 def channel_presence(samples: dict):
     """DataFrame: one row per channel name ($PnN, with marker), one column per patient, bool."""
     import pandas as pd

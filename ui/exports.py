@@ -145,7 +145,9 @@ def batch_csv(records) -> bytes:
 def _report_key(record) -> str:
     tree = _gates_of(record)
     known = (record.autogates or {}).get("populations") or ()
-    return f"{record.populations_token}|{tree.to_json() if tree is not None else ''}|{','.join(known)}"
+    before = bool((record.autogates or {}).get("before correction"))
+    return (f"{record.populations_token}|{tree.to_json() if tree is not None else ''}|{','.join(known)}"
+            f"|{record.label_source}|{before}")
 
 
 @st.cache_data(max_entries=16, show_spinner="Writing the report…")
@@ -160,7 +162,11 @@ def _patient_report(key: str, _record) -> bytes:
         memberships=entry.get("memberships"), source=entry["source"], model_name=_record.result_model,
         file_name=_record.file_name, qc=quality(_record.token, _record),
         compensation=compensation(_record.token, _record), known=entry.get("known", ()),
-        gate_notes=(_record.autogates or {}).get("unfitted") if entry.get("tree") is not None else None)
+        gate_notes=(_record.autogates or {}).get("unfitted") if entry.get("tree") is not None else None,
+        cells_corrected=_record.cells_corrected() if result is not None and _record.is_reviewed else None,
+        accepted=result is not None and _record.label_source.startswith("auto-gate"),
+        gates_before_correction=bool((_record.autogates or {}).get("before correction"))
+        and entry.get("tree") is not None)
     return text.encode("utf-8")
 
 

@@ -246,7 +246,19 @@ class PatientRecord:
         return self.corrected is not None or self.reviewed_earlier
 
     def corrected_count(self) -> int:
-        """Cells whose reviewed population differs from the model's gating (0 without corrections)."""
+        """Cells whose reviewed population differs from the gating this session's corrections
+        started from (0 without corrections)."""
         if self.corrected is None or self.load_result() is None:
             return 0
         return int((np.asarray(self.corrected).astype(str) != np.asarray(self.result.populations).astype(str)).sum())
+
+    def earlier_corrected_count(self) -> int:
+        """Cells corrected in an earlier session, as the review read back from the library counts
+        them (0 when the result read back is the model's own gating)."""
+        stored = getattr(self.load_result(), "details", None) or {}
+        return int(stored.get("cells corrected", 0)) if stored.get(REVIEWED_DETAIL) else 0
+
+    def cells_corrected(self) -> int:
+        """Cells corrected by hand in all: this session's corrections and an earlier session's
+        (a cell corrected in both counts twice: the model's own gating is not kept)."""
+        return self.earlier_corrected_count() + self.corrected_count()

@@ -48,11 +48,9 @@ def _review_details(record: PatientRecord) -> dict:
     was corrected in review and how many cells were corrected. A result read back from the
     library after a review is already the reviewed gating: its corrections count beside this
     session's (a cell corrected in both counts twice: the model's own gating is not kept)."""
-    stored = getattr(record.result, "details", None) or {}
-    earlier = int(stored.get("cells corrected", 0)) if stored.get(REVIEWED_DETAIL) else 0
-    if record.corrected is None and not stored.get(REVIEWED_DETAIL):
+    if not record.is_reviewed:
         return {}
-    return {REVIEWED_DETAIL: True, "cells corrected": earlier + record.corrected_count()}
+    return {REVIEWED_DETAIL: True, "cells corrected": record.cells_corrected()}
 
 
 def events_fingerprint(sample) -> str:

@@ -258,32 +258,52 @@ def _table_html(frame, formats: dict) -> str:
     return f"<table><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def _novelty_html(novelty) -> str:
+def _novelty_html(novelty, accepted: bool = False) -> str:
     """The report's novelty lines from a Novelty or its stored dict (the reports sit beside the
-    model and import nothing of it, so the fields are read here)."""
+    model and import nothing of it, so the fields are read here). Once the populations were
+    reviewed and ``accepted``, a flag is what the gating said, not a task left."""
     if novelty is None:
         return "<p class='meta'>No novelty score: these populations are labels, not a model's result.</p>"
     get = (lambda k: novelty.get(k)) if isinstance(novelty, dict) else (lambda k: getattr(novelty, k, None))
     score, threshold, novel = get("score"), get("threshold"), bool(get("is_novel"))
     disagreement, review_above = get("disagreement"), get("disagreement_threshold")
     disagree = disagreement is not None and review_above is not None and float(disagreement) > float(review_above)
+    task = ": flagged for review when gated; reviewed and accepted." if accepted else ": review the populations by hand."
     text = (f"novelty score {float(score):.2f} (threshold {float(threshold):.2f}): "
-            + ("UNLIKE every training patient: review the populations by hand." if novel
-               else "resembles the training patients."))
-    html = f"<p class='{'warn' if novel else 'ok'}'>{_e(text)}</p>"
-    disagreement = get("disagreement")
+            + (f"UNLIKE every training patient{task}" if novel else "resembles the training patients."))
+    html = f"<p class='{_flag_class(novel, accepted)}'>{_e(text)}</p>"
     if disagreement is not None:
         text = (f"the transfer model and the patient's own populations disagree on {float(disagreement):.1%} "
-                f"of its cells (review above {float(review_above):.0%})"
-                + (": review the populations by hand." if disagree else "."))
-        html += f"<p class='{'warn' if disagree else 'ok'}'>{_e(text)}</p>"
+                f"of its cells (review above {float(review_above):.0%})" + (task if disagree else "."))
+        html += f"<p class='{_flag_class(disagree, accepted)}'>{_e(text)}</p>"
     return html
+
+
+def _flag_class(flagged: bool, accepted: bool) -> str:
+    return "ok" if not flagged else "meta" if accepted else "warn"
+
+
+def _review_html(cells_corrected: int | None, accepted: bool, gates_before_correction: bool) -> str:
+    """What a person did to the model's populations: cells corrected, accepted as labels, and
+    gates adjusted before cells were corrected (which may no longer enclose them)."""
+    lines = []
+    if cells_corrected is not None:
+        lines.append(f"<p>Reviewed: {cells_corrected:,} cells corrected by hand"
+                     + ("; accepted as the patient's labels." if accepted else ".") + "</p>")
+    elif accepted:
+        lines.append("<p>Reviewed and accepted as the patient's labels.</p>")
+    if gates_before_correction:
+        lines.append("<p class='warn'>The gates were adjusted by hand before cells were corrected: they may no "
+                     "longer enclose the corrected populations. The counts and the shares on the plots are of the "
+                     "corrected cells, not of the events inside each gate.</p>")
+    return "".join(lines)
 
 
 def patient_report_html(patient: str, sample, populations, *, confidence=None, novelty=None, tree=None,
                         memberships=None, source: str = "", model_name: str = "", file_name: str = "",
                         low_confidence: float = 0.6, qc=None, compensation=None, generated: str | None = None,
-                        max_dots: int = REPORT_DOTS, known=(), gate_notes=None) -> str:
+                        max_dots: int = REPORT_DOTS, known=(), gate_notes=None, cells_corrected: int | None = None,
+                        accepted: bool = False, gates_before_correction: bool = False) -> str:
     """One self-contained HTML page for one patient.
 
     Parameters
@@ -302,6 +322,9 @@ def patient_report_html(patient: str, sample, populations, *, confidence=None, n
     generated : timestamp text (default: now, UTC)
     known : population names of the model beside those present (see ``population_rows``)
     gate_notes : dict gate name -> text, optional: gates kept as the template drew them and why
+    cells_corrected : cells a person corrected in review, optional (None: not reviewed)
+    accepted : whether a person accepted these populations as the patient's labels
+    gates_before_correction : whether the gates were adjusted by hand before cells were corrected
 
     Returns
     -------
@@ -330,7 +353,8 @@ def patient_report_html(patient: str, sample, populations, *, confidence=None, n
                  f"{sample.n_events:,} events, {len(sample.channels)} channels",
                  f"file {file_name}" if file_name else "", f"populations: {source}" if source else "",
                  f"model {model_name}" if model_name else "", f"generated {generated}") if t) + "</p>"]
-    parts.append("<h2>Novelty and confidence</h2>" + _novelty_html(novelty))
+    parts.append("<h2>Novelty and confidence</h2>" + _novelty_html(novelty, accepted)
+                 + _review_html(cells_corrected, accepted, gates_before_correction))
     if confidence is not None:
         conf = np.asarray(confidence, dtype=np.float64)
         low = int((conf < low_confidence).sum())
