@@ -8,7 +8,7 @@ from gating_core.gates import AxisScale
 from gating_core.reports.plotting import population_colors
 from ui import cache, charts, explore_view
 from ui.app_state import common_channels
-from ui.common import (axis_range_editor, channel_label, default_xy, get_store, plot_bins, plot_range,
+from ui.common import (axis_range_editor, channel_label, default_xy, density_bins, get_store, plot_bins, plot_range,
                        require_patients, scale_select, transform_editor)
 
 store = get_store()
@@ -59,8 +59,9 @@ def scatter_section():
 
     x_range = plot_range(store, tokens, x_ch, x_scale, samples)
     y_range = plot_range(store, tokens, y_ch, y_scale, samples)
-    (x_bin_range, n_x), (y_bin_range, n_y) = (plot_bins(tokens, x_ch, x_scale, samples, x_range),
-                                              plot_bins(tokens, y_ch, y_scale, samples, y_range))
+    bins = density_bins([s.n_events for s in samples])
+    (x_bin_range, n_x), (y_bin_range, n_y) = (plot_bins(tokens, x_ch, x_scale, samples, x_range, bins),
+                                              plot_bins(tokens, y_ch, y_scale, samples, y_range, bins))
 
     panels = []
     populations = {}

@@ -7,8 +7,9 @@ from gating_core.gates import (AxisScale, Gate, GateError, GateTree, boolean_gat
                                range_gate, rectangle_gate)
 from ui import cache, charts, gate_view
 from ui.app_state import shape_from_selection
-from ui.common import (axis_range_editor, channel_label, confirm_action, default_xy, get_store, label_versions,
-                       plot_bins, plot_range, require_patients, scale_select, show_label_change, transform_editor)
+from ui.common import (axis_range_editor, channel_label, confirm_action, default_xy, density_bins, get_store,
+                       label_versions, plot_bins, plot_range, require_patients, scale_select, show_label_change,
+                       transform_editor)
 
 ALL = gate_view.ALL
 store = get_store()
@@ -81,8 +82,9 @@ def gating_section():
     x_range = plot_range(store, tokens, x_ch, x_scale_d, [sample])
     y_range = plot_range(store, tokens, y_ch, y_scale_d, [sample])
     mask_key = f"{tree_json}|{parent}" if parent_mask is not None else ""
-    (x_bin_range, n_x), (y_bin_range, n_y) = (plot_bins(tokens, x_ch, x_scale_d, [sample], x_range),
-                                              plot_bins(tokens, y_ch, y_scale_d, [sample], y_range))
+    bins = density_bins([parent_count])  # the parent's events are what the density counts
+    (x_bin_range, n_x), (y_bin_range, n_y) = (plot_bins(tokens, x_ch, x_scale_d, [sample], x_range, bins),
+                                              plot_bins(tokens, y_ch, y_scale_d, [sample], y_range, bins))
     grid = cache.density(record.token, mask_key, x_ch, y_ch, x_scale_d, y_scale_d, x_bin_range, y_bin_range,
                          (n_x, n_y), sample, _mask=parent_mask)
     parent_gate = None if parent == ALL else parent

@@ -42,10 +42,11 @@ def _expected_picture(records, x_ch, y_ch, names, colors):
     values = [[r.sample.events[:, r.sample.channel_index(c)].astype(np.float32) for r in records]
               for c in (x_ch, y_ch)]
     x_range, y_range = plotting.display_range(values[0]), plotting.display_range(values[1])
+    bins = plotting.density_bins(min(r.sample.n_events for r in records))  # shared, from the fewest events
     grids = []
     for r, x, y in zip(records, *values):
         pops = np.asarray(r.populations).astype(str)
-        grids.append(np.stack([plotting.density_grid(x[pops == n], y[pops == n], x_range, y_range, 200)[0]
+        grids.append(np.stack([plotting.density_grid(x[pops == n], y[pops == n], x_range, y_range, bins)[0]
                                for n in names]))
     top = max(int(g.sum(axis=0).max()) for g in grids)
     return population_view.population_image(grids[0], [colors[n] for n in names], top=top), grids[0], x_range, y_range
@@ -80,11 +81,12 @@ def test_population_view_is_one_image_per_patient_of_every_event(library):
     assert colors == plotting.population_colors(names)
     want, counts, x_range, y_range = _expected_picture(records, x_ch, y_ch, names, colors)
     got = _decoded(images[0])
-    assert got.shape == (200, 200, 4)
+    bins = plotting.density_bins(min(r.sample.n_events for r in records))
+    assert got.shape == (bins, bins, 4)
     np.testing.assert_array_equal(got, want)
     assert counts.sum() > 0.99 * records[0].n_events  # all events counted, not a subsample
     # the image spans the density view's bins: the same x / y bin centres
-    _, x_centers, y_centers = plotting.density_grid(np.zeros(1), np.zeros(1), x_range, y_range, 200)
+    _, x_centers, y_centers = plotting.density_grid(np.zeros(1), np.zeros(1), x_range, y_range, bins)
     assert (images[0]["x0"], images[0]["y0"]) == (x_centers[0], y_centers[0])
     assert np.isclose(images[0]["dx"], x_centers[1] - x_centers[0])
     assert np.isclose(images[0]["dy"], y_centers[1] - y_centers[0])
@@ -123,11 +125,16 @@ def test_channel_numbers_are_binned_a_whole_number_of_them_a_bin(library, dlbcl_
     x_ch, y_ch = at.selectbox(key="ex_x").value, at.selectbox(key="ex_y").value
     assert chosen == ["dlbcl_01", "dlbcl_02"] and at.selectbox(key=f"ex_xs_{x_ch}").value == "linear"
 
-    def aligned(channel):
+    def aligned(channel, bins=200):
         values = [samples[n].events[:, samples[n].channel_index(channel)].astype(np.float32) for n in chosen]
-        return values, plotting.lattice_bins(plotting.display_range(values), (1.0, 0.0), 200)
+        return values, plotting.lattice_bins(plotting.display_range(values), (1.0, 0.0), bins)
 
-    (xs, ((x_low, x_high), n_x)), (ys, ((y_low, y_high), n_y)) = aligned(x_ch), aligned(y_ch)
+    # the density: bins for the fewer events of the two (3,796), each a whole number of channel numbers
+    density_bins = plotting.density_bins(min(samples[n].n_events for n in chosen))
+    assert density_bins == 62
+    (xs, ((x_low, x_high), n_x)), (ys, ((y_low, y_high), n_y)) = (aligned(x_ch, density_bins),
+                                                                  aligned(y_ch, density_bins))
+    assert 50 <= n_x <= 70 and 50 <= n_y <= 70
     for low, high, n in ((x_low, x_high, n_x), (y_low, y_high, n_y)):
         assert low % 1 == high % 1 == 0.5 and (high - low) / n == round((high - low) / n)
     heatmaps = [t for t in _spec(at)["data"] if t["type"] == "heatmap"]

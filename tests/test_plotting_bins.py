@@ -113,3 +113,28 @@ def test_the_shared_files_lattices(dlbcl_dir, multicenter_dir):
     assert [plotting.value_lattice(flow.events[:, j]) for j in range(flow.events.shape[1])] == [(1.0, 0.0)] * 3
     mass = read_fcs(multicenter_dir / "multicenter_01.fcs")  # mass cytometry intensities
     assert all(plotting.value_lattice(np.arcsinh(mass.events[:, j] / 5)) is None for j in range(mass.events.shape[1]))
+
+
+def test_density_bins_shrink_for_few_events_only():
+    """sqrt(n) bins a side, between 50 and 200: files of 50,000 events and more keep 200."""
+    got = {n: plotting.density_bins(n) for n in (0, 1_856, 2_550, 2_551, 3_796, 10_000, 20_000, 39_800, 39_801,
+                                                  50_000, 1_000_000)}
+    assert got == {0: 50, 1_856: 50, 2_550: 50, 2_551: 51, 3_796: 62, 10_000: 100, 20_000: 141, 39_800: 199,
+                   39_801: 200, 50_000: 200, 1_000_000: 200}
+
+
+def test_fewer_density_bins_still_hold_whole_channel_numbers():
+    """A 3,796-event file of channel numbers (0-1023): about 62 bins, each holding the same whole
+    number of channel numbers, edges halfway between two."""
+    rng = np.random.default_rng(3)
+    values = np.clip(np.round(rng.normal(600, 150, 3_796)), 0, 1023).astype(np.float32)
+    value_range = plotting.display_range(values)
+    bins = plotting.density_bins(values.size)
+    (low, high), count = plotting.lattice_bins(value_range, plotting.value_lattice(values), bins)
+    assert low <= value_range[0] and high >= value_range[1]
+    assert low % 1 == 0.5 and high % 1 == 0.5
+    per_bin = (high - low) / count
+    assert per_bin == round(per_bin) and abs(count - bins) <= 0.1 * bins
+    channel_numbers = np.arange(np.ceil(low), high)
+    held, _ = plotting.histogram_1d(channel_numbers, (low, high), count)
+    assert held.min() == held.max() == per_bin  # no comb, no stripes

@@ -230,11 +230,22 @@ def plot_bins(tokens: tuple, channel: str, scale: dict, samples, value_range, bi
     """((low, high), count): the density and histogram bins of ``channel`` over ``value_range``,
     about ``bins`` of them; when these patients' values sit on evenly spaced channel numbers, each
     bin holds the same number of them (:func:`gating_core.reports.plotting.lattice_bins`), so
-    the histogram shows no comb and the density no stripes."""
+    the histogram shows no comb and the density no stripes. A density view passes
+    :func:`density_bins` of its events."""
     from gating_core.reports import plotting
     from ui import cache
 
     return plotting.lattice_bins(value_range, cache.lattice(tuple(tokens), channel, scale, samples), bins)
+
+
+def density_bins(event_counts) -> int:
+    """Bins per axis of density views drawn side by side over patients (or populations) of
+    ``event_counts`` events: :func:`gating_core.reports.plotting.density_bins` of the fewest, so
+    that the smallest still reads as clusters and the panels share bins, their colours counting
+    events per bin alike."""
+    from gating_core.reports import plotting
+
+    return plotting.density_bins(min(event_counts, default=0))
 
 
 def axis_range_editor(store: Store, channels: list[str], sample, key: str, tokens: tuple, samples) -> None:
