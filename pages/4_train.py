@@ -21,6 +21,8 @@ from ui.training import (DEFAULT_DICA_COMPONENTS, DICA_LABELS, IW_METHOD, KERNEL
                          model_class, model_kind, start_check, start_training, training_settings)
 from ui.models import load_model_bytes, model_bytes, model_channel_labels
 
+#: The check's scores as its table and messages name them.
+METRIC_TITLES = {"accuracy": "accuracy", "macro_f1": "macro-F1"}
 store = get_store()
 st.title("Train a gating model")
 st.caption("Train a model on labeled (historical) patients. **Marginal transfer** (recommended) looks at each "
@@ -301,8 +303,8 @@ if table is not None and len(table):
     order = [m for m in ("marginal", "pooling", "lda") if m in set(show["method"])]
     wide = show.pivot_table(index="patient", columns="method", values=["accuracy", "macro_f1"])
     wide = wide[[(metric, m) for metric in ("accuracy", "macro_f1") for m in order]]
-    wide.columns = [f"{metric} ({method})" for metric, method in wide.columns]
-    key = "macro_f1 (marginal)" if "macro_f1 (marginal)" in wide.columns else wide.columns[-1]
+    wide.columns = [f"{METRIC_TITLES[metric]} ({method})" for metric, method in wide.columns]
+    key = "macro-F1 (marginal)" if "macro-F1 (marginal)" in wide.columns else wide.columns[-1]
     worst = wide[key].idxmin()
     means = show.groupby("method")[["accuracy", "macro_f1"]].mean().loc[order]
     cols = st.columns(len(means))
@@ -313,7 +315,9 @@ if table is not None and len(table):
         st.success(f"All {len(wide)} patients scored {wide[key].iloc[0]:.3f} ({key}).")
         worst = None
     else:
-        st.warning(f"Worst patient: **{worst}** ({key} = {wide.loc[worst, key]:.3f}). Review its gates first.")
+        st.warning(f"Worst patient: **{worst}** ({key} {wide.loc[worst, key]:.3f} when held out): its labels "
+                   "agree least with what the other patients taught the model. Look at its labels first: a "
+                   "population drawn differently from the others', or one the others lack?")
     st.dataframe(wide.style.format("{:.3f}").apply(
         lambda r: ["background-color: #fde2d4" if r.name == worst else "" for _ in r], axis=1),
         width="stretch")

@@ -86,6 +86,10 @@ def test_labels_csv_reading_and_errors(tmp_path):
     with pytest.raises(LabelError, match="has 3 label rows but the sample has 4 events") as err:
         read_labels_csv(path, 4)
     assert str(err.value).startswith("p.labels.csv: ")
+    with pytest.raises(LabelError) as err:
+        read_labels_csv(path, 11_908)
+    assert str(err.value) == ("p.labels.csv: has 3 label rows but the sample has 11,908 events (one row per event, "
+                              "in event order)")
     wrong = tmp_path / "w.labels.csv"
     wrong.write_text("label\nB\n", encoding="utf-8")
     with pytest.raises(LabelError, match="header line 'population'"):

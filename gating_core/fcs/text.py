@@ -70,8 +70,9 @@ def _parse_header(raw: bytes, path, base: int) -> _Header:
         kind = next((name for magic, name in _OTHER_FORMATS if raw.startswith(magic)), None) if base == 0 else None
         if kind is None and base == 0 and _looks_like_a_table(raw):
             kind = "a text table (a gated CSV or a labels file?)"
-        raise FCSError(path, "not an FCS file" + (f": it is {kind}" if kind else "")
-                       + f" (the HEADER{where} starts with '{shown}' instead of 'FCS')")
+        # a format recognised needs no bytes shown; unknown ones show what the file starts with
+        raise FCSError(path, f"not an FCS file: it is {kind}" if kind else
+                       f"not an FCS file (the HEADER{where} starts with '{shown}' instead of 'FCS')")
     version = raw[3:6].decode("latin-1")
     if version not in SUPPORTED_VERSIONS:
         raise FCSError(path, f"unsupported FCS version {version!r} (supported: 2.0, 3.0, 3.1, 3.2)")

@@ -129,8 +129,8 @@ def population_array(path: Path, column, n_expected: int | None) -> np.ndarray:
     """Validated population names (ndarray of str) from a pyarrow string column."""
     values = column.to_numpy(zero_copy_only=False).astype(str)
     if n_expected is not None and values.shape[0] != n_expected:
-        raise LabelError(path, f"has {values.shape[0]} label rows but the sample has "
-                               f"{n_expected} events (one row per event, in event order)")
+        raise LabelError(path, f"has {values.shape[0]:,} label rows but the sample has "
+                               f"{n_expected:,} events (one row per event, in event order)")
     if values.shape[0] == 0:
         raise LabelError(path, "has no label rows")
     stripped = np.char.strip(values)
