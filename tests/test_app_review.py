@@ -147,6 +147,22 @@ def test_moving_a_vertex_relabels_only_the_cells_it_moves(loaded):
     assert len(drawing) == 2
     assert all(c["buttons"] == {"lasso2d", "select2d"} and c["spec"]["layout"]["dragmode"] == "lasso"
                for c in drawing)
+    # the gate's vertices are numbered on its plot as the vertex editor numbers them, the chosen one marked
+    corners = np.asarray(tree["Lymphocytes"].drawing().corners)
+
+    def numbered():
+        (trace,) = [t for s in specs(at) for t in s["data"] if t.get("name") == "vertices"]
+        return trace
+
+    trace = numbered()
+    assert trace["text"] == [str(i) for i in range(1, len(corners) + 1)]
+    np.testing.assert_allclose(np.column_stack([trace["x"], trace["y"]]), corners)
+    assert trace["marker"]["size"] == [11] + [6] * (len(corners) - 1)
+    at.selectbox(key=f"ag_vertex_{NEW}_Lymphocytes").set_value(3)
+    run(at)
+    assert numbered()["marker"]["size"] == [6, 6, 11] + [6] * (len(corners) - 3)
+    at.selectbox(key=f"ag_vertex_{NEW}_Lymphocytes").set_value(1)
+    run(at)
     inward = move_first_vertex(at, NEW, tree, "Lymphocytes", 0.3)
     edited = GateTree.from_dict(record.autogates["tree"])
     assert edited["Lymphocytes"].vertices[0] == pytest.approx(tuple(inward))

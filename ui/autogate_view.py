@@ -12,9 +12,11 @@ from gating_core.gates.agreement import agreement
 from gating_core.gates.autogates import counted_cells, fit_gate_tree
 from ui import cache, charts
 from ui.app_state import autogate_templates, shape_from_selection
-from ui.common import channel_label, plot_bins, plot_range
+from ui.common import channel_label, density_bins, plot_bins, plot_range
 
 ALL = "all events"
+#: Bins a side of the gate plots, at most (smaller panels than the Gate page's).
+GATE_PLOT_BINS = 150
 
 
 def templates_for(store, patient: str) -> tuple[dict, list[str]]:
@@ -107,8 +109,10 @@ class GateFigures:
             return plot_range(self.store, (self.record.token,), pnn, scale, [self.sample])
         return cache.shared_range((self.record.token,), pnn, scale, [self.sample])
 
-    def _bins(self, channel, scale: dict, value_range) -> tuple:
-        return plot_bins((self.record.token,), channel, scale, [self.sample], value_range, bins=150)
+    def _bins(self, channel, scale: dict, value_range, n_events: int) -> tuple:
+        # fewer for a small parent population, so that it reads as clusters
+        return plot_bins((self.record.token,), channel, scale, [self.sample], value_range,
+                         bins=min(GATE_PLOT_BINS, density_bins([n_events])))
 
     def _parent_mask(self, parent):
         return self.masks[parent] if parent is not None else None
@@ -121,8 +125,9 @@ class GateFigures:
         xs_d, ys_d = first.x_scale.to_dict(), first.y_scale.to_dict()
         xr, yr = self._range(first.x_channel, xs_d), self._range(first.y_channel, ys_d)
         pmask = self._parent_mask(parent)
-        (x_bin_range, n_x), (y_bin_range, n_y) = (self._bins(first.x_channel, xs_d, xr),
-                                                  self._bins(first.y_channel, ys_d, yr))
+        n_parent = sample.n_events if pmask is None else int(np.count_nonzero(pmask))
+        (x_bin_range, n_x), (y_bin_range, n_y) = (self._bins(first.x_channel, xs_d, xr, n_parent),
+                                                  self._bins(first.y_channel, ys_d, yr, n_parent))
         grid = cache.density(record.token, f"{self.tree_json}|{parent}" if pmask is not None else "",
                              first.x_channel, first.y_channel, xs_d, ys_d, x_bin_range, y_bin_range, (n_x, n_y), sample,
                              _mask=pmask)
@@ -200,10 +205,13 @@ def adjust_section(store, patient: str, record, tree: GateTree, figures: GateFig
     e1, e2 = st.columns([3, 2])
     with e1:
         group = [tree[n] for n in tree.sharing_geometry(which)]  # a quadrant with its whole split
+        figure = figures.figure(gate.parent, group, f"{patient} · {gate.parent or ALL} · {which}",
+                                selectable=gate.is_shape, height=480)
+        drawing = gate.drawing()
+        if isinstance(drawing, Region):
+            charts.add_vertex_numbers(figure, drawing.corners, state.get(f"ag_vertex_{patient}_{which}", 1))
         edit_event = st.plotly_chart(
-            figures.figure(gate.parent, group, f"{patient} · {gate.parent or ALL} · {which}",
-                           selectable=gate.is_shape, height=480),
-            width="stretch", on_select="rerun" if gate.is_shape else "ignore",
+            figure, width="stretch", on_select="rerun" if gate.is_shape else "ignore",
             selection_mode=("lasso", "box"), key=f"ag_edit_chart_{state.ag_chart_version}_{patient}_{which}")
     with e2:
         st.markdown(f"**{which}**: {in_gate:,} events ({100 * in_gate / max(parent_n, 1):.1f}% of "
@@ -226,7 +234,8 @@ def _adjust_shape(store, patient, record, tree, which, in_gate, edit_event) -> N
             st.caption(f"The selection cannot be a gate ({exc}).")
     corners = [(float(x), float(y)) for x, y in gate.drawing().corners]
     vertex = st.selectbox("Vertex", list(range(1, len(corners) + 1)), key=f"ag_vertex_{patient}_{which}",
-                          help="Vertices in the plot's display coordinates, counter-clockwise.")
+                          help="Vertices in the plot's display coordinates, numbered on the plot (the chosen "
+                               "one larger).")
     vx, vy = corners[vertex - 1]
     v1, v2 = st.columns(2)
     new_x = v1.number_input("x", value=float(vx), format="%.3f", key=f"ag_vx_{patient}_{which}_{vertex}")

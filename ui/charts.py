@@ -214,6 +214,22 @@ def add_gate_shapes(fig, gates, x_scale=None, y_scale=None, color="#222222", foc
     return fig
 
 
+def add_vertex_numbers(fig, corners, chosen: int | None = None):
+    """A region's vertices numbered on its plot as the vertex editor numbers them (1 to n, in
+    the order of ``corners``, display coordinates), ``chosen`` marked larger in the focus colour,
+    so that a typed vertex is found on the plot before it is moved."""
+    corners = np.asarray(corners, dtype=np.float64).reshape(-1, 2)
+    numbers = np.arange(1, len(corners) + 1)
+    picked = numbers == chosen
+    fig.add_trace(go.Scatter(
+        x=corners[:, 0].tolist(), y=corners[:, 1].tolist(), mode="markers+text", text=[str(n) for n in numbers],
+        textposition="top right", textfont=dict(size=11, color=np.where(picked, FOCUS_COLOR, "#222222").tolist()),
+        marker=dict(size=np.where(picked, 11, 6).tolist(), color=np.where(picked, FOCUS_COLOR, "#222222").tolist(),
+                    line=dict(width=1, color="white")),
+        hovertext=[f"vertex {n}" for n in numbers], hoverinfo="text", showlegend=False, name="vertices"))
+    return fig
+
+
 def add_gates(fig, gates, x_range, y_range, x_scale=None, y_scale=None, focus=None):
     """Every gate of a 2-D plot on a single-panel figure, as each draws itself: regions outlined
     (:func:`add_gate_shapes`), each quadrant split as two lines with its quadrants' names in the
