@@ -36,10 +36,11 @@ with upload_col:
 with sample_col:
     st.write("")
     st.write("")
-    # The first step on an empty library; beside a lab's own patients, a quiet button, so that
-    # synthetic patients are not mixed in by a click meant for the uploader.
-    if st.button("Load sample data", key="load_sample_data", type="secondary" if store.patients else "primary",
-                 width="stretch",
+    # The first step on an empty library; beside a lab's own patients (or files in the uploader,
+    # loaded further down this run), a quiet button, so that synthetic patients are not mixed in
+    # by a click meant for the uploader.
+    quiet = bool(store.patients or uploads)
+    if st.button("Load sample data", key="load_sample_data", type="secondary" if quiet else "primary", width="stretch",
                  help="Synthetic patients bundled with the tool: labeled historical patients and new ones."):
         with st.spinner("Reading sample data…"):
             _take_report(load_folder(SAMPLE_DATA), already_loaded_means_skip=True)

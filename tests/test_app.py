@@ -661,6 +661,8 @@ def test_the_same_file_under_another_name_is_loaded_with_a_warning(library, samp
                                                ("new_patient_03.fcs", other, "application/octet-stream")])
     at.run()
     assert not at.warning
+    # files in the uploader: the sample data's button is quiet from the run that loads them
+    assert at.button(key="load_sample_data").proto.type == "secondary"
     # renamed on the way (a browser's name with folders in it too): loaded, and said to be a twin
     at.file_uploader(key="uploads").set_value([("../copies/p02 again.fcs", data, "application/octet-stream")])
     at.run()
