@@ -95,6 +95,24 @@ def test_app_upload_names_keep_letters_and_stay_safe(tmp_path):
     assert sorted(library.patient_names()) == sorted(names)
 
 
+def test_one_file_picked_twice_in_an_upload_is_one_patient(tmp_path):
+    """A browser hands over a file picked twice as two files: read once, with a note; two
+    different files of one name (from two folders) stay two patients."""
+    from ui.ingest import ingest_files
+
+    blob = (NEW / "new_patient_01.fcs").read_bytes()
+    other = (NEW / "new_patient_02.fcs").read_bytes()
+    report = ingest_files([("p.fcs", blob), ("q.fcs", blob), ("p.fcs", blob), ("p.fcs", other)], tmp_path / "work",
+                          compensate=False)
+    assert not report.errors
+    assert [p.name for p in report.patients] == ["p", "q", "p_2"]
+    assert [p.sample.n_events for p in report.patients] == [read_fcs(NEW / n).n_events for n in
+                                                            ("new_patient_01.fcs", "new_patient_01.fcs",
+                                                             "new_patient_02.fcs")]
+    assert report.notes == [("p.fcs", "p.fcs: picked twice in this upload; loaded once")]
+    assert len(list((tmp_path / "work").iterdir())) == 3
+
+
 # -- gate -------------------------------------------------------------------------------------------
 
 

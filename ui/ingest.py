@@ -97,7 +97,8 @@ def ingest_files(files, work_dir, existing=None, compensate: bool = True,
     rename_clashes : bool
         True: a patient whose name is already in ``existing`` gets ``name_2``. False: it keeps
         its name, so the caller can ask whether to replace, keep both or skip
-        (:func:`split_name_clashes`). Names within one batch are always made unique.
+        (:func:`split_name_clashes`). Names within one batch are always made unique; the same
+        file (name and content) twice in a batch is read once.
 
     Returns
     -------
@@ -112,12 +113,20 @@ def ingest_files(files, work_dir, existing=None, compensate: bool = True,
     report = IngestReport()
     taken = set(existing) if rename_clashes else set()
     stored: list[tuple[str, str, Path]] = []
+    picked: dict[str, list[bytes]] = {}  # file name -> the contents of that name in this batch
     for file_name, data in files:
         kind = classify(file_name)
         if kind == "unknown":
             report.errors.append((file_name, "unsupported file type: expected .fcs, .csv (labels or gated), "
                                              ".wsp (FlowJo) or .xml (GatingML 2.0)"))
             continue
+        # One file picked twice (a browser keeps both) is one patient; two files of one name
+        # from two folders are two.
+        same_name = picked.setdefault(file_name, [])
+        if any(bytes(data) == earlier for earlier in same_name):
+            report.notes.append((file_name, f"{file_name}: picked twice in this upload; loaded once"))
+            continue
+        same_name.append(bytes(data))
         suffix = {"fcs": ".fcs", "labels": ".labels.csv", "gated": ".csv", "workspace": ".wsp",
                   "gatingml": ".xml"}[kind]
         path = work_dir / f"upload-{uuid.uuid4().hex}{suffix}"
