@@ -323,7 +323,7 @@ if table is not None and len(table):
         width="stretch")
     fig = go.Figure()
     for m, color in (("marginal", "#0072B2"), ("pooling", "#E69F00"), ("lda", "#999999")):
-        part = show[show["method"] == m]
+        part = show[show["method"] == m].sort_values("patient")  # the table's order
         if len(part):
             fig.add_trace(go.Bar(x=part["patient"], y=part["macro_f1"], name=m, marker_color=color))
     low = float(show["macro_f1"].min())
