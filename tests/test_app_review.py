@@ -158,6 +158,9 @@ def test_moving_a_vertex_relabels_only_the_cells_it_moves(loaded):
     assert trace["text"] == [str(i) for i in range(1, len(corners) + 1)]
     np.testing.assert_allclose(np.column_stack([trace["x"], trace["y"]]), corners)
     assert trace["marker"]["size"] == [11] + [6] * (len(corners) - 1)
+    outward = corners - corners.mean(axis=0)  # each number placed away from the polygon's centre
+    assert trace["textposition"] == [("top " if dy >= 0 else "bottom ") + ("right" if dx >= 0 else "left")
+                                     for dx, dy in outward]
     at.selectbox(key=f"ag_vertex_{NEW}_Lymphocytes").set_value(3)
     run(at)
     assert numbered()["marker"]["size"] == [6, 6, 11] + [6] * (len(corners) - 3)

@@ -221,9 +221,13 @@ def add_vertex_numbers(fig, corners, chosen: int | None = None):
     corners = np.asarray(corners, dtype=np.float64).reshape(-1, 2)
     numbers = np.arange(1, len(corners) + 1)
     picked = numbers == chosen
+    # each number outside the polygon, away from its centre, where the outline does not cross it
+    outward = corners - corners.mean(axis=0)
+    positions = [f"{'top' if dy >= 0 else 'bottom'} {'right' if dx >= 0 else 'left'}" for dx, dy in outward]
     fig.add_trace(go.Scatter(
         x=corners[:, 0].tolist(), y=corners[:, 1].tolist(), mode="markers+text", text=[str(n) for n in numbers],
-        textposition="top right", textfont=dict(size=11, color=np.where(picked, FOCUS_COLOR, "#222222").tolist()),
+        textposition=positions,
+        textfont=dict(size=np.where(picked, 14, 11).tolist(), color=np.where(picked, FOCUS_COLOR, "#222222").tolist()),
         marker=dict(size=np.where(picked, 11, 6).tolist(), color=np.where(picked, FOCUS_COLOR, "#222222").tolist(),
                     line=dict(width=1, color="white")),
         hovertext=[f"vertex {n}" for n in numbers], hoverinfo="text", showlegend=False, name="vertices"))
