@@ -143,6 +143,7 @@ def test_explore_density_counts_all_events_and_population_view(library):
     at.radio(key="ex_mode").set_value("population")
     at.run()
     assert not at.exception
+    assert not [c.value for c in at.caption if "holds channel numbers" in c.value]  # linear intensities
     spec = plotly_spec(at)
     assert [t["type"] for t in spec["data"]].count("image") == 3  # every event binned, one image per patient
     counts = at.dataframe[0].value

@@ -152,3 +152,12 @@ def test_channel_numbers_are_binned_a_whole_number_of_them_a_bin(library, dlbcl_
     curves = [t for t in overlay["data"] if t["type"] == "scatter"]
     assert [t["name"] for t in curves] == chosen
     np.testing.assert_allclose(_values(curves[0]["x"]), plotting.bin_centers((low, high), n))
+
+    # arcsinh on channel numbers is allowed, and says what it does to them
+    note = (f"{x_ch} holds channel numbers of log-amplified data: arcsinh compresses it a second time; linear "
+            "shows it as recorded.")
+    assert note not in [c.value for c in at.caption]
+    at.selectbox(key=f"ex_xs_{x_ch}").set_value("arcsinh")
+    at.run()
+    assert not at.exception, at.exception
+    assert note in [c.value for c in at.caption]

@@ -38,6 +38,16 @@ def lattice(tokens: tuple, channel: str, scale: dict, _samples):
     return found.pop() if len(found) == 1 else None
 
 
+@st.cache_data(max_entries=128, show_spinner=False)
+def channel_numbers_reason(token: str, channel: str, _sample) -> str | None:
+    """Why one patient's channel holds channel numbers of log-amplified data (already on a channel
+    scale: :func:`gating_core.fcs.transforms.channel_scale_reason`), or None when it does not."""
+    from gating_core.fcs.transforms import channel_scale_reason
+
+    j = _sample.channel_index(channel)
+    return channel_scale_reason(_sample.events[:, j], _sample.channels[j].range)
+
+
 @st.cache_data(max_entries=128, show_spinner=False)  # 2 MB each at a million events
 def bin_indices(token: str, channel: str, scale: dict, value_range: tuple, bins: int, _sample) -> np.ndarray:
     """The density / histogram bin of every event of one channel on one axis (int16): binning

@@ -172,9 +172,18 @@ def scale_select(container, label: str, channel: str, key: str, store: Store) ->
     The picker starts on the panel's default kind (scatter linear, others arcsinh)."""
     from gating_core.gates import with_kind
 
+    from ui import cache
+
     panel = store.panel_transform(channel)
     kind = container.selectbox(label, SCALE_KINDS, index=SCALE_KINDS.index(panel.kind), key=f"{key}_{channel}",
                                help=SCALE_HELP + " Cofactor and logicle parameters: **Channel transforms** below.")
+    if kind != "linear":
+        holders = [r for r in store.patients.values() if channel in r.channel_names]
+        # a patient whose events are in memory already, rather than one read for this note
+        holder = next((r for r in holders if r.sample_loaded), holders[0] if holders else None)
+        if holder is not None and cache.channel_numbers_reason(holder.token, channel, holder.sample):
+            container.caption(f"{channel} holds channel numbers of log-amplified data: {kind} compresses it a "
+                              "second time; linear shows it as recorded.")
     return with_kind(panel, kind).to_dict()
 
 
