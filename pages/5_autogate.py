@@ -75,7 +75,7 @@ if not gated:
 
 st.divider()
 worklist = review_worklist({n: store.patients[n].result_novelty for n in gated},
-                           accepted=[n for n in gated if store.patients[n].label_source.startswith("auto-gate")])
+                           accepted=[n for n in gated if store.patients[n].is_accepted])
 flagged = int((worklist["review"] != "").sum())
 with st.expander(f"Gated patients: {flagged} of {len(gated)} to review first" if flagged else
                  f"Gated patients: none flagged for review ({len(gated)})", expanded=bool(flagged)):
@@ -112,7 +112,7 @@ result = record.load_result()
 sample = record.sample
 novelty = getattr(result, "novelty", None)
 notice = review_notice(patient, novelty)
-accepted = record.label_source.startswith("auto-gate")
+accepted = record.is_accepted
 if accepted:
     # Reviewed and accepted: what the gating flagged is history, not a task.
     st.info(f"{patient} was accepted: it is a historical patient for the next training.")

@@ -97,6 +97,14 @@ def circle_box(at: AppTest, patient: str, x: str, y: str, corners, to=None) -> A
     return at
 
 
+def review_cd4_cd8(at: AppTest, patient: str) -> AppTest:
+    """``patient`` picked for review on the Auto-gate page, on its CD4 / CD8 plot."""
+    at.selectbox(key="ag_patient").set_value(patient)
+    at.selectbox(key="ag_x").set_value("FL3-A")
+    at.selectbox(key="ag_y").set_value("FL6-A")
+    return run(at)
+
+
 def plain(options) -> list[str]:
     """Selector options as population names (the tree's indentation and kinds taken off)."""
     return [re.sub(r" \((quadrant|range|boolean)\)$", "", o.replace("\u2003", "").replace("└ ", "")) for o in options]
@@ -481,10 +489,7 @@ def test_a_correction_refits_the_fitted_gates_and_keeps_one_confidence(loaded):
     store = store_of(loaded)
     patient = "new_patient_02"
     at = autogate(loaded, drawn_tree(store, [g[0] for g in SAMPLE_DATA_HIERARCHY]), targets=(patient,))
-    at.selectbox(key="ag_patient").set_value(patient)
-    at.selectbox(key="ag_x").set_value("FL3-A")
-    at.selectbox(key="ag_y").set_value("FL6-A")
-    run(at)
+    review_cd4_cd8(at, patient)
     record = store.patients[patient]
     sample = record.sample
     predicted = np.asarray(record.populations).astype(str)
@@ -590,10 +595,7 @@ def test_corrections_are_undone_last_first_gates_and_library_included(loaded):
     store = store_of(loaded)
     patient = "new_patient_02"
     at = autogate(loaded, drawn_tree(store, [g[0] for g in SAMPLE_DATA_HIERARCHY]), targets=(patient,))
-    at.selectbox(key="ag_patient").set_value(patient)
-    at.selectbox(key="ag_x").set_value("FL3-A")
-    at.selectbox(key="ag_y").set_value("FL6-A")
-    run(at)
+    review_cd4_cd8(at, patient)
     assert "ag_undo_last" not in [b.key for b in at.button]  # nothing corrected yet
     record = store.patients[patient]
     predicted = np.asarray(record.populations).astype(str)
@@ -779,10 +781,7 @@ def test_cells_corrected_in_two_sessions_are_counted_together_on_the_page_and_in
     store = store_of(loaded)
     patient = "new_patient_02"
     at = autogate(loaded, drawn_tree(store, [g[0] for g in SAMPLE_DATA_HIERARCHY]), targets=(patient,))
-    at.selectbox(key="ag_patient").set_value(patient)
-    at.selectbox(key="ag_x").set_value("FL3-A")
-    at.selectbox(key="ag_y").set_value("FL6-A")
-    run(at)
+    review_cd4_cd8(at, patient)
     record = store.patients[patient]
     predicted = np.asarray(record.populations).astype(str)
     sample = record.sample
@@ -797,10 +796,7 @@ def test_cells_corrected_in_two_sessions_are_counted_together_on_the_page_and_in
     assert any(c.value == f"{earlier:,} cells corrected by hand." for c in at.caption)
 
     again = reload(at, "pages/5_autogate.py")
-    again.selectbox(key="ag_patient").set_value(patient)
-    again.selectbox(key="ag_x").set_value("FL3-A")
-    again.selectbox(key="ag_y").set_value("FL6-A")
-    run(again)
+    review_cd4_cd8(again, patient)
     kept = store_of(again).patients[patient]
     reviewed = np.asarray(kept.populations).astype(str).copy()
     (x0, x1), (y0, y1) = np.percentile(fl3, [60, 80]), np.percentile(fl6, [60, 80])

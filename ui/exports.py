@@ -164,7 +164,7 @@ def _patient_report(key: str, _record) -> bytes:
         compensation=compensation(_record.token, _record), known=entry.get("known", ()),
         gate_notes=(_record.autogates or {}).get("unfitted") if entry.get("tree") is not None else None,
         cells_corrected=_record.cells_corrected() if result is not None and _record.is_reviewed else None,
-        accepted=result is not None and _record.label_source.startswith("auto-gate"),
+        accepted=result is not None and _record.is_accepted,
         gates_before_correction=bool((_record.autogates or {}).get("before correction"))
         and entry.get("tree") is not None)
     return text.encode("utf-8")

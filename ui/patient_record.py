@@ -241,6 +241,11 @@ class PatientRecord:
         return bool((getattr(self.load_result(), "details", None) or {}).get(REVIEWED_DETAIL))
 
     @property
+    def is_accepted(self) -> bool:
+        """Whether the patient's labels are an auto-gating a person reviewed and accepted."""
+        return self.label_source.startswith("auto-gate")
+
+    @property
     def is_reviewed(self) -> bool:
         """Whether the populations shown are a person's review: corrected in this session or an earlier one."""
         return self.corrected is not None or self.reviewed_earlier
