@@ -922,3 +922,39 @@ def test_the_same_events_under_two_names_are_found_whatever_their_labels(tmp_pat
     library.remove_patient("p1 copy")
     library.remove_patient("p1 again")
     assert library.same_events() == []
+
+
+def test_the_same_events_are_found_whatever_parquet_writer_stored_them_and_in_an_older_catalog(tmp_path):
+    import pyarrow.parquet as pq
+
+    from gating_core.library.storage import sha256_of
+
+    path, _, _ = write_patient(tmp_path, "p1", seed=0)
+    other, _, _ = write_patient(tmp_path, "p2", seed=1, labels=False)
+    library = PatientLibrary(tmp_path / "lib")
+    library.import_files([path, path.with_name("p1.labels.csv"), other])
+    library.import_file(path, name="p1 again")
+    conn = sqlite3.connect(library.catalog_path)
+    events_files = "SELECT p.name, f.id, f.relpath, f.sha256 FROM patients p JOIN files f ON f.id = p.events_file "
+    # another Parquet writer (here another compression) stores the same events in other bytes
+    _, file_id, relpath, _ = conn.execute(events_files + "WHERE p.name = 'p1 again'").fetchone()
+    stored = library.path / relpath
+    pq.write_table(pq.read_table(stored), stored, compression="gzip")
+    conn.execute("UPDATE files SET sha256 = ?, size = ? WHERE id = ?", (sha256_of(stored), stored.stat().st_size, file_id))
+    conn.commit()
+    checksums = {name: sha for name, _, _, sha in conn.execute(events_files)}
+    assert checksums["p1"] != checksums["p1 again"]
+    assert library.same_events() == [["p1", "p1 again"]] and library.check() == []
+    # a catalog an older copy of the program wrote: no digests; opening it adds their table and
+    # keeps its schema version, and the first question reads each events file once
+    conn.execute("DROP TABLE events_digests")
+    conn.commit()
+    library = PatientLibrary(library.path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    assert conn.execute("SELECT COUNT(*) FROM events_digests").fetchone()[0] == 0
+    assert library.same_events() == [["p1", "p1 again"]]
+    assert conn.execute("SELECT COUNT(*) FROM events_digests").fetchone()[0] == 3
+    library.remove_patient("p1 again")  # its digest goes with its events file
+    assert conn.execute("SELECT COUNT(*) FROM events_digests").fetchone()[0] == 2
+    assert library.same_events() == [] and library.check() == []
+    conn.close()

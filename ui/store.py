@@ -14,7 +14,6 @@ how a session reads the library and keeps up with what the others change is
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,6 +26,7 @@ import numpy as np
 
 from gating_core.gates import AxisScale, GateError, GateTree, panel_scale
 from gating_core.io.labels import Provenance
+from gating_core.library.storage import events_digest
 from ui.library_view import LibraryView, _library_token
 from ui.patient_record import REVIEWED_DETAIL, PatientRecord, _new_token, _novelty_details
 
@@ -54,12 +54,9 @@ def _review_details(record: PatientRecord) -> dict:
 
 
 def events_fingerprint(sample) -> str:
-    """SHA-256 of a sample's channel names and events: equal for the same file read twice."""
-    events = np.ascontiguousarray(sample.events)
-    digest = hashlib.sha256(f"{events.dtype.str}{events.shape}".encode())
-    digest.update("\x1f".join(sample.pnn).encode())
-    digest.update(events.tobytes())
-    return digest.hexdigest()
+    """The digest of a sample's events (:func:`storage.events_digest`), as the library keeps it:
+    equal for the same file read twice."""
+    return events_digest(sample.events)
 
 
 class Store(LibraryView):

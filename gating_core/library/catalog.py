@@ -126,6 +126,19 @@ CREATE INDEX IF NOT EXISTS labelings_patient ON labelings(patient_id);
 CREATE INDEX IF NOT EXISTS gate_results_patient ON gate_results(patient_id);
 """
 
+# Tables added within a schema version: a program that does not know them ignores them (it reads
+# and writes only its own tables, and their rows go with the files they point to), so a catalog
+# that gains them stays readable by older copies of this program. Created where missing.
+ADDED_TABLES = {
+    # events_digest of an events file's events, computed when it is stored (or first asked for):
+    # whether two patients hold the same events, whatever Parquet writer stored each.
+    "events_digests": """
+CREATE TABLE IF NOT EXISTS events_digests (
+    file_id TEXT PRIMARY KEY REFERENCES files(id) ON DELETE CASCADE,
+    digest TEXT NOT NULL
+)""",
+}
+
 
 def connect(db_path: Path) -> sqlite3.Connection:
     """Open the catalog in autocommit mode (transactions are explicit) with WAL and FKs on."""
@@ -163,16 +176,25 @@ def create_schema(conn: sqlite3.Connection) -> None:
         raise CatalogVersionError(
             f"catalog schema version {version} is newer than this program's ({SCHEMA_VERSION}); "
             "update gating_core")
-    if version == SCHEMA_VERSION:
-        return
-    with write_transaction(conn):
-        version = conn.execute("PRAGMA user_version").fetchone()[0]
-        if version == SCHEMA_VERSION:
-            return
-        for statement in SCHEMA.split(";"):
-            if statement.strip():
-                conn.execute(statement)
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    if version < SCHEMA_VERSION:
+        with write_transaction(conn):
+            if conn.execute("PRAGMA user_version").fetchone()[0] < SCHEMA_VERSION:
+                for statement in SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    _add_missing_tables(conn)
+
+
+def _add_missing_tables(conn: sqlite3.Connection) -> None:
+    def missing():
+        present = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        return [name for name in ADDED_TABLES if name not in present]
+
+    if missing():  # checked first, so opening a complete catalog takes no write lock
+        with write_transaction(conn):
+            for name in missing():
+                conn.execute(ADDED_TABLES[name])
 
 
 @contextmanager

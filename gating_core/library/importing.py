@@ -39,6 +39,7 @@ class _Staged:
     sources: list[tuple[str, Path]]
     events_temp: storage.TempFile | None = None
     labels_temp: storage.TempFile | None = None
+    events_digest: str | None = None
 
     def temps(self) -> list[storage.TempFile]:
         return [t for t in (self.events_temp, self.labels_temp) if t is not None]
@@ -169,6 +170,7 @@ class ImportMixin:
                                patient=name, path=path)
         item = _Staged(name, sample, labels, provenance, label_source, sources)
         item.sample = dataclasses.replace(sample, events=events)
+        item.events_digest = storage.events_digest(events)
         try:
             item.events_temp = storage.write_events_temp(self.tmp_dir, events, sample.pnn)
             if labels is not None:
@@ -251,6 +253,8 @@ class ImportMixin:
                      "VALUES (?, ?, 'events', ?, ?, ?, ?, ?)",
                      (events_file_id, patient_id, f"data/{events_file_id}.parquet", item.events_temp.sha256,
                       item.events_temp.size, item.events_temp.n_rows, now))
+        conn.execute("INSERT INTO events_digests (file_id, digest) VALUES (?, ?)",
+                     (events_file_id, item.events_digest))
         final = self._file_path(f"data/{events_file_id}.parquet")
         os.replace(item.events_temp.path, final)
         placed.append(final)

@@ -122,16 +122,40 @@ class PatientsMixin:
         """Patients that hold the same events: groups of two or more names (each in the order the
         patients were added, the groups by their first), [] when every patient's events differ.
 
-        Found from the stored events files' SHA-256, without reading any file: the same FCS file
-        loaded twice under two names (renamed, re-exported, uploaded from two folders) stores
-        the same bytes, whatever its labels. Training on both, or counting both in a batch's
-        statistics, counts that patient twice."""
+        Found from each events file's content digest (:func:`storage.events_digest`, kept in the
+        catalog): the same FCS file loaded twice under two names (renamed, re-exported, uploaded
+        from two folders, before and after an upgrade of the Parquet writer) holds the same
+        events, whatever its labels. Training on both, or counting both in a batch's statistics,
+        counts that patient twice. A file stored without a digest (by an older copy of this
+        program) is read once and its digest kept; one that cannot be read is left out."""
         with self._connect() as conn:
-            rows = conn.execute("SELECT p.name, f.sha256 FROM patients p JOIN files f ON f.id = p.events_file "
-                                "ORDER BY p.created_at, p.name").fetchall()
+            rows = conn.execute(
+                "SELECT p.name, p.n_channels, p.events_file, f.relpath, d.digest FROM patients p "
+                "JOIN files f ON f.id = p.events_file LEFT JOIN events_digests d ON d.file_id = p.events_file "
+                "ORDER BY p.created_at, p.name").fetchall()
+        found = {}
+        for row in rows:
+            if row["digest"] is not None:
+                continue
+            try:
+                events = self._read_file(row["relpath"], row["name"],
+                                         lambda p, n=row["n_channels"]: storage.read_events(p, n))
+            except LibraryError:
+                continue  # a damaged file is the integrity check's to report, not a twin
+            found[row["events_file"]] = storage.events_digest(events)
+        if found:
+            try:
+                with self._connect() as conn, catalog.write_transaction(conn):
+                    conn.executemany("INSERT OR IGNORE INTO events_digests (file_id, digest) "
+                                     "SELECT ?, ? WHERE EXISTS (SELECT 1 FROM files WHERE id = ?)",
+                                     [(file_id, digest, file_id) for file_id, digest in found.items()])
+            except sqlite3.DatabaseError:
+                pass  # a read-only catalog: the answer stands, the digests are computed again next time
         groups: dict[str, list[str]] = {}
-        for name, sha256 in rows:
-            groups.setdefault(sha256, []).append(name)
+        for row in rows:
+            digest = row["digest"] or found.get(row["events_file"])
+            if digest is not None:
+                groups.setdefault(digest, []).append(row["name"])
         return [names for names in groups.values() if len(names) > 1]
 
     def patient(self, name: str) -> PatientInfo:

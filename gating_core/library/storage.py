@@ -98,6 +98,16 @@ def sha256_of(path: Path) -> str:
     return digest.hexdigest()
 
 
+def events_digest(events: np.ndarray) -> str:
+    """SHA-256 of an (n_events, n_channels) array's dtype, shape and values: equal for the same
+    events however they were read or stored (a stored file's own bytes change with the Parquet
+    writer's version)."""
+    events = np.ascontiguousarray(events)
+    digest = hashlib.sha256(f"{events.dtype.str}{events.shape}".encode())
+    digest.update(memoryview(events).cast("B"))
+    return digest.hexdigest()
+
+
 def _finish(path: Path, n_rows: int | None) -> TempFile:
     _fsync_file(path)
     return TempFile(path, sha256_of(path), path.stat().st_size, n_rows)
