@@ -77,3 +77,28 @@ def test_intermediate_ticks_never_push_out_decades():
     assert _ticks(scale, 0.0, 1023.0, max_ticks=3)[0][1] == ["0", "100", "1000"]
     assert _ticks(scale, 0.0, 1023.0, max_ticks=4)[0][1] == ["0", "100", "500", "1000"]  # 5·10^k first
     assert _ticks(scale, 0.0, 1023.0, max_ticks=5)[0][1] == ["0", "100", "200", "500", "1000"]
+
+
+def test_plots_side_by_side_keep_their_x_ticks_apart_in_the_narrower_axis():
+    """Four mass cytometry patients side by side (arcsinh, cofactor 5, raw -1.5 to 200): each x
+    axis is a quarter as wide, and -1, 0 and 1, 4% of one axis apart, overlapped."""
+    from ui.charts import scatter_panels
+
+    scale = AxisScale("arcsinh", cofactor=5)
+    x_range = tuple(float(v) for v in scale.forward(np.array([-1.5, 200.0])))
+    grid = (np.ones((8, 8)), np.linspace(*x_range, 8), np.linspace(*x_range, 8))
+
+    def x_ticks(n_panels):
+        panels = [{"title": f"p{i}", "grid": grid} for i in range(n_panels)]
+        fig = scatter_panels(panels, scale, scale, x_range, x_range, "CD4", "CD8")
+        axes = [fig.layout[name] for name in fig.layout if name.startswith("xaxis")]
+        assert len(axes) == n_panels and all(list(a.ticktext) == list(axes[0].ticktext) for a in axes)
+        return list(axes[0].tickvals), list(axes[0].ticktext), list(fig.layout.yaxis.ticktext)
+
+    values, text, y_text = x_ticks(1)
+    assert text == ["-1", "0", "1", "10", "50", "100"] and y_text == text
+    values, text, y_text = x_ticks(4)
+    assert text == ["0", "10", "100"] and y_text == ["-1", "0", "1", "10", "50", "100"]
+    assert np.diff(values).min() >= 0.16 * (x_range[1] - x_range[0])
+    # however many plots, an axis keeps ticks to read
+    assert x_ticks(12)[1] == ["0", "10", "100"]

@@ -10,10 +10,16 @@ from gating_core.gates import AxisScale, Band, Region, Split
 from gating_core.reports import plotting, population_view
 
 DENSITY_COLORS = "Turbo"  # the familiar blue-to-red pseudocolor of flow software
+#: The largest share of an axis kept between ticks, however many plots stand side by side
+#: (beyond it an axis would keep too few ticks to read).
+MAX_TICK_GAP_SHARE = 0.2
 
 
 def _axes(fig, x_scale: AxisScale, y_scale: AxisScale, x_range, y_range, x_title, y_title, n_cols=1):
-    xv, xt = plotting.raw_ticks(x_scale, *x_range)
+    # n_cols plots side by side share the page's width: each x axis is 1/n_cols as wide, so its
+    # ticks keep n_cols times the share apart ("-1", "0" and "1" overlapped on four mass cytometry plots)
+    x_gap = min(plotting.MIN_TICK_GAP * n_cols, MAX_TICK_GAP_SHARE)
+    xv, xt = plotting.raw_ticks(x_scale, *x_range, min_gap_share=x_gap)
     yv, yt = plotting.raw_ticks(y_scale, *y_range)
     for col in range(1, n_cols + 1):
         fig.update_xaxes(range=list(x_range), tickvals=xv, ticktext=xt, title_text=x_title, row=1, col=col,

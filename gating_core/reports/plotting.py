@@ -369,13 +369,20 @@ def _fill_unlabelled_stretches(scale: AxisScale, kept_raw: list, display_lo: flo
     return sorted(kept_raw)
 
 
-def raw_ticks(scale: AxisScale, display_lo: float, display_hi: float, max_ticks: int = 9):
+#: Ticks of an arcsinh / logicle axis keep at least this share of the axis between them.
+MIN_TICK_GAP = 0.04
+
+
+def raw_ticks(scale: AxisScale, display_lo: float, display_hi: float, max_ticks: int = 9,
+              min_gap_share: float = MIN_TICK_GAP):
     """Tick positions (display coordinates) and labels (raw units) for an axis.
 
     Linear axes get round steps. arcsinh / logicle axes get 0 and ±10^k within the range,
-    thinned to at most ``max_ticks`` so labels do not collide; where those leave a stretch wider
-    than ``UNLABELLED_STRETCH`` of the axis unlabelled (a short range such as channel numbers
-    0-1023), 5·10^k and then 2·10^k ticks are added in it.
+    thinned so that no two are closer than ``min_gap_share`` of the axis (a narrow axis, such
+    as one of several plots side by side, needs a larger share for its labels not to collide)
+    and to at most ``max_ticks``; where those leave a stretch wider than ``UNLABELLED_STRETCH``
+    of the axis unlabelled (a short range such as channel numbers 0-1023), 5·10^k and then
+    2·10^k ticks are added in it.
 
     Returns
     -------
@@ -397,7 +404,7 @@ def raw_ticks(scale: AxisScale, display_lo: float, display_hi: float, max_ticks:
     positions = scale.forward(np.array(candidates))
     # Keep ticks at least 4% of the axis apart; 0 first, then large magnitudes, so a crowded
     # region near zero loses its small +-1, +-10 ticks rather than the decades users read.
-    min_gap = (display_hi - display_lo) * 0.04
+    min_gap = (display_hi - display_lo) * min_gap_share
     priority = sorted(range(len(candidates)), key=lambda i: (candidates[i] != 0, -abs(candidates[i])))
     accepted: list[int] = []
     for i in priority:
