@@ -194,6 +194,8 @@ with side_col:
     st.markdown("**Correct cells**")
     if state.get("ag_correct_message"):
         st.success(state.pop("ag_correct_message"))
+    if state.get("ag_held_back_message"):
+        st.warning(state.pop("ag_held_back_message"))
     # The cells circled so far on this gating, with the label given: what the refinement fits.
     # Kept with the gating they correct: a new gating (run again, another part, another session's)
     # starts with none.
@@ -286,6 +288,8 @@ with side_col:
                     if len(named):
                         corrected[named] = [circled[int(i)] for i in named]
                         new_confidence[named] = 1.0
+                    if refined.held_back:
+                        state["ag_held_back_message"] = autogate_view.held_back_message(refined.held_back)
             else:
                 corrected = populations.astype(object).copy()
                 corrected[inside] = to_pop

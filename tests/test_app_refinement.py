@@ -121,3 +121,33 @@ def test_without_the_option_only_the_circled_cells_change(autogated, sample_data
     after = np.asarray(store.patients[patient].populations).astype(str)
     np.testing.assert_array_equal(after != before, inside & (before != true_pop))
     assert f"Reassigned {int(inside.sum()):,} circled cells to {true_pop}." in " ".join(s.value for s in at.success)
+
+
+def test_a_correction_at_a_populations_edge_leaves_the_rest_of_it_and_says_so(autogated):
+    """A box over the Monocytes lowest in FSC-A, given to `other` with the refinement on: the
+    other Monocytes, which the refinement would all have taken along, keep their population,
+    and the page says how many and why."""
+    at = autogated
+    store = at.session_state["store"]
+    patient = "new_patient_01"
+    at.selectbox(key="ag_patient").set_value(patient)
+    at.run()
+    record = store.patients[patient]
+    before = np.asarray(record.populations).astype(str).copy()
+    fsc, ssc = (record.sample.events[:, record.sample.pnn.index(c)] for c in ("FSC-A", "SSC-A"))
+    monocytes = before == "Monocytes"
+    vertices = [(float(fsc.min()), float(ssc.min())), (float(np.quantile(fsc[monocytes], 0.1)), float(ssc.max()))]
+    circle(at, patient, vertices)
+    inside = inside_box(record, vertices, "Monocytes")
+    assert inside.sum() > 100 and (monocytes & ~inside).sum() > 1000
+    at.multiselect(key="ag_from").set_value(["Monocytes"])
+    at.selectbox(key="ag_to").set_value("other")
+    at.checkbox(key="ag_refine").check()
+    at.run()
+    at.button(key="ag_reassign").click()
+    at.run()
+    assert not at.exception and not at.error
+    after = np.asarray(store.patients[patient].populations).astype(str)
+    assert (after[inside] == "other").all() and (after[monocytes & ~inside] == "Monocytes").all()
+    (warning,) = [w.value for w in at.warning if w.value.startswith("Not moved")]
+    assert warning.startswith("Not moved: ") and " Monocytes that the refinement would have taken along" in warning

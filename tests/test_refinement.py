@@ -174,3 +174,35 @@ def test_corrected_probabilities_clip_renormalise_and_keep_a_cell_pushed_to_zero
     np.testing.assert_array_equal(f[1], f0[1])
     np.testing.assert_allclose(f[2], f0[2], rtol=1e-6)
     np.testing.assert_array_equal(f0, before)  # the model's own probabilities untouched
+
+
+def test_a_correction_at_a_populations_edge_does_not_empty_it(weak_model, sample_data_dir):
+    """The tenth of a patient's Monocytes lowest on one channel, given to `other`: in the model's
+    wide cell kernel every monocyte is like them, and unchecked the refinement moves all of
+    them. No population loses more than MAX_MOVED_SHARE of its cells not circled: they stay."""
+    from gating_core.method.refinement import MAX_MOVED_SHARE
+
+    sample = read_fcs(sample_data_dir / "new" / "new_patient_01.fcs", compensate=True)
+    base = weak_model.gate(sample)
+    before = np.asarray(base.populations).astype(str)
+    monocytes = np.flatnonzero(before == "Monocytes")
+    values = sample.events[monocytes, 0]
+    cells = monocytes[values <= np.quantile(values, 0.1)]
+    rest = np.setdiff1d(monocytes, cells)
+    assert len(cells) > 100 and len(rest) > 1000
+
+    unchecked = refine_gating(weak_model, sample, cells, ["other"] * len(cells), base=base, max_moved_share=None)
+    assert np.mean(unchecked.populations[rest].astype(str) == "Monocytes") < 1 - MAX_MOVED_SHARE
+    assert unchecked.held_back == {}
+
+    refined = refine_gating(weak_model, sample, cells, ["other"] * len(cells), base=base)
+    after = refined.populations.astype(str)
+    assert refined.held_back == {"Monocytes": int((unchecked.populations[rest].astype(str) != "Monocytes").sum())}
+    assert (after[rest] == "Monocytes").all() and (after[cells] == "other").all()
+    np.testing.assert_array_equal(refined.confidence[rest], np.asarray(base.confidence, dtype=np.float32)[rest])
+    np.testing.assert_allclose(refined.probabilities[rest], weak_model.predict_proba(sample)[rest], atol=1e-6)
+    # the other populations are refined as without the limit
+    others = np.ones(len(before), dtype=bool)
+    others[monocytes] = False
+    np.testing.assert_array_equal(after[others], unchecked.populations[others].astype(str))
+    assert refined.n_changed_beyond == int(((after != before) & others).sum())

@@ -71,6 +71,17 @@ def after_correction(store, patient: str) -> str:
     return f" The gates of {template} were fitted again to the corrected cells."
 
 
+def held_back_message(held_back: dict) -> str:
+    """What the page says when the refinement would have emptied populations
+    (:attr:`RefinedGating.held_back`: population -> cells kept in it)."""
+    from gating_core.method.refinement import MAX_MOVED_SHARE
+
+    kept = " and ".join(f"{count:,} {name}" for name, count in sorted(held_back.items()))
+    return (f"Not moved: {kept} that the refinement would have taken along with your correction "
+            f"(more than {MAX_MOVED_SHARE:.0%} of those you did not circle). A correction does not "
+            "empty a population: to move one as a whole, circle it as a whole.")
+
+
 def tree_label(tree: GateTree, name: str) -> str:
     return "\u2003" * tree.depth(name) + ("└ " if tree.depth(name) else "") + name
 
