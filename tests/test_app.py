@@ -974,8 +974,12 @@ def test_autogate_comes_back_as_editable_gates_in_the_training_hierarchy(trained
     gate = tree["CD4 T cells"]
     x0, y0 = gate.vertices[0]
     centre = np.mean(np.asarray(gate.vertices), axis=0)
-    at.number_input(key="ag_vx_new_patient_01_CD4 T cells_1").set_value(float(centre[0]))
-    at.number_input(key="ag_vy_new_patient_01_CD4 T cells_1").set_value(float(centre[1]))
+    # typed in the channels' values, as the axes read them; the gate keeps display coordinates
+    boxes = [at.number_input(key=f"ag_v{axis}_new_patient_01_CD4 T cells_1") for axis in "xy"]
+    assert [box.label for box in boxes] == [gate.x_channel, gate.y_channel]
+    for box, scale, shown, target in zip(boxes, (gate.x_scale, gate.y_scale), (x0, y0), centre):
+        assert box.value == pytest.approx(float(scale.inverse(np.array([shown]))[0]), rel=1e-5)
+        box.set_value(float(scale.inverse(np.array([target]))[0]))
     at.run()
     at.button(key="ag_move_vertex").click()
     at.run()

@@ -71,13 +71,18 @@ def autogate(at: AppTest, tree: GateTree, targets=(NEW,), template="patient_01")
     return run(at)
 
 
+def raw_value(scale, display_value) -> float:
+    return float(scale.inverse(np.array([display_value], dtype=np.float64))[0])
+
+
 def move_first_vertex(at: AppTest, patient: str, tree: GateTree, gate: str, fraction: float):
     """Move ``gate``'s first vertex ``fraction`` of the way to its centre on the Auto-gate page
     (the gate already chosen for adjusting); returns where it was moved to."""
     vertices = np.asarray(tree[gate].vertices)
     inward = vertices[0] + fraction * (vertices.mean(axis=0) - vertices[0])
-    at.number_input(key=f"ag_vx_{patient}_{gate}_1").set_value(float(inward[0]))
-    at.number_input(key=f"ag_vy_{patient}_{gate}_1").set_value(float(inward[1]))
+    # typed in the channels' values, as the axes read them
+    at.number_input(key=f"ag_vx_{patient}_{gate}_1").set_value(raw_value(tree[gate].x_scale, inward[0]))
+    at.number_input(key=f"ag_vy_{patient}_{gate}_1").set_value(raw_value(tree[gate].y_scale, inward[1]))
     run(at)
     at.button(key="ag_move_vertex").click()
     run(at)
@@ -312,24 +317,31 @@ def test_quadrant_and_range_gates_are_drawn_and_adjusted_on_the_autogate_page(lo
     # the quadrant's split point, typed: the four quadrants move together
     at.selectbox(key=f"ag_edit_gate_{NEW}").set_value("CD8 T cells")
     run(at)
-    at.number_input(key=f"ag_qx_{NEW}_CD8 T cells").set_value(3.5)
-    at.number_input(key=f"ag_qy_{NEW}_CD8 T cells").set_value(2.5)
+    split = tree["CD8 T cells"]
+    boxes = at.number_input(key=f"ag_qx_{NEW}_CD8 T cells"), at.number_input(key=f"ag_qy_{NEW}_CD8 T cells")
+    assert [box.label for box in boxes] == ["split FL3-A", "split FL6-A"]
+    assert [box.value for box in boxes] == pytest.approx([raw_value(split.x_scale, 3.0), raw_value(split.y_scale, 3.0)],
+                                                         rel=1e-5)
+    boxes[0].set_value(raw_value(split.x_scale, 3.5))
+    boxes[1].set_value(raw_value(split.y_scale, 2.5))
     run(at)
     at.button(key="ag_move_split").click()
     run(at)
     edited = GateTree.from_dict(record.autogates["tree"])
-    assert {edited[n].vertices[0] for n in QUADRANT_NAMES.values()} == {(3.5, 2.5)}
+    moved = [edited[n].vertices[0] for n in QUADRANT_NAMES.values()]
+    assert len(set(moved)) == 1 and moved[0] == pytest.approx((3.5, 2.5))
     assert any(s.value.startswith("Moved the split of CD8 T cells") for s in at.success)
     # the range's bounds, typed
     at.selectbox(key=f"ag_edit_gate_{NEW}").set_value("CD19 bright")
     run(at)
-    at.number_input(key=f"ag_rlo_{NEW}_CD19 bright").set_value(2.0)
-    at.number_input(key=f"ag_rhi_{NEW}_CD19 bright").set_value(8.0)
+    band_scale = tree["CD19 bright"].x_scale
+    at.number_input(key=f"ag_rlo_{NEW}_CD19 bright").set_value(raw_value(band_scale, 2.0))
+    at.number_input(key=f"ag_rhi_{NEW}_CD19 bright").set_value(raw_value(band_scale, 8.0))
     run(at)
     at.button(key="ag_set_range").click()
     run(at)
     edited = GateTree.from_dict(record.autogates["tree"])
-    assert edited["CD19 bright"].vertices == [(2.0, 8.0)]
+    assert edited["CD19 bright"].vertices[0] == pytest.approx((2.0, 8.0))
     inside = edited.memberships(record.sample)["CD19 bright"]
     table = gate_table(at)
     assert table.loc["CD19 bright", "in gate"] == inside.sum()

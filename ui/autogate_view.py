@@ -230,6 +230,20 @@ def adjust_section(store, patient: str, record, tree: GateTree, figures: GateFig
         _EDITORS[type(gate.drawing())](store, patient, record, tree, which, in_gate, edit_event)
 
 
+#: The typed coordinates of a gate are the channel's values, as the plot's axis ticks read them.
+RAW_HELP = "In the channel's values, as the plot's axis reads them (not its arcsinh or logicle coordinates)."
+
+
+def _raw(scale, display_value: float) -> float:
+    """A display coordinate of ``scale`` as the channel's value, rounded to 6 significant digits
+    (what the box shows): typed back unchanged, it names the same place on the axis."""
+    return float(f"{float(scale.inverse(np.array([display_value]))[0]):.6g}")
+
+
+def _display(scale, raw_value: float) -> float:
+    return float(scale.forward(np.array([raw_value], dtype=np.float64))[0])
+
+
 def _adjust_shape(store, patient, record, tree, which, in_gate, edit_event) -> None:
     """A region: replaced by the selection drawn on its plot, or one corner moved (it becomes a polygon)."""
     sample, gate = record.sample, tree[which]
@@ -245,15 +259,16 @@ def _adjust_shape(store, patient, record, tree, which, in_gate, edit_event) -> N
             st.caption(f"The selection cannot be a gate ({exc}).")
     corners = [(float(x), float(y)) for x, y in gate.drawing().corners]
     vertex = st.selectbox("Vertex", list(range(1, len(corners) + 1)), key=f"ag_vertex_{patient}_{which}",
-                          help="Vertices in the plot's display coordinates, numbered on the plot (the chosen "
-                               "one larger).")
-    vx, vy = corners[vertex - 1]
+                          help="Numbered on the plot (the chosen one larger).")
+    vx, vy = _raw(gate.x_scale, corners[vertex - 1][0]), _raw(gate.y_scale, corners[vertex - 1][1])
     v1, v2 = st.columns(2)
-    new_x = v1.number_input("x", value=float(vx), format="%.3f", key=f"ag_vx_{patient}_{which}_{vertex}")
-    new_y = v2.number_input("y", value=float(vy), format="%.3f", key=f"ag_vy_{patient}_{which}_{vertex}")
-    if st.button("Move the vertex", key="ag_move_vertex", disabled=(new_x, new_y) == (float(vx), float(vy))):
+    new_x = v1.number_input(gate.x_channel, value=vx, format="%g", key=f"ag_vx_{patient}_{which}_{vertex}",
+                            help=RAW_HELP)
+    new_y = v2.number_input(gate.y_channel, value=vy, format="%g", key=f"ag_vy_{patient}_{which}_{vertex}",
+                            help=RAW_HELP)
+    if st.button("Move the vertex", key="ag_move_vertex", disabled=(new_x, new_y) == (vx, vy)):
         moved = list(corners)
-        moved[vertex - 1] = (new_x, new_y)
+        moved[vertex - 1] = (_display(gate.x_scale, new_x), _display(gate.y_scale, new_y))
         trial = tree.copy()
         try:
             trial.replace_geometry(which, moved, "polygon")
@@ -268,16 +283,17 @@ def _adjust_quadrant(store, patient, record, tree, which, in_gate, edit_event=No
     """A quadrant split: its point, which moves the four quadrants together."""
     sample, gate = record.sample, tree[which]
     members = tree.sharing_geometry(which)
-    cx, cy = gate.drawing().point
+    cx, cy = (_raw(scale, v) for scale, v in zip((gate.x_scale, gate.y_scale), gate.drawing().point))
     q1, q2 = st.columns(2)
-    new_x = q1.number_input("split x", value=float(cx), format="%.3f", key=f"ag_qx_{patient}_{which}",
-                            help="The split point in the plot's display coordinates.")
-    new_y = q2.number_input("split y", value=float(cy), format="%.3f", key=f"ag_qy_{patient}_{which}")
+    new_x = q1.number_input(f"split {gate.x_channel}", value=cx, format="%g", key=f"ag_qx_{patient}_{which}",
+                            help=RAW_HELP)
+    new_y = q2.number_input(f"split {gate.y_channel}", value=cy, format="%g", key=f"ag_qy_{patient}_{which}",
+                            help=RAW_HELP)
     st.caption(f"Moving the split moves its four quadrants: {', '.join(members)}.")
-    if st.button("Move the split", key="ag_move_split", disabled=(new_x, new_y) == (float(cx), float(cy))):
+    if st.button("Move the split", key="ag_move_split", disabled=(new_x, new_y) == (cx, cy)):
         trial = tree.copy()
         try:
-            trial.replace_geometry(which, [(new_x, new_y)])
+            trial.replace_geometry(which, [(_display(gate.x_scale, new_x), _display(gate.y_scale, new_y))])
             n_new = int(trial.memberships(sample)[which].sum())
         except GateError as exc:
             st.error(str(exc))
@@ -289,15 +305,15 @@ def _adjust_range(store, patient, record, tree, which, in_gate, edit_event=None)
     """A range: its bounds."""
     sample, gate = record.sample, tree[which]
     band = gate.drawing()
-    low, high = band.low, band.high
+    low, high = _raw(gate.x_scale, band.low), _raw(gate.x_scale, band.high)
     r1, r2 = st.columns(2)
-    new_low = r1.number_input("from", value=float(low), format="%.3f", key=f"ag_rlo_{patient}_{which}",
-                              help="The range in the histogram's display coordinates.")
-    new_high = r2.number_input("to", value=float(high), format="%.3f", key=f"ag_rhi_{patient}_{which}")
-    if st.button("Set the range", key="ag_set_range", disabled=(new_low, new_high) == (float(low), float(high))):
+    new_low = r1.number_input(f"{gate.x_channel} from", value=low, format="%g", key=f"ag_rlo_{patient}_{which}",
+                              help=RAW_HELP)
+    new_high = r2.number_input("to", value=high, format="%g", key=f"ag_rhi_{patient}_{which}", help=RAW_HELP)
+    if st.button("Set the range", key="ag_set_range", disabled=(new_low, new_high) == (low, high)):
         trial = tree.copy()
         try:
-            trial.replace_geometry(which, [(new_low, new_high)])
+            trial.replace_geometry(which, [(_display(gate.x_scale, new_low), _display(gate.x_scale, new_high))])
             n_new = int(trial.memberships(sample)[which].sum())
         except GateError as exc:
             st.error(str(exc))
