@@ -42,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gating_core.fcs import read_fcs  # noqa: E402
 from gating_core.io.inputs import load_labeled_input  # noqa: E402
 from gating_core.io.labels import read_labels_csv  # noqa: E402
-from gating_core.method.refinement import DEFAULT_ALPHA, _PatientFrame, refine_gating  # noqa: E402
+from gating_core.method.refinement import DEFAULT_ALPHA, MAX_MOVED_SHARE, _PatientFrame, refine_gating  # noqa: E402
 from gating_core.model import GatingModel  # noqa: E402
 
 SAMPLE = Path(__file__).resolve().parent.parent / "sample_data"
@@ -66,7 +66,8 @@ def next_circle(current, truth, corrected_mask, cells, per_round, rng, lasso="er
     return pool[np.argsort(distance, kind="stable")[:per_round]], true_pop
 
 
-def review(model, sample, truth, base, cells, refine, per_round, target, budget, alpha, seed, lasso="error"):
+def review(model, sample, truth, base, cells, refine, per_round, target, budget, alpha, seed, lasso="error",
+           max_moved_share=MAX_MOVED_SHARE):
     """One simulated review: list of (corrected cells, agreement, changed beyond circled)."""
     rng = np.random.default_rng(seed)
     current = np.asarray(base.populations).astype(str)
@@ -81,7 +82,8 @@ def review(model, sample, truth, base, cells, refine, per_round, target, budget,
         given.extend([label] * len(circle))
         mask[circle] = True
         if refine:
-            result = refine_gating(model, sample, corrected, given, alpha=alpha, base=base)
+            result = refine_gating(model, sample, corrected, given, alpha=alpha, base=base,
+                                   max_moved_share=max_moved_share)
             current = np.asarray(result.populations).astype(str)
             beyond = result.n_changed_beyond
         else:
@@ -148,6 +150,9 @@ def main(argv=None):
     parser.add_argument("--lasso", choices=("error", "all"), default="error",
                         help="error: the lasso circles cells of the error kind only; all: every cell near the chosen one")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-held-back", action="store_true",
+                        help="the refinement in full: populations it would empty are not held back (the reviewer "
+                             "moves them with the page's button)")
     args = parser.parse_args(argv)
 
     models, load = dlbcl_cases() if args.data == "dlbcl" else sample_data_cases()
@@ -168,7 +173,7 @@ def main(argv=None):
             for alpha in args.alpha:
                 start = time.perf_counter()
                 refined = review(model, sample, truth, base, cells, True, args.per_round, args.target, args.budget,
-                                 alpha, args.seed, args.lasso)
+                                 alpha, args.seed, args.lasso, None if args.no_held_back else MAX_MOVED_SHARE)
                 seconds = (time.perf_counter() - start) / max(1, len(refined) - 1)
                 print(f"   refinement (lambda={alpha:g}): {cells_to_reach(refined, args.target)} corrected cells "
                       f"to reach {args.target:.0%} ({seconds:.2f} s per refit)")

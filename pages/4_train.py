@@ -11,7 +11,8 @@ from gating_core.fcs.transforms import is_time_like
 from gating_core.model.file_checks import ModelFileError
 from gating_core.model.summary import (adapted_populations_text, few_patients_note, pooled_trees_text,
                                       saturated_note, similar_names_note, unknown_cells_text, unknown_name_note)
-from ui.app_state import common_channels, incompatible_label_sets, label_set_disagreements, training_panel
+from ui.app_state import (common_channels, incompatible_label_sets, label_set_disagreements, later_twins,
+                          training_panel, twin_labels_note)
 from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcome, job_progress, model_offers,
                        model_picker, others_jobs, refresh_status, require_patients, session_name_input)
 from ui.jobs import DONE, format_seconds, jobs_for
@@ -55,9 +56,18 @@ labeled = store.labeled()
 active = store.model()
 panel, other_panel = training_panel({n: store.patients[n].channel_names for n in labeled},
                                     getattr(active, "training_patients_", ()) if active is not None else ())
-chosen = st.multiselect("Historical patients to learn from", labeled, default=panel, key="train_patients")
+# A labeled patient whose events an earlier labeled one holds (the same file loaded twice) is
+# not chosen: learned twice, it would count twice, or teach two labelings of the same cells.
+twins = later_twins(labeled, list(store.patients),
+                    {n: [t for t in ts if t in labeled] for n, ts in store.same_events(labeled).items()})
+chosen = st.multiselect("Historical patients to learn from", labeled, default=[n for n in panel if n not in twins],
+                        key="train_patients")
 if other_panel:
     st.caption("Not chosen by default: " + "; ".join(f"**{n}**, {why}" for n, why in other_panel.items()) + ".")
+for name, first in twins.items():
+    note = twin_labels_note(name, first, store.patients[name].labels, store.patients[first].labels,
+                            chosen=name in chosen and first in chosen)
+    (st.warning if name in chosen and first in chosen else st.caption)(note)
 if len(chosen) < 2:
     st.info("Pick at least two labeled patients.")
     st.stop()

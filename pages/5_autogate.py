@@ -8,6 +8,7 @@ from gating_core.gates.agreement import flat_statistics
 from gating_core.model.result import PART_TITLES, review_flags
 from gating_core.reports.plotting import population_colors
 from ui import autogate_view, cache, charts, exports, parts_view
+from gating_core.method.refinement import MAX_MOVED_SHARE
 from ui.app_state import (acceptance_acknowledgement, later_twins, missing_model_channels, new_population_name,
                           review_notice, review_worklist, shape_from_selection, unknown_cells_notice,
                           worklist_display)
@@ -42,8 +43,19 @@ unfit = {n: missing_model_channels(model, store.patients[n].sample.channels) for
 compatible = [n for n, missing in unfit.items() if not missing]
 # A patient whose events an earlier one holds (the same file loaded twice) is not ticked.
 twins = later_twins(compatible, list(store.patients), store.same_events(compatible))
-targets = m2.multiselect("Patients to gate", list(store.patients), default=[n for n in compatible if n not in twins],
+# A patient under review keeps its review: gating it again would throw the corrections away.
+reviewed = [n for n in compatible if store.patients[n].is_reviewed]
+targets = m2.multiselect("Patients to gate", list(store.patients),
+                         default=[n for n in compatible if n not in twins and n not in reviewed],
                          key=f"ag_targets_{model_name}")
+for name in reviewed:
+    if name not in targets:
+        st.caption(f"{name} is not selected: it is under review, and gating it again would discard its "
+                   "corrections.")
+regate = [n for n in targets if store.patients[n].is_reviewed]
+discard = not regate or st.checkbox(
+    f"Discard the review of {', '.join(regate)} and gate {'it' if len(regate) == 1 else 'them'} again",
+    key="ag_discard_review", help="Their corrected cells and adjusted gates are replaced by the model's gating.")
 for name, first in twins.items():
     if name not in targets:
         st.caption(f"{name} is not selected: it holds exactly the events of {first} (the same file loaded twice?).")
@@ -52,7 +64,7 @@ for name, missing in unfit.items():
         st.warning(f"{name} lacks {', '.join(missing)}, which {model_name} needs: it cannot be gated by this model.")
     elif missing:
         st.caption(f"{name} is not selected: it lacks {', '.join(missing)}, which {model_name} needs.")
-if st.button("Run auto-gating", type="primary", disabled=not targets, key="ag_run"):
+if st.button("Run auto-gating", type="primary", disabled=not targets or not discard, key="ag_run"):
     bar = st.progress(0.0, text="Starting…")
     for i, name in enumerate(targets):
         bar.progress(i / len(targets), text=f"Gating {name} ({i + 1}/{len(targets)})")
@@ -218,6 +230,27 @@ with side_col:
         state["ag_correct_message"] = "The last correction was undone."
         state.ag_chart_version += 1
         st.rerun()
+    # Cells the refinement held back (it would have emptied their population), moved on request.
+    offer = state.get("ag_held_back_offer")
+    if offer is not None and (offer["patient"], offer["result"], offer["circled"]) == (patient, id(result), circled):
+        if st.button(f"Move the {offer['count']:,} held-back cells too", key="ag_release_held",
+                     help="The refinement in full: the populations it would have emptied lose those cells."):
+            try:
+                corrected, new_confidence, _ = autogate_view.refined_review(
+                    gating_model, sample, circled, pop_names, part, None)
+            except ValueError as exc:
+                st.error(f"The refinement failed ({exc}): nothing was changed.")
+            else:
+                moved = int((np.asarray(corrected).astype(str) != np.asarray(record.populations).astype(str)).sum())
+                undo.append((id(record.result), record.snapshot(), dict(circled)))
+                state["ag_undo"][patient] = undo[-UNDO_STEPS:]
+                autogate_view.before_correction(record)
+                store.correct(patient, corrected, new_confidence)
+                state.pop("ag_held_back_offer")
+                gates_note = autogate_view.after_correction(store, patient)
+                state["ag_correct_message"] = f"Moved {moved:,} held-back cells, as the refinement would." + gates_note
+                state.ag_chart_version += 1
+                st.rerun()
     # The refinement refits the kernel model's own features; the IW model has none to refit. A
     # gating read back after a review holds the reviewed cells only: the refinement starts from
     # the model's gating, made again by the model that gated the patient, with the review over it.
@@ -272,24 +305,16 @@ with side_col:
             circled.update({int(i): to_pop for i in np.flatnonzero(inside)})
             corrected = None
             if refine:
-                from gating_core.method.refinement import refine_gating
-
-                # cells named as a new population stay so; the model refits to the others
-                known = {i: p for i, p in circled.items() if p in pop_names}
                 try:
-                    refined = refine_gating(gating_model, sample, list(known), list(known.values()),
-                                            part=part if part in gating_model.gating_parts() else None)
+                    corrected, new_confidence, held_back = autogate_view.refined_review(
+                        gating_model, sample, circled, pop_names, part, MAX_MOVED_SHARE)
                 except ValueError as exc:
                     st.error(f"The refinement failed ({exc}): nothing was changed.")
                 else:
-                    corrected = np.asarray(refined.populations).astype(object)
-                    new_confidence = np.asarray(refined.confidence, dtype=float).copy()
-                    named = np.array([i for i, p in circled.items() if p not in pop_names], dtype=np.int64)
-                    if len(named):
-                        corrected[named] = [circled[int(i)] for i in named]
-                        new_confidence[named] = 1.0
-                    if refined.held_back:
-                        state["ag_held_back_message"] = autogate_view.held_back_message(refined.held_back)
+                    if held_back:
+                        state["ag_held_back_message"] = autogate_view.held_back_message(held_back)
+                        state["ag_held_back_offer"] = {"patient": patient, "result": id(record.result),
+                                                       "circled": dict(circled), "count": sum(held_back.values())}
             else:
                 corrected = populations.astype(object).copy()
                 corrected[inside] = to_pop

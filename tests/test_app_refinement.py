@@ -151,3 +151,23 @@ def test_a_correction_at_a_populations_edge_leaves_the_rest_of_it_and_says_so(au
     assert (after[inside] == "other").all() and (after[monocytes & ~inside] == "Monocytes").all()
     (warning,) = [w.value for w in at.warning if w.value.startswith("Not moved")]
     assert warning.startswith("Not moved: ") and " Monocytes that the refinement would have taken along" in warning
+    # the reviewer, having looked, moves them too: the refinement in full, undoable
+    from gating_core.method.refinement import refine_gating
+
+    button = at.button(key="ag_release_held")
+    assert button.label == f"Move the {int((monocytes & ~inside).sum()):,} held-back cells too"
+    button.click()
+    at.run()
+    assert not at.exception and not at.error
+    model = store.models[store.current_model]
+    full = refine_gating(model, record.sample, np.flatnonzero(inside), ["other"] * int(inside.sum()),
+                         max_moved_share=None)
+    np.testing.assert_array_equal(np.asarray(store.patients[patient].populations).astype(str),
+                                  full.populations.astype(str))
+    assert any(s.value.startswith("Moved ") and "held-back cells, as the refinement would." in s.value
+               for s in at.success)
+    assert not [b for b in at.button if b.key == "ag_release_held"]
+    at.button(key="ag_undo_last").click()
+    at.run()
+    np.testing.assert_array_equal(np.asarray(store.patients[patient].populations).astype(str)[monocytes & ~inside],
+                                  "Monocytes")

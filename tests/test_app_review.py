@@ -733,7 +733,11 @@ def test_cells_can_be_named_as_a_population_the_model_lacks(loaded):
     run(at)
     box = at.checkbox(key=f"ag_accept_{NEW}_ack")
     assert "blasts, named in this review, is a new population the next training learns from" in box.label
-    # gated again: the corrections of the earlier gating are not carried into the new one's refinement
+    # gated again, its review discarded as the page asks first: the corrections of the earlier
+    # gating are not carried into the new one's refinement
+    assert at.button(key="ag_run").disabled
+    at.checkbox(key="ag_discard_review").check()
+    run(at)
     at.button(key="ag_run").click()
     run(at)
     assert "blasts" not in set(np.asarray(record.populations).astype(str))
@@ -837,3 +841,47 @@ def test_cells_corrected_in_two_sessions_are_counted_together_on_the_page_and_in
     report = exports.patient_report(kept).decode()
     assert f"<p>Reviewed: {total:,} cells corrected by hand; accepted as the patient's labels.</p>" in report
     assert ": review the populations by hand." not in report
+
+
+def test_gating_again_asks_before_it_discards_a_review(loaded):
+    """A patient with corrected cells is left out of the next run by default, and gated again
+    only once the reviewer ticks that its review is to be discarded."""
+    from apptest_helpers import reload
+
+    store = store_of(loaded)
+    patient = "new_patient_02"
+    at = autogate(loaded, drawn_tree(store, ["Debris", "Lymphocytes", "T cells"]), targets=(patient, "new_patient_03"))
+    review_cd4_cd8(at, patient)
+    record = store.patients[patient]
+    sample = record.sample
+    fl3, fl6 = (sample.events[:, sample.pnn.index(c)] for c in ("FL3-A", "FL6-A"))
+    circle_box(at, patient, "FL3-A", "FL6-A", [(float(np.median(fl3)), float(fl6.min())), (float(fl3.max()), float(fl6.max()))],
+               to="other")
+    at.button(key="ag_reassign").click()
+    run(at)
+    assert record.is_reviewed
+    reviewed = np.asarray(record.populations).astype(str).copy()
+    # the targets of the last run are kept: the run waits for the reviewer's word
+    targets = f"ag_targets_{store.current_model}"
+    assert patient in at.multiselect(key=targets).value
+    discard = at.checkbox(key="ag_discard_review")
+    assert discard.label == f"Discard the review of {patient} and gate it again" and not discard.value
+    assert at.button(key="ag_run").disabled
+    # a fresh visit leaves it out, and says why
+    again = reload(at, "pages/5_autogate.py")
+    assert at.multiselect  # the page drew its picker
+    assert patient not in again.multiselect(key=targets).value
+    assert f"{patient} is not selected: it is under review, and gating it again would discard its corrections." in [
+        c.value for c in again.caption]
+    assert not again.button(key="ag_run").disabled and not [c for c in again.checkbox if c.key == "ag_discard_review"]
+    again_record = store_of(again).patients[patient]
+    np.testing.assert_array_equal(np.asarray(again_record.populations).astype(str), reviewed)
+    # ticked: gated again, the corrections discarded
+    at.checkbox(key="ag_discard_review").check()
+    run(at)
+    assert not at.button(key="ag_run").disabled
+    at.button(key="ag_run").click()
+    run(at)
+    assert not record.is_reviewed
+    np.testing.assert_array_equal(np.asarray(record.populations).astype(str),
+                                  np.asarray(record.result.populations).astype(str))

@@ -47,9 +47,15 @@ def quick_settings(at: AppTest, patients) -> AppTest:
     return at
 
 
-def gate(at: AppTest, patient: str) -> AppTest:
+def gate(at: AppTest, patient: str, discard_review: bool = False) -> AppTest:
+    """``patient`` gated on the Auto-gate page (``discard_review``: a review it is under, this
+    session's or another's, discarded as the page asks)."""
     at = goto(at, "pages/5_autogate.py")
     at.multiselect(key=f"ag_targets_{store_of(at).current_model}").set_value([patient])
+    at.run()
+    if discard_review:
+        at.checkbox(key="ag_discard_review").check()
+        at.run()
     at.button(key="ag_run").click()
     at.run()
     assert not at.exception and not at.error, texts(at.error)
@@ -279,7 +285,7 @@ def test_a_session_sees_what_others_changed_and_cannot_accept_a_patient_accepted
     b.run()
     b.button(key="ag_accept_new_patient_01").click()
     b.run()
-    a = gate(a, "new_patient_01")
+    a = gate(a, "new_patient_01", discard_review=True)  # B's review, saved, is A's to discard
     a.button(key="ag_accept_new_patient_01").click()
     a.run()
     a.button(key="ag_accept_new_patient_01_confirm").click()

@@ -157,3 +157,43 @@ def test_a_channel_transform_set_on_the_train_page_reaches_the_model_and_its_fil
     at.run()
     table = next(d.value for d in at.dataframe if "found" in d.value.columns)
     assert (table["used"] == table["found"]).all()
+
+
+def test_a_labeled_twin_is_not_chosen_for_training_and_its_labels_are_compared(library, sample_data_dir):
+    """The same FCS file loaded again under other names, once with its own labels and once with
+    100 of them changed: neither copy is chosen by default, each says why, and choosing one back
+    is warned about."""
+    at = start()
+    at.button(key="load_sample_data").click()
+    at.run()
+    data = (sample_data_dir / "patient_02.fcs").read_bytes()
+    labels = pd.read_csv(sample_data_dir / "patient_02.labels.csv")
+    changed = labels.copy()
+    populations = changed["population"].to_numpy().astype(object)
+    first = populations[0]
+    moved = np.flatnonzero(populations != first)[:100]
+    populations[moved] = first
+    changed["population"] = populations
+    at.file_uploader(key="uploads").set_value([
+        ("copy.fcs", data, "application/octet-stream"),
+        ("copy.labels.csv", labels.to_csv(index=False).encode(), "text/csv"),
+        ("mixed.fcs", data, "application/octet-stream"),
+        ("mixed.labels.csv", changed.to_csv(index=False).encode(), "text/csv")])
+    at.run()
+    store = store_of(at)
+    assert store.patients["copy"].is_labeled and store.patients["mixed"].is_labeled
+    at = goto(at, "pages/4_train.py")
+    chosen = at.multiselect(key="train_patients").value
+    assert "patient_02" in chosen and "copy" not in chosen and "mixed" not in chosen
+    captions = [c.value for c in at.caption]
+    n = len(labels)
+    assert ("copy holds exactly the events of patient_02, with the same labels (the same file loaded twice?). "
+            "It is not chosen.") in captions
+    assert (f"mixed holds exactly the events of patient_02, with other labels on 100 of its {n:,} cells: one of "
+            "the two label files may belong to another patient. It is not chosen.") in captions
+    at.multiselect(key="train_patients").set_value([*chosen, "mixed"])
+    at.run()
+    assert [w.value for w in at.warning if w.value.startswith("mixed")] == [
+        f"mixed holds exactly the events of patient_02, with other labels on 100 of its {n:,} cells: one of the "
+        "two label files may belong to another patient: learned from both, the model is taught two labelings of "
+        "the same cells."]

@@ -36,6 +36,23 @@ def later_twins(candidates, order, twins: dict) -> dict[str, str]:
     return later
 
 
+def twin_labels_note(name: str, first: str, labels, first_labels, chosen: bool) -> str:
+    """What the Train page says of ``name``, a labeled patient holding exactly the events of the
+    labeled patient ``first``: whether their labels agree, and what training on both would do
+    (``chosen``: both are among the patients to learn from)."""
+    differ = int((np.asarray(labels).astype(str) != np.asarray(first_labels).astype(str)).sum())
+    same = f"{name} holds exactly the events of {first}"
+    if differ:
+        same += (f", with other labels on {differ:,} of its {len(labels):,} cells: one of the two label files "
+                 "may belong to another patient")
+    else:
+        same += ", with the same labels (the same file loaded twice?)"
+    if chosen:
+        return same + (": learned from both, the model is taught two labelings of the same cells."
+                       if differ else ": learned from both, that patient counts twice.")
+    return f"{same}. It is not chosen."
+
+
 def channel_presence(samples: dict):
     """DataFrame: one row per channel name ($PnN, with marker), one column per patient, bool."""
     import pandas as pd

@@ -71,6 +71,26 @@ def after_correction(store, patient: str) -> str:
     return f" The gates of {template} were fitted again to the corrected cells."
 
 
+def refined_review(gating_model, sample, circled: dict, pop_names, part, max_moved_share):
+    """The populations and confidences of a patient refined from every cell ``circled`` so far
+    ({event index: population}), and the refinement's ``held_back`` populations. Cells given a
+    population the model does not know keep it, with confidence 1; the model refits to the
+    others. ValueError when the refinement cannot be made."""
+    from gating_core.method.refinement import refine_gating
+
+    known = {i: p for i, p in circled.items() if p in pop_names}
+    refined = refine_gating(gating_model, sample, list(known), list(known.values()),
+                            part=part if part in gating_model.gating_parts() else None,
+                            max_moved_share=max_moved_share)
+    populations = np.asarray(refined.populations).astype(object)
+    confidence = np.asarray(refined.confidence, dtype=float).copy()
+    named = np.array([i for i, p in circled.items() if p not in pop_names], dtype=np.int64)
+    if len(named):
+        populations[named] = [circled[int(i)] for i in named]
+        confidence[named] = 1.0
+    return populations, confidence, refined.held_back
+
+
 def held_back_message(held_back: dict) -> str:
     """What the page says when the refinement would have emptied populations
     (:attr:`RefinedGating.held_back`: population -> cells kept in it)."""
@@ -79,7 +99,8 @@ def held_back_message(held_back: dict) -> str:
     kept = " and ".join(f"{count:,} {name}" for name, count in sorted(held_back.items()))
     return (f"Not moved: {kept} that the refinement would have taken along with your correction "
             f"(more than {MAX_MOVED_SHARE:.0%} of those you did not circle). A correction does not "
-            "empty a population: to move one as a whole, circle it as a whole.")
+            "empty a population unless you say so: look at where they lie, then move them below, or "
+            "circle them.")
 
 
 def tree_label(tree: GateTree, name: str) -> str:
