@@ -12,7 +12,7 @@ from gating_core.model.file_checks import ModelFileError
 from gating_core.model.summary import (adapted_populations_text, few_patients_note, pooled_trees_text,
                                       saturated_note, similar_names_note, unknown_cells_text, unknown_name_note)
 from ui.app_state import (common_channels, incompatible_label_sets, label_set_disagreements, later_twins,
-                          training_panel, twin_labels_note)
+                          training_panel, twin_labels_note, worst_patient_note)
 from ui.common import (adopt_finished_jobs, channel_label, get_store, job_outcome, job_progress, model_offers,
                        model_picker, others_jobs, refresh_status, require_patients, session_name_input)
 from ui.jobs import DONE, format_seconds, jobs_for
@@ -315,19 +315,13 @@ if table is not None and len(table):
     wide = wide[[(metric, m) for metric in ("accuracy", "macro_f1") for m in order]]
     wide.columns = [f"{METRIC_TITLES[metric]} ({method})" for metric, method in wide.columns]
     key = "macro-F1 (marginal)" if "macro-F1 (marginal)" in wide.columns else wide.columns[-1]
-    worst = wide[key].idxmin()
     means = show.groupby("method")[["accuracy", "macro_f1"]].mean().loc[order]
     cols = st.columns(len(means))
     for col, (m, row) in zip(cols, means.iterrows()):
         col.metric(f"{m}: mean accuracy", f"{100 * row['accuracy']:.1f}%",
                    help=f"mean macro-F1 {row['macro_f1']:.3f}")
-    if wide[key].round(3).nunique() == 1:  # as shown: no patient is worse than another
-        st.success(f"All {len(wide)} patients scored {wide[key].iloc[0]:.3f} ({key}).")
-        worst = None
-    else:
-        st.warning(f"Worst patient: **{worst}** ({key} {wide.loc[worst, key]:.3f} when held out): its labels "
-                   "agree least with what the other patients taught the model. Look at its labels first: a "
-                   "population drawn differently from the others', or one the others lack?")
+    kind, note, worst = worst_patient_note(wide[key], key)
+    getattr(st, kind)(note)
     st.dataframe(wide.style.format("{:.3f}").apply(
         lambda r: ["background-color: #fde2d4" if r.name == worst else "" for _ in r], axis=1),
         width="stretch")

@@ -511,3 +511,25 @@ def test_another_session_and_a_reload_show_the_file_each_patient_was_loaded_from
     # the name a browser gave is kept as text: never looked up on the server's disk
     sources = PatientLibrary(library).patient("patient_01").sources
     assert sources == [{"role": "upload", "path": "patient_01.fcs", "sha256": None}]
+
+
+def test_the_check_points_at_a_patient_only_when_it_stands_out():
+    import pandas as pd
+
+    from ui.app_state import worst_patient_note
+
+    # eight multicenter samples held out in turn: a spread of a few thousandths, no culprit
+    close = pd.Series([0.973, 0.977, 0.978, 0.979, 0.980, 0.981, 0.982, 0.982],
+                      index=[f"multicenter_0{i}" for i in range(1, 9)])
+    kind, text, marked = worst_patient_note(close, "macro-F1 (marginal)")
+    assert (kind, marked) == ("info", None)
+    assert text == ("Lowest: multicenter_01 (macro-F1 (marginal) 0.973 when held out), within 0.007 of the other "
+                    "patients' median (0.980): no patient stands out.")
+    # one biopsy far below the others: named, to look at its labels first
+    apart = pd.Series([0.528, 0.70, 0.71, 0.69, 0.72], index=["dlbcl_03", "dlbcl_05", "dlbcl_06", "dlbcl_07", "dlbcl_08"])
+    kind, text, marked = worst_patient_note(apart, "macro-F1 (marginal)")
+    assert (kind, marked) == ("warning", "dlbcl_03")
+    assert text.startswith("Worst patient: **dlbcl_03** (macro-F1 (marginal) 0.528 when held out): its labels agree least")
+    # scores that differ only beyond what is shown
+    kind, text, marked = worst_patient_note(pd.Series([0.99991, 0.99994], index=["a", "b"]), "accuracy")
+    assert (kind, text, marked) == ("success", "All 2 patients scored 1.000 (accuracy).", None)

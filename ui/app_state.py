@@ -36,6 +36,29 @@ def later_twins(candidates, order, twins: dict) -> dict[str, str]:
     return later
 
 
+#: The Train check names a worst patient when its score is this far below the other patients'
+#: median (macro-F1 or accuracy, 0-1): nearer, the lowest score is the spread of any cohort.
+WORST_PATIENT_GAP = 0.05
+
+
+def worst_patient_note(scores, title: str):
+    """What the Train check says of the held-out patients' ``scores`` (a Series indexed by
+    patient, in ``title``'s metric): ("success" | "info" | "warning", text, the patient to mark or
+    None). A patient is pointed at only when it stands out from the others."""
+    shown = scores.round(3)
+    if shown.nunique() == 1:
+        return "success", f"All {len(scores)} patients scored {scores.iloc[0]:.3f} ({title}).", None
+    worst = scores.idxmin()
+    others = scores.drop(worst).median()
+    if others - scores[worst] > WORST_PATIENT_GAP:
+        return "warning", (f"Worst patient: **{worst}** ({title} {scores[worst]:.3f} when held out): its labels "
+                           "agree least with what the other patients taught the model. Look at its labels first: a "
+                           "population drawn differently from the others', or one the others lack?"), worst
+    return "info", (f"Lowest: {worst} ({title} {scores[worst]:.3f} when held out), within "
+                    f"{others - scores[worst]:.3f} of the other patients' median ({others:.3f}): no patient "
+                    "stands out."), None
+
+
 def twin_labels_note(name: str, first: str, labels, first_labels, chosen: bool) -> str:
     """What the Train page says of ``name``, a labeled patient holding exactly the events of the
     labeled patient ``first``: whether their labels agree, and what training on both would do
