@@ -104,7 +104,7 @@ for name, p in store.patients.items():
                  "file": p.file_name})
 table = pd.DataFrame(rows)
 st.dataframe(table, hide_index=True, width="stretch",
-             column_config={"events": st.column_config.NumberColumn(format="%d")})
+             column_config={"events": st.column_config.NumberColumn(format="localized")})
 
 # QC on load: saturation at $PnR - 1 and drift along the time channel (gating_core.reports.qc), once per
 # version of each patient's events; the details are at the bottom of the page. Patients of the
@@ -201,7 +201,7 @@ for name, p in store.patients.items():
                     "QC flags": len(report.flags)})
 if qc_rows:
     st.dataframe(pd.DataFrame(qc_rows), hide_index=True, width="stretch",
-                 column_config={"QC flags": st.column_config.NumberColumn(format="%d")})
+                 column_config={"QC flags": st.column_config.NumberColumn(format="localized")})
 # the patient chosen in the details below is read there, checked, and not listed
 inspected = st.session_state.get("qc_patient")
 inspected = inspected if inspected in store.patients else next(iter(store.patients), None)

@@ -302,7 +302,7 @@ def gating_section():
             st.dataframe(stats, hide_index=True, width="stretch",
                          column_config={"% of parent": st.column_config.NumberColumn(format="%.2f"),
                                         "% of total": st.column_config.NumberColumn(format="%.2f"),
-                                        "count": st.column_config.NumberColumn(format="%d")})
+                                        "count": st.column_config.NumberColumn(format="localized")})
         if st.button("↶ Undo", disabled=not record.history.can_undo(), key="undo_gate"):
             store.undo_gates(patient)
             state.gate_chart_version += 1

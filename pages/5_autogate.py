@@ -346,7 +346,7 @@ stats = exports.statistics(record.populations_token, record)
 st.dataframe(stats.drop(columns=["patient"]), hide_index=True, width="stretch",
              column_config={c: st.column_config.NumberColumn(format="%.1f") for c in stats.columns
                             if c.startswith(("%", "median", "geometric mean", "CV"))} | {
-                 "count": st.column_config.NumberColumn(format="%d"),
+                 "count": st.column_config.NumberColumn(format="localized"),
                  "mean confidence": st.column_config.NumberColumn(format="%.3f")})
 
 st.subheader("Gates", anchor="gates")
@@ -436,4 +436,4 @@ with st.expander("Batch table"):
                                 "% of parent": st.column_config.NumberColumn(format="%.2f"),
                                 "% of total": st.column_config.NumberColumn(format="%.2f"),
                                 "mean confidence": st.column_config.NumberColumn(format="%.3f"),
-                                "count": st.column_config.NumberColumn(format="%d")})
+                                "count": st.column_config.NumberColumn(format="localized")})

@@ -421,8 +421,8 @@ def gates_section(store, patient: str, record) -> GateTree | None:
                                 "% of total": st.column_config.NumberColumn(format="%.2f"),
                                 "F1": st.column_config.TextColumn(
                                     "F1 vs reviewed cells" if reviewed_only else "F1 vs predicted"),
-                                "count": st.column_config.NumberColumn(format="%d"),
-                                "in gate": st.column_config.NumberColumn(format="%d")})
+                                "count": st.column_config.NumberColumn(format="localized"),
+                                "in gate": st.column_config.NumberColumn(format="localized")})
     if state.get("ag_gate_message"):
         st.success(state.pop("ag_gate_message"))
     figures = GateFigures(record, tree, masks, counted, store)

@@ -360,7 +360,7 @@ def show_label_change(before, after) -> None:
         st.caption("It has no labels yet: these become its labels.")
         table = table[["population", "after"]]
     st.dataframe(table, hide_index=True, width="stretch",
-                 column_config={c: st.column_config.NumberColumn(format="%d") for c in ("before", "after", "change")})
+                 column_config={c: st.column_config.NumberColumn(format="localized") for c in ("before", "after", "change")})
     lost = lost_populations(before, after)
     if lost:
         st.warning(f"{len(lost)} population(s) of the current labels would be gone: {', '.join(lost)}. "

@@ -98,7 +98,7 @@ def overlay_section(store, names: list[str], default: list[str], first_index: in
     if missing:
         st.caption(f"No cells of {population} in {', '.join(missing)}: no curve.")
     st.dataframe(overlay_table(records, channel, population, label), hide_index=True, width="stretch",
-                 key="ov_table", column_config={"cells": st.column_config.NumberColumn(format="%d")})
+                 key="ov_table", column_config={"cells": st.column_config.NumberColumn(format="localized")})
 
 
 def overlay_table(records, channel: str, population: str, label: str):

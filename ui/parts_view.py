@@ -86,7 +86,7 @@ def parts_section(store, patient: str, record, expanded: bool, axes: dict) -> No
                                     axes["x_title"], axes["y_title"], mode="population", colors=colors, height=420)
         st.plotly_chart(fig, width="stretch", key=f"ag_parts_chart_{patient}")
         st.dataframe(table, width="stretch", key="ag_parts_table",
-                     column_config={c: st.column_config.NumberColumn(format="%d") for c in table.columns})
+                     column_config={c: st.column_config.NumberColumn(format="localized") for c in table.columns})
         # "" for the model's own gating: a radio's options are its labels' keys
         options = ["", *gatings]
         chosen = st.radio("Start the review from", options, index=options.index(current_part or ""),
