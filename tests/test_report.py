@@ -214,7 +214,7 @@ def test_report_escapes_every_user_string_and_shows_novelty_confidence_and_flags
     assert "Mean confidence 0.840; 1,200 cells (10.0%) below 0.60." in html
     assert "FSC-A: 600 events (5.0%) at the top of the range" in html
     assert "no spillover matrix" in html
-    assert html.count("<svg") == 2                             # flat: scatter and two fluorescence channels
+    assert html.count("<svg") == 4  # flat: scatter, then the channels that set the three largest populations apart
 
 
 def test_report_says_what_review_did_and_keeps_an_accepted_patients_flags_as_history(patient, tree):
@@ -365,3 +365,28 @@ def test_catch_all_populations_are_grey_each_in_its_own_shade():
     colors = population_colors(["B cells", "other", "T cells", "ungated", "Unlabeled"])
     assert [colors[n] for n in ("other", "ungated", "Unlabeled")] == list(OTHER_COLORS[:3])
     assert [colors["B cells"], colors["T cells"]] == list(PALETTE[:2])
+
+
+def test_a_result_without_gates_is_drawn_on_the_channels_that_set_its_populations_apart(patient):
+    """Scatter first, then for the largest populations the two channels most apart from the rest
+    (the catch-all `other` chooses none); without populations, the first two other channels."""
+    from gating_core.reports.report import _default_channels
+
+    sample, labels = patient
+    assert _default_channels(sample, labels) == [("FSC-A", "SSC-A"), ("FL7-A", "FL1-A"), ("FL3-A", "FL1-A"),
+                                                 ("FL5-A", "FL1-A")]  # CD45, CD4 and CD14 against CD3
+    assert _default_channels(sample) == [("FSC-A", "SSC-A"), ("FL1-A", "FL2-A")]
+    html = patient_report_html("p", sample, labels)
+    assert html.count("<svg") == 4 and "CD14" in html
+
+
+def test_a_mass_cytometry_result_without_gates_is_drawn_on_its_populations_markers(multicenter_dir):
+    from gating_core.reports.report import _default_channels
+
+    sample = read_fcs(multicenter_dir / "multicenter_09.fcs")
+    labels = pd.read_csv(multicenter_dir / "multicenter_09.labels.csv").iloc[:, 0].to_numpy().astype(str)
+    marker = {c.pnn: c.pns or c.pnn for c in sample.channels}
+    pairs = [(marker[x], marker[y]) for x, y in _default_channels(sample, labels)]
+    # monocytes, CD4 T cells, B cells, CD8 T cells; `ungated` chooses none
+    assert pairs == [("CD14", "CD45"), ("CD3", "CD4"), ("CD20", "CCR6"), ("CD8", "CD3")]
+    assert [(marker[x], marker[y]) for x, y in _default_channels(sample)] == [("CCR6", "CD20")]

@@ -143,8 +143,21 @@ def _scale_of(sample, pnn):
     return panel_scale(pnn, [sample])
 
 
-def _default_channels(sample) -> list[tuple[str, str]]:
-    """Two plots for a flat result: scatter (FSC / SSC) and the first two other channels."""
+#: At most this many plots for a result without a gate tree.
+MAX_FLAT_PLOTS = 4
+#: Populations that collect what the others leave: no channel pair of their own is looked for.
+CATCH_ALL_NAMES = ("other", "ungated", "unknown", "unlabeled", "unlabelled")
+#: Events that choose the plots' channels (drawn evenly, as the plots' dots are).
+PAIR_CHOICE_EVENTS = 50_000
+
+
+def _default_channels(sample, populations=None) -> list[tuple[str, str]]:
+    """The plots of a result without a gate tree: scatter (FSC / SSC) when the file has it, then,
+    for each population (the largest first, catch-alls left out), the two other channels that set
+    it apart most from the rest of the cells (difference of means over the pooled spread, on the
+    panel's display scale), each pair once; without populations, the first two other channels.
+    The first two channels of a mass cytometry panel rarely separate anything: in a multicenter
+    sample, CCR6 and CD20 put the T cells and the monocytes in one corner."""
     from gating_core.reports.qc import fluorescence_channels, time_channel_index
 
     names = sample.pnn
@@ -153,13 +166,38 @@ def _default_channels(sample) -> list[tuple[str, str]]:
     ssc = next((n for n in names if n.upper().startswith("SSC") and n.upper().endswith("-A")),
                next((n for n in names if n.upper().startswith("SS")), None))
     other = [names[i] for i in fluorescence_channels(sample, time_channel_index(sample))]
+    other = [n for n in other if n not in (fsc, ssc)]
     pairs = []
     if fsc and ssc:
         pairs.append((fsc, ssc))
-    if len(other) >= 2:
+    if len(other) >= 2 and populations is not None:
+        pairs += _separating_pairs(sample, np.asarray(populations).astype(str), other, MAX_FLAT_PLOTS - len(pairs))
+    if len(pairs) < 2 and len(other) >= 2 and (other[0], other[1]) not in pairs:
         pairs.append((other[0], other[1]))
     if not pairs and len(names) >= 2:
         pairs.append((names[0], names[1]))
+    return pairs
+
+
+def _separating_pairs(sample, labels, channels, limit: int) -> list[tuple[str, str]]:
+    idx = subsample_indices(sample.n_events, PAIR_CHOICE_EVENTS, seed=0)
+    values = np.column_stack([_scale_of(sample, c).forward(sample.events[idx, sample.channel_index(c)])
+                              for c in channels]).astype(np.float64)
+    labels = labels[idx]
+    found, counts = np.unique(labels, return_counts=True)
+    pairs: list[tuple[str, str]] = []
+    for name in found[np.argsort(-counts, kind="stable")]:
+        if len(pairs) >= limit:
+            break
+        inside = labels == name
+        if str(name).casefold() in CATCH_ALL_NAMES or inside.sum() < 2 or (~inside).sum() < 2:
+            continue
+        spread = np.sqrt((values[inside].var(axis=0) + values[~inside].var(axis=0)) / 2)
+        apart = np.abs(values[inside].mean(axis=0) - values[~inside].mean(axis=0)) / np.maximum(spread, 1e-12)
+        best = np.argsort(-apart, kind="stable")[:2]
+        pair = (channels[best[0]], channels[best[1]])
+        if not any(set(pair) == set(p) for p in pairs):
+            pairs.append(pair)
     return pairs
 
 
@@ -214,7 +252,7 @@ def _plots(sample, populations, tree, memberships, max_dots: int, counted=None) 
     names = sorted(set(labels.tolist()), key=lambda p: (p.casefold() in ("other", "ungated"), p))
     colors = population_colors(names)
     dot_colors = np.array([colors[p] for p in labels[idx]])
-    for xc, yc in _default_channels(sample):
+    for xc, yc in _default_channels(sample, labels):
         xs, ys = _scale_of(sample, xc), _scale_of(sample, yc)
         x = xs.forward(sample.events[:, sample.channel_index(xc)])
         y = ys.forward(sample.events[:, sample.channel_index(yc)])
