@@ -148,7 +148,12 @@ colors = population_colors(sorted(set(pop_names) | set(np.unique(populations)),
                                   key=lambda p: (p.casefold() in ("other", "ungated"), p)))
 
 channels = sample.pnn
-xi, yi = default_xy(channels)
+# The first view: scatter, or the channels that set the largest population apart. Chosen once, for
+# the first patient shown: the same index on every rerun keeps the reviewer's own choice.
+first_view = state.get("ag_first_view")
+if first_view is None or max(first_view) >= len(channels):
+    first_view = state["ag_first_view"] = default_xy(channels, sample, populations)
+xi, yi = first_view
 left, right = st.columns([3, 2])
 with left:
     a = st.columns(4)

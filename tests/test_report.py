@@ -370,23 +370,23 @@ def test_catch_all_populations_are_grey_each_in_its_own_shade():
 def test_a_result_without_gates_is_drawn_on_the_channels_that_set_its_populations_apart(patient):
     """Scatter first, then for the largest populations the two channels most apart from the rest
     (the catch-all `other` chooses none); without populations, the first two other channels."""
-    from gating_core.reports.report import _default_channels
+    from gating_core.reports.report import channel_pairs
 
     sample, labels = patient
-    assert _default_channels(sample, labels) == [("FSC-A", "SSC-A"), ("FL7-A", "FL1-A"), ("FL3-A", "FL1-A"),
+    assert channel_pairs(sample, labels) == [("FSC-A", "SSC-A"), ("FL7-A", "FL1-A"), ("FL3-A", "FL1-A"),
                                                  ("FL5-A", "FL1-A")]  # CD45, CD4 and CD14 against CD3
-    assert _default_channels(sample) == [("FSC-A", "SSC-A"), ("FL1-A", "FL2-A")]
+    assert channel_pairs(sample) == [("FSC-A", "SSC-A"), ("FL1-A", "FL2-A")]
     html = patient_report_html("p", sample, labels)
     assert html.count("<svg") == 4 and "CD14" in html
 
 
 def test_a_mass_cytometry_result_without_gates_is_drawn_on_its_populations_markers(multicenter_dir):
-    from gating_core.reports.report import _default_channels
+    from gating_core.reports.report import channel_pairs
 
     sample = read_fcs(multicenter_dir / "multicenter_09.fcs")
     labels = pd.read_csv(multicenter_dir / "multicenter_09.labels.csv").iloc[:, 0].to_numpy().astype(str)
     marker = {c.pnn: c.pns or c.pnn for c in sample.channels}
-    pairs = [(marker[x], marker[y]) for x, y in _default_channels(sample, labels)]
+    pairs = [(marker[x], marker[y]) for x, y in channel_pairs(sample, labels)]
     # monocytes, CD4 T cells, B cells, CD8 T cells; `ungated` chooses none
     assert pairs == [("CD14", "CD45"), ("CD3", "CD4"), ("CD20", "CCR6"), ("CD8", "CD3")]
-    assert [(marker[x], marker[y]) for x, y in _default_channels(sample)] == [("CCR6", "CD20")]
+    assert [(marker[x], marker[y]) for x, y in channel_pairs(sample)] == [("CCR6", "CD20")]

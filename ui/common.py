@@ -299,10 +299,19 @@ def axis_range_editor(store: Store, channels: list[str], sample, key: str, token
             st.rerun()
 
 
-def default_xy(channels: list[str]) -> tuple[int, int]:
-    """Indices of a sensible first projection: skip time-like channels; two different ones."""
+def default_xy(channels: list[str], sample=None, populations=None) -> tuple[int, int]:
+    """Indices of a sensible first projection: with a ``sample`` (and its ``populations``), the
+    report's first plot (:func:`gating_core.reports.report.channel_pairs`: scatter where the file
+    has it, else the two channels that set its largest population apart); else two different
+    channels, time-like ones skipped."""
     from gating_core.fcs.transforms import is_time_like
 
+    if sample is not None:
+        from gating_core.reports.report import channel_pairs
+
+        pairs = [p for p in channel_pairs(sample, populations) if p[0] in channels and p[1] in channels]
+        if pairs:
+            return channels.index(pairs[0][0]), channels.index(pairs[0][1])
     usable = [i for i, c in enumerate(channels) if not is_time_like(c)]
     if len(usable) < 2:
         usable = list(range(len(channels)))

@@ -151,7 +151,7 @@ CATCH_ALL_NAMES = ("other", "ungated", "unknown", "unlabeled", "unlabelled")
 PAIR_CHOICE_EVENTS = 50_000
 
 
-def _default_channels(sample, populations=None) -> list[tuple[str, str]]:
+def channel_pairs(sample, populations=None) -> list[tuple[str, str]]:
     """The plots of a result without a gate tree: scatter (FSC / SSC) when the file has it, then,
     for each population (the largest first, catch-alls left out), the two other channels that set
     it apart most from the rest of the cells (difference of means over the pooled spread, on the
@@ -252,7 +252,7 @@ def _plots(sample, populations, tree, memberships, max_dots: int, counted=None) 
     names = sorted(set(labels.tolist()), key=lambda p: (p.casefold() in ("other", "ungated"), p))
     colors = population_colors(names)
     dot_colors = np.array([colors[p] for p in labels[idx]])
-    for xc, yc in _default_channels(sample, labels):
+    for xc, yc in channel_pairs(sample, labels):
         xs, ys = _scale_of(sample, xc), _scale_of(sample, yc)
         x = xs.forward(sample.events[:, sample.channel_index(xc)])
         y = ys.forward(sample.events[:, sample.channel_index(yc)])
