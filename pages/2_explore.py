@@ -35,7 +35,13 @@ if len(channels) < 1:
              "panel, or match names on the Data page where a marker carries another name.")
     st.stop()
 first = samples[0]
-xi, yi = default_xy(channels)
+# The first view: scatter, or the channels that set the largest population of the first patient
+# with populations apart. Chosen once: the same index on every rerun keeps the user's own choice.
+first_view = st.session_state.get("ex_first_view")
+if first_view is None or max(first_view) >= len(channels):
+    shown = next((r for r in records if r.populations is not None), records[0])
+    first_view = st.session_state["ex_first_view"] = default_xy(channels, shown.sample, shown.populations)
+xi, yi = first_view
 tokens = tuple(r.token for r in records)
 # the Color choice -> ui.charts.scatter_panels' mode
 CHART_MODES = {"density": "density", "population": "population bins", "population dots": "population"}

@@ -161,3 +161,28 @@ def test_channel_numbers_are_binned_a_whole_number_of_them_a_bin(library, dlbcl_
     at.run()
     assert not at.exception, at.exception
     assert note in [c.value for c in at.caption]
+
+
+def test_mass_cytometry_opens_explore_on_the_markers_of_its_largest_population(library, multicenter_dir):
+    """No scatter channels: Explore opens on the two channels that set the largest population
+    apart (monocytes: CD14 and CD45), not on the panel's first two (CCR6, CD20); Auto-gate does
+    the same with the populations it gated (ui.common.default_xy)."""
+    import pandas as pd
+
+    from gating_core.fcs import read_fcs
+    from gating_core.library import PatientLibrary
+
+    sample = read_fcs(multicenter_dir / "multicenter_09.fcs")
+    labels = pd.read_csv(multicenter_dir / "multicenter_09.labels.csv").iloc[:, 0].to_numpy(str)
+    PatientLibrary(library).add_patient(sample, labels, name="multicenter_09")
+    at = start("pages/2_explore.py")
+    marker = {c.pnn: c.pns for c in sample.channels}
+    assert [marker[at.selectbox(key=k).value] for k in ("ex_x", "ex_y")] == ["CD14", "CD45"]
+    # the user's choice stands over the reruns
+    cd3 = next(p for p, m in marker.items() if m == "CD3")
+    at.selectbox(key="ex_x").set_value(cd3)
+    at.run()
+    assert not at.exception and at.selectbox(key="ex_x").value == cd3
+    at.radio(key="ex_mode").set_value("population")
+    at.run()
+    assert not at.exception and at.selectbox(key="ex_x").value == cd3
