@@ -138,3 +138,45 @@ def test_fewer_density_bins_still_hold_whole_channel_numbers():
     channel_numbers = np.arange(np.ceil(low), high)
     held, _ = plotting.histogram_1d(channel_numbers, (low, high), count)
     assert held.min() == held.max() == per_bin  # no comb, no stripes
+
+
+def test_a_pile_at_one_value_does_not_set_the_top_of_the_density_colours():
+    from gating_core.reports import plotting
+
+    counts = np.zeros((50, 50), dtype=np.int64)
+    counts[20:30, 20:30] = 12  # a population: 1,200 events, 12 a bin
+    counts[25, 26] = 40  # its densest bin
+    assert plotting.density_top(counts) == 40
+    counts[:, 3] = 100  # exact zeros on x: a column holding 5,000 events, next to empty ones
+    assert counts.max() == 100 and plotting.density_top(counts) == 40
+    counts[47, :] = 60  # and a saturated y detector: a row of 3,000
+    assert plotting.density_top(counts) == 40
+    # a population as wide as a line of bins but no denser than its neighbours is no pile
+    wide = np.zeros((50, 50), dtype=np.int64)
+    wide[10:40, 5:8] = 30
+    assert plotting.density_top(wide) == 30
+    # only piles: the largest bin
+    only = np.zeros((10, 10), dtype=np.int64)
+    only[:, 0] = 7
+    assert plotting.density_top(only) == 7
+    assert plotting.density_top(np.zeros((4, 4))) == 0
+
+
+def test_mass_cytometry_zeros_leave_the_colours_to_the_populations(multicenter_dir):
+    """CD4 against CD8 of a multicenter sample: 18% and 28% of the events are exact zeros, piled
+    in one column and one row of bins; they held the scale's top (2,432 events a bin) and left
+    every population in its lowest colours."""
+    from gating_core.fcs import read_fcs
+    from gating_core.gates import AxisScale
+    from gating_core.reports import plotting
+
+    sample = read_fcs(multicenter_dir / "multicenter_01.fcs")
+    channel = {c.pns: c.pnn for c in sample.channels}
+    scale = AxisScale("arcsinh", cofactor=5)
+    x, y = (scale.forward(sample.events[:, sample.channel_index(channel[m])]) for m in ("CD4", "CD8"))
+    counts = plotting.density_grid(x, y, plotting.display_range(x), plotting.display_range(y))[0]
+    top = plotting.density_top(counts)
+    assert counts.max() > 2000 and 10 <= top < 100
+    x3, y3 = (scale.forward(sample.events[:, sample.channel_index(channel[m])]) for m in ("CD3", "CD45"))
+    clean = plotting.density_grid(x3, y3, plotting.display_range(x3), plotting.display_range(y3))[0]
+    assert plotting.density_top(clean) == clean.max()  # no pile: the scale as before

@@ -54,7 +54,8 @@ def scatter_panels(panels, x_scale, y_scale, x_range, y_range, x_title, y_title,
     for col, panel in enumerate(panels, start=1):
         if mode == "density":
             counts, xc, yc = panel["grid"]
-            top = max(float(np.log10(max(int(p["grid"][0].max()), 10))) for p in panels)
+            # a pile at one value (exact zeros, a saturated detector) does not set the colours' top
+            top = max(float(np.log10(max(plotting.density_top(p["grid"][0]), 10))) for p in panels)
             ticks = [v for v in (0, 0.5, 1, 1.5, 2, 2.5, 3, 3.5, 4, 4.5, 5) if v <= top]
             # float32 log counts: half the bytes sent to the browser, far finer than the colours
             fig.add_trace(go.Heatmap(z=plotting.log_density(counts).astype(np.float32), x=xc, y=yc,

@@ -284,6 +284,35 @@ def log_density(counts: np.ndarray) -> np.ndarray:
     return out
 
 
+#: A row or column of density bins holding more than this share of the events, and more than
+#: PILE_CONTRAST times as many as the denser of its neighbours, is a pile at one value (the exact
+#: zeros of mass cytometry: 43% of a CCR6 channel; a saturated detector), not a population.
+PILE_SHARE = 0.1
+PILE_CONTRAST = 5.0
+
+
+def _pile_lines(totals: np.ndarray, n_events: float) -> np.ndarray:
+    """Which of a grid's row (or column) ``totals`` are piles (see :data:`PILE_SHARE`)."""
+    padded = np.concatenate([[0.0], totals, [0.0]])
+    neighbours = np.maximum(padded[:-2], padded[2:])
+    return (totals > PILE_SHARE * n_events) & (totals > PILE_CONTRAST * neighbours)
+
+
+def density_top(counts: np.ndarray) -> int:
+    """The bin count at the top of a density plot's colour scale: the largest bin outside the
+    piles at one value, so that a pile holding half the events does not leave every population
+    in the scale's lowest colours (its bins show in the top colour). (ny, nx) counts; the largest
+    bin of all where every filled bin lies in a pile."""
+    counts = np.asarray(counts)
+    total = float(counts.sum())
+    if total == 0:
+        return 0
+    keep = ~_pile_lines(counts.sum(axis=1).astype(np.float64), total)[:, None] \
+        & ~_pile_lines(counts.sum(axis=0).astype(np.float64), total)[None, :]
+    kept = counts[keep]
+    return int(kept.max()) if kept.size and kept.max() > 0 else int(counts.max())
+
+
 def histogram_1d(values: np.ndarray, value_range, bins: int = 200):
     """Counts and bin centers of one channel in display coordinates (all events)."""
     values = np.asarray(values, dtype=np.float64)
