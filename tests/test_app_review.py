@@ -837,7 +837,7 @@ def test_cells_corrected_in_two_sessions_are_counted_together_on_the_page_and_in
     assert again.selectbox(key="ag_patient").format_func(patient) == patient
     assert any(i.value == f"{patient} was accepted: it is a historical patient for the next training."
                for i in again.info)
-    assert not [w.value for w in again.warning if "review its gates by hand" in w.value]
+    assert not [w.value for w in again.warning if "review its populations by hand" in w.value]
     report = exports.patient_report(kept).decode()
     assert f"<p>Reviewed: {total:,} cells corrected by hand; accepted as the patient's labels.</p>" in report
     assert ": review the populations by hand." not in report

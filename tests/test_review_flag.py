@@ -48,7 +48,7 @@ def test_the_app_warns_of_disagreement_and_asks_to_acknowledge_it():
     assert kind == "success" and "5.0% of its cells" in text and "novelty score 2.00" in text
     kind, text = review_notice("p7", SimpleNamespace(**_novelty(None, is_novel=True).to_dict()))
     assert text == ("**p7 is unlike the training patients** (novelty score 2.00, threshold 1.50): review its "
-                    "gates by hand.") and kind == "warning"
+                    "populations by hand.") and kind == "warning"
     # unlike the training patients and its parts disagree: both said, each once
     kind, text = review_notice("p7", _novelty(0.31, is_novel=True))
     assert kind == "warning" and text.count("unlike") == 1 and "31.0% of its cells" in text
@@ -167,7 +167,7 @@ def test_real_biopsies_the_parts_disagree_on_are_the_poorly_gated_ones(dlbcl_dir
     assert max(gated[n][0] for n in flagged) + 0.05 < min(gated[n][0] for n in (2, 6))
     assert min(gated[n][1].disagreement for n in flagged) > 0.4
     assert max(gated[n][1].disagreement for n in (2, 6)) < 0.18
-    assert "review its gates by hand" in gated[17][1].message
+    assert "review its populations by hand" in gated[17][1].message
 
 
 def test_gate_on_the_command_line_ends_with_the_biopsies_to_review(dlbcl_dir, second_batch_model, tmp_path):
@@ -204,7 +204,7 @@ def test_the_auto_gate_page_puts_the_flagged_biopsy_first(library, dlbcl_dir, se
     # the warning leads with its reason, then says the biopsy is otherwise like the training ones
     assert novelty.message.startswith("The transfer model and dlbcl_17's own populations name different populations "
                                       f"for {novelty.disagreement:.1%} of its cells (review above 20%): review its "
-                                      "gates by hand. dlbcl_17 resembles the training patients (novelty ")
+                                      "populations by hand. dlbcl_17 resembles the training patients (novelty ")
     assert at.selectbox(key="ag_patient").format_func("dlbcl_17") == "dlbcl_17 · to review"
     assert at.selectbox(key="ag_patient").format_func("dlbcl_06") == "dlbcl_06"
     at.selectbox(key="ag_patient").set_value("dlbcl_17")

@@ -341,11 +341,11 @@ def _novelty_notice(patient: str, novel: bool, disagree: bool, get, parts: str) 
     if novel:
         return "warning", " ".join(
             [f"**{patient} is unlike the training patients** (novelty score {float(get('score')):.2f}, threshold "
-             f"{float(get('threshold')):.2f}): review its gates by hand."] + ([parts] if parts else [])
+             f"{float(get('threshold')):.2f}): review its populations by hand."] + ([parts] if parts else [])
             + (["Compare the model's two parts (below) to start from the one that looks right."] if disagree else []))
     if disagree:
         return "warning", (f"**The model's parts disagree on {patient}.** {parts} Patients with this much "
-                           "disagreement were gated less accurately: review its gates by hand, and compare the two parts "
+                           "disagreement were gated less accurately: review its populations by hand, and compare the two parts "
                            "(below) to start from the one that looks right.")
     return "success", " ".join(
         [f"{patient} resembles the training patients (novelty score {float(get('score')):.2f}, threshold "

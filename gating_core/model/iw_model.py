@@ -223,7 +223,7 @@ class IWNystroemGatingModel(ChannelPreprocessing, StreamedGating, BaseEstimator)
         name, peer = getattr(sample, "name", "this patient"), self.training_patients_[nearest]
         if is_novel:
             message = (f"{name} is unlike every training patient (novelty {score:.1f}, threshold "
-                       f"{self.novelty_threshold_:.1f}; nearest: {peer}). Review its gates by hand.")
+                       f"{self.novelty_threshold_:.1f}; nearest: {peer}). Review its populations by hand.")
         else:
             message = (f"{name} resembles the training patients (novelty {score:.1f} <= "
                        f"{self.novelty_threshold_:.1f}; nearest: {peer}).")

@@ -65,7 +65,7 @@ class PatientNovelty:
         if is_novel:
             message = (f"{name} is unlike every training patient (novelty {score:.2f}, threshold "
                        f"{self.novelty_threshold_:.2f}; nearest: {self.training_patients_[nearest]}). "
-                       "Review its gates by hand.")
+                       "Review its populations by hand.")
         else:
             message = (f"{name} resembles the training patients (novelty {score:.2f} <= "
                        f"{self.novelty_threshold_:.2f}; nearest: {self.training_patients_[nearest]}).")
@@ -75,8 +75,8 @@ class PatientNovelty:
             parts = (f"The transfer model and {name}'s own populations name different populations for "
                      f"{disagreement:.1%} of its cells (review above {novelty.disagreement_threshold:.0%})")
             if novelty.parts_disagree and not is_novel:  # the warning leads with its reason
-                novelty.message = f"{parts}: review its gates by hand. {message}"
+                novelty.message = f"{parts}: review its populations by hand. {message}"
             else:
-                novelty.message += f" {parts}" + (": review its gates by hand." if novelty.parts_disagree else ".")
+                novelty.message += f" {parts}" + (": review its populations by hand." if novelty.parts_disagree else ".")
         novelty.note_constant_channels(constant_channels, name)
         return novelty
