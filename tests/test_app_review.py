@@ -172,6 +172,7 @@ def test_moving_a_vertex_relabels_only_the_cells_it_moves(loaded):
     np.testing.assert_allclose(np.column_stack([trace["x"], trace["y"]]), corners)
     assert trace["marker"]["size"] == [11] + [6] * (len(corners) - 1)
     outward = corners - corners.mean(axis=0)  # each number placed away from the polygon's centre
+    assert trace["cliponaxis"] is False  # numbers at the plot's edge are not cut off
     assert trace["textposition"] == [("top " if dy >= 0 else "bottom ") + ("right" if dx >= 0 else "left")
                                      for dx, dy in outward]
     at.selectbox(key=f"ag_vertex_{NEW}_Lymphocytes").set_value(3)

@@ -237,7 +237,8 @@ def add_vertex_numbers(fig, corners, chosen: int | None = None):
         textfont=dict(size=np.where(picked, 14, 11).tolist(), color=np.where(picked, FOCUS_COLOR, "#222222").tolist()),
         marker=dict(size=np.where(picked, 11, 6).tolist(), color=np.where(picked, FOCUS_COLOR, "#222222").tolist(),
                     line=dict(width=1, color="white")),
-        hovertext=[f"vertex {n}" for n in numbers], hoverinfo="text", showlegend=False, name="vertices"))
+        hovertext=[f"vertex {n}" for n in numbers], hoverinfo="text", showlegend=False, name="vertices",
+        cliponaxis=False))  # a vertex at the plot's edge keeps its number, drawn over the margin
     return fig
 
 
