@@ -177,6 +177,10 @@ def test_mass_cytometry_zeros_leave_the_colours_to_the_populations(multicenter_d
     counts = plotting.density_grid(x, y, plotting.display_range(x), plotting.display_range(y))[0]
     top = plotting.density_top(counts)
     assert counts.max() > 2000 and 10 <= top < 100
+    # a pile of 9.9% (CD14's zeros) against CD3 too: it held the top at 394 events a bin
+    x14, y3 = (scale.forward(sample.events[:, sample.channel_index(channel[m])]) for m in ("CD14", "CD3"))
+    counts = plotting.density_grid(x14, y3, plotting.display_range(x14), plotting.display_range(y3))[0]
+    assert counts.max() > 300 and plotting.density_top(counts) < 100
     x3, y3 = (scale.forward(sample.events[:, sample.channel_index(channel[m])]) for m in ("CD3", "CD45"))
     clean = plotting.density_grid(x3, y3, plotting.display_range(x3), plotting.display_range(y3))[0]
     assert plotting.density_top(clean) == clean.max()  # no pile: the scale as before

@@ -390,3 +390,7 @@ def test_a_mass_cytometry_result_without_gates_is_drawn_on_its_populations_marke
     # monocytes, CD4 T cells, B cells, CD8 T cells; `ungated` chooses none
     assert pairs == [("CD14", "CD45"), ("CD3", "CD4"), ("CD20", "CCR6"), ("CD8", "CD3")]
     assert [(marker[x], marker[y]) for x, y in channel_pairs(sample)] == [("CCR6", "CD20")]
+    # the report's plots, 300 pixels wide, keep their ticks a tenth of the axis apart: no "-1", "0"
+    # and "1" run together on the CD4 axis
+    html = patient_report_html("multicenter_09", sample, labels)
+    assert html.count("<svg") == 4 and ">0<" in html and ">-1<" not in html

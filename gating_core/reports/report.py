@@ -143,6 +143,9 @@ def _scale_of(sample, pnn):
     return panel_scale(pnn, [sample])
 
 
+#: The report's plots are about 300 pixels wide: ticks keep a tenth of the axis (30 px) apart,
+#: where "-1", "0" and "1" at the 4% of the app's wider plots ran together.
+REPORT_TICK_GAP = 0.1
 #: At most this many plots for a result without a gate tree.
 MAX_FLAT_PLOTS = 4
 #: Populations that collect what the others leave: no channel pair of their own is looked for.
@@ -231,7 +234,7 @@ def _plots(sample, populations, tree, memberships, max_dots: int, counted=None) 
                 bands = [(g.name, d.low, d.high, share(g)) for g, d in drawn if isinstance(d, Band)]
                 svgs.append(svg_histogram(x[in_parent], x_range, title=title,
                                           x_label=_axis_label(sample, xc, first.x_scale), bands=bands,
-                                          clip_id=f"clip{len(svgs)}", x_ticks=raw_ticks(first.x_scale, *x_range)))
+                                          clip_id=f"clip{len(svgs)}", x_ticks=raw_ticks(first.x_scale, *x_range, min_gap_share=REPORT_TICK_GAP)))
                 continue
             y = first.y_scale.forward(sample.events[:, sample.channel_index(yc)])
             y_range = display_range(y[in_parent] if in_parent.any() else y)
@@ -245,8 +248,8 @@ def _plots(sample, populations, tree, memberships, max_dots: int, counted=None) 
                                     title=title, x_label=_axis_label(sample, xc, first.x_scale),
                                     y_label=_axis_label(sample, yc, first.y_scale), outlines=outlines,
                                     splits=list(splits.items()), clip_id=f"clip{len(svgs)}",
-                                    x_ticks=raw_ticks(first.x_scale, *x_range),
-                                    y_ticks=raw_ticks(first.y_scale, *y_range)))
+                                    x_ticks=raw_ticks(first.x_scale, *x_range, min_gap_share=REPORT_TICK_GAP),
+                                    y_ticks=raw_ticks(first.y_scale, *y_range, min_gap_share=REPORT_TICK_GAP)))
         return svgs
     labels = np.asarray(populations).astype(str)
     names = sorted(set(labels.tolist()), key=lambda p: (p.casefold() in ("other", "ungated"), p))
@@ -260,8 +263,8 @@ def _plots(sample, populations, tree, memberships, max_dots: int, counted=None) 
         svgs.append(svg_scatter(x[idx], y[idx], dot_colors, x_range, y_range,
                                 title="populations", x_label=_axis_label(sample, xc, xs),
                                 y_label=_axis_label(sample, yc, ys), legend=colors,
-                                clip_id=f"clip{len(svgs)}", x_ticks=raw_ticks(xs, *x_range),
-                                y_ticks=raw_ticks(ys, *y_range)))
+                                clip_id=f"clip{len(svgs)}", x_ticks=raw_ticks(xs, *x_range, min_gap_share=REPORT_TICK_GAP),
+                                y_ticks=raw_ticks(ys, *y_range, min_gap_share=REPORT_TICK_GAP)))
     return svgs
 
 
