@@ -236,12 +236,14 @@ with side_col:
         state.ag_chart_version += 1
         st.rerun()
     # Cells the refinement held back (it would have emptied their population), moved on request.
+    # Offered while they are where the refinement held them: gone once moved, back after an undo.
     offer = state.get("ag_held_back_offer")
-    if offer is not None and (offer["patient"], offer["result"], offer["circled"]) == (patient, id(result), circled):
+    if (offer is not None and (offer["patient"], offer["result"], offer["circled"]) == (patient, id(result), circled)
+            and np.array_equal(np.asarray(record.populations)[offer["cells"]].astype(str), offer["populations"])):
         if st.button(f"Move the {offer['count']:,} held-back cells too", key="ag_release_held",
                      help="The refinement in full: the populations it would have emptied lose those cells."):
             try:
-                corrected, new_confidence, _ = autogate_view.refined_review(
+                corrected, new_confidence, _, _ = autogate_view.refined_review(
                     gating_model, sample, circled, pop_names, part, None)
             except ValueError as exc:
                 st.error(f"The refinement failed ({exc}): nothing was changed.")
@@ -251,7 +253,6 @@ with side_col:
                 state["ag_undo"][patient] = undo[-UNDO_STEPS:]
                 autogate_view.before_correction(record)
                 store.correct(patient, corrected, new_confidence)
-                state.pop("ag_held_back_offer")
                 gates_note = autogate_view.after_correction(store, patient)
                 state["ag_correct_message"] = f"Moved {moved:,} held-back cells, as the refinement would." + gates_note
                 state.ag_chart_version += 1
@@ -311,7 +312,7 @@ with side_col:
             corrected = None
             if refine:
                 try:
-                    corrected, new_confidence, held_back = autogate_view.refined_review(
+                    corrected, new_confidence, held_back, held_cells = autogate_view.refined_review(
                         gating_model, sample, circled, pop_names, part, MAX_MOVED_SHARE)
                 except ValueError as exc:
                     st.error(f"The refinement failed ({exc}): nothing was changed.")
@@ -319,7 +320,9 @@ with side_col:
                     if held_back:
                         state["ag_held_back_message"] = autogate_view.held_back_message(held_back)
                         state["ag_held_back_offer"] = {"patient": patient, "result": id(record.result),
-                                                       "circled": dict(circled), "count": sum(held_back.values())}
+                                                       "circled": dict(circled), "count": sum(held_back.values()),
+                                                       "cells": held_cells,
+                                                       "populations": np.asarray(corrected)[held_cells].astype(str)}
             else:
                 corrected = populations.astype(object).copy()
                 corrected[inside] = to_pop

@@ -171,3 +171,5 @@ def test_a_correction_at_a_populations_edge_leaves_the_rest_of_it_and_says_so(au
     at.run()
     np.testing.assert_array_equal(np.asarray(store.patients[patient].populations).astype(str)[monocytes & ~inside],
                                   "Monocytes")
+    # held back again, the offer is back
+    assert at.button(key="ag_release_held").label == button.label

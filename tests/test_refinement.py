@@ -199,6 +199,8 @@ def test_a_correction_at_a_populations_edge_does_not_empty_it(weak_model, sample
     after = refined.populations.astype(str)
     assert refined.held_back == {"Monocytes": int((unchecked.populations[rest].astype(str) != "Monocytes").sum())}
     assert (after[rest] == "Monocytes").all() and (after[cells] == "other").all()
+    moved = rest[unchecked.populations[rest].astype(str) != "Monocytes"]
+    np.testing.assert_array_equal(refined.held_back_cells, moved)
     np.testing.assert_array_equal(refined.confidence[rest], np.asarray(base.confidence, dtype=np.float32)[rest])
     np.testing.assert_allclose(refined.probabilities[rest], weak_model.predict_proba(sample)[rest], atol=1e-6)
     # the other populations are refined as without the limit

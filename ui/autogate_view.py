@@ -75,7 +75,8 @@ def refined_review(gating_model, sample, circled: dict, pop_names, part, max_mov
     """The populations and confidences of a patient refined from every cell ``circled`` so far
     ({event index: population}), and the refinement's ``held_back`` populations. Cells given a
     population the model does not know keep it, with confidence 1; the model refits to the
-    others. ValueError when the refinement cannot be made."""
+    others. Also the cells held back (their event indices). ValueError when the refinement
+    cannot be made."""
     from gating_core.method.refinement import refine_gating
 
     known = {i: p for i, p in circled.items() if p in pop_names}
@@ -88,7 +89,7 @@ def refined_review(gating_model, sample, circled: dict, pop_names, part, max_mov
     if len(named):
         populations[named] = [circled[int(i)] for i in named]
         confidence[named] = 1.0
-    return populations, confidence, refined.held_back
+    return populations, confidence, refined.held_back, refined.held_back_cells
 
 
 def held_back_message(held_back: dict) -> str:

@@ -81,6 +81,7 @@ class RefinedGating:
     coef : ndarray of shape (D, k)  B, the refinement's weights on the features
     held_back : dict  population -> its cells the refinement would have moved and did not (more
         than ``max_moved_share`` of its cells not circled); empty when none was held back
+    held_back_cells : ndarray of shape (h,), int  those cells (event indices, sorted)
     """
 
     populations: np.ndarray
@@ -91,6 +92,7 @@ class RefinedGating:
     n_changed_beyond: int
     coef: np.ndarray
     held_back: dict = field(default_factory=dict)
+    held_back_cells: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
 
 
 def refinement_coef(features, residuals, alpha) -> np.ndarray:
@@ -209,6 +211,7 @@ def refine_gating(model, sample, cells, labels, alpha=DEFAULT_ALPHA, chunk_size=
     circled = np.zeros(n, dtype=bool)
     circled[cells] = True
     held_back = {}
+    kept = np.zeros(n, dtype=bool)
     if max_moved_share is not None:
         moved = (refined.astype(str) != before) & ~circled
         names, members = np.unique(before[~circled], return_counts=True)
@@ -218,12 +221,13 @@ def refine_gating(model, sample, cells, labels, alpha=DEFAULT_ALPHA, chunk_size=
             away = moved & (before == name)
             if away.sum() > max_moved_share * count:
                 held_back[str(name)] = int(away.sum())
+                kept |= away
                 refined[away] = np.asarray(base.populations, dtype=object)[away]
                 probabilities[away] = unrefined[away]
                 confidence[away] = np.asarray(base.confidence, dtype=np.float32)[away]
     changed = refined.astype(str) != before
     return RefinedGating(refined, confidence, probabilities, cells, int(changed.sum()),
-                         int((changed & ~circled).sum()), coef, held_back)
+                         int((changed & ~circled).sum()), coef, held_back, np.flatnonzero(kept))
 
 
 def _probabilities_of(model, sample, chunk_size, part=None):
