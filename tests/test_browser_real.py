@@ -200,10 +200,12 @@ def test_review_loop_on_real_samples_counts_agree_everywhere(app_url, browser, a
 
     # Move a vertex of the fitted Monocytes polygon a third of the way to its centre.
     choose_patiently(page, "Gate to adjust", "Monocytes")
-    vertices = np.asarray(fitted["Monocytes"].drawing().corners)
+    gate = fitted["Monocytes"]
+    vertices = np.asarray(gate.drawing().corners)
     inward = vertices[0] + 0.35 * (vertices.mean(axis=0) - vertices[0])
-    for label, value in (("x", inward[0]), ("y", inward[1])):
-        type_into(page, label, f"{value:.3f}")
+    # typed in the channels' values, as the axes read them, in boxes named by the channels
+    for label, scale, value in ((gate.x_channel, gate.x_scale, inward[0]), (gate.y_channel, gate.y_scale, inward[1])):
+        type_into(page, label, f"{float(scale.inverse(np.array([value]))[0]):.6g}")
     page.get_by_role("button", name="Move the vertex").click()
     moved = page.get_by_text(re.compile(r"^Moved a vertex of Monocytes: [0-9,]+ → [0-9,]+ events; [0-9,]+ cells "
                                         r"relabeled"))
