@@ -235,6 +235,15 @@ with side_col:
         state["ag_correct_message"] = "The last correction was undone."
         state.ag_chart_version += 1
         st.rerun()
+    def keep_correction(corrected, new_confidence, circled_before) -> str:
+        """The patient's populations corrected, the review as it stood kept for an undo; what
+        became of the gates (:func:`autogate_view.after_correction`)."""
+        undo.append((id(record.result), record.snapshot(), circled_before))
+        state["ag_undo"][patient] = undo[-UNDO_STEPS:]
+        autogate_view.before_correction(record)
+        store.correct(patient, corrected, new_confidence)
+        return autogate_view.after_correction(store, patient)
+
     # Cells the refinement held back (it would have emptied their population), moved on request.
     # Offered while they are where the refinement held them: gone once moved, back after an undo.
     offer = state.get("ag_held_back_offer")
@@ -249,11 +258,7 @@ with side_col:
                 st.error(f"The refinement failed ({exc}): nothing was changed.")
             else:
                 moved = int((np.asarray(corrected).astype(str) != np.asarray(record.populations).astype(str)).sum())
-                undo.append((id(record.result), record.snapshot(), dict(circled)))
-                state["ag_undo"][patient] = undo[-UNDO_STEPS:]
-                autogate_view.before_correction(record)
-                store.correct(patient, corrected, new_confidence)
-                gates_note = autogate_view.after_correction(store, patient)
+                gates_note = keep_correction(corrected, new_confidence, dict(circled))
                 state["ag_correct_message"] = f"Moved {moved:,} held-back cells, as the refinement would." + gates_note
                 state.ag_chart_version += 1
                 st.rerun()
@@ -330,13 +335,9 @@ with side_col:
                 new_confidence[inside] = 1.0
             if corrected is not None:
                 beyond = int(((np.asarray(corrected).astype(str) != populations) & ~inside).sum())
-                undo.append((id(record.result), record.snapshot(), circled_before))
-                state["ag_undo"][patient] = undo[-UNDO_STEPS:]
-                autogate_view.before_correction(record)
-                store.correct(patient, corrected, new_confidence)
+                gates_note = keep_correction(corrected, new_confidence, circled_before)
                 state["ag_circled"][patient] = (id(record.result), circled)
                 state.pop("ag_pending_shape", None)
-                gates_note = autogate_view.after_correction(store, patient)
                 state["ag_correct_message"] = (
                     f"Reassigned {int(inside.sum()):,} circled cells to {to_pop}"
                     + (f" ({already:,} of them were {to_pop} already)" if already else "")
